@@ -1,0 +1,51 @@
+// The exchange seam (3 of DESIGN.md): the few collectives the engine needs, over any transport.
+// Implementations: MPI (host memory, one rank per node), in-process (threads as nodes, for
+// tests) and NCCL (device memory). Every rank must call the same collectives in the same order.
+// Calls block until complete; errors (a peer gone, a size mismatch) come back as a Status.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace spex {
+
+enum class ReduceOp { kSum, kMax, kMin };
+enum class ElemType { kFloat32, kFloat64, kInt64, kUint64 };
+
+size_t ElemSize(ElemType t);
+
+class Collective {
+ public:
+  virtual ~Collective() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // Human-readable name for logs and stats ("mpi", "inproc", "nccl").
+  virtual const char* name() const = 0;
+
+  // In-place all-reduce of `count` elements.
+  virtual absl::Status AllReduce(void* data, size_t count, ElemType type, ReduceOp op) = 0;
+
+  // Sum-all-reduce of `count` floats from `send` into `recv`, then every element of `recv`
+  // multiplied by `scale` (send may equal recv). The dense path of the engine; an
+  // implementation may fuse the scaling into its reduction (only 1/size of the data is
+  // scaled when done between reduce-scatter and all-gather).
+  virtual absl::Status AllReduceScaled(const float* send, float* recv, size_t count,
+                                       float scale) = 0;
+
+  // Every rank contributes `bytes` bytes (the same number on every rank); `recv` gets
+  // size() * bytes, rank r's block at r * bytes.
+  virtual absl::Status AllGather(const void* send, size_t bytes, void* recv) = 0;
+
+  // Variable-size all-gather: rank r contributes send_bytes bytes; `counts` gets every rank's
+  // byte count and `recv` the concatenation in rank order (resized as needed).
+  virtual absl::Status AllGatherV(const void* send, size_t send_bytes,
+                                  std::vector<size_t>* counts, std::vector<uint8_t>* recv) = 0;
+
+  virtual absl::Status Broadcast(void* data, size_t bytes, int root) = 0;
+  virtual absl::Status Barrier() = 0;
+};
+
+}  // namespace spex

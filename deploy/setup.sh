@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs every Debian package spex needs to build, test and run. Idempotent: a second run
+# checks the list and returns quickly. Used by both README commands and by .ci/run.
+set -euo pipefail
+
+PKGS=(
+  # build
+  bazel-bootstrap g++ pkg-config
+  # control channel
+  libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc libabsl-dev
+  # transport
+  libopenmpi-dev openmpi-bin
+  # kernels
+  libhwy-dev
+  # tests and benchmarks
+  libgtest-dev libgmock-dev libbenchmark-dev
+  # python client, torch hook, the main job
+  python3-venv python3-pip python3-numpy python3-grpcio python3-protobuf python3-torch
+  python3-sklearn python3-matplotlib
+)
+
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+echo "setup: all ${#PKGS[@]} packages present"

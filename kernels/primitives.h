@@ -1,0 +1,87 @@
+// The data-parallel operations every compressor is written against (seam 1 of DESIGN.md).
+// One implementation per device: kernels/cpu (Highway, multi-threaded) and kernels/cuda.
+// All pointers are to memory of the implementation's device. Indices are uint32 offsets into
+// the flat vector the caller passes; |x| means the magnitude of a float.
+//
+// NaN/Inf policy (every implementation): comparisons follow IEEE, so NaN is never selected or
+// counted above a threshold and never wins top-k; +-Inf counts as a magnitude of +Inf.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/status.h"
+
+namespace spex {
+
+enum class Device { kCpu, kCuda };
+
+// Moments of |x| over the entries with |x| > lower_bound (all entries when lower_bound < 0).
+struct AbsMoments {
+  uint64_t count = 0;
+  double sum = 0;      // sum |x|
+  double sum_sq = 0;   // sum x^2
+  double sum_log = 0;  // sum log|x| (entries with |x| == 0 are skipped and not counted here)
+  uint64_t log_count = 0;
+  float max = 0;       // max |x| (0 for no entries)
+};
+
+class Primitives {
+ public:
+  virtual ~Primitives() = default;
+  virtual Device device() const = 0;
+
+  // y[i] += x[i].
+  virtual void Accumulate(float* y, const float* x, size_t n) = 0;
+  // x[i] *= a.
+  virtual void Scale(float* x, float a, size_t n) = 0;
+  // Number of i with |x[i]| >= t.
+  virtual size_t CountAbove(const float* x, size_t n, float t) = 0;
+
+  // For i in [begin, end) with |x[i]| >= t, in ascending i: writes i to idx and x[i] to val
+  // (at most `capacity` of them) and, when `zero` is set, sets x[i] = 0 for those written.
+  // Returns the number of qualifying entries (may exceed capacity; only `capacity` written).
+  virtual size_t SelectAbove(float* x, size_t begin, size_t end, float t, bool zero,
+                             uint32_t* idx, float* val, size_t capacity) = 0;
+
+  // Fused: acc[i] += add[i] over [begin, end), then as SelectAbove on acc. One pass.
+  virtual size_t AddSelectAbove(float* acc, const float* add, size_t begin, size_t end, float t,
+                                bool zero, uint32_t* idx, float* val, size_t capacity) = 0;
+
+  // Exact top-k by |x| over x[0..n): writes k indices (ascending order) and their values.
+  // k > n is clamped to n. Ties at the k-th magnitude are broken toward the lower index.
+  // Returns the number written.
+  virtual size_t TopK(const float* x, size_t n, size_t k, uint32_t* idx, float* val) = 0;
+
+  virtual AbsMoments Moments(const float* x, size_t n, float lower_bound) = 0;
+
+  // m samples of x drawn uniformly with replacement, deterministic for a seed.
+  virtual void Sample(const float* x, size_t n, size_t m, uint64_t seed, float* out) = 0;
+
+  // y[idx[j]] += val[j] for j < m. Every index is validated against n before anything is
+  // written: an index >= n returns InvalidArgument and leaves y unchanged.
+  virtual absl::Status ScatterAdd(float* y, size_t n, const uint32_t* idx, const float* val,
+                                  size_t m) = 0;
+  // out[j] = x[idx[j]] (indices must be < n; checked as ScatterAdd).
+  virtual absl::Status Gather(const float* x, size_t n, const uint32_t* idx, size_t m,
+                              float* out) = 0;
+  // x[idx[j]] = 0 (indices must be < n; checked as ScatterAdd).
+  virtual absl::Status ZeroAt(float* x, size_t n, const uint32_t* idx, size_t m) = 0;
+
+  // 2^16-bin histogram of |x| over [begin, end): bin = top 16 bits of the float's bit pattern
+  // below the sign bit (bits 30..15), so bins are ordered by magnitude. `bins` has 65536
+  // entries and is added to (not cleared). NaNs land in bins above +Inf's bin.
+  static constexpr size_t kHistogramBins = 65536;
+  virtual void AbsHistogram16(const float* x, size_t begin, size_t end, uint32_t* bins) = 0;
+};
+
+// The CPU implementation: Highway with dynamic dispatch, `threads` workers for large inputs
+// (0 = hardware concurrency). Thread-safe for concurrent calls on disjoint data.
+std::unique_ptr<Primitives> MakeCpuPrimitives(int threads = 0);
+
+// The CUDA implementation; returns an error where CUDA is not compiled in or no GPU is usable.
+// (Defined in kernels/cuda when built with --config=cuda, otherwise in kernels/cuda_stub.cc.)
+absl::Status MakeCudaPrimitives(std::unique_ptr<Primitives>* out);
+
+}  // namespace spex
