@@ -31,6 +31,7 @@ struct DoorbellSegment {
   uint32_t version;
   alignas(64) std::atomic<uint32_t> ring;             // offset 64: futex word the engine waits on
   std::atomic<uint32_t> engine_sleeping;              // offset 68: 1 while the engine sleeps
+  std::atomic<uint32_t> shutdown;                     // offset 72: 1 once the daemon is stopping
   alignas(64) std::atomic<uint32_t> attached[kMaxLocalTrainers];  // offset 128: set by trainer r
 };
 
@@ -58,6 +59,7 @@ struct BucketHeader {
 static_assert(sizeof(std::atomic<uint32_t>) == 4 && sizeof(std::atomic<uint64_t>) == 8);
 static_assert(offsetof(DoorbellSegment, ring) == 64);
 static_assert(offsetof(DoorbellSegment, engine_sleeping) == 68);
+static_assert(offsetof(DoorbellSegment, shutdown) == 72);
 static_assert(offsetof(DoorbellSegment, attached) == 128);
 static_assert(sizeof(DoorbellSegment) <= kPageBytes);
 static_assert(offsetof(BucketHeader, bucket_id) == 8);

@@ -1,0 +1,559 @@
+#include "daemon/engine/engine.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "absl/random/random.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "daemon/memory/futex.h"
+#include "daemon/util/log.h"
+
+namespace spex {
+
+const char* PhaseName(Phase p) {
+  static const char* const kNames[] = {"wait_local", "reduce_local", "compress",
+                                       "collective", "decode",       "publish"};
+  return kNames[static_cast<int>(p)];
+}
+
+struct Engine::Session {
+  uint64_t id = 0;
+  uint32_t local_rank = 0;
+  uint32_t pid = 0;
+  std::string client;
+  absl::Time opened;
+  uint32_t buckets = 0;
+};
+
+struct Engine::Bucket {
+  uint64_t id = 0;
+  uint64_t elements = 0;
+  std::string compressor;
+  double density = 0;
+  std::unique_ptr<ShmBuffer> shm;
+  BucketHeader* header = nullptr;
+  float* input[kMaxLocalTrainers] = {};
+  float* output = nullptr;
+  uint64_t registered_mask = 0;
+  std::vector<float> acc;  // local sum when more than one trainer
+  // Engine thread only:
+  uint64_t next_step = 0;
+  uint64_t ready_since_ns = 0;  // when the engine first saw this item as the next one
+  // Guarded by mu_:
+  uint64_t completed = 0;  // steps published
+  uint64_t error_step = UINT64_MAX;
+  absl::Status error;
+  uint64_t exchanges = 0;
+  ExchangeRecord last;
+  double phase_sum[static_cast<int>(Phase::kCount)] = {};
+};
+
+namespace {
+
+constexpr int64_t kIdleWaitNs = 50 * 1000 * 1000;  // engine re-checks peers/stop this often
+
+uint64_t RandomSessionId() {
+  absl::BitGen gen;
+  uint64_t id = 0;
+  while (id == 0) id = absl::Uniform<uint64_t>(gen);
+  return id;
+}
+
+bool SupportedCompressor(const std::string& name) { return name == "dense"; }
+
+}  // namespace
+
+Engine::Engine(EngineOptions options, Collective* collective, Primitives* prims)
+    : options_(std::move(options)), collective_(collective), prims_(prims) {}
+
+Engine::~Engine() {
+  RequestStop();
+  if (thread_.joinable()) thread_.join();
+}
+
+absl::Status Engine::Start() {
+  if (options_.local_trainers < 1 || options_.local_trainers > static_cast<int>(kMaxLocalTrainers)) {
+    return absl::InvalidArgumentError(absl::StrCat("--local_trainers must be in 1..", kMaxLocalTrainers,
+                                                   ", got ", options_.local_trainers));
+  }
+  if (!SupportedCompressor(options_.compressor)) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown compressor '", options_.compressor,
+                                                   "'; accepted: dense"));
+  }
+  if (!(options_.density > 0 && options_.density <= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("density must be in (0, 1], got ", options_.density));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (absl::Status s = NewDoorbellLocked(); !s.ok()) return s;
+  }
+  running_ = true;
+  thread_ = std::thread([this] { Run(); });
+  return absl::OkStatus();
+}
+
+absl::Status Engine::NewDoorbellLocked() {
+  auto shm = ShmBuffer::Create(kPageBytes, options_.shm_tag + "-bell");
+  if (!shm.ok()) return shm.status();
+  auto* seg = new ((*shm)->data()) DoorbellSegment();
+  seg->magic = kDoorbellMagic;
+  seg->version = kLayoutVersion;
+  doorbells_.push_back(std::move(*shm));
+  DoorbellSegment* old = doorbell_.exchange(seg);
+  if (old != nullptr) {
+    // Wake the engine so it starts waiting on the new segment.
+    old->ring.fetch_add(1);
+    FutexWake(&old->ring);
+  }
+  return absl::OkStatus();
+}
+
+void Engine::Ring() {
+  DoorbellSegment* bell = doorbell();
+  if (bell == nullptr) return;
+  bell->ring.fetch_add(1);
+  if (bell->engine_sleeping.load()) FutexWake(&bell->ring);
+}
+
+void Engine::RequestStop() {
+  if (stop_.exchange(true)) return;
+  WakeEverybody();
+}
+
+void Engine::WakeEverybody() {
+  absl::MutexLock lock(&mu_);
+  for (auto& shm : doorbells_) {
+    auto* seg = static_cast<DoorbellSegment*>(shm->data());
+    seg->shutdown.store(1);
+    seg->ring.fetch_add(1);
+    FutexWake(&seg->ring);
+  }
+  for (auto& [id, b] : buckets_) FutexWake(&b->header->published);
+  published_cv_.SignalAll();
+}
+
+void Engine::WaitStopped() {
+  absl::MutexLock lock(&stopped_mu_);
+  stopped_mu_.Await(absl::Condition(&stopped_));
+}
+
+bool Engine::JoinFor(absl::Duration timeout) {
+  {
+    absl::MutexLock lock(&stopped_mu_);
+    if (!stopped_mu_.AwaitWithTimeout(absl::Condition(&stopped_), timeout)) return false;
+  }
+  if (thread_.joinable()) thread_.join();
+  return true;
+}
+
+absl::StatusOr<HelloResult> Engine::Hello(const std::string& job, uint32_t local_rank,
+                                          uint32_t local_size, uint32_t pid, const std::string& client) {
+  if (stop_) return absl::UnavailableError("spexd is shutting down");
+  if (!options_.job.empty() && job != options_.job) {
+    return absl::FailedPreconditionError(absl::StrCat("this spexd serves job '", options_.job,
+                                                      "', the trainer says job '", job, "'"));
+  }
+  if (local_size != static_cast<uint32_t>(options_.local_trainers)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "this spexd expects ", options_.local_trainers, " local trainers (--local_trainers), the trainer says local_size=",
+        local_size, "; start the daemon with --local_trainers=", local_size, " or fix the trainer"));
+  }
+  if (local_rank >= local_size) {
+    return absl::InvalidArgumentError(absl::StrCat("local_rank ", local_rank, " must be < local_size ", local_size));
+  }
+  absl::MutexLock lock(&mu_);
+  for (const auto& [id, s] : sessions_) {
+    if (s->local_rank == local_rank) {
+      return absl::AlreadyExistsError(absl::StrCat("local_rank ", local_rank, " is held by session ", id, " (pid ",
+                                                   s->pid, "); each trainer of a node needs its own local_rank"));
+    }
+  }
+  DoorbellSegment* bell = doorbell();
+  if (static_cast<ShmBuffer*>(doorbells_.back().get())->unlinked() || bell->attached[local_rank].load()) {
+    // Every trainer of the previous generation attached (and the name is gone): new segment.
+    if (absl::Status s = NewDoorbellLocked(); !s.ok()) return s;
+  }
+  auto session = std::make_unique<Session>();
+  session->id = RandomSessionId();
+  session->local_rank = local_rank;
+  session->pid = pid;
+  session->client = client;
+  session->opened = absl::Now();
+  HelloResult result{session->id, doorbells_.back().get()};
+  SPEX_LOG(INFO) << "session " << session->id << " opened: local_rank " << local_rank << " pid " << pid << " ("
+                 << client << ")";
+  sessions_[session->id] = std::move(session);
+  return result;
+}
+
+absl::Status Engine::Goodbye(uint64_t session_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(session_id);
+  if (it == sessions_.end()) return absl::NotFoundError(absl::StrCat("no session ", session_id));
+  SPEX_LOG(INFO) << "session " << session_id << " (local_rank " << it->second->local_rank << ") closed";
+  sessions_.erase(it);
+  if (sessions_.empty() && !buckets_.empty()) {
+    reset_pending_ = true;  // the engine thread drops the buckets between exchanges
+    Ring();
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<BucketGrant> Engine::RegisterBucket(uint64_t session_id, uint64_t bucket_id, uint64_t elements,
+                                                   const std::string& compressor_in, double density_in) {
+  if (stop_) return absl::UnavailableError("spexd is shutting down");
+  const std::string compressor = compressor_in.empty() ? options_.compressor : compressor_in;
+  const double density = density_in == 0 ? options_.density : density_in;
+  if (!SupportedCompressor(compressor)) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown compressor '", compressor, "'; accepted: dense"));
+  }
+  if (!(density > 0 && density <= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("density must be in (0, 1], got ", density));
+  }
+  if (elements == 0 || elements >= (1ull << 32)) {
+    return absl::InvalidArgumentError(absl::StrCat("bucket ", bucket_id, ": elements must be in 1..2^32-1, got ",
+                                                   elements));
+  }
+  absl::MutexLock lock(&mu_);
+  auto sit = sessions_.find(session_id);
+  if (sit == sessions_.end()) {
+    return absl::NotFoundError(absl::StrCat("no session ", session_id, "; call Hello first"));
+  }
+  const uint32_t rank = sit->second->local_rank;
+  // A new job's first registration waits for the engine to drop the previous job's buckets.
+  while (reset_pending_ && !stop_) published_cv_.Wait(&mu_);
+  auto& slot = buckets_[bucket_id];
+  if (slot == nullptr) {
+    const uint32_t slots = options_.local_trainers;
+    auto shm = ShmBuffer::Create(BucketBytes(elements, slots), absl::StrCat(options_.shm_tag, "-b", bucket_id));
+    if (!shm.ok()) {
+      buckets_.erase(bucket_id);
+      return shm.status();
+    }
+    auto b = std::make_unique<Bucket>();
+    b->id = bucket_id;
+    b->elements = elements;
+    b->compressor = compressor;
+    b->density = density;
+    b->shm = std::move(*shm);
+    uint8_t* base = static_cast<uint8_t*>(b->shm->data());
+    b->header = new (base) BucketHeader();
+    b->header->magic = kBucketMagic;
+    b->header->version = kLayoutVersion;
+    b->header->bucket_id = bucket_id;
+    b->header->elements = elements;
+    b->header->slots = slots;
+    b->header->slot_stride = SlotStride(elements);
+    for (uint32_t r = 0; r < slots; ++r) b->input[r] = reinterpret_cast<float*>(base + InputOffset(elements, r));
+    b->output = reinterpret_cast<float*>(base + OutputOffset(elements, slots));
+    if (slots > 1) b->acc.resize(elements);
+    slot = std::move(b);
+  }
+  Bucket& b = *slot;
+  if (b.elements != elements) {
+    return absl::InvalidArgumentError(absl::StrCat("bucket ", bucket_id, " is registered with ", b.elements,
+                                                   " elements; this request says ", elements,
+                                                   ". Every trainer must register a bucket id with the same size"));
+  }
+  if ((!compressor_in.empty() && compressor != b.compressor) || (density_in != 0 && density != b.density)) {
+    return absl::InvalidArgumentError(absl::StrCat("bucket ", bucket_id, " is registered with compressor ",
+                                                   b.compressor, " at density ", b.density, "; this request asks for ",
+                                                   compressor, " at ", density));
+  }
+  if (b.shm->unlinked() && !(b.registered_mask & (1ull << rank))) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "bucket ", bucket_id, "'s buffer was already attached by every local trainer and unlinked; a restarted "
+        "trainer cannot rejoin a running job: restart all trainers of this node"));
+  }
+  if (!(b.registered_mask & (1ull << rank))) {
+    b.registered_mask |= 1ull << rank;
+    sit->second->buckets++;
+  }
+  Ring();  // a newly complete registration can change the canonical order
+  BucketGrant grant;
+  grant.buffer = b.shm.get();
+  grant.input_offset = InputOffset(elements, rank);
+  grant.output_offset = OutputOffset(elements, options_.local_trainers);
+  grant.elements = elements;
+  grant.compressor = b.compressor;
+  grant.density = b.density;
+  grant.next_step = b.header->ready[rank].value.load();
+  return grant;
+}
+
+absl::StatusOr<ExchangeRecord> Engine::Exchange(uint64_t session_id, uint64_t bucket_id, uint64_t step,
+                                                absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  auto sit = sessions_.find(session_id);
+  if (sit == sessions_.end()) return absl::NotFoundError(absl::StrCat("no session ", session_id, "; call Hello first"));
+  const uint32_t rank = sit->second->local_rank;
+  auto bit = buckets_.find(bucket_id);
+  if (bit == buckets_.end() || !(bit->second->registered_mask & (1ull << rank))) {
+    std::vector<uint64_t> known;
+    for (const auto& [id, b] : buckets_) {
+      if (b->registered_mask & (1ull << rank)) known.push_back(id);
+    }
+    return absl::NotFoundError(absl::StrCat("bucket ", bucket_id, " is not registered by this session; call "
+                                            "RegisterBucket first (registered: [", absl::StrJoin(known, ","), "])"));
+  }
+  Bucket* b = bit->second.get();
+  auto& ready = b->header->ready[rank].value;
+  const uint64_t marked = ready.load();
+  if (step + 1 == marked || step < b->completed) {
+    // Already submitted (doorbell path or a retried RPC): fall through to wait or report.
+  } else if (marked == step) {
+    ready.store(step + 1);
+    Ring();
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("bucket ", bucket_id, ": exchange for step ", step,
+                                                   " but this trainer's next step is ", marked));
+  }
+  const uint64_t full = (1ull << options_.local_trainers) - 1;
+  const absl::Time register_deadline = absl::Now() + options_.register_wait;
+  auto done = [&] { return b->completed > step || stop_.load(); };
+  while (!done()) {
+    const bool all_registered = b->registered_mask == full;
+    const absl::Time until = all_registered ? deadline : std::min(deadline, register_deadline);
+    if (published_cv_.WaitWithDeadline(&mu_, until) && !done()) {
+      if (b->registered_mask != full) {
+        int have = __builtin_popcountll(b->registered_mask);
+        return absl::FailedPreconditionError(absl::StrCat(
+            "bucket ", bucket_id, ": only ", have, " of ", options_.local_trainers,
+            " local trainers registered it within ", absl::FormatDuration(options_.register_wait),
+            "; start every trainer of this node (spexd --local_trainers=", options_.local_trainers, ")"));
+      }
+      if (absl::Now() >= deadline) {
+        std::vector<int> missing;
+        for (int r = 0; r < options_.local_trainers; ++r) {
+          if (b->header->ready[r].value.load() <= step) missing.push_back(r);
+        }
+        return absl::DeadlineExceededError(absl::StrCat(
+            "bucket ", bucket_id, " step ", step, " not complete before the deadline; ",
+            missing.empty() ? std::string("all local trainers are in, waiting for other nodes or earlier buckets")
+                            : absl::StrCat("waiting for local trainers [", absl::StrJoin(missing, ","), "]")));
+      }
+    }
+  }
+  if (b->completed <= step) return absl::UnavailableError("spexd is shutting down");
+  if (b->error_step == step) return b->error;
+  if (b->last.step != step) {
+    return absl::OutOfRangeError(absl::StrCat("bucket ", bucket_id, " step ", step, " completed long ago"));
+  }
+  return b->last;
+}
+
+Engine::Bucket* Engine::PickNextLocked() {
+  const uint64_t full = (1ull << options_.local_trainers) - 1;
+  Bucket* best = nullptr;
+  for (auto& [id, b] : buckets_) {
+    if (b->registered_mask != full) continue;
+    if (best == nullptr || b->next_step < best->next_step) best = b.get();  // ties: lower id first
+  }
+  return best;
+}
+
+bool Engine::LocallyReady(const Bucket& b) const {
+  for (int r = 0; r < options_.local_trainers; ++r) {
+    if (b.header->ready[r].value.load(std::memory_order_acquire) <= b.next_step) return false;
+  }
+  return true;
+}
+
+void Engine::UnlinkAttachedLocked() {
+  for (auto& [id, b] : buckets_) {
+    if (b->shm->unlinked()) continue;
+    bool all = true;
+    for (int r = 0; r < options_.local_trainers && all; ++r) all = b->header->attached[r].load() != 0;
+    if (all) b->shm->Unlink().IgnoreError();
+  }
+  ShmBuffer* bell = doorbells_.back().get();
+  if (!bell->unlinked()) {
+    auto* seg = static_cast<DoorbellSegment*>(bell->data());
+    bool all = true;
+    for (int r = 0; r < options_.local_trainers && all; ++r) all = seg->attached[r].load() != 0;
+    if (all) bell->Unlink().IgnoreError();
+  }
+}
+
+void Engine::ResetLocked() {
+  SPEX_LOG(INFO) << "every session closed: dropping " << buckets_.size() << " buckets";
+  buckets_.clear();
+  reset_pending_ = false;
+  published_cv_.SignalAll();
+}
+
+void Engine::Run() {
+  SPEX_LOG(DEBUG) << "engine thread started";
+  bool announced = false;
+  while (true) {
+    if (stop_.load()) {
+      if (!announced && options_.announce_stop) options_.announce_stop();
+      announced = true;
+      break;
+    }
+    DoorbellSegment* bell = doorbell();
+    const uint32_t seen = bell->ring.load();
+    Bucket* next = nullptr;
+    {
+      absl::MutexLock lock(&mu_);
+      if (reset_pending_) ResetLocked();
+      UnlinkAttachedLocked();
+      next = PickNextLocked();
+    }
+    if (next != nullptr && LocallyReady(*next)) {
+      Process(next);
+      continue;
+    }
+    // Nothing to do: spin a little, then sleep on the doorbell.
+    const uint64_t spin_until = MonotonicNanos() + static_cast<uint64_t>(options_.engine_spin_us) * 1000;
+    bool rang = false;
+    while (options_.engine_spin_us > 0 && MonotonicNanos() < spin_until) {
+      if (bell->ring.load(std::memory_order_relaxed) != seen || stop_.load()) {
+        rang = true;
+        break;
+      }
+      CpuRelax();
+    }
+    if (!rang) {
+      bell->engine_sleeping.store(1);
+      if (bell->ring.load() == seen && !stop_.load()) FutexWait(&bell->ring, seen, kIdleWaitNs);
+      bell->engine_sleeping.store(0);
+    }
+    int who = -1;
+    if (options_.peer_stopped && options_.peer_stopped(&who)) {
+      SPEX_LOG(INFO) << "node " << who << " is stopping; stopping this node too";
+      announced = true;  // every node hears from the first one that stopped
+      stop_.store(true);
+      WakeEverybody();
+    }
+  }
+  {
+    absl::MutexLock lock(&stopped_mu_);
+    stopped_ = true;
+  }
+  SPEX_LOG(DEBUG) << "engine thread stopped";
+}
+
+absl::Status Engine::VerifyOrder(const Bucket& b, uint64_t step) {
+  // max over nodes of (x, ~x) equals (x, ~x) on every node iff all nodes agree on x.
+  uint64_t v[6] = {b.id, step, b.elements, ~b.id, ~step, ~b.elements};
+  absl::Status s = collective_->AllReduce(v, 6, ElemType::kUint64, ReduceOp::kMax);
+  if (!s.ok()) return s;
+  if (v[0] != ~v[3] || v[1] != ~v[4] || v[2] != ~v[5]) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "bucket order differs between nodes: this node exchanged bucket ", b.id, " step ", step, " (", b.elements,
+        " elements) while another node exchanged a different bucket, step or size. Every node must register the "
+        "same buckets (same ids and sizes) and exchange them in the same order"));
+  }
+  return absl::OkStatus();
+}
+
+void Engine::Process(Bucket* b) {
+  const uint64_t step = b->next_step;
+  const int L = options_.local_trainers;
+  const int N = collective_->size();
+  ExchangeRecord rec;
+  rec.bucket_id = b->id;
+  rec.step = step;
+  rec.compressor = b->compressor;
+  rec.target_density = 1.0;
+  rec.achieved_density = 1.0;
+  const uint64_t t0 = MonotonicNanos();
+  uint64_t t = t0;
+  auto lap = [&](Phase p) {
+    const uint64_t now = MonotonicNanos();
+    rec.phase_seconds[static_cast<int>(p)] += (now - t) * 1e-9;
+    t = now;
+  };
+  const size_t n = b->elements;
+  const float* src = b->input[0];
+  if (L > 1) {
+    std::memcpy(b->acc.data(), b->input[0], n * sizeof(float));
+    for (int r = 1; r < L; ++r) prims_->Accumulate(b->acc.data(), b->input[r], n);
+    src = b->acc.data();
+  }
+  lap(Phase::kReduceLocal);
+  absl::Status status = options_.verify_order && N > 1 ? VerifyOrder(*b, step) : absl::OkStatus();
+  if (status.ok()) {
+    status = collective_->AllReduceScaled(src, b->output, n, 1.0f / static_cast<float>(N * L));
+    rec.bytes_sent = rec.bytes_received = N > 1 ? 2 * n * sizeof(float) * (N - 1) / N : 0;
+  }
+  lap(Phase::kCollective);
+  rec.total_seconds = (MonotonicNanos() - t0) * 1e-9;
+  Publish(b, step, status, rec);
+}
+
+void Engine::Publish(Bucket* b, uint64_t step, const absl::Status& status, const ExchangeRecord& rec_in) {
+  ExchangeRecord rec = rec_in;
+  const uint64_t t = MonotonicNanos();
+  if (!status.ok()) {
+    SPEX_LOG(ERROR) << "bucket " << b->id << " step " << step << ": " << status;
+  }
+  b->header->status.store(status.ok() ? 0 : static_cast<int32_t>(status.code()));
+  b->header->published.store(static_cast<uint32_t>(step + 1));
+  if (b->header->waiters.load()) FutexWake(&b->header->published);
+  b->next_step = step + 1;
+  rec.phase_seconds[static_cast<int>(Phase::kPublish)] = (MonotonicNanos() - t) * 1e-9;
+  absl::MutexLock lock(&mu_);
+  b->completed = step + 1;
+  if (!status.ok()) {
+    b->error_step = step;
+    b->error = status;
+  }
+  b->last = rec;
+  b->exchanges++;
+  total_exchanges_++;
+  for (int p = 0; p < static_cast<int>(Phase::kCount); ++p) b->phase_sum[p] += rec.phase_seconds[p];
+  published_cv_.SignalAll();
+}
+
+std::vector<BucketSummary> Engine::Buckets() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<BucketSummary> out;
+  for (const auto& [id, b] : buckets_) {
+    BucketSummary s;
+    s.bucket_id = id;
+    s.elements = b->elements;
+    s.compressor = b->compressor;
+    s.exchanges = b->exchanges;
+    s.last = b->last;
+    for (int p = 0; p < static_cast<int>(Phase::kCount); ++p) {
+      s.mean_phase_seconds[p] = b->exchanges ? b->phase_sum[p] / b->exchanges : 0;
+    }
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+std::vector<SessionSummary> Engine::Sessions() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<SessionSummary> out;
+  const absl::Time now = absl::Now();
+  for (const auto& [id, s] : sessions_) {
+    out.push_back({id, s->local_rank, s->pid, s->client, s->buckets, absl::ToDoubleSeconds(now - s->opened)});
+  }
+  return out;
+}
+
+uint64_t Engine::total_exchanges() const {
+  absl::MutexLock lock(&mu_);
+  return total_exchanges_;
+}
+
+std::vector<std::string> Engine::LinkedSegments() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::string> out;
+  for (const auto& bell : doorbells_) {
+    if (!bell->unlinked()) out.push_back(bell->name());
+  }
+  for (const auto& [id, b] : buckets_) {
+    if (!b->shm->unlinked()) out.push_back(b->shm->name());
+  }
+  return out;
+}
+
+}  // namespace spex

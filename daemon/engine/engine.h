@@ -1,0 +1,170 @@
+// The exchange engine of one node: trainer sessions, registered buckets and their shared
+// buffers, and the single thread that runs every bucket's exchange in the canonical order
+// (ascending (step, bucket id) over the buckets all local trainers registered), so every node
+// issues the same collectives in the same order whatever order the trainers' signals arrive in.
+// It knows nothing of gRPC (daemon/service adapts it) or MPI (it gets a Collective).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "daemon/memory/layout.h"
+#include "daemon/memory/shm_buffer.h"
+#include "daemon/transport/collective.h"
+#include "kernels/primitives.h"
+
+namespace spex {
+
+struct EngineOptions {
+  int local_trainers = 1;
+  std::string job = "";                 // when set, Hello must name the same job
+  std::string compressor = "dense";     // default per bucket
+  double density = 0.01;                // default per bucket
+  absl::Duration register_wait = absl::Seconds(30);  // Exchange waits this long for the
+                                                     // other local trainers to register
+  int engine_spin_us = 0;               // engine spins this long before sleeping
+  int client_spin_us = 0;               // advertised to trainers in Hello
+  bool verify_order = true;             // check (bucket, step, size) agree on all nodes
+  std::string shm_tag = "spex";         // goes into shm names
+  // Out-of-band stop notices between nodes (MPI: PeerNotice). Both optional.
+  std::function<void()> announce_stop;
+  std::function<bool(int*)> peer_stopped;
+};
+
+enum class Phase { kWaitLocal, kReduceLocal, kCompress, kCollective, kDecode, kPublish, kCount };
+const char* PhaseName(Phase p);
+
+struct ExchangeRecord {
+  uint64_t bucket_id = 0;
+  uint64_t step = 0;
+  std::string compressor;
+  double target_density = 1.0;
+  double achieved_density = 1.0;
+  uint64_t bytes_sent = 0;
+  uint64_t bytes_received = 0;
+  double residual_norm = 0;
+  double phase_seconds[static_cast<int>(Phase::kCount)] = {};
+  double total_seconds = 0;
+};
+
+struct BucketSummary {
+  uint64_t bucket_id = 0;
+  uint64_t elements = 0;
+  std::string compressor;
+  uint64_t exchanges = 0;
+  ExchangeRecord last;
+  double mean_phase_seconds[static_cast<int>(Phase::kCount)] = {};
+};
+
+struct SessionSummary {
+  uint64_t session_id = 0;
+  uint32_t local_rank = 0;
+  uint32_t pid = 0;
+  std::string client;
+  uint32_t buckets = 0;
+  double age_seconds = 0;
+};
+
+struct HelloResult {
+  uint64_t session_id = 0;
+  const ShmBuffer* doorbell = nullptr;
+};
+
+struct BucketGrant {
+  const ShmBuffer* buffer = nullptr;
+  uint64_t input_offset = 0;
+  uint64_t output_offset = 0;
+  uint64_t elements = 0;
+  std::string compressor;
+  double density = 0;
+  uint64_t next_step = 0;
+};
+
+class Engine {
+ public:
+  Engine(EngineOptions options, Collective* collective, Primitives* prims);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  absl::Status Start();
+  // Asks the engine thread to stop (also tells peers). Safe from any thread.
+  void RequestStop();
+  // Blocks until the engine thread stopped (after RequestStop or a peer's notice).
+  void WaitStopped();
+  // Waits at most `timeout` for the engine thread; false if it is still running (e.g. stuck in
+  // a collective with a peer that left).
+  bool JoinFor(absl::Duration timeout);
+  bool stopping() const { return stop_.load(); }
+
+  const EngineOptions& options() const { return options_; }
+  int node_rank() const { return collective_->rank(); }
+  int node_count() const { return collective_->size(); }
+  const char* collective_name() const { return collective_->name(); }
+
+  absl::StatusOr<HelloResult> Hello(const std::string& job, uint32_t local_rank, uint32_t local_size,
+                                    uint32_t pid, const std::string& client);
+  absl::Status Goodbye(uint64_t session_id);
+  absl::StatusOr<BucketGrant> RegisterBucket(uint64_t session_id, uint64_t bucket_id,
+                                             uint64_t elements, const std::string& compressor,
+                                             double density);
+  // The RPC path: marks this trainer's input for (bucket, step) written and waits until the
+  // result is published or `deadline` passes.
+  absl::StatusOr<ExchangeRecord> Exchange(uint64_t session_id, uint64_t bucket_id, uint64_t step,
+                                          absl::Time deadline);
+
+  std::vector<BucketSummary> Buckets() const;
+  std::vector<SessionSummary> Sessions() const;
+  uint64_t total_exchanges() const;
+  // Names of /dev/shm segments currently linked (for tests and diagnostics).
+  std::vector<std::string> LinkedSegments() const;
+
+ private:
+  struct Bucket;
+  struct Session;
+
+  void Run();
+  // Picks the next item in canonical order; null when no bucket is schedulable.
+  Bucket* PickNextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool LocallyReady(const Bucket& b) const;
+  void Process(Bucket* b);
+  void Publish(Bucket* b, uint64_t step, const absl::Status& status, const ExchangeRecord& rec);
+  absl::Status VerifyOrder(const Bucket& b, uint64_t step);
+  void UnlinkAttachedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ResetLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Ring();
+  DoorbellSegment* doorbell() const { return doorbell_.load(); }
+  absl::Status NewDoorbellLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void WakeEverybody();
+
+  const EngineOptions options_;
+  Collective* const collective_;
+  Primitives* const prims_;
+
+  mutable absl::Mutex mu_;
+  absl::CondVar published_cv_;  // signalled after every publish and on stop
+  std::map<uint64_t, std::unique_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, std::unique_ptr<Bucket>> buckets_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<ShmBuffer>> doorbells_ ABSL_GUARDED_BY(mu_);  // newest last
+  bool reset_pending_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t total_exchanges_ ABSL_GUARDED_BY(mu_) = 0;
+
+  std::atomic<DoorbellSegment*> doorbell_{nullptr};
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> running_{false};
+  absl::Mutex stopped_mu_;
+  bool stopped_ ABSL_GUARDED_BY(stopped_mu_) = false;
+  std::thread thread_;
+};
+
+}  // namespace spex

@@ -1,0 +1,28 @@
+#include "daemon/flags.h"
+
+#include "absl/flags/flag.h"
+
+ABSL_FLAG(std::string, socket, "",
+          "Unix socket path of the control channel. Default: /tmp/spex-<uid>/<job>/<host>[.<i>].sock, "
+          "with .<i> added when several daemons share a host (i = index on the host).");
+ABSL_FLAG(std::string, socket_mode, "0600", "Permission bits of the socket (octal).");
+ABSL_FLAG(std::string, job, "",
+          "Job name: part of the default socket path; when set, trainers must name the same job. "
+          "Default: $SPEX_JOB, else $SLURM_JOB_ID, else 'default' (and not enforced).");
+ABSL_FLAG(int, local_trainers, 1, "Trainer processes on this node; every bucket waits for all of them.");
+ABSL_FLAG(std::string, compressor, "dense", "Default compressor of a bucket (per-bucket override at registration).");
+ABSL_FLAG(double, density, 0.01, "Default target density in (0, 1] for sparse compressors.");
+ABSL_FLAG(absl::Duration, register_timeout, absl::Seconds(30),
+          "How long an Exchange waits for the other local trainers to register its bucket before "
+          "failing with FAILED_PRECONDITION.");
+ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(5),
+          "On SIGTERM/SIGINT, how long to wait for in-flight exchanges before exiting anyway.");
+ABSL_FLAG(int, spin_us, -1,
+          "Microseconds the engine and trainers spin before sleeping on a futex; -1 = auto (50 when "
+          "the host has more cores than local trainers + 1, else 0).");
+ABSL_FLAG(int, threads, 0, "Worker threads for local reduction and compression (0 = all cores).");
+ABSL_FLAG(bool, verify_order, true,
+          "Check with a tiny all-reduce that every node exchanges the same (bucket, step, size) "
+          "before each exchange; turns an ordering bug into a clear error instead of a hang.");
+ABSL_FLAG(std::string, device, "auto", "auto|cpu|cuda: where buckets live (cuda needs a --config=cuda build and a GPU).");
+ABSL_FLAG(std::string, log_level, "info", "debug|info|warning|error");

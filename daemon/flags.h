@@ -1,0 +1,21 @@
+// Every spexd flag, declared once (defined in flags.cc with help text and defaults).
+#pragma once
+
+#include <string>
+
+#include "absl/flags/declare.h"
+#include "absl/time/time.h"
+
+ABSL_DECLARE_FLAG(std::string, socket);
+ABSL_DECLARE_FLAG(std::string, socket_mode);
+ABSL_DECLARE_FLAG(std::string, job);
+ABSL_DECLARE_FLAG(int, local_trainers);
+ABSL_DECLARE_FLAG(std::string, compressor);
+ABSL_DECLARE_FLAG(double, density);
+ABSL_DECLARE_FLAG(absl::Duration, register_timeout);
+ABSL_DECLARE_FLAG(absl::Duration, shutdown_grace);
+ABSL_DECLARE_FLAG(int, spin_us);
+ABSL_DECLARE_FLAG(int, threads);
+ABSL_DECLARE_FLAG(bool, verify_order);
+ABSL_DECLARE_FLAG(std::string, device);
+ABSL_DECLARE_FLAG(std::string, log_level);

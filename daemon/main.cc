@@ -1,0 +1,188 @@
+// spexd: the per-node daemon. Wiring only: flags, MPI, the engine, the gRPC server, signals.
+#include <mpi.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "daemon/engine/engine.h"
+#include "daemon/flags.h"
+#include "daemon/service/spex_service.h"
+#include "daemon/transport/mpi_collective.h"
+#include "daemon/util/log.h"
+#include "daemon/util/paths.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/grpcpp.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "kernels/primitives.h"
+
+namespace spex {
+namespace {
+
+constexpr char kVersion[] = "spexd 0.1.0";
+
+int Fail(const std::string& message) {
+  SPEX_LOG(ERROR) << message;
+  return 2;
+}
+
+// Index of this daemon among the daemons on its host, and their number.
+void HostPosition(int* index, int* count) {
+  MPI_Comm local;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local);
+  MPI_Comm_rank(local, index);
+  MPI_Comm_size(local, count);
+  MPI_Comm_free(&local);
+}
+
+int Main(int argc, char** argv) {
+  LogLevel level;
+  if (!ParseLogLevel(absl::GetFlag(FLAGS_log_level), &level)) {
+    return Fail(absl::StrCat("--log_level must be debug|info|warning|error, got '", absl::GetFlag(FLAGS_log_level), "'"));
+  }
+  SetLogLevel(level);
+
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  SetLogPrefix(absl::StrCat("spexd[node ", rank, "/", size, "]"));
+
+  const std::string device = absl::GetFlag(FLAGS_device);
+  if (device == "cuda") {
+    return Fail("--device=cuda: this spexd serves host buffers only (the CUDA path is not wired into the daemon); "
+                "use --device=cpu or --device=auto");
+  }
+  if (device != "auto" && device != "cpu") {
+    return Fail(absl::StrCat("--device must be auto|cpu|cuda, got '", device, "'"));
+  }
+
+  const std::string job_flag = absl::GetFlag(FLAGS_job);
+  const std::string job = job_flag.empty() ? DefaultJob() : job_flag;
+  int host_index = 0, host_count = 1;
+  HostPosition(&host_index, &host_count);
+  std::string socket_path = absl::GetFlag(FLAGS_socket);
+  if (socket_path.empty()) socket_path = DefaultSocketPath(job, host_count > 1 ? host_index : -1);
+  char* end = nullptr;
+  const std::string mode_text = absl::GetFlag(FLAGS_socket_mode);
+  const long mode = std::strtol(mode_text.c_str(), &end, 8);
+  if (mode_text.empty() || *end != '\0' || mode < 0 || mode > 0777) {
+    return Fail(absl::StrCat("--socket_mode must be octal permission bits such as 0600, got '", mode_text, "'"));
+  }
+  // Every rank checks its socket; all must pass before anyone serves.
+  absl::Status path_ok = PrepareSocketPath(socket_path);
+  int bad = path_ok.ok() ? 0 : 1;
+  MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  if (!path_ok.ok()) return Fail(std::string(path_ok.message()));
+  if (bad) return Fail("another node could not use its socket path; see its log");
+
+  const int local_trainers = absl::GetFlag(FLAGS_local_trainers);
+  int spin = absl::GetFlag(FLAGS_spin_us);
+  if (spin < 0) {
+    const int cores = static_cast<int>(std::thread::hardware_concurrency());
+    spin = cores > (local_trainers + 1) * host_count ? 50 : 0;
+  }
+  std::unique_ptr<Primitives> prims = MakeCpuPrimitives(absl::GetFlag(FLAGS_threads));
+  MpiCollective collective(MPI_COMM_WORLD);
+  PeerNotice notice(MPI_COMM_WORLD);
+
+  EngineOptions opts;
+  opts.local_trainers = local_trainers;
+  opts.job = job_flag;
+  opts.compressor = absl::GetFlag(FLAGS_compressor);
+  opts.density = absl::GetFlag(FLAGS_density);
+  opts.register_wait = absl::GetFlag(FLAGS_register_timeout);
+  opts.engine_spin_us = spin;
+  opts.client_spin_us = spin;
+  opts.verify_order = absl::GetFlag(FLAGS_verify_order);
+  opts.shm_tag = absl::StrCat(getpid());
+  opts.announce_stop = [&notice] { notice.Announce(); };
+  opts.peer_stopped = [&notice](int* who) { return notice.PeerStopped(who); };
+  Engine engine(opts, &collective, prims.get());
+  if (absl::Status s = engine.Start(); !s.ok()) return Fail(std::string(s.message()));
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  SpexService service(&engine, kVersion);
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("unix:" + socket_path, grpc::InsecureServerCredentials());
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr) {
+    engine.RequestStop();
+    engine.JoinFor(absl::Seconds(1));
+    return Fail(absl::StrCat("cannot listen on unix:", socket_path));
+  }
+  chmod(socket_path.c_str(), static_cast<mode_t>(mode));
+  server->GetHealthCheckService()->SetServingStatus("spex.v1.Spex", true);
+  SPEX_LOG(INFO) << kVersion << " serving unix:" << socket_path << " (" << local_trainers
+                 << " local trainers, compressor " << opts.compressor << ", spin " << spin << " us)";
+
+  // Signals: a dedicated thread waits for SIGTERM/SIGINT (blocked everywhere else).
+  std::thread signals([&engine] {
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGUSR2);
+    int sig = 0;
+    sigwait(&set, &sig);
+    if (sig != SIGUSR2) SPEX_LOG(INFO) << "signal " << sig << ": shutting down";
+    engine.RequestStop();
+  });
+
+  engine.WaitStopped();  // a signal here, or a peer node stopping
+  server->GetHealthCheckService()->SetServingStatus("spex.v1.Spex", false);
+  engine.RequestStop();
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  unlink(socket_path.c_str());
+  pthread_kill(signals.native_handle(), SIGUSR2);
+  signals.join();
+  if (!engine.JoinFor(absl::GetFlag(FLAGS_shutdown_grace))) {
+    for (const std::string& name : engine.LinkedSegments()) shm_unlink(name.c_str());
+    SPEX_LOG(ERROR) << "engine still inside a collective after --shutdown_grace (a peer left mid-exchange); "
+                       "exiting without MPI_Finalize";
+    std::fflush(nullptr);
+    _exit(3);
+  }
+  notice.Drain();
+  SPEX_LOG(INFO) << "stopped cleanly";
+  return 0;
+}
+
+}  // namespace
+}  // namespace spex
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "spexd: per-node sparse gradient exchange daemon. Start one per node under mpirun/srun; "
+      "trainers connect over a unix socket. See README.md.");
+  absl::ParseCommandLine(argc, argv);
+  // Block the stop signals before any thread starts, so only the signal thread receives them.
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGUSR2);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  if (provided < MPI_THREAD_SERIALIZED) {
+    std::fprintf(stderr, "spexd: MPI provides thread level %d; at least MPI_THREAD_SERIALIZED is needed\n", provided);
+    MPI_Abort(MPI_COMM_WORLD, 2);
+  }
+  // Start-up checks depend only on flags every rank shares, or are agreed by an all-reduce,
+  // so a failing start fails on every rank alike and can still finalize cleanly.
+  int rc = spex::Main(argc, argv);
+  MPI_Finalize();
+  return rc;
+}

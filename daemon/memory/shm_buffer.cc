@@ -1,0 +1,96 @@
+#include "daemon/memory/shm_buffer.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/random/random.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "proto/spex.pb.h"
+
+namespace spex {
+namespace {
+
+std::string RandomHex(int bytes) {
+  absl::BitGen gen;  // seeded from the OS entropy source
+  std::string out;
+  for (int i = 0; i < bytes; ++i) absl::StrAppendFormat(&out, "%02x", absl::Uniform<int>(gen, 0, 256));
+  return out;
+}
+
+absl::Status Errno(const std::string& what) {
+  return absl::InternalError(absl::StrCat(what, ": ", strerror(errno)));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ShmBuffer>> ShmBuffer::Create(size_t size, const std::string& tag) {
+  for (char c : tag) {
+    if (!isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '-' && c != '.') {
+      return absl::InvalidArgumentError(absl::StrCat("shm tag '", tag, "' has a character other than [A-Za-z0-9_.-]"));
+    }
+  }
+  if (size == 0) return absl::InvalidArgumentError("shm segment size must be > 0");
+  std::string name = absl::StrCat("/spex-", tag, "-", RandomHex(16));
+  int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0) return Errno(absl::StrCat("shm_open(", name, ")"));
+  if (ftruncate(fd, static_cast<off_t>(size)) != 0) {
+    absl::Status s = Errno(absl::StrCat("ftruncate(", name, ", ", size, ") (is /dev/shm full?)"));
+    close(fd);
+    shm_unlink(name.c_str());
+    return s;
+  }
+  void* base = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  close(fd);
+  if (base == MAP_FAILED) {
+    absl::Status s = Errno(absl::StrCat("mmap(", name, ", ", size, ")"));
+    shm_unlink(name.c_str());
+    return s;
+  }
+  return std::unique_ptr<ShmBuffer>(new ShmBuffer(std::move(name), base, size));
+}
+
+ShmBuffer::~ShmBuffer() {
+  Unlink().IgnoreError();
+  munmap(base_, size_);
+}
+
+void ShmBuffer::Describe(v1::BufferDescriptor* out) const {
+  out->mutable_shm()->set_name(name_);
+  out->mutable_shm()->set_size(size_);
+}
+
+absl::Status ShmBuffer::Unlink() {
+  if (unlinked_) return absl::OkStatus();
+  unlinked_ = true;
+  if (shm_unlink(name_.c_str()) != 0 && errno != ENOENT) return Errno(absl::StrCat("shm_unlink(", name_, ")"));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<ShmMapping>> ShmMapping::Attach(const std::string& name, size_t size) {
+  int fd = shm_open(name.c_str(), O_RDWR, 0);
+  if (fd < 0) {
+    return absl::NotFoundError(absl::StrCat("cannot open shared segment ", name, ": ", strerror(errno),
+                                            " (it is unlinked once every local trainer attached; "
+                                            "a late trainer must re-register)"));
+  }
+  struct stat st;
+  if (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) < size) {
+    close(fd);
+    return absl::FailedPreconditionError(
+        absl::StrCat("shared segment ", name, " is smaller than the ", size, " bytes described"));
+  }
+  void* base = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (base == MAP_FAILED) return Errno(absl::StrCat("mmap(", name, ")"));
+  return std::unique_ptr<ShmMapping>(new ShmMapping(base, size));
+}
+
+ShmMapping::~ShmMapping() { munmap(base_, size_); }
+
+}  // namespace spex

@@ -1,0 +1,56 @@
+// POSIX shared memory for the CPU path: the daemon creates a segment with an unguessable name
+// and mode 0600 (ShmBuffer), trainers map it by name (ShmMapping). The name is unlinked as
+// soon as every trainer has attached, so a killed process leaks nothing in /dev/shm.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "daemon/memory/shared_buffer.h"
+
+namespace spex {
+
+class ShmBuffer : public SharedBuffer {
+ public:
+  // Creates and maps `size` bytes (zero-filled, pages populated). `tag` goes into the name
+  // ("/spex-<tag>-<random>") to make /dev/shm readable; it must be [A-Za-z0-9_.-]*.
+  static absl::StatusOr<std::unique_ptr<ShmBuffer>> Create(size_t size, const std::string& tag);
+  ~ShmBuffer() override;
+
+  void* data() override { return base_; }
+  size_t size() const override { return size_; }
+  bool on_device() const override { return false; }
+  void Describe(v1::BufferDescriptor* out) const override;
+  absl::Status Unlink() override;
+
+  const std::string& name() const { return name_; }
+  bool unlinked() const { return unlinked_; }
+
+ private:
+  ShmBuffer(std::string name, void* base, size_t size)
+      : name_(std::move(name)), base_(base), size_(size) {}
+  std::string name_;
+  void* base_;
+  size_t size_;
+  bool unlinked_ = false;
+};
+
+// A trainer's mapping of a segment the daemon created.
+class ShmMapping {
+ public:
+  // Opens `name` and maps exactly `size` bytes; fails if the segment is smaller.
+  static absl::StatusOr<std::unique_ptr<ShmMapping>> Attach(const std::string& name, size_t size);
+  ~ShmMapping();
+  void* data() { return base_; }
+  size_t size() const { return size_; }
+
+ private:
+  ShmMapping(void* base, size_t size) : base_(base), size_(size) {}
+  void* base_;
+  size_t size_;
+};
+
+}  // namespace spex

@@ -1,0 +1,133 @@
+#include "daemon/service/spex_service.h"
+
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+namespace spex {
+
+grpc::Status ToGrpc(const absl::Status& s) {
+  if (s.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+}
+
+void ToProto(const ExchangeRecord& rec, v1::ExchangeStats* out) {
+  out->set_bucket_id(rec.bucket_id);
+  out->set_step(rec.step);
+  out->set_compressor(rec.compressor);
+  out->set_target_density(rec.target_density);
+  out->set_achieved_density(rec.achieved_density);
+  out->set_bytes_sent(rec.bytes_sent);
+  out->set_bytes_received(rec.bytes_received);
+  out->set_residual_norm(rec.residual_norm);
+  out->set_total_seconds(rec.total_seconds);
+  for (int p = 0; p < static_cast<int>(Phase::kCount); ++p) {
+    auto* ph = out->add_phases();
+    ph->set_phase(PhaseName(static_cast<Phase>(p)));
+    ph->set_seconds(rec.phase_seconds[p]);
+  }
+}
+
+grpc::Status SpexService::Hello(grpc::ServerContext*, const v1::HelloRequest* req, v1::HelloResponse* resp) {
+  if (req->protocol_version() > 1) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        absl::StrCat("client speaks protocol ", req->protocol_version(),
+                                     "; this spexd speaks 1: upgrade the daemon"));
+  }
+  if (req->device() == v1::DEVICE_CUDA) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        "this spexd serves host (CPU) buffers; CUDA buffers need a daemon started with --device=cuda");
+  }
+  auto hello = engine_->Hello(req->job(), req->local_rank(), req->local_size(), req->pid(), req->client());
+  if (!hello.ok()) return ToGrpc(hello.status());
+  resp->set_session_id(hello->session_id);
+  resp->set_node_rank(engine_->node_rank());
+  resp->set_node_count(engine_->node_count());
+  resp->set_local_trainers(engine_->options().local_trainers);
+  resp->mutable_defaults()->set_name(engine_->options().compressor);
+  resp->mutable_defaults()->set_density(engine_->options().density);
+  hello->doorbell->Describe(resp->mutable_doorbell());
+  resp->set_spin_us(engine_->options().client_spin_us);
+  resp->set_daemon_version(version_);
+  resp->set_device(v1::DEVICE_CPU);
+  return grpc::Status::OK;
+}
+
+grpc::Status SpexService::RegisterBucket(grpc::ServerContext*, const v1::RegisterBucketRequest* req,
+                                         v1::RegisterBucketResponse* resp) {
+  if (req->dtype() != v1::DTYPE_UNSPECIFIED && req->dtype() != v1::DTYPE_FLOAT32) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "only float32 buckets are supported");
+  }
+  if (!req->compressor().params().empty()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "compressor parameters are not accepted by the dense-only engine yet");
+  }
+  auto grant = engine_->RegisterBucket(req->session_id(), req->bucket_id(), req->elements(),
+                                       req->compressor().name(), req->compressor().density());
+  if (!grant.ok()) return ToGrpc(grant.status());
+  grant->buffer->Describe(resp->mutable_buffer());
+  auto* layout = resp->mutable_layout();
+  layout->set_header_offset(0);
+  layout->set_input_offset(grant->input_offset);
+  layout->set_output_offset(grant->output_offset);
+  layout->set_elements(grant->elements);
+  resp->mutable_compressor()->set_name(grant->compressor);
+  resp->mutable_compressor()->set_density(grant->density);
+  resp->set_next_step(grant->next_step);
+  return grpc::Status::OK;
+}
+
+grpc::Status SpexService::Exchange(grpc::ServerContext* ctx, const v1::ExchangeRequest* req,
+                                   v1::ExchangeResponse* resp) {
+  const auto deadline = ctx->deadline();
+  absl::Time until = absl::InfiniteFuture();
+  if (deadline < std::chrono::system_clock::now() + std::chrono::hours(24 * 365)) {
+    until = absl::FromChrono(deadline);
+  }
+  auto rec = engine_->Exchange(req->session_id(), req->bucket_id(), req->step(), until);
+  if (!rec.ok()) return ToGrpc(rec.status());
+  ToProto(*rec, resp->mutable_stats());
+  return grpc::Status::OK;
+}
+
+grpc::Status SpexService::GetStats(grpc::ServerContext*, const v1::GetStatsRequest*, v1::GetStatsResponse* resp) {
+  resp->set_node_rank(engine_->node_rank());
+  resp->set_node_count(engine_->node_count());
+  resp->set_exchanges(engine_->total_exchanges());
+  resp->set_collective(engine_->collective_name());
+  for (const BucketSummary& b : engine_->Buckets()) {
+    auto* out = resp->add_buckets();
+    out->set_bucket_id(b.bucket_id);
+    out->set_elements(b.elements);
+    out->set_compressor(b.compressor);
+    out->set_exchanges(b.exchanges);
+    if (b.exchanges) ToProto(b.last, out->mutable_last());
+    for (int p = 0; p < static_cast<int>(Phase::kCount); ++p) {
+      auto* ph = out->add_mean_phases();
+      ph->set_phase(PhaseName(static_cast<Phase>(p)));
+      ph->set_seconds(b.mean_phase_seconds[p]);
+    }
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status SpexService::ListSessions(grpc::ServerContext*, const v1::ListSessionsRequest*,
+                                       v1::ListSessionsResponse* resp) {
+  for (const SessionSummary& s : engine_->Sessions()) {
+    auto* out = resp->add_sessions();
+    out->set_session_id(s.session_id);
+    out->set_local_rank(s.local_rank);
+    out->set_pid(s.pid);
+    out->set_client(s.client);
+    out->set_buckets(s.buckets);
+    out->set_age_seconds(s.age_seconds);
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status SpexService::Goodbye(grpc::ServerContext*, const v1::GoodbyeRequest* req, v1::GoodbyeResponse*) {
+  return ToGrpc(engine_->Goodbye(req->session_id()));
+}
+
+}  // namespace spex

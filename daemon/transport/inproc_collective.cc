@@ -1,0 +1,169 @@
+#include "daemon/transport/inproc_collective.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace spex {
+
+class InProcessCollective : public Collective {
+ public:
+  InProcessCollective(InProcessHub* hub, int rank) : hub_(hub), rank_(rank) {}
+  int rank() const override { return rank_; }
+  int size() const override { return hub_->size(); }
+  const char* name() const override { return "inproc"; }
+
+  absl::Status AllReduce(void* data, size_t count, ElemType type, ReduceOp op) override {
+    const size_t bytes = count * ElemSize(type);
+    std::vector<uint8_t> result(bytes);
+    absl::Status s = Round(data, bytes, [&](const InProcessHub::Slot* slots) -> absl::Status {
+      for (int r = 0; r < size(); ++r) {
+        if (slots[r].bytes != bytes) return SizeMismatch("AllReduce", r, slots[r].bytes, bytes);
+      }
+      std::memcpy(result.data(), slots[0].data, bytes);
+      for (int r = 1; r < size(); ++r) Combine(result.data(), slots[r].data, count, type, op);
+      return absl::OkStatus();
+    });
+    if (s.ok()) std::memcpy(data, result.data(), bytes);
+    return s;
+  }
+
+  absl::Status AllReduceScaled(const float* send, float* recv, size_t count, float scale) override {
+    std::vector<float> result(count);
+    absl::Status s = Round(send, count * 4, [&](const InProcessHub::Slot* slots) -> absl::Status {
+      for (int r = 0; r < size(); ++r) {
+        if (slots[r].bytes != count * 4) return SizeMismatch("AllReduceScaled", r, slots[r].bytes, count * 4);
+      }
+      // Sum in rank order on every rank so all ranks get bit-identical results.
+      for (int r = 0; r < size(); ++r) {
+        const float* x = static_cast<const float*>(slots[r].data);
+        for (size_t i = 0; i < count; ++i) result[i] += x[i];
+      }
+      return absl::OkStatus();
+    });
+    if (!s.ok()) return s;
+    for (size_t i = 0; i < count; ++i) recv[i] = result[i] * scale;
+    return absl::OkStatus();
+  }
+
+  absl::Status AllGather(const void* send, size_t bytes, void* recv) override {
+    return Round(send, bytes, [&](const InProcessHub::Slot* slots) -> absl::Status {
+      for (int r = 0; r < size(); ++r) {
+        if (slots[r].bytes != bytes) return SizeMismatch("AllGather", r, slots[r].bytes, bytes);
+      }
+      for (int r = 0; r < size(); ++r) {
+        std::memcpy(static_cast<uint8_t*>(recv) + r * bytes, slots[r].data, bytes);
+      }
+      return absl::OkStatus();
+    });
+  }
+
+  absl::Status AllGatherV(const void* send, size_t send_bytes, std::vector<size_t>* counts,
+                          std::vector<uint8_t>* recv) override {
+    return Round(send, send_bytes, [&](const InProcessHub::Slot* slots) -> absl::Status {
+      counts->assign(size(), 0);
+      size_t total = 0;
+      for (int r = 0; r < size(); ++r) total += (*counts)[r] = slots[r].bytes;
+      recv->resize(total);
+      size_t off = 0;
+      for (int r = 0; r < size(); ++r) {
+        if (slots[r].bytes) std::memcpy(recv->data() + off, slots[r].data, slots[r].bytes);
+        off += slots[r].bytes;
+      }
+      return absl::OkStatus();
+    });
+  }
+
+  absl::Status Broadcast(void* data, size_t bytes, int root) override {
+    if (root < 0 || root >= size()) return absl::InvalidArgumentError(absl::StrCat("broadcast root ", root, " out of range"));
+    std::vector<uint8_t> copy(bytes);
+    absl::Status s = Round(data, bytes, [&](const InProcessHub::Slot* slots) -> absl::Status {
+      if (slots[root].bytes != bytes) return SizeMismatch("Broadcast", root, slots[root].bytes, bytes);
+      std::memcpy(copy.data(), slots[root].data, bytes);
+      return absl::OkStatus();
+    });
+    if (s.ok() && rank_ != root) std::memcpy(data, copy.data(), bytes);
+    return s;
+  }
+
+  absl::Status Barrier() override {
+    return Round(nullptr, 0, [](const InProcessHub::Slot*) { return absl::OkStatus(); });
+  }
+
+ private:
+  template <typename Fn>
+  absl::Status Round(const void* data, size_t bytes, Fn&& read) {
+    absl::Status s = hub_->Arrive(rank_, data, bytes);
+    if (!s.ok()) return s;
+    absl::Status r = read(hub_->slots_.data());
+    s = hub_->Depart(rank_);
+    return r.ok() ? s : r;
+  }
+
+  static absl::Status SizeMismatch(const char* op, int peer, size_t got, size_t want) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": rank ", peer, " contributed ", got,
+                                                   " bytes, this rank ", want));
+  }
+
+  static void Combine(void* acc, const void* x, size_t n, ElemType t, ReduceOp op) {
+    switch (t) {
+      case ElemType::kFloat32: return CombineT(static_cast<float*>(acc), static_cast<const float*>(x), n, op);
+      case ElemType::kFloat64: return CombineT(static_cast<double*>(acc), static_cast<const double*>(x), n, op);
+      case ElemType::kInt64: return CombineT(static_cast<int64_t*>(acc), static_cast<const int64_t*>(x), n, op);
+      case ElemType::kUint64: return CombineT(static_cast<uint64_t*>(acc), static_cast<const uint64_t*>(x), n, op);
+    }
+  }
+  template <typename T>
+  static void CombineT(T* acc, const T* x, size_t n, ReduceOp op) {
+    for (size_t i = 0; i < n; ++i) {
+      switch (op) {
+        case ReduceOp::kSum: acc[i] += x[i]; break;
+        case ReduceOp::kMax: acc[i] = acc[i] < x[i] ? x[i] : acc[i]; break;
+        case ReduceOp::kMin: acc[i] = x[i] < acc[i] ? x[i] : acc[i]; break;
+      }
+    }
+  }
+
+  InProcessHub* hub_;
+  int rank_;
+};
+
+InProcessHub::InProcessHub(int size, absl::Duration timeout)
+    : size_(size), timeout_(timeout), slots_(size) {}
+
+std::unique_ptr<Collective> InProcessHub::Connect(int rank) {
+  return std::make_unique<InProcessCollective>(this, rank);
+}
+
+absl::Status InProcessHub::Wait(uint64_t* counter, uint64_t target) {
+  absl::Time deadline = absl::Now() + timeout_;
+  while (*counter < target) {
+    if (cv_.WaitWithDeadline(&mu_, deadline) && *counter < target) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "in-process collective: a peer rank did not arrive within ", absl::FormatDuration(timeout_)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status InProcessHub::Arrive(int rank, const void* data, size_t bytes) {
+  absl::MutexLock lock(&mu_);
+  // Round number of this arrival; a rank cannot start round k+1 before all left round k.
+  const uint64_t round = arrived_ / size_;
+  absl::Status s = Wait(&departed_, round * size_);
+  if (!s.ok()) return s;
+  slots_[rank] = Slot{data, bytes};
+  ++arrived_;
+  cv_.SignalAll();
+  return Wait(&arrived_, (round + 1) * size_);
+}
+
+absl::Status InProcessHub::Depart(int rank) {
+  absl::MutexLock lock(&mu_);
+  const uint64_t round = departed_ / size_;
+  ++departed_;
+  cv_.SignalAll();
+  return Wait(&departed_, (round + 1) * size_);
+}
+
+}  // namespace spex

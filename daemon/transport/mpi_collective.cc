@@ -1,0 +1,178 @@
+#include "daemon/transport/mpi_collective.h"
+
+#include <climits>
+
+#include "absl/strings/str_cat.h"
+
+namespace spex {
+namespace {
+
+MPI_Datatype ToMpi(ElemType t) {
+  switch (t) {
+    case ElemType::kFloat32: return MPI_FLOAT;
+    case ElemType::kFloat64: return MPI_DOUBLE;
+    case ElemType::kInt64: return MPI_INT64_T;
+    case ElemType::kUint64: return MPI_UINT64_T;
+  }
+  return MPI_BYTE;
+}
+
+MPI_Op ToMpi(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return MPI_SUM;
+    case ReduceOp::kMax: return MPI_MAX;
+    case ReduceOp::kMin: return MPI_MIN;
+  }
+  return MPI_SUM;
+}
+
+absl::Status Check(int rc, const char* what) {
+  if (rc == MPI_SUCCESS) return absl::OkStatus();
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, text, &len);
+  return absl::UnavailableError(absl::StrCat(what, " failed: ", std::string(text, len)));
+}
+
+absl::Status CheckCount(size_t n, const char* what) {
+  if (n > static_cast<size_t>(INT_MAX)) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": ", n, " elements exceed MPI's int count"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+MpiCollective::MpiCollective(MPI_Comm comm) {
+  MPI_Comm_dup(comm, &comm_);
+  MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+  MPI_Comm_rank(comm_, &rank_);
+  MPI_Comm_size(comm_, &size_);
+  counts_.resize(size_);
+  displs_.resize(size_);
+}
+
+MpiCollective::~MpiCollective() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Comm_free(&comm_);
+}
+
+absl::Status MpiCollective::AllReduce(void* data, size_t count, ElemType type, ReduceOp op) {
+  if (absl::Status s = CheckCount(count, "AllReduce"); !s.ok()) return s;
+  return Check(MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(count), ToMpi(type), ToMpi(op), comm_),
+               "MPI_Allreduce");
+}
+
+absl::Status MpiCollective::AllReduceScaled(const float* send, float* recv, size_t count, float scale) {
+  if (absl::Status s = CheckCount(count, "AllReduceScaled"); !s.ok()) return s;
+  const int n = static_cast<int>(count);
+  if (size_ == 1) {
+    for (int i = 0; i < n; ++i) recv[i] = send[i] * scale;
+    return absl::OkStatus();
+  }
+  if (send == recv || count < static_cast<size_t>(size_) * 1024) {
+    // Small or in place: one all-reduce, then scale everything.
+    int rc = send == recv ? MPI_Allreduce(MPI_IN_PLACE, recv, n, MPI_FLOAT, MPI_SUM, comm_)
+                          : MPI_Allreduce(send, recv, n, MPI_FLOAT, MPI_SUM, comm_);
+    if (absl::Status s = Check(rc, "MPI_Allreduce"); !s.ok()) return s;
+    for (int i = 0; i < n; ++i) recv[i] *= scale;
+    return absl::OkStatus();
+  }
+  // Reduce-scatter into this rank's block of recv, scale only that block, all-gather in place:
+  // the same traffic as a ring all-reduce, with 1/size of the scaling work.
+  int off = 0;
+  for (int r = 0; r < size_; ++r) {
+    counts_[r] = n / size_ + (r < n % size_ ? 1 : 0);
+    displs_[r] = off;
+    off += counts_[r];
+  }
+  float* mine = recv + displs_[rank_];
+  int rc = MPI_Reduce_scatter(send, mine, counts_.data(), MPI_FLOAT, MPI_SUM, comm_);
+  if (absl::Status s = Check(rc, "MPI_Reduce_scatter"); !s.ok()) return s;
+  for (int i = 0; i < counts_[rank_]; ++i) mine[i] *= scale;
+  rc = MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, counts_.data(), displs_.data(),
+                      MPI_FLOAT, comm_);
+  return Check(rc, "MPI_Allgatherv");
+}
+
+absl::Status MpiCollective::AllGather(const void* send, size_t bytes, void* recv) {
+  if (absl::Status s = CheckCount(bytes, "AllGather"); !s.ok()) return s;
+  return Check(MPI_Allgather(send, static_cast<int>(bytes), MPI_BYTE, recv, static_cast<int>(bytes),
+                             MPI_BYTE, comm_),
+               "MPI_Allgather");
+}
+
+absl::Status MpiCollective::AllGatherV(const void* send, size_t send_bytes, std::vector<size_t>* counts,
+                                       std::vector<uint8_t>* recv) {
+  if (absl::Status s = CheckCount(send_bytes, "AllGatherV"); !s.ok()) return s;
+  int mine = static_cast<int>(send_bytes);
+  int rc = MPI_Allgather(&mine, 1, MPI_INT, counts_.data(), 1, MPI_INT, comm_);
+  if (absl::Status s = Check(rc, "MPI_Allgather(counts)"); !s.ok()) return s;
+  size_t total = 0;
+  counts->resize(size_);
+  for (int r = 0; r < size_; ++r) {
+    if (counts_[r] < 0) return absl::DataLossError(absl::StrCat("peer ", r, " sent a negative byte count"));
+    displs_[r] = static_cast<int>(total);
+    (*counts)[r] = counts_[r];
+    total += counts_[r];
+  }
+  if (absl::Status s = CheckCount(total, "AllGatherV total"); !s.ok()) return s;
+  recv->resize(total);
+  rc = MPI_Allgatherv(send, mine, MPI_BYTE, recv->data(), counts_.data(), displs_.data(), MPI_BYTE, comm_);
+  return Check(rc, "MPI_Allgatherv");
+}
+
+absl::Status MpiCollective::Broadcast(void* data, size_t bytes, int root) {
+  if (absl::Status s = CheckCount(bytes, "Broadcast"); !s.ok()) return s;
+  if (root < 0 || root >= size_) return absl::InvalidArgumentError(absl::StrCat("broadcast root ", root, " out of range"));
+  return Check(MPI_Bcast(data, static_cast<int>(bytes), MPI_BYTE, root, comm_), "MPI_Bcast");
+}
+
+absl::Status MpiCollective::Barrier() { return Check(MPI_Barrier(comm_), "MPI_Barrier"); }
+
+PeerNotice::PeerNotice(MPI_Comm comm) {
+  MPI_Comm_dup(comm, &comm_);
+  MPI_Comm_rank(comm_, &rank_);
+  MPI_Comm_size(comm_, &size_);
+  if (size_ > 1) MPI_Irecv(&inbox_, 1, MPI_INT, MPI_ANY_SOURCE, 1, comm_, &recv_req_);
+}
+
+PeerNotice::~PeerNotice() {}
+
+void PeerNotice::Announce() {
+  if (announced_) return;
+  announced_ = true;
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    sends_.emplace_back();
+    MPI_Isend(&payload_, 1, MPI_INT, r, 1, comm_, &sends_.back());
+  }
+}
+
+bool PeerNotice::PeerStopped(int* who) {
+  if (recv_req_ == MPI_REQUEST_NULL) return false;
+  int done = 0;
+  MPI_Status st;
+  MPI_Test(&recv_req_, &done, &st);
+  if (done) {
+    if (who) *who = st.MPI_SOURCE;
+    recv_req_ = MPI_REQUEST_NULL;
+    return true;
+  }
+  return false;
+}
+
+void PeerNotice::Drain() {
+  // Our own notices may still be in flight; peers that stop later receive them (they keep a
+  // receive posted). Cancel our receive if no one announced, then complete everything.
+  if (recv_req_ != MPI_REQUEST_NULL) {
+    MPI_Cancel(&recv_req_);
+    MPI_Wait(&recv_req_, MPI_STATUS_IGNORE);
+  }
+  if (!sends_.empty()) MPI_Waitall(static_cast<int>(sends_.size()), sends_.data(), MPI_STATUSES_IGNORE);
+  sends_.clear();
+  MPI_Comm_free(&comm_);
+}
+
+}  // namespace spex

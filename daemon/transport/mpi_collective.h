@@ -1,0 +1,58 @@
+// Collective over MPI (host memory, one rank per node). Owns a duplicate of the communicator
+// it is given, so its traffic never matches anyone else's. Also carries the out-of-band
+// "this node is shutting down" notice between daemons (PeerNotice).
+#pragma once
+
+#include <mpi.h>
+
+#include <memory>
+
+#include "daemon/transport/collective.h"
+
+namespace spex {
+
+class MpiCollective : public Collective {
+ public:
+  explicit MpiCollective(MPI_Comm comm);
+  ~MpiCollective() override;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const char* name() const override { return "mpi"; }
+
+  absl::Status AllReduce(void* data, size_t count, ElemType type, ReduceOp op) override;
+  absl::Status AllReduceScaled(const float* send, float* recv, size_t count, float scale) override;
+  absl::Status AllGather(const void* send, size_t bytes, void* recv) override;
+  absl::Status AllGatherV(const void* send, size_t send_bytes, std::vector<size_t>* counts,
+                          std::vector<uint8_t>* recv) override;
+  absl::Status Broadcast(void* data, size_t bytes, int root) override;
+  absl::Status Barrier() override;
+
+ private:
+  MPI_Comm comm_;
+  int rank_ = 0;
+  int size_ = 1;
+  std::vector<int> counts_, displs_;  // scratch for the v-collectives
+};
+
+// Shutdown notices between daemons on their own communicator: a node that stops tells all
+// others; each polls (non-blocking) whether a peer has stopped. Call from one thread.
+class PeerNotice {
+ public:
+  explicit PeerNotice(MPI_Comm comm);
+  ~PeerNotice();
+  void Announce();            // tell every other rank that this node is stopping
+  bool PeerStopped(int* who);  // true once any other rank announced
+  void Drain();               // completes outstanding requests before MPI_Finalize
+
+ private:
+  MPI_Comm comm_;
+  int rank_ = 0, size_ = 1;
+  int inbox_ = 0;
+  MPI_Request recv_req_ = MPI_REQUEST_NULL;
+  std::vector<MPI_Request> sends_;
+  int payload_ = 1;
+  bool announced_ = false;
+};
+
+}  // namespace spex

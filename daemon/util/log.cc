@@ -1,0 +1,68 @@
+#include "daemon/util/log.h"
+
+#include <sys/time.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <ctime>
+#include <mutex>
+
+namespace spex {
+namespace {
+std::atomic<int> g_level{static_cast<int>(LogLevel::kINFO)};
+std::mutex g_prefix_mu;
+std::string g_prefix = "spex";  // guarded by g_prefix_mu
+const char* const kNames[] = {"DEBUG", "INFO", "WARN", "ERROR"};
+}  // namespace
+
+void SetLogLevel(LogLevel level) { g_level.store(static_cast<int>(level)); }
+LogLevel GetLogLevel() { return static_cast<LogLevel>(g_level.load()); }
+
+void SetLogPrefix(const std::string& prefix) {
+  std::lock_guard<std::mutex> lock(g_prefix_mu);
+  g_prefix = prefix;
+}
+
+bool ParseLogLevel(const std::string& text, LogLevel* out) {
+  static const struct { const char* name; LogLevel level; } kTable[] = {
+      {"debug", LogLevel::kDEBUG}, {"info", LogLevel::kINFO},
+      {"warning", LogLevel::kWARNING}, {"error", LogLevel::kERROR}};
+  for (const auto& e : kTable) {
+    if (text == e.name) {
+      *out = e.level;
+      return true;
+    }
+  }
+  return false;
+}
+
+LogMessage::LogMessage(LogLevel level, const char* file, int line) : level_(level) {
+  timeval tv;
+  gettimeofday(&tv, nullptr);
+  tm t;
+  localtime_r(&tv.tv_sec, &t);
+  char when[32];
+  strftime(when, sizeof(when), "%H:%M:%S", &t);
+  const char* base = file;
+  for (const char* p = file; *p; ++p) {
+    if (*p == '/') base = p + 1;
+  }
+  std::string prefix;
+  {
+    std::lock_guard<std::mutex> lock(g_prefix_mu);
+    prefix = g_prefix;
+  }
+  stream_ << when << "." << (tv.tv_usec / 1000 + 1000) % 1000 << " " << kNames[static_cast<int>(level)]
+          << " " << prefix << " " << base << ":" << line << "] ";
+}
+
+LogMessage::~LogMessage() {
+  stream_ << "\n";
+  const std::string text = stream_.str();
+  // One write() per line so lines of concurrent processes do not interleave.
+  ssize_t ignored = write(STDERR_FILENO, text.data(), text.size());
+  (void)ignored;
+}
+
+}  // namespace spex
