@@ -4,7 +4,8 @@
 
 ABSL_FLAG(std::string, socket, "",
           "Unix socket path of the control channel. Default: /tmp/spex-<uid>/<job>/<host>[.<i>].sock, "
-          "with .<i> added when several daemons share a host (i = index on the host).");
+          "with .<i> added when several daemons share a host (i = index on the host). '{rank}' in the "
+          "path is replaced by the node rank (one path pattern for all ranks of a local run).");
 ABSL_FLAG(std::string, socket_mode, "0600", "Permission bits of the socket (octal).");
 ABSL_FLAG(std::string, job, "",
           "Job name: part of the default socket path; when set, trainers must name the same job. "

@@ -72,6 +72,9 @@ int Main(int argc, char** argv) {
   HostPosition(&host_index, &host_count);
   std::string socket_path = absl::GetFlag(FLAGS_socket);
   if (socket_path.empty()) socket_path = DefaultSocketPath(job, host_count > 1 ? host_index : -1);
+  for (size_t pos; (pos = socket_path.find("{rank}")) != std::string::npos;) {
+    socket_path.replace(pos, 6, std::to_string(rank));
+  }
   char* end = nullptr;
   const std::string mode_text = absl::GetFlag(FLAGS_socket_mode);
   const long mode = std::strtol(mode_text.c_str(), &end, 8);
