@@ -1,0 +1,130 @@
+#!/usr/bin/env python3
+"""Benchmarks of the walking skeleton, each against a baseline measured in the same run.
+
+(a) Round trip of an empty exchange (1-element bucket) on one node through the doorbell and
+    through the Exchange RPC, p50/p99 over --iters iterations, beside a two-process futex
+    ping-pong (sleeping and spinning): spexd once with --spin_us=0 and once with spinning.
+(b) Dense exchange of --elements floats (ResNet-50's 25,557,032) across 2 and 4 local daemons
+    (1 trainer each), against a plain MPI_Allreduce of the same buffer with the same ranks.
+
+Prints a table with ratios and writes bench/results/exchange.json and exchange.csv.
+Run with /usr/bin/python3 from the repository root after `bazel build //...`.
+"""
+import argparse, csv, json, os, re, signal, subprocess, sys, tempfile, time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+           OMPI_MCA_rmaps_base_oversubscribe="1", OMPI_MCA_btl_tcp_if_include="lo",
+           OMPI_MCA_oob_tcp_if_include="lo")
+
+
+def bazel_bin():
+    subprocess.run(["bazel", "build", "-c", "opt", "//daemon:spexd", "//client:spex_trainer",
+                    "//bench:exchange_latency", "//bench:mpi_allreduce_baseline"], cwd=ROOT, check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return subprocess.run(["bazel", "info", "-c", "opt", "bazel-bin"], cwd=ROOT, check=True,
+                          capture_output=True, text=True).stdout.strip()
+
+
+class Daemons:
+    def __init__(self, bin_dir, nodes, trainers, extra=()):
+        self.dir = tempfile.mkdtemp(prefix="spex-bench.")
+        self.nodes = nodes
+        self.log = open(os.path.join(self.dir, "spexd.log"), "w")
+        self.proc = subprocess.Popen(["mpirun", "-np", str(nodes), f"{bin_dir}/daemon/spexd",
+                                      f"--socket={self.dir}/node{{rank}}.sock",
+                                      f"--local_trainers={trainers}", "--log_level=warning", *extra],
+                                     env=ENV, stdout=self.log, stderr=subprocess.STDOUT)
+        for _ in range(300):
+            if all(os.path.exists(self.sock(n)) for n in range(nodes)):
+                return
+            if self.proc.poll() is not None:
+                raise RuntimeError(open(self.log.name).read())
+            time.sleep(0.1)
+        raise RuntimeError("daemons did not start")
+
+    def sock(self, n):
+        return f"{self.dir}/node{n}.sock"
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(timeout=30)
+
+
+def latency(bin_dir, iters, spin):
+    d = Daemons(bin_dir, 1, 1, [f"--spin_us={spin}"])
+    try:
+        out = subprocess.run([f"{bin_dir}/bench/exchange_latency", f"--socket={d.sock(0)}", f"--iters={iters}"],
+                             env=ENV, check=True, capture_output=True, text=True).stdout
+    finally:
+        d.stop()
+    return json.loads(out)
+
+
+def dense(bin_dir, nodes, elements, steps):
+    base = json.loads(subprocess.run(["mpirun", "-np", str(nodes), f"{bin_dir}/bench/mpi_allreduce_baseline",
+                                      str(elements), str(steps)], env=ENV, check=True, capture_output=True,
+                                     text=True).stdout.strip().splitlines()[-1])
+    d = Daemons(bin_dir, nodes, 1)
+    try:
+        procs = [subprocess.Popen([f"{bin_dir}/client/spex_trainer", f"--socket={d.sock(n)}", "--local_size=1",
+                                   f"--buckets={elements}", f"--steps={steps + 3}", "--quiet",
+                                   f"--csv={d.dir}/steps{n}.csv"], env=ENV, stdout=subprocess.PIPE, text=True)
+                 for n in range(nodes)]
+        for p in procs:
+            p.wait()
+            if p.returncode:
+                raise RuntimeError("trainer failed")
+    finally:
+        d.stop()
+    per_step = {}
+    for n in range(nodes):
+        with open(f"{d.dir}/steps{n}.csv") as f:
+            for row in csv.DictReader(f):
+                s = int(row["step"])
+                if s >= 3:  # warm-up as the baseline
+                    per_step[s] = max(per_step.get(s, 0.0), float(row["exchange_ms"]))
+    v = sorted(per_step.values())
+    return {"nodes": nodes, "elements": elements, "mpi_allreduce_p50_ms": base["allreduce_p50_ms"],
+            "spex_dense_p50_ms": v[len(v) // 2], "ratio": v[len(v) // 2] / base["allreduce_p50_ms"]}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--iters", type=int, default=10000)
+    ap.add_argument("--elements", type=int, default=25557032)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--nodes", default="2,4")
+    ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "exchange"))
+    args = ap.parse_args()
+    bin_dir = bazel_bin()
+    rows = []
+    lat_sleep = latency(bin_dir, args.iters, 0)
+    lat_spin = latency(bin_dir, args.iters, 50)
+    floor = lat_sleep["futex_sleep_p50_us"]
+    print(f"futex ping-pong floor: p50 {floor:.1f} us (sleeping), {lat_sleep['futex_spin_p50_us']:.2f} us (spinning)")
+    for name, lat in (("no spin", lat_sleep), ("spin 50us", lat_spin)):
+        for path in ("doorbell", "rpc"):
+            p50, p99 = lat[f"{path}_p50_us"], lat[f"{path}_p99_us"]
+            rows.append({"bench": "latency", "config": f"{path}, {name}", "p50_us": p50, "p99_us": p99,
+                         "baseline": "futex ping-pong p50 (sleeping)", "baseline_us": floor, "ratio": p50 / floor})
+            print(f"{path:9s} {name:10s} p50 {p50:8.1f} us  p99 {p99:8.1f} us  = {p50 / floor:5.2f}x the futex floor")
+    for n in [int(x) for x in args.nodes.split(",")]:
+        r = dense(bin_dir, n, args.elements, args.steps)
+        rows.append({"bench": "dense", "config": f"{n} daemons", "p50_ms": r["spex_dense_p50_ms"],
+                     "baseline": "MPI_Allreduce p50", "baseline_ms": r["mpi_allreduce_p50_ms"], "ratio": r["ratio"]})
+        print(f"dense {args.elements} floats, {n} daemons: spex p50 {r['spex_dense_p50_ms']:.1f} ms, "
+              f"MPI_Allreduce p50 {r['mpi_allreduce_p50_ms']:.1f} ms  = {r['ratio']:.2f}x")
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out + ".json", "w") as f:
+        json.dump({"latency_no_spin": lat_sleep, "latency_spin": lat_spin, "rows": rows}, f, indent=1)
+    keys = sorted({k for r in rows for k in r})
+    with open(args.out + ".csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        w.writerows(rows)
+    print(f"wrote {args.out}.json and .csv")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
