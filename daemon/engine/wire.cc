@@ -1,0 +1,130 @@
+#include "daemon/engine/wire.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace spex {
+
+size_t ChunkBytes(uint32_t count, bool fp16) {
+  return sizeof(ChunkHeader) + static_cast<size_t>(count) * (4 + (fp16 ? 2 : 4));
+}
+
+uint16_t FloatToHalf(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const uint32_t sign = (x >> 16) & 0x8000;
+  const int32_t exp = static_cast<int32_t>((x >> 23) & 0xff) - 127 + 15;
+  uint32_t mant = x & 0x7fffff;
+  if (((x >> 23) & 0xff) == 0xff) return static_cast<uint16_t>(sign | 0x7c00 | (mant ? 0x200 : 0));  // Inf/NaN
+  if (exp >= 31) return static_cast<uint16_t>(sign | 0x7c00);                                      // overflow
+  if (exp <= 0) {                                                                                 // subnormal
+    if (exp < -10) return static_cast<uint16_t>(sign);
+    mant |= 0x800000;
+    const int shift = 14 - exp;
+    uint32_t half = mant >> shift;
+    const uint32_t rem = mant & ((1u << shift) - 1), mid = 1u << (shift - 1);
+    if (rem > mid || (rem == mid && (half & 1))) ++half;
+    return static_cast<uint16_t>(sign | half);
+  }
+  uint32_t half = sign | (static_cast<uint32_t>(exp) << 10) | (mant >> 13);
+  const uint32_t rem = mant & 0x1fff;
+  if (rem > 0x1000 || (rem == 0x1000 && (half & 1))) ++half;  // round to nearest even
+  return static_cast<uint16_t>(half);
+}
+
+float HalfToFloat(uint16_t h) {
+  const uint32_t sign = (h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1f, mant = h & 0x3ff, x;
+  if (exp == 0) {
+    if (mant == 0) {
+      x = sign;
+    } else {
+      exp = 127 - 15 + 1;
+      while (!(mant & 0x400)) {
+        mant <<= 1;
+        --exp;
+      }
+      x = sign | (exp << 23) | ((mant & 0x3ff) << 13);
+    }
+  } else if (exp == 31) {
+    x = sign | 0x7f800000 | (mant << 13);
+  } else {
+    x = sign | ((exp + 127 - 15) << 23) | (mant << 13);
+  }
+  float f;
+  std::memcpy(&f, &x, 4);
+  return f;
+}
+
+void EncodeChunk(uint64_t group_id, uint64_t step, uint32_t elements, absl::Span<const uint32_t> idx,
+                 absl::Span<const float> val, bool fp16, const float scalars[4], std::vector<uint8_t>* out) {
+  ChunkHeader h{};
+  h.magic = kChunkMagic;
+  h.version = kChunkVersion;
+  h.flags = fp16 ? kChunkFp16 : 0;
+  h.group_id = group_id;
+  h.step = step;
+  h.count = static_cast<uint32_t>(idx.size());
+  h.elements = elements;
+  if (scalars) std::memcpy(h.scalars, scalars, sizeof(h.scalars));
+  const size_t at = out->size();
+  out->resize(at + ChunkBytes(h.count, fp16));
+  uint8_t* p = out->data() + at;
+  std::memcpy(p, &h, sizeof(h));
+  p += sizeof(h);
+  std::memcpy(p, idx.data(), idx.size() * 4);
+  p += idx.size() * 4;
+  if (fp16) {
+    for (size_t i = 0; i < val.size(); ++i) {
+      const uint16_t v = FloatToHalf(val[i]);
+      std::memcpy(p + 2 * i, &v, 2);
+    }
+  } else {
+    std::memcpy(p, val.data(), val.size() * 4);
+  }
+}
+
+absl::StatusOr<DecodedChunk> DecodeChunk(const uint8_t* data, size_t bytes, uint64_t group_id, uint64_t step,
+                                         uint32_t elements, int peer) {
+  auto bad = [&](const std::string& what) {
+    return absl::DataLossError(absl::StrCat("malformed sparse chunk from node ", peer, " for bucket ", group_id,
+                                            " step ", step, ": ", what));
+  };
+  DecodedChunk d;
+  if (bytes < sizeof(ChunkHeader)) return bad(absl::StrCat(bytes, " bytes, shorter than the 48-byte header"));
+  std::memcpy(&d.header, data, sizeof(ChunkHeader));
+  const ChunkHeader& h = d.header;
+  if (h.magic != kChunkMagic) return bad("bad magic");
+  if (h.version != kChunkVersion) return bad(absl::StrCat("wire version ", h.version, ", this daemon speaks 1"));
+  if (h.flags & ~kChunkFp16) return bad(absl::StrCat("unknown flags 0x", absl::Hex(h.flags)));
+  if (h.group_id != group_id || h.step != step) {
+    return bad(absl::StrCat("it is for bucket ", h.group_id, " step ", h.step, " (bucket order differs between nodes)"));
+  }
+  if (h.elements != elements) return bad(absl::StrCat("bucket size ", h.elements, ", here ", elements));
+  if (h.count > elements) return bad(absl::StrCat("count ", h.count, " exceeds the bucket's ", elements, " elements"));
+  const bool fp16 = h.flags & kChunkFp16;
+  if (bytes != ChunkBytes(h.count, fp16)) {
+    return bad(absl::StrCat(bytes, " bytes, but count ", h.count, " needs ", ChunkBytes(h.count, fp16)));
+  }
+  d.idx = reinterpret_cast<const uint32_t*>(data + sizeof(ChunkHeader));
+  for (uint32_t i = 0; i < h.count; ++i) {
+    uint32_t ix;
+    std::memcpy(&ix, data + sizeof(ChunkHeader) + 4ull * i, 4);
+    if (ix >= elements) return bad(absl::StrCat("index ", ix, " at position ", i, " is outside the bucket (", elements, ")"));
+  }
+  const uint8_t* v = data + sizeof(ChunkHeader) + 4ull * h.count;
+  d.values.resize(h.count);
+  if (fp16) {
+    for (uint32_t i = 0; i < h.count; ++i) {
+      uint16_t x;
+      std::memcpy(&x, v + 2ull * i, 2);
+      d.values[i] = HalfToFloat(x);
+    }
+  } else {
+    std::memcpy(d.values.data(), v, 4ull * h.count);
+  }
+  return d;
+}
+
+}  // namespace spex

@@ -1,0 +1,54 @@
+// A node's sparse contribution to one exchange, as it travels between daemons
+// (DESIGN.md "Sparse chunk on the wire"): a fixed 48-byte header, then `count` uint32 indices,
+// then `count` values (float32, or float16 when kChunkFp16 is set). Little-endian.
+// DecodeChunk validates everything against the bucket before anything is written: a bad peer
+// is an error, never an out-of-bounds write.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+
+namespace spex {
+
+inline constexpr uint32_t kChunkMagic = 0x43585053;  // "SPXC"
+inline constexpr uint16_t kChunkVersion = 1;
+inline constexpr uint16_t kChunkFp16 = 1;
+
+struct ChunkHeader {
+  uint32_t magic;
+  uint16_t version;
+  uint16_t flags;
+  uint64_t group_id;   // bucket id (or merge-group id)
+  uint64_t step;
+  uint32_t count;      // entries in this chunk
+  uint32_t elements;   // size of the bucket the indices point into
+  float scalars[4];    // compressor scalars (e.g. the threshold used); informational
+};
+static_assert(sizeof(ChunkHeader) == 48);
+
+size_t ChunkBytes(uint32_t count, bool fp16);
+
+// Appends one encoded chunk to `out`.
+void EncodeChunk(uint64_t group_id, uint64_t step, uint32_t elements, absl::Span<const uint32_t> idx,
+                 absl::Span<const float> val, bool fp16, const float scalars[4], std::vector<uint8_t>* out);
+
+// A decoded view; indices point into the chunk, values are converted when fp16.
+struct DecodedChunk {
+  ChunkHeader header;
+  const uint32_t* idx = nullptr;
+  std::vector<float> values;
+};
+
+// Checks magic, version, flags, group, step, bucket size, byte length and every index < elements.
+absl::StatusOr<DecodedChunk> DecodeChunk(const uint8_t* data, size_t bytes, uint64_t group_id, uint64_t step,
+                                         uint32_t elements, int peer);
+
+uint16_t FloatToHalf(float f);
+float HalfToFloat(uint16_t h);
+
+}  // namespace spex

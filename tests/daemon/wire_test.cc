@@ -1,0 +1,70 @@
+#include "daemon/engine/wire.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "gtest/gtest.h"
+
+namespace spex {
+namespace {
+
+TEST(Wire, RoundTripFp32AndFp16) {
+  std::vector<uint32_t> idx = {0, 5, 99};
+  std::vector<float> val = {1.5f, -2.25f, 65504.0f};
+  for (bool fp16 : {false, true}) {
+    std::vector<uint8_t> buf;
+    EncodeChunk(7, 3, 100, idx, val, fp16, nullptr, &buf);
+    ASSERT_EQ(buf.size(), ChunkBytes(3, fp16));
+    auto d = DecodeChunk(buf.data(), buf.size(), 7, 3, 100, 1);
+    ASSERT_TRUE(d.ok()) << d.status();
+    EXPECT_EQ(d->header.count, 3u);
+    EXPECT_EQ(d->idx[2], 99u);
+    EXPECT_EQ(d->values, val);  // all three are exact in fp16
+  }
+}
+
+TEST(Wire, HalfConversionRoundsToNearest) {
+  EXPECT_EQ(HalfToFloat(FloatToHalf(1.0f / 3)), 0.333251953125f);
+  EXPECT_EQ(HalfToFloat(FloatToHalf(1e-7f)), 1.1920928955078125e-07f);  // subnormal
+  EXPECT_TRUE(std::isinf(HalfToFloat(FloatToHalf(1e6f))));
+  EXPECT_TRUE(std::isnan(HalfToFloat(FloatToHalf(NAN))));
+  EXPECT_EQ(HalfToFloat(FloatToHalf(-0.0f)), 0.0f);
+}
+
+TEST(Wire, MalformedChunksAreRejectedBeforeAnyWrite) {
+  std::vector<uint32_t> idx = {1, 2};
+  std::vector<float> val = {1, 2};
+  std::vector<uint8_t> good;
+  EncodeChunk(1, 0, 10, idx, val, false, nullptr, &good);
+  auto code = [&](std::vector<uint8_t> b, uint64_t group = 1, uint64_t step = 0, uint32_t n = 10) {
+    return DecodeChunk(b.data(), b.size(), group, step, n, 3).status();
+  };
+  EXPECT_TRUE(code(good).ok());
+  EXPECT_EQ(code({1, 2, 3}).code(), absl::StatusCode::kDataLoss);                  // short
+  auto b = good;
+  b[0] ^= 1;
+  EXPECT_NE(code(b).message().find("magic"), std::string::npos);
+  EXPECT_NE(code(good, 2).message().find("order differs"), std::string::npos);      // other bucket
+  EXPECT_NE(code(good, 1, 1).message().find("order differs"), std::string::npos);   // other step
+  EXPECT_NE(code(good, 1, 0, 11).message().find("bucket size"), std::string::npos);
+  // A count larger than the bucket.
+  b = good;
+  uint32_t big = 11;
+  std::memcpy(b.data() + offsetof(ChunkHeader, count), &big, 4);
+  EXPECT_NE(code(b).message().find("exceeds"), std::string::npos);
+  // A count that does not match the byte length.
+  b = good;
+  uint32_t three = 3;
+  std::memcpy(b.data() + offsetof(ChunkHeader, count), &three, 4);
+  EXPECT_NE(code(b).message().find("needs"), std::string::npos);
+  // An index outside the bucket.
+  b = good;
+  uint32_t out = 10;
+  std::memcpy(b.data() + sizeof(ChunkHeader) + 4, &out, 4);
+  absl::Status s = code(b);
+  EXPECT_NE(s.message().find("index 10"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("node 3"), std::string::npos) << s;
+}
+
+}  // namespace
+}  // namespace spex
