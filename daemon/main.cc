@@ -25,6 +25,7 @@
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "kernels/primitives.h"
+#include "kernels/reference/reference_primitives.h"
 
 namespace spex {
 namespace {
@@ -94,7 +95,7 @@ int Main(int argc, char** argv) {
     const int cores = static_cast<int>(std::thread::hardware_concurrency());
     spin = cores > (local_trainers + 1) * host_count ? 50 : 0;
   }
-  std::unique_ptr<Primitives> prims = MakeCpuPrimitives(absl::GetFlag(FLAGS_threads));
+  std::unique_ptr<Primitives> prims = MakeReferencePrimitives();
   MpiCollective collective(MPI_COMM_WORLD);
   PeerNotice notice(MPI_COMM_WORLD);
 

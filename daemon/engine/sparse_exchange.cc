@@ -1,0 +1,110 @@
+#include "daemon/engine/sparse_exchange.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/engine/wire.h"
+
+namespace spex {
+
+absl::Status ExchangeIndexUnion(Collective* coll, Primitives* prims, const SparseExchangeArgs& args,
+                                absl::Span<const uint32_t> my_idx, const float* acc, float* out,
+                                SparseExchangeResult* res) {
+  const int n = coll->size();
+  // Indices travel in a wire chunk with no values, so the receiver validates them.
+  std::vector<uint8_t> mine;
+  EncodeChunk(args.group_id, args.step, args.elements, my_idx, {}, false, args.scalars, &mine);
+  mine.resize(sizeof(ChunkHeader) + my_idx.size() * 4);  // drop the (empty) value section
+  std::vector<size_t> bytes;
+  std::vector<uint8_t> all;
+  if (absl::Status s = coll->AllGatherV(mine.data(), mine.size(), &bytes, &all); !s.ok()) return s;
+  res->bytes_sent = mine.size();
+  res->bytes_received = all.size() - mine.size();
+  res->counts.assign(n, 0);
+  res->gathered_idx.clear();
+  size_t off = 0;
+  for (int r = 0; r < n; ++r) {
+    if (bytes[r] < sizeof(ChunkHeader) || (bytes[r] - sizeof(ChunkHeader)) % 4 != 0) {
+      return absl::DataLossError(absl::StrCat("malformed index chunk from node ", r, ": ", bytes[r], " bytes"));
+    }
+    // Re-frame as a value-less chunk of `count` entries for validation.
+    ChunkHeader h;
+    std::memcpy(&h, all.data() + off, sizeof(h));
+    const uint32_t count = static_cast<uint32_t>((bytes[r] - sizeof(ChunkHeader)) / 4);
+    if (h.magic != kChunkMagic || h.count != count || h.group_id != args.group_id || h.step != args.step ||
+        h.elements != args.elements || count > args.elements) {
+      return absl::DataLossError(absl::StrCat("malformed index chunk from node ", r, " for bucket ", args.group_id,
+                                              " step ", args.step, ": header says bucket ", h.group_id, " step ",
+                                              h.step, " count ", h.count, " of ", h.elements, " elements"));
+    }
+    const uint8_t* p = all.data() + off + sizeof(ChunkHeader);
+    const size_t start = res->gathered_idx.size();
+    res->gathered_idx.resize(start + count);
+    std::memcpy(res->gathered_idx.data() + start, p, 4ull * count);
+    for (uint32_t i = 0; i < count; ++i) {
+      if (res->gathered_idx[start + i] >= args.elements) {
+        return absl::DataLossError(absl::StrCat("node ", r, " sent index ", res->gathered_idx[start + i],
+                                                " outside bucket ", args.group_id, " (", args.elements, " elements)"));
+      }
+    }
+    res->counts[r] = count;
+    off += bytes[r];
+  }
+  std::vector<uint32_t>& u = res->gathered_idx;
+  std::sort(u.begin(), u.end());  // nodes' sets may overlap (topk_union, thresh): dedup
+  u.erase(std::unique(u.begin(), u.end()), u.end());
+  std::vector<float> vals(u.size());
+  if (absl::Status s = prims->Gather(acc, args.elements, u.data(), u.size(), vals.data()); !s.ok()) return s;
+  if (n > 1 && !vals.empty()) {
+    if (absl::Status s = coll->AllReduce(vals.data(), vals.size(), ElemType::kFloat32, ReduceOp::kSum); !s.ok()) {
+      return s;
+    }
+    res->bytes_sent += vals.size() * 4;
+    res->bytes_received += vals.size() * 4;
+  }
+  for (size_t i = 0; i < u.size(); ++i) out[u[i]] = vals[i] * args.scale;
+  res->touched = u;
+  return absl::OkStatus();
+}
+
+absl::Status ExchangeSparseGather(Collective* coll, Primitives* prims, const SparseExchangeArgs& args,
+                                  absl::Span<const uint32_t> my_idx, absl::Span<const float> my_val, float* out,
+                                  SparseExchangeResult* res) {
+  const int n = coll->size();
+  std::vector<uint8_t> mine;
+  EncodeChunk(args.group_id, args.step, args.elements, my_idx, my_val, args.fp16, args.scalars, &mine);
+  std::vector<size_t> bytes;
+  std::vector<uint8_t> all;
+  if (absl::Status s = coll->AllGatherV(mine.data(), mine.size(), &bytes, &all); !s.ok()) return s;
+  res->bytes_sent = mine.size();
+  res->bytes_received = all.size() - mine.size();
+  // Validate every chunk before writing anything.
+  std::vector<DecodedChunk> chunks;
+  chunks.reserve(n);
+  size_t off = 0;
+  for (int r = 0; r < n; ++r) {
+    auto d = DecodeChunk(all.data() + off, bytes[r], args.group_id, args.step, args.elements, r);
+    if (!d.ok()) return d.status();
+    chunks.push_back(std::move(*d));
+    off += bytes[r];
+  }
+  res->counts.assign(n, 0);
+  res->gathered_idx.clear();
+  for (int r = 0; r < n; ++r) {
+    const DecodedChunk& c = chunks[r];
+    res->counts[r] = c.header.count;
+    res->gathered_idx.insert(res->gathered_idx.end(), c.idx, c.idx + c.header.count);
+    std::vector<float> scaled(c.values);
+    prims->Scale(scaled.data(), args.scale, scaled.size());
+    if (absl::Status s = prims->ScatterAdd(out, args.elements, c.idx, scaled.data(), scaled.size()); !s.ok()) {
+      return s;
+    }
+  }
+  res->touched = res->gathered_idx;
+  std::sort(res->touched.begin(), res->touched.end());
+  res->touched.erase(std::unique(res->touched.begin(), res->touched.end()), res->touched.end());
+  return absl::OkStatus();
+}
+
+}  // namespace spex

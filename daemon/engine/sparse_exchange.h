@@ -1,0 +1,48 @@
+// The sparse exchange patterns of ALGORITHMS.md section 8, over any Collective:
+//  A: index all-gather (counts implied by the variable-size gather) -> union of indices ->
+//     every node's acc at the union, summed by an all-reduce -> out[I] = sum * scale.
+//  B: all-gather of (index, value) chunks in the wire format (no padding) -> validate ->
+//     scatter-add every node's chunk into out, * scale.
+// Both write only positions they touch; the caller zeroes the output positions of the
+// previous step (kept in `touched`) before calling, so the output slot stays exact without a
+// full memset per step.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+#include "daemon/transport/collective.h"
+#include "kernels/primitives.h"
+
+namespace spex {
+
+struct SparseExchangeResult {
+  std::vector<uint32_t> touched;       // output positions written (sorted, unique)
+  std::vector<uint64_t> counts;        // per-node selected counts
+  std::vector<uint32_t> gathered_idx;  // A: the union; B: every node's indices, concatenated
+  uint64_t bytes_sent = 0;
+  uint64_t bytes_received = 0;
+};
+
+struct SparseExchangeArgs {
+  uint64_t group_id = 0;
+  uint64_t step = 0;
+  uint32_t elements = 0;
+  float scale = 1.0f;  // 1 / (nodes * local trainers)
+  bool fp16 = false;   // B: values as float16 on the wire
+  float scalars[4] = {};
+};
+
+// Pattern A. `acc` is this node's accumulated buffer (read at the union only).
+absl::Status ExchangeIndexUnion(Collective* coll, Primitives* prims, const SparseExchangeArgs& args,
+                                absl::Span<const uint32_t> my_idx, const float* acc, float* out,
+                                SparseExchangeResult* res);
+
+// Pattern B. `my_idx`/`my_val` are this node's selection.
+absl::Status ExchangeSparseGather(Collective* coll, Primitives* prims, const SparseExchangeArgs& args,
+                                  absl::Span<const uint32_t> my_idx, absl::Span<const float> my_val, float* out,
+                                  SparseExchangeResult* res);
+
+}  // namespace spex
