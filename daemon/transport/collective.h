@@ -30,8 +30,7 @@ class Collective {
 
   // Sum-all-reduce of `count` floats from `send` into `recv`, then every element of `recv`
   // multiplied by `scale` (send may equal recv). The dense path of the engine; an
-  // implementation may fuse the scaling into its reduction (only 1/size of the data is
-  // scaled when done between reduce-scatter and all-gather).
+  // implementation may fuse the scaling into its reduction where that is faster.
   virtual absl::Status AllReduceScaled(const float* send, float* recv, size_t count,
                                        float scale) = 0;
 

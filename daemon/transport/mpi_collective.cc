@@ -71,29 +71,14 @@ absl::Status MpiCollective::AllReduceScaled(const float* send, float* recv, size
     for (int i = 0; i < n; ++i) recv[i] = send[i] * scale;
     return absl::OkStatus();
   }
-  if (send == recv || count < static_cast<size_t>(size_) * 1024) {
-    // Small or in place: one all-reduce, then scale everything.
-    int rc = send == recv ? MPI_Allreduce(MPI_IN_PLACE, recv, n, MPI_FLOAT, MPI_SUM, comm_)
-                          : MPI_Allreduce(send, recv, n, MPI_FLOAT, MPI_SUM, comm_);
-    if (absl::Status s = Check(rc, "MPI_Allreduce"); !s.ok()) return s;
-    for (int i = 0; i < n; ++i) recv[i] *= scale;
-    return absl::OkStatus();
-  }
-  // Reduce-scatter into this rank's block of recv, scale only that block, all-gather in place:
-  // the same traffic as a ring all-reduce, with 1/size of the scaling work.
-  int off = 0;
-  for (int r = 0; r < size_; ++r) {
-    counts_[r] = n / size_ + (r < n % size_ ? 1 : 0);
-    displs_[r] = off;
-    off += counts_[r];
-  }
-  float* mine = recv + displs_[rank_];
-  int rc = MPI_Reduce_scatter(send, mine, counts_.data(), MPI_FLOAT, MPI_SUM, comm_);
-  if (absl::Status s = Check(rc, "MPI_Reduce_scatter"); !s.ok()) return s;
-  for (int i = 0; i < counts_[rank_]; ++i) mine[i] *= scale;
-  rc = MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, counts_.data(), displs_.data(),
-                      MPI_FLOAT, comm_);
-  return Check(rc, "MPI_Allgatherv");
+  // One all-reduce, then scale. Measured here (OpenMPI 4.1, vader, 25.5M floats): a
+  // reduce-scatter + all-gather that scales only this rank's block takes 2.1x (2 ranks) and
+  // 2.4x (4 ranks) as long as MPI_Allreduce, far more than the scaling pass it saves.
+  int rc = send == recv ? MPI_Allreduce(MPI_IN_PLACE, recv, n, MPI_FLOAT, MPI_SUM, comm_)
+                        : MPI_Allreduce(send, recv, n, MPI_FLOAT, MPI_SUM, comm_);
+  if (absl::Status s = Check(rc, "MPI_Allreduce"); !s.ok()) return s;
+  for (int i = 0; i < n; ++i) recv[i] *= scale;
+  return absl::OkStatus();
 }
 
 absl::Status MpiCollective::AllGather(const void* send, size_t bytes, void* recv) {
