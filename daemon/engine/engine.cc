@@ -197,8 +197,7 @@ absl::Status Engine::Goodbye(uint64_t session_id) {
   SPEX_LOG(INFO) << "session " << session_id << " (local_rank " << it->second->local_rank << ") closed";
   sessions_.erase(it);
   if (sessions_.empty() && !buckets_.empty()) {
-    reset_pending_ = true;  // the engine thread drops the buckets between exchanges
-    Ring();
+    reset_pending_ = true;  // dropped at the next job's first registration; stats stay until then
   }
   return absl::OkStatus();
 }
@@ -224,8 +223,12 @@ absl::StatusOr<BucketGrant> Engine::RegisterBucket(uint64_t session_id, uint64_t
     return absl::NotFoundError(absl::StrCat("no session ", session_id, "; call Hello first"));
   }
   const uint32_t rank = sit->second->local_rank;
-  // A new job's first registration waits for the engine to drop the previous job's buckets.
-  while (reset_pending_ && !stop_) published_cv_.Wait(&mu_);
+  // The previous job's buckets (kept until now so their stats stay visible) make way for a
+  // new job once the engine is between exchanges.
+  if (reset_pending_) {
+    while (processing_ && !stop_) published_cv_.Wait(&mu_);
+    ResetLocked();
+  }
   auto& slot = buckets_[bucket_id];
   if (slot == nullptr) {
     const uint32_t slots = options_.local_trainers;
@@ -283,6 +286,28 @@ absl::StatusOr<BucketGrant> Engine::RegisterBucket(uint64_t session_id, uint64_t
   grant.density = b.density;
   grant.next_step = b.header->ready[rank].value.load();
   return grant;
+}
+
+absl::Status Engine::UnregisterBucket(uint64_t session_id, uint64_t bucket_id) {
+  absl::MutexLock lock(&mu_);
+  auto sit = sessions_.find(session_id);
+  if (sit == sessions_.end()) return absl::NotFoundError(absl::StrCat("no session ", session_id, "; call Hello first"));
+  const uint32_t rank = sit->second->local_rank;
+  auto bit = buckets_.find(bucket_id);
+  if (bit == buckets_.end() || !(bit->second->registered_mask & (1ull << rank))) {
+    return absl::NotFoundError(absl::StrCat("bucket ", bucket_id, " is not registered by this session"));
+  }
+  Bucket* b = bit->second.get();
+  // Leaves the schedule at once (the mask is no longer full). Its memory goes when no trainer
+  // holds it any more and the engine is not inside it.
+  b->registered_mask &= ~(1ull << rank);
+  sit->second->buckets--;
+  if (b->registered_mask == 0) {
+    while (processing_ && !stop_) published_cv_.Wait(&mu_);
+    buckets_.erase(bit);
+  }
+  Ring();
+  return absl::OkStatus();
 }
 
 absl::StatusOr<ExchangeRecord> Engine::Exchange(uint64_t session_id, uint64_t bucket_id, uint64_t step,
@@ -380,7 +405,7 @@ void Engine::UnlinkAttachedLocked() {
 }
 
 void Engine::ResetLocked() {
-  SPEX_LOG(INFO) << "every session closed: dropping " << buckets_.size() << " buckets";
+  SPEX_LOG(INFO) << "new job: dropping the previous job's " << buckets_.size() << " buckets";
   buckets_.clear();
   reset_pending_ = false;
   published_cv_.SignalAll();
@@ -398,14 +423,15 @@ void Engine::Run() {
     DoorbellSegment* bell = doorbell();
     const uint32_t seen = bell->ring.load();
     Bucket* next = nullptr;
+    bool run = false;
     {
       absl::MutexLock lock(&mu_);
-      if (reset_pending_) ResetLocked();
       UnlinkAttachedLocked();
-      next = PickNextLocked();
+      next = reset_pending_ ? nullptr : PickNextLocked();
+      processing_ = run = next != nullptr && LocallyReady(*next);
     }
-    if (next != nullptr && LocallyReady(*next)) {
-      Process(next);
+    if (run) {
+      Process(next);  // Publish clears processing_
       continue;
     }
     // Nothing to do: spin a little, then sleep on the doorbell.
@@ -500,6 +526,7 @@ void Engine::Publish(Bucket* b, uint64_t step, const absl::Status& status, const
   rec.phase_seconds[static_cast<int>(Phase::kPublish)] = (MonotonicNanos() - t) * 1e-9;
   absl::MutexLock lock(&mu_);
   b->completed = step + 1;
+  processing_ = false;
   if (!status.ok()) {
     b->error_step = step;
     b->error = status;

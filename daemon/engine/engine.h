@@ -118,6 +118,7 @@ class Engine {
   absl::StatusOr<BucketGrant> RegisterBucket(uint64_t session_id, uint64_t bucket_id,
                                              uint64_t elements, const std::string& compressor,
                                              double density);
+  absl::Status UnregisterBucket(uint64_t session_id, uint64_t bucket_id);
   // The RPC path: marks this trainer's input for (bucket, step) written and waits until the
   // result is published or `deadline` passes.
   absl::StatusOr<ExchangeRecord> Exchange(uint64_t session_id, uint64_t bucket_id, uint64_t step,
@@ -156,7 +157,8 @@ class Engine {
   std::map<uint64_t, std::unique_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, std::unique_ptr<Bucket>> buckets_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<ShmBuffer>> doorbells_ ABSL_GUARDED_BY(mu_);  // newest last
-  bool reset_pending_ ABSL_GUARDED_BY(mu_) = false;
+  bool reset_pending_ ABSL_GUARDED_BY(mu_) = false;  // every session left; drop buckets on next register
+  bool processing_ ABSL_GUARDED_BY(mu_) = false;     // the engine thread is inside Process()
   uint64_t total_exchanges_ ABSL_GUARDED_BY(mu_) = 0;
 
   std::atomic<DoorbellSegment*> doorbell_{nullptr};

@@ -78,6 +78,11 @@ grpc::Status SpexService::RegisterBucket(grpc::ServerContext*, const v1::Registe
   return grpc::Status::OK;
 }
 
+grpc::Status SpexService::UnregisterBucket(grpc::ServerContext*, const v1::UnregisterBucketRequest* req,
+                                           v1::UnregisterBucketResponse*) {
+  return ToGrpc(engine_->UnregisterBucket(req->session_id(), req->bucket_id()));
+}
+
 grpc::Status SpexService::Exchange(grpc::ServerContext* ctx, const v1::ExchangeRequest* req,
                                    v1::ExchangeResponse* resp) {
   const auto deadline = ctx->deadline();

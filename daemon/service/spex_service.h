@@ -16,6 +16,8 @@ class SpexService final : public v1::Spex::Service {
   grpc::Status Hello(grpc::ServerContext* ctx, const v1::HelloRequest* req, v1::HelloResponse* resp) override;
   grpc::Status RegisterBucket(grpc::ServerContext* ctx, const v1::RegisterBucketRequest* req,
                               v1::RegisterBucketResponse* resp) override;
+  grpc::Status UnregisterBucket(grpc::ServerContext* ctx, const v1::UnregisterBucketRequest* req,
+                                v1::UnregisterBucketResponse* resp) override;
   grpc::Status Exchange(grpc::ServerContext* ctx, const v1::ExchangeRequest* req,
                         v1::ExchangeResponse* resp) override;
   grpc::Status GetStats(grpc::ServerContext* ctx, const v1::GetStatsRequest* req,

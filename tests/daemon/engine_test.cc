@@ -253,3 +253,37 @@ TEST(EngineTest, SegmentsAreUnlinkedOnceEveryTrainerAttached) {
 
 }  // namespace
 }  // namespace spex
+
+namespace spex {
+namespace {
+
+// DDP rebuilds its buckets after the first iteration: the old ids are withdrawn and new ids
+// registered; the schedule must move on instead of waiting for the old buckets' next step.
+TEST(EngineTest, UnregisteredBucketsLeaveTheSchedule) {
+  Cluster cluster(2, 1);
+  std::vector<std::thread> threads;
+  for (int n = 0; n < 2; ++n) {
+    threads.emplace_back([&, n] {
+      Engine& e = cluster.engine(n);
+      auto hello = e.Hello("", 0, 1, 0, "t");
+      ASSERT_TRUE(hello.ok());
+      const uint64_t sid = hello->session_id;
+      auto deadline = [] { return absl::Now() + absl::Seconds(10); };
+      ASSERT_TRUE(e.RegisterBucket(sid, 0, 10, "", 0).ok());
+      ASSERT_TRUE(e.RegisterBucket(sid, 1, 10, "", 0).ok());
+      ASSERT_TRUE(e.Exchange(sid, 0, 0, deadline()).ok());
+      ASSERT_TRUE(e.Exchange(sid, 1, 0, deadline()).ok());
+      ASSERT_TRUE(e.UnregisterBucket(sid, 0).ok());
+      EXPECT_EQ(e.UnregisterBucket(sid, 0).code(), absl::StatusCode::kNotFound);
+      ASSERT_TRUE(e.RegisterBucket(sid, 1000, 20, "", 0).ok());
+      // Bucket 0 would come first at step 1; it is gone, so these complete.
+      EXPECT_TRUE(e.Exchange(sid, 1000, 0, deadline()).ok());
+      EXPECT_TRUE(e.Exchange(sid, 1, 1, deadline()).ok());
+      EXPECT_EQ(e.Exchange(sid, 0, 1, deadline()).status().code(), absl::StatusCode::kNotFound);
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
+}  // namespace
+}  // namespace spex
