@@ -5,6 +5,11 @@
 //
 // NaN/Inf policy (every implementation): comparisons follow IEEE, so NaN is never selected or
 // counted above a threshold and never wins top-k; +-Inf counts as a magnitude of +Inf.
+// In detail: a NaN threshold selects/counts nothing; -0 and +0 are the same magnitude; Moments
+// never counts NaN (not even with lower_bound < 0) and an Inf makes sum, sum_sq, sum_log and max
+// Inf; TopK ranks NaN below every number (zeros included), so NaNs are written only when k
+// exceeds the number of non-NaN entries, lowest indices first. Nothing crashes on NaN/Inf.
+// Indices are uint32: every n, begin and end must be <= 2^32.
 #pragma once
 
 #include <cstddef>
@@ -42,6 +47,8 @@ class Primitives {
   // For i in [begin, end) with |x[i]| >= t, in ascending i: writes i to idx and x[i] to val
   // (at most `capacity` of them) and, when `zero` is set, sets x[i] = 0 for those written.
   // Returns the number of qualifying entries (may exceed capacity; only `capacity` written).
+  // idx/val slots between the number written and `capacity` may be overwritten (SIMD scratch);
+  // nothing at or past `capacity` is touched.
   virtual size_t SelectAbove(float* x, size_t begin, size_t end, float t, bool zero,
                              uint32_t* idx, float* val, size_t capacity) = 0;
 
@@ -56,7 +63,9 @@ class Primitives {
 
   virtual AbsMoments Moments(const float* x, size_t n, float lower_bound) = 0;
 
-  // m samples of x drawn uniformly with replacement, deterministic for a seed.
+  // m samples of x drawn uniformly with replacement, deterministic for a seed. Draw j reads
+  // x[floor(r * n / 2^64)] where r = splitmix64 of (seed + (j + 1) * 0x9e3779b97f4a7c15), so
+  // every implementation returns the same samples. n == 0 writes m zeros.
   virtual void Sample(const float* x, size_t n, size_t m, uint64_t seed, float* out) = 0;
 
   // y[idx[j]] += val[j] for j < m. Every index is validated against n before anything is
@@ -71,7 +80,8 @@ class Primitives {
 
   // 2^16-bin histogram of |x| over [begin, end): bin = top 16 bits of the float's bit pattern
   // below the sign bit (bits 30..15), so bins are ordered by magnitude. `bins` has 65536
-  // entries and is added to (not cleared). NaNs land in bins above +Inf's bin.
+  // entries and is added to (not cleared). NaNs land in bins above +Inf's bin (0xFF00), except
+  // NaNs whose payload is below 2^15, which share bin 0xFF00 with +-Inf.
   static constexpr size_t kHistogramBins = 65536;
   virtual void AbsHistogram16(const float* x, size_t begin, size_t end, uint32_t* bins) = 0;
 };

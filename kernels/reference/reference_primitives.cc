@@ -94,9 +94,13 @@ class ReferencePrimitives final : public Primitives {
     }
     return m;
   }
+  // Draw j takes the (j+1)-th splitmix64 output r of the seed and reads x[floor(r * n / 2^64)].
   void Sample(const float* x, size_t n, size_t m, uint64_t seed, float* out) override {
     uint64_t s = seed;
-    for (size_t j = 0; j < m; ++j) out[j] = n ? x[SplitMix(&s) % n] : 0.0f;
+    for (size_t j = 0; j < m; ++j) {
+      const unsigned __int128 r = SplitMix(&s);
+      out[j] = n ? x[static_cast<size_t>((r * n) >> 64)] : 0.0f;
+    }
   }
   absl::Status ScatterAdd(float* y, size_t n, const uint32_t* idx, const float* val, size_t m) override {
     if (absl::Status s = CheckIndices(idx, m, n, "ScatterAdd"); !s.ok()) return s;

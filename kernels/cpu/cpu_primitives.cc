@@ -1,0 +1,265 @@
+#include "kernels/cpu/cpu_primitives.h"
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cpu/simd_kernels.h"
+#include "kernels/cpu/thread_pool.h"
+#include "kernels/cpu/top_k.h"
+
+namespace spex {
+namespace {
+
+constexpr size_t kMinChunk = 64 * 1024;     // elements per parallel task, at least
+constexpr size_t kChunkAlign = 64;          // task boundaries, in elements from `begin`
+constexpr size_t kSmallTopK = 64 * 1024;    // below this TopK uses one nth_element
+constexpr size_t kParallelIndexed = 64 * 1024;  // Gather/Sample outputs worth splitting
+
+// [begin, end) cut into `chunks` pieces of `step` elements (the last one shorter).
+struct Split {
+  size_t begin, end, step, chunks;
+  size_t Begin(size_t c) const { return begin + c * step; }
+  size_t End(size_t c) const { return std::min(end, begin + (c + 1) * step); }
+};
+
+uint64_t SplitMix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+absl::Status CheckIndices(const uint32_t* idx, size_t m, size_t n, const char* op) {
+  if (m == 0 || simd::MaxIndex(idx, m) < n) return absl::OkStatus();
+  for (size_t j = 0; j < m; ++j) {
+    if (idx[j] >= n) {
+      return absl::InvalidArgumentError(absl::StrCat(op, ": index ", idx[j], " at position ", j,
+                                                     " is out of range for ", n, " elements"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+class CpuPrimitives final : public Primitives {
+ public:
+  explicit CpuPrimitives(int threads) : pool_(threads) {}
+
+  Device device() const override { return Device::kCpu; }
+
+  void Accumulate(float* y, const float* x, size_t n) override {
+    ForChunks(Cut(0, n), [&](size_t, size_t b, size_t e, int) { simd::Accumulate(y + b, x + b, e - b); });
+  }
+
+  void Scale(float* x, float a, size_t n) override {
+    ForChunks(Cut(0, n), [&](size_t, size_t b, size_t e, int) { simd::Scale(x + b, a, e - b); });
+  }
+
+  size_t CountAbove(const float* x, size_t n, float t) override {
+    const Split s = Cut(0, n);
+    std::vector<size_t> counts(s.chunks);
+    ForChunks(s, [&](size_t c, size_t b, size_t e, int) {
+      counts[c] = simd::CountAbove(x + b, e - b, t);
+    });
+    size_t total = 0;
+    for (size_t c : counts) total += c;
+    return total;
+  }
+
+  size_t SelectAbove(float* x, size_t begin, size_t end, float t, bool zero, uint32_t* idx,
+                     float* val, size_t capacity) override {
+    return SelectRange(x, nullptr, begin, end, t, zero, idx, val, capacity);
+  }
+
+  size_t AddSelectAbove(float* acc, const float* add, size_t begin, size_t end, float t, bool zero,
+                        uint32_t* idx, float* val, size_t capacity) override {
+    return SelectRange(acc, add, begin, end, t, zero, idx, val, capacity);
+  }
+
+  size_t TopK(const float* x, size_t n, size_t k, uint32_t* idx, float* val) override {
+    if (n < kSmallTopK) return SmallTopK(x, n, k, idx, val);
+    return HistogramTopK(*this, x, n, k, idx, val);
+  }
+
+  AbsMoments Moments(const float* x, size_t n, float lower_bound) override {
+    const Split s = Cut(0, n);
+    std::vector<AbsMoments> parts(s.chunks);
+    ForChunks(s, [&](size_t c, size_t b, size_t e, int) {
+      parts[c] = simd::Moments(x + b, e - b, lower_bound);
+    });
+    AbsMoments m;
+    for (const AbsMoments& p : parts) {  // in chunk order, so the result is reproducible
+      m.count += p.count;
+      m.sum += p.sum;
+      m.sum_sq += p.sum_sq;
+      m.sum_log += p.sum_log;
+      m.log_count += p.log_count;
+      m.max = std::max(m.max, p.max);
+    }
+    return m;
+  }
+
+  void Sample(const float* x, size_t n, size_t m, uint64_t seed, float* out) override {
+    if (n == 0) {
+      std::fill(out, out + m, 0.0f);
+      return;
+    }
+    // Draw j is a pure function of (seed, j), so pieces can run in any order.
+    ForChunks(Cut(0, m, kParallelIndexed), [&](size_t, size_t b, size_t e, int) {
+      uint64_t state = seed + b * 0x9e3779b97f4a7c15ull;
+      for (size_t j = b; j < e; ++j) {
+        state += 0x9e3779b97f4a7c15ull;
+        const uint64_t r = SplitMix64(state);
+        out[j] = x[static_cast<size_t>((static_cast<unsigned __int128>(r) * n) >> 64)];
+      }
+    });
+  }
+
+  absl::Status ScatterAdd(float* y, size_t n, const uint32_t* idx, const float* val,
+                          size_t m) override {
+    if (absl::Status s = CheckIndices(idx, m, n, "ScatterAdd"); !s.ok()) return s;
+    for (size_t j = 0; j < m; ++j) y[idx[j]] += val[j];  // serial: indices may repeat
+    return absl::OkStatus();
+  }
+
+  absl::Status Gather(const float* x, size_t n, const uint32_t* idx, size_t m,
+                      float* out) override {
+    if (absl::Status s = CheckIndices(idx, m, n, "Gather"); !s.ok()) return s;
+    ForChunks(Cut(0, m, kParallelIndexed), [&](size_t, size_t b, size_t e, int) {
+      for (size_t j = b; j < e; ++j) out[j] = x[idx[j]];
+    });
+    return absl::OkStatus();
+  }
+
+  absl::Status ZeroAt(float* x, size_t n, const uint32_t* idx, size_t m) override {
+    if (absl::Status s = CheckIndices(idx, m, n, "ZeroAt"); !s.ok()) return s;
+    for (size_t j = 0; j < m; ++j) x[idx[j]] = 0.0f;
+    return absl::OkStatus();
+  }
+
+  void AbsHistogram16(const float* x, size_t begin, size_t end, uint32_t* bins) override {
+    const Split s = Cut(begin, end);
+    if (s.chunks == 1) return Histogram(x, begin, end, bins);
+    // One private table per thread, merged at the end.
+    std::vector<std::vector<uint32_t>> tables(pool_.size());
+    ForChunks(s, [&](size_t, size_t b, size_t e, int w) {
+      if (tables[w].empty()) tables[w].assign(kHistogramBins, 0);
+      Histogram(x, b, e, tables[w].data());
+    });
+    for (const std::vector<uint32_t>& t : tables) {
+      if (t.empty()) continue;
+      for (size_t b = 0; b < kHistogramBins; ++b) bins[b] += t[b];
+    }
+  }
+
+ private:
+  Split Cut(size_t begin, size_t end, size_t parallel_min = kCpuParallelMinElements) const {
+    const size_t n = end > begin ? end - begin : 0;
+    size_t chunks = 1;
+    if (pool_.size() > 1 && n >= parallel_min) {
+      chunks = std::max<size_t>(1, std::min<size_t>(4 * pool_.size(), n / kMinChunk));
+    }
+    size_t step = (n + chunks - 1) / chunks;
+    step = (step + kChunkAlign - 1) / kChunkAlign * kChunkAlign;
+    chunks = step == 0 ? 1 : (n + step - 1) / step;
+    return {begin, begin + n, step, chunks};
+  }
+
+  // fn(chunk, begin, end, worker) for every chunk of s, in parallel when there are several.
+  template <class Fn>
+  void ForChunks(const Split& s, Fn&& fn) {
+    if (s.chunks == 1) {
+      fn(size_t{0}, s.begin, s.end, 0);
+      return;
+    }
+    pool_.Run(s.chunks, [&](size_t c, int w) { fn(c, s.Begin(c), s.End(c), w); });
+  }
+
+  static void Histogram(const float* x, size_t begin, size_t end, uint32_t* bins) {
+    for (size_t i = begin; i < end; ++i) {
+      uint32_t u;
+      std::memcpy(&u, x + i, sizeof(u));
+      ++bins[(u & 0x7fffffffu) >> 15];
+    }
+  }
+
+  // SelectAbove / AddSelectAbove (add == nullptr for the former). In parallel, each chunk
+  // selects into a private buffer in one pass; buffers are then concatenated in chunk order.
+  // A chunk with more hits than its buffer holds selects the rest again, straight into place.
+  size_t SelectRange(float* x, const float* add, size_t begin, size_t end, float t, bool zero,
+                     uint32_t* idx, float* val, size_t capacity) {
+    const Split s = Cut(begin, end);
+    if (s.chunks == 1) {
+      return add ? simd::AddSelect(x, add, s.begin, s.end, t, zero, idx, val, capacity)
+                 : simd::Select(x, s.begin, s.end, t, zero, idx, val, capacity);
+    }
+    struct Part {
+      std::unique_ptr<uint32_t[]> idx;
+      std::unique_ptr<float[]> val;
+      size_t cap = 0, count = 0;
+      size_t kept() const { return std::min(cap, count); }
+    };
+    std::vector<Part> parts(s.chunks);
+    ForChunks(s, [&](size_t c, size_t b, size_t e, int) {
+      Part& p = parts[c];
+      p.cap = std::min({e - b, capacity, std::max<size_t>(4096, (e - b) / 32)});
+      p.idx.reset(new uint32_t[p.cap]);
+      p.val.reset(new float[p.cap]);
+      p.count = add ? simd::AddSelect(x, add, b, e, t, zero, p.idx.get(), p.val.get(), p.cap)
+                    : simd::Select(x, b, e, t, zero, p.idx.get(), p.val.get(), p.cap);
+    });
+    std::vector<size_t> offset(s.chunks);
+    size_t total = 0, copied = 0;
+    bool refill = false;
+    for (size_t c = 0; c < s.chunks; ++c) {
+      offset[c] = total;
+      total += parts[c].count;
+      copied += parts[c].kept();
+      refill |= parts[c].count > parts[c].cap && total - parts[c].count + parts[c].cap < capacity;
+    }
+    auto place = [&](size_t c, size_t, size_t e, int) {
+      const Part& p = parts[c];
+      const size_t off = offset[c];
+      if (off >= capacity) return;
+      const size_t n = std::min(p.kept(), capacity - off);
+      std::memcpy(idx + off, p.idx.get(), n * sizeof(uint32_t));
+      std::memcpy(val + off, p.val.get(), n * sizeof(float));
+      if (p.count > p.cap && off + p.cap < capacity) {
+        const size_t from = p.idx[p.cap - 1] + size_t{1};
+        // Exactly this chunk's slots: SIMD stores may scribble past the count up to the cap.
+        simd::Select(x, from, e, t, zero, idx + off + p.cap, val + off + p.cap,
+                     std::min(p.count, capacity - off) - p.cap);
+      }
+    };
+    if (refill || copied >= kMinChunk) {
+      ForChunks(s, place);
+    } else {
+      for (size_t c = 0; c < s.chunks; ++c) place(c, s.Begin(c), s.End(c), 0);
+    }
+    // Entries zeroed in the first pass but beyond `capacity` get their values back.
+    if (zero && total > capacity) {
+      for (size_t c = 0; c < s.chunks; ++c) {
+        const Part& p = parts[c];
+        for (size_t j = capacity > offset[c] ? capacity - offset[c] : 0; j < p.kept(); ++j) {
+          x[p.idx[j]] = p.val[j];
+        }
+      }
+    }
+    return total;
+  }
+
+  ThreadPool pool_;
+};
+
+}  // namespace
+
+const char* CpuPrimitivesTarget() { return simd::TargetName(); }
+
+std::unique_ptr<Primitives> MakeCpuPrimitives(int threads) {
+  if (threads <= 0) threads = std::max(1u, std::thread::hardware_concurrency());
+  return std::make_unique<CpuPrimitives>(threads);
+}
+
+}  // namespace spex

@@ -1,0 +1,243 @@
+// Highway per-target bodies of simd_kernels.h. This file is compiled once per target through
+// foreach_target.h; the HWY_ONCE section at the end holds the dispatching entry points.
+#include "kernels/cpu/simd_kernels.h"
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/cpu/simd_kernels.cc"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
+#include "hwy/contrib/math/math-inl.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace spex {
+namespace simd {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+void AccumulateImpl(float* y, const float* x, size_t n) {
+  const hn::ScalableTag<float> d;
+  const size_t N = hn::Lanes(d);
+  size_t i = 0;
+  for (; i + 2 * N <= n; i += 2 * N) {
+    const auto a = hn::Add(hn::LoadU(d, y + i), hn::LoadU(d, x + i));
+    const auto b = hn::Add(hn::LoadU(d, y + i + N), hn::LoadU(d, x + i + N));
+    hn::StoreU(a, d, y + i);
+    hn::StoreU(b, d, y + i + N);
+  }
+  for (; i + N <= n; i += N) hn::StoreU(hn::Add(hn::LoadU(d, y + i), hn::LoadU(d, x + i)), d, y + i);
+  for (; i < n; ++i) y[i] += x[i];
+}
+
+void ScaleImpl(float* x, float a, size_t n) {
+  const hn::ScalableTag<float> d;
+  const size_t N = hn::Lanes(d);
+  const auto av = hn::Set(d, a);
+  size_t i = 0;
+  for (; i + N <= n; i += N) hn::StoreU(hn::Mul(hn::LoadU(d, x + i), av), d, x + i);
+  for (; i < n; ++i) x[i] *= a;
+}
+
+size_t CountAboveImpl(const float* x, size_t n, float t) {
+  const hn::ScalableTag<float> d;
+  const size_t N = hn::Lanes(d);
+  const auto tv = hn::Set(d, t);
+  size_t c = 0, i = 0;
+  for (; i + 2 * N <= n; i += 2 * N) {
+    c += hn::CountTrue(d, hn::Ge(hn::Abs(hn::LoadU(d, x + i)), tv));
+    c += hn::CountTrue(d, hn::Ge(hn::Abs(hn::LoadU(d, x + i + N)), tv));
+  }
+  for (; i + N <= n; i += N) c += hn::CountTrue(d, hn::Ge(hn::Abs(hn::LoadU(d, x + i)), tv));
+  for (; i < n; ++i) c += std::fabs(x[i]) >= t;
+  return c;
+}
+
+// One pass over [begin, end): optionally x += add (stored back), then every |x| >= t is
+// counted, and the first `cap` of them are written (index, value) and zeroed if asked.
+// Vectors without a hit cost a load, a compare and a mask test; vectors with hits use
+// CompressStore while a whole vector still fits in the output, lane by lane after that.
+template <bool kAdd>
+size_t SelectLoop(float* x, const float* add, size_t begin, size_t end, float t, bool zero,
+                  uint32_t* idx, float* val, size_t cap) {
+  const hn::ScalableTag<float> d;
+  const hn::RebindToUnsigned<decltype(d)> du;
+  const size_t N = hn::Lanes(d);
+  const auto tv = hn::Set(d, t);
+  HWY_ALIGN float lanes[hn::MaxLanes(d)];
+  size_t total = 0;
+  size_t i = begin;
+  for (; i + N <= end; i += N) {
+    auto v = hn::LoadU(d, x + i);
+    if (kAdd) v = hn::Add(v, hn::LoadU(d, add + i));
+    const auto m = hn::Ge(hn::Abs(v), tv);
+    if (HWY_LIKELY(hn::AllFalse(d, m))) {
+      if (kAdd) hn::StoreU(v, d, x + i);
+      continue;
+    }
+    const size_t room = total < cap ? cap - total : 0;
+    if (HWY_LIKELY(room >= N)) {
+      hn::CompressStore(v, m, d, val + total);
+      total += hn::CompressStore(hn::Iota(du, static_cast<uint32_t>(i)), hn::RebindMask(du, m), du,
+                                 idx + total);
+      if (zero) v = hn::IfThenZeroElse(m, v);
+    } else if (room == 0) {
+      total += hn::CountTrue(d, m);
+    } else {
+      hn::Store(v, d, lanes);
+      for (size_t j = 0; j < N; ++j) {
+        if (!(std::fabs(lanes[j]) >= t)) continue;
+        if (total < cap) {
+          idx[total] = static_cast<uint32_t>(i + j);
+          val[total] = lanes[j];
+          if (zero) lanes[j] = 0.0f;
+        }
+        ++total;
+      }
+      v = hn::Load(d, lanes);
+    }
+    if (kAdd || zero) hn::StoreU(v, d, x + i);
+  }
+  for (; i < end; ++i) {
+    float a = x[i];
+    if (kAdd) x[i] = a = a + add[i];
+    if (!(std::fabs(a) >= t)) continue;
+    if (total < cap) {
+      idx[total] = static_cast<uint32_t>(i);
+      val[total] = a;
+      if (zero) x[i] = 0.0f;
+    }
+    ++total;
+  }
+  return total;
+}
+
+size_t SelectImpl(float* x, size_t begin, size_t end, float t, bool zero, uint32_t* idx,
+                  float* val, size_t cap) {
+  return SelectLoop<false>(x, nullptr, begin, end, t, zero, idx, val, cap);
+}
+
+size_t AddSelectImpl(float* acc, const float* add, size_t begin, size_t end, float t, bool zero,
+                     uint32_t* idx, float* val, size_t cap) {
+  return SelectLoop<true>(acc, add, begin, end, t, zero, idx, val, cap);
+}
+
+// Adds one entry to `m` exactly as the reference does.
+inline void MomentsAddScalar(float a, float lower_bound, AbsMoments* m) {
+  if (!(a > lower_bound)) return;
+  m->count++;
+  m->sum += a;
+  m->sum_sq += static_cast<double>(a) * a;
+  if (a > 0) {
+    m->sum_log += std::log(static_cast<double>(a));
+    m->log_count++;
+  }
+  if (a > m->max) m->max = a;
+}
+
+AbsMoments MomentsImpl(const float* x, size_t n, float lower_bound) {
+  AbsMoments m;
+  size_t i = 0;
+#if HWY_TARGET != HWY_SCALAR
+  // |x| and log|x| in float lanes, sums in double lanes (both halves promoted).
+  const hn::ScalableTag<float> d;
+  const hn::Half<decltype(d)> dh;
+  const hn::Rebind<double, decltype(dh)> dd;
+  const size_t N = hn::Lanes(d);
+  const auto lb = hn::Set(d, lower_bound);
+  const auto zero = hn::Zero(d);
+  const auto one = hn::Set(d, 1.0f);
+  const auto inf = hn::Set(d, std::numeric_limits<float>::infinity());
+  auto sum = hn::Zero(dd), sum_sq = hn::Zero(dd), sum_log = hn::Zero(dd);
+  auto vmax = hn::Zero(d);
+  size_t count = 0, log_count = 0;
+  for (; i + N <= n; i += N) {
+    const auto a = hn::Abs(hn::LoadU(d, x + i));
+    const auto in = hn::Gt(a, lb);
+    if (hn::AllFalse(d, in)) continue;
+    const auto am = hn::IfThenElseZero(in, a);
+    const auto pos = hn::And(in, hn::Gt(a, zero));
+    count += hn::CountTrue(d, in);
+    log_count += hn::CountTrue(d, pos);
+    vmax = hn::Max(vmax, am);
+    // Log's polynomial is for finite positive inputs; Inf is patched to Inf.
+    const auto lg = hn::IfThenElseZero(
+        pos, hn::IfThenElse(hn::Eq(a, inf), inf, hn::Log(d, hn::IfThenElse(pos, a, one))));
+    const auto lo = hn::PromoteTo(dd, hn::LowerHalf(dh, am));
+    const auto hi = hn::PromoteTo(dd, hn::UpperHalf(dh, am));
+    sum = hn::Add(sum, hn::Add(lo, hi));
+    sum_sq = hn::MulAdd(lo, lo, sum_sq);
+    sum_sq = hn::MulAdd(hi, hi, sum_sq);
+    sum_log = hn::Add(sum_log, hn::Add(hn::PromoteTo(dd, hn::LowerHalf(dh, lg)),
+                                       hn::PromoteTo(dd, hn::UpperHalf(dh, lg))));
+  }
+  m.count = count;
+  m.log_count = log_count;
+  m.sum = hn::GetLane(hn::SumOfLanes(dd, sum));
+  m.sum_sq = hn::GetLane(hn::SumOfLanes(dd, sum_sq));
+  m.sum_log = hn::GetLane(hn::SumOfLanes(dd, sum_log));
+  m.max = hn::GetLane(hn::MaxOfLanes(d, vmax));
+#endif
+  for (; i < n; ++i) MomentsAddScalar(std::fabs(x[i]), lower_bound, &m);
+  return m;
+}
+
+uint32_t MaxIndexImpl(const uint32_t* idx, size_t m) {
+  const hn::ScalableTag<uint32_t> d;
+  const size_t N = hn::Lanes(d);
+  auto vmax = hn::Zero(d);
+  size_t j = 0;
+  for (; j + N <= m; j += N) vmax = hn::Max(vmax, hn::LoadU(d, idx + j));
+  uint32_t r = hn::GetLane(hn::MaxOfLanes(d, vmax));
+  for (; j < m; ++j) r = idx[j] > r ? idx[j] : r;
+  return r;
+}
+
+int64_t TargetImpl() { return HWY_TARGET; }
+
+}  // namespace HWY_NAMESPACE
+}  // namespace simd
+}  // namespace spex
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace spex {
+namespace simd {
+
+HWY_EXPORT(AccumulateImpl);
+HWY_EXPORT(ScaleImpl);
+HWY_EXPORT(CountAboveImpl);
+HWY_EXPORT(SelectImpl);
+HWY_EXPORT(AddSelectImpl);
+HWY_EXPORT(MomentsImpl);
+HWY_EXPORT(MaxIndexImpl);
+HWY_EXPORT(TargetImpl);
+
+void Accumulate(float* y, const float* x, size_t n) {
+  HWY_DYNAMIC_DISPATCH(AccumulateImpl)(y, x, n);
+}
+void Scale(float* x, float a, size_t n) { HWY_DYNAMIC_DISPATCH(ScaleImpl)(x, a, n); }
+size_t CountAbove(const float* x, size_t n, float t) {
+  return HWY_DYNAMIC_DISPATCH(CountAboveImpl)(x, n, t);
+}
+size_t Select(float* x, size_t begin, size_t end, float t, bool zero, uint32_t* idx, float* val,
+              size_t capacity) {
+  return HWY_DYNAMIC_DISPATCH(SelectImpl)(x, begin, end, t, zero, idx, val, capacity);
+}
+size_t AddSelect(float* acc, const float* add, size_t begin, size_t end, float t, bool zero,
+                 uint32_t* idx, float* val, size_t capacity) {
+  return HWY_DYNAMIC_DISPATCH(AddSelectImpl)(acc, add, begin, end, t, zero, idx, val, capacity);
+}
+AbsMoments Moments(const float* x, size_t n, float lower_bound) {
+  return HWY_DYNAMIC_DISPATCH(MomentsImpl)(x, n, lower_bound);
+}
+uint32_t MaxIndex(const uint32_t* idx, size_t m) {
+  return HWY_DYNAMIC_DISPATCH(MaxIndexImpl)(idx, m);
+}
+const char* TargetName() { return hwy::TargetName(HWY_DYNAMIC_DISPATCH(TargetImpl)()); }
+
+}  // namespace simd
+}  // namespace spex
+#endif  // HWY_ONCE

@@ -1,0 +1,35 @@
+// Single-threaded SIMD loops behind the CPU primitives, compiled for every x86 target Highway
+// knows (SSSE3 ... AVX-512) and dispatched at run time to the best one the CPU supports.
+// cpu_primitives.cc splits large ranges across threads and calls these on each piece.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/primitives.h"
+
+namespace spex {
+namespace simd {
+
+void Accumulate(float* y, const float* x, size_t n);
+void Scale(float* x, float a, size_t n);
+size_t CountAbove(const float* x, size_t n, float t);
+
+// As Primitives::SelectAbove on [begin, end) (writes at most `capacity`, returns the count).
+size_t Select(float* x, size_t begin, size_t end, float t, bool zero, uint32_t* idx, float* val,
+              size_t capacity);
+// As Primitives::AddSelectAbove: acc += add and the select in one pass.
+size_t AddSelect(float* acc, const float* add, size_t begin, size_t end, float t, bool zero,
+                 uint32_t* idx, float* val, size_t capacity);
+
+// Primitives::Moments over x[0..n).
+AbsMoments Moments(const float* x, size_t n, float lower_bound);
+
+// Largest of idx[0..m) (0 when m == 0).
+uint32_t MaxIndex(const uint32_t* idx, size_t m);
+
+// Name of the Highway target the dispatcher picked for this CPU (e.g. "AVX3", "AVX2").
+const char* TargetName();
+
+}  // namespace simd
+}  // namespace spex
