@@ -22,8 +22,5 @@ ABSL_FLAG(int, spin_us, -1,
           "Microseconds the engine and trainers spin before sleeping on a futex; -1 = auto (50 when "
           "the host has more cores than local trainers + 1, else 0).");
 ABSL_FLAG(int, threads, 0, "Worker threads for local reduction and compression (0 = all cores).");
-ABSL_FLAG(bool, verify_order, true,
-          "Check with a tiny all-reduce that every node exchanges the same (bucket, step, size) "
-          "before each exchange; turns an ordering bug into a clear error instead of a hang.");
 ABSL_FLAG(std::string, device, "auto", "auto|cpu|cuda: where buckets live (cuda needs a --config=cuda build and a GPU).");
 ABSL_FLAG(std::string, log_level, "info", "debug|info|warning|error");

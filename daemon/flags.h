@@ -16,6 +16,5 @@ ABSL_DECLARE_FLAG(absl::Duration, register_timeout);
 ABSL_DECLARE_FLAG(absl::Duration, shutdown_grace);
 ABSL_DECLARE_FLAG(int, spin_us);
 ABSL_DECLARE_FLAG(int, threads);
-ABSL_DECLARE_FLAG(bool, verify_order);
 ABSL_DECLARE_FLAG(std::string, device);
 ABSL_DECLARE_FLAG(std::string, log_level);

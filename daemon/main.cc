@@ -107,7 +107,6 @@ int Main(int argc, char** argv) {
   opts.register_wait = absl::GetFlag(FLAGS_register_timeout);
   opts.engine_spin_us = spin;
   opts.client_spin_us = spin;
-  opts.verify_order = absl::GetFlag(FLAGS_verify_order);
   opts.shm_tag = absl::StrCat(getpid());
   opts.announce_stop = [&notice] { notice.Announce(); };
   opts.peer_stopped = [&notice](int* who) { return notice.PeerStopped(who); };

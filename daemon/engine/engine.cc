@@ -464,18 +464,53 @@ void Engine::Run() {
   SPEX_LOG(DEBUG) << "engine thread stopped";
 }
 
-absl::Status Engine::VerifyOrder(const Bucket& b, uint64_t step) {
-  // max over nodes of (x, ~x) equals (x, ~x) on every node iff all nodes agree on x.
-  uint64_t v[6] = {b.id, step, b.elements, ~b.id, ~step, ~b.elements};
-  absl::Status s = collective_->AllReduce(v, 6, ElemType::kUint64, ReduceOp::kMax);
-  if (!s.ok()) return s;
+absl::Status Engine::Agree(const Bucket& b, uint64_t step, Control* c) {
+  // One tiny all-reduce (MAX) per exchange. (x, ~x) maxed over nodes equals (x, ~x) on every
+  // node iff all nodes agree on x: a check that every node exchanges the same (bucket, step,
+  // size). The same all-reduce carries the newest density change any node has seen, and the
+  // probe timings of the dense fallback, so run-time decisions need no extra round trip.
+  uint64_t v[9] = {b.id, step, b.elements, ~b.id, ~step, ~b.elements, c->density_key, c->sparse_us, c->dense_us};
+  if (collective_->size() > 1) {
+    absl::Status s = collective_->AllReduce(v, 9, ElemType::kUint64, ReduceOp::kMax);
+    if (!s.ok()) return s;
+  }
   if (v[0] != ~v[3] || v[1] != ~v[4] || v[2] != ~v[5]) {
     return absl::FailedPreconditionError(absl::StrCat(
         "bucket order differs between nodes: this node exchanged bucket ", b.id, " step ", step, " (", b.elements,
         " elements) while another node exchanged a different bucket, step or size. Every node must register the "
         "same buckets (same ids and sizes) and exchange them in the same order"));
   }
+  c->density_key = v[6];
+  c->sparse_us = v[7];
+  c->dense_us = v[8];
   return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> Engine::SetDensity(double density) {
+  if (!(density > 0 && density <= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("density must be in (0, 1], got ", density));
+  }
+  absl::MutexLock lock(&mu_);
+  density_version_ = std::max(density_version_, applied_density_key_ >> 32) + 1;
+  const float d = static_cast<float>(density);
+  uint32_t bits;
+  std::memcpy(&bits, &d, 4);
+  density_key_ = (density_version_ << 32) | bits;
+  Ring();
+  return density_version_;
+}
+
+void Engine::ApplyDensityLocked(uint64_t key) {
+  if (key <= applied_density_key_) return;
+  applied_density_key_ = key;
+  density_version_ = std::max(density_version_, key >> 32);
+  const uint32_t bits = static_cast<uint32_t>(key);
+  float d;
+  std::memcpy(&d, &bits, 4);
+  SPEX_LOG(INFO) << "target density is now " << d << " (change " << (key >> 32) << ")";
+  for (auto& [id, bucket] : buckets_) {
+    if (bucket->compressor != "dense") bucket->density = d;
+  }
 }
 
 void Engine::Process(Bucket* b) {
@@ -495,20 +530,33 @@ void Engine::Process(Bucket* b) {
     rec.phase_seconds[static_cast<int>(p)] += (now - t) * 1e-9;
     t = now;
   };
-  const size_t n = b->elements;
-  const float* src = b->input[0];
-  if (L > 1) {
-    std::memcpy(b->acc.data(), b->input[0], n * sizeof(float));
-    for (int r = 1; r < L; ++r) prims_->Accumulate(b->acc.data(), b->input[r], n);
-    src = b->acc.data();
+  Control control;
+  {
+    absl::MutexLock lock(&mu_);
+    control.density_key = density_key_;
   }
-  lap(Phase::kReduceLocal);
-  absl::Status status = options_.verify_order && N > 1 ? VerifyOrder(*b, step) : absl::OkStatus();
+  absl::Status status = Agree(*b, step, &control);
   if (status.ok()) {
-    status = collective_->AllReduceScaled(src, b->output, n, 1.0f / static_cast<float>(N * L));
-    rec.bytes_sent = rec.bytes_received = N > 1 ? 2 * n * sizeof(float) * (N - 1) / N : 0;
+    absl::MutexLock lock(&mu_);
+    ApplyDensityLocked(control.density_key);
   }
   lap(Phase::kCollective);
+  const size_t n = b->elements;
+  if (status.ok()) {
+    const float* src = b->input[0];
+    if (L > 1) {
+      std::memcpy(b->acc.data(), b->input[0], n * sizeof(float));
+      for (int r = 1; r < L; ++r) prims_->Accumulate(b->acc.data(), b->input[r], n);
+      src = b->acc.data();
+    }
+    lap(Phase::kReduceLocal);
+    status = collective_->AllReduceScaled(src, b->output, n, 1.0f / static_cast<float>(N * L));
+    rec.bytes_sent = rec.bytes_received = N > 1 ? 2 * n * sizeof(float) * (N - 1) / N : 0;
+    rec.gathered_elements = n;
+    rec.selected_elements = n;
+    rec.pattern = "D";
+    lap(Phase::kCollective);
+  }
   rec.total_seconds = (MonotonicNanos() - t0) * 1e-9;
   Publish(b, step, status, rec);
 }

@@ -34,7 +34,6 @@ struct EngineOptions {
                                                      // other local trainers to register
   int engine_spin_us = 0;               // engine spins this long before sleeping
   int client_spin_us = 0;               // advertised to trainers in Hello
-  bool verify_order = true;             // check (bucket, step, size) agree on all nodes
   std::string shm_tag = "spex";         // goes into shm names
   // Out-of-band stop notices between nodes (MPI: PeerNotice). Both optional.
   std::function<void()> announce_stop;
@@ -55,6 +54,11 @@ struct ExchangeRecord {
   double residual_norm = 0;
   double phase_seconds[static_cast<int>(Phase::kCount)] = {};
   double total_seconds = 0;
+  uint64_t gathered_elements = 0;
+  uint64_t selected_elements = 0;
+  std::string pattern = "D";
+  bool fell_back_to_dense = false;
+  uint64_t residual_norm_step = 0;
 };
 
 struct BucketSummary {
@@ -119,6 +123,9 @@ class Engine {
                                              uint64_t elements, const std::string& compressor,
                                              double density);
   absl::Status UnregisterBucket(uint64_t session_id, uint64_t bucket_id);
+  // Changes the target density of every sparse bucket; all nodes apply the newest change any
+  // of them has seen at the same step. Returns this node's change counter.
+  absl::StatusOr<uint64_t> SetDensity(double density);
   // The RPC path: marks this trainer's input for (bucket, step) written and waits until the
   // result is published or `deadline` passes.
   absl::StatusOr<ExchangeRecord> Exchange(uint64_t session_id, uint64_t bucket_id, uint64_t step,
@@ -140,7 +147,14 @@ class Engine {
   bool LocallyReady(const Bucket& b) const;
   void Process(Bucket* b);
   void Publish(Bucket* b, uint64_t step, const absl::Status& status, const ExchangeRecord& rec);
-  absl::Status VerifyOrder(const Bucket& b, uint64_t step);
+  // What the per-exchange control all-reduce carries (maxed over nodes).
+  struct Control {
+    uint64_t density_key = 0;  // (version << 32) | float bits of the density
+    uint64_t sparse_us = 0;    // dense-fallback probe: this bucket's sparse and dense timings
+    uint64_t dense_us = 0;
+  };
+  absl::Status Agree(const Bucket& b, uint64_t step, Control* c);
+  void ApplyDensityLocked(uint64_t key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UnlinkAttachedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ResetLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Ring();
@@ -160,6 +174,9 @@ class Engine {
   bool reset_pending_ ABSL_GUARDED_BY(mu_) = false;  // every session left; drop buckets on next register
   bool processing_ ABSL_GUARDED_BY(mu_) = false;     // the engine thread is inside Process()
   uint64_t total_exchanges_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t density_version_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t density_key_ ABSL_GUARDED_BY(mu_) = 0;          // this node's newest change
+  uint64_t applied_density_key_ ABSL_GUARDED_BY(mu_) = 0;  // the change in effect
 
   std::atomic<DoorbellSegment*> doorbell_{nullptr};
   std::atomic<bool> stop_{false};

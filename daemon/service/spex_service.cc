@@ -22,6 +22,11 @@ void ToProto(const ExchangeRecord& rec, v1::ExchangeStats* out) {
   out->set_bytes_received(rec.bytes_received);
   out->set_residual_norm(rec.residual_norm);
   out->set_total_seconds(rec.total_seconds);
+  out->set_gathered_elements(rec.gathered_elements);
+  out->set_selected_elements(rec.selected_elements);
+  out->set_pattern(rec.pattern);
+  out->set_fell_back_to_dense(rec.fell_back_to_dense);
+  out->set_residual_norm_step(rec.residual_norm_step);
   for (int p = 0; p < static_cast<int>(Phase::kCount); ++p) {
     auto* ph = out->add_phases();
     ph->set_phase(PhaseName(static_cast<Phase>(p)));
@@ -81,6 +86,14 @@ grpc::Status SpexService::RegisterBucket(grpc::ServerContext*, const v1::Registe
 grpc::Status SpexService::UnregisterBucket(grpc::ServerContext*, const v1::UnregisterBucketRequest* req,
                                            v1::UnregisterBucketResponse*) {
   return ToGrpc(engine_->UnregisterBucket(req->session_id(), req->bucket_id()));
+}
+
+grpc::Status SpexService::SetDensity(grpc::ServerContext*, const v1::SetDensityRequest* req,
+                                     v1::SetDensityResponse* resp) {
+  auto version = engine_->SetDensity(req->density());
+  if (!version.ok()) return ToGrpc(version.status());
+  resp->set_version(*version);
+  return grpc::Status::OK;
 }
 
 grpc::Status SpexService::Exchange(grpc::ServerContext* ctx, const v1::ExchangeRequest* req,

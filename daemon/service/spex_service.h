@@ -18,6 +18,8 @@ class SpexService final : public v1::Spex::Service {
                               v1::RegisterBucketResponse* resp) override;
   grpc::Status UnregisterBucket(grpc::ServerContext* ctx, const v1::UnregisterBucketRequest* req,
                                 v1::UnregisterBucketResponse* resp) override;
+  grpc::Status SetDensity(grpc::ServerContext* ctx, const v1::SetDensityRequest* req,
+                          v1::SetDensityResponse* resp) override;
   grpc::Status Exchange(grpc::ServerContext* ctx, const v1::ExchangeRequest* req,
                         v1::ExchangeResponse* resp) override;
   grpc::Status GetStats(grpc::ServerContext* ctx, const v1::GetStatsRequest* req,
