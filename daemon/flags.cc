@@ -23,4 +23,13 @@ ABSL_FLAG(int, spin_us, -1,
           "the host has more cores than local trainers + 1, else 0).");
 ABSL_FLAG(int, threads, 0, "Worker threads for local reduction and compression (0 = all cores).");
 ABSL_FLAG(std::string, device, "auto", "auto|cpu|cuda: where buckets live (cuda needs a --config=cuda build and a GPU).");
+ABSL_FLAG(bool, error_feedback, true,
+          "Keep what a sparse exchange did not send (the residual) and add it to the next step's gradient.");
+ABSL_FLAG(int64_t, min_sparse_elements, 16384, "Buckets with fewer elements always exchange dense.");
+ABSL_FLAG(std::string, dense_fallback, "auto",
+          "auto: a sparse bucket alternates sparse and dense exchanges for 2 x --probe_steps steps, then all "
+          "nodes keep the faster (never slower than dense); off: always sparse.");
+ABSL_FLAG(int, probe_steps, 3, "Sparse and dense exchanges each timed by --dense_fallback=auto.");
+ABSL_FLAG(bool, fp16_values, false, "Send pattern-B values as float16 (indices stay uint32).");
+ABSL_FLAG(int, residual_norm_every, 10, "Compute the residual norm for stats every this many steps (0: never).");
 ABSL_FLAG(std::string, log_level, "info", "debug|info|warning|error");

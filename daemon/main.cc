@@ -25,7 +25,6 @@
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "kernels/primitives.h"
-#include "kernels/reference/reference_primitives.h"
 
 namespace spex {
 namespace {
@@ -95,7 +94,7 @@ int Main(int argc, char** argv) {
     const int cores = static_cast<int>(std::thread::hardware_concurrency());
     spin = cores > (local_trainers + 1) * host_count ? 50 : 0;
   }
-  std::unique_ptr<Primitives> prims = MakeReferencePrimitives();
+  std::unique_ptr<Primitives> prims = MakeCpuPrimitives(absl::GetFlag(FLAGS_threads));
   MpiCollective collective(MPI_COMM_WORLD);
   PeerNotice notice(MPI_COMM_WORLD);
 
@@ -108,6 +107,14 @@ int Main(int argc, char** argv) {
   opts.engine_spin_us = spin;
   opts.client_spin_us = spin;
   opts.shm_tag = absl::StrCat(getpid());
+  opts.error_feedback = absl::GetFlag(FLAGS_error_feedback);
+  if (absl::GetFlag(FLAGS_min_sparse_elements) < 0) return Fail("--min_sparse_elements must be >= 0");
+  opts.min_sparse_elements = static_cast<uint64_t>(absl::GetFlag(FLAGS_min_sparse_elements));
+  opts.dense_fallback = absl::GetFlag(FLAGS_dense_fallback);
+  opts.probe_steps = absl::GetFlag(FLAGS_probe_steps);
+  if (opts.probe_steps < 1) return Fail("--probe_steps must be >= 1");
+  opts.fp16_values = absl::GetFlag(FLAGS_fp16_values);
+  opts.residual_norm_every = absl::GetFlag(FLAGS_residual_norm_every);
   opts.announce_stop = [&notice] { notice.Announce(); };
   opts.peer_stopped = [&notice](int* who) { return notice.PeerStopped(who); };
   Engine engine(opts, &collective, prims.get());

@@ -9,6 +9,7 @@
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "daemon/engine/sparse_exchange.h"
 #include "daemon/memory/futex.h"
 #include "daemon/util/log.h"
 
@@ -39,10 +40,15 @@ struct Engine::Bucket {
   float* input[kMaxLocalTrainers] = {};
   float* output = nullptr;
   uint64_t registered_mask = 0;
-  std::vector<float> acc;  // local sum when more than one trainer
+  std::map<std::string, std::string> params;
   // Engine thread only:
+  std::vector<float> acc;  // dense: local sum (L > 1); sparse: residual + local sum
+  std::unique_ptr<Codec> codec;  // null: dense
+  std::vector<uint32_t> touched;  // output positions the last sparse step wrote
+  bool output_dense = true;       // the output holds a dense result (zero it fully before sparse)
+  enum class Mode { kProbe, kSparse, kDense } mode = Mode::kProbe;
+  uint64_t probe_sparse_ns = 0, probe_dense_ns = 0;
   uint64_t next_step = 0;
-  uint64_t ready_since_ns = 0;  // when the engine first saw this item as the next one
   // Guarded by mu_:
   uint64_t completed = 0;  // steps published
   uint64_t error_step = UINT64_MAX;
@@ -63,7 +69,6 @@ uint64_t RandomSessionId() {
   return id;
 }
 
-bool SupportedCompressor(const std::string& name) { return name == "dense"; }
 
 }  // namespace
 
@@ -80,12 +85,10 @@ absl::Status Engine::Start() {
     return absl::InvalidArgumentError(absl::StrCat("--local_trainers must be in 1..", kMaxLocalTrainers,
                                                    ", got ", options_.local_trainers));
   }
-  if (!SupportedCompressor(options_.compressor)) {
-    return absl::InvalidArgumentError(absl::StrCat("unknown compressor '", options_.compressor,
-                                                   "'; accepted: dense"));
-  }
-  if (!(options_.density > 0 && options_.density <= 1)) {
-    return absl::InvalidArgumentError(absl::StrCat("density must be in (0, 1], got ", options_.density));
+  if (absl::Status s = ValidateCodec(options_.compressor, options_.density, {}); !s.ok()) return s;
+  if (options_.dense_fallback != "auto" && options_.dense_fallback != "off") {
+    return absl::InvalidArgumentError(absl::StrCat("--dense_fallback must be auto|off, got '",
+                                                   options_.dense_fallback, "'"));
   }
   {
     absl::MutexLock lock(&mu_);
@@ -203,15 +206,13 @@ absl::Status Engine::Goodbye(uint64_t session_id) {
 }
 
 absl::StatusOr<BucketGrant> Engine::RegisterBucket(uint64_t session_id, uint64_t bucket_id, uint64_t elements,
-                                                   const std::string& compressor_in, double density_in) {
+                                                   const std::string& compressor_in, double density_in,
+                                                   const std::map<std::string, std::string>& params) {
   if (stop_) return absl::UnavailableError("spexd is shutting down");
   const std::string compressor = compressor_in.empty() ? options_.compressor : compressor_in;
   const double density = density_in == 0 ? options_.density : density_in;
-  if (!SupportedCompressor(compressor)) {
-    return absl::InvalidArgumentError(absl::StrCat("unknown compressor '", compressor, "'; accepted: dense"));
-  }
-  if (!(density > 0 && density <= 1)) {
-    return absl::InvalidArgumentError(absl::StrCat("density must be in (0, 1], got ", density));
+  if (absl::Status s = ValidateCodec(compressor, density, params); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("bucket ", bucket_id, ": ", s.message()));
   }
   if (elements == 0 || elements >= (1ull << 32)) {
     return absl::InvalidArgumentError(absl::StrCat("bucket ", bucket_id, ": elements must be in 1..2^32-1, got ",
@@ -253,7 +254,18 @@ absl::StatusOr<BucketGrant> Engine::RegisterBucket(uint64_t session_id, uint64_t
     b->header->slot_stride = SlotStride(elements);
     for (uint32_t r = 0; r < slots; ++r) b->input[r] = reinterpret_cast<float*>(base + InputOffset(elements, r));
     b->output = reinterpret_cast<float*>(base + OutputOffset(elements, slots));
-    if (slots > 1) b->acc.resize(elements);
+    b->params = params;
+    if (compressor != "dense" && elements >= options_.min_sparse_elements) {
+      CodecSpec spec{compressor, density, params, collective_->rank(), collective_->size(), elements};
+      auto codec = MakeCodec(spec, prims_);
+      if (!codec.ok()) {
+        buckets_.erase(bucket_id);
+        return codec.status();
+      }
+      b->codec = std::move(*codec);
+      b->mode = options_.dense_fallback == "auto" ? Bucket::Mode::kProbe : Bucket::Mode::kSparse;
+    }
+    if (slots > 1 || b->codec != nullptr) b->acc.assign(elements, 0.0f);
     slot = std::move(b);
   }
   Bucket& b = *slot;
@@ -262,7 +274,8 @@ absl::StatusOr<BucketGrant> Engine::RegisterBucket(uint64_t session_id, uint64_t
                                                    " elements; this request says ", elements,
                                                    ". Every trainer must register a bucket id with the same size"));
   }
-  if ((!compressor_in.empty() && compressor != b.compressor) || (density_in != 0 && density != b.density)) {
+  if ((!compressor_in.empty() && compressor != b.compressor) || (density_in != 0 && density != b.density) ||
+      (!params.empty() && params != b.params)) {
     return absl::InvalidArgumentError(absl::StrCat("bucket ", bucket_id, " is registered with compressor ",
                                                    b.compressor, " at density ", b.density, "; this request asks for ",
                                                    compressor, " at ", density));
@@ -515,8 +528,6 @@ void Engine::ApplyDensityLocked(uint64_t key) {
 
 void Engine::Process(Bucket* b) {
   const uint64_t step = b->next_step;
-  const int L = options_.local_trainers;
-  const int N = collective_->size();
   ExchangeRecord rec;
   rec.bucket_id = b->id;
   rec.step = step;
@@ -535,30 +546,132 @@ void Engine::Process(Bucket* b) {
     absl::MutexLock lock(&mu_);
     control.density_key = density_key_;
   }
+  if (b->codec != nullptr && b->mode == Bucket::Mode::kProbe &&
+      step == 2 * static_cast<uint64_t>(options_.probe_steps)) {
+    control.sparse_us = b->probe_sparse_ns / 1000;
+    control.dense_us = b->probe_dense_ns / 1000;
+  }
   absl::Status status = Agree(*b, step, &control);
   if (status.ok()) {
     absl::MutexLock lock(&mu_);
     ApplyDensityLocked(control.density_key);
   }
   lap(Phase::kCollective);
-  const size_t n = b->elements;
   if (status.ok()) {
-    const float* src = b->input[0];
-    if (L > 1) {
-      std::memcpy(b->acc.data(), b->input[0], n * sizeof(float));
-      for (int r = 1; r < L; ++r) prims_->Accumulate(b->acc.data(), b->input[r], n);
-      src = b->acc.data();
-    }
-    lap(Phase::kReduceLocal);
-    status = collective_->AllReduceScaled(src, b->output, n, 1.0f / static_cast<float>(N * L));
-    rec.bytes_sent = rec.bytes_received = N > 1 ? 2 * n * sizeof(float) * (N - 1) / N : 0;
-    rec.gathered_elements = n;
-    rec.selected_elements = n;
-    rec.pattern = "D";
-    lap(Phase::kCollective);
+    const bool sparse = b->codec != nullptr && UseSparse(b, step, control);
+    const uint64_t t_work = MonotonicNanos();
+    status = sparse ? SparseStep(b, step, &rec, lap) : DenseStep(b, &rec, lap);
+    if (b->mode == Bucket::Mode::kProbe) (sparse ? b->probe_sparse_ns : b->probe_dense_ns) += MonotonicNanos() - t_work;
+    rec.fell_back_to_dense = b->codec != nullptr && !sparse;
   }
   rec.total_seconds = (MonotonicNanos() - t0) * 1e-9;
   Publish(b, step, status, rec);
+}
+
+// Dense-fallback policy (DESIGN.md "Never slower than dense"): a sparse bucket first
+// alternates sparse and dense exchanges for 2 * probe_steps steps, then every node adopts the
+// faster, judged on the slowest node's timings (carried by the control all-reduce of the
+// deciding step, so all nodes decide alike).
+bool Engine::UseSparse(Bucket* b, uint64_t step, const Control& control) {
+  if (b->mode == Bucket::Mode::kSparse) return true;
+  if (b->mode == Bucket::Mode::kDense) return false;
+  const uint64_t window = 2 * static_cast<uint64_t>(options_.probe_steps);
+  if (step < window) return step % 2 == 0;
+  b->mode = control.sparse_us < control.dense_us ? Bucket::Mode::kSparse : Bucket::Mode::kDense;
+  SPEX_LOG(INFO) << "bucket " << b->id << ": " << b->compressor << " took " << control.sparse_us / options_.probe_steps
+                 << " us per exchange, dense " << control.dense_us / options_.probe_steps << " us: going "
+                 << (b->mode == Bucket::Mode::kSparse ? "sparse" : "dense");
+  return b->mode == Bucket::Mode::kSparse;
+}
+
+void Engine::LocalReduce(Bucket* b, bool add_to_acc) {
+  const size_t n = b->elements;
+  if (!add_to_acc) std::memcpy(b->acc.data(), b->input[0], n * sizeof(float));
+  for (int r = add_to_acc ? 0 : 1; r < options_.local_trainers; ++r) prims_->Accumulate(b->acc.data(), b->input[r], n);
+}
+
+absl::Status Engine::DenseStep(Bucket* b, ExchangeRecord* rec, const std::function<void(Phase)>& lap) {
+  const int L = options_.local_trainers, N = collective_->size();
+  const size_t n = b->elements;
+  const float* src = b->input[0];
+  if (b->codec != nullptr) {
+    // A sparse bucket going dense this step sends everything, residual included.
+    LocalReduce(b, options_.error_feedback);
+    src = b->acc.data();
+  } else if (L > 1) {
+    LocalReduce(b, false);
+    src = b->acc.data();
+  }
+  lap(Phase::kReduceLocal);
+  absl::Status s = collective_->AllReduceScaled(src, b->output, n, 1.0f / static_cast<float>(N * L));
+  lap(Phase::kCollective);
+  if (b->codec != nullptr) std::fill(b->acc.begin(), b->acc.end(), 0.0f);  // nothing left behind
+  b->output_dense = true;
+  b->touched.clear();
+  rec->bytes_sent = rec->bytes_received = N > 1 ? 2 * n * sizeof(float) * (N - 1) / N : 0;
+  rec->gathered_elements = rec->selected_elements = n;
+  rec->pattern = "D";
+  return s;
+}
+
+absl::Status Engine::SparseStep(Bucket* b, uint64_t step, ExchangeRecord* rec, const std::function<void(Phase)>& lap) {
+  const int L = options_.local_trainers, N = collective_->size();
+  const size_t n = b->elements;
+  // acc = residual + local sum (error feedback), or just the local sum.
+  LocalReduce(b, options_.error_feedback);
+  lap(Phase::kReduceLocal);
+  const WirePattern pattern = b->codec->pattern();
+  b->codec->SetDensity(b->density);
+  CodecSelection sel;
+  absl::Status s = b->codec->Select(b->acc.data(), n, step, pattern == WirePattern::kSparseGather, &sel);
+  if (!s.ok()) return s;
+  lap(Phase::kCompress);
+  // The output holds last step's result: zero only the positions written then.
+  if (b->output_dense) {
+    std::memset(b->output, 0, n * sizeof(float));
+    b->output_dense = false;
+  } else if (!b->touched.empty()) {
+    s = prims_->ZeroAt(b->output, n, b->touched.data(), b->touched.size());
+    if (!s.ok()) return s;
+  }
+  SparseExchangeArgs args;
+  args.group_id = b->id;
+  args.step = step;
+  args.elements = static_cast<uint32_t>(n);
+  args.scale = 1.0f / static_cast<float>(N * L);
+  args.fp16 = options_.fp16_values;
+  std::memcpy(args.scalars, sel.scalars, sizeof(args.scalars));
+  SparseExchangeResult res;
+  s = pattern == WirePattern::kIndexUnion
+          ? ExchangeIndexUnion(collective_, prims_, args, sel.idx, b->acc.data(), b->output, &res)
+          : ExchangeSparseGather(collective_, prims_, args, sel.idx, sel.val, b->output, &res);
+  lap(Phase::kCollective);
+  if (!s.ok()) return s;
+  if (pattern == WirePattern::kIndexUnion) {
+    // Every node zeroes its residual at the whole union: all of it was sent.
+    s = prims_->ZeroAt(b->acc.data(), n, res.gathered_idx.data(), res.gathered_idx.size());
+    if (!s.ok()) return s;
+  }
+  if (!options_.error_feedback) std::fill(b->acc.begin(), b->acc.end(), 0.0f);
+  s = b->codec->Update(step, res.counts, res.gathered_idx);
+  b->touched = std::move(res.touched);
+  lap(Phase::kDecode);
+  rec->pattern = PatternName(pattern);
+  rec->target_density = b->density;
+  rec->selected_elements = sel.idx.size();
+  rec->achieved_density = static_cast<double>(sel.idx.size()) / n;
+  rec->gathered_elements = pattern == WirePattern::kIndexUnion ? b->touched.size() : res.gathered_idx.size();
+  rec->bytes_sent = res.bytes_sent;
+  rec->bytes_received = res.bytes_received;
+  if (options_.residual_norm_every > 0 && step % options_.residual_norm_every == 0) {
+    rec->residual_norm = std::sqrt(prims_->Moments(b->acc.data(), n, -1.0f).sum_sq);
+    rec->residual_norm_step = step;
+  } else {
+    absl::MutexLock lock(&mu_);
+    rec->residual_norm = b->last.residual_norm;
+    rec->residual_norm_step = b->last.residual_norm_step;
+  }
+  return s;
 }
 
 void Engine::Publish(Bucket* b, uint64_t step, const absl::Status& status, const ExchangeRecord& rec_in) {

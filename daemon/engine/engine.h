@@ -18,6 +18,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "daemon/engine/codec.h"
 #include "daemon/memory/layout.h"
 #include "daemon/memory/shm_buffer.h"
 #include "daemon/transport/collective.h"
@@ -35,6 +36,12 @@ struct EngineOptions {
   int engine_spin_us = 0;               // engine spins this long before sleeping
   int client_spin_us = 0;               // advertised to trainers in Hello
   std::string shm_tag = "spex";         // goes into shm names
+  bool error_feedback = true;           // keep what a sparse step did not send for later steps
+  uint64_t min_sparse_elements = 16384; // smaller buckets always go dense
+  std::string dense_fallback = "auto";  // auto: probe sparse vs dense, keep the faster; off
+  int probe_steps = 3;                  // auto: sparse and dense steps each measured
+  bool fp16_values = false;             // pattern B values as float16 on the wire
+  int residual_norm_every = 10;         // steps between residual-norm computations (0: never)
   // Out-of-band stop notices between nodes (MPI: PeerNotice). Both optional.
   std::function<void()> announce_stop;
   std::function<bool(int*)> peer_stopped;
@@ -121,7 +128,8 @@ class Engine {
   absl::Status Goodbye(uint64_t session_id);
   absl::StatusOr<BucketGrant> RegisterBucket(uint64_t session_id, uint64_t bucket_id,
                                              uint64_t elements, const std::string& compressor,
-                                             double density);
+                                             double density,
+                                             const std::map<std::string, std::string>& params = {});
   absl::Status UnregisterBucket(uint64_t session_id, uint64_t bucket_id);
   // Changes the target density of every sparse bucket; all nodes apply the newest change any
   // of them has seen at the same step. Returns this node's change counter.
@@ -155,6 +163,11 @@ class Engine {
   };
   absl::Status Agree(const Bucket& b, uint64_t step, Control* c);
   void ApplyDensityLocked(uint64_t key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool UseSparse(Bucket* b, uint64_t step, const Control& control);
+  void LocalReduce(Bucket* b, bool add_to_acc);
+  absl::Status DenseStep(Bucket* b, ExchangeRecord* rec, const std::function<void(Phase)>& lap);
+  absl::Status SparseStep(Bucket* b, uint64_t step, ExchangeRecord* rec, const std::function<void(Phase)>& lap);
+
   void UnlinkAttachedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ResetLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Ring();

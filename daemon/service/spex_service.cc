@@ -64,12 +64,9 @@ grpc::Status SpexService::RegisterBucket(grpc::ServerContext*, const v1::Registe
   if (req->dtype() != v1::DTYPE_UNSPECIFIED && req->dtype() != v1::DTYPE_FLOAT32) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "only float32 buckets are supported");
   }
-  if (!req->compressor().params().empty()) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        "compressor parameters are not accepted by the dense-only engine yet");
-  }
+  std::map<std::string, std::string> params(req->compressor().params().begin(), req->compressor().params().end());
   auto grant = engine_->RegisterBucket(req->session_id(), req->bucket_id(), req->elements(),
-                                       req->compressor().name(), req->compressor().density());
+                                       req->compressor().name(), req->compressor().density(), params);
   if (!grant.ok()) return ToGrpc(grant.status());
   grant->buffer->Describe(resp->mutable_buffer());
   auto* layout = resp->mutable_layout();
