@@ -85,7 +85,9 @@ absl::Status Engine::Start() {
     return absl::InvalidArgumentError(absl::StrCat("--local_trainers must be in 1..", kMaxLocalTrainers,
                                                    ", got ", options_.local_trainers));
   }
-  if (absl::Status s = ValidateCodec(options_.compressor, options_.density, {}); !s.ok()) return s;
+  if (!options_.codec_factory) {
+    if (absl::Status s = ValidateCodec(options_.compressor, options_.density, {}); !s.ok()) return s;
+  }
   if (options_.dense_fallback != "auto" && options_.dense_fallback != "off") {
     return absl::InvalidArgumentError(absl::StrCat("--dense_fallback must be auto|off, got '",
                                                    options_.dense_fallback, "'"));
@@ -211,8 +213,10 @@ absl::StatusOr<BucketGrant> Engine::RegisterBucket(uint64_t session_id, uint64_t
   if (stop_) return absl::UnavailableError("spexd is shutting down");
   const std::string compressor = compressor_in.empty() ? options_.compressor : compressor_in;
   const double density = density_in == 0 ? options_.density : density_in;
-  if (absl::Status s = ValidateCodec(compressor, density, params); !s.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("bucket ", bucket_id, ": ", s.message()));
+  if (!options_.codec_factory || compressor == "dense") {
+    if (absl::Status s = ValidateCodec(compressor, density, params); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("bucket ", bucket_id, ": ", s.message()));
+    }
   }
   if (elements == 0 || elements >= (1ull << 32)) {
     return absl::InvalidArgumentError(absl::StrCat("bucket ", bucket_id, ": elements must be in 1..2^32-1, got ",
@@ -257,7 +261,7 @@ absl::StatusOr<BucketGrant> Engine::RegisterBucket(uint64_t session_id, uint64_t
     b->params = params;
     if (compressor != "dense" && elements >= options_.min_sparse_elements) {
       CodecSpec spec{compressor, density, params, collective_->rank(), collective_->size(), elements};
-      auto codec = MakeCodec(spec, prims_);
+      auto codec = options_.codec_factory ? options_.codec_factory(spec, prims_) : MakeCodec(spec, prims_);
       if (!codec.ok()) {
         buckets_.erase(bucket_id);
         return codec.status();

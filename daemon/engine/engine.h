@@ -42,6 +42,8 @@ struct EngineOptions {
   int probe_steps = 3;                  // auto: sparse and dense steps each measured
   bool fp16_values = false;             // pattern B values as float16 on the wire
   int residual_norm_every = 10;         // steps between residual-norm computations (0: never)
+  // Builds a bucket's codec; empty = MakeCodec (the compressor library). Tests plug in theirs.
+  std::function<absl::StatusOr<std::unique_ptr<Codec>>(const CodecSpec&, Primitives*)> codec_factory;
   // Out-of-band stop notices between nodes (MPI: PeerNotice). Both optional.
   std::function<void()> announce_stop;
   std::function<bool(int*)> peer_stopped;
