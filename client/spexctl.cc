@@ -1,7 +1,8 @@
 // spexctl: operator's view of a node's spexd over its control socket.
-//   spexctl [--socket=PATH] health | stats | sessions
+//   spexctl [--socket=PATH] health | stats | sessions | set-density D
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <mutex>
 #include <string>
 
@@ -73,19 +74,37 @@ int Stats(spex::v1::Spex::Stub* stub, const std::string& socket) {
   if (!s.ok()) return Report(s, socket);
   std::printf("node %u/%u  collective %s  exchanges %lu\n", resp.node_rank(), resp.node_count(),
               resp.collective().c_str(), static_cast<unsigned long>(resp.exchanges()));
-  std::printf("%8s %12s %-10s %9s %9s %9s %10s %10s  mean phases (ms)\n", "bucket", "elements", "compressor",
-              "exchanges", "target", "achieved", "sent", "received");
+  std::printf("%8s %12s %-12s %4s %9s %9s %9s %10s %10s %10s %10s  mean phases (ms)\n", "bucket", "elements",
+              "compressor", "pat", "exchanges", "target", "achieved", "gathered", "sent", "received", "residual");
   for (const auto& b : resp.buckets()) {
     std::string phases;
     for (const auto& p : b.mean_phases()) {
       if (p.seconds() > 0) phases += absl::StrFormat(" %s=%.3f", p.phase(), p.seconds() * 1e3);
     }
-    std::printf("%8lu %12lu %-10s %9lu %9.4g %9.4g %10lu %10lu %s\n", static_cast<unsigned long>(b.bucket_id()),
-                static_cast<unsigned long>(b.elements()), b.compressor().c_str(),
-                static_cast<unsigned long>(b.exchanges()), b.last().target_density(), b.last().achieved_density(),
-                static_cast<unsigned long>(b.last().bytes_sent()), static_cast<unsigned long>(b.last().bytes_received()),
-                phases.c_str());
+    std::printf("%8lu %12lu %-12s %4s %9lu %9.4g %9.4g %10lu %10lu %10lu %10.4g %s\n",
+                static_cast<unsigned long>(b.bucket_id()), static_cast<unsigned long>(b.elements()),
+                b.compressor().c_str(), b.last().pattern().c_str(), static_cast<unsigned long>(b.exchanges()),
+                b.last().target_density(), b.last().achieved_density(),
+                static_cast<unsigned long>(b.last().gathered_elements()), static_cast<unsigned long>(b.last().bytes_sent()),
+                static_cast<unsigned long>(b.last().bytes_received()), b.last().residual_norm(), phases.c_str());
   }
+  return 0;
+}
+
+int SetDensity(spex::v1::Spex::Stub* stub, const std::string& socket, const std::string& value) {
+  spex::v1::SetDensityRequest req;
+  char* end = nullptr;
+  req.set_density(std::strtod(value.c_str(), &end));
+  if (value.empty() || *end != '\0') {
+    std::fprintf(stderr, "spexctl: set-density needs a number in (0, 1], got '%s'\n", value.c_str());
+    return 2;
+  }
+  spex::v1::SetDensityResponse resp;
+  grpc::ClientContext ctx;
+  grpc::Status s = stub->SetDensity(WithDeadline(&ctx), req, &resp);
+  if (!s.ok()) return Report(s, socket);
+  std::printf("density %s requested (change %lu); every node applies it at the same step, with the next exchange\n",
+              value.c_str(), static_cast<unsigned long>(resp.version()));
   return 0;
 }
 
@@ -106,10 +125,10 @@ int Sessions(spex::v1::Spex::Stub* stub, const std::string& socket) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("spexctl [--socket=PATH] health|stats|sessions");
+  absl::SetProgramUsageMessage("spexctl [--socket=PATH] health|stats|sessions|set-density D");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
-  if (args.size() != 2) {
-    std::fprintf(stderr, "usage: spexctl [--socket=PATH] health|stats|sessions\n");
+  if (args.size() < 2 || args.size() > 3 || (args.size() == 3 && std::string(args[1]) != "set-density")) {
+    std::fprintf(stderr, "usage: spexctl [--socket=PATH] health|stats|sessions|set-density D\n");
     return 2;
   }
   const std::string cmd = args[1];
@@ -123,6 +142,7 @@ int main(int argc, char** argv) {
   if (cmd == "health") return Health(channel, socket);
   if (cmd == "stats") return Stats(stub.get(), socket);
   if (cmd == "sessions") return Sessions(stub.get(), socket);
+  if (cmd == "set-density") return SetDensity(stub.get(), socket, args.size() == 3 ? args[2] : "");
   std::fprintf(stderr, "spexctl: unknown command '%s'; use health, stats or sessions\n", cmd.c_str());
   return 2;
 }

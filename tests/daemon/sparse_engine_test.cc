@@ -186,6 +186,92 @@ TEST(SparseEngineTest, PatternAIsTheExactAverageOverAnOverlappingUnion) {
   for (int nodes : {2, 4}) ExpectExactSemantics({nodes, 2, "test_overlap"});
 }
 
+// Starts `nodes` engines with test codecs and runs `steps` exchanges of one bucket with one
+// trainer per node; `between(step)` runs on node 0's thread before each step.
+struct MiniCluster {
+  MiniCluster(int nodes, EngineOptions base) : hub(nodes, absl::Seconds(20)), prims(MakeReferencePrimitives()) {
+    for (int r = 0; r < nodes; ++r) {
+      colls.push_back(hub.Connect(r));
+      EngineOptions o = base;
+      o.shm_tag = "sparsetest";
+      o.min_sparse_elements = 0;
+      o.codec_factory = [](const CodecSpec& spec, Primitives* p) -> absl::StatusOr<std::unique_ptr<Codec>> {
+        return std::unique_ptr<Codec>(new TestCodec(spec.name, spec, p));
+      };
+      engines.push_back(std::make_unique<Engine>(o, colls.back().get(), prims.get()));
+      EXPECT_TRUE(engines.back()->Start().ok());
+    }
+  }
+  // Returns every node's record per step.
+  std::vector<std::vector<ExchangeRecord>> Run(const std::string& codec, size_t n, double density, int steps,
+                                               std::function<void(int)> between) {
+    const int N = static_cast<int>(engines.size());
+    std::vector<std::vector<ExchangeRecord>> recs(N, std::vector<ExchangeRecord>(steps));
+    std::vector<std::thread> threads;
+    for (int r = 0; r < N; ++r) {
+      threads.emplace_back([&, r] {
+        Engine& e = *engines[r];
+        auto hello = e.Hello("", 0, 1, 0, "t");
+        ASSERT_TRUE(hello.ok());
+        auto g = e.RegisterBucket(hello->session_id, 2, n, codec, density);
+        ASSERT_TRUE(g.ok()) << g.status();
+        float* in = reinterpret_cast<float*>(static_cast<uint8_t*>(const_cast<ShmBuffer*>(g->buffer)->data()) +
+                                             g->input_offset);
+        for (int s = 0; s < steps; ++s) {
+          if (r == 0 && between) between(s);
+          for (size_t i = 0; i < n; ++i) in[i] = Value(r, 0, s, i);
+          auto rec = e.Exchange(hello->session_id, 2, s, absl::Now() + absl::Seconds(20));
+          ASSERT_TRUE(rec.ok()) << rec.status();
+          recs[r][s] = *rec;
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    return recs;
+  }
+  InProcessHub hub;
+  std::unique_ptr<Primitives> prims;
+  std::vector<std::unique_ptr<Collective>> colls;
+  std::vector<std::unique_ptr<Engine>> engines;
+};
+
+TEST(SparseEngineTest, ADensityChangeOnOneNodeTakesEffectAtTheSameStepEverywhere) {
+  EngineOptions o;
+  o.dense_fallback = "off";
+  MiniCluster c(3, o);
+  auto recs = c.Run("test_topk", 10000, 0.01, 6, [&](int step) {
+    if (step == 3) EXPECT_TRUE(c.engines[0]->SetDensity(0.002).ok());
+  });
+  EXPECT_FALSE(c.engines[0]->SetDensity(0).ok());
+  EXPECT_FALSE(c.engines[0]->SetDensity(1.5).ok());
+  for (int r = 0; r < 3; ++r) {
+    for (int s = 0; s < 6; ++s) {
+      // Node 0 changed it before its step 3; its control all-reduce carries it to all nodes.
+      const double want = s < 3 ? 0.01 : 0.002;
+      EXPECT_NEAR(recs[r][s].target_density, want, 1e-6) << "node " << r << " step " << s;
+      EXPECT_EQ(recs[r][s].selected_elements, static_cast<uint64_t>(want * 10000 + 0.5)) << "node " << r;
+    }
+  }
+}
+
+TEST(SparseEngineTest, AutoFallbackProbesBothThenAllNodesKeepTheSameChoice) {
+  EngineOptions o;
+  o.dense_fallback = "auto";
+  o.probe_steps = 2;
+  MiniCluster c(2, o);
+  auto recs = c.Run("test_topk", 50000, 0.01, 8, nullptr);
+  for (int r = 0; r < 2; ++r) {
+    // Probe window: sparse, dense, sparse, dense.
+    EXPECT_EQ(recs[r][0].pattern, "B");
+    EXPECT_EQ(recs[r][1].pattern, "D");
+    EXPECT_TRUE(recs[r][1].fell_back_to_dense);
+    EXPECT_EQ(recs[r][2].pattern, "B");
+    EXPECT_EQ(recs[r][3].pattern, "D");
+    for (int s = 5; s < 8; ++s) EXPECT_EQ(recs[r][s].pattern, recs[0][4].pattern) << "decision must stick";
+  }
+  for (int s = 4; s < 8; ++s) EXPECT_EQ(recs[0][s].pattern, recs[1][s].pattern) << "nodes disagree at step " << s;
+}
+
 // A node whose AllGatherV contribution is tampered with, as a bad peer would send it.
 class TamperingCollective : public Collective {
  public:

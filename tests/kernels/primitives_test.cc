@@ -14,6 +14,7 @@
 #include "gtest/gtest.h"
 #include "hwy/targets.h"
 #include "kernels/cpu/cpu_primitives.h"
+#include "kernels/cpu/top_k.h"
 #include "kernels/primitives.h"
 #include "kernels/reference/reference_primitives.h"
 
@@ -281,6 +282,47 @@ TEST_P(PrimitivesTest, TopKBoundaryAtInfinity) {
     EXPECT_EQ(ic, ir) << "k=" << k;
     EXPECT_TRUE(SameBits(vc, vr));
   }
+}
+
+// Both large-input paths on their own: the sampled threshold and the full histogram.
+TEST_P(PrimitivesTest, TopKPathsMatchReference) {
+  const size_t n = 300007;
+  std::vector<float> x = Gradient(n, 29);
+  AddSpecials(&x, 30);
+  for (size_t k : {size_t{1}, size_t{300}, size_t{3000}, n / 16}) {
+    std::vector<uint32_t> ir(k), ih(k), is(k);
+    std::vector<float> vr(k), vh(k), vs(k);
+    ref_->TopK(x.data(), n, k, ir.data(), vr.data());
+    ASSERT_EQ(HistogramTopK(*cpu_, x.data(), n, k, ih.data(), vh.data()), k);
+    EXPECT_EQ(ih, ir) << "histogram k=" << k;
+    EXPECT_TRUE(SameBits(vh, vr));
+    size_t written = 0;
+    ASSERT_TRUE(SampledTopK(*cpu_, x.data(), n, k, is.data(), vs.data(), &written)) << "k=" << k;
+    ASSERT_EQ(written, k);
+    EXPECT_EQ(is, ir) << "sampled k=" << k;
+    EXPECT_TRUE(SameBits(vs, vr));
+  }
+}
+
+// Large values exactly where the sample looks make the sampled threshold too high: the
+// sampled path must notice (fewer than k candidates) and TopK must still be exact.
+TEST_P(PrimitivesTest, TopKFallsBackWhenTheSampleMisleads) {
+  const size_t n = 300007, stride = n / kTopKSampleBlocks;
+  std::vector<float> x = Gradient(n, 31);
+  size_t large = 0;
+  for (size_t b = 0; b < kTopKSampleBlocks; ++b) {
+    for (size_t j = 0; j < kTopKSampleRun / 4; ++j, ++large) x[b * stride + j] = 1.0f + 1e-6f * b;
+  }
+  const size_t k = large + 1000;  // more than the large ones: the rest come from the bulk
+  ASSERT_LE(k, n / 16);
+  std::vector<uint32_t> ic(k), ir(k);
+  std::vector<float> vc(k), vr(k);
+  size_t written = 0;
+  EXPECT_FALSE(SampledTopK(*cpu_, x.data(), n, k, ic.data(), vc.data(), &written));
+  ASSERT_EQ(cpu_->TopK(x.data(), n, k, ic.data(), vc.data()), k);
+  ref_->TopK(x.data(), n, k, ir.data(), vr.data());
+  EXPECT_EQ(ic, ir);
+  EXPECT_TRUE(SameBits(vc, vr));
 }
 
 TEST_P(PrimitivesTest, MomentsMatchReference) {
