@@ -1,0 +1,100 @@
+"""Builds the `spex` Python package: generates the spex.v1 protobuf/gRPC stubs from
+proto/spex.proto with protoc and Debian's grpc_python_plugin, and compiles the spex._native C
+extension (atomics and futex wait/wake on the daemon's shared segments).
+
+Install offline into Debian's Python (see README.md):
+    /usr/bin/python3 -m venv --system-site-packages VENV
+    VENV/bin/pip install --no-build-isolation client/python
+
+The proto is found at $SPEX_PROTO, else ../../proto/spex.proto (the source tree), else
+spex/proto/spex.proto (a copy shipped inside an sdist). $PROTOC and $GRPC_PYTHON_PLUGIN override
+the tool paths.
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+from setuptools import Extension, setup
+from setuptools.command.build_py import build_py
+from setuptools.command.sdist import sdist
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def find_proto():
+    candidates = [
+        os.environ.get("SPEX_PROTO", ""),
+        os.path.join(HERE, "..", "..", "proto", "spex.proto"),
+        os.path.join(HERE, "spex", "proto", "spex.proto"),
+    ]
+    for c in candidates:
+        if c and os.path.isfile(c):
+            return os.path.abspath(c)
+    sys.exit("spex setup: cannot find spex.proto (looked at $SPEX_PROTO, "
+             + ", ".join(os.path.abspath(c) for c in candidates[1:])
+             + "); build from the spex source tree or set SPEX_PROTO")
+
+
+def find_tool(env, name, package):
+    path = os.environ.get(env) or shutil.which(name) or (f"/usr/bin/{name}" if os.path.exists(f"/usr/bin/{name}") else None)
+    if not path:
+        sys.exit(f"spex setup: {name} not found; install Debian's {package} (deploy/setup.sh) or set ${env}")
+    return path
+
+
+def generate_stubs(out_dir):
+    """Writes spex_pb2.py and spex_pb2_grpc.py into out_dir/spex/proto/ (importable as
+    spex.proto.spex_pb2: the proto is compiled as spex/proto/spex.proto so the generated
+    modules import each other through the package)."""
+    proto = find_proto()
+    protoc = find_tool("PROTOC", "protoc", "protobuf-compiler")
+    plugin = find_tool("GRPC_PYTHON_PLUGIN", "grpc_python_plugin", "protobuf-compiler-grpc")
+    with tempfile.TemporaryDirectory() as tmp:
+        src_dir = os.path.join(tmp, "spex", "proto")
+        os.makedirs(src_dir)
+        shutil.copyfile(proto, os.path.join(src_dir, "spex.proto"))
+        dest = os.path.join(out_dir, "spex", "proto")
+        os.makedirs(dest, exist_ok=True)
+        cmd = [protoc, "-I", tmp, f"--python_out={out_dir}", f"--grpc_out={out_dir}",
+               f"--plugin=protoc-gen-grpc={plugin}", "spex/proto/spex.proto"]
+        print("spex setup: " + " ".join(cmd))
+        subprocess.run(cmd, check=True)
+        for name in ("spex_pb2.py", "spex_pb2_grpc.py"):
+            if not os.path.isfile(os.path.join(dest, name)):
+                sys.exit(f"spex setup: protoc did not write {name}")
+
+
+class BuildPyWithStubs(build_py):
+    """build_py that also generates the gRPC stubs into the build directory."""
+
+    def run(self):
+        super().run()
+        generate_stubs(self.build_lib)
+
+
+class SdistWithProto(sdist):
+    """sdist that ships a copy of spex.proto inside the package, so it builds elsewhere."""
+
+    def make_release_tree(self, base_dir, files):
+        super().make_release_tree(base_dir, files)
+        dest = os.path.join(base_dir, "spex", "proto", "spex.proto")
+        os.makedirs(os.path.dirname(dest), exist_ok=True)
+        shutil.copyfile(find_proto(), dest)
+
+
+setup(
+    name="spex",
+    version="0.1.0",
+    description="Python client and PyTorch DDP communication hook for spexd (sparse gradient exchange)",
+    packages=["spex", "spex.proto"],
+    ext_modules=[
+        Extension("spex._native", sources=["spex/_native.c"], extra_compile_args=["-O2", "-std=c11", "-Wall"])
+    ],
+    cmdclass={"build_py": BuildPyWithStubs, "sdist": SdistWithProto},
+    python_requires=">=3.9",
+    install_requires=["grpcio", "protobuf", "numpy"],
+    extras_require={"torch": ["torch"]},
+)

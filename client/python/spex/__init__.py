@@ -1,0 +1,28 @@
+"""spex: the Python client of spexd, the per-node sparse gradient exchange daemon.
+
+- `spex.Client`: a session with the node's daemon (buckets in shared memory, doorbell or RPC
+  exchanges, stats).
+- `spex.torch`: the PyTorch DDP communication hook (`spex.torch.register(ddp_model, ...)`).
+- `spex.cluster.LocalCluster`: starts daemons under mpirun on this machine (tests, demos).
+"""
+
+from .client import MODES, Bucket, Client, connect
+from .errors import (
+    BucketOrderError,
+    DaemonUnavailableError,
+    ExchangeTimeoutError,
+    NotImplementedByDaemon,
+    SessionLostError,
+    SpexError,
+    SpexTypeError,
+    SpexValueError,
+)
+from .paths import client_socket_path, default_job, default_socket_path
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "MODES", "Bucket", "Client", "connect", "BucketOrderError", "DaemonUnavailableError",
+    "ExchangeTimeoutError", "NotImplementedByDaemon", "SessionLostError", "SpexError", "SpexTypeError",
+    "SpexValueError", "client_socket_path", "default_job", "default_socket_path", "__version__",
+]

@@ -1,0 +1,186 @@
+"""A local spex cluster for tests, demos and the main job: N spexd daemons under one mpirun on
+this machine (one per emulated node), each on its own socket in a private directory, stopped
+by PID (SIGTERM to mpirun, which stops every node cleanly; SIGKILL to mpirun's process group
+only when that does not finish in time).
+
+    with LocalCluster("bazel-bin/daemon/spexd", nodes=2, trainers=2) as cluster:
+        client = spex.Client(cluster.socket(0), local_rank=0, local_size=2)
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket as _socket
+import subprocess
+import tempfile
+import time
+from typing import IO, List, Optional, Sequence
+
+from .errors import SpexError
+
+MPI_ENV = {
+    "OMPI_ALLOW_RUN_AS_ROOT": "1",
+    "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+    "OMPI_MCA_rmaps_base_oversubscribe": "1",
+    "OMPI_MCA_btl_tcp_if_include": "lo",
+    "OMPI_MCA_oob_tcp_if_include": "lo",
+}
+
+
+def find_spexd(explicit: Optional[str] = None) -> str:
+    """The spexd binary: `explicit`, $SPEXD, or bazel-bin/daemon/spexd under the current or the
+    repository directory."""
+    candidates = [explicit, os.environ.get("SPEXD"), "bazel-bin/daemon/spexd",
+                  os.path.join(os.path.dirname(__file__), "..", "..", "..", "bazel-bin", "daemon", "spexd")]
+    for c in candidates:
+        if c and os.path.isfile(c) and os.access(c, os.X_OK):
+            return os.path.abspath(c)
+    raise SpexError("spexd not found: build it (bazel build //daemon:spexd) and pass its path or set $SPEXD")
+
+
+class LocalCluster:
+    """N spexd under mpirun on this host. `socket(n)` is node n's socket.
+
+    Args:
+        spexd: path of the spexd binary (see find_spexd).
+        nodes: daemons (MPI ranks).
+        trainers: --local_trainers of every daemon.
+        args: extra spexd flags (e.g. ["--compressor=micro", "--density=0.01"]).
+        socket_dir: directory for the sockets (default: a new one under /tmp; sockets need
+            short paths, so do not use a deep test directory).
+        log: file for mpirun's and the daemons' output (default socket_dir/spexd.log).
+        start_timeout: seconds to wait for every socket.
+    """
+
+    def __init__(self, spexd: Optional[str] = None, nodes: int = 2, trainers: int = 2,
+                 args: Sequence[str] = (), socket_dir: Optional[str] = None, log: Optional[str] = None,
+                 start_timeout: float = 30.0, mpirun: str = "mpirun"):
+        if nodes < 1 or trainers < 1:
+            raise ValueError(f"nodes and trainers must be >= 1, got {nodes} x {trainers}")
+        self.spexd = find_spexd(spexd)
+        self.nodes = nodes
+        self.trainers = trainers
+        self.args = list(args)
+        self._own_dir = socket_dir is None
+        self.dir = socket_dir or tempfile.mkdtemp(prefix="spex-", dir="/tmp")
+        self.log_path = log or os.path.join(self.dir, "spexd.log")
+        self.start_timeout = start_timeout
+        self.mpirun = mpirun
+        self.proc: Optional[subprocess.Popen] = None
+        self._log: Optional[IO[bytes]] = None
+
+    def socket(self, node: int) -> str:
+        """Node `node`'s socket path."""
+        if not 0 <= node < self.nodes:
+            raise ValueError(f"node {node} is not in 0..{self.nodes - 1}")
+        return os.path.join(self.dir, f"node{node}.sock")
+
+    @property
+    def sockets(self) -> List[str]:
+        return [self.socket(n) for n in range(self.nodes)]
+
+    @property
+    def pid(self) -> Optional[int]:
+        """mpirun's PID while running."""
+        return self.proc.pid if self.proc is not None else None
+
+    def start(self) -> "LocalCluster":
+        """Starts mpirun and waits until every node's socket accepts connections."""
+        if self.proc is not None:
+            raise SpexError("cluster already started")
+        os.makedirs(self.dir, exist_ok=True)
+        env = dict(os.environ)
+        env.update(MPI_ENV)
+        cmd = [self.mpirun, "-np", str(self.nodes), self.spexd, f"--socket={self.dir}/node{{rank}}.sock",
+               f"--local_trainers={self.trainers}", *self.args]
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     env=env, start_new_session=True)
+        deadline = time.monotonic() + self.start_timeout
+        while not all(self._answers(s) for s in self.sockets):
+            if self.proc.poll() is not None:
+                log = self.log_tail()
+                self.stop()
+                raise SpexError(f"spexd exited with {self.proc.returncode} while starting:\n{log}")
+            if time.monotonic() > deadline:
+                log = self.log_tail()
+                self.stop()
+                raise SpexError(f"spexd did not open {self.nodes} sockets in {self.dir} within "
+                                f"{self.start_timeout:g} s:\n{log}")
+            time.sleep(0.05)
+        return self
+
+    @staticmethod
+    def _answers(path: str) -> bool:
+        if not os.path.exists(path):
+            return False
+        s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+        try:
+            s.connect(path)
+            return True
+        except OSError:
+            return False
+        finally:
+            s.close()
+
+    def stop(self, timeout: float = 15.0, sig: int = signal.SIGTERM) -> Optional[int]:
+        """Stops the daemons: `sig` to mpirun's PID, then SIGKILL to its process group if it has
+        not exited within `timeout`. Returns mpirun's exit status (None if never started)."""
+        proc, self.proc = self.proc, None
+        rc = None
+        if proc is not None:
+            if proc.poll() is None:
+                try:
+                    os.kill(proc.pid, sig)
+                except ProcessLookupError:
+                    pass
+                try:
+                    proc.wait(timeout=timeout)
+                except subprocess.TimeoutExpired:
+                    self.kill_group(proc.pid)
+                    proc.wait(timeout=10)
+            rc = proc.returncode
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+        return rc
+
+    def kill(self) -> None:
+        """SIGKILLs mpirun and the daemons (its process group) at once: daemons that die without
+        a clean shutdown, as after a crash."""
+        proc, self.proc = self.proc, None
+        if proc is not None:
+            self.kill_group(proc.pid)
+            proc.wait(timeout=10)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    @staticmethod
+    def kill_group(pid: int) -> None:
+        try:
+            os.killpg(pid, signal.SIGKILL)  # mpirun was started as its own process group leader
+        except ProcessLookupError:
+            pass
+
+    def log_tail(self, lines: int = 40) -> str:
+        """The last lines of the daemons' log."""
+        try:
+            with open(self.log_path, "rb") as f:
+                return b"\n".join(f.read().splitlines()[-lines:]).decode(errors="replace")
+        except OSError:
+            return "(no log)"
+
+    def cleanup(self) -> None:
+        """Stops the daemons and removes the socket directory (if this object created it)."""
+        self.stop()
+        if self._own_dir:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self) -> "LocalCluster":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.cleanup()

@@ -1,0 +1,79 @@
+"""Byte layout of spexd's shared segments, mirrored from daemon/memory/layout.h.
+
+This is a wire contract with the daemon: the offsets below must equal the static_asserts in
+layout.h (tests/python checks them against the header). Change only together with
+kLayoutVersion.
+"""
+
+LAYOUT_VERSION = 1
+DOORBELL_MAGIC = 0x42585053  # "SPXB" little-endian
+BUCKET_MAGIC = 0x4B585053  # "SPXK"
+MAX_LOCAL_TRAINERS = 32
+PAGE_BYTES = 4096
+FLOAT_BYTES = 4
+
+# DoorbellSegment: one per node and trainer generation.
+DOORBELL_MAGIC_OFFSET = 0
+DOORBELL_VERSION_OFFSET = 4
+DOORBELL_RING_OFFSET = 64  # futex word the engine waits on
+DOORBELL_ENGINE_SLEEPING_OFFSET = 68  # 1 while the engine sleeps
+DOORBELL_SHUTDOWN_OFFSET = 72  # 1 once the daemon is stopping
+DOORBELL_ATTACHED_OFFSET = 128  # uint32 per trainer
+
+# BucketHeader: the first page of every bucket buffer.
+BUCKET_MAGIC_OFFSET = 0
+BUCKET_VERSION_OFFSET = 4
+BUCKET_ID_OFFSET = 8
+BUCKET_ELEMENTS_OFFSET = 16
+BUCKET_SLOTS_OFFSET = 24
+BUCKET_SLOT_STRIDE_OFFSET = 32
+BUCKET_PUBLISHED_OFFSET = 64  # futex word: (uint32)(last step + 1)
+BUCKET_WAITERS_OFFSET = 68  # trainers sleeping on published
+BUCKET_STATUS_OFFSET = 72  # int32: 0 ok, else an error (fetch it with the Exchange RPC)
+BUCKET_ATTACHED_OFFSET = 128  # uint32 per trainer
+BUCKET_READY_OFFSET = 256  # uint64 per trainer, each on its own 64-byte line
+BUCKET_READY_STRIDE = 64
+
+
+def doorbell_attached_offset(local_rank: int) -> int:
+    """Offset of trainer `local_rank`'s attached flag in the doorbell segment."""
+    _check_rank(local_rank)
+    return DOORBELL_ATTACHED_OFFSET + 4 * local_rank
+
+
+def bucket_attached_offset(local_rank: int) -> int:
+    """Offset of trainer `local_rank`'s attached flag in a bucket header."""
+    _check_rank(local_rank)
+    return BUCKET_ATTACHED_OFFSET + 4 * local_rank
+
+
+def ready_offset(local_rank: int) -> int:
+    """Offset of ready[local_rank] (uint64, = step + 1 once the input is written)."""
+    _check_rank(local_rank)
+    return BUCKET_READY_OFFSET + BUCKET_READY_STRIDE * local_rank
+
+
+def slot_stride(elements: int) -> int:
+    """Bytes between input slots: the slot size rounded up to whole pages."""
+    nbytes = elements * FLOAT_BYTES
+    return (nbytes + PAGE_BYTES - 1) // PAGE_BYTES * PAGE_BYTES
+
+
+def input_offset(elements: int, slot: int) -> int:
+    """Offset of input slot `slot` in a bucket buffer."""
+    return PAGE_BYTES + slot * slot_stride(elements)
+
+
+def output_offset(elements: int, slots: int) -> int:
+    """Offset of the shared output slot in a bucket buffer with `slots` input slots."""
+    return PAGE_BYTES + slots * slot_stride(elements)
+
+
+def bucket_bytes(elements: int, slots: int) -> int:
+    """Total size of a bucket buffer."""
+    return PAGE_BYTES + (slots + 1) * slot_stride(elements)
+
+
+def _check_rank(local_rank: int) -> None:
+    if not 0 <= local_rank < MAX_LOCAL_TRAINERS:
+        raise ValueError(f"local_rank {local_rank} must be in 0..{MAX_LOCAL_TRAINERS - 1}")

@@ -1,0 +1,41 @@
+"""Mapping the POSIX shared-memory segments spexd creates (daemon/memory/shm_buffer.h) into this
+process, as writable mmap objects that numpy arrays and torch tensors can view without copies."""
+
+from __future__ import annotations
+
+import mmap
+import os
+
+from .errors import SpexError
+
+
+def attach(name: str, size: int) -> mmap.mmap:
+    """Maps exactly `size` bytes of the shm segment `name` ("/spex-..."); fails clearly when the
+    segment is gone (already unlinked by the daemon) or smaller than `size`."""
+    if not name.startswith("/") or "/" in name[1:]:
+        raise SpexError(f"invalid shm name {name!r} from the daemon")
+    path = "/dev/shm" + name
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except OSError as e:
+        raise SpexError(
+            f"cannot open shared segment {name}: {e.strerror}. The daemon unlinks a segment once every local "
+            f"trainer attached it; a trainer that joins late (or twice) cannot map it: restart the node's trainers"
+        ) from e
+    try:
+        actual = os.fstat(fd).st_size
+        if actual < size:
+            raise SpexError(f"shared segment {name} has {actual} bytes, the daemon described {size}")
+        return mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+    finally:
+        os.close(fd)
+
+
+def release(mapping: mmap.mmap) -> bool:
+    """Unmaps `mapping` unless arrays or tensors still view it (then it stays mapped until the
+    last of them is garbage-collected). Returns True when it was unmapped now."""
+    try:
+        mapping.close()
+        return True
+    except BufferError:
+        return False
