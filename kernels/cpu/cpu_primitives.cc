@@ -16,8 +16,8 @@ namespace {
 
 constexpr size_t kMinChunk = 64 * 1024;     // elements per parallel task, at least
 constexpr size_t kChunkAlign = 64;          // task boundaries, in elements from `begin`
-constexpr size_t kSmallTopK = 64 * 1024;    // below this TopK uses one nth_element
 constexpr size_t kParallelIndexed = 64 * 1024;  // Gather/Sample outputs worth splitting
+constexpr size_t kPrefetchAhead = 32;           // indexed loops touch x[idx[j + this]] early
 
 // [begin, end) cut into `chunks` pieces of `step` elements (the last one shorter).
 struct Split {
@@ -79,8 +79,7 @@ class CpuPrimitives final : public Primitives {
   }
 
   size_t TopK(const float* x, size_t n, size_t k, uint32_t* idx, float* val) override {
-    if (n < kSmallTopK) return SmallTopK(x, n, k, idx, val);
-    return HistogramTopK(*this, x, n, k, idx, val);
+    return FastTopK(*this, x, n, k, idx, val);
   }
 
   AbsMoments Moments(const float* x, size_t n, float lower_bound) override {
@@ -108,11 +107,19 @@ class CpuPrimitives final : public Primitives {
     }
     // Draw j is a pure function of (seed, j), so pieces can run in any order.
     ForChunks(Cut(0, m, kParallelIndexed), [&](size_t, size_t b, size_t e, int) {
+      // Positions of a batch first (prefetched), then the loads: many misses in flight.
+      constexpr size_t kBatch = 256;
+      size_t pos[kBatch];
       uint64_t state = seed + b * 0x9e3779b97f4a7c15ull;
-      for (size_t j = b; j < e; ++j) {
-        state += 0x9e3779b97f4a7c15ull;
-        const uint64_t r = SplitMix64(state);
-        out[j] = x[static_cast<size_t>((static_cast<unsigned __int128>(r) * n) >> 64)];
+      for (size_t j0 = b; j0 < e; j0 += kBatch) {
+        const size_t len = std::min(kBatch, e - j0);
+        for (size_t j = 0; j < len; ++j) {
+          state += 0x9e3779b97f4a7c15ull;
+          const uint64_t r = SplitMix64(state);
+          pos[j] = static_cast<size_t>((static_cast<unsigned __int128>(r) * n) >> 64);
+          __builtin_prefetch(x + pos[j]);
+        }
+        for (size_t j = 0; j < len; ++j) out[j0 + j] = x[pos[j]];
       }
     });
   }
@@ -120,7 +127,10 @@ class CpuPrimitives final : public Primitives {
   absl::Status ScatterAdd(float* y, size_t n, const uint32_t* idx, const float* val,
                           size_t m) override {
     if (absl::Status s = CheckIndices(idx, m, n, "ScatterAdd"); !s.ok()) return s;
-    for (size_t j = 0; j < m; ++j) y[idx[j]] += val[j];  // serial: indices may repeat
+    for (size_t j = 0; j < m; ++j) {  // serial: indices may repeat
+      if (j + kPrefetchAhead < m) __builtin_prefetch(y + idx[j + kPrefetchAhead], 1);
+      y[idx[j]] += val[j];
+    }
     return absl::OkStatus();
   }
 
@@ -128,19 +138,26 @@ class CpuPrimitives final : public Primitives {
                       float* out) override {
     if (absl::Status s = CheckIndices(idx, m, n, "Gather"); !s.ok()) return s;
     ForChunks(Cut(0, m, kParallelIndexed), [&](size_t, size_t b, size_t e, int) {
-      for (size_t j = b; j < e; ++j) out[j] = x[idx[j]];
+      for (size_t j = b; j < e; ++j) {
+        if (j + kPrefetchAhead < e) __builtin_prefetch(x + idx[j + kPrefetchAhead]);
+        out[j] = x[idx[j]];
+      }
     });
     return absl::OkStatus();
   }
 
   absl::Status ZeroAt(float* x, size_t n, const uint32_t* idx, size_t m) override {
     if (absl::Status s = CheckIndices(idx, m, n, "ZeroAt"); !s.ok()) return s;
-    for (size_t j = 0; j < m; ++j) x[idx[j]] = 0.0f;
+    for (size_t j = 0; j < m; ++j) {
+      if (j + kPrefetchAhead < m) __builtin_prefetch(x + idx[j + kPrefetchAhead], 1);
+      x[idx[j]] = 0.0f;
+    }
     return absl::OkStatus();
   }
 
   void AbsHistogram16(const float* x, size_t begin, size_t end, uint32_t* bins) override {
-    const Split s = Cut(begin, end);
+    // Per-thread tables cost 256 KiB each to clear and merge: split only large inputs.
+    const Split s = Cut(begin, end, 4 * kCpuParallelMinElements);
     if (s.chunks == 1) return Histogram(x, begin, end, bins);
     // One private table per thread, merged at the end.
     std::vector<std::vector<uint32_t>> tables(pool_.size());
@@ -178,11 +195,7 @@ class CpuPrimitives final : public Primitives {
   }
 
   static void Histogram(const float* x, size_t begin, size_t end, uint32_t* bins) {
-    for (size_t i = begin; i < end; ++i) {
-      uint32_t u;
-      std::memcpy(&u, x + i, sizeof(u));
-      ++bins[(u & 0x7fffffffu) >> 15];
-    }
+    simd::Histogram16(x + begin, end - begin, bins);
   }
 
   // SelectAbove / AddSelectAbove (add == nullptr for the former). In parallel, each chunk

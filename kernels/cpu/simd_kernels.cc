@@ -10,7 +10,6 @@
 #define HWY_TARGET_INCLUDE "kernels/cpu/simd_kernels.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
-#include "hwy/contrib/math/math-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace spex {
@@ -57,8 +56,8 @@ size_t CountAboveImpl(const float* x, size_t n, float t) {
 
 // One pass over [begin, end): optionally x += add (stored back), then every |x| >= t is
 // counted, and the first `cap` of them are written (index, value) and zeroed if asked.
-// Vectors without a hit cost a load, a compare and a mask test; vectors with hits use
-// CompressStore while a whole vector still fits in the output, lane by lane after that.
+// Vectors without a hit cost a load, a compare and a mask test; vectors with hits are
+// compressed and stored whole while a whole vector still fits in the output, lane by lane after.
 template <bool kAdd>
 size_t SelectLoop(float* x, const float* add, size_t begin, size_t end, float t, bool zero,
                   uint32_t* idx, float* val, size_t cap) {
@@ -79,9 +78,12 @@ size_t SelectLoop(float* x, const float* add, size_t begin, size_t end, float t,
     }
     const size_t room = total < cap ? cap - total : 0;
     if (HWY_LIKELY(room >= N)) {
-      hn::CompressStore(v, m, d, val + total);
-      total += hn::CompressStore(hn::Iota(du, static_cast<uint32_t>(i)), hn::RebindMask(du, m), du,
-                                 idx + total);
+      // Compress in registers, then a plain full-width store: the memory form of the
+      // compress instruction is microcoded and very slow on AMD Zen 4.
+      hn::StoreU(hn::Compress(v, m), d, val + total);
+      hn::StoreU(hn::Compress(hn::Iota(du, static_cast<uint32_t>(i)), hn::RebindMask(du, m)), du,
+                 idx + total);
+      total += hn::CountTrue(d, m);
       if (zero) v = hn::IfThenZeroElse(m, v);
     } else if (room == 0) {
       total += hn::CountTrue(d, m);
@@ -137,6 +139,36 @@ inline void MomentsAddScalar(float a, float lower_bound, AbsMoments* m) {
   if (a > m->max) m->max = a;
 }
 
+// log(a) for lanes with finite a > 0 (other lanes: unspecified). a = 2^e * m with m in
+// [sqrt(1/2), sqrt(2)); log(m) = log1p(t) = t - t^2/2 + t^3 q(t), q a degree-6 least-squares fit
+// (max relative error 1.4e-7 in float arithmetic). No division, unlike the general Log.
+template <class D, class V>
+HWY_INLINE V FastLog(D d, V a) {
+  const hn::RebindToSigned<D> di;
+  constexpr int32_t kSqrtHalfBits = 0x3f3504f3;
+  auto scaled = a;
+  auto e_adjust = hn::Zero(di);
+  const auto subnormal = hn::Lt(a, hn::Set(d, 1.17549435e-38f));
+  if (HWY_UNLIKELY(!hn::AllFalse(d, subnormal))) {  // scale by 2^23 so the exponent field is set
+    scaled = hn::IfThenElse(subnormal, hn::Mul(a, hn::Set(d, 8388608.0f)), a);
+    e_adjust = hn::IfThenElseZero(hn::RebindMask(di, subnormal), hn::Set(di, 23));
+  }
+  const auto bits = hn::Sub(hn::BitCast(di, scaled), hn::Set(di, kSqrtHalfBits));
+  const auto e = hn::Sub(hn::ShiftRight<23>(bits), e_adjust);
+  const auto m_bits = hn::Add(hn::And(bits, hn::Set(di, 0x007fffff)), hn::Set(di, kSqrtHalfBits));
+  const auto t = hn::Sub(hn::BitCast(d, m_bits), hn::Set(d, 1.0f));
+  auto q = hn::Set(d, 0.0850695297f);
+  q = hn::MulAdd(q, t, hn::Set(d, -0.141974717f));
+  q = hn::MulAdd(q, t, hn::Set(d, 0.149509788f));
+  q = hn::MulAdd(q, t, hn::Set(d, -0.165879488f));
+  q = hn::MulAdd(q, t, hn::Set(d, 0.199605972f));
+  q = hn::MulAdd(q, t, hn::Set(d, -0.250009686f));
+  q = hn::MulAdd(q, t, hn::Set(d, 0.333339721f));
+  const auto t2 = hn::Mul(t, t);
+  const auto log1p = hn::MulAdd(hn::Mul(t2, t), q, hn::NegMulAdd(hn::Set(d, 0.5f), t2, t));
+  return hn::MulAdd(hn::ConvertTo(d, e), hn::Set(d, 0.693147180559945f), log1p);
+}
+
 AbsMoments MomentsImpl(const float* x, size_t n, float lower_bound) {
   AbsMoments m;
   size_t i = 0;
@@ -162,9 +194,9 @@ AbsMoments MomentsImpl(const float* x, size_t n, float lower_bound) {
     count += hn::CountTrue(d, in);
     log_count += hn::CountTrue(d, pos);
     vmax = hn::Max(vmax, am);
-    // Log's polynomial is for finite positive inputs; Inf is patched to Inf.
+    // FastLog is for finite positive inputs; Inf is patched to Inf.
     const auto lg = hn::IfThenElseZero(
-        pos, hn::IfThenElse(hn::Eq(a, inf), inf, hn::Log(d, hn::IfThenElse(pos, a, one))));
+        pos, hn::IfThenElse(hn::Eq(a, inf), inf, FastLog(d, hn::IfThenElse(pos, a, one))));
     const auto lo = hn::PromoteTo(dd, hn::LowerHalf(dh, am));
     const auto hi = hn::PromoteTo(dd, hn::UpperHalf(dh, am));
     sum = hn::Add(sum, hn::Add(lo, hi));
@@ -182,6 +214,36 @@ AbsMoments MomentsImpl(const float* x, size_t n, float lower_bound) {
 #endif
   for (; i < n; ++i) MomentsAddScalar(std::fabs(x[i]), lower_bound, &m);
   return m;
+}
+
+// Bin numbers for a block are computed in SIMD lanes into a small L1-resident buffer, then
+// counted with scalar increments (about a third fewer instructions per element than a plain loop).
+void Histogram16Impl(const float* x, size_t n, uint32_t* bins) {
+  const hn::ScalableTag<float> d;
+  const hn::RebindToUnsigned<decltype(d)> du;
+  const size_t N = hn::Lanes(du);
+  constexpr size_t kBlock = 1024;
+  HWY_ALIGN uint32_t tmp[kBlock];
+  size_t i = 0;
+  if (N <= kBlock) {
+    for (; i + kBlock <= n; i += kBlock) {
+      for (size_t j = 0; j < kBlock; j += N) {
+        const auto bits = hn::BitCast(du, hn::LoadU(d, x + i + j));
+        hn::Store(hn::ShiftRight<16>(hn::ShiftLeft<1>(bits)), du, tmp + j);
+      }
+      for (size_t j = 0; j < kBlock; j += 4) {
+        ++bins[tmp[j]];
+        ++bins[tmp[j + 1]];
+        ++bins[tmp[j + 2]];
+        ++bins[tmp[j + 3]];
+      }
+    }
+  }
+  for (; i < n; ++i) {
+    uint32_t u;
+    std::memcpy(&u, x + i, sizeof(u));
+    ++bins[(u & 0x7fffffffu) >> 15];
+  }
 }
 
 uint32_t MaxIndexImpl(const uint32_t* idx, size_t m) {
@@ -212,6 +274,7 @@ HWY_EXPORT(CountAboveImpl);
 HWY_EXPORT(SelectImpl);
 HWY_EXPORT(AddSelectImpl);
 HWY_EXPORT(MomentsImpl);
+HWY_EXPORT(Histogram16Impl);
 HWY_EXPORT(MaxIndexImpl);
 HWY_EXPORT(TargetImpl);
 
@@ -232,6 +295,9 @@ size_t AddSelect(float* acc, const float* add, size_t begin, size_t end, float t
 }
 AbsMoments Moments(const float* x, size_t n, float lower_bound) {
   return HWY_DYNAMIC_DISPATCH(MomentsImpl)(x, n, lower_bound);
+}
+void Histogram16(const float* x, size_t n, uint32_t* bins) {
+  HWY_DYNAMIC_DISPATCH(Histogram16Impl)(x, n, bins);
 }
 uint32_t MaxIndex(const uint32_t* idx, size_t m) {
   return HWY_DYNAMIC_DISPATCH(MaxIndexImpl)(idx, m);

@@ -25,6 +25,9 @@ size_t AddSelect(float* acc, const float* add, size_t begin, size_t end, float t
 // Primitives::Moments over x[0..n).
 AbsMoments Moments(const float* x, size_t n, float lower_bound);
 
+// Primitives::AbsHistogram16 over x[0..n): bins[(bits of x[i] & 0x7fffffff) >> 15] += 1.
+void Histogram16(const float* x, size_t n, uint32_t* bins);
+
 // Largest of idx[0..m) (0 when m == 0).
 uint32_t MaxIndex(const uint32_t* idx, size_t m);
 

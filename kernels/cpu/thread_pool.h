@@ -1,11 +1,13 @@
 // A small persistent pool that runs the tasks of one parallel loop on a fixed set of threads
 // (the caller included), for the CPU primitives. No work queue: one loop at a time; a caller
 // that finds the pool busy runs its loop on its own thread instead of waiting.
+// Idle workers spin briefly before sleeping, so back-to-back loops start without a wake-up.
 #pragma once
 
 #include <atomic>
 #include <condition_variable>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -35,12 +37,15 @@ class ThreadPool {
   std::vector<std::thread> workers_;
   std::mutex run_mu_;  // held by the Run in progress
 
+  // A Run publishes fn_/tasks_/next_, then bumps generation_; each worker drains tasks once per
+  // generation and bumps finished_. Sleepers are woken through mu_/cv_ (counted in sleepers_).
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int> finished_{0};
+  std::atomic<bool> stop_{false};
   std::mutex mu_;
-  std::condition_variable wake_cv_;
-  std::condition_variable done_cv_;
-  uint64_t generation_ = 0;  // guarded by mu_
-  int finished_ = 0;         // workers done with the current generation; guarded by mu_
-  bool stop_ = false;        // guarded by mu_
+  std::condition_variable cv_;
+  int sleepers_ = 0;          // guarded by mu_
+  bool caller_waiting_ = false;  // guarded by mu_
 
   const std::function<void(size_t, int)>* fn_ = nullptr;
   size_t tasks_ = 0;

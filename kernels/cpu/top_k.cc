@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
+#include <memory>
 #include <numeric>
 #include <vector>
 
@@ -12,6 +14,7 @@ namespace {
 
 constexpr uint32_t kInfKey = 0x7f800000u;  // magnitude bits of +Inf; larger keys are NaN
 constexpr uint32_t kInfBin = kInfKey >> 15;
+constexpr size_t kSmallTopK = 64 * 1024;
 
 inline uint32_t MagnitudeKey(float v) {
   uint32_t u;
@@ -41,6 +44,63 @@ size_t TakeAllNumbers(const float* x, size_t n, size_t k, size_t numbers, uint32
   return w;
 }
 
+// The top k of `count` candidates (ascending indices, no NaN) that contain the top k of the whole
+// input: a histogram of the candidates' keys finds the boundary bin, nth_element inside it finds
+// the k-th key, and one ordered pass writes the result.
+size_t TopKOfCandidates(const uint32_t* cidx, const float* cval, size_t count, size_t k,
+                        uint32_t* idx, float* val) {
+  std::vector<uint32_t> hist(kInfBin + 1, 0);
+  for (size_t j = 0; j < count; ++j) ++hist[MagnitudeKey(cval[j]) >> 15];
+  size_t above = 0;
+  uint32_t bin = kInfBin;
+  while (above + hist[bin] < k) above += hist[bin--];
+
+  std::vector<uint32_t> keys;
+  keys.reserve(hist[bin]);
+  for (size_t j = 0; j < count; ++j) {
+    const uint32_t u = MagnitudeKey(cval[j]);
+    if ((u >> 15) == bin) keys.push_back(u);
+  }
+  const size_t need = k - above;  // 1 <= need <= keys.size()
+  std::nth_element(keys.begin(), keys.begin() + (need - 1), keys.end(), std::greater<uint32_t>());
+  const uint32_t kth = keys[need - 1];
+  size_t greater = 0;
+  for (uint32_t u : keys) greater += u > kth;
+  size_t ties_left = need - greater;
+
+  size_t w = 0;
+  for (size_t j = 0; j < count; ++j) {
+    const uint32_t u = MagnitudeKey(cval[j]);
+    if (u < kth) continue;
+    if (u == kth) {
+      if (ties_left == 0) continue;
+      --ties_left;
+    }
+    idx[w] = cidx[j];
+    val[w] = cval[j];
+    ++w;
+  }
+  return w;
+}
+
+// Every entry with |x| >= t (in index order) into freshly sized buffers; `hint` is the expected
+// count. Returns the count.
+size_t SelectCandidates(Primitives& p, const float* x, size_t n, float t, size_t hint,
+                        std::unique_ptr<uint32_t[]>* cidx, std::unique_ptr<float[]>* cval) {
+  size_t cap = std::min(n, hint);
+  cidx->reset(new uint32_t[cap]);
+  cval->reset(new float[cap]);
+  const size_t count =
+      p.SelectAbove(const_cast<float*>(x), 0, n, t, /*zero=*/false, cidx->get(), cval->get(), cap);
+  if (count > cap) {  // more than expected: once more with room for all
+    cap = count;
+    cidx->reset(new uint32_t[cap]);
+    cval->reset(new float[cap]);
+    p.SelectAbove(const_cast<float*>(x), 0, n, t, false, cidx->get(), cval->get(), cap);
+  }
+  return count;
+}
+
 }  // namespace
 
 size_t SmallTopK(const float* x, size_t n, size_t k, uint32_t* idx, float* val) {
@@ -67,6 +127,37 @@ size_t SmallTopK(const float* x, size_t n, size_t k, uint32_t* idx, float* val) 
   return k;
 }
 
+bool SampledTopK(Primitives& p, const float* x, size_t n, size_t k, uint32_t* idx, float* val,
+                 size_t* written) {
+  k = std::min(k, n);
+  const size_t blocks = std::min(kTopKSampleBlocks, n / kTopKSampleRun);
+  if (k == 0 || k > n / 16 || blocks < 64) return false;
+  std::vector<uint32_t> keys;
+  keys.reserve(blocks * kTopKSampleRun);
+  for (size_t b = 0; b < blocks; ++b) {
+    const size_t start = b * (n / blocks);
+    for (size_t i = start; i < start + kTopKSampleRun; ++i) {
+      const uint32_t u = MagnitudeKey(x[i]);
+      if (u <= kInfKey) keys.push_back(u);
+    }
+  }
+  // Aim r samples deep, r well above the mean count of samples in the true top k (mu), so
+  // that the threshold lets at least k entries through unless the sample is unrepresentative.
+  const double mu = static_cast<double>(keys.size()) * k / n;
+  const size_t r = static_cast<size_t>(mu + 4.0 * std::sqrt(mu) + 16.0);
+  if (r >= keys.size()) return false;
+  std::nth_element(keys.begin(), keys.begin() + (r - 1), keys.end(), std::greater<uint32_t>());
+  const float threshold = FromBits(keys[r - 1]);
+  const size_t expected = static_cast<size_t>(static_cast<double>(n) * r / keys.size());
+
+  std::unique_ptr<uint32_t[]> cidx;
+  std::unique_ptr<float[]> cval;
+  const size_t count = SelectCandidates(p, x, n, threshold, 2 * expected + 4096, &cidx, &cval);
+  if (count < k) return false;
+  *written = TopKOfCandidates(cidx.get(), cval.get(), count, k, idx, val);
+  return true;
+}
+
 size_t HistogramTopK(Primitives& p, const float* x, size_t n, size_t k, uint32_t* idx, float* val) {
   k = std::min(k, n);
   if (k == 0) return 0;
@@ -91,42 +182,20 @@ size_t HistogramTopK(Primitives& p, const float* x, size_t n, size_t k, uint32_t
   const size_t in_bin = bin == kInfBin ? infs : hist[bin];
 
   // Everything with |x| >= the bin's lowest magnitude: exactly above + in_bin numbers.
-  const size_t candidates = above + in_bin;
-  std::vector<uint32_t> cidx(candidates);
-  std::vector<float> cval(candidates);
-  const size_t got = p.SelectAbove(const_cast<float*>(x), 0, n, FromBits(bin << 15),
-                                   /*zero=*/false, cidx.data(), cval.data(), candidates);
-  (void)got;  // == candidates: the histogram counted exactly these entries
+  std::unique_ptr<uint32_t[]> cidx;
+  std::unique_ptr<float[]> cval;
+  const size_t count =
+      SelectCandidates(p, x, n, FromBits(bin << 15), above + in_bin, &cidx, &cval);
+  return TopKOfCandidates(cidx.get(), cval.get(), count, k, idx, val);
+}
 
-  // The k-th largest key inside the boundary bin, and how many of its ties to take.
-  const uint32_t bin_floor = bin << 15;
-  const uint32_t bin_ceil = bin == kInfBin ? kInfKey : ((bin + 1) << 15) - 1;
-  std::vector<uint32_t> keys;
-  keys.reserve(in_bin);
-  for (size_t j = 0; j < candidates; ++j) {
-    const uint32_t u = MagnitudeKey(cval[j]);
-    if (u >= bin_floor && u <= bin_ceil) keys.push_back(u);
-  }
-  const size_t need = k - above;  // 1 <= need <= keys.size()
-  std::nth_element(keys.begin(), keys.begin() + (need - 1), keys.end(), std::greater<uint32_t>());
-  const uint32_t kth = keys[need - 1];
-  size_t greater = 0;
-  for (uint32_t u : keys) greater += u > kth;
-  size_t ties_left = need - greater;
-
-  size_t w = 0;
-  for (size_t j = 0; j < candidates; ++j) {
-    const uint32_t u = MagnitudeKey(cval[j]);
-    if (u < kth) continue;
-    if (u == kth) {
-      if (ties_left == 0) continue;
-      --ties_left;
-    }
-    idx[w] = cidx[j];
-    val[w] = cval[j];
-    ++w;
-  }
-  return w;
+size_t FastTopK(Primitives& p, const float* x, size_t n, size_t k, uint32_t* idx, float* val) {
+  k = std::min(k, n);
+  if (k == 0) return 0;
+  if (n < kSmallTopK) return SmallTopK(x, n, k, idx, val);
+  size_t written = 0;
+  if (SampledTopK(p, x, n, k, idx, val, &written)) return written;
+  return HistogramTopK(p, x, n, k, idx, val);
 }
 
 }  // namespace spex

@@ -351,6 +351,27 @@ TEST_P(PrimitivesTest, MomentsMatchReference) {
   }
 }
 
+// log|x| entry by entry across the whole float range (subnormals, both sides of sqrt(2)
+// mantissas, FLT_MAX): 64 copies of one value so the SIMD lanes do the work.
+TEST_P(PrimitivesTest, MomentsLogIsAccurateOverTheFloatRange) {
+  std::vector<float> values = {std::numeric_limits<float>::denorm_min(), 1e-42f, 3e-39f,
+                               std::numeric_limits<float>::min(), 1.0f,
+                               std::numeric_limits<float>::max()};
+  for (int e = -149; e <= 127; e += 3) {
+    for (float m : {1.0f, 1.2f, 1.41421f, 1.41422f, 1.7f, 1.9999f}) {
+      values.push_back(std::ldexp(m, e));
+    }
+  }
+  for (float v : values) {
+    if (v == 0.0f || std::isinf(v)) continue;
+    const std::vector<float> x(64, -v);
+    const AbsMoments c = cpu_->Moments(x.data(), x.size(), -1.0f);
+    const double expected = 64.0 * std::log(static_cast<double>(v));
+    EXPECT_NEAR(c.sum_log, expected, 2e-7 * std::fabs(expected) + 1e-5) << "v=" << v;
+    EXPECT_EQ(c.log_count, 64u);
+  }
+}
+
 TEST_P(PrimitivesTest, MomentsWithInfinity) {
   std::vector<float> x = Gradient(1000, 18);
   x[500] = -kInf;
