@@ -57,8 +57,7 @@ double Median(std::vector<double> v) {
 struct Timing {
   double ms, baseline_ms;
 };
-Timing TimePaired(int reps, const std::function<void()>& fn,
-                  const std::function<void()>& baseline,
+Timing TimePaired(int reps, const std::function<void()>& fn, const std::function<void()>& baseline,
                   const std::function<void()>& prepare = nullptr) {
   std::vector<double> a, b;
   for (int r = -1; r < reps; ++r) {
@@ -119,18 +118,19 @@ void TimePrimitives(Primitives& p, int threads, int reps, Buffers& b, float t01,
   add("Accumulate y+=x", 3 * fb, [&] { p.Accumulate(b.y.data(), b.x.data(), n); });
   add("Scale", 2 * fb, [&] { p.Scale(b.y.data(), 1.0f, n); });
   add("CountAbove 1%", fb, [&] { p.CountAbove(b.x.data(), n, t1); });
-  add("SelectAbove 0.1%", fb, [&] {
-    p.SelectAbove(b.x.data(), 0, n, t01, false, b.idx.data(), b.val.data(), n);
-  });
-  add("SelectAbove 1%", fb, [&] {
-    p.SelectAbove(b.x.data(), 0, n, t1, false, b.idx.data(), b.val.data(), n);
-  });
-  add("SelectAbove 1% +zero", fb, [&] {
-    p.SelectAbove(b.x.data(), 0, n, t1, true, b.idx.data(), b.val.data(), n);
-  }, restore_x);
-  add("AddSelectAbove 1% +zero", 3 * fb, [&] {
-    p.AddSelectAbove(b.x.data(), b.add.data(), 0, n, t1, true, b.idx.data(), b.val.data(), n);
-  }, restore_x);
+  add("SelectAbove 0.1%", fb,
+      [&] { p.SelectAbove(b.x.data(), 0, n, t01, false, b.idx.data(), b.val.data(), n); });
+  add("SelectAbove 1%", fb,
+      [&] { p.SelectAbove(b.x.data(), 0, n, t1, false, b.idx.data(), b.val.data(), n); });
+  add(
+      "SelectAbove 1% +zero", fb,
+      [&] { p.SelectAbove(b.x.data(), 0, n, t1, true, b.idx.data(), b.val.data(), n); }, restore_x);
+  add(
+      "AddSelectAbove 1% +zero", 3 * fb,
+      [&] {
+        p.AddSelectAbove(b.x.data(), b.add.data(), 0, n, t1, true, b.idx.data(), b.val.data(), n);
+      },
+      restore_x);
   add("TopK 0.1%", fb, [&] { p.TopK(b.x.data(), n, n / 1000, b.idx.data(), b.val.data()); });
   add("TopK 1%", fb, [&] { p.TopK(b.x.data(), n, n / 100, b.idx.data(), b.val.data()); });
   add("Moments all", fb, [&] { p.Moments(b.x.data(), n, -1.0f); });
@@ -138,9 +138,8 @@ void TimePrimitives(Primitives& p, int threads, int reps, Buffers& b, float t01,
   add("AbsHistogram16", fb, [&] { p.AbsHistogram16(b.x.data(), 0, n, b.bins.data()); });
   add("Sample 1%", 4.0 * m, [&] { p.Sample(b.x.data(), n, m, 7, b.val.data()); });
   add("Gather 1%", 8.0 * m, [&] { (void)p.Gather(b.x.data(), n, b.sel.data(), m, b.val.data()); });
-  add("ScatterAdd 1%", 8.0 * m, [&] {
-    (void)p.ScatterAdd(b.y.data(), n, b.sel.data(), b.val.data(), m);
-  });
+  add("ScatterAdd 1%", 8.0 * m,
+      [&] { (void)p.ScatterAdd(b.y.data(), n, b.sel.data(), b.val.data(), m); });
   add("ZeroAt 1%", 4.0 * m, [&] { (void)p.ZeroAt(b.y.data(), n, b.sel.data(), m); });
 }
 
@@ -216,7 +215,8 @@ int Main() {
   if (absl::GetFlag(FLAGS_reference)) {
     std::vector<Row> ref_rows;
     auto ref = MakeReferencePrimitives();
-    TimePrimitives(*ref, 1, 1, b, t01, t1, [] {}, &ref_rows);
+    TimePrimitives(
+        *ref, 1, 1, b, t01, t1, [] {}, &ref_rows);
     for (Row& r : rows) {
       for (const Row& q : ref_rows) {
         if (q.name == r.name) r.reference_ms = q.ms;
@@ -230,8 +230,8 @@ int Main() {
   std::printf("%-26s %7s %9s %10s %10s %9s %11s\n", "primitive", "threads", "ms", "memcpy ms",
               "x memcpy", "GB/s", "vs scalar");
   for (const Row& r : rows) {
-    std::printf("%-26s %7d %9.2f %10.2f %10.2f %9.1f", r.name.c_str(), r.threads, r.ms,
-                r.memcpy_ms, r.ms / r.memcpy_ms, r.bytes / r.ms / 1e6);
+    std::printf("%-26s %7d %9.2f %10.2f %10.2f %9.1f", r.name.c_str(), r.threads, r.ms, r.memcpy_ms,
+                r.ms / r.memcpy_ms, r.bytes / r.ms / 1e6);
     if (r.reference_ms > 0) {
       std::printf(" %10.1fx\n", r.reference_ms / r.ms);
     } else {
@@ -256,16 +256,17 @@ int Main() {
   for (size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];
     absl::StrAppend(
-        &json,
-        absl::StrFormat("    {\"name\": \"%s\", \"threads\": %d, \"ms\": %.4f, \"memcpy_ms\": "
-                        "%.4f, \"vs_memcpy\": %.4f, \"gb_per_s\": %.3f, \"reference_ms\": %.4f}%s\n",
-                        r.name, r.threads, r.ms, r.memcpy_ms, r.ms / r.memcpy_ms,
-                        r.bytes / r.ms / 1e6, r.reference_ms, i + 1 < rows.size() ? "," : ""));
+        &json, absl::StrFormat(
+                   "    {\"name\": \"%s\", \"threads\": %d, \"ms\": %.4f, \"memcpy_ms\": "
+                   "%.4f, \"vs_memcpy\": %.4f, \"gb_per_s\": %.3f, \"reference_ms\": %.4f}%s\n",
+                   r.name, r.threads, r.ms, r.memcpy_ms, r.ms / r.memcpy_ms, r.bytes / r.ms / 1e6,
+                   r.reference_ms, i + 1 < rows.size() ? "," : ""));
   }
   absl::StrAppend(&json, "  ],\n  \"topk_vs_nth_element\": [\n    ", topk_json, "\n  ]\n}\n");
 
   std::string path = absl::GetFlag(FLAGS_json_out);
-  if (const char* ws = std::getenv("BUILD_WORKSPACE_DIRECTORY"); ws && !path.empty() && path[0] != '/') {
+  if (const char* ws = std::getenv("BUILD_WORKSPACE_DIRECTORY");
+      ws && !path.empty() && path[0] != '/') {
     path = absl::StrCat(ws, "/", path);
   }
   std::ofstream out(path);

@@ -14,8 +14,8 @@
 namespace spex {
 namespace {
 
-constexpr size_t kMinChunk = 64 * 1024;     // elements per parallel task, at least
-constexpr size_t kChunkAlign = 64;          // task boundaries, in elements from `begin`
+constexpr size_t kMinChunk = 64 * 1024;         // elements per parallel task, at least
+constexpr size_t kChunkAlign = 64;              // task boundaries, in elements from `begin`
 constexpr size_t kParallelIndexed = 64 * 1024;  // Gather/Sample outputs worth splitting
 constexpr size_t kPrefetchAhead = 32;           // indexed loops touch x[idx[j + this]] early
 
@@ -50,7 +50,8 @@ class CpuPrimitives final : public Primitives {
   Device device() const override { return Device::kCpu; }
 
   void Accumulate(float* y, const float* x, size_t n) override {
-    ForChunks(Cut(0, n), [&](size_t, size_t b, size_t e, int) { simd::Accumulate(y + b, x + b, e - b); });
+    ForChunks(Cut(0, n),
+              [&](size_t, size_t b, size_t e, int) { simd::Accumulate(y + b, x + b, e - b); });
   }
 
   void Scale(float* x, float a, size_t n) override {

@@ -4,7 +4,8 @@
 //
 // Numerics: Moments sums in double lanes (|x|, x^2 exact per entry) but takes log in float, so
 // sum_log carries about 2e-7 relative error per entry. Everything else is bit-identical to the
-// reference (Accumulate, Scale, selects, TopK, histogram, Sample, scatter/gather).
+// reference (Accumulate, Scale, selects, TopK, histogram, Sample, scatter/gather). Moments adds
+// per-task partial sums in task order: reproducible for a given thread count.
 // Memory: a parallel select allocates a private buffer per task, up to ~1/32 of its range.
 #pragma once
 

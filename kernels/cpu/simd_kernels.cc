@@ -27,7 +27,8 @@ void AccumulateImpl(float* y, const float* x, size_t n) {
     hn::StoreU(a, d, y + i);
     hn::StoreU(b, d, y + i + N);
   }
-  for (; i + N <= n; i += N) hn::StoreU(hn::Add(hn::LoadU(d, y + i), hn::LoadU(d, x + i)), d, y + i);
+  for (; i + N <= n; i += N)
+    hn::StoreU(hn::Add(hn::LoadU(d, y + i), hn::LoadU(d, x + i)), d, y + i);
   for (; i < n; ++i) y[i] += x[i];
 }
 
@@ -116,8 +117,8 @@ size_t SelectLoop(float* x, const float* add, size_t begin, size_t end, float t,
   return total;
 }
 
-size_t SelectImpl(float* x, size_t begin, size_t end, float t, bool zero, uint32_t* idx,
-                  float* val, size_t cap) {
+size_t SelectImpl(float* x, size_t begin, size_t end, float t, bool zero, uint32_t* idx, float* val,
+                  size_t cap) {
   return SelectLoop<false>(x, nullptr, begin, end, t, zero, idx, val, cap);
 }
 

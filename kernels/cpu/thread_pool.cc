@@ -46,7 +46,9 @@ void ThreadPool::Drain(int worker) {
 void ThreadPool::WorkerLoop(int worker) {
   uint64_t seen = 0;
   while (true) {
-    auto ready = [&] { return stop_.load() || generation_.load(std::memory_order_acquire) != seen; };
+    auto ready = [&] {
+      return stop_.load() || generation_.load(std::memory_order_acquire) != seen;
+    };
     if (!SpinUntil(ready)) {
       std::unique_lock<std::mutex> lock(mu_);
       ++sleepers_;
@@ -56,7 +58,8 @@ void ThreadPool::WorkerLoop(int worker) {
     if (stop_.load()) return;
     seen = generation_.load(std::memory_order_acquire);
     Drain(worker);
-    if (finished_.fetch_add(1, std::memory_order_acq_rel) + 1 == static_cast<int>(workers_.size())) {
+    if (finished_.fetch_add(1, std::memory_order_acq_rel) + 1 ==
+        static_cast<int>(workers_.size())) {
       std::lock_guard<std::mutex> lock(mu_);
       if (caller_waiting_) cv_.notify_all();
     }

@@ -44,7 +44,7 @@ class ThreadPool {
   std::atomic<bool> stop_{false};
   std::mutex mu_;
   std::condition_variable cv_;
-  int sleepers_ = 0;          // guarded by mu_
+  int sleepers_ = 0;             // guarded by mu_
   bool caller_waiting_ = false;  // guarded by mu_
 
   const std::function<void(size_t, int)>* fn_ = nullptr;

@@ -184,8 +184,7 @@ size_t HistogramTopK(Primitives& p, const float* x, size_t n, size_t k, uint32_t
   // Everything with |x| >= the bin's lowest magnitude: exactly above + in_bin numbers.
   std::unique_ptr<uint32_t[]> cidx;
   std::unique_ptr<float[]> cval;
-  const size_t count =
-      SelectCandidates(p, x, n, FromBits(bin << 15), above + in_bin, &cidx, &cval);
+  const size_t count = SelectCandidates(p, x, n, FromBits(bin << 15), above + in_bin, &cidx, &cval);
   return TopKOfCandidates(cidx.get(), cval.get(), count, k, idx, val);
 }
 

@@ -43,8 +43,8 @@ class ReferencePrimitives final : public Primitives {
     for (size_t i = 0; i < n; ++i) c += std::fabs(x[i]) >= t;
     return c;
   }
-  size_t SelectAbove(float* x, size_t begin, size_t end, float t, bool zero, uint32_t* idx, float* val,
-                     size_t capacity) override {
+  size_t SelectAbove(float* x, size_t begin, size_t end, float t, bool zero, uint32_t* idx,
+                     float* val, size_t capacity) override {
     size_t c = 0;
     for (size_t i = begin; i < end; ++i) {
       if (std::fabs(x[i]) >= t) {
@@ -58,8 +58,8 @@ class ReferencePrimitives final : public Primitives {
     }
     return c;
   }
-  size_t AddSelectAbove(float* acc, const float* add, size_t begin, size_t end, float t, bool zero, uint32_t* idx,
-                        float* val, size_t capacity) override {
+  size_t AddSelectAbove(float* acc, const float* add, size_t begin, size_t end, float t, bool zero,
+                        uint32_t* idx, float* val, size_t capacity) override {
     for (size_t i = begin; i < end; ++i) acc[i] += add[i];
     return SelectAbove(acc, begin, end, t, zero, idx, val, capacity);
   }
@@ -69,7 +69,8 @@ class ReferencePrimitives final : public Primitives {
     std::iota(order.begin(), order.end(), 0u);
     // NaN never wins: treat it as smaller than every number.
     auto mag = [&](uint32_t i) { return std::isnan(x[i]) ? -1.0f : std::fabs(x[i]); };
-    std::stable_sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) { return mag(a) > mag(b); });
+    std::stable_sort(order.begin(), order.end(),
+                     [&](uint32_t a, uint32_t b) { return mag(a) > mag(b); });
     order.resize(k);
     std::sort(order.begin(), order.end());
     for (size_t j = 0; j < k; ++j) {
@@ -102,12 +103,14 @@ class ReferencePrimitives final : public Primitives {
       out[j] = n ? x[static_cast<size_t>((r * n) >> 64)] : 0.0f;
     }
   }
-  absl::Status ScatterAdd(float* y, size_t n, const uint32_t* idx, const float* val, size_t m) override {
+  absl::Status ScatterAdd(float* y, size_t n, const uint32_t* idx, const float* val,
+                          size_t m) override {
     if (absl::Status s = CheckIndices(idx, m, n, "ScatterAdd"); !s.ok()) return s;
     for (size_t j = 0; j < m; ++j) y[idx[j]] += val[j];
     return absl::OkStatus();
   }
-  absl::Status Gather(const float* x, size_t n, const uint32_t* idx, size_t m, float* out) override {
+  absl::Status Gather(const float* x, size_t n, const uint32_t* idx, size_t m,
+                      float* out) override {
     if (absl::Status s = CheckIndices(idx, m, n, "Gather"); !s.ok()) return s;
     for (size_t j = 0; j < m; ++j) out[j] = x[idx[j]];
     return absl::OkStatus();
@@ -128,6 +131,8 @@ class ReferencePrimitives final : public Primitives {
 
 }  // namespace
 
-std::unique_ptr<Primitives> MakeReferencePrimitives() { return std::make_unique<ReferencePrimitives>(); }
+std::unique_ptr<Primitives> MakeReferencePrimitives() {
+  return std::make_unique<ReferencePrimitives>();
+}
 
 }  // namespace spex

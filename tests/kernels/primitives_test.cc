@@ -1,6 +1,8 @@
 // Every primitive of the CPU implementation against the scalar reference, on awkward sizes,
 // with 1 and 2 threads, on every SIMD target this CPU supports, including NaN/Inf inputs,
 // index validation errors, top-k ties and Sample's determinism.
+#include "kernels/primitives.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -15,7 +17,6 @@
 #include "hwy/targets.h"
 #include "kernels/cpu/cpu_primitives.h"
 #include "kernels/cpu/top_k.h"
-#include "kernels/primitives.h"
 #include "kernels/reference/reference_primitives.h"
 
 namespace spex {
@@ -47,8 +48,8 @@ void AddSpecials(std::vector<float>* x, uint32_t seed) {
   float nan2, nan3;
   std::memcpy(&nan2, &big_payload_nan_bits, 4);
   std::memcpy(&nan3, &small_payload_nan_bits, 4);
-  const float specials[] = {kNaN, -kNaN, nan2, nan3, kInf, -kInf, -0.0f, 1e-42f, -3e-39f,
-                            std::numeric_limits<float>::max()};
+  const float specials[] = {kNaN,  -kNaN, nan2,   nan3,    kInf,
+                            -kInf, -0.0f, 1e-42f, -3e-39f, std::numeric_limits<float>::max()};
   std::mt19937 gen(seed);
   std::uniform_int_distribution<size_t> at(0, x->size() - 1);
   const size_t count = std::max<size_t>(10, x->size() / 1000);
@@ -60,8 +61,8 @@ void AddSpecials(std::vector<float>* x, uint32_t seed) {
   if (a.size() != b.size()) return ::testing::AssertionFailure() << "sizes differ";
   for (size_t i = 0; i < a.size(); ++i) {
     if (std::memcmp(&a[i], &b[i], 4) != 0) {
-      return ::testing::AssertionFailure() << "first difference at " << i << ": " << a[i]
-                                           << " vs " << b[i];
+      return ::testing::AssertionFailure()
+             << "first difference at " << i << ": " << a[i] << " vs " << b[i];
     }
   }
   return ::testing::AssertionSuccess();
@@ -105,9 +106,9 @@ class PrimitivesTest : public ::testing::TestWithParam<int> {
   // count, the written entries and the buffer afterwards.
   void CheckSelect(const std::vector<float>& x0, const std::vector<float>* add, size_t begin,
                    size_t end, float t, bool zero, size_t capacity) {
-    SCOPED_TRACE(::testing::Message() << "n=" << x0.size() << " [" << begin << "," << end
-                                      << ") t=" << t << " zero=" << zero << " cap=" << capacity
-                                      << " add=" << (add != nullptr));
+    SCOPED_TRACE(::testing::Message()
+                 << "n=" << x0.size() << " [" << begin << "," << end << ") t=" << t
+                 << " zero=" << zero << " cap=" << capacity << " add=" << (add != nullptr));
     std::vector<float> xc = x0, xr = x0;
     std::vector<uint32_t> ic(capacity + 1, 7), ir(capacity + 1, 7);
     std::vector<float> vc(capacity + 1, 7.0f), vr(capacity + 1, 7.0f);
@@ -354,9 +355,9 @@ TEST_P(PrimitivesTest, MomentsMatchReference) {
 // log|x| entry by entry across the whole float range (subnormals, both sides of sqrt(2)
 // mantissas, FLT_MAX): 64 copies of one value so the SIMD lanes do the work.
 TEST_P(PrimitivesTest, MomentsLogIsAccurateOverTheFloatRange) {
-  std::vector<float> values = {std::numeric_limits<float>::denorm_min(), 1e-42f, 3e-39f,
-                               std::numeric_limits<float>::min(), 1.0f,
-                               std::numeric_limits<float>::max()};
+  std::vector<float> values = {
+      std::numeric_limits<float>::denorm_min(), 1e-42f, 3e-39f,
+      std::numeric_limits<float>::min(),        1.0f,   std::numeric_limits<float>::max()};
   for (int e = -149; e <= 127; e += 3) {
     for (float m : {1.0f, 1.2f, 1.41421f, 1.41422f, 1.7f, 1.9999f}) {
       values.push_back(std::ldexp(m, e));
@@ -488,7 +489,8 @@ TEST_P(PrimitivesTest, ConcurrentCallsOnDisjointData) {
   std::vector<uint32_t> ir(2 * n);
   std::vector<float> vr(2 * n);
   const size_t ra = ref_->SelectAbove(xr.data(), 0, n, t, true, ir.data(), vr.data(), n);
-  const size_t rb = ref_->SelectAbove(xr.data(), n, 2 * n, t, true, ir.data() + n, vr.data() + n, n);
+  const size_t rb =
+      ref_->SelectAbove(xr.data(), n, 2 * n, t, true, ir.data() + n, vr.data() + n, n);
   for (int round = 0; round < 5; ++round) {
     std::vector<float> x = x0;
     std::vector<uint32_t> idx(2 * n);
@@ -534,8 +536,10 @@ TEST(PrimitivesTargetsTest, EveryTargetMatchesReference) {
           std::vector<float> vc(cap + 1), vr(cap + 1);
           size_t nc, nr;
           if (fused) {
-            nc = cpu->AddSelectAbove(xc.data(), add.data(), 0, n, t, true, ic.data(), vc.data(), cap);
-            nr = ref->AddSelectAbove(xr.data(), add.data(), 0, n, t, true, ir.data(), vr.data(), cap);
+            nc = cpu->AddSelectAbove(xc.data(), add.data(), 0, n, t, true, ic.data(), vc.data(),
+                                     cap);
+            nr = ref->AddSelectAbove(xr.data(), add.data(), 0, n, t, true, ir.data(), vr.data(),
+                                     cap);
           } else {
             nc = cpu->SelectAbove(xc.data(), 0, n, t, true, ic.data(), vc.data(), cap);
             nr = ref->SelectAbove(xr.data(), 0, n, t, true, ir.data(), vr.data(), cap);
