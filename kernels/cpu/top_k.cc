@@ -147,7 +147,8 @@ bool SampledTopK(Primitives& p, const float* x, size_t n, size_t k, uint32_t* id
   const size_t r = static_cast<size_t>(mu + 4.0 * std::sqrt(mu) + 16.0);
   if (r >= keys.size()) return false;
   std::nth_element(keys.begin(), keys.begin() + (r - 1), keys.end(), std::greater<uint32_t>());
-  const float threshold = FromBits(keys[r - 1]);
+  // (Mostly-zero inputs: threshold at the smallest nonzero magnitude rather than at 0.)
+  const float threshold = FromBits(std::max<uint32_t>(keys[r - 1], 1));
   const size_t expected = static_cast<size_t>(static_cast<double>(n) * r / keys.size());
 
   std::unique_ptr<uint32_t[]> cidx;
