@@ -15,7 +15,7 @@ PKGS=(
   # tests and benchmarks
   libgtest-dev libgmock-dev libbenchmark-dev
   # python client, torch hook, the main job
-  python3-venv python3-pip python3-numpy python3-grpcio python3-protobuf python3-torch
+  python3-venv python3-pip python3-dev python3-numpy python3-grpcio python3-protobuf python3-torch
   python3-sklearn python3-matplotlib
 )
 

@@ -43,6 +43,7 @@ from .proto import spex_pb2_grpc as pb_grpc
 
 PROTOCOL_VERSION = 1
 MODES = ("doorbell", "rpc")
+RECONNECT_WAIT_S = 3.0  # how long a liveness probe waits for the daemon to answer again
 
 
 def _env_int(name: str) -> Optional[int]:
@@ -307,7 +308,21 @@ class Client:
         try:
             return getattr(self._stub, name)(request, timeout=timeout)
         except grpc.RpcError as e:
-            raise from_rpc_error(e, name, self.socket, self.session_id) from None
+            err = from_rpc_error(e, name, self.socket, self.session_id)
+        if isinstance(err, DaemonUnavailableError) and name != "Goodbye":
+            err = self._refine_unavailable(err, name)
+        raise err
+
+    def _refine_unavailable(self, err: SpexError, doing: str) -> SpexError:
+        """After a failed call: a daemon that answers again but no longer knows this session was
+        restarted (SessionLostError); otherwise the original error stands."""
+        try:
+            known = self._session_known(wait=RECONNECT_WAIT_S)
+        except DaemonUnavailableError:
+            return err
+        if not known:
+            return self._session_lost(doing)
+        return err
 
     # -- buckets ------------------------------------------------------------------------------
 
@@ -446,31 +461,46 @@ class Client:
         if self._buckets.get(bucket.id) is not bucket:
             raise SpexValueError(f"bucket {bucket.id} is not registered by this client (unregistered?)")
 
-    def _session_known(self) -> bool:
-        """True when the daemon answers and knows this session; raises DaemonUnavailableError
-        when it does not answer."""
-        try:
-            resp = self._stub.ListSessions(pb.ListSessionsRequest(), timeout=max(2.0, self.probe_interval))
-        except grpc.RpcError as e:
-            raise from_rpc_error(e, "ListSessions", self.socket, self.session_id) from None
-        return any(s.session_id == self.session_id for s in resp.sessions)
+    def _session_known(self, wait: float) -> bool:
+        """True when the daemon answers within `wait` seconds (reconnecting if the channel
+        dropped) and knows this session; raises DaemonUnavailableError when it does not answer."""
+        deadline = time.monotonic() + wait
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                resp = self._stub.ListSessions(pb.ListSessionsRequest(), timeout=max(0.05, left),
+                                               wait_for_ready=True)
+                return any(s.session_id == self.session_id for s in resp.sessions)
+            except grpc.RpcError as e:
+                code = e.code() if hasattr(e, "code") else None
+                transient = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED)
+                if code not in transient:
+                    raise from_rpc_error(e, "ListSessions", self.socket, self.session_id) from None
+                if time.monotonic() + 0.1 >= deadline:
+                    raise DaemonUnavailableError(
+                        f"spexd at {self.socket} does not answer ({code.name}); was the daemon stopped? Start it "
+                        f"(mpirun ... spexd --socket={self.socket}) and restart the training job",
+                        code.name) from None
+                time.sleep(0.1)  # a broken connection fails at once; the channel reconnects
+
+    def _session_lost(self, doing: str) -> SessionLostError:
+        return SessionLostError(
+            f"{doing}: spexd at {self.socket} no longer knows this trainer's session {self.session_id}: the "
+            f"daemon was restarted under a running trainer. A running job cannot rejoin a new daemon: restart "
+            f"every trainer of the job")
 
     def _probe(self, doing: str) -> None:
-        if not self._session_known():
-            raise SessionLostError(
-                f"{doing}: spexd at {self.socket} no longer knows this trainer's session {self.session_id}: the "
-                f"daemon was restarted under a running trainer. Restart every trainer of the job")
+        if not self._session_known(wait=max(RECONNECT_WAIT_S, self.probe_interval)):
+            raise self._session_lost(doing)
 
     def _shutdown_error(self, bucket: Bucket, step: int) -> SpexError:
         doing = f"bucket {bucket.id} step {step}"
         try:
-            known = self._session_known()
+            known = self._session_known(wait=RECONNECT_WAIT_S)
         except DaemonUnavailableError:
             known = True  # nobody answers: the daemon is gone, not restarted
         if not known:
-            return SessionLostError(
-                f"{doing}: the spexd this trainer attached to shut down and a new one serves {self.socket}: the "
-                f"daemon was restarted under a running trainer. Restart every trainer of the job")
+            return self._session_lost(doing)
         return DaemonUnavailableError(
             f"spexd at {self.socket} shut down during the exchange of {doing} (doorbell shutdown flag); restart "
             f"the daemons, then the training job")

@@ -53,7 +53,7 @@ def from_rpc_error(err: grpc.RpcError, what: str, socket: str, session_id: int =
     details = err.details() if hasattr(err, "details") else str(err)
     name = code.name if code is not None else None
     msg = f"{what}: {details}"
-    if code == grpc.StatusCode.UNAVAILABLE:
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
         return DaemonUnavailableError(
             f"{what}: spexd at {socket} is not reachable ({details}); was the daemon stopped? "
             f"Start it (mpirun ... spexd --socket={socket}) and restart the training job",

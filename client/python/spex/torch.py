@@ -1,0 +1,250 @@
+"""PyTorch DistributedDataParallel communication hook that exchanges gradients through spexd.
+
+    ddp = DDP(model, process_group=gloo_group)
+    state = spex.torch.register(ddp, compressor="micro", density=0.01)   # or, the plain form:
+    state = spex.torch.SpexHookState(ddp, compressor="micro", density=0.01)
+    ddp.register_comm_hook(state, spex.torch.hook)
+
+Every DDP process is one trainer of its node's daemon (local_rank/local_size from the
+arguments or $LOCAL_RANK/$LOCAL_WORLD_SIZE, as torchrun sets them); the daemon averages over
+all trainers of all nodes, so the DDP world must be nodes x local trainers.
+
+Per bucket, the hook copies DDP's flat gradient buffer into the bucket's shared input slot and
+rings the doorbell at once (on the autograd thread), so the daemon starts while backward goes
+on; one worker thread per process waits for the results in FIFO order and completes the
+returned futures with the output slot (a tensor over shared memory, no copy; DDP copies it into
+the gradients before the next step). Bucket ids are id_base + generation * 2**20 + DDP's bucket
+index: DDP rebuilds its buckets after the first iteration (the same layout on every rank, synced
+from rank 0), and each layout generation gets fresh ids, the previous generation being
+unregistered first, so ids agree across nodes and the daemon's canonical order (ascending
+(step, id)) matches the order DDP hands buckets over.
+"""
+
+import queue
+import threading
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+
+from .client import MODES, Bucket, Client
+from .errors import SpexError, SpexTypeError, SpexValueError
+
+GENERATION_STRIDE = 1 << 20
+
+
+class SpexHookState:
+    """State of the spex DDP communication hook (pass it with `hook` to register_comm_hook).
+
+    Args:
+        ddp: the DistributedDataParallel model (lets the hook see DDP's bucket rebuild and
+            check the world size); may be None with the plain form, then a rebuild is detected
+            from bucket 0's layout.
+        client: an existing spex.Client; by default one is opened with socket/job/local_rank/
+            local_size and closed by close().
+        compressor, density, params: what the daemon runs for these buckets (None: the
+            daemon's defaults), e.g. "dense", "micro", "topk", density in (0, 1].
+        mode: "doorbell" (shared-memory hot path) or "rpc" (the Exchange RPC).
+        id_base: added to every bucket id (give two DDP models sharing a daemon different bases,
+            multiples of 2**32).
+        exchange_timeout: seconds one exchange may take before it fails.
+    """
+
+    def __init__(self, ddp: Optional[torch.nn.parallel.DistributedDataParallel] = None, *,
+                 client: Optional[Client] = None, socket: Optional[str] = None, job: Optional[str] = None,
+                 local_rank: Optional[int] = None, local_size: Optional[int] = None,
+                 compressor: Optional[str] = None, density: Optional[float] = None,
+                 params: Optional[Dict[str, str]] = None, mode: str = "doorbell", id_base: int = 0,
+                 exchange_timeout: float = 300.0):
+        if mode not in MODES:
+            raise SpexValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if density is not None and not 0 < density <= 1:
+            raise SpexValueError(f"density must be in (0, 1], got {density}")
+        if id_base < 0 or id_base % GENERATION_STRIDE:
+            raise SpexValueError(f"id_base must be a non-negative multiple of {GENERATION_STRIDE}, got {id_base}")
+        self.ddp = ddp
+        self.compressor = compressor
+        self.density = density
+        self.params = dict(params or {})
+        self.mode = mode
+        self.id_base = id_base
+        self._own_client = client is None
+        self.client = client or Client(socket, job=job, local_rank=local_rank, local_size=local_size,
+                                       client_name="torch-hook", exchange_timeout=exchange_timeout)
+        try:
+            self._check_world_size()
+        except Exception:
+            self.close()
+            raise
+        self.generation = -1
+        self._buckets: Dict[int, Bucket] = {}
+        self._sigs: Dict[int, Tuple[int, Tuple[int, ...]]] = {}
+        self._rebuilt = bool(getattr(ddp, "_has_rebuilt_buckets", False))
+        self._error: Optional[BaseException] = None
+        self._timings: List[Tuple[int, int, int, float]] = []
+        self._timings_lock = threading.Lock()
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._closed = False
+        self._worker = threading.Thread(target=self._run, name="spex-hook-worker", daemon=True)
+        self._worker.start()
+
+    def _check_world_size(self) -> None:
+        group = getattr(self.ddp, "process_group", None)
+        if group is not None:
+            world = group.size()
+        elif dist.is_available() and dist.is_initialized():
+            world = dist.get_world_size()
+        else:
+            return
+        if world != self.client.world_size:
+            raise SpexValueError(
+                f"the DDP process group has {world} ranks but spexd at {self.client.socket} averages over "
+                f"{self.client.node_count} nodes x {self.client.hello.local_trainers} local trainers = "
+                f"{self.client.world_size}: start one DDP process per trainer slot (--local_trainers) of every "
+                f"node's daemon")
+
+    # -- the hook -----------------------------------------------------------------------------
+
+    def _signature(self, grad_bucket: Any) -> Tuple[int, Tuple[int, ...]]:
+        return grad_bucket.buffer().numel(), tuple(id(p) for p in grad_bucket.parameters())
+
+    def _new_generation(self) -> None:
+        for b in list(self._buckets.values()):
+            self.client.unregister_bucket(b)
+        self._buckets.clear()
+        self._sigs.clear()
+        self.generation += 1
+
+    def _begin_iteration(self, grad_bucket: Any) -> None:
+        rebuilt = bool(getattr(self.ddp, "_has_rebuilt_buckets", False))
+        if self.generation < 0:
+            self._new_generation()
+        elif rebuilt != self._rebuilt or self._sigs.get(0) != self._signature(grad_bucket):
+            self._new_generation()
+        self._rebuilt = rebuilt
+
+    def _bucket_for(self, grad_bucket: Any) -> Bucket:
+        index = grad_bucket.index()
+        if index >= GENERATION_STRIDE:
+            raise SpexValueError(f"DDP bucket index {index} exceeds {GENERATION_STRIDE - 1}")
+        sig = self._signature(grad_bucket)
+        b = self._buckets.get(index)
+        if b is None:
+            bucket_id = self.id_base + self.generation * GENERATION_STRIDE + index
+            b = self.client.register_bucket(bucket_id, sig[0], self.compressor, self.density, self.params)
+            self._buckets[index] = b
+            self._sigs[index] = sig
+        elif self._sigs[index] != sig:
+            raise SpexError(
+                f"DDP bucket {index} changed ({self._sigs[index][0]} -> {sig[0]} elements or other parameters) "
+                f"while bucket 0 did not: spex cannot tell that DDP rebuilt its buckets. Pass the DDP model to "
+                f"SpexHookState(ddp=...) (spex.torch.register does)")
+        return b
+
+    def __call__(self, grad_bucket: Any) -> "torch.futures.Future[torch.Tensor]":
+        """Hands one DDP bucket to the daemon; returns a future holding the averaged bucket."""
+        if self._closed:
+            raise SpexError("the spex hook state is closed")
+        if self._error is not None:
+            raise SpexError(f"the spex hook stopped after an earlier error: {self._error}") from self._error
+        buf = grad_bucket.buffer()
+        if buf.dtype != torch.float32:
+            raise SpexTypeError(f"spex exchanges float32 gradients; DDP bucket {grad_bucket.index()} holds "
+                                f"{buf.dtype}: train a float32 model (model.float())")
+        if buf.device.type != "cpu":
+            raise SpexTypeError(f"DDP bucket {grad_bucket.index()} is on {buf.device}; this spexd serves CPU "
+                                f"buffers only")
+        if grad_bucket.index() == 0:
+            self._begin_iteration(grad_bucket)
+        elif self.generation < 0:
+            raise SpexError(f"DDP handed over bucket {grad_bucket.index()} before bucket 0")
+        b = self._bucket_for(grad_bucket)
+        b.input_tensor.copy_(buf.reshape(-1))
+        t0 = time.perf_counter()
+        step = self.client.submit(b) if self.mode == "doorbell" else b.next_step
+        fut: torch.futures.Future = torch.futures.Future()
+        self._queue.put((b, step, fut, t0))
+        return fut
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            b, step, fut, t0 = item
+            if self._error is not None:
+                fut.set_exception(SpexError(f"the spex hook stopped after an earlier error: {self._error}"))
+                continue
+            try:
+                if self.mode == "doorbell":
+                    self.client.wait(b, step)
+                else:
+                    self.client.exchange_rpc(b, step)
+                    b.next_step = step + 1
+                dt = time.perf_counter() - t0
+                with self._timings_lock:
+                    self._timings.append((b.id, b.elements, step, dt))
+                fut.set_result(b.output_tensor)
+            except BaseException as e:  # noqa: BLE001 - every failure goes to DDP through the future
+                self._error = e
+                fut.set_exception(e)
+
+    # -- observability and shutdown -------------------------------------------------------------
+
+    def pop_timings(self) -> List[Tuple[int, int, int, float]]:
+        """(bucket id, elements, step, seconds from submit to result) of every exchange since
+        the last call."""
+        with self._timings_lock:
+            out, self._timings = self._timings, []
+        return out
+
+    @property
+    def buckets(self) -> List[Bucket]:
+        """The current generation's buckets, in DDP's bucket order."""
+        return [self._buckets[i] for i in sorted(self._buckets)]
+
+    def stats(self) -> Any:
+        """The daemon's GetStats response."""
+        return self.client.stats()
+
+    def achieved_density(self) -> Optional[float]:
+        """Element-weighted achieved density of the last exchange of this state's current
+        buckets, from GetStats (None before the first exchange)."""
+        ids = {b.id for b in self._buckets.values()}
+        num = den = 0.0
+        for s in self.client.stats().buckets:
+            if s.bucket_id in ids and s.exchanges:
+                num += s.last.achieved_density * s.elements
+                den += s.elements
+        return num / den if den else None
+
+    def close(self) -> None:
+        """Stops the worker thread and closes the client if this state opened it."""
+        if getattr(self, "_closed", True):
+            if self._own_client and hasattr(self, "client"):
+                self.client.close()
+            return
+        self._closed = True
+        self._queue.put(None)
+        self._worker.join(timeout=10)
+        if self._own_client:
+            self.client.close()
+
+
+def hook(state: SpexHookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """The DDP communication hook: `ddp.register_comm_hook(state, spex.torch.hook)`. (DDP checks
+    this signature: the parameter must be named `bucket`, annotated as dist.GradBucket.)"""
+    return state(bucket)
+
+
+def register(ddp: torch.nn.parallel.DistributedDataParallel, *, compressor: Optional[str] = None,
+             density: Optional[float] = None, socket: Optional[str] = None, **kwargs: Any) -> SpexHookState:
+    """Registers the spex hook on `ddp` and returns its state (call state.close() at the end).
+    Other keyword arguments go to SpexHookState (local_rank, local_size, job, mode, params, ...)."""
+    state = SpexHookState(ddp, compressor=compressor, density=density, socket=socket, **kwargs)
+    ddp.register_comm_hook(state, hook)
+    return state
+
+
+__all__ = ["SpexHookState", "hook", "register", "GENERATION_STRIDE"]

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The main job: real training through spex. Builds spexd, installs the spex Python package
+# (client/python) into .venv (Debian's Python, system site packages), then runs
+# deploy/train_digits.py: a local cluster of 2 nodes x 2 DDP trainers trains an MLP on
+# scikit-learn's digits once through spex (micro at density 0.01) and once dense, printing
+# one line per epoch and a comparison table; CSVs, summary.json and a PNG plot go to
+# bench/results/train_digits/ (or --results DIR).
+#
+#   bash deploy/main_job.sh [train_digits.py options, e.g. --runs micro:0.01,topk:0.01,dense --epochs 20]
+# $SPEXD: use this spexd binary instead of building one.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash deploy/setup.sh >/dev/null
+if [ -n "${SPEXD:-}" ]; then  # a spexd built elsewhere
+  [ -x "$SPEXD" ] || { echo "main_job: SPEXD=$SPEXD is not an executable" >&2; exit 1; }
+else
+  bazel build -c opt //daemon:spexd 2>&1 | grep -E "ERROR|error:" || true
+  SPEXD="$(bazel info -c opt bazel-bin 2>/dev/null)/daemon/spexd"
+  [ -x "$SPEXD" ] || { echo "main_job: spexd did not build (bazel build //daemon:spexd)" >&2; exit 1; }
+fi
+VENV=.venv
+if [ ! -x "$VENV/bin/python" ]; then
+  /usr/bin/python3 -m venv --system-site-packages "$VENV"
+fi
+# Reinstall only when the package sources or the proto changed.
+STAMP=$(cat client/python/setup.py client/python/spex/*.py client/python/spex/*.c proto/spex.proto | sha1sum | cut -c1-16)
+if [ "$(cat "$VENV/.spex-stamp" 2>/dev/null)" != "$STAMP" ]; then
+  "$VENV/bin/pip" install -q --no-build-isolation --no-deps --force-reinstall client/python
+  echo "$STAMP" >"$VENV/.spex-stamp"
+fi
+exec "$VENV/bin/python" deploy/train_digits.py --spexd "$SPEXD" "$@"

@@ -1,0 +1,435 @@
+#!/usr/bin/env python3
+"""The main job: real data-parallel training through spex. Starts a local spex cluster (spexd
+under mpirun, default 2 nodes x 2 trainers), then trains an MLP on scikit-learn's digits with
+PyTorch DDP (gloo process group, one process per trainer, the spex communication hook)
+once per run in --runs (default: `micro` at density 0.01, then `dense`), printing one line per
+epoch (loss, test accuracy, exchange time, achieved density from GetStats) and a comparison
+table; writes per-step and per-epoch CSVs, summary.json and a PNG plot under --results.
+
+Runs: NAME[:DENSITY] with NAME a spexd compressor (dense, micro, topk, sidco_e, ...), or `gloo`
+(plain DDP all-reduce, no spex). When the daemon does not accept a sparse compressor yet, the
+run falls back to dense with a loud warning (or is skipped with --no-fallback).
+
+    python3 deploy/train_digits.py --spexd bazel-bin/daemon/spexd [--runs micro:0.01,dense]
+        [--nodes 2] [--trainers 2] [--epochs 30] [--results DIR]
+
+Needs the spex package (client/python; deploy/main_job.sh installs it into .venv).
+"""
+
+import argparse
+import csv
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Dict, List, Optional
+
+SPARSE_HINT = "unknown compressor"
+
+
+def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--runs", default="micro:0.01,dense", help="comma-separated NAME[:DENSITY] (default %(default)s)")
+    p.add_argument("--nodes", type=int, default=2, help="daemons (emulated nodes)")
+    p.add_argument("--trainers", type=int, default=2, help="DDP processes per node")
+    p.add_argument("--epochs", type=int, default=30)
+    p.add_argument("--batch", type=int, default=16, help="per-process batch size")
+    p.add_argument("--hidden", type=int, default=1024, help="width of the MLP's two hidden layers")
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP bucket_cap_mb")
+    p.add_argument("--mode", choices=["doorbell", "rpc"], default="doorbell", help="spex exchange path")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--results", default=None, help="results directory (default bench/results/train_digits)")
+    p.add_argument("--spexd", default=None, help="spexd binary (default $SPEXD or bazel-bin/daemon/spexd)")
+    p.add_argument("--spexd-arg", action="append", default=[],
+                   help="extra spexd flag (repeatable); default: --threads=1 --dense_fallback=off "
+                        "--min_sparse_elements=1024 --log_level=warning")
+    p.add_argument("--no-fallback", action="store_true",
+                   help="skip (do not run dense instead of) a sparse run the daemon does not accept")
+    p.add_argument("--stats-every", type=int, default=1, help="GetStats every N steps on rank 0 (0: per epoch)")
+    p.add_argument("--check-every", type=int, default=1,
+                   help="compare a SHA-1 of the parameters across ranks every N steps (0: never)")
+    p.add_argument("--quiet", action="store_true", help="no per-epoch lines")
+    p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def parse_runs(spec: str) -> List[Dict[str, Any]]:
+    runs = []
+    for item in spec.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        name, _, dens = item.partition(":")
+        density = float(dens) if dens else (1.0 if name in ("dense", "gloo") else 0.01)
+        if not 0 < density <= 1:
+            sys.exit(f"train_digits: density of run {item!r} must be in (0, 1]")
+        runs.append({"name": name, "compressor": name, "density": density,
+                     "label": name if name in ("dense", "gloo") else f"{name}@{density:g}"})
+    if not runs:
+        sys.exit("train_digits: --runs names no run")
+    return runs
+
+
+# ----------------------------------------------------------------------------------------------
+# Worker: one DDP process (one spex trainer).
+
+
+def load_data(seed: int):
+    import numpy as np
+    import torch
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    x, y = load_digits(return_X_y=True)
+    xtr, xte, ytr, yte = train_test_split(x, y, test_size=0.25, random_state=seed, stratify=y)
+    mu, sd = xtr.mean(0), xtr.std(0) + 1e-6
+    f = lambda a: torch.tensor(((a - mu) / sd).astype(np.float32))  # noqa: E731
+    return f(xtr), torch.tensor(ytr), f(xte), torch.tensor(yte)
+
+
+def params_digest(model) -> str:
+    h = hashlib.sha1()
+    for p in model.parameters():
+        h.update(p.detach().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+class GlooTimer:
+    """DDP's default all-reduce hook (sum over the gloo group, then / world), timed from the
+    hook call to the result, so the gloo baseline reports exchange time like the spex hook."""
+
+    def __init__(self, world: int):
+        self.world = world
+        self.times: List[float] = []
+
+    def pop_timings(self) -> List[Any]:
+        out, self.times = self.times, []
+        return [(0, 0, 0, t) for t in out]
+
+
+def gloo_hook(state: GlooTimer, bucket):
+    import torch.distributed as dist
+
+    t0 = time.perf_counter()
+    fut = dist.all_reduce(bucket.buffer(), async_op=True).get_future()
+
+    def done(f):
+        out = f.value()[0].div_(state.world)
+        state.times.append(time.perf_counter() - t0)
+        return out
+
+    return fut.then(done)
+
+
+def train_one(cfg: Dict[str, Any], run: Dict[str, Any], data, run_index: int) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    rank, world = cfg["rank"], cfg["world"]
+    xtr, ytr, xte, yte = data
+    out = run["out"]
+    torch.manual_seed(cfg["seed"])
+    h = cfg["hidden"]
+    model = torch.nn.Sequential(torch.nn.Linear(64, h), torch.nn.ReLU(), torch.nn.Linear(h, h), torch.nn.ReLU(),
+                                torch.nn.Linear(h, 10))
+    ddp = DDP(model, bucket_cap_mb=cfg["bucket_cap_mb"])
+    if run["compressor"] == "gloo":
+        state: Any = GlooTimer(world)
+        ddp.register_comm_hook(state, gloo_hook)
+    else:
+        import spex.torch
+
+        # Each run gets its own bucket ids, so nothing of a previous run can be mistaken for it.
+        state = spex.torch.register(ddp, compressor=run["compressor"], density=run["density"],
+                                    socket=cfg["socket"], local_rank=cfg["local_rank"],
+                                    local_size=cfg["local_size"], mode=cfg["mode"], id_base=run_index << 32)
+    spex_state = state if run["compressor"] != "gloo" else None
+    opt = torch.optim.SGD(model.parameters(), lr=cfg["lr"], momentum=cfg["momentum"])
+    batch = cfg["batch"]
+    steps_per_epoch = len(xtr) // (world * batch)
+    step_rows, epoch_rows = [], []
+    step = 0
+    t_run = time.perf_counter()
+    for epoch in range(cfg["epochs"]):
+        t_epoch = time.perf_counter()
+        perm = torch.randperm(len(xtr), generator=torch.Generator().manual_seed(cfg["seed"] * 100003 + epoch))
+        mine = perm[rank::world]
+        losses, exch, densities = [], [], []
+        for s in range(steps_per_epoch):
+            idx = mine[s * batch:(s + 1) * batch]
+            t0 = time.perf_counter()
+            opt.zero_grad(set_to_none=True)
+            loss = torch.nn.functional.cross_entropy(ddp(xtr[idx]), ytr[idx])
+            loss.backward()
+            opt.step()
+            step_s = time.perf_counter() - t0
+            timings = state.pop_timings()
+            exchange_s = sum(t[3] for t in timings)
+            density = float("nan")
+            if spex_state is not None and rank == 0 and cfg["stats_every"] and step % cfg["stats_every"] == 0:
+                d = spex_state.achieved_density()
+                density = d if d is not None else float("nan")
+                densities.append(density)
+            losses.append(loss.item())
+            exch.append(exchange_s)
+            digest = params_digest(model) if cfg["check_every"] and step % cfg["check_every"] == 0 else ""
+            step_rows.append([step, epoch, f"{loss.item():.6f}", f"{step_s:.6f}", f"{exchange_s:.6f}",
+                              len(timings), f"{density:.6f}", digest])
+            step += 1
+        with torch.no_grad():
+            acc = (model(xte).argmax(1) == yte).float().mean().item() * 100
+        if spex_state is not None and rank == 0 and not cfg["stats_every"]:
+            d = spex_state.achieved_density()
+            densities.append(d if d is not None else float("nan"))
+        row = {"epoch": epoch, "loss": sum(losses) / len(losses), "test_acc": acc,
+               "exchange_ms": 1e3 * sum(exch) / len(exch),
+               "density": (sum(densities) / len(densities)) if densities else float("nan"),
+               "epoch_s": time.perf_counter() - t_epoch}
+        epoch_rows.append(row)
+        if rank == 0 and not cfg["quiet"]:
+            print(f"[{run['label']:>12}] epoch {epoch + 1:3d}/{cfg['epochs']}  loss {row['loss']:.4f}  "
+                  f"test acc {acc:6.2f}%  exchange {row['exchange_ms']:7.3f} ms/step  "
+                  f"density {row['density']:.4f}  ({row['epoch_s']:.2f} s)", flush=True)
+    run_s = time.perf_counter() - t_run
+    buckets = []
+    if spex_state is not None:
+        buckets = [b.elements for b in spex_state.buckets]
+        if rank == 0:
+            with open(os.path.join(out, "getstats.txt"), "w") as f:
+                f.write(str(spex_state.stats()))
+        spex_state.close()
+    with open(os.path.join(out, f"steps.rank{rank}.csv"), "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["step", "epoch", "loss", "step_s", "exchange_s", "exchanges", "density", "params_sha1"])
+        w.writerows(step_rows)
+    if rank == 0:
+        with open(os.path.join(out, "epochs.json"), "w") as f:
+            json.dump({"epochs": epoch_rows, "run_s": run_s, "steps": step, "buckets": buckets}, f)
+    # Every trainer said Goodbye before any opens the next run's session: the daemons then
+    # start the next run as a new job (step 0, fresh buckets).
+    dist.barrier()
+
+
+def worker(cfg: Dict[str, Any]) -> None:
+    """One DDP process: trains every run in turn (one process start for all runs)."""
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=cfg["rendezvous"], rank=cfg["rank"], world_size=cfg["world"])
+    data = load_data(cfg["seed"])
+    for i, run in enumerate(cfg["runs"]):
+        train_one(cfg, run, data, i)
+    dist.destroy_process_group()
+
+
+# ----------------------------------------------------------------------------------------------
+# Launcher.
+
+
+def probe_compressor(socket: str, local_size: int, compressor: str, density: float) -> Optional[str]:
+    """None when the daemon accepts `compressor`, else its message."""
+    import spex
+
+    with spex.Client(socket, local_rank=0, local_size=local_size, client_name="train_digits-probe") as c:
+        try:
+            c.register_bucket(2**63 - 1, 4096, compressor=compressor, density=density)
+        except spex.SpexValueError as e:
+            if SPARSE_HINT in str(e) or "not accepted" in str(e):
+                return str(e)
+            raise
+    return None
+
+
+def launch(runs: List[Dict[str, Any]], args: argparse.Namespace, cluster) -> float:
+    """Starts one process per trainer (they train every run in turn) and waits for them; if one
+    fails, stops the others (by PID) and raises. Returns the wall time."""
+    world = args.nodes * args.trainers
+    rdv = tempfile.mkdtemp(prefix="rdv-", dir=cluster.dir)
+    procs = []
+    for rank in range(world):
+        node, local = divmod(rank, args.trainers)
+        cfg = {"rank": rank, "world": world, "local_rank": local, "local_size": args.trainers,
+               "socket": cluster.socket(node), "rendezvous": f"file://{rdv}/rdv", "seed": args.seed,
+               "hidden": args.hidden, "bucket_cap_mb": args.bucket_cap_mb, "runs": runs, "mode": args.mode,
+               "lr": args.lr, "momentum": args.momentum, "batch": args.batch, "epochs": args.epochs,
+               "stats_every": args.stats_every, "check_every": args.check_every, "quiet": args.quiet}
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(local),
+                   LOCAL_WORLD_SIZE=str(args.trainers), SPEX_SOCKET=cluster.socket(node), OMP_NUM_THREADS="1")
+        procs.append(subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker", json.dumps(cfg)],
+                                      env=env))
+    t0 = time.perf_counter()
+    failed = None
+    while failed is None and any(p.poll() is None for p in procs):
+        time.sleep(0.05)
+        failed = next(((r, p.returncode) for r, p in enumerate(procs) if p.poll() not in (None, 0)), None)
+    failed = failed or next(((r, p.returncode) for r, p in enumerate(procs) if p.returncode != 0), None)
+    if failed is not None:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        raise RuntimeError(f"rank {failed[0]} exited with status {failed[1]} (daemon log: {cluster.log_path})")
+    return time.perf_counter() - t0
+
+
+def summarize(run: Dict[str, Any], world: int) -> Dict[str, Any]:
+    out = run["out"]
+    with open(os.path.join(out, "epochs.json")) as f:
+        ep = json.load(f)
+    per_rank = []
+    for r in range(world):
+        with open(os.path.join(out, f"steps.rank{r}.csv")) as f:
+            per_rank.append(list(csv.DictReader(f)))
+    steps = len(per_rank[0])
+    mismatched = [i for i in range(steps) if len({rows[i]["params_sha1"] for rows in per_rank}) != 1]
+    checked = sum(1 for r in per_rank[0] if r["params_sha1"])
+    if any(len(rows) != steps for rows in per_rank):
+        mismatched.append(-1)
+    rows0 = per_rank[0]
+    exch = [float(r["exchange_s"]) for r in rows0]
+    step_s = [float(r["step_s"]) for r in rows0]
+    dens = [float(r["density"]) for r in rows0 if r["density"] not in ("nan", "")]
+    dens = [d for d in dens if d == d]
+    epochs = ep["epochs"]
+    return {
+        "label": run["label"], "compressor": run["compressor"], "target_density": run["density"],
+        "fallback": run.get("fallback", False), "steps": steps, "epochs": len(epochs),
+        "final_acc": epochs[-1]["test_acc"], "best_acc": max(e["test_acc"] for e in epochs),
+        "final_loss": epochs[-1]["loss"], "exchange_ms_per_step": 1e3 * sum(exch) / len(exch),
+        "step_ms": 1e3 * sum(step_s) / len(step_s), "achieved_density": sum(dens) / len(dens) if dens else None,
+        "params_identical": not mismatched, "mismatched_steps": mismatched[:10], "checked_steps": checked,
+        "train_s": ep["run_s"], "buckets": ep["buckets"], "epoch_rows": epochs,
+        "step_rows": [{k: r[k] for k in ("step", "epoch", "loss", "step_s", "exchange_s", "density")} for r in rows0],
+    }
+
+
+def write_outputs(results: List[Dict[str, Any]], out: str) -> None:
+    with open(os.path.join(out, "steps.csv"), "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["run", "step", "epoch", "loss", "step_s", "exchange_s", "achieved_density"])
+        for r in results:
+            for s in r["step_rows"]:
+                w.writerow([r["label"], s["step"], s["epoch"], s["loss"], s["step_s"], s["exchange_s"], s["density"]])
+    with open(os.path.join(out, "epochs.csv"), "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["run", "epoch", "loss", "test_acc", "exchange_ms", "achieved_density", "epoch_s"])
+        for r in results:
+            for e in r["epoch_rows"]:
+                w.writerow([r["label"], e["epoch"], f"{e['loss']:.6f}", f"{e['test_acc']:.3f}",
+                            f"{e['exchange_ms']:.4f}", e["density"], f"{e['epoch_s']:.4f}"])
+    with open(os.path.join(out, "summary.json"), "w") as f:
+        json.dump([{k: v for k, v in r.items() if k not in ("step_rows", "epoch_rows")} for r in results], f, indent=1)
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("train_digits: matplotlib missing, no plot (deploy/setup.sh installs python3-matplotlib)")
+        return
+    fig, ax = plt.subplots(2, 2, figsize=(11, 7.5))
+    for r in results:
+        st = [int(s["step"]) for s in r["step_rows"]]
+        ax[0][0].plot(st, [float(s["loss"]) for s in r["step_rows"]], label=r["label"], lw=0.8)
+        ax[0][1].plot([e["epoch"] + 1 for e in r["epoch_rows"]], [e["test_acc"] for e in r["epoch_rows"]],
+                      label=r["label"], marker=".")
+        ax[1][0].plot(st, [1e3 * float(s["exchange_s"]) for s in r["step_rows"]], label=r["label"], lw=0.6)
+        d = [(int(s["step"]), float(s["density"])) for s in r["step_rows"] if s["density"] not in ("nan", "")]
+        d = [(a, b) for a, b in d if b == b]
+        if d:
+            ax[1][1].plot([a for a, _ in d], [b for _, b in d], label=r["label"], lw=0.8)
+    ax[0][0].set(title="training loss (rank 0)", xlabel="step", yscale="log")
+    ax[0][1].set(title="test accuracy (%)", xlabel="epoch")
+    ax[1][0].set(title="exchange time per step (ms, sum over buckets)", xlabel="step", yscale="log")
+    ax[1][1].set(title="achieved density (GetStats, node 0)", xlabel="step", yscale="log")
+    for a in ax.flat:
+        a.grid(alpha=0.3)
+        a.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "train_digits.png"), dpi=110)
+    plt.close(fig)
+
+
+def print_table(results: List[Dict[str, Any]]) -> None:
+    base = next((r for r in results if r["compressor"] == "dense" and not r["fallback"]), results[-1])
+    labels = [r["label"] + (" (DENSE FALLBACK)" if r["fallback"] else "") for r in results]
+    w = max(12, *(len(x) for x in labels)) + 2
+    print(f"\ncomparison (baseline: {base['label']}; exchange = submit-to-result time summed over a step's buckets)")
+    print(f"{'run':<{w}}{'final acc':>10}{'best acc':>10}{'vs base':>9}{'loss':>9}{'exch ms/step':>14}"
+          f"{'vs base':>9}{'density':>9}{'step ms':>9}  params identical on all ranks")
+    for label, r in zip(labels, results):
+        ratio = r["exchange_ms_per_step"] / base["exchange_ms_per_step"] if base["exchange_ms_per_step"] else float("nan")
+        dens = f"{r['achieved_density']:.4f}" if r["achieved_density"] is not None else "-"
+        same = f"{'yes' if r['params_identical'] else 'NO'} ({r['checked_steps']}/{r['steps']} steps checked)"
+        print(f"{label:<{w}}{r['final_acc']:>9.2f}%{r['best_acc']:>9.2f}%{r['final_acc'] - base['final_acc']:>+9.2f}"
+              f"{r['final_loss']:>9.4f}{r['exchange_ms_per_step']:>14.3f}{ratio:>8.2f}x{dens:>9}"
+              f"{r['step_ms']:>9.2f}  {same}")
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = parse_args(argv)
+    if args.worker is not None:
+        worker(json.loads(args.worker))
+        return 0
+    runs = parse_runs(args.runs)
+    from spex.cluster import LocalCluster
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = os.path.abspath(args.results or os.path.join(repo, "bench", "results", "train_digits"))
+    os.makedirs(out, exist_ok=True)
+    spexd_args = args.spexd_arg or ["--threads=1", "--dense_fallback=off", "--min_sparse_elements=1024",
+                                    "--log_level=warning"]
+    print(f"train_digits: {args.nodes} nodes x {args.trainers} trainers (DDP over gloo, {args.nodes * args.trainers} "
+          f"processes), MLP 64-{args.hidden}-{args.hidden}-10 on digits, {args.epochs} epochs, batch {args.batch}/process, "
+          f"runs: {', '.join(r['label'] for r in runs)}; results in {out}", flush=True)
+    results, skipped, planned = [], [], []
+    with LocalCluster(args.spexd, nodes=args.nodes, trainers=args.trainers, args=spexd_args,
+                      log=os.path.join(out, "spexd.log")) as cluster:
+        for run in runs:
+            if run["compressor"] not in ("dense", "gloo"):
+                why = probe_compressor(cluster.socket(0), args.trainers, run["compressor"], run["density"])
+                if why is not None:
+                    bar = "!" * 100
+                    if args.no_fallback:
+                        print(f"{bar}\nSKIPPED run {run['label']}: spexd does not accept compressor "
+                              f"'{run['compressor']}' ({why})\n{bar}", flush=True)
+                        skipped.append({"label": run["label"], "compressor": run["compressor"], "reason": why})
+                        continue
+                    print(f"{bar}\nWARNING: spexd does not accept compressor '{run['compressor']}' yet:\n  {why}\n"
+                          f"Run '{run['label']}' FALLS BACK TO DENSE: its figures are dense exchanges, not sparse "
+                          f"ones.\n{bar}", flush=True)
+                    run = dict(run, compressor="dense", density=1.0, fallback=True)
+            run["out"] = os.path.join(out, run["label"].replace("@", "_"))
+            os.makedirs(run["out"], exist_ok=True)
+            planned.append(run)
+        wall = launch(planned, args, cluster) if planned else 0.0
+    results = [summarize(run, args.nodes * args.trainers) for run in planned]
+    if results:
+        write_outputs(results, out)
+        print_table(results)
+    with open(os.path.join(out, "skipped.json"), "w") as f:
+        json.dump(skipped, f)
+    print(f"\ntraining processes ran {wall:.1f} s for {len(results)} run(s)")
+    print(f"per-step CSV: {out}/steps.csv, per-epoch CSV: {out}/epochs.csv, plot: {out}/train_digits.png, "
+          f"summary: {out}/summary.json, daemon log: {out}/spexd.log")
+    bad = [r["label"] for r in results if not r["params_identical"]]
+    if bad:
+        print(f"ERROR: parameters differ between ranks in run(s) {', '.join(bad)}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,388 @@
+"""Tests of the spex Python client against real daemons (spexd under mpirun): the shared-segment
+layout against daemon/memory/layout.h, the generated stubs, the native atomics, exact averages
+over the doorbell and RPC paths, and every bad input a trainer can meet turning into a clear
+exception instead of a hang."""
+
+import mmap
+import os
+import re
+import socket
+import threading
+import time
+import unittest
+
+import numpy as np
+
+import spex
+from spex import _native
+from spex import layout as L
+from spex_test_util import REPO, ClusterTestCase, run_threads
+
+
+def header_constants():
+    """Integer constants and offsetof static_asserts of daemon/memory/layout.h."""
+    with open(os.path.join(REPO, "daemon", "memory", "layout.h")) as f:
+        text = f.read()
+    consts = {m.group(1): int(m.group(2), 0)
+              for m in re.finditer(r"constexpr\s+\w+\s+(k\w+)\s*=\s*(0x[0-9a-fA-F]+|\d+)\s*;", text)}
+    offsets = {(m.group(1), m.group(2)): int(m.group(3))
+               for m in re.finditer(r"static_assert\(offsetof\((\w+),\s*(\w+)\)\s*==\s*(\d+)\);", text)}
+    return consts, offsets
+
+
+class LayoutTest(unittest.TestCase):
+    def test_offsets_match_daemon_header(self):
+        consts, offsets = header_constants()
+        self.assertGreaterEqual(len(offsets), 13, "layout.h's static_asserts were not found")
+        expected = {
+            ("DoorbellSegment", "ring"): L.DOORBELL_RING_OFFSET,
+            ("DoorbellSegment", "engine_sleeping"): L.DOORBELL_ENGINE_SLEEPING_OFFSET,
+            ("DoorbellSegment", "shutdown"): L.DOORBELL_SHUTDOWN_OFFSET,
+            ("DoorbellSegment", "attached"): L.DOORBELL_ATTACHED_OFFSET,
+            ("BucketHeader", "bucket_id"): L.BUCKET_ID_OFFSET,
+            ("BucketHeader", "elements"): L.BUCKET_ELEMENTS_OFFSET,
+            ("BucketHeader", "slots"): L.BUCKET_SLOTS_OFFSET,
+            ("BucketHeader", "slot_stride"): L.BUCKET_SLOT_STRIDE_OFFSET,
+            ("BucketHeader", "published"): L.BUCKET_PUBLISHED_OFFSET,
+            ("BucketHeader", "waiters"): L.BUCKET_WAITERS_OFFSET,
+            ("BucketHeader", "status"): L.BUCKET_STATUS_OFFSET,
+            ("BucketHeader", "attached"): L.BUCKET_ATTACHED_OFFSET,
+            ("BucketHeader", "ready"): L.BUCKET_READY_OFFSET,
+        }
+        for key, value in expected.items():
+            self.assertIn(key, offsets, f"layout.h has no static_assert for {key}")
+            self.assertEqual(offsets[key], value, f"offset of {key[0]}::{key[1]}")
+        self.assertEqual(set(offsets) - set(expected), set(), "layout.h asserts offsets the client does not mirror")
+        self.assertEqual(consts["kLayoutVersion"], L.LAYOUT_VERSION)
+        self.assertEqual(consts["kDoorbellMagic"], L.DOORBELL_MAGIC)
+        self.assertEqual(consts["kBucketMagic"], L.BUCKET_MAGIC)
+        self.assertEqual(consts["kMaxLocalTrainers"], L.MAX_LOCAL_TRAINERS)
+        self.assertEqual(consts["kPageBytes"], L.PAGE_BYTES)
+
+    def test_slot_arithmetic(self):
+        self.assertEqual(L.slot_stride(1), 4096)
+        self.assertEqual(L.slot_stride(1024), 4096)
+        self.assertEqual(L.slot_stride(1025), 8192)
+        self.assertEqual(L.input_offset(1025, 1), 4096 + 8192)
+        self.assertEqual(L.output_offset(1025, 2), 4096 + 2 * 8192)
+        self.assertEqual(L.bucket_bytes(1025, 2), 4096 + 3 * 8192)
+        self.assertEqual(L.ready_offset(3), 256 + 3 * 64)
+        with self.assertRaises(ValueError):
+            L.ready_offset(L.MAX_LOCAL_TRAINERS)
+
+    def test_ready_lines_fit_the_header_page(self):
+        self.assertLessEqual(L.ready_offset(L.MAX_LOCAL_TRAINERS - 1) + 8, L.PAGE_BYTES)
+        self.assertLessEqual(L.bucket_attached_offset(L.MAX_LOCAL_TRAINERS - 1) + 4, L.BUCKET_READY_OFFSET)
+
+
+class StubsTest(unittest.TestCase):
+    def test_every_rpc_of_the_proto_has_a_stub(self):
+        from spex.proto import spex_pb2, spex_pb2_grpc
+
+        with open(os.path.join(REPO, "proto", "spex.proto")) as f:
+            text = f.read()
+        rpcs = set(re.findall(r"^\s*rpc\s+(\w+)\s*\(", text, re.M))
+        self.assertGreaterEqual(len(rpcs), 8)
+        service = spex_pb2.DESCRIPTOR.services_by_name["Spex"]
+        self.assertEqual({m.name for m in service.methods}, rpcs)
+        self.assertEqual(service.full_name, "spex.v1.Spex")
+        for rpc in rpcs:
+            self.assertTrue(hasattr(spex_pb2_grpc.SpexStub, "__init__"))
+            self.assertTrue(hasattr(spex_pb2_grpc.SpexServicer, rpc), rpc)
+
+    def test_stubs_are_generated_into_the_installed_package(self):
+        from spex.proto import spex_pb2_grpc
+
+        path = os.path.abspath(spex_pb2_grpc.__file__)
+        self.assertNotIn(os.path.join("client", "python"), path, "stubs imported from the source tree")
+        with open(path) as f:
+            self.assertIn("from spex.proto import spex_pb2", f.read())
+
+    def test_messages_round_trip(self):
+        from spex.proto import spex_pb2 as pb
+
+        req = pb.RegisterBucketRequest(session_id=7, bucket_id=2**63, elements=5,
+                                       compressor=pb.CompressorConfig(name="micro", density=0.01))
+        back = pb.RegisterBucketRequest.FromString(req.SerializeToString())
+        self.assertEqual(back.bucket_id, 2**63)
+        self.assertEqual(back.compressor.name, "micro")
+
+
+class NativeTest(unittest.TestCase):
+    def setUp(self):
+        self.buf = mmap.mmap(-1, 4096)
+        self.addCleanup(self.buf.close)
+
+    def test_atomics(self):
+        _native.store32(self.buf, 64, 0xFFFFFFFF)
+        self.assertEqual(_native.add32(self.buf, 64, 1), 0xFFFFFFFF)
+        self.assertEqual(_native.load32(self.buf, 64), 0)  # wraps like std::atomic<uint32_t>
+        self.assertEqual(_native.add32(self.buf, 64, -1), 0)
+        self.assertEqual(_native.load32(self.buf, 64), 0xFFFFFFFF)
+        _native.store64(self.buf, 256, 2**40 + 3)
+        self.assertEqual(_native.load64(self.buf, 256), 2**40 + 3)
+        self.assertEqual(int.from_bytes(self.buf[256:264], "little"), 2**40 + 3)
+
+    def test_bad_offsets_raise(self):
+        with self.assertRaisesRegex(ValueError, "outside"):
+            _native.load32(self.buf, 4094)
+        with self.assertRaisesRegex(ValueError, "outside"):
+            _native.store64(self.buf, -8, 1)
+        with self.assertRaisesRegex(ValueError, "aligned"):
+            _native.load64(self.buf, 4)
+        with self.assertRaises(TypeError):
+            _native.load32(b"\0" * 8, 0)  # read-only buffer
+
+    def test_wait_times_out_and_stops(self):
+        t0 = time.monotonic()
+        self.assertEqual(_native.wait_equal32(self.buf, 64, 1, 68, self.buf, 72, 0, 50_000_000), 1)
+        self.assertGreaterEqual(time.monotonic() - t0, 0.04)
+        self.assertEqual(_native.load32(self.buf, 68), 0, "waiters counter not restored")
+        _native.store32(self.buf, 72, 1)
+        self.assertEqual(_native.wait_equal32(self.buf, 64, 1, 68, self.buf, 72, 0, 5_000_000_000), 2)
+
+    def test_futex_wakes_a_waiter(self):
+        def publish():
+            time.sleep(0.2)
+            _native.store32(self.buf, 64, 5)
+            if _native.load32(self.buf, 68):
+                _native.futex_wake(self.buf, 64)
+
+        t = threading.Thread(target=publish)
+        t.start()
+        t0 = time.monotonic()
+        rc = _native.wait_equal32(self.buf, 64, 5, 68, self.buf, 72, 0, 10_000_000_000)
+        took = time.monotonic() - t0
+        t.join()
+        self.assertEqual(rc, 0)
+        self.assertLess(took, 2.0)
+        self.assertEqual(_native.load32(self.buf, 68), 0)
+
+
+def trainer_loop(sock, local_rank, local_size, rank, world, sizes, steps, mode):
+    with spex.Client(sock, local_rank=local_rank, local_size=local_size, exchange_timeout=30) as c:
+        buckets = [c.register_bucket(i, n) for i, n in enumerate(sizes)]
+        for step in range(steps):
+            for b in buckets:
+                m = mode if mode != "alternate" else ("rpc" if (step + b.id) % 2 else "doorbell")
+                pattern = (np.arange(b.elements) % 13).astype(np.float32)
+                out = c.exchange(b, pattern * (rank + 1) + step, mode=m)
+                want = pattern * (world + 1) / 2 + step  # mean over ranks of pattern*(r+1) + step
+                if not np.array_equal(out, want.astype(np.float32)):
+                    bad = int(np.argmax(out != want))
+                    raise AssertionError(f"rank {rank} bucket {b.id} step {step}: out[{bad}]={out[bad]} "
+                                         f"want {want[bad]}")
+        stats = c.stats()
+        return {s.bucket_id: s.exchanges for s in stats.buckets}
+
+
+class ExchangeTest(ClusterTestCase):
+    def run_cluster(self, nodes, trainers, mode):
+        cl = self.start_cluster(nodes, trainers)
+        world = nodes * trainers
+        sizes = [1, 1000, 4097, 65536]
+        fns = [lambda n=n, l=l: trainer_loop(cl.socket(n), l, trainers, n * trainers + l, world, sizes, 4, mode)
+               for n in range(nodes) for l in range(trainers)]
+        for r in run_threads(fns):
+            if isinstance(r, BaseException):
+                raise r
+            self.assertEqual(r, {i: 4 for i in range(len(sizes))})
+
+    def test_doorbell_2_nodes_x_2_trainers_exact(self):
+        self.run_cluster(2, 2, "doorbell")
+
+    def test_rpc_and_alternating_paths_exact(self):
+        self.run_cluster(2, 2, "alternate")
+
+    def test_views_share_memory_with_tensors(self):
+        import torch
+
+        cl = self.start_cluster(1, 1)
+        with spex.Client(cl.socket(0)) as c:
+            b = c.register_bucket(3, 10)
+            b.input_tensor.copy_(torch.arange(10, dtype=torch.float32))
+            self.assertEqual(float(b.input[7]), 7.0)  # same memory, no copy
+            out = c.exchange(b)
+            self.assertFalse(out.flags.writeable)
+            self.assertTrue(torch.equal(b.output_tensor, torch.arange(10, dtype=torch.float32)))
+            self.assertEqual(b.output_tensor.data_ptr(), out.ctypes.data)
+            self.assertEqual(b.next_step, 1)
+            self.assertEqual(b.compressor, "dense")
+
+    def test_stats_and_sessions(self):
+        cl = self.start_cluster(1, 1)
+        with spex.Client(cl.socket(0), client_name="stats-test") as c:
+            b = c.register_bucket(5, 100)
+            for _ in range(3):
+                c.exchange(b, np.ones(100, np.float32))
+            stats = c.stats()
+            self.assertEqual([(s.bucket_id, s.exchanges, s.elements) for s in stats.buckets], [(5, 3, 100)])
+            sessions = c.sessions()
+            self.assertEqual([(s.pid, s.client) for s in sessions], [(os.getpid(), "stats-test")])
+
+    def test_unregister_removes_the_bucket(self):
+        cl = self.start_cluster(1, 1)
+        with spex.Client(cl.socket(0)) as c:
+            b = c.register_bucket(1, 16)
+            c.unregister_bucket(b)
+            with self.assertRaisesRegex(spex.SpexValueError, "not registered"):
+                c.exchange(b)
+            self.assertEqual(list(c.stats().buckets), [])
+            b2 = c.register_bucket(2, 16)  # the daemon keeps serving
+            c.exchange(b2, np.zeros(16, np.float32))
+
+
+class BadInputTest(ClusterTestCase):
+    def test_wrong_dtype_and_size(self):
+        import torch
+
+        cl = self.start_cluster(1, 1)
+        with spex.Client(cl.socket(0)) as c:
+            b = c.register_bucket(0, 8)
+            with self.assertRaisesRegex(spex.SpexTypeError, "float64.*float32|float32.*float64"):
+                b.write(np.zeros(8, np.float64))
+            with self.assertRaisesRegex(spex.SpexTypeError, r"torch\.float16"):
+                c.exchange(b, torch.zeros(8, dtype=torch.float16))
+            with self.assertRaisesRegex(spex.SpexValueError, "registered with 8 elements; got an array of 9"):
+                b.write(np.zeros(9, np.float32))
+            with self.assertRaisesRegex(spex.SpexValueError, "8 elements; got a tensor of 4"):
+                c.exchange(b, torch.zeros(2, 2))
+            with self.assertRaisesRegex(spex.SpexTypeError, "list"):
+                b.write([0.0] * 8)
+            self.assertEqual(b.next_step, 0, "a rejected exchange must not advance the step")
+            c.exchange(b, torch.ones(2, 4))  # 8 elements in any shape are fine
+            self.assertEqual(float(b.output[0]), 1.0)
+
+    def test_registration_errors(self):
+        cl = self.start_cluster(1, 2)
+        with self.assertRaisesRegex(spex.SpexError, "--local_trainers=3"):
+            spex.Client(cl.socket(0), local_rank=0, local_size=3)
+        with spex.Client(cl.socket(0), local_rank=0, local_size=2) as c:
+            with self.assertRaisesRegex(spex.SpexValueError, "local_rank 0 is held by session"):
+                spex.Client(cl.socket(0), local_rank=0, local_size=2)
+            c.register_bucket(0, 10)
+            with self.assertRaisesRegex(spex.SpexValueError, "already registered"):
+                c.register_bucket(0, 10)
+            with self.assertRaisesRegex(spex.SpexValueError, "unknown compressor 'nonsense'"):
+                c.register_bucket(1, 10, compressor="nonsense")
+            with self.assertRaisesRegex(spex.SpexValueError, r"density must be in \(0, 1\]"):
+                c.register_bucket(2, 10, density=1.5)
+            with self.assertRaisesRegex(spex.SpexValueError, "positive integer"):
+                c.register_bucket(3, 0)
+            with spex.Client(cl.socket(0), local_rank=1, local_size=2) as c1:
+                with self.assertRaisesRegex(spex.SpexValueError, "registered with 10 elements"):
+                    c1.register_bucket(0, 11)
+        with self.assertRaisesRegex(spex.SpexValueError, "local_rank 2 must be in 0..1"):
+            spex.Client(cl.socket(0), local_rank=2, local_size=2)
+
+    def test_no_daemon_at_the_socket(self):
+        missing = "/tmp/spex-test-no-such-dir/node0.sock"
+        with self.assertRaises(spex.DaemonUnavailableError) as cm:
+            spex.Client(missing)
+        self.assertIn(missing, str(cm.exception))
+        self.assertIn("spexd --socket=", str(cm.exception))
+        self.assertIn("SPEX_SOCKET", str(cm.exception))
+
+    def test_stale_socket_file(self):
+        import tempfile
+
+        d = tempfile.mkdtemp(prefix="spex-stale-", dir="/tmp")
+        self.addCleanup(lambda: __import__("shutil").rmtree(d, ignore_errors=True))
+        path = os.path.join(d, "node0.sock")
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.bind(path)  # a socket file nobody listens on, as a crashed daemon leaves
+        s.close()
+        self.assertRaisesWithin(spex.DaemonUnavailableError, 5, lambda: spex.Client(path),
+                                contains=[path, "stale", "start the daemon"])
+
+    def test_exchange_timeout_when_a_local_trainer_is_missing(self):
+        cl = self.start_cluster(1, 2)
+        with spex.Client(cl.socket(0), local_rank=0, local_size=2, exchange_timeout=1.5) as c, \
+                spex.Client(cl.socket(0), local_rank=1, local_size=2) as c1:
+            b = c.register_bucket(0, 64)
+            c1.register_bucket(0, 64)  # registered but never exchanges
+            self.assertRaisesWithin(spex.ExchangeTimeoutError, 5, lambda: c.exchange(b),
+                                    contains=["bucket 0 step 0 not published", "same buckets"])
+
+    def test_bucket_order_differs_between_nodes(self):
+        cl = self.start_cluster(2, 1)
+
+        def node(n):
+            with spex.Client(cl.socket(n), local_rank=0, local_size=1, exchange_timeout=30) as c:
+                b = c.register_bucket(0, 100 + n)  # same id, different sizes on the two nodes
+                return c.exchange(b, np.ones(100 + n, np.float32))
+
+        results = run_threads([lambda: node(0), lambda: node(1)], timeout=40)
+        for r in results:
+            self.assertIsInstance(r, spex.BucketOrderError, repr(r))
+            self.assertIn("bucket order differs", str(r))
+            self.assertEqual(r.code, "FAILED_PRECONDITION")
+
+    def test_bucket_order_differs_over_rpc(self):
+        cl = self.start_cluster(2, 1)
+
+        def node(n):
+            with spex.Client(cl.socket(n), local_rank=0, local_size=1, exchange_timeout=30) as c:
+                b = c.register_bucket(n, 100)  # different ids on the two nodes
+                return c.exchange(b, np.ones(100, np.float32), mode="rpc")
+
+        for r in run_threads([lambda: node(0), lambda: node(1)], timeout=40):
+            self.assertIsInstance(r, spex.BucketOrderError, repr(r))
+
+
+class DaemonRestartTest(ClusterTestCase):
+    def test_daemon_restarted_between_exchanges(self):
+        from spex.cluster import LocalCluster
+        from spex_test_util import QUIET, SPEXD
+
+        cl = self.start_cluster(1, 1)
+        c = spex.Client(cl.socket(0), exchange_timeout=60)
+        self.addCleanup(c.close)
+        b = c.register_bucket(0, 32)
+        c.exchange(b, np.ones(32, np.float32))
+        cl.stop()  # SIGTERM: the daemon sets the doorbell's shutdown flag
+        again = LocalCluster(SPEXD, nodes=1, trainers=1, args=QUIET, socket_dir=cl.dir).start()
+        self.addCleanup(again.stop)
+        self.assertRaisesWithin(spex.SessionLostError, 10, lambda: c.exchange(b, np.ones(32, np.float32)),
+                                contains=["restarted", "restart every trainer"])
+        with self.assertRaises(spex.SessionLostError):
+            c.exchange(b, np.ones(32, np.float32), mode="rpc")
+
+    def test_daemon_killed_and_restarted_during_a_wait(self):
+        from spex.cluster import LocalCluster
+        from spex_test_util import QUIET, SPEXD
+
+        cl = self.start_cluster(1, 2)
+        c = spex.Client(cl.socket(0), local_rank=0, local_size=2, exchange_timeout=120, probe_interval=0.5)
+        self.addCleanup(c.close)
+        b = c.register_bucket(0, 32)
+        waiting = threading.Event()
+
+        def exchange():
+            waiting.set()
+            return c.exchange(b, np.ones(32, np.float32))  # trainer 1 never comes: waits
+
+        def crash_and_restart():
+            waiting.wait()
+            time.sleep(0.5)
+            cl.kill()  # SIGKILL: no shutdown flag, the trainer must notice by itself
+            again = LocalCluster(SPEXD, nodes=1, trainers=2, args=QUIET, socket_dir=cl.dir).start()
+            self.addCleanup(again.stop)
+
+        t0 = time.monotonic()
+        r, _ = run_threads([exchange, crash_and_restart], timeout=30)
+        self.assertIsInstance(r, spex.DaemonUnavailableError, repr(r))  # SessionLostError is one
+        self.assertLess(time.monotonic() - t0, 15)
+
+    def test_daemon_stopped_during_a_wait(self):
+        cl = self.start_cluster(1, 2)
+        c = spex.Client(cl.socket(0), local_rank=0, local_size=2, exchange_timeout=120)
+        self.addCleanup(c.close)
+        b = c.register_bucket(0, 32)
+        threading.Timer(0.5, cl.stop).start()
+        self.assertRaisesWithin(spex.DaemonUnavailableError, 10, lambda: c.exchange(b, np.ones(32, np.float32)),
+                                contains=[cl.socket(0), "shut down"])
+
+
+if __name__ == "__main__":
+    unittest.main()

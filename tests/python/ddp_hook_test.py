@@ -1,0 +1,185 @@
+"""Tests of the spex DDP communication hook: 4 DDP processes (gloo) on 2 daemons x 2 trainers.
+Every process trains the same model twice in lockstep, once through the spex hook (dense) and
+once with DDP's own gloo all-reduce, and records after every step the parameters' digest and
+the largest difference to the gloo model; also DDP's bucket rebuild (fresh bucket ids per
+generation, the previous generation unregistered), the RPC path with the plain
+register_comm_hook form, and the errors for a float64 model and a wrong world size."""
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+STEPS = 6
+HIDDEN = 512  # 301,066 parameters: one bucket before DDP's rebuild, two after
+
+
+def digest(model):
+    h = hashlib.sha1()
+    for p in model.parameters():
+        h.update(p.detach().numpy().tobytes())
+    return h.hexdigest()
+
+
+def worker(cfg):
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import spex
+    import spex.torch
+
+    rank, world = cfg["rank"], cfg["world"]
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=cfg["rendezvous"], rank=rank, world_size=world)
+    out = {"rank": rank}
+
+    def make(seed=0, dtype=torch.float32):
+        torch.manual_seed(seed)
+        return torch.nn.Sequential(torch.nn.Linear(64, HIDDEN), torch.nn.ReLU(), torch.nn.Linear(HIDDEN, HIDDEN),
+                                   torch.nn.ReLU(), torch.nn.Linear(HIDDEN, 10)).to(dtype)
+
+    def lockstep(label, attach, steps):
+        """Trains a spex-hooked and a gloo DDP model side by side on this rank's batches."""
+        m_spex, m_ref = make(), make()
+        d_spex = DDP(m_spex)
+        d_ref = DDP(m_ref)
+        state = attach(d_spex)
+        o_spex = torch.optim.SGD(m_spex.parameters(), lr=0.1, momentum=0.9)
+        o_ref = torch.optim.SGD(m_ref.parameters(), lr=0.1, momentum=0.9)
+        gen = torch.Generator().manual_seed(1234 + rank)
+        rec = {"digests": [], "max_diff": [], "buckets": [], "daemon_buckets": []}
+        for step in range(steps):
+            x = torch.randn(8, 64, generator=gen)
+            y = torch.randint(0, 10, (8,), generator=gen)
+            for d, o in ((d_spex, o_spex), (d_ref, o_ref)):
+                o.zero_grad()
+                torch.nn.functional.cross_entropy(d(x), y).backward()
+                o.step()
+            rec["digests"].append(digest(m_spex))
+            rec["max_diff"].append(max((a - b).abs().max().item()
+                                       for a, b in zip(m_spex.parameters(), m_ref.parameters())))
+            rec["buckets"].append([[b.id, b.elements] for b in state.buckets])
+            rec["daemon_buckets"].append(sorted(s.bucket_id for s in state.client.stats().buckets))
+        state.close()
+        dist.barrier()  # every session said Goodbye before the next phase opens new ones
+        out[label] = rec
+
+    lockstep("doorbell", lambda d: spex.torch.register(d, compressor="dense", socket=cfg["socket"]), STEPS)
+
+    def plain_rpc(d):
+        state = spex.torch.SpexHookState(None, socket=cfg["socket"], mode="rpc", compressor="dense",
+                                         id_base=1 << 32)
+        d.register_comm_hook(state, spex.torch.hook)
+        return state
+
+    lockstep("rpc_plain", plain_rpc, 4)
+
+    # A DDP world that is not nodes x local trainers is refused before anything is exchanged.
+    sub = dist.new_group([0, 1])
+    if rank in (0, 1):
+        try:
+            spex.torch.register(DDP(make(), process_group=sub), socket=cfg["socket"])
+            out["world_error"] = None
+        except spex.SpexValueError as e:
+            out["world_error"] = str(e)
+    dist.barrier()
+
+    # A float64 model: the hook refuses with a message naming the fix, backward raises it.
+    d64 = DDP(make(dtype=torch.float64))
+    state = spex.torch.register(d64, socket=cfg["socket"], id_base=2 << 32)
+    try:
+        d64(torch.randn(4, 64, dtype=torch.float64)).sum().backward()
+        out["dtype_error"] = None
+    except Exception as e:  # noqa: BLE001 - DDP wraps it in a RuntimeError
+        out["dtype_error"] = f"{type(e).__name__}: {e}"
+    state.close()
+    with open(os.path.join(cfg["out"], f"rank{rank}.json"), "w") as f:
+        json.dump(out, f)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+class DdpHookTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        from spex_test_util import cluster
+
+        cls.cluster = cluster(2, 2)
+        cls.dir = tempfile.mkdtemp(prefix="ddp-", dir=os.environ.get("TEST_TMPDIR", "/tmp"))
+        procs = []
+        t0 = time.monotonic()
+        for rank in range(4):
+            cfg = {"rank": rank, "world": 4, "socket": cls.cluster.socket(rank // 2),
+                   "rendezvous": f"file://{cls.dir}/rdv", "out": cls.dir}
+            env = dict(os.environ, LOCAL_RANK=str(rank % 2), LOCAL_WORLD_SIZE="2", OMP_NUM_THREADS="1")
+            procs.append(subprocess.Popen([sys.executable, os.path.abspath(__file__), json.dumps(cfg)], env=env))
+        try:
+            for p in procs:
+                p.wait(timeout=max(1, 150 - (time.monotonic() - t0)))
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                p.kill()
+            raise AssertionError("DDP workers did not finish within 150 s (a hang)")
+        finally:
+            cls.cluster.cleanup()
+        cls.codes = [p.returncode for p in procs]
+        cls.results = []
+        for rank in range(4):
+            path = os.path.join(cls.dir, f"rank{rank}.json")
+            if os.path.exists(path):
+                with open(path) as f:
+                    cls.results.append(json.load(f))
+
+    def setUp(self):
+        self.assertEqual(self.codes, [0, 0, 0, 0], "a DDP worker failed (see the log above)")
+        self.assertEqual(len(self.results), 4)
+
+    def test_dense_hook_matches_gloo_allreduce(self):
+        for r in self.results:
+            for phase in ("doorbell", "rpc_plain"):
+                diffs = r[phase]["max_diff"]
+                self.assertTrue(all(d < 2e-5 for d in diffs), f"rank {r['rank']} {phase}: {diffs}")
+
+    def test_parameters_identical_on_every_rank_after_every_step(self):
+        for phase, steps in (("doorbell", STEPS), ("rpc_plain", 4)):
+            per_rank = [r[phase]["digests"] for r in self.results]
+            self.assertEqual(len(per_rank[0]), steps)
+            for step in range(steps):
+                self.assertEqual(len({d[step] for d in per_rank}), 1, f"{phase} step {step} differs")
+
+    def test_rebuild_gets_new_bucket_ids_and_drops_the_old_ones(self):
+        for r in self.results:
+            buckets = r["doorbell"]["buckets"]
+            self.assertEqual(buckets[0], [[0, 301066]], "generation 0: DDP's initial single bucket")
+            gen1 = buckets[1]
+            self.assertGreaterEqual(len(gen1), 2, f"DDP's rebuilt layout: {gen1}")
+            self.assertEqual([b[0] for b in gen1], [(1 << 20) + i for i in range(len(gen1))])
+            self.assertEqual(sum(b[1] for b in gen1), 301066)
+            self.assertTrue(all(b == gen1 for b in buckets[1:]), "no further generations")
+            self.assertEqual(r["doorbell"]["daemon_buckets"][-1], [b[0] for b in gen1],
+                             "the daemon still holds generation 0")
+            plain = r["rpc_plain"]["buckets"]
+            self.assertEqual(plain[0], [[1 << 32, 301066]])
+            self.assertEqual([b[0] for b in plain[-1]], [(1 << 32) + (1 << 20) + i for i in range(len(gen1))],
+                             "the plain form (no DDP reference) follows the rebuild too")
+
+    def test_world_size_mismatch_is_refused(self):
+        for r in self.results[:2]:
+            self.assertIsNotNone(r["world_error"])
+            self.assertIn("2 ranks", r["world_error"])
+            self.assertIn("2 nodes x 2 local trainers = 4", r["world_error"])
+
+    def test_float64_model_raises_a_clear_error(self):
+        for r in self.results:
+            self.assertIsNotNone(r["dtype_error"])
+            self.assertIn("float32", r["dtype_error"])
+            self.assertIn("torch.float64", r["dtype_error"])
+
+
+if __name__ == "__main__":
+    worker(json.loads(sys.argv[1]))
