@@ -37,7 +37,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--trainers", type=int, default=2, help="DDP processes per node")
     p.add_argument("--epochs", type=int, default=30)
     p.add_argument("--batch", type=int, default=16, help="per-process batch size")
-    p.add_argument("--hidden", type=int, default=1024, help="width of the MLP's two hidden layers")
+    p.add_argument("--hidden", type=int, default=512, help="width of the MLP's two hidden layers")
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP bucket_cap_mb")
@@ -341,15 +341,16 @@ def write_outputs(results: List[Dict[str, Any]], out: str) -> None:
         return
     fig, ax = plt.subplots(2, 2, figsize=(11, 7.5))
     for r in results:
+        label = r["label"] + (" (dense fallback)" if r["fallback"] else "")
         st = [int(s["step"]) for s in r["step_rows"]]
-        ax[0][0].plot(st, [float(s["loss"]) for s in r["step_rows"]], label=r["label"], lw=0.8)
+        ax[0][0].plot(st, [float(s["loss"]) for s in r["step_rows"]], label=label, lw=0.8)
         ax[0][1].plot([e["epoch"] + 1 for e in r["epoch_rows"]], [e["test_acc"] for e in r["epoch_rows"]],
-                      label=r["label"], marker=".")
-        ax[1][0].plot(st, [1e3 * float(s["exchange_s"]) for s in r["step_rows"]], label=r["label"], lw=0.6)
+                      label=label, marker=".")
+        ax[1][0].plot(st, [1e3 * float(s["exchange_s"]) for s in r["step_rows"]], label=label, lw=0.6)
         d = [(int(s["step"]), float(s["density"])) for s in r["step_rows"] if s["density"] not in ("nan", "")]
         d = [(a, b) for a, b in d if b == b]
         if d:
-            ax[1][1].plot([a for a, _ in d], [b for _, b in d], label=r["label"], lw=0.8)
+            ax[1][1].plot([a for a, _ in d], [b for _, b in d], label=label, lw=0.8)
     ax[0][0].set(title="training loss (rank 0)", xlabel="step", yscale="log")
     ax[0][1].set(title="test accuracy (%)", xlabel="epoch")
     ax[1][0].set(title="exchange time per step (ms, sum over buckets)", xlabel="step", yscale="log")

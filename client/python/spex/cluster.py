@@ -1,7 +1,7 @@
 """A local spex cluster for tests, demos and the main job: N spexd daemons under one mpirun on
 this machine (one per emulated node), each on its own socket in a private directory, stopped
-by PID (SIGTERM to mpirun, which stops every node cleanly; SIGKILL to mpirun's process group
-only when that does not finish in time).
+by PID (SIGTERM to every spexd, which stops cleanly and removes its socket and segments; mpirun
+then exits; SIGKILL to mpirun's process group only when that does not finish in time).
 
     with LocalCluster("bazel-bin/daemon/spexd", nodes=2, trainers=2) as cluster:
         client = spex.Client(cluster.socket(0), local_rank=0, local_size=2)
@@ -27,6 +27,31 @@ MPI_ENV = {
     "OMPI_MCA_btl_tcp_if_include": "lo",
     "OMPI_MCA_oob_tcp_if_include": "lo",
 }
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def children_of(pid: int) -> List[int]:
+    """PIDs whose parent is `pid` (from /proc)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        # The command name may hold spaces; the fields after its closing parenthesis do not.
+        fields = stat[stat.rfind(")") + 2:].split()
+        if len(fields) > 1 and int(fields[1]) == pid:
+            out.append(int(entry))
+    return sorted(out)
 
 
 def find_spexd(explicit: Optional[str] = None) -> str:
@@ -125,23 +150,36 @@ class LocalCluster:
         finally:
             s.close()
 
-    def stop(self, timeout: float = 15.0, sig: int = signal.SIGTERM) -> Optional[int]:
-        """Stops the daemons: `sig` to mpirun's PID, then SIGKILL to its process group if it has
-        not exited within `timeout`. Returns mpirun's exit status (None if never started)."""
-        proc, self.proc = self.proc, None
+    def daemon_pids(self) -> List[int]:
+        """PIDs of the spexd processes mpirun started (its children), while running."""
+        if self.proc is None:
+            return []
+        return children_of(self.proc.pid)
+
+    def stop(self, timeout: float = 15.0) -> Optional[int]:
+        """Stops the daemons cleanly: SIGTERM to every spexd PID (each removes its socket and
+        segments; mpirun then exits), SIGTERM to mpirun if it is still there after `timeout`,
+        SIGKILL to its process group as a last resort. Returns mpirun's exit status (None if
+        never started)."""
+        proc = self.proc
         rc = None
         if proc is not None:
-            if proc.poll() is None:
+            pids = self.daemon_pids()
+            for pid in pids:
+                _signal(pid, signal.SIGTERM)
+            if not pids:
+                _signal(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                _signal(proc.pid, signal.SIGTERM)
                 try:
-                    os.kill(proc.pid, sig)
-                except ProcessLookupError:
-                    pass
-                try:
-                    proc.wait(timeout=timeout)
+                    proc.wait(timeout=5)
                 except subprocess.TimeoutExpired:
                     self.kill_group(proc.pid)
                     proc.wait(timeout=10)
             rc = proc.returncode
+            self.proc = None
         if self._log is not None:
             self._log.close()
             self._log = None
@@ -149,11 +187,20 @@ class LocalCluster:
 
     def kill(self) -> None:
         """SIGKILLs mpirun and the daemons (its process group) at once: daemons that die without
-        a clean shutdown, as after a crash."""
+        a clean shutdown, as after a crash. The shared segments they leave are removed (only
+        theirs: /dev/shm/spex-<daemon pid>-*), so tests leave nothing behind."""
         proc, self.proc = self.proc, None
         if proc is not None:
+            pids = children_of(proc.pid)
             self.kill_group(proc.pid)
             proc.wait(timeout=10)
+            for pid in pids:
+                for name in os.listdir("/dev/shm"):
+                    if name.startswith(f"spex-{pid}-"):
+                        try:
+                            os.unlink(os.path.join("/dev/shm", name))
+                        except OSError:
+                            pass
         if self._log is not None:
             self._log.close()
             self._log = None
