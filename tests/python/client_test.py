@@ -220,6 +220,16 @@ class ExchangeTest(ClusterTestCase):
             sessions = c.sessions()
             self.assertEqual([(s.pid, s.client) for s in sessions], [(os.getpid(), "stats-test")])
 
+    def test_set_density(self):
+        cl = self.start_cluster(1, 1)
+        with spex.Client(cl.socket(0)) as c:
+            v1 = c.set_density(0.05)
+            v2 = c.set_density(0.02)
+            self.assertGreaterEqual(v1, 1)
+            self.assertGreater(v2, v1)
+            with self.assertRaisesRegex(spex.SpexValueError, r"\(0, 1\]"):
+                c.set_density(0.0)
+
     def test_unregister_removes_the_bucket(self):
         cl = self.start_cluster(1, 1)
         with spex.Client(cl.socket(0)) as c:

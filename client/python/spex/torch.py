@@ -219,6 +219,11 @@ class SpexHookState:
                 den += s.elements
         return num / den if den else None
 
+    def set_density(self, density: float) -> int:
+        """Changes the target density of every sparse bucket of the daemons at run time (all
+        nodes switch at the same step); returns the daemon's change counter."""
+        return self.client.set_density(density)
+
     def close(self) -> None:
         """Stops the worker thread and closes the client if this state opened it."""
         if getattr(self, "_closed", True):
