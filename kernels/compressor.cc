@@ -1,0 +1,116 @@
+// The Compressor base: argument and shape checks around every compressor's DoSelect/DoUpdate.
+#include "kernels/compressor.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+
+namespace spex {
+
+const char* PatternName(Pattern p) {
+  switch (p) {
+    case Pattern::kIndexUnion:
+      return "A";
+    case Pattern::kSparseGather:
+      return "B";
+    case Pattern::kDense:
+      return "D";
+  }
+  return "?";
+}
+
+Compressor::Compressor(const CompressorSpec& spec, Primitives* prims)
+    : prims_(prims),
+      name_(spec.name),
+      node_rank_(spec.node_rank),
+      node_count_(spec.node_count),
+      n_(spec.elements),
+      density_(spec.density) {}
+
+absl::Status Compressor::SetDensity(double density) {
+  if (!(density > 0 && density <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name_, ": density must be in (0, 1], got ", density));
+  }
+  density_ = density;
+  return absl::OkStatus();
+}
+
+namespace {
+StepContext Context(uint64_t step, uint64_t call, int rank, int count, size_t n, double density) {
+  StepContext c;
+  c.step = step;
+  c.call = call;
+  c.node_rank = rank;
+  c.node_count = count;
+  c.n = n;
+  c.density = density;
+  const double k = std::floor(density * static_cast<double>(n));
+  c.k = k < 1 ? 1 : static_cast<size_t>(k);
+  if (c.k > n) c.k = n;
+  return c;
+}
+}  // namespace
+
+absl::Status Compressor::Select(uint64_t step, float* acc, const float* add, bool zero_selected,
+                                Selection* out) {
+  if (acc == nullptr || out == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(name_, ": Select needs acc and out"));
+  }
+  if (zero_selected && pattern() == Pattern::kIndexUnion) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        name_, " uses pattern A: the caller zeroes acc at the gathered union after the exchange, "
+               "so Select must be called with zero_selected = false"));
+  }
+  out->idx.clear();
+  out->val.clear();
+  out->all = false;
+  for (float& s : out->scalars) s = 0;
+  const StepContext ctx = Context(step, calls_, node_rank_, node_count_, n_, density_);
+  absl::Status s = DoSelect(ctx, acc, add, zero_selected, out);
+  ++calls_;
+  return s;
+}
+
+absl::Status Compressor::Update(uint64_t step, const Gathered& g) {
+  if (g.counts.size() != static_cast<size_t>(node_count_)) {
+    return absl::InvalidArgumentError(absl::StrCat(name_, ": Update got ", g.counts.size(),
+                                                   " counts for ", node_count_, " nodes"));
+  }
+  uint64_t total = 0;
+  for (uint64_t c : g.counts) total += c;
+  switch (pattern()) {
+    case Pattern::kSparseGather:
+      if (g.indices.size() != total) {
+        return absl::InvalidArgumentError(absl::StrCat(name_, ": Update got ", g.indices.size(),
+                                                       " indices but the counts sum to ", total));
+      }
+      break;
+    case Pattern::kIndexUnion:
+      if (g.indices.size() > total) {
+        return absl::InvalidArgumentError(absl::StrCat(name_, ": the union has ", g.indices.size(),
+                                                       " indices, more than the counts' sum ", total));
+      }
+      for (size_t i = 1; i < g.indices.size(); ++i) {
+        if (g.indices[i] <= g.indices[i - 1]) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(name_, ": the union must be sorted and unique (position ", i, ")"));
+        }
+      }
+      break;
+    case Pattern::kDense:
+      break;
+  }
+  for (size_t i = 0; i < g.indices.size(); ++i) {
+    if (g.indices[i] >= n_) {
+      return absl::InvalidArgumentError(absl::StrCat(name_, ": gathered index ", g.indices[i],
+                                                     " is out of range for ", n_, " elements"));
+    }
+  }
+  // The context of the step that was exchanged (call - 1 is the Select that produced it).
+  const StepContext ctx =
+      Context(step, calls_ == 0 ? 0 : calls_ - 1, node_rank_, node_count_, n_, density_);
+  return DoUpdate(ctx, g);
+}
+
+}  // namespace spex

@@ -1,0 +1,158 @@
+#include "kernels/compressors/common.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace spex {
+
+uint64_t SplitMix64(uint64_t* state) {
+  uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+uint64_t StepSeed(uint64_t seed, int rank, uint64_t step) {
+  uint64_t s = seed;
+  uint64_t a = SplitMix64(&s) ^ (static_cast<uint64_t>(rank) * 0xd1b54a32d192ed03ull);
+  uint64_t b = SplitMix64(&a) ^ (step * 0x8cb92ba72f3d8dd7ull);
+  return SplitMix64(&b);
+}
+
+float StrictAbove(float t) { return std::nextafter(t, std::numeric_limits<float>::infinity()); }
+
+size_t AppendAbove(Primitives* p, float* acc, const float* add, size_t begin, size_t end, float t,
+                   bool zero, size_t expect, Selection* out) {
+  const size_t base = out->idx.size();
+  if (end <= begin) return 0;
+  size_t cap = std::min(std::max<size_t>(expect, 1024), end - begin);
+  out->idx.resize(base + cap);
+  out->val.resize(base + cap);
+  size_t c = add ? p->AddSelectAbove(acc, add, begin, end, t, zero, out->idx.data() + base,
+                                     out->val.data() + base, cap)
+                 : p->SelectAbove(acc, begin, end, t, zero, out->idx.data() + base,
+                                  out->val.data() + base, cap);
+  if (c > cap) {
+    // Only the first `cap` were written (and zeroed): put those back, then take all of them.
+    // acc there is +0 now; adding the values back restores it exactly.
+    if (zero) (void)p->ScatterAdd(acc, end, out->idx.data() + base, out->val.data() + base, cap);
+    cap = c;
+    out->idx.resize(base + cap);
+    out->val.resize(base + cap);
+    c = p->SelectAbove(acc, begin, end, t, zero, out->idx.data() + base, out->val.data() + base,
+                       cap);
+  }
+  out->idx.resize(base + c);
+  out->val.resize(base + c);
+  return c;
+}
+
+size_t AppendTopK(Primitives* p, float* acc, size_t begin, size_t end, size_t k, bool zero,
+                  Selection* out) {
+  if (end <= begin || k == 0) return 0;
+  const size_t base = out->idx.size();
+  k = std::min(k, end - begin);
+  out->idx.resize(base + k);
+  out->val.resize(base + k);
+  const size_t w = p->TopK(acc + begin, end - begin, k, out->idx.data() + base,
+                           out->val.data() + base);
+  out->idx.resize(base + w);
+  out->val.resize(base + w);
+  if (begin != 0) {
+    for (size_t j = base; j < base + w; ++j) out->idx[j] += static_cast<uint32_t>(begin);
+  }
+  if (zero && w > 0) (void)p->ZeroAt(acc, end, out->idx.data() + base, w);
+  return w;
+}
+
+void AccumulateOutside(Primitives* p, float* acc, const float* add, size_t n, size_t skip_begin,
+                       size_t skip_end) {
+  if (add == nullptr) return;
+  skip_begin = std::min(skip_begin, n);
+  skip_end = std::min(std::max(skip_end, skip_begin), n);
+  if (skip_begin > 0) p->Accumulate(acc, add, skip_begin);
+  if (skip_end < n) p->Accumulate(acc + skip_end, add + skip_end, n - skip_end);
+}
+
+size_t TrimTopK(Primitives* p, Selection* out, size_t from, size_t k) {
+  const size_t m = out->idx.size() - from;
+  if (m <= k) return m;
+  std::vector<uint32_t> pos(k);
+  std::vector<float> v(k);
+  const size_t w = p->TopK(out->val.data() + from, m, k, pos.data(), v.data());
+  for (size_t j = 0; j < w; ++j) {  // pos is ascending, so j <= pos[j]: in place is safe
+    out->idx[from + j] = out->idx[from + pos[j]];
+    out->val[from + j] = v[j];
+  }
+  out->idx.resize(from + w);
+  out->val.resize(from + w);
+  return w;
+}
+
+ThresholdScanner::ThresholdScanner(Primitives* p, float* acc, const float* add, size_t n,
+                                   size_t capacity)
+    : p_(p), acc_(acc), add_(add), n_(n), cap_(std::min(std::max<size_t>(capacity, 1024), n)) {}
+
+void ThresholdScanner::Scan(float t) {
+  scan_idx_.resize(cap_);
+  scan_val_.resize(cap_);
+  const size_t c =
+      add_ ? p_->AddSelectAbove(acc_, add_, 0, n_, t, false, scan_idx_.data(), scan_val_.data(),
+                                cap_)
+           : p_->SelectAbove(acc_, 0, n_, t, false, scan_idx_.data(), scan_val_.data(), cap_);
+  add_ = nullptr;
+  ++passes_;
+  counts_.emplace_back(t, c);
+  if (c <= cap_ && (!have_list_ || t < list_t_)) {
+    scan_idx_.resize(c);
+    scan_val_.resize(c);
+    idx_.swap(scan_idx_);
+    val_.swap(scan_val_);
+    list_t_ = t;
+    have_list_ = true;
+  }
+}
+
+size_t ThresholdScanner::Count(float t) {
+  for (const auto& [ct, c] : counts_) {
+    if (ct == t) return c;
+  }
+  if (!FromList(t)) Scan(t);
+  for (const auto& [ct, c] : counts_) {
+    if (ct == t) return c;
+  }
+  if (!FromList(t)) return counts_.back().second;  // unreachable: Scan(t) recorded t
+  size_t c = 0;
+  for (float v : val_) c += std::fabs(v) >= t;
+  return c;
+}
+
+void ThresholdScanner::Select(float t, bool zero, Selection* out) {
+  out->idx.clear();
+  out->val.clear();
+  if (!FromList(t) && add_ == nullptr) {
+    // One direct pass (zeroing in it) beats a scan plus a ZeroAt.
+    size_t expect = cap_;
+    for (const auto& [ct, c] : counts_) {
+      if (ct == t) expect = c;
+    }
+    AppendAbove(p_, acc_, nullptr, 0, n_, t, zero, expect, out);
+    ++passes_;
+    return;
+  }
+  if (!FromList(t)) Scan(t);
+  if (!FromList(t)) {  // the list overflowed at t: select directly
+    Select(t, zero, out);
+    return;
+  }
+  for (size_t j = 0; j < idx_.size(); ++j) {
+    if (std::fabs(val_[j]) >= t) {
+      out->idx.push_back(idx_[j]);
+      out->val.push_back(val_[j]);
+    }
+  }
+  if (zero && !out->idx.empty()) (void)p_->ZeroAt(acc_, n_, out->idx.data(), out->idx.size());
+}
+
+}  // namespace spex

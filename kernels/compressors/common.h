@@ -1,0 +1,82 @@
+// Building blocks shared by the compressors, written only over Primitives (plus scalar loops over
+// selection-sized host arrays): threshold selection with capacity handling, exact top-k of a
+// range, trimming a candidate list to an exact top-k, a threshold scanner that answers a sequence
+// of count/select probes with as few passes over acc as possible, and seeded random numbers.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "kernels/compressor.h"
+#include "kernels/primitives.h"
+
+namespace spex {
+
+// splitmix64: the compressors' only random source (deterministic, cheap).
+uint64_t SplitMix64(uint64_t* state);
+// A per-(seed, node, step) stream seed, so nodes and steps draw independently.
+uint64_t StepSeed(uint64_t seed, int rank, uint64_t step);
+
+// Smallest float above t: |x| > t  <=>  |x| >= StrictAbove(t) (for the references' strict `>`).
+float StrictAbove(float t);
+
+// acc[begin, end) += add[begin, end) when add is non-null (in the same pass), then appends every
+// i in [begin, end) with |acc[i]| >= t to out (ascending), zeroing acc there when `zero`.
+// `expect` sizes the first attempt; an overflow is handled exactly (a second pass). Returns the
+// number appended.
+size_t AppendAbove(Primitives* p, float* acc, const float* add, size_t begin, size_t end, float t,
+                   bool zero, size_t expect, Selection* out);
+
+// Appends the exact top-k by |acc| of [begin, end) (ties toward the lower index), ascending;
+// zeroes them in acc when `zero`. Returns the number appended (min(k, end - begin)).
+size_t AppendTopK(Primitives* p, float* acc, size_t begin, size_t end, size_t k, bool zero,
+                  Selection* out);
+
+// acc[i] += add[i] for i in [0, n) outside [skip_begin, skip_end); nothing when add is null.
+void AccumulateOutside(Primitives* p, float* acc, const float* add, size_t n, size_t skip_begin,
+                       size_t skip_end);
+
+// Keeps only the exact top-k by |val| of out's entries from position `from` on (ties toward the
+// lower position, i.e. the lower index), keeping them ascending. Returns the kept count.
+size_t TrimTopK(Primitives* p, Selection* out, size_t from, size_t k);
+
+// Answers count and select probes at several thresholds on one buffer with few passes: it keeps
+// the complete list of entries at the lowest threshold scanned so far (while that fits in
+// `capacity`) and answers every probe at or above it from that list. `add`, when non-null, is
+// added into acc by the first pass over acc (so nothing else may read acc before the first probe).
+class ThresholdScanner {
+ public:
+  ThresholdScanner(Primitives* p, float* acc, const float* add, size_t n, size_t capacity);
+
+  // Number of i with |acc[i]| >= t.
+  size_t Count(float t);
+  // out's idx/val := entries with |acc| >= t (ascending); zeroes acc there when `zero`.
+  void Select(float t, bool zero, Selection* out);
+  // Passes made over acc so far.
+  int passes() const { return passes_; }
+
+ private:
+  bool FromList(float t) const { return have_list_ && t >= list_t_; }
+  void Scan(float t);
+
+  Primitives* p_;
+  float* acc_;
+  const float* add_;  // null once applied
+  size_t n_;
+  size_t cap_;
+  std::vector<uint32_t> idx_, scan_idx_;
+  std::vector<float> val_, scan_val_;
+  float list_t_ = 0;
+  bool have_list_ = false;
+  std::vector<std::pair<float, size_t>> counts_;  // exact counts from passes
+  int passes_ = 0;
+};
+
+}  // namespace spex
+
+namespace spex {
+// The lowest threshold a threshold-based compressor uses: |x| >= it <=> x != 0, so exact zeros
+// are never sent (and a zero estimate cannot select the whole buffer).
+inline constexpr float kMinThreshold = 1.40129846e-45f;  // the smallest positive denormal
+}  // namespace spex

@@ -1,0 +1,103 @@
+// MiCRO (Yoon & Oh, HiPC 2023; ALGORITHMS.md section 2): every node selects only inside the
+// partition it owns this step (cyclic, exclusive), so there is no gradient build-up; pattern A.
+// Parameters: threshold_control=reference|histogram (default histogram, decisions item 5),
+// histogram_trim=true|false (cut the histogram's candidates to the exact quota).
+// Choices where the reference is silent or buggy:
+//  - K_prev is the sum of the gathered counts (the own count on a single node: no endless decay);
+//  - an empty partition sends nothing (the reference sends one dummy index; counts are always
+//    exchanged in spex, so an empty selection is legal);
+//  - the histogram quota of partition p is k / nodes (remainder to the lowest partitions);
+//  - the ownership cycle follows the engine's step, the controller's t = 0 is the first Select.
+#include "kernels/compressors/micro.h"
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <vector>
+
+#include "kernels/compressors/common.h"
+#include "kernels/compressors/factories.h"
+#include "kernels/compressors/threshold_control.h"
+
+namespace spex {
+
+Range EqualPartition(size_t n, int parts, int j) {
+  const size_t q = n / parts, r = n % parts, uj = static_cast<size_t>(j);
+  Range p;
+  p.begin = uj * q + std::min(uj, r);
+  p.end = p.begin + q + (uj < r ? 1 : 0);
+  return p;
+}
+
+int OwnedPartition(uint64_t step, int rank, int nodes) {
+  return static_cast<int>((step % nodes + static_cast<uint64_t>(rank)) % nodes);
+}
+
+namespace {
+
+class Micro final : public Compressor {
+ public:
+  Micro(const CompressorSpec& spec, Primitives* prims, ThresholdControl control, bool trim)
+      : Compressor(spec, prims), control_(control), trim_(trim) {}
+  Pattern pattern() const override { return Pattern::kIndexUnion; }
+
+ protected:
+  absl::Status DoSelect(const StepContext& ctx, float* acc, const float* add, bool,
+                        Selection* out) override {
+    const int part = OwnedPartition(ctx.step, ctx.node_rank, ctx.node_count);
+    const Range r = EqualPartition(ctx.n, ctx.node_count, part);
+    float used;
+    if (control_ == ThresholdControl::kReference) {
+      if (ctx.call == 0) {
+        th_ = InitialThreshold(ctx.k);
+      } else {
+        th_ = static_cast<float>(th_ * ReferenceScaleFactor(static_cast<double>(k_prev_) /
+                                                            static_cast<double>(ctx.k)));
+      }
+      AccumulateOutside(prims_, acc, add, ctx.n, r.begin, r.end);
+      AppendAbove(prims_, acc, add, r.begin, r.end, th_, false, 2 * (ctx.k / ctx.node_count), out);
+      used = th_;
+    } else {
+      if (add) prims_->Accumulate(acc, add, ctx.n);
+      used = HistogramQuotaSelect(prims_, acc, r.begin, r.end,
+                                  EvenShare(ctx.k, ctx.node_count, part), trim_, &bins_, out);
+    }
+    out->scalars[0] = used;
+    out->scalars[1] = static_cast<float>(part);
+    return absl::OkStatus();
+  }
+
+  absl::Status DoUpdate(const StepContext&, const Gathered& g) override {
+    k_prev_ = 0;
+    for (uint64_t c : g.counts) k_prev_ += c;
+    return absl::OkStatus();
+  }
+
+ private:
+  ThresholdControl control_;
+  bool trim_;
+  float th_ = 0;
+  uint64_t k_prev_ = 1;
+  std::vector<uint32_t> bins_;
+};
+
+}  // namespace
+
+ThresholdControl ReadThresholdControl(ParamReader& r, bool* trim) {
+  const std::string c = r.Choice("threshold_control", "histogram", {"reference", "histogram"},
+                                 "published multiplicative controller, or spex's per-partition "
+                                 "histogram quota");
+  *trim = r.Bool("histogram_trim", true,
+                 "histogram control: cut the candidates to the exact quota (top-quota)");
+  return c == "reference" ? ThresholdControl::kReference : ThresholdControl::kHistogram;
+}
+
+std::unique_ptr<Compressor> MakeMicro(const CompressorSpec& spec, Primitives* prims,
+                                      ParamReader& r) {
+  bool trim;
+  const ThresholdControl control = ReadThresholdControl(r, &trim);
+  if (prims == nullptr || !r.ok()) return nullptr;
+  return std::make_unique<Micro>(spec, prims, control, trim);
+}
+
+}  // namespace spex

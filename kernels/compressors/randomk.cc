@@ -1,0 +1,73 @@
+// randomk (pattern B, ALGORITHMS.md 7.8, SIDCo's RandomKCompressor): k = max(1, floor(d n))
+// distinct positions drawn uniformly without replacement, independently per node and step
+// (stream seeded by seed, node rank and step), sent with their acc values.
+// Parameters: seed (default 1).
+#include <algorithm>
+#include <memory>
+#include <vector>
+
+#include "kernels/compressors/common.h"
+#include "kernels/compressors/factories.h"
+
+namespace spex {
+namespace {
+
+// k distinct uniform positions in [0, n), ascending.
+void DrawPositions(uint64_t seed, size_t n, size_t k, std::vector<uint32_t>* out) {
+  out->clear();
+  uint64_t s = seed;
+  auto below = [&](uint64_t m) {
+    return static_cast<uint64_t>((static_cast<unsigned __int128>(SplitMix64(&s)) * m) >> 64);
+  };
+  if (k * 4 > n) {
+    // Dense case: selection sampling (Knuth's algorithm S), one draw per position.
+    size_t need = k;
+    for (size_t i = 0; i < n && need > 0; ++i) {
+      if (below(n - i) < need) {
+        out->push_back(static_cast<uint32_t>(i));
+        --need;
+      }
+    }
+    return;
+  }
+  // Sparse case: draw, sort, drop duplicates, top up until k.
+  while (out->size() < k) {
+    const size_t have = out->size();
+    for (size_t j = have; j < k; ++j) out->push_back(static_cast<uint32_t>(below(n)));
+    std::sort(out->begin(), out->end());
+    out->erase(std::unique(out->begin(), out->end()), out->end());
+  }
+}
+
+class RandomK final : public Compressor {
+ public:
+  RandomK(const CompressorSpec& spec, Primitives* prims, uint64_t seed)
+      : Compressor(spec, prims), seed_(seed) {}
+  Pattern pattern() const override { return Pattern::kSparseGather; }
+
+ protected:
+  absl::Status DoSelect(const StepContext& ctx, float* acc, const float* add, bool zero,
+                        Selection* out) override {
+    if (add) prims_->Accumulate(acc, add, ctx.n);
+    DrawPositions(StepSeed(seed_, ctx.node_rank, ctx.step), ctx.n, ctx.k, &out->idx);
+    out->val.resize(out->idx.size());
+    absl::Status s = prims_->Gather(acc, ctx.n, out->idx.data(), out->idx.size(), out->val.data());
+    if (s.ok() && zero) s = prims_->ZeroAt(acc, ctx.n, out->idx.data(), out->idx.size());
+    out->scalars[0] = static_cast<float>(ctx.k);
+    return s;
+  }
+
+ private:
+  uint64_t seed_;
+};
+
+}  // namespace
+
+std::unique_ptr<Compressor> MakeRandomK(const CompressorSpec& spec, Primitives* prims,
+                                        ParamReader& r) {
+  const uint64_t seed = r.Seed();
+  if (prims == nullptr || !r.ok()) return nullptr;
+  return std::make_unique<RandomK>(spec, prims, seed);
+}
+
+}  // namespace spex

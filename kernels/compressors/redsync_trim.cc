@@ -1,0 +1,18 @@
+// redsync_trim (pattern B; ALGORITHMS.md 7.10, SIDCo's RedSyncTrimCompressor): RedSync's
+// statistics (mean and max of |acc|) with a descending search r = 0.8, 0.6, ..., 0.0 for
+// th = mean + r (max - mean) until at least k entries exceed it; then select |acc| > th.
+// Implementation shared with redsync (redsync.cc).
+#include <memory>
+
+#include "kernels/compressors/factories.h"
+#include "kernels/compressors/redsync.h"
+
+namespace spex {
+
+std::unique_ptr<Compressor> MakeRedSyncTrim(const CompressorSpec& spec, Primitives* prims,
+                                            ParamReader& r) {
+  if (prims == nullptr || !r.ok()) return nullptr;
+  return NewRedSync(spec, prims, true);
+}
+
+}  // namespace spex

@@ -1,0 +1,130 @@
+// The SIDCo compressors sidco_e, sidco_p, sidco_gp (pattern B; Abdelmoniem et al., MLSys 2021; ALGORITHMS.md 4.3-4.5
+// and decisions item 6): fit a sparsity-inducing distribution to |acc| and threshold it, in
+// several stages: stage 1 keeps first_ratio = 0.25 of the mass; each later stage fits the
+// exceedances over the previous threshold (peaks over threshold) with the per-stage ratio
+// (d / 0.25)^(1 / (S - 1)); then select |acc| > threshold (strict).
+//   sidco_e: exponential in every stage;  sidco_p: generalised Pareto in every stage;
+//   sidco_gp: gamma in stage 1 (EC form, inverse incomplete gamma), generalised Pareto after.
+// Adaptive stage count (mode -1): every 5 Selects, q = mean of (selected / (d n)) over them;
+// q > 1.2: S - 1, q < 0.8: S + 1, clamped to [1, ceil(ln d / ln 0.5)].
+// Choices where the reference is silent or differs:
+//  - statistics are on |acc|, not |acc| / ||acc||: every fit is scale-equivariant, so the
+//    normalisation cancels out of the selection (and a norm pass is saved);
+//  - the exceedance location is the previous stage's threshold, not min(survivors) (the same in
+//    the limit; there is no min primitive): z = y - eta, mean(z) = mean(y) - eta, var(z) = var(y);
+//  - variances are sample variances (n - 1), as torch.var;
+//  - the gamma stage is fitted to the non-zero magnitudes (log 0 is undefined; the reference adds
+//    an epsilon) with its ratio raised to keep the same count of all n: ratio * n / nonzeros;
+//  - the stage state is per compressor instance (the reference shares one across all buffers);
+//  - the initial stage count is the `stages` parameter (default 2).
+// Parameters: stages (initial S, default 2), adaptive (default true).
+// Scalars: [0] threshold, [1] stages used, [2] passes over acc.
+#include <algorithm>
+#include <cmath>
+#include <memory>
+
+#include "kernels/compressors/common.h"
+#include "kernels/compressors/factories.h"
+#include "kernels/compressors/sidco.h"
+#include "kernels/compressors/stat_math.h"
+
+namespace spex {
+namespace {
+
+inline constexpr double kFirstRatio = 0.25;
+inline constexpr int kUpdateEvery = 5;
+inline constexpr double kResDiff = 0.2;
+
+int MaxStages(double density) {
+  return std::max(1, static_cast<int>(std::ceil(std::log(density) / std::log(0.5))));
+}
+
+class Sidco final : public Compressor {
+ public:
+  Sidco(const CompressorSpec& spec, Primitives* prims, SidcoFit fit, int stages, bool adaptive)
+      : Compressor(spec, prims), fit_(fit), stages_(stages), adaptive_(adaptive) {}
+  Pattern pattern() const override { return Pattern::kSparseGather; }
+
+ protected:
+  absl::Status DoSelect(const StepContext& ctx, float* acc, const float* add, bool zero,
+                        Selection* out) override {
+    const size_t n = ctx.n;
+    const double d = ctx.density;
+    if (add) prims_->Accumulate(acc, add, n);
+    stages_ = std::min(std::max(stages_, 1), MaxStages(d));
+    const bool single = stages_ == 1 || d >= kFirstRatio;
+    const double r1 = single ? d : kFirstRatio;
+    int passes = 1;
+    double eta;
+    if (fit_ == SidcoFit::kGammaGPareto) {
+      const AbsMoments m = prims_->Moments(acc, n, 0.0f);  // the non-zero magnitudes
+      if (m.count == 0) {
+        eta = 0;
+      } else {
+        const double ratio = std::min(1.0, r1 * n / m.count);
+        eta = ratio >= 1 ? 0 : GammaThreshold(m.sum / m.count, m.sum_log / m.count, ratio);
+      }
+    } else {
+      const AbsMoments m = prims_->Moments(acc, n, -1.0f);
+      const double mean = m.sum / n;
+      const double var = n > 1 ? std::max(0.0, (m.sum_sq - m.sum * mean) / (n - 1)) : 0.0;
+      eta = fit_ == SidcoFit::kExponential ? ExponentialThreshold(mean, r1)
+                                           : GParetoThreshold(mean, var, r1);
+    }
+    int used = 1;
+    if (!single) {
+      const double rho = std::pow(d / kFirstRatio, 1.0 / (stages_ - 1));
+      for (int s = 1; s < stages_; ++s) {
+        const AbsMoments y = prims_->Moments(acc, n, static_cast<float>(eta));
+        ++passes;
+        if (y.count < 2) break;
+        const double mean_y = y.sum / y.count;
+        const double var = std::max(0.0, (y.sum_sq - y.sum * mean_y) / (y.count - 1));
+        const double mean_z = std::max(0.0, mean_y - eta);
+        eta += fit_ == SidcoFit::kExponential ? ExponentialThreshold(mean_z, rho)
+                                              : GParetoThreshold(mean_z, var, rho);
+        ++used;
+      }
+    }
+    const float th = std::max(static_cast<float>(eta), kMinThreshold);
+    AppendAbove(prims_, acc, nullptr, 0, n, StrictAbove(th), zero, 2 * ctx.k, out);
+    ++passes;
+    out->scalars[0] = th;
+    out->scalars[1] = static_cast<float>(used);
+    out->scalars[2] = static_cast<float>(passes);
+    if (adaptive_) Adapt(static_cast<double>(out->idx.size()) / (d * n), d);
+    return absl::OkStatus();
+  }
+
+ private:
+  void Adapt(double q, double d) {
+    q_sum_ += q;
+    if (++q_calls_ < kUpdateEvery) return;
+    const double mean_q = q_sum_ / q_calls_;
+    if (mean_q > 1 + kResDiff) --stages_;
+    else if (mean_q < 1 - kResDiff) ++stages_;
+    stages_ = std::min(std::max(stages_, 1), MaxStages(d));
+    q_sum_ = 0;
+    q_calls_ = 0;
+  }
+
+  SidcoFit fit_;
+  int stages_;
+  bool adaptive_;
+  double q_sum_ = 0;
+  int q_calls_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Compressor> MakeSidco(const CompressorSpec& spec, Primitives* prims,
+                                      ParamReader& r, SidcoFit fit) {
+  const int stages = static_cast<int>(
+      r.Int("stages", 2, 1, 32, "initial number of stages (clamped to ceil(ln d / ln 0.5))"));
+  const bool adaptive = r.Bool("adaptive", true,
+                               "adapt the stage count every 5 steps (+-20% band)");
+  if (prims == nullptr || !r.ok()) return nullptr;
+  return std::make_unique<Sidco>(spec, prims, fit, stages, adaptive);
+}
+
+}  // namespace spex

@@ -1,0 +1,15 @@
+// sidco_gp (pattern B; ALGORITHMS.md 4.3-4.5): multi-stage SIDCo with the gamma fit in stage 1, generalised Pareto in the later stages.
+// Algorithm, choices and parameters: sidco.cc.
+#include <memory>
+
+#include "kernels/compressors/factories.h"
+#include "kernels/compressors/sidco.h"
+
+namespace spex {
+
+std::unique_ptr<Compressor> MakeSidcoGP(const CompressorSpec& spec, Primitives* prims,
+                                       ParamReader& r) {
+  return MakeSidco(spec, prims, r, SidcoFit::kGammaGPareto);
+}
+
+}  // namespace spex

@@ -1,0 +1,47 @@
+// thresh (pattern A, flat hard threshold; ALGORITHMS.md 7.4, the kljp/micro form): select
+// |acc| >= lambda with lambda = 1 / (2 sqrt(k)) recomputed every step from the current density
+// and n, or a constant `threshold` (the sands-lab form). The achieved density is NOT controlled:
+// it follows the gradient's scale. Indices are united across nodes (MiCRO-style communication).
+// Parameters: threshold (> 0; default: 1 / (2 sqrt(k))).
+#include <memory>
+
+#include "kernels/compressors/common.h"
+#include "kernels/compressors/factories.h"
+#include "kernels/compressors/threshold_control.h"
+
+namespace spex {
+namespace {
+
+class Thresh final : public Compressor {
+ public:
+  Thresh(const CompressorSpec& spec, Primitives* prims, double threshold)
+      : Compressor(spec, prims), threshold_(threshold) {}
+  Pattern pattern() const override { return Pattern::kIndexUnion; }
+
+ protected:
+  absl::Status DoSelect(const StepContext& ctx, float* acc, const float* add, bool zero,
+                        Selection* out) override {
+    const float t = threshold_ > 0 ? static_cast<float>(threshold_) : InitialThreshold(ctx.k);
+    // Size the buffer from the last count: the density is not controlled but drifts slowly.
+    AppendAbove(prims_, acc, add, 0, ctx.n, t, zero, last_count_ + last_count_ / 4 + ctx.k, out);
+    last_count_ = out->idx.size();
+    out->scalars[0] = t;
+    return absl::OkStatus();
+  }
+
+ private:
+  double threshold_;
+  size_t last_count_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Compressor> MakeThresh(const CompressorSpec& spec, Primitives* prims,
+                                       ParamReader& r) {
+  const double t = r.Double("threshold", 0, 0, 1e30,
+                            "constant threshold on |acc|; 0 = 1 / (2 sqrt(k)) every step");
+  if (prims == nullptr || !r.ok()) return nullptr;
+  return std::make_unique<Thresh>(spec, prims, t);
+}
+
+}  // namespace spex

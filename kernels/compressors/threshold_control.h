@@ -1,0 +1,43 @@
+// Threshold control shared by MiCRO and ExDyna (ALGORITHMS.md 2.4, 3.4 and decisions item 5):
+//  - reference: the published multiplicative controller on K_prev / k (1.005 above 1.1x,
+//    1.00125 inside the band, 0.995 at or below 1/1.1x), th0 = 1 / (2 sqrt(k));
+//  - histogram: a 2^16-bin |acc| histogram of the owned range, walked from the top to the bin
+//    where the count reaches the quota; everything >= that bin's lower edge is selected in a
+//    second pass (at least the quota, over by at most that bin's population). With `trim` (spex's
+//    default) the candidates are cut to the exact top-quota, so the count meets the quota exactly
+//    whenever the range holds that many non-zero entries.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kernels/compressor.h"
+#include "kernels/primitives.h"
+
+namespace spex {
+
+enum class ThresholdControl { kReference, kHistogram };
+
+inline constexpr double kRefUpFactor = 1.005;      // ratio > 1.1: too many selected
+inline constexpr double kRefCreepFactor = 1.00125; // 1/1.1 < ratio <= 1.1 (the in-band creep)
+inline constexpr double kRefDownFactor = 0.995;    // ratio <= 1/1.1: too few
+inline constexpr double kRefBand = 1.1;
+
+// The published scale factor for ratio = K_prev / k.
+double ReferenceScaleFactor(double ratio);
+// 1 / (2 sqrt(k)), the hard-threshold heuristic of Sahu et al.
+float InitialThreshold(size_t k);
+
+// Quota of partition `part` when k is split evenly over `parts` (remainder to the first ones).
+size_t EvenShare(size_t k, int parts, int part);
+
+// Selects at least `quota` of the largest |acc| in [begin, end) (exactly `quota` with trim, or
+// every non-zero entry when there are fewer), appending ascending indices to out. `bins` is
+// scratch (resized to 2^16). Returns the threshold actually applied (the bin edge, or the
+// smallest kept magnitude after trimming); +Inf when nothing is selected.
+float HistogramQuotaSelect(Primitives* p, const float* acc, size_t begin, size_t end, size_t quota,
+                           bool trim, std::vector<uint32_t>* bins, Selection* out);
+
+}  // namespace spex
