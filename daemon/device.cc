@@ -1,0 +1,144 @@
+#include "daemon/device.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+
+#ifdef SPEX_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "kernels/cuda/cuda_error.h"
+#endif
+
+namespace spex {
+namespace {
+
+std::string ArchList(const std::vector<int>& archs) {
+  std::vector<std::string> names;
+  for (int a : archs) names.push_back(absl::StrCat("sm_", a));
+  return names.empty() ? "none" : absl::StrJoin(names, ", ");
+}
+
+std::string Describe(const GpuInfo& g) {
+  return absl::StrFormat("GPU %d (%s, sm_%d%d, %.1f GiB)", g.ordinal, g.name, g.major, g.minor,
+                         g.memory_bytes / double(1ull << 30));
+}
+
+#ifdef SPEX_HAVE_CUDA
+class CudaGpuProbe final : public GpuProbe {
+ public:
+  GpuProbeResult Probe() override {
+    GpuProbeResult r;
+    r.built_with_cuda = true;
+    int count = 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess) {
+      cudaGetLastError();  // clear it: the process goes on (on the CPU) and must not trip on it
+      r.error = ExplainCudaError(cudaGetErrorName(e), cudaGetErrorString(e));
+      return r;
+    }
+    for (int i = 0; i < count; ++i) {
+      cudaDeviceProp prop{};
+      e = cudaGetDeviceProperties(&prop, i);
+      if (e != cudaSuccess) {
+        cudaGetLastError();
+        r.error = absl::StrCat("GPU ", i, ": ",
+                               ExplainCudaError(cudaGetErrorName(e), cudaGetErrorString(e)));
+        continue;
+      }
+      GpuInfo g;
+      g.ordinal = i;
+      g.name = prop.name;
+      g.major = prop.major;
+      g.minor = prop.minor;
+      g.memory_bytes = prop.totalGlobalMem;
+      r.devices.push_back(g);
+    }
+    if (!r.devices.empty()) r.error.clear();  // some GPU answered; choose among those
+    return r;
+  }
+};
+#else
+class NoCudaProbe final : public GpuProbe {
+ public:
+  GpuProbeResult Probe() override { return GpuProbeResult{}; }
+};
+#endif
+
+}  // namespace
+
+std::unique_ptr<GpuProbe> MakeGpuProbe() {
+#ifdef SPEX_HAVE_CUDA
+  return std::make_unique<CudaGpuProbe>();
+#else
+  return std::make_unique<NoCudaProbe>();
+#endif
+}
+
+std::vector<int> BuiltCudaArchs() {
+#ifdef SPEX_CUDA_ARCHS
+  return {SPEX_CUDA_ARCHS};
+#else
+  return {};
+#endif
+}
+
+bool ArchRunsOn(int arch, int major, int minor) {
+  return arch / 10 == major && arch % 10 <= minor;
+}
+
+absl::StatusOr<Device> ChooseDevice(const std::string& flag, GpuProbe& probe,
+                                    const std::vector<int>& archs, std::string* reason) {
+  std::string ignored;
+  if (reason == nullptr) reason = &ignored;
+  if (flag == "cpu") {
+    *reason = "--device=cpu: serving host buffers with the CPU primitives";
+    return Device::kCpu;
+  }
+  if (flag != "auto" && flag != "cuda") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--device must be one of auto, cpu, cuda; got '", flag, "'"));
+  }
+
+  const GpuProbeResult found = probe.Probe();
+  std::string why_not;
+  const GpuInfo* chosen = nullptr;
+  if (!found.built_with_cuda) {
+    why_not = "spexd was built without CUDA (rebuild with bazel build --config=cuda)";
+  } else if (!found.error.empty()) {
+    why_not = found.error;
+  } else if (found.devices.empty()) {
+    why_not = "the CUDA runtime found no GPU";
+  } else {
+    std::vector<std::string> seen;
+    for (const GpuInfo& g : found.devices) {
+      for (int arch : archs) {
+        if (chosen == nullptr && ArchRunsOn(arch, g.major, g.minor)) chosen = &g;
+      }
+      seen.push_back(Describe(g));
+    }
+    if (chosen == nullptr) {
+      why_not = absl::StrCat("no GPU can run this build's kernels (built for ", ArchList(archs),
+                             "; found ", absl::StrJoin(seen, ", "), ")");
+    }
+  }
+
+  if (chosen != nullptr) {
+    *reason = absl::StrCat("--device=", flag, ": using ", Describe(*chosen));
+    return Device::kCuda;
+  }
+  if (flag == "cuda") {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--device=cuda: no usable GPU: ", why_not,
+                     ". Use --device=cpu (or auto) to run on the CPU."));
+  }
+  *reason = absl::StrCat("--device=auto: using the CPU: ", why_not);
+  return Device::kCpu;
+}
+
+absl::StatusOr<Device> ChooseDevice(const std::string& flag, std::string* reason) {
+  std::unique_ptr<GpuProbe> probe = MakeGpuProbe();
+  return ChooseDevice(flag, *probe, BuiltCudaArchs(), reason);
+}
+
+}  // namespace spex

@@ -1,0 +1,59 @@
+// Which device spexd serves buffers on (--device=auto|cpu|cuda). The GPU probe sits behind a
+// small interface so the choice is tested with a fake; the real probe asks the CUDA runtime
+// under --config=cuda and reports "built without CUDA" otherwise. With `cuda` and no usable
+// GPU the choice is an error saying why; with `auto` it is the CPU plus the reason to log.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "kernels/primitives.h"
+
+namespace spex {
+
+struct GpuInfo {
+  int ordinal = 0;
+  std::string name;
+  int major = 0;  // compute capability
+  int minor = 0;
+  uint64_t memory_bytes = 0;
+};
+
+struct GpuProbeResult {
+  bool built_with_cuda = false;
+  // Why the runtime offers no GPU (e.g. "no NVIDIA driver (...): cudaErrorInsufficientDriver
+  // (...)"); empty when the runtime answered, even with zero devices.
+  std::string error;
+  std::vector<GpuInfo> devices;
+};
+
+class GpuProbe {
+ public:
+  virtual ~GpuProbe() = default;
+  virtual GpuProbeResult Probe() = 0;
+};
+
+// The CUDA runtime's view (cudaGetDeviceCount, cudaGetLastError to clear a failure,
+// cudaGetDeviceProperties); without --config=cuda: built_with_cuda = false.
+std::unique_ptr<GpuProbe> MakeGpuProbe();
+
+// The GPU architectures this build has kernels for (e.g. {80, 90}); empty without CUDA.
+std::vector<int> BuiltCudaArchs();
+
+// True when kernels compiled for sm_<arch> (SASS) run on a GPU of compute capability
+// major.minor: same major version and minor >= the arch's minor.
+bool ArchRunsOn(int arch, int major, int minor);
+
+// `flag`: auto | cpu | cuda. `reason` (may be null) gets a sentence for the log saying what was
+// chosen and why. Errors: InvalidArgument for another flag value (naming the accepted ones),
+// FailedPrecondition for `cuda` without a usable GPU (naming the cause). `archs` are the
+// architectures the kernels were built for (BuiltCudaArchs() in production).
+absl::StatusOr<Device> ChooseDevice(const std::string& flag, GpuProbe& probe,
+                                    const std::vector<int>& archs, std::string* reason);
+
+// The production form: the real probe and this build's architectures.
+absl::StatusOr<Device> ChooseDevice(const std::string& flag, std::string* reason);
+
+}  // namespace spex

@@ -1,0 +1,474 @@
+// Host side of the CUDA primitives: argument checks, scratch memory, the stream, error
+// reporting and the top-k control logic (radix_top_k.h); the passes are in kernels.h.
+#include "kernels/cuda/cuda_primitives.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <utility>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "kernels/cuda/cuda_error.h"
+#include "kernels/cuda/kernels.h"
+#include "kernels/cuda/radix_top_k.h"
+
+namespace spex {
+namespace {
+
+constexpr uint64_t kMaxElements = uint64_t{1} << 32;  // indices are uint32
+
+absl::Status CudaStatus(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return absl::OkStatus();
+  return absl::InternalError(
+      absl::StrCat(what, ": ", ExplainCudaError(cudaGetErrorName(e), cudaGetErrorString(e))));
+}
+
+#define SPEX_CUDA_RETURN_IF_ERROR(expr, what)                       \
+  do {                                                              \
+    if (absl::Status s_ = CudaStatus((expr), what); !s_.ok()) return s_; \
+  } while (0)
+
+// Selects the object's GPU for the calling thread and restores the previous one.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    if (cudaGetDevice(&previous_) == cudaSuccess && previous_ != device) {
+      if (cudaSetDevice(device) == cudaSuccess) restore_ = true;
+    }
+  }
+  ~DeviceGuard() {
+    if (restore_) cudaSetDevice(previous_);
+  }
+
+ private:
+  int previous_ = 0;
+  bool restore_ = false;
+};
+
+// Device memory that only grows; freed with the object.
+class Scratch {
+ public:
+  ~Scratch() {
+    if (ptr_ != nullptr) cudaFree(ptr_);
+  }
+  absl::Status Reserve(size_t bytes) {
+    if (bytes <= bytes_) return absl::OkStatus();
+    if (ptr_ != nullptr) cudaFree(ptr_);
+    ptr_ = nullptr;
+    bytes_ = 0;
+    const size_t grown = std::max(bytes, bytes_ + bytes_ / 2);
+    SPEX_CUDA_RETURN_IF_ERROR(cudaMalloc(&ptr_, grown), "cudaMalloc(scratch)");
+    bytes_ = grown;
+    return absl::OkStatus();
+  }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(ptr_);
+  }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// Small results read back by the host, in one device block.
+struct Readback {
+  unsigned long long count;
+  int64_t selected;
+  unsigned long long first_bad;
+  gpu::MomentsAcc moments;
+};
+
+class CudaPrimitives final : public Primitives {
+ public:
+  static absl::Status Create(int device, std::unique_ptr<Primitives>* out);
+  ~CudaPrimitives() override;
+
+  Device device() const override { return Device::kCuda; }
+
+  void Accumulate(float* y, const float* x, size_t n) override;
+  void Scale(float* x, float a, size_t n) override;
+  size_t CountAbove(const float* x, size_t n, float t) override;
+  size_t SelectAbove(float* x, size_t begin, size_t end, float t, bool zero, uint32_t* idx,
+                     float* val, size_t capacity) override;
+  size_t AddSelectAbove(float* acc, const float* add, size_t begin, size_t end, float t, bool zero,
+                        uint32_t* idx, float* val, size_t capacity) override;
+  size_t TopK(const float* x, size_t n, size_t k, uint32_t* idx, float* val) override;
+  AbsMoments Moments(const float* x, size_t n, float lower_bound) override;
+  void Sample(const float* x, size_t n, size_t m, uint64_t seed, float* out) override;
+  absl::Status ScatterAdd(float* y, size_t n, const uint32_t* idx, const float* val,
+                          size_t m) override;
+  absl::Status Gather(const float* x, size_t n, const uint32_t* idx, size_t m,
+                      float* out) override;
+  absl::Status ZeroAt(float* x, size_t n, const uint32_t* idx, size_t m) override;
+  void AbsHistogram16(const float* x, size_t begin, size_t end, uint32_t* bins) override;
+
+  absl::Status error() const {
+    absl::MutexLock lock(&mu_);
+    return error_;
+  }
+
+ private:
+  friend class CudaTopKPasses;
+  explicit CudaPrimitives(int device) : device_(device) {}
+
+  // Waits for the stream; the first error of a call without a Status result is kept.
+  absl::Status Finish(const char* what) {
+    return CudaStatus(cudaStreamSynchronize(launch_.stream), what);
+  }
+  void Keep(const absl::Status& s) {
+    if (s.ok() || !error_.ok()) return;
+    error_ = s;
+    std::fprintf(stderr, "spex CUDA primitives: %s\n", s.ToString().c_str());
+  }
+  template <typename T>
+  T Keep(absl::StatusOr<T> result, T fallback) {
+    if (result.ok()) return *std::move(result);
+    Keep(result.status());
+    return fallback;
+  }
+  // Runs a cub pass twice: once to size its temporary storage, once for real.
+  template <typename Pass>
+  absl::Status RunCub(const char* what, Pass pass) {
+    size_t bytes = 0;
+    SPEX_CUDA_RETURN_IF_ERROR(pass(nullptr, &bytes), what);
+    if (absl::Status s = cub_temp_.Reserve(std::max<size_t>(bytes, 1)); !s.ok()) return s;
+    SPEX_CUDA_RETURN_IF_ERROR(pass(cub_temp_.as<void>(), &bytes), what);
+    return absl::OkStatus();
+  }
+  absl::StatusOr<Readback> ReadBack(const char* what) {
+    Readback r;
+    SPEX_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&r, readback_.as<Readback>(), sizeof(r),
+                                              cudaMemcpyDeviceToHost, launch_.stream),
+                              what);
+    if (absl::Status s = Finish(what); !s.ok()) return s;
+    return r;
+  }
+  absl::Status CheckIndices(const uint32_t* idx, size_t m, size_t n, const char* op);
+  absl::StatusOr<size_t> SelectAboveLocked(float* x, size_t begin, size_t end, float t, bool zero,
+                                           uint32_t* idx, float* val, size_t capacity);
+
+  const int device_;
+  gpu::Launch launch_;
+  mutable absl::Mutex mu_;
+  absl::Status error_;
+  Scratch cub_temp_, indices_, ranks_, digit_counts_, readback_;
+};
+
+// TopK's three passes on the GPU (see radix_top_k.h).
+class CudaTopKPasses final : public gpu::RadixTopKPasses {
+ public:
+  CudaTopKPasses(CudaPrimitives* p, const float* x, size_t n, uint32_t* idx, float* val)
+      : p_(p), x_(x), n_(n), idx_(idx), val_(val) {}
+
+  absl::Status HighDigitHistogram(uint64_t* counts) override {
+    return Histogram(false, 0, counts);
+  }
+  absl::Status LowDigitHistogram(uint32_t high, uint64_t* counts) override {
+    return Histogram(true, high, counts);
+  }
+  absl::StatusOr<size_t> Collect(uint32_t threshold, uint64_t take, uint64_t ties) override {
+    const uint32_t* rank = nullptr;
+    if (take < ties) {  // only some ties: rank them by index with a prefix count
+      if (absl::Status s = p_->ranks_.Reserve(n_ * sizeof(uint32_t)); !s.ok()) return s;
+      uint32_t* ranks = p_->ranks_.as<uint32_t>();
+      SPEX_CUDA_RETURN_IF_ERROR(gpu::LaunchTieFlags(p_->launch_, x_, n_, threshold, ranks),
+                                "TopK tie flags");
+      absl::Status s = p_->RunCub("TopK tie ranks", [&](void* temp, size_t* bytes) {
+        return gpu::ExclusiveSum(temp, bytes, ranks, n_, p_->launch_.stream);
+      });
+      if (!s.ok()) return s;
+      rank = ranks;
+    }
+    int64_t* selected = &p_->readback_.as<Readback>()->selected;
+    absl::Status s = p_->RunCub("TopK select", [&](void* temp, size_t* bytes) {
+      return gpu::SelectTopK(temp, bytes, x_, n_, threshold, rank, take, idx_, selected,
+                             p_->launch_.stream);
+    });
+    if (!s.ok()) return s;
+    absl::StatusOr<Readback> r = p_->ReadBack("TopK select");
+    if (!r.ok()) return r.status();
+    const size_t written = static_cast<size_t>(r->selected);
+    SPEX_CUDA_RETURN_IF_ERROR(gpu::LaunchGather(p_->launch_, x_, idx_, written, val_),
+                              "TopK values");
+    if (absl::Status f = p_->Finish("TopK values"); !f.ok()) return f;
+    return written;
+  }
+
+ private:
+  absl::Status Histogram(bool low, uint32_t high, uint64_t* counts) {
+    unsigned long long* device_counts = p_->digit_counts_.as<unsigned long long>();
+    SPEX_CUDA_RETURN_IF_ERROR(
+        gpu::LaunchKeyHistogram(p_->launch_, x_, n_, low, high, device_counts), "TopK histogram");
+    static_assert(sizeof(unsigned long long) == sizeof(uint64_t));
+    SPEX_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(counts, device_counts, gpu::kDigitBins * sizeof(uint64_t),
+                        cudaMemcpyDeviceToHost, p_->launch_.stream),
+        "TopK histogram readback");
+    return p_->Finish("TopK histogram");
+  }
+
+  CudaPrimitives* p_;
+  const float* x_;
+  size_t n_;
+  uint32_t* idx_;
+  float* val_;
+};
+
+absl::Status CudaPrimitives::Create(int device, std::unique_ptr<Primitives>* out) {
+  out->reset();
+  int count = 0;
+  cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess) {
+    cudaGetLastError();  // clear it, so later CUDA calls in this process are not blamed
+    return absl::FailedPreconditionError(absl::StrCat(
+        "no usable GPU: ", ExplainCudaError(cudaGetErrorName(e), cudaGetErrorString(e))));
+  }
+  if (count == 0) return absl::FailedPreconditionError("no usable GPU: no CUDA device found");
+  if (device < 0 || device >= count) {
+    return absl::InvalidArgumentError(absl::StrCat("GPU ordinal ", device, " does not exist (",
+                                                   count, " device(s): 0..", count - 1, ")"));
+  }
+  DeviceGuard guard(device);
+  if (e = gpu::CheckKernelImage(); e != cudaSuccess) {
+    cudaGetLastError();
+    cudaDeviceProp prop{};
+    cudaGetDeviceProperties(&prop, device);
+    return absl::FailedPreconditionError(absl::StrCat(
+        "GPU ", device, " (", prop.name, ", sm_", prop.major, prop.minor,
+        ") cannot run spex's kernels: ",
+        ExplainCudaError(cudaGetErrorName(e), cudaGetErrorString(e))));
+  }
+  std::unique_ptr<CudaPrimitives> p(new CudaPrimitives(device));
+  SPEX_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&p->launch_.stream, cudaStreamNonBlocking),
+                            "cudaStreamCreate");
+  int sms = 0;
+  SPEX_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
+                            "cudaDeviceGetAttribute");
+  p->launch_.max_blocks = std::max(1, sms) * 8;  // 8 x 256 threads per SM, then grid-stride
+  if (absl::Status s = p->readback_.Reserve(sizeof(Readback)); !s.ok()) return s;
+  if (absl::Status s = p->digit_counts_.Reserve(gpu::kDigitBins * sizeof(uint64_t)); !s.ok()) {
+    return s;
+  }
+  *out = std::move(p);
+  return absl::OkStatus();
+}
+
+CudaPrimitives::~CudaPrimitives() {
+  DeviceGuard guard(device_);
+  if (launch_.stream != nullptr) cudaStreamDestroy(launch_.stream);
+}
+
+void CudaPrimitives::Accumulate(float* y, const float* x, size_t n) {
+  absl::MutexLock lock(&mu_);
+  DeviceGuard guard(device_);
+  absl::Status s = CudaStatus(gpu::LaunchAccumulate(launch_, y, x, n), "Accumulate");
+  if (s.ok()) s = Finish("Accumulate");
+  Keep(s);
+}
+
+void CudaPrimitives::Scale(float* x, float a, size_t n) {
+  absl::MutexLock lock(&mu_);
+  DeviceGuard guard(device_);
+  absl::Status s = CudaStatus(gpu::LaunchScale(launch_, x, a, n), "Scale");
+  if (s.ok()) s = Finish("Scale");
+  Keep(s);
+}
+
+size_t CudaPrimitives::CountAbove(const float* x, size_t n, float t) {
+  absl::MutexLock lock(&mu_);
+  DeviceGuard guard(device_);
+  if (n == 0) return 0;
+  auto run = [&]() -> absl::StatusOr<size_t> {
+    unsigned long long* out = &readback_.as<Readback>()->count;
+    absl::Status s = RunCub("CountAbove", [&](void* temp, size_t* bytes) {
+      return gpu::CountAbove(temp, bytes, x, n, t, out, launch_.stream);
+    });
+    if (!s.ok()) return s;
+    absl::StatusOr<Readback> r = ReadBack("CountAbove");
+    if (!r.ok()) return r.status();
+    return static_cast<size_t>(r->count);
+  };
+  return Keep<size_t>(run(), 0);
+}
+
+absl::StatusOr<size_t> CudaPrimitives::SelectAboveLocked(float* x, size_t begin, size_t end,
+                                                         float t, bool zero, uint32_t* idx,
+                                                         float* val, size_t capacity) {
+  if (end <= begin) return size_t{0};
+  if (end > kMaxElements) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("SelectAbove: end ", end, " exceeds the uint32 index range"));
+  }
+  const size_t len = end - begin;
+  // cub writes every selected index; when they may not all fit, select into scratch.
+  uint32_t* selected = idx;
+  if (capacity < len) {
+    if (absl::Status s = indices_.Reserve(len * sizeof(uint32_t)); !s.ok()) return s;
+    selected = indices_.as<uint32_t>();
+  }
+  int64_t* num = &readback_.as<Readback>()->selected;
+  absl::Status s = RunCub("SelectAbove", [&](void* temp, size_t* bytes) {
+    return gpu::SelectAbove(temp, bytes, x, begin, end, t, selected, num, launch_.stream);
+  });
+  if (!s.ok()) return s;
+  absl::StatusOr<Readback> r = ReadBack("SelectAbove");
+  if (!r.ok()) return r.status();
+  const size_t count = static_cast<size_t>(r->selected);
+  const size_t written = std::min(count, capacity);
+  SPEX_CUDA_RETURN_IF_ERROR(
+      gpu::LaunchEmitSelected(launch_, x, selected, written, zero, idx, val), "SelectAbove emit");
+  if (absl::Status f = Finish("SelectAbove"); !f.ok()) return f;
+  return count;
+}
+
+size_t CudaPrimitives::SelectAbove(float* x, size_t begin, size_t end, float t, bool zero,
+                                   uint32_t* idx, float* val, size_t capacity) {
+  absl::MutexLock lock(&mu_);
+  DeviceGuard guard(device_);
+  return Keep<size_t>(SelectAboveLocked(x, begin, end, t, zero, idx, val, capacity), 0);
+}
+
+size_t CudaPrimitives::AddSelectAbove(float* acc, const float* add, size_t begin, size_t end,
+                                      float t, bool zero, uint32_t* idx, float* val,
+                                      size_t capacity) {
+  absl::MutexLock lock(&mu_);
+  DeviceGuard guard(device_);
+  if (end <= begin) return 0;
+  // Two passes (add, then select); the select re-reads acc from L2 for buckets that fit there.
+  absl::Status s = CudaStatus(
+      gpu::LaunchAccumulate(launch_, acc + begin, add + begin, end - begin), "AddSelectAbove");
+  if (!s.ok()) {
+    Keep(s);
+    return 0;
+  }
+  return Keep<size_t>(SelectAboveLocked(acc, begin, end, t, zero, idx, val, capacity), 0);
+}
+
+size_t CudaPrimitives::TopK(const float* x, size_t n, size_t k, uint32_t* idx, float* val) {
+  absl::MutexLock lock(&mu_);
+  DeviceGuard guard(device_);
+  if (n > kMaxElements) {
+    Keep(absl::InvalidArgumentError(absl::StrCat("TopK: n = ", n, " exceeds the uint32 index range")));
+    return 0;
+  }
+  CudaTopKPasses passes(this, x, n, idx, val);
+  return Keep<size_t>(gpu::RadixTopK(n, k, passes), 0);
+}
+
+AbsMoments CudaPrimitives::Moments(const float* x, size_t n, float lower_bound) {
+  absl::MutexLock lock(&mu_);
+  DeviceGuard guard(device_);
+  AbsMoments m;
+  if (n == 0) return m;
+  auto run = [&]() -> absl::StatusOr<AbsMoments> {
+    gpu::MomentsAcc* out = &readback_.as<Readback>()->moments;
+    absl::Status s = RunCub("Moments", [&](void* temp, size_t* bytes) {
+      return gpu::ReduceMoments(temp, bytes, x, n, lower_bound, out, launch_.stream);
+    });
+    if (!s.ok()) return s;
+    absl::StatusOr<Readback> r = ReadBack("Moments");
+    if (!r.ok()) return r.status();
+    AbsMoments result;
+    result.count = r->moments.count;
+    result.sum = r->moments.sum;
+    result.sum_sq = r->moments.sum_sq;
+    result.sum_log = r->moments.sum_log;
+    result.log_count = r->moments.log_count;
+    result.max = r->moments.max;
+    return result;
+  };
+  return Keep<AbsMoments>(run(), m);
+}
+
+void CudaPrimitives::Sample(const float* x, size_t n, size_t m, uint64_t seed, float* out) {
+  absl::MutexLock lock(&mu_);
+  DeviceGuard guard(device_);
+  absl::Status s = CudaStatus(gpu::LaunchSample(launch_, x, n, m, seed, out), "Sample");
+  if (s.ok()) s = Finish("Sample");
+  Keep(s);
+}
+
+absl::Status CudaPrimitives::CheckIndices(const uint32_t* idx, size_t m, size_t n,
+                                          const char* op) {
+  if (m == 0) return absl::OkStatus();
+  unsigned long long* first_bad = &readback_.as<Readback>()->first_bad;
+  SPEX_CUDA_RETURN_IF_ERROR(gpu::LaunchFirstBadIndex(launch_, idx, m, n, first_bad), op);
+  absl::StatusOr<Readback> r = ReadBack(op);
+  if (!r.ok()) return r.status();
+  if (r->first_bad == ~0ull) return absl::OkStatus();
+  uint32_t bad = 0;
+  SPEX_CUDA_RETURN_IF_ERROR(
+      cudaMemcpy(&bad, idx + r->first_bad, sizeof(bad), cudaMemcpyDeviceToHost), op);
+  return absl::InvalidArgumentError(absl::StrCat(op, ": index ", bad, " at position ",
+                                                 r->first_bad, " is out of range for ", n,
+                                                 " elements"));
+}
+
+absl::Status CudaPrimitives::ScatterAdd(float* y, size_t n, const uint32_t* idx, const float* val,
+                                        size_t m) {
+  absl::MutexLock lock(&mu_);
+  DeviceGuard guard(device_);
+  if (absl::Status s = CheckIndices(idx, m, n, "ScatterAdd"); !s.ok()) return s;
+  SPEX_CUDA_RETURN_IF_ERROR(gpu::LaunchScatterAdd(launch_, y, idx, val, m), "ScatterAdd");
+  return Finish("ScatterAdd");
+}
+
+absl::Status CudaPrimitives::Gather(const float* x, size_t n, const uint32_t* idx, size_t m,
+                                    float* out) {
+  absl::MutexLock lock(&mu_);
+  DeviceGuard guard(device_);
+  if (absl::Status s = CheckIndices(idx, m, n, "Gather"); !s.ok()) return s;
+  SPEX_CUDA_RETURN_IF_ERROR(gpu::LaunchGather(launch_, x, idx, m, out), "Gather");
+  return Finish("Gather");
+}
+
+absl::Status CudaPrimitives::ZeroAt(float* x, size_t n, const uint32_t* idx, size_t m) {
+  absl::MutexLock lock(&mu_);
+  DeviceGuard guard(device_);
+  if (absl::Status s = CheckIndices(idx, m, n, "ZeroAt"); !s.ok()) return s;
+  SPEX_CUDA_RETURN_IF_ERROR(gpu::LaunchZeroAt(launch_, x, idx, m), "ZeroAt");
+  return Finish("ZeroAt");
+}
+
+void CudaPrimitives::AbsHistogram16(const float* x, size_t begin, size_t end, uint32_t* bins) {
+  absl::MutexLock lock(&mu_);
+  DeviceGuard guard(device_);
+  absl::Status s =
+      CudaStatus(gpu::LaunchAbsHistogram16(launch_, x, begin, end, bins), "AbsHistogram16");
+  if (s.ok()) s = Finish("AbsHistogram16");
+  Keep(s);
+}
+
+}  // namespace
+
+absl::Status MakeCudaPrimitivesOnDevice(int device, std::unique_ptr<Primitives>* out) {
+  if (out == nullptr) return absl::InvalidArgumentError("MakeCudaPrimitives: out is null");
+  return CudaPrimitives::Create(device, out);
+}
+
+absl::Status MakeCudaPrimitives(std::unique_ptr<Primitives>* out) {
+  if (out == nullptr) return absl::InvalidArgumentError("MakeCudaPrimitives: out is null");
+  out->reset();
+  int count = 0;
+  cudaError_t e = cudaGetDeviceCount(&count);
+  int device = 0;
+  if (e == cudaSuccess && count > 0) cudaGetDevice(&device);
+  cudaGetLastError();
+  return CudaPrimitives::Create(device, out);
+}
+
+absl::Status CudaPrimitivesError(const Primitives& p) {
+  const auto* cuda = dynamic_cast<const CudaPrimitives*>(&p);
+  if (cuda == nullptr) {
+    return absl::InvalidArgumentError("CudaPrimitivesError: not a CUDA Primitives object");
+  }
+  return cuda->error();
+}
+
+}  // namespace spex

@@ -1,0 +1,397 @@
+// Every primitive of the CUDA implementation against kernels/reference, through one suite that
+// is parameterised by device: "cuda" (MakeCudaPrimitives, device memory) and "cpu" (the CPU
+// primitives on host memory, which keeps the suite itself exercised on machines without a
+// GPU). The cuda cases GTEST_SKIP with the reason where no GPU is usable or the build has no
+// CUDA (plain `bazel test`); under --config=cuda on a GPU machine they run.
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/primitives.h"
+#include "kernels/reference/reference_primitives.h"
+#include "tests/cuda/test_data.h"
+
+#ifdef SPEX_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "kernels/cuda/cuda_primitives.h"
+#endif
+
+namespace spex {
+namespace {
+
+using testdata::AddSpecials;
+using testdata::Gradient;
+using testdata::kInf;
+using testdata::kNaN;
+using testdata::Quantized;
+using testdata::SameBits;
+
+constexpr size_t kSizes[] = {0, 1, 33, 4099, (1u << 18) + 3};
+
+// Memory of the device under test: allocations live as long as the object.
+class Memory {
+ public:
+  virtual ~Memory() = default;
+  virtual void* Alloc(size_t bytes) = 0;
+  virtual void ToDevice(void* dst, const void* src, size_t bytes) = 0;
+  virtual void ToHost(void* dst, const void* src, size_t bytes) = 0;
+
+  template <typename T>
+  T* Put(const std::vector<T>& v, size_t extra = 0) {
+    T* p = static_cast<T*>(Alloc((v.size() + extra) * sizeof(T) + 1));
+    if (!v.empty()) ToDevice(p, v.data(), v.size() * sizeof(T));
+    return p;
+  }
+  template <typename T>
+  std::vector<T> Get(const T* p, size_t n) {
+    std::vector<T> v(n);
+    if (n > 0) ToHost(v.data(), p, n * sizeof(T));
+    return v;
+  }
+};
+
+class HostMemory : public Memory {
+ public:
+  ~HostMemory() override {
+    for (void* p : blocks_) std::free(p);
+  }
+  void* Alloc(size_t bytes) override { return blocks_.emplace_back(std::malloc(bytes)); }
+  void ToDevice(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
+  void ToHost(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
+
+ private:
+  std::vector<void*> blocks_;
+};
+
+#ifdef SPEX_HAVE_CUDA
+class CudaMemory : public Memory {
+ public:
+  ~CudaMemory() override {
+    for (void* p : blocks_) cudaFree(p);
+  }
+  void* Alloc(size_t bytes) override {
+    void* p = nullptr;
+    EXPECT_EQ(cudaMalloc(&p, bytes), cudaSuccess);
+    return blocks_.emplace_back(p);
+  }
+  void ToDevice(void* dst, const void* src, size_t bytes) override {
+    EXPECT_EQ(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  void ToHost(void* dst, const void* src, size_t bytes) override {
+    EXPECT_EQ(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+  }
+
+ private:
+  std::vector<void*> blocks_;
+};
+#endif
+
+class DevicePrimitivesTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    ref_ = MakeReferencePrimitives();
+    if (GetParam() == "cpu") {
+      p_ = MakeCpuPrimitives(2);
+      mem_ = std::make_unique<HostMemory>();
+      return;
+    }
+    absl::Status s = MakeCudaPrimitives(&p_);
+    if (!s.ok()) {
+      // Without --config=cuda: Unimplemented; without a usable GPU: FailedPrecondition naming
+      // the CUDA error. Either way there is nothing to run the kernels on.
+      EXPECT_TRUE(s.code() == absl::StatusCode::kUnimplemented ||
+                  s.code() == absl::StatusCode::kFailedPrecondition)
+          << s;
+      GTEST_SKIP() << "CUDA primitives unavailable here: " << s.message();
+    }
+    ASSERT_EQ(p_->device(), Device::kCuda);
+#ifdef SPEX_HAVE_CUDA
+    mem_ = std::make_unique<CudaMemory>();
+#endif
+  }
+
+  void TearDown() override {
+#ifdef SPEX_HAVE_CUDA
+    if (p_ != nullptr && p_->device() == Device::kCuda) EXPECT_TRUE(CudaPrimitivesError(*p_).ok());
+#endif
+  }
+
+  // SelectAbove (add == nullptr) or AddSelectAbove on both; compares the count, the written
+  // entries, the sentinel past the capacity and the buffer afterwards.
+  void CheckSelect(const std::vector<float>& x0, const std::vector<float>* add, size_t begin,
+                   size_t end, float t, bool zero, size_t capacity) {
+    SCOPED_TRACE(::testing::Message() << "n=" << x0.size() << " [" << begin << "," << end
+                                      << ") t=" << t << " zero=" << zero << " cap=" << capacity
+                                      << " add=" << (add != nullptr));
+    std::vector<float> xr = x0;
+    std::vector<uint32_t> ir(capacity + 1, 7);
+    std::vector<float> vr(capacity + 1, 7.0f);
+    float* x = mem_->Put(x0);
+    uint32_t* idx = mem_->Put(ir);
+    float* val = mem_->Put(vr);
+    size_t got, expected;
+    if (add != nullptr) {
+      got = p_->AddSelectAbove(x, mem_->Put(*add), begin, end, t, zero, idx, val, capacity);
+      expected = ref_->AddSelectAbove(xr.data(), add->data(), begin, end, t, zero, ir.data(),
+                                      vr.data(), capacity);
+    } else {
+      got = p_->SelectAbove(x, begin, end, t, zero, idx, val, capacity);
+      expected = ref_->SelectAbove(xr.data(), begin, end, t, zero, ir.data(), vr.data(), capacity);
+    }
+    ASSERT_EQ(got, expected);
+    const size_t written = std::min(expected, capacity);
+    const std::vector<uint32_t> ig = mem_->Get(idx, capacity + 1);
+    const std::vector<float> vg = mem_->Get(val, capacity + 1);
+    EXPECT_TRUE(std::equal(ir.begin(), ir.begin() + written, ig.begin()));
+    EXPECT_TRUE(SameBits(vg.data(), vr.data(), written));
+    EXPECT_EQ(ig.back(), 7u) << "wrote past the capacity";
+    EXPECT_EQ(vg.back(), 7.0f) << "wrote past the capacity";
+    EXPECT_TRUE(SameBits(mem_->Get(x, x0.size()), xr));
+  }
+
+  std::unique_ptr<Primitives> p_, ref_;
+  std::unique_ptr<Memory> mem_;
+};
+
+float Quantile(const std::vector<float>& x, double fraction) {
+  std::vector<float> a;
+  for (float v : x) {
+    if (!std::isnan(v)) a.push_back(std::fabs(v));
+  }
+  if (a.empty()) return 1.0f;
+  const size_t pos = std::min(a.size() - 1, static_cast<size_t>((1.0 - fraction) * a.size()));
+  std::nth_element(a.begin(), a.begin() + pos, a.end());
+  return a[pos];
+}
+
+TEST_P(DevicePrimitivesTest, AccumulateAndScale) {
+  for (size_t n : kSizes) {
+    std::vector<float> y = Gradient(n, 1), x = Gradient(n, 2);
+    AddSpecials(&x, 3);
+    float* dy = mem_->Put(y);
+    float* dx = mem_->Put(x);
+    ref_->Accumulate(y.data(), x.data(), n);
+    p_->Accumulate(dy, dx, n);
+    EXPECT_TRUE(SameBits(mem_->Get(dy, n), y)) << "Accumulate n=" << n;
+    ref_->Scale(y.data(), -0.37f, n);
+    p_->Scale(dy, -0.37f, n);
+    EXPECT_TRUE(SameBits(mem_->Get(dy, n), y)) << "Scale n=" << n;
+    if (n > 8) {  // unaligned start and odd length (the vector path's tail)
+      p_->Accumulate(dy + 1, dx + 2, n - 5);
+      ref_->Accumulate(y.data() + 1, x.data() + 2, n - 5);
+      EXPECT_TRUE(SameBits(mem_->Get(dy, n), y)) << "unaligned Accumulate n=" << n;
+    }
+  }
+}
+
+TEST_P(DevicePrimitivesTest, CountAbove) {
+  for (size_t n : kSizes) {
+    std::vector<float> x = Gradient(n, 4);
+    AddSpecials(&x, 5);
+    float* dx = mem_->Put(x);
+    for (float t : {-1.0f, 0.0f, Quantile(x, 0.01), Quantile(x, 0.3), kInf, kNaN}) {
+      EXPECT_EQ(p_->CountAbove(dx, n, t), ref_->CountAbove(x.data(), n, t))
+          << "n=" << n << " t=" << t;
+    }
+  }
+}
+
+TEST_P(DevicePrimitivesTest, SelectAbove) {
+  for (size_t n : kSizes) {
+    std::vector<float> x = Gradient(n, 6);
+    const float t = Quantile(x, 0.05);
+    const size_t count = ref_->CountAbove(x.data(), n, t);
+    for (bool zero : {false, true}) CheckSelect(x, nullptr, 0, n, t, zero, n);
+    CheckSelect(x, nullptr, 0, n, 0.0f, true, n);
+    for (size_t cap : {size_t{0}, size_t{1}, count / 2, count > 0 ? count - 1 : 0}) {
+      CheckSelect(x, nullptr, 0, n, t, true, cap);
+    }
+    if (n > 10) CheckSelect(x, nullptr, 3, n - 5, t, true, n);
+    if (n > 10) CheckSelect(x, nullptr, n / 2, n / 2, t, true, n);  // empty range
+    AddSpecials(&x, 7);
+    for (float ts : {0.0f, t, kInf, kNaN}) CheckSelect(x, nullptr, 0, n, ts, true, n);
+  }
+}
+
+TEST_P(DevicePrimitivesTest, AddSelectAbove) {
+  for (size_t n : kSizes) {
+    const std::vector<float> acc = Gradient(n, 8), add = Gradient(n, 9);
+    const float t = Quantile(acc, 0.01);
+    for (bool zero : {false, true}) CheckSelect(acc, &add, 0, n, t, zero, n);
+    CheckSelect(acc, &add, 0, n, t, true, n / 4);
+    if (n > 10) CheckSelect(acc, &add, 5, n - 3, t, true, n / 4);
+  }
+}
+
+TEST_P(DevicePrimitivesTest, TopK) {
+  for (size_t n : kSizes) {
+    for (int kind = 0; kind < 3; ++kind) {
+      std::vector<float> x = kind == 1 ? Quantized(n, 10, 5) : Gradient(n, 11);
+      if (kind == 2) AddSpecials(&x, 12);
+      float* dx = mem_->Put(x);
+      for (size_t k : {size_t{0}, size_t{1}, n / 1000, n / 3, n > 0 ? n - 1 : 0, n, n + 3}) {
+        SCOPED_TRACE(::testing::Message() << "n=" << n << " kind=" << kind << " k=" << k);
+        const size_t room = std::min(k, n);
+        std::vector<uint32_t> ir(room);
+        std::vector<float> vr(room);
+        const size_t expected = ref_->TopK(x.data(), n, k, ir.data(), vr.data());
+        uint32_t* idx = mem_->Put(ir);
+        float* val = mem_->Put(vr);
+        ASSERT_EQ(p_->TopK(dx, n, k, idx, val), expected);
+        EXPECT_EQ(mem_->Get(idx, room), ir);
+        EXPECT_TRUE(SameBits(mem_->Get(val, room), vr));
+      }
+    }
+  }
+}
+
+TEST_P(DevicePrimitivesTest, Moments) {
+  for (size_t n : kSizes) {
+    for (bool specials : {false, true}) {
+      std::vector<float> x = Gradient(n, 13);
+      if (specials) AddSpecials(&x, 14);
+      float* dx = mem_->Put(x);
+      for (float lb : {-1.0f, 0.0f, Quantile(x, 0.1), kNaN}) {
+        SCOPED_TRACE(::testing::Message() << "n=" << n << " specials=" << specials << " lb=" << lb);
+        const AbsMoments e = ref_->Moments(x.data(), n, lb);
+        const AbsMoments g = p_->Moments(dx, n, lb);
+        EXPECT_EQ(g.count, e.count);
+        EXPECT_EQ(g.log_count, e.log_count);
+        EXPECT_EQ(g.max, e.max);
+        // The CUDA kernels take double logs (only the summation order differs from the
+        // reference); the CPU primitives use a faster log good to about 1e-7.
+        const double log_tolerance = GetParam() == "cpu" ? 1e-6 : 1e-9;
+        for (auto [got, want, tolerance] :
+             {std::tuple{g.sum, e.sum, 1e-9}, std::tuple{g.sum_sq, e.sum_sq, 1e-9},
+              std::tuple{g.sum_log, e.sum_log, log_tolerance}}) {
+          if (std::isfinite(want)) {
+            EXPECT_NEAR(got, want, tolerance * std::max(1.0, std::fabs(want)));
+          } else {
+            EXPECT_EQ(got, want);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_P(DevicePrimitivesTest, SampleIsTheSameEverywhere) {
+  for (size_t n : kSizes) {
+    const std::vector<float> x = Gradient(n, 15);
+    float* dx = mem_->Put(x);
+    for (uint64_t seed : {uint64_t{0}, uint64_t{99}, ~uint64_t{0}}) {
+      std::vector<float> want(1001);
+      ref_->Sample(x.data(), n, want.size(), seed, want.data());
+      float* out = mem_->Put(std::vector<float>(want.size(), 5.0f));
+      p_->Sample(dx, n, want.size(), seed, out);
+      EXPECT_TRUE(SameBits(mem_->Get(out, want.size()), want)) << "n=" << n << " seed=" << seed;
+    }
+  }
+}
+
+TEST_P(DevicePrimitivesTest, IndexedOpsAndTheirValidation) {
+  const size_t n = 100003;
+  const std::vector<float> x = Gradient(n, 16);
+  std::vector<uint32_t> idx;
+  for (uint32_t i = 3; i < n; i += 7) idx.push_back(i);  // distinct: exact sums
+  std::vector<float> val = Gradient(idx.size(), 17);
+  float* dx = mem_->Put(x);
+  uint32_t* di = mem_->Put(idx);
+  float* dv = mem_->Put(val);
+
+  std::vector<float> y = x;
+  ASSERT_TRUE(ref_->ScatterAdd(y.data(), n, idx.data(), val.data(), idx.size()).ok());
+  float* dy = mem_->Put(x);
+  ASSERT_TRUE(p_->ScatterAdd(dy, n, di, dv, idx.size()).ok());
+  EXPECT_TRUE(SameBits(mem_->Get(dy, n), y));
+
+  std::vector<float> gathered(idx.size());
+  ASSERT_TRUE(ref_->Gather(x.data(), n, idx.data(), idx.size(), gathered.data()).ok());
+  float* dg = mem_->Put(std::vector<float>(idx.size()));
+  ASSERT_TRUE(p_->Gather(dx, n, di, idx.size(), dg).ok());
+  EXPECT_TRUE(SameBits(mem_->Get(dg, idx.size()), gathered));
+
+  std::vector<float> z = x;
+  ASSERT_TRUE(ref_->ZeroAt(z.data(), n, idx.data(), idx.size()).ok());
+  float* dz = mem_->Put(x);
+  ASSERT_TRUE(p_->ZeroAt(dz, n, di, idx.size()).ok());
+  EXPECT_TRUE(SameBits(mem_->Get(dz, n), z));
+
+  // One bad index (and a later one): nothing written, the same message as the reference.
+  std::vector<uint32_t> bad = idx;
+  bad[500] = static_cast<uint32_t>(n);
+  bad[900] = 0xffffffffu;
+  uint32_t* dbad = mem_->Put(bad);
+  std::vector<float> yr = x;
+  const absl::Status want = ref_->ScatterAdd(yr.data(), n, bad.data(), val.data(), bad.size());
+  float* dy2 = mem_->Put(x);
+  const absl::Status got = p_->ScatterAdd(dy2, n, dbad, dv, bad.size());
+  EXPECT_EQ(got, want);
+  EXPECT_TRUE(SameBits(mem_->Get(dy2, n), x));
+  EXPECT_EQ(p_->Gather(dx, n, dbad, bad.size(), dg).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(p_->ZeroAt(dy2, n, dbad, bad.size()),
+            ref_->ZeroAt(yr.data(), n, bad.data(), bad.size()));
+  EXPECT_TRUE(SameBits(mem_->Get(dy2, n), x));
+  EXPECT_TRUE(p_->ScatterAdd(dy2, n, dbad, dv, 0).ok());  // m == 0 checks nothing
+}
+
+TEST_P(DevicePrimitivesTest, ScatterAddWithRepeatedIndices) {
+  const size_t n = 1000;
+  std::vector<uint32_t> idx(50000);
+  for (size_t j = 0; j < idx.size(); ++j) idx[j] = static_cast<uint32_t>((j * 7919) % n);
+  const std::vector<float> val = Gradient(idx.size(), 18);
+  std::vector<float> y(n, 1.0f);
+  float* dy = mem_->Put(y);
+  ASSERT_TRUE(ref_->ScatterAdd(y.data(), n, idx.data(), val.data(), idx.size()).ok());
+  ASSERT_TRUE(p_->ScatterAdd(dy, n, mem_->Put(idx), mem_->Put(val), idx.size()).ok());
+  const std::vector<float> got = mem_->Get(dy, n);
+  for (size_t i = 0; i < n; ++i) EXPECT_NEAR(got[i], y[i], 1e-4) << i;  // float atomics' order
+}
+
+TEST_P(DevicePrimitivesTest, AbsHistogram16AddsToTheBins) {
+  for (size_t n : kSizes) {
+    std::vector<float> x = Gradient(n, 19);
+    AddSpecials(&x, 20);
+    std::vector<uint32_t> bins(Primitives::kHistogramBins);
+    for (size_t b = 0; b < bins.size(); b += 97) bins[b] = 3;  // added to, not cleared
+    uint32_t* dbins = mem_->Put(bins);
+    const size_t begin = n / 5, end = n - n / 7;
+    ref_->AbsHistogram16(x.data(), begin, end, bins.data());
+    p_->AbsHistogram16(mem_->Put(x), begin, end, dbins);
+    EXPECT_EQ(mem_->Get(dbins, bins.size()), bins) << "n=" << n;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Devices, DevicePrimitivesTest, ::testing::Values("cpu", "cuda"),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           return info.param;
+                         });
+
+// What MakeCudaPrimitives says on this machine.
+TEST(MakeCudaPrimitives, ExplainsWhyItCannotRun) {
+  std::unique_ptr<Primitives> p;
+  const absl::Status s = MakeCudaPrimitives(&p);
+#ifdef SPEX_HAVE_CUDA
+  if (s.ok()) {
+    EXPECT_EQ(p->device(), Device::kCuda);
+    return;
+  }
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("cudaError"), std::string::npos) << s;
+  EXPECT_EQ(MakeCudaPrimitivesOnDevice(0, &p).code(), absl::StatusCode::kFailedPrecondition);
+#else
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
+  EXPECT_NE(s.message().find("--config=cuda"), std::string::npos) << s;
+#endif
+  EXPECT_EQ(p, nullptr);
+}
+
+}  // namespace
+}  // namespace spex
