@@ -31,7 +31,7 @@ class GaussianK final : public Compressor {
     const double var = n > 1 ? std::max(0.0, (m.sum_sq - m.sum * mean) / (n - 1)) : 0.0;
     float th = static_cast<float>(mean + std::sqrt(var) * NormalQuantile(1 - ctx.density / 2));
     th = std::max(th, kMinThreshold);
-    ThresholdScanner scan(prims_, acc, nullptr, n, 2 * k);
+    ThresholdScanner scan(prims_, acc, nullptr, n, 4 * k);
     int rounds = 0;
     for (; rounds < 3; ++rounds) {
       const double c = static_cast<double>(scan.Count(StrictAbove(th)));

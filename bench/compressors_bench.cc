@@ -1,0 +1,564 @@
+// Compressor benchmark (issue 3 part 2):
+//  1. Cost: every compressor, error feedback included (ErrorFeedback::Select + Complete, the acc
+//     += gradient fused where the compressor can), on gradient-sized buffers (25,557,032 and
+//     11,173,962 floats) at densities 0.001 and 0.01, with 1 and 2 threads, as a ratio to memcpy
+//     of the same buffer measured interleaved in the same run; exact top-k also against a plain
+//     std::nth_element top-k on the same data. The timed node is rank 0 of --nodes simulated
+//     nodes (MiCRO/ExDyna/DEFT/CLT-k select in 1/nodes of the buffer, as they would there).
+//  2. Compression-ratio error mean |K/k - 1| over --ratio_steps steps of micro and exdyna under
+//     both threshold controls, 4 simulated nodes with error feedback, on (a) a slowly drifting
+//     synthetic gradient sequence and (b) a real gradient trace (bench/make_grad_trace.py), with
+//     the selection time of each control.
+// Prints tables and writes JSON (--json_out).
+//
+//   /usr/bin/python3 bench/make_grad_trace.py --out /tmp/spex_grad_trace.bin
+//   bazel run //bench:compressors_bench -- --json_out=$PWD/bench/results/compressors.json
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "kernels/compressor.h"
+#include "kernels/cpu/cpu_primitives.h"
+#include "kernels/error_feedback.h"
+#include "kernels/primitives.h"
+
+ABSL_FLAG(std::string, json_out, "bench/results/compressors.json",
+          "where to write the results (relative paths are under the workspace with bazel run)");
+ABSL_FLAG(std::string, sizes, "25557032,11173962", "comma-separated buffer sizes (floats)");
+ABSL_FLAG(std::string, densities, "0.001,0.01", "comma-separated target densities");
+ABSL_FLAG(std::string, threads, "1,2", "comma-separated thread counts");
+ABSL_FLAG(int, reps, 5, "timed steps per measurement (the median is reported)");
+ABSL_FLAG(int, warmup, 3, "untimed steps before timing (controllers settle)");
+ABSL_FLAG(int, nodes, 4, "simulated node count of the timed node (rank 0)");
+ABSL_FLAG(std::string, only, "", "time only compressors whose label contains this");
+ABSL_FLAG(bool, cost, true, "run part 1 (cost)");
+ABSL_FLAG(bool, ratio, true, "run part 2 (compression-ratio error)");
+ABSL_FLAG(std::string, trace, "/tmp/spex_grad_trace.bin",
+          "real gradient trace from bench/make_grad_trace.py (part 2b skipped if missing)");
+ABSL_FLAG(int, ratio_steps, 300, "steps for the compression-ratio error");
+ABSL_FLAG(int64_t, synthetic_n, 1126410, "floats per gradient of the synthetic sequence");
+
+namespace spex {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Ms(const std::function<void()>& fn) {
+  const auto start = Clock::now();
+  fn();
+  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+template <typename T>
+std::vector<T> ParseList(const std::string& s) {
+  std::vector<T> out;
+  for (absl::string_view p : absl::StrSplit(s, ',', absl::SkipEmpty())) {
+    double v;
+    if (!absl::SimpleAtod(p, &v)) {
+      std::fprintf(stderr, "bad list entry '%s'\n", std::string(p).c_str());
+      std::exit(2);
+    }
+    out.push_back(static_cast<T>(v));
+  }
+  return out;
+}
+
+// Gradient-like values: normal, 0.5% of them 100x larger (a heavy tail), as primitives_bench.
+std::vector<float> Gradient(size_t n, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> normal(0.0f, 1e-3f);
+  std::vector<float> x(n);
+  for (size_t i = 0; i < n; ++i) x[i] = normal(gen) * ((gen() % 1000) < 5 ? 100.0f : 1.0f);
+  return x;
+}
+
+struct Variant {
+  std::string label, name;
+  std::map<std::string, std::string> params;
+};
+
+std::vector<Variant> Variants() {
+  std::vector<Variant> v;
+  for (const std::string& name : CompressorNames()) {
+    if (name == "micro" || name == "exdyna") {
+      v.push_back({name + ":histogram", name, {{"threshold_control", "histogram"}}});
+      v.push_back({name + ":reference", name, {{"threshold_control", "reference"}}});
+    } else {
+      v.push_back({name, name, {}});
+    }
+  }
+  return v;
+}
+
+// One timed step of node 0: select with error feedback, then the residual update and Update
+// with gathered data built from its own selection (the other nodes report the same count).
+struct NodeRunner {
+  std::unique_ptr<Compressor> c;
+  std::unique_ptr<ErrorFeedback> ef;
+  Selection sel;
+  std::vector<uint64_t> counts;
+  std::vector<uint32_t> gathered;
+  void Step(uint64_t step, const float* grad) {
+    if (absl::Status s = ef->Select(c.get(), step, grad, &sel); !s.ok()) {
+      std::fprintf(stderr, "%s: %s\n", c->name().c_str(), s.ToString().c_str());
+      std::exit(1);
+    }
+    std::fill(counts.begin(), counts.end(), sel.count());
+    absl::Span<const uint32_t> idx = sel.idx;
+    if (c->pattern() == Pattern::kSparseGather && counts.size() > 1) {
+      // B: every node's indices; the peers' are stand-ins (own indices again) of the right size.
+      gathered.clear();
+      for (size_t r = 0; r < counts.size(); ++r) gathered.insert(gathered.end(), idx.begin(), idx.end());
+      idx = gathered;
+    }
+    if (c->pattern() == Pattern::kDense) idx = {};
+    if (absl::Status s = ef->Complete(c.get(), step, {counts, idx}); !s.ok()) {
+      std::fprintf(stderr, "%s: %s\n", c->name().c_str(), s.ToString().c_str());
+      std::exit(1);
+    }
+  }
+};
+
+struct CostRow {
+  size_t n;
+  double density;
+  int threads;
+  std::string label;
+  std::string pattern;
+  double ms, memcpy_ms, vs_memcpy, achieved;
+  double nth_ms = 0;  // topk only
+};
+
+// Plain top-k: |x| copied, std::nth_element for the k-th magnitude, then one scan for indices.
+void NthElementTopK(const float* x, size_t n, size_t k, std::vector<float>* mag,
+                    std::vector<uint32_t>* idx) {
+  mag->assign(x, x + n);
+  for (float& v : *mag) v = std::fabs(v);
+  std::nth_element(mag->begin(), mag->begin() + (k - 1), mag->end(), std::greater<float>());
+  const float t = (*mag)[k - 1];
+  idx->clear();
+  for (size_t i = 0; i < n && idx->size() < k; ++i) {
+    if (std::fabs(x[i]) >= t) idx->push_back(static_cast<uint32_t>(i));
+  }
+}
+
+std::vector<CostRow> RunCost() {
+  std::vector<CostRow> rows;
+  const int reps = absl::GetFlag(FLAGS_reps), warm = absl::GetFlag(FLAGS_warmup);
+  const int nodes = absl::GetFlag(FLAGS_nodes);
+  const std::string only = absl::GetFlag(FLAGS_only);
+  for (size_t n : ParseList<size_t>(absl::GetFlag(FLAGS_sizes))) {
+    // Each step's gradient is a window of n into a pool of 2n, at a step-dependent offset.
+    const std::vector<float> raw = Gradient(2 * n, 1);
+    std::vector<float> pool(2 * n), copy_dst(n), mag;
+    std::vector<uint32_t> nth_idx;
+    auto grad = [&](uint64_t step) { return pool.data() + (step * 1000003u) % n; };
+    auto memcpy_fn = [&] { std::memcpy(copy_dst.data(), pool.data(), n * sizeof(float)); };
+    for (double d : ParseList<double>(absl::GetFlag(FLAGS_densities))) {
+      // Scale so that 1 / (2 sqrt(k)), where the threshold controllers (micro/exdyna reference,
+      // thresh, sage) start, is the target quantile of |gradient|.
+      const size_t k = std::max<size_t>(1, static_cast<size_t>(d * n));
+      mag.assign(raw.begin(), raw.begin() + n);
+      for (float& v : mag) v = std::fabs(v);
+      std::nth_element(mag.begin(), mag.begin() + (k - 1), mag.end(), std::greater<float>());
+      const float scale = static_cast<float>(1.0 / (2.0 * std::sqrt(static_cast<double>(k)))) / mag[k - 1];
+      for (size_t i = 0; i < 2 * n; ++i) pool[i] = raw[i] * scale;
+      for (int threads : ParseList<int>(absl::GetFlag(FLAGS_threads))) {
+        std::unique_ptr<Primitives> prims = MakeCpuPrimitives(threads);
+        std::printf("\nn=%zu d=%g threads=%d (rank 0 of %d nodes; ratio = time / memcpy of the "
+                    "same buffer, interleaved)\n",
+                    n, d, threads, nodes);
+        std::printf("  %-20s %3s %10s %10s %9s %10s\n", "compressor", "pat", "ms", "memcpy ms",
+                    "x memcpy", "density");
+        for (const Variant& v : Variants()) {
+          if (!only.empty() && v.label.find(only) == std::string::npos) continue;
+          NodeRunner node;
+          auto made = MakeCompressor({v.name, d, v.params, 0, nodes, n}, prims.get());
+          if (!made.ok()) {
+            std::fprintf(stderr, "%s: %s\n", v.label.c_str(), made.status().ToString().c_str());
+            std::exit(1);
+          }
+          node.c = std::move(*made);
+          node.ef = std::make_unique<ErrorFeedback>(prims.get(), n);
+          node.counts.assign(nodes, 0);
+          uint64_t step = 0;
+          for (int w = 0; w < warm; ++w, ++step) node.Step(step, grad(step));
+          std::vector<double> t, tb, tn;
+          double achieved = 0;
+          const bool topk = v.name == "topk";
+          for (int r = 0; r < reps; ++r, ++step) {
+            tb.push_back(Ms(memcpy_fn));
+            const float* g = grad(step);
+            t.push_back(Ms([&] { node.Step(step, g); }));
+            achieved += static_cast<double>(node.sel.count()) / n / reps;
+            if (topk) {
+              tn.push_back(Ms([&] { NthElementTopK(g, n, k, &mag, &nth_idx); }));
+            }
+          }
+          CostRow row{n, d, threads, v.label, PatternName(node.c->pattern()), Median(t),
+                      Median(tb), Median(t) / Median(tb), achieved};
+          if (topk) row.nth_ms = Median(tn);
+          std::printf("  %-20s %3s %10.3f %10.3f %9.3f %10.5f", v.label.c_str(),
+                      row.pattern.c_str(), row.ms, row.memcpy_ms, row.vs_memcpy, row.achieved);
+          if (topk) std::printf("   nth_element %.2f ms: topk %.1fx faster", row.nth_ms, row.nth_ms / row.ms);
+          std::printf("\n");
+          std::fflush(stdout);
+          rows.push_back(row);
+        }
+      }
+    }
+  }
+  return rows;
+}
+
+// ---- Part 2: compression-ratio error ----
+
+// A source of per-(step, node) gradients.
+class GradSource {
+ public:
+  virtual ~GradSource() = default;
+  virtual size_t n() const = 0;
+  virtual int steps() const = 0;
+  // Fills grads[node] for `step` (all nodes at once; sources are read sequentially).
+  virtual bool Next(std::vector<std::vector<float>>* grads) = 0;
+  virtual std::string name() const = 0;
+  // The densities to evaluate on this source.
+  virtual std::vector<double> densities() const { return {0.001, 0.01}; }
+};
+
+// Slowly drifting synthetic sequence: g_t[i] = s_t * sigma_i * z, with a fixed heavy-tailed
+// per-coordinate scale sigma_i (|Laplace|, 0.5% of coordinates 10x), z standard normal, fresh
+// per step and node, and the global scale s_t = c exp(0.2 sin(2 pi t / T)) (at most about 0.42%
+// change per step, within what the published controller can follow). c is calibrated so that
+// 1 / (2 sqrt(k)) is the target quantile of |g| at t = 0 for the given density.
+class SyntheticSource : public GradSource {
+ public:
+  SyntheticSource(size_t n, int nodes, int steps, double density)
+      : n_(n), nodes_(nodes), steps_(steps), density_(density) {
+    std::mt19937 gen(99);
+    std::exponential_distribution<float> expo(1.0f);
+    sigma_.resize(n);
+    for (float& v : sigma_) v = expo(gen) * ((gen() % 1000) < 5 ? 10.0f : 1.0f);
+    noise_.resize(3 * n);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (float& v : noise_) v = normal(gen);
+    std::vector<float> mag(n);
+    for (size_t i = 0; i < n; ++i) mag[i] = std::fabs(sigma_[i] * noise_[i]);
+    const size_t k = std::max<size_t>(1, static_cast<size_t>(density * n));
+    std::nth_element(mag.begin(), mag.begin() + (k - 1), mag.end(), std::greater<float>());
+    scale_ = 1.0f / (2.0f * std::sqrt(static_cast<float>(k))) / mag[k - 1];
+  }
+  size_t n() const override { return n_; }
+  int steps() const override { return steps_; }
+  std::string name() const override { return "synthetic_drift"; }
+  std::vector<double> densities() const override { return {density_}; }
+  bool Next(std::vector<std::vector<float>>* grads) override {
+    const float s = scale_ * std::exp(0.2f * std::sin(2.0f * 3.14159265f * t_ / steps_));
+    for (int r = 0; r < nodes_; ++r) {
+      const float* z = noise_.data() + (static_cast<size_t>(t_) * 7919 + r * 104729) % (2 * n_);
+      std::vector<float>& g = (*grads)[r];
+      g.resize(n_);
+      for (size_t i = 0; i < n_; ++i) g[i] = s * sigma_[i] * z[i];
+    }
+    ++t_;
+    return true;
+  }
+
+ private:
+  size_t n_;
+  int nodes_, steps_, t_ = 0;
+  double density_;
+  float scale_;
+  std::vector<float> sigma_, noise_;
+};
+
+float HalfToFloat(uint16_t h) {
+  const uint32_t sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ffu;
+  float f;
+  if (exp == 0) {
+    f = std::ldexp(static_cast<float>(man), -24);
+    uint32_t b;
+    std::memcpy(&b, &f, 4);
+    b |= sign;
+    std::memcpy(&f, &b, 4);
+    return f;
+  }
+  const uint32_t bits = sign | (exp == 31 ? (0xffu << 23) | (man << 13)
+                                           : ((exp + 112) << 23) | (man << 13));
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+// The real trace written by bench/make_grad_trace.py (format in its docstring).
+class TraceSource : public GradSource {
+ public:
+  static std::unique_ptr<TraceSource> Open(const std::string& path, int nodes, int steps) {
+    auto t = std::unique_ptr<TraceSource>(new TraceSource);
+    t->in_.open(path, std::ios::binary);
+    if (!t->in_) return nullptr;
+    char magic[8];
+    uint32_t version, workers, nsteps, dtype;
+    uint64_t params, header;
+    t->in_.read(magic, 8);
+    t->in_.read(reinterpret_cast<char*>(&version), 4);
+    t->in_.read(reinterpret_cast<char*>(&workers), 4);
+    t->in_.read(reinterpret_cast<char*>(&nsteps), 4);
+    t->in_.read(reinterpret_cast<char*>(&dtype), 4);
+    t->in_.read(reinterpret_cast<char*>(&params), 8);
+    t->in_.read(reinterpret_cast<char*>(&header), 8);
+    if (!t->in_ || std::memcmp(magic, "SPXGRAD1", 8) != 0 || version != 1 || dtype != 1 ||
+        static_cast<int>(workers) != nodes) {
+      std::fprintf(stderr, "%s: not a %d-worker SPXGRAD1 float16 trace\n", path.c_str(), nodes);
+      return nullptr;
+    }
+    t->n_ = params;
+    t->nodes_ = nodes;
+    t->steps_ = std::min<int>(steps, static_cast<int>(nsteps));
+    t->half_.resize(params);
+    t->path_ = path;
+    return t;
+  }
+  size_t n() const override { return n_; }
+  int steps() const override { return steps_; }
+  std::string name() const override { return "real_trace_mlp_digits"; }
+  bool Next(std::vector<std::vector<float>>* grads) override {
+    for (int r = 0; r < nodes_; ++r) {
+      float scale;
+      in_.read(reinterpret_cast<char*>(&scale), 4);
+      in_.read(reinterpret_cast<char*>(half_.data()), n_ * 2);
+      if (!in_) return false;
+      std::vector<float>& g = (*grads)[r];
+      g.resize(n_);
+      for (size_t i = 0; i < n_; ++i) g[i] = HalfToFloat(half_[i]) * scale;
+    }
+    return true;
+  }
+
+ private:
+  TraceSource() = default;
+  std::ifstream in_;
+  std::string path_;
+  size_t n_ = 0;
+  int nodes_ = 0, steps_ = 0;
+  std::vector<uint16_t> half_;
+};
+
+struct RatioRow {
+  std::string input, compressor, control;
+  double density;
+  int steps, nodes;
+  size_t n;
+  double mean_abs_error, mean_ratio, select_ms;
+};
+
+// All configurations advance together over one pass of the source.
+std::vector<RatioRow> RunRatio(GradSource* src, int nodes) {
+  struct Config {
+    std::string name, control;
+    double d;
+    std::vector<std::unique_ptr<Compressor>> c;
+    std::vector<std::unique_ptr<ErrorFeedback>> ef;
+    double err = 0, ratio = 0, select_ms = 0;
+    int steps = 0;
+  };
+  std::unique_ptr<Primitives> prims = MakeCpuPrimitives(1);
+  std::vector<Config> cfgs;
+  const std::map<std::string, std::map<std::string, std::string>> controls = {
+      {"reference", {{"threshold_control", "reference"}}},
+      {"histogram", {{"threshold_control", "histogram"}}},
+      {"histogram_untrimmed", {{"threshold_control", "histogram"}, {"histogram_trim", "false"}}},
+  };
+  for (const char* name : {"micro", "exdyna"}) {
+    for (const auto& [control, params] : controls) {
+      for (double d : src->densities()) {
+        Config c{name, control, d, {}, {}};
+        for (int r = 0; r < nodes; ++r) {
+          auto made = MakeCompressor({name, d, params, r, nodes, src->n()}, prims.get());
+          if (!made.ok()) {
+            std::fprintf(stderr, "%s\n", made.status().ToString().c_str());
+            std::exit(1);
+          }
+          c.c.push_back(std::move(*made));
+          c.ef.push_back(std::make_unique<ErrorFeedback>(prims.get(), src->n()));
+        }
+        cfgs.push_back(std::move(c));
+      }
+    }
+  }
+  std::vector<std::vector<float>> grads(nodes);
+  std::vector<Selection> sel(nodes);
+  for (int step = 0; step < src->steps(); ++step) {
+    if (!src->Next(&grads)) {
+      std::fprintf(stderr, "%s: ran out at step %d\n", src->name().c_str(), step);
+      break;
+    }
+    for (Config& c : cfgs) {
+      std::vector<uint64_t> counts(nodes);
+      std::vector<uint32_t> uni;
+      for (int r = 0; r < nodes; ++r) {
+        c.select_ms += Ms([&] { (void)c.ef[r]->Select(c.c[r].get(), step, grads[r].data(), &sel[r]); }) / nodes;
+        counts[r] = sel[r].count();
+        uni.insert(uni.end(), sel[r].idx.begin(), sel[r].idx.end());
+      }
+      std::sort(uni.begin(), uni.end());
+      uni.erase(std::unique(uni.begin(), uni.end()), uni.end());
+      for (int r = 0; r < nodes; ++r) (void)c.ef[r]->Complete(c.c[r].get(), step, {counts, uni});
+      uint64_t total = 0;
+      for (uint64_t x : counts) total += x;
+      const double k = std::max(1.0, std::floor(c.d * src->n()));
+      c.err += std::fabs(total / k - 1);
+      c.ratio += total / k;
+      c.steps++;
+    }
+  }
+  std::vector<RatioRow> rows;
+  for (Config& c : cfgs) {
+    rows.push_back({src->name(), c.name, c.control, c.d, c.steps, nodes, src->n(),
+                    c.err / std::max(1, c.steps), c.ratio / std::max(1, c.steps),
+                    c.select_ms / std::max(1, c.steps)});
+  }
+  return rows;
+}
+
+std::string Json(const std::vector<CostRow>& cost, const std::vector<RatioRow>& ratio,
+                 const std::vector<std::string>& goals) {
+  std::string j = absl::StrCat("{\n  \"simd_target\": \"", CpuPrimitivesTarget(), "\",\n  \"reps\": ",
+                               absl::GetFlag(FLAGS_reps), ",\n  \"nodes_simulated\": ",
+                               absl::GetFlag(FLAGS_nodes), ",\n  \"cost\": [\n");
+  for (size_t i = 0; i < cost.size(); ++i) {
+    const CostRow& r = cost[i];
+    absl::StrAppend(&j, absl::StrFormat(
+        "    {\"n\": %d, \"density\": %g, \"threads\": %d, \"compressor\": \"%s\", \"pattern\": "
+        "\"%s\", \"ms\": %.4f, \"memcpy_ms\": %.4f, \"vs_memcpy\": %.4f, \"achieved_density\": %.6f",
+        r.n, r.density, r.threads, r.label, r.pattern, r.ms, r.memcpy_ms, r.vs_memcpy, r.achieved));
+    if (r.nth_ms > 0) {
+      absl::StrAppend(&j, absl::StrFormat(", \"nth_element_ms\": %.4f, \"speedup_vs_nth_element\": %.3f",
+                                          r.nth_ms, r.nth_ms / r.ms));
+    }
+    absl::StrAppend(&j, "}", i + 1 < cost.size() ? ",\n" : "\n");
+  }
+  absl::StrAppend(&j, "  ],\n  \"ratio_error\": [\n");
+  for (size_t i = 0; i < ratio.size(); ++i) {
+    const RatioRow& r = ratio[i];
+    absl::StrAppend(&j, absl::StrFormat(
+        "    {\"input\": \"%s\", \"n\": %d, \"nodes\": %d, \"steps\": %d, \"compressor\": \"%s\", "
+        "\"threshold_control\": \"%s\", \"density\": %g, \"mean_abs_ratio_error\": %.5f, "
+        "\"mean_ratio\": %.5f, \"select_ms_per_node_step\": %.4f}%s\n",
+        r.input, r.n, r.nodes, r.steps, r.compressor, r.control, r.density, r.mean_abs_error,
+        r.mean_ratio, r.select_ms, i + 1 < ratio.size() ? "," : ""));
+  }
+  absl::StrAppend(&j, "  ],\n  \"goals\": [\n");
+  for (size_t i = 0; i < goals.size(); ++i) {
+    absl::StrAppend(&j, "    \"", goals[i], "\"", i + 1 < goals.size() ? ",\n" : "\n");
+  }
+  absl::StrAppend(&j, "  ]\n}\n");
+  return j;
+}
+
+// The issue's goals, evaluated on what was measured.
+std::vector<std::string> Goals(const std::vector<CostRow>& cost, const std::vector<RatioRow>& ratio) {
+  std::vector<std::string> out;
+  auto add = [&](bool ok, const std::string& what) {
+    out.push_back(absl::StrCat(ok ? "PASS " : "MISS ", what));
+  };
+  auto base = [](const std::string& label) { return label.substr(0, label.find(':')); };
+  for (const CostRow& r : cost) {
+    const std::string at = absl::StrFormat("n=%d d=%g threads=%d", r.n, r.density, r.threads);
+    const std::string b = base(r.label);
+    if (r.threads == 1 && (r.label == "micro:reference" || r.label == "exdyna:reference" ||
+                           r.label == "thresh" || r.label == "sage")) {
+      add(r.vs_memcpy <= 1.0, absl::StrFormat("%s <= 1.0x memcpy at 1 thread (%s): %.2fx", r.label, at, r.vs_memcpy));
+    }
+    if (r.label == "topk") {
+      add(r.nth_ms / r.ms >= 5, absl::StrFormat("topk >= 5x faster than nth_element (%s): %.1fx", at, r.nth_ms / r.ms));
+    }
+    if (b == "dgc" || b == "gaussiank" || b == "redsync" || b == "redsync_trim" ||
+        b.rfind("sidco", 0) == 0) {
+      add(r.vs_memcpy <= 3.0, absl::StrFormat("%s <= 3x memcpy (%s): %.2fx", r.label, at, r.vs_memcpy));
+    }
+  }
+  for (const RatioRow& h : ratio) {
+    if (h.control != "histogram" || h.input != "real_trace_mlp_digits") continue;
+    const double limit = h.density < 0.005 ? 0.05 : 0.02;
+    add(h.mean_abs_error <= limit, absl::StrFormat("%s histogram |K/k-1| <= %g at d=%g on the real trace: %.4f",
+                                                   h.compressor, limit, h.density, h.mean_abs_error));
+    for (const RatioRow& ref : ratio) {
+      if (ref.input == h.input && ref.compressor == h.compressor && ref.density == h.density &&
+          ref.control == "reference") {
+        add(h.select_ms <= 2 * ref.select_ms,
+            absl::StrFormat("%s histogram selection <= 2x reference at d=%g on the real trace: %.2fx",
+                            h.compressor, h.density, h.select_ms / ref.select_ms));
+      }
+    }
+  }
+  return out;
+}
+
+int Main() {
+  std::vector<CostRow> cost;
+  std::vector<RatioRow> ratio;
+  std::printf("CPU primitives on %s\n", CpuPrimitivesTarget());
+  if (absl::GetFlag(FLAGS_cost)) cost = RunCost();
+  if (absl::GetFlag(FLAGS_ratio)) {
+    const int nodes = 4, steps = absl::GetFlag(FLAGS_ratio_steps);
+    std::vector<std::unique_ptr<GradSource>> sources;
+    for (double d : {0.001, 0.01}) {
+      sources.push_back(std::make_unique<SyntheticSource>(
+          static_cast<size_t>(absl::GetFlag(FLAGS_synthetic_n)), nodes, steps, d));
+    }
+    if (auto t = TraceSource::Open(absl::GetFlag(FLAGS_trace), nodes, steps)) {
+      sources.push_back(std::move(t));
+    } else {
+      std::printf("\n(no real trace at %s: run bench/make_grad_trace.py; part 2b skipped)\n",
+                  absl::GetFlag(FLAGS_trace).c_str());
+    }
+    for (auto& src : sources) {
+      std::printf("\ncompression-ratio error, %s: n=%zu, %d nodes, %d steps, error feedback on\n",
+                  src->name().c_str(), src->n(), nodes, src->steps());
+      std::printf("  %-8s %-20s %7s %14s %11s %16s\n", "", "control", "d", "mean |K/k-1|",
+                  "mean K/k", "select ms/node");
+      for (const RatioRow& r : RunRatio(src.get(), nodes)) {
+        std::printf("  %-8s %-20s %7g %14.4f %11.4f %16.4f\n", r.compressor.c_str(),
+                    r.control.c_str(), r.density, r.mean_abs_error, r.mean_ratio, r.select_ms);
+        ratio.push_back(r);
+      }
+    }
+  }
+  const std::vector<std::string> goals = Goals(cost, ratio);
+  std::printf("\ngoals:\n");
+  for (const std::string& g : goals) std::printf("  %s\n", g.c_str());
+  const std::string path = absl::GetFlag(FLAGS_json_out);
+  std::ofstream out(path);
+  out << Json(cost, ratio, goals);
+  std::printf("\nwrote %s\n", path.c_str());
+  return out ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace spex
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return spex::Main();
+}
