@@ -83,9 +83,7 @@ std::vector<int> BuiltCudaArchs() {
 #endif
 }
 
-bool ArchRunsOn(int arch, int major, int minor) {
-  return arch / 10 == major && arch % 10 <= minor;
-}
+bool ArchRunsOn(int arch, int major, int minor) { return arch / 10 == major && arch % 10 <= minor; }
 
 absl::StatusOr<Device> ChooseDevice(const std::string& flag, GpuProbe& probe,
                                     const std::vector<int>& archs, std::string* reason) {

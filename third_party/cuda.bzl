@@ -7,10 +7,10 @@
 
 NVCC = "/usr/local/cuda/bin/nvcc"
 
-# GPU architectures the kernels are compiled for (SASS only; no `native`, sm_75 is CUDA 13's
-# minimum). A GPU runs them when its major version matches and its minor is >= the arch's.
-CUDA_ARCHS = ["80", "90"]
-
+# Host-compiler and optimisation flags; the GPU architectures come from
+# --define=spex_cuda_archs=80,90 (set by --config=cuda in .bazelrc) as
+# `-gencode arch=compute_XY,code=sm_XY` each: SASS only, which a GPU runs when its major
+# version matches and its minor is >= the arch's.
 NVCC_FLAGS = [
     "-ccbin",
     "/usr/bin/g++-12",
@@ -21,11 +21,19 @@ NVCC_FLAGS = [
     "-Xcompiler",
     "-Wall",
     "--expt-relaxed-constexpr",
-] + [
-    flag
-    for arch in CUDA_ARCHS
-    for flag in ["-gencode", "arch=compute_%s,code=sm_%s" % (arch, arch)]
 ]
+
+def _arch_flags(ctx):
+    archs = ctx.var.get("spex_cuda_archs", "")
+    if not archs:
+        fail("CUDA targets need --define=spex_cuda_archs=80,90 (use --config=cuda)")
+    flags = []
+    for arch in archs.split(","):
+        if not arch.isdigit() or int(arch) < 75:
+            fail("spex_cuda_archs: '%s' is not an architecture nvcc 13 builds for; " % arch +
+                 "give numbers >= 75 such as 80,90 (never 'native': there is no GPU at build time)")
+        flags += ["-gencode", "arch=compute_%s,code=sm_%s" % (arch, arch)]
+    return flags
 
 def _cuda_objects_impl(ctx):
     cc_infos = [dep[CcInfo] for dep in ctx.attr.deps if CcInfo in dep]
@@ -45,10 +53,9 @@ def _cuda_objects_impl(ctx):
     for src in ctx.files.srcs:
         stem = src.basename[:-len(src.extension) - 1]
         obj = ctx.actions.declare_file("%s/%s.o" % (ctx.label.name, stem))
-        pic_obj = ctx.actions.declare_file("%s/%s.pic.o" % (ctx.label.name, stem))
         ctx.actions.run(
             executable = NVCC,
-            arguments = NVCC_FLAGS + ctx.attr.copts + include_flags +
+            arguments = NVCC_FLAGS + _arch_flags(ctx) + ctx.attr.copts + include_flags +
                         ["-c", src.path, "-o", obj.path],
             inputs = depset([src], transitive = [headers]),
             outputs = [obj],
@@ -57,10 +64,7 @@ def _cuda_objects_impl(ctx):
             env = {"PATH": "/usr/local/cuda/bin:/usr/bin:/bin", "TMPDIR": "/tmp"},
         )
 
-        # The object is position independent; Bazel wants it under both names (static and
-        # shared links pick different ones).
-        ctx.actions.symlink(output = pic_obj, target_file = obj)
-        outputs += [obj, pic_obj]
+        outputs.append(obj)
     return [DefaultInfo(files = depset(outputs))]
 
 _cuda_objects = rule(

@@ -22,9 +22,9 @@ std::string HandleKey(const IpcHandle& h) {
 
 absl::StatusOr<IpcHandle> HandleFromBytes(const std::string& bytes, const std::string& field) {
   if (bytes.size() != kCudaIpcHandleBytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("CUDA IPC descriptor: ", field, " has ", bytes.size(), " bytes; a CUDA IPC ",
-                     "handle has ", kCudaIpcHandleBytes));
+    return absl::InvalidArgumentError(absl::StrCat("CUDA IPC descriptor: ", field, " has ",
+                                                   bytes.size(), " bytes; a CUDA IPC ",
+                                                   "handle has ", kCudaIpcHandleBytes));
   }
   IpcHandle h;
   std::memcpy(h.data(), bytes.data(), h.size());
@@ -32,8 +32,7 @@ absl::StatusOr<IpcHandle> HandleFromBytes(const std::string& bytes, const std::s
 }
 
 bool SameHandles(const CudaIpcHandles& a, const CudaIpcHandles& b) {
-  return a.memory == b.memory && a.events == b.events && a.size == b.size &&
-         a.device == b.device;
+  return a.memory == b.memory && a.events == b.events && a.size == b.size && a.device == b.device;
 }
 
 #ifdef SPEX_HAVE_CUDA
@@ -130,9 +129,9 @@ absl::StatusOr<CudaIpcHandles> DecodeCudaIpcDescriptor(const v1::CudaIpcDescript
   }
   h.memory = *memory;
   if (d.event_handles_size() == 0 || d.event_handles_size() > static_cast<int>(kMaxIpcEvents)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("CUDA IPC descriptor: ", d.event_handles_size(),
-                     " event handles; expected one per slot, 1 to ", kMaxIpcEvents));
+    return absl::InvalidArgumentError(absl::StrCat("CUDA IPC descriptor: ", d.event_handles_size(),
+                                                   " event handles; expected one per slot, 1 to ",
+                                                   kMaxIpcEvents));
   }
   for (int i = 0; i < d.event_handles_size(); ++i) {
     absl::StatusOr<IpcHandle> e =
@@ -265,7 +264,8 @@ IpcHandleCache::~IpcHandleCache() {
 void IpcHandleCache::Close(Entry* entry) {
   for (void* e : entry->mapping.events) opener_->CloseEvent(e, entry->mapping.device);
   entry->mapping.events.clear();
-  if (entry->mapping.base != nullptr) opener_->CloseMemory(entry->mapping.base, entry->mapping.device);
+  if (entry->mapping.base != nullptr)
+    opener_->CloseMemory(entry->mapping.base, entry->mapping.device);
   entry->mapping.base = nullptr;
 }
 

@@ -53,8 +53,7 @@ class CudaIpcBuffer : public SharedBuffer {
  public:
   // Allocates `size` bytes (zeroed) on GPU `device` and `slots` events
   // (cudaEventInterprocess | cudaEventDisableTiming), and exports their handles.
-  static absl::StatusOr<std::unique_ptr<CudaIpcBuffer>> Create(size_t size, int slots,
-                                                               int device);
+  static absl::StatusOr<std::unique_ptr<CudaIpcBuffer>> Create(size_t size, int slots, int device);
   ~CudaIpcBuffer() override;
 
   void* data() override { return base_; }

@@ -62,8 +62,8 @@ absl::StatusOr<std::string> AgreeOnNcclId(
   if (bootstrap->rank() == 0) {
     absl::StatusOr<std::string> id = make_id();
     if (id.ok() && id->size() != kNcclUniqueIdBytes) {
-      id = absl::InternalError(absl::StrCat("the unique id has ", id->size(), " bytes, not ",
-                                            kNcclUniqueIdBytes));
+      id = absl::InternalError(
+          absl::StrCat("the unique id has ", id->size(), " bytes, not ", kNcclUniqueIdBytes));
     }
     if (id.ok()) {
       packet[0] = 1;
@@ -154,19 +154,26 @@ bool OnDevice(const void* p) {
 
 ncclDataType_t ToNccl(ElemType t) {
   switch (t) {
-    case ElemType::kFloat32: return ncclFloat32;
-    case ElemType::kFloat64: return ncclFloat64;
-    case ElemType::kInt64: return ncclInt64;
-    case ElemType::kUint64: return ncclUint64;
+    case ElemType::kFloat32:
+      return ncclFloat32;
+    case ElemType::kFloat64:
+      return ncclFloat64;
+    case ElemType::kInt64:
+      return ncclInt64;
+    case ElemType::kUint64:
+      return ncclUint64;
   }
   return ncclUint8;
 }
 
 ncclRedOp_t ToNccl(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return ncclSum;
-    case ReduceOp::kMax: return ncclMax;
-    case ReduceOp::kMin: return ncclMin;
+    case ReduceOp::kSum:
+      return ncclSum;
+    case ReduceOp::kMax:
+      return ncclMax;
+    case ReduceOp::kMin:
+      return ncclMin;
   }
   return ncclSum;
 }
@@ -176,8 +183,8 @@ absl::Status DeviceReady(int device) {
   cudaError_t e = cudaGetDeviceCount(&count);
   if (e != cudaSuccess) {
     cudaGetLastError();
-    return absl::FailedPreconditionError(
-        absl::StrCat("no usable GPU: ", ExplainCudaError(cudaGetErrorName(e), cudaGetErrorString(e))));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "no usable GPU: ", ExplainCudaError(cudaGetErrorName(e), cudaGetErrorString(e))));
   }
   if (device < 0 || device >= count) {
     return absl::FailedPreconditionError(
@@ -216,15 +223,13 @@ class NcclCollective final : public Collective {
     const size_t bytes = count * ElemSize(type);
     absl::StatusOr<uint8_t*> d = StageIn(data, bytes, &in_);
     if (!d.ok()) return d.status();
-    SPEX_RETURN_IF_ERROR(
-        Nccl(ncclAllReduce(*d, *d, count, ToNccl(type), ToNccl(op), comm_, stream_),
-             "ncclAllReduce"));
+    SPEX_RETURN_IF_ERROR(Nccl(
+        ncclAllReduce(*d, *d, count, ToNccl(type), ToNccl(op), comm_, stream_), "ncclAllReduce"));
     SPEX_RETURN_IF_ERROR(StageOut(data, *d, bytes));
     return Finish("ncclAllReduce");
   }
 
-  absl::Status AllReduceScaled(const float* send, float* recv, size_t count,
-                               float scale) override {
+  absl::Status AllReduceScaled(const float* send, float* recv, size_t count, float scale) override {
     SPEX_RETURN_IF_ERROR(Usable());
     if (count == 0) return absl::OkStatus();
     DeviceGuard guard(device_);
@@ -236,9 +241,9 @@ class NcclCollective final : public Collective {
     // NCCL's pre-multiplied sum: sum over ranks of (scale * x), the scaling fused into the
     // reduction instead of a second pass.
     ncclRedOp_t op;
-    SPEX_RETURN_IF_ERROR(Nccl(ncclRedOpCreatePreMulSum(&op, &scale, ncclFloat32,
-                                                       ncclScalarHostImmediate, comm_),
-                              "ncclRedOpCreatePreMulSum"));
+    SPEX_RETURN_IF_ERROR(
+        Nccl(ncclRedOpCreatePreMulSum(&op, &scale, ncclFloat32, ncclScalarHostImmediate, comm_),
+             "ncclRedOpCreatePreMulSum"));
     absl::Status st =
         Nccl(ncclAllReduce(*s, *r, count, ncclFloat32, op, comm_, stream_), "ncclAllReduce");
     ncclRedOpDestroy(op, comm_);
@@ -270,9 +275,9 @@ class NcclCollective final : public Collective {
     if (!c.ok()) return c.status();
     uint64_t* dcounts = reinterpret_cast<uint64_t*>(*c);
     const uint64_t mine = send_bytes;
-    SPEX_RETURN_IF_ERROR(CudaCheck(cudaMemcpyAsync(dcounts + rank_, &mine, sizeof(mine),
-                                                   cudaMemcpyHostToDevice, stream_),
-                                   "AllGatherV counts"));
+    SPEX_RETURN_IF_ERROR(CudaCheck(
+        cudaMemcpyAsync(dcounts + rank_, &mine, sizeof(mine), cudaMemcpyHostToDevice, stream_),
+        "AllGatherV counts"));
     SPEX_RETURN_IF_ERROR(Nccl(
         ncclAllGather(dcounts + rank_, dcounts, 1, ncclUint64, comm_, stream_), "ncclAllGather"));
     std::vector<uint64_t> host(size_);
@@ -293,18 +298,18 @@ class NcclCollective final : public Collective {
       if (!out.ok()) return out.status();
       uint8_t* mine_block = *out + plan.block * rank_;
       if (send_bytes > 0) {
-        SPEX_RETURN_IF_ERROR(CudaCheck(cudaMemcpyAsync(mine_block, *s, send_bytes,
-                                                       cudaMemcpyDeviceToDevice, stream_),
-                                       "AllGatherV pack"));
+        SPEX_RETURN_IF_ERROR(CudaCheck(
+            cudaMemcpyAsync(mine_block, *s, send_bytes, cudaMemcpyDeviceToDevice, stream_),
+            "AllGatherV pack"));
       }
       SPEX_RETURN_IF_ERROR(Nccl(
           ncclAllGather(mine_block, *out, plan.block, ncclUint8, comm_, stream_), "ncclAllGather"));
       for (int r = 0; r < size_; ++r) {
         if ((*counts)[r] == 0) continue;
-        SPEX_RETURN_IF_ERROR(CudaCheck(
-            cudaMemcpyAsync(recv->data() + plan.displs[r], *out + plan.block * r, (*counts)[r],
-                            cudaMemcpyDeviceToHost, stream_),
-            "AllGatherV unpack"));
+        SPEX_RETURN_IF_ERROR(
+            CudaCheck(cudaMemcpyAsync(recv->data() + plan.displs[r], *out + plan.block * r,
+                                      (*counts)[r], cudaMemcpyDeviceToHost, stream_),
+                      "AllGatherV unpack"));
       }
     } else {
       absl::StatusOr<uint8_t*> out = out_.Get(plan.total);
@@ -317,9 +322,9 @@ class NcclCollective final : public Collective {
               Nccl(ncclSend(*s, send_bytes, ncclUint8, r, comm_, stream_), "ncclSend"));
         }
         if ((*counts)[r] > 0) {
-          SPEX_RETURN_IF_ERROR(Nccl(ncclRecv(*out + plan.displs[r], (*counts)[r], ncclUint8, r,
-                                             comm_, stream_),
-                                    "ncclRecv"));
+          SPEX_RETURN_IF_ERROR(
+              Nccl(ncclRecv(*out + plan.displs[r], (*counts)[r], ncclUint8, r, comm_, stream_),
+                   "ncclRecv"));
         }
       }
       SPEX_RETURN_IF_ERROR(Nccl(ncclGroupEnd(), "ncclGroupEnd"));
@@ -328,9 +333,9 @@ class NcclCollective final : public Collective {
                                                        cudaMemcpyDeviceToDevice, stream_),
                                        "AllGatherV own chunk"));
       }
-      SPEX_RETURN_IF_ERROR(CudaCheck(cudaMemcpyAsync(recv->data(), *out, plan.total,
-                                                     cudaMemcpyDeviceToHost, stream_),
-                                     "AllGatherV result"));
+      SPEX_RETURN_IF_ERROR(CudaCheck(
+          cudaMemcpyAsync(recv->data(), *out, plan.total, cudaMemcpyDeviceToHost, stream_),
+          "AllGatherV result"));
     }
     return Finish("AllGatherV");
   }
@@ -370,10 +375,9 @@ class NcclCollective final : public Collective {
   absl::Status Nccl(ncclResult_t r, const char* what) {
     if (r == ncclSuccess) return absl::OkStatus();
     const char* detail = comm_ != nullptr ? ncclGetLastError(comm_) : ncclGetLastError(nullptr);
-    return absl::UnavailableError(absl::StrCat(what, " failed: ", ncclGetErrorString(r),
-                                               detail != nullptr && *detail ? " (" : "",
-                                               detail != nullptr ? detail : "",
-                                               detail != nullptr && *detail ? ")" : ""));
+    return absl::UnavailableError(absl::StrCat(
+        what, " failed: ", ncclGetErrorString(r), detail != nullptr && *detail ? " (" : "",
+        detail != nullptr ? detail : "", detail != nullptr && *detail ? ")" : ""));
   }
 
   // A device pointer for `p`: p itself when it is device memory, else scratch filled with its
@@ -440,14 +444,15 @@ absl::StatusOr<std::unique_ptr<Collective>> MakeNcclCollective(Collective* boots
   if (bootstrap == nullptr) return absl::InvalidArgumentError("MakeNcclCollective: no bootstrap");
 #ifdef SPEX_HAVE_CUDA
   const absl::Status local = DeviceReady(device);
-  absl::StatusOr<std::string> id = AgreeOnNcclId(bootstrap, local, []() -> absl::StatusOr<std::string> {
-    ncclUniqueId uid;
-    const ncclResult_t r = ncclGetUniqueId(&uid);
-    if (r != ncclSuccess) {
-      return absl::UnavailableError(absl::StrCat("ncclGetUniqueId: ", ncclGetErrorString(r)));
-    }
-    return std::string(uid.internal, sizeof(uid.internal));
-  });
+  absl::StatusOr<std::string> id =
+      AgreeOnNcclId(bootstrap, local, []() -> absl::StatusOr<std::string> {
+        ncclUniqueId uid;
+        const ncclResult_t r = ncclGetUniqueId(&uid);
+        if (r != ncclSuccess) {
+          return absl::UnavailableError(absl::StrCat("ncclGetUniqueId: ", ncclGetErrorString(r)));
+        }
+        return std::string(uid.internal, sizeof(uid.internal));
+      });
   if (!id.ok()) return id.status();
   auto nccl = std::make_unique<NcclCollective>(bootstrap->rank(), bootstrap->size(), device);
   if (absl::Status s = nccl->Init(*id); !s.ok()) return s;
@@ -455,9 +460,10 @@ absl::StatusOr<std::unique_ptr<Collective>> MakeNcclCollective(Collective* boots
 #else
   const absl::Status local = absl::FailedPreconditionError(
       "spex was built without CUDA; rebuild with bazel build --config=cuda");
-  absl::StatusOr<std::string> id = AgreeOnNcclId(bootstrap, local, []() -> absl::StatusOr<std::string> {
-    return absl::FailedPreconditionError("spex was built without CUDA");
-  });
+  absl::StatusOr<std::string> id =
+      AgreeOnNcclId(bootstrap, local, []() -> absl::StatusOr<std::string> {
+        return absl::FailedPreconditionError("spex was built without CUDA");
+      });
   if (!id.ok()) return id.status();
   return absl::InternalError("NCCL bootstrap agreed although this rank has no CUDA");
 #endif

@@ -29,9 +29,9 @@ inline constexpr size_t kNcclUniqueIdBytes = 128;
 
 // How AllGatherV moves `counts` bytes per rank.
 struct AllGatherVPlan {
-  bool padded = false;        // one ncclAllGather of block bytes per rank
-  size_t block = 0;           // max(counts): the padded block size
-  size_t total = 0;           // sum(counts)
+  bool padded = false;         // one ncclAllGather of block bytes per rank
+  size_t block = 0;            // max(counts): the padded block size
+  size_t total = 0;            // sum(counts)
   std::vector<size_t> displs;  // rank r's chunk starts at displs[r] in the packed result
 };
 AllGatherVPlan PlanAllGatherV(const std::vector<size_t>& counts);

@@ -2,11 +2,11 @@
 // threshold and top-k selection of indices (DeviceSelect::If over a counting iterator, which
 // keeps indices ascending), and the prefix sum that ranks top-k ties (DeviceScan).
 #include <cuda_runtime.h>
+#include <thrust/iterator/counting_iterator.h>
 
 #include <cub/device/device_reduce.cuh>
 #include <cub/device/device_scan.cuh>
 #include <cub/device/device_select.cuh>
-#include <thrust/iterator/counting_iterator.h>
 
 #include "kernels/cuda/kernels.h"
 
@@ -64,10 +64,9 @@ cudaError_t CountAbove(void* temp, size_t* temp_bytes, const float* x, size_t n,
 
 cudaError_t SelectAbove(void* temp, size_t* temp_bytes, const float* x, size_t begin, size_t end,
                         float t, uint32_t* out, int64_t* num_selected, cudaStream_t stream) {
-  return cub::DeviceSelect::If(temp, *temp_bytes,
-                               thrust::counting_iterator<uint32_t>(static_cast<uint32_t>(begin)),
-                               out, num_selected, static_cast<int64_t>(end - begin),
-                               AboveThreshold{x, t}, stream);
+  return cub::DeviceSelect::If(
+      temp, *temp_bytes, thrust::counting_iterator<uint32_t>(static_cast<uint32_t>(begin)), out,
+      num_selected, static_cast<int64_t>(end - begin), AboveThreshold{x, t}, stream);
 }
 
 cudaError_t ReduceMoments(void* temp, size_t* temp_bytes, const float* x, size_t n,
@@ -81,9 +80,9 @@ cudaError_t ExclusiveSum(void* temp, size_t* temp_bytes, uint32_t* data, size_t 
   return cub::DeviceScan::ExclusiveSum(temp, *temp_bytes, data, n, stream);
 }
 
-cudaError_t SelectTopK(void* temp, size_t* temp_bytes, const float* x, size_t n,
-                       uint32_t threshold, const uint32_t* rank, uint64_t take, uint32_t* out,
-                       int64_t* num_selected, cudaStream_t stream) {
+cudaError_t SelectTopK(void* temp, size_t* temp_bytes, const float* x, size_t n, uint32_t threshold,
+                       const uint32_t* rank, uint64_t take, uint32_t* out, int64_t* num_selected,
+                       cudaStream_t stream) {
   return cub::DeviceSelect::If(temp, *temp_bytes, thrust::counting_iterator<uint32_t>(0u), out,
                                num_selected, static_cast<int64_t>(n),
                                InTopK{x, threshold, rank, take}, stream);

@@ -17,8 +17,9 @@ std::string ExplainCudaError(const std::string& name, const std::string& text) {
       {"cudaErrorDevicesUnavailable", "every GPU is busy or in exclusive-process mode"},
       {"cudaErrorSystemDriverMismatch",
        "the NVIDIA kernel module and the user-space driver have different versions"},
-      {"cudaErrorCompatNotSupportedOnDevice", "the CUDA forward-compatibility driver does not "
-                                              "support this GPU"},
+      {"cudaErrorCompatNotSupportedOnDevice",
+       "the CUDA forward-compatibility driver does not "
+       "support this GPU"},
       {"cudaErrorInvalidDevice", "no such GPU ordinal"},
       {"cudaErrorMemoryAllocation", "out of GPU memory"},
   };

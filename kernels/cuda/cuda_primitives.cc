@@ -5,6 +5,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -28,8 +29,8 @@ absl::Status CudaStatus(cudaError_t e, const char* what) {
       absl::StrCat(what, ": ", ExplainCudaError(cudaGetErrorName(e), cudaGetErrorString(e))));
 }
 
-#define SPEX_CUDA_RETURN_IF_ERROR(expr, what)                       \
-  do {                                                              \
+#define SPEX_CUDA_RETURN_IF_ERROR(expr, what)                            \
+  do {                                                                   \
     if (absl::Status s_ = CudaStatus((expr), what); !s_.ok()) return s_; \
   } while (0)
 
@@ -58,10 +59,10 @@ class Scratch {
   }
   absl::Status Reserve(size_t bytes) {
     if (bytes <= bytes_) return absl::OkStatus();
+    const size_t grown = std::max(bytes, bytes_ + bytes_ / 2);
     if (ptr_ != nullptr) cudaFree(ptr_);
     ptr_ = nullptr;
     bytes_ = 0;
-    const size_t grown = std::max(bytes, bytes_ + bytes_ / 2);
     SPEX_CUDA_RETURN_IF_ERROR(cudaMalloc(&ptr_, grown), "cudaMalloc(scratch)");
     bytes_ = grown;
     return absl::OkStatus();
@@ -69,6 +70,11 @@ class Scratch {
   template <typename T>
   T* as() const {
     return static_cast<T*>(ptr_);
+  }
+  // A device pointer `offset` bytes in (a field of a struct laid out in this memory).
+  template <typename T>
+  T* at(size_t offset) const {
+    return reinterpret_cast<T*>(static_cast<char*>(ptr_) + offset);
   }
 
  private:
@@ -103,8 +109,7 @@ class CudaPrimitives final : public Primitives {
   void Sample(const float* x, size_t n, size_t m, uint64_t seed, float* out) override;
   absl::Status ScatterAdd(float* y, size_t n, const uint32_t* idx, const float* val,
                           size_t m) override;
-  absl::Status Gather(const float* x, size_t n, const uint32_t* idx, size_t m,
-                      float* out) override;
+  absl::Status Gather(const float* x, size_t n, const uint32_t* idx, size_t m, float* out) override;
   absl::Status ZeroAt(float* x, size_t n, const uint32_t* idx, size_t m) override;
   void AbsHistogram16(const float* x, size_t begin, size_t end, uint32_t* bins) override;
 
@@ -166,9 +171,7 @@ class CudaTopKPasses final : public gpu::RadixTopKPasses {
   CudaTopKPasses(CudaPrimitives* p, const float* x, size_t n, uint32_t* idx, float* val)
       : p_(p), x_(x), n_(n), idx_(idx), val_(val) {}
 
-  absl::Status HighDigitHistogram(uint64_t* counts) override {
-    return Histogram(false, 0, counts);
-  }
+  absl::Status HighDigitHistogram(uint64_t* counts) override { return Histogram(false, 0, counts); }
   absl::Status LowDigitHistogram(uint32_t high, uint64_t* counts) override {
     return Histogram(true, high, counts);
   }
@@ -185,7 +188,7 @@ class CudaTopKPasses final : public gpu::RadixTopKPasses {
       if (!s.ok()) return s;
       rank = ranks;
     }
-    int64_t* selected = &p_->readback_.as<Readback>()->selected;
+    int64_t* selected = p_->readback_.at<int64_t>(offsetof(Readback, selected));
     absl::Status s = p_->RunCub("TopK select", [&](void* temp, size_t* bytes) {
       return gpu::SelectTopK(temp, bytes, x_, n_, threshold, rank, take, idx_, selected,
                              p_->launch_.stream);
@@ -239,10 +242,10 @@ absl::Status CudaPrimitives::Create(int device, std::unique_ptr<Primitives>* out
     cudaGetLastError();
     cudaDeviceProp prop{};
     cudaGetDeviceProperties(&prop, device);
-    return absl::FailedPreconditionError(absl::StrCat(
-        "GPU ", device, " (", prop.name, ", sm_", prop.major, prop.minor,
-        ") cannot run spex's kernels: ",
-        ExplainCudaError(cudaGetErrorName(e), cudaGetErrorString(e))));
+    return absl::FailedPreconditionError(
+        absl::StrCat("GPU ", device, " (", prop.name, ", sm_", prop.major, prop.minor,
+                     ") cannot run spex's kernels: ",
+                     ExplainCudaError(cudaGetErrorName(e), cudaGetErrorString(e))));
   }
   std::unique_ptr<CudaPrimitives> p(new CudaPrimitives(device));
   SPEX_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&p->launch_.stream, cudaStreamNonBlocking),
@@ -285,7 +288,7 @@ size_t CudaPrimitives::CountAbove(const float* x, size_t n, float t) {
   DeviceGuard guard(device_);
   if (n == 0) return 0;
   auto run = [&]() -> absl::StatusOr<size_t> {
-    unsigned long long* out = &readback_.as<Readback>()->count;
+    unsigned long long* out = readback_.at<unsigned long long>(offsetof(Readback, count));
     absl::Status s = RunCub("CountAbove", [&](void* temp, size_t* bytes) {
       return gpu::CountAbove(temp, bytes, x, n, t, out, launch_.stream);
     });
@@ -312,7 +315,7 @@ absl::StatusOr<size_t> CudaPrimitives::SelectAboveLocked(float* x, size_t begin,
     if (absl::Status s = indices_.Reserve(len * sizeof(uint32_t)); !s.ok()) return s;
     selected = indices_.as<uint32_t>();
   }
-  int64_t* num = &readback_.as<Readback>()->selected;
+  int64_t* num = readback_.at<int64_t>(offsetof(Readback, selected));
   absl::Status s = RunCub("SelectAbove", [&](void* temp, size_t* bytes) {
     return gpu::SelectAbove(temp, bytes, x, begin, end, t, selected, num, launch_.stream);
   });
@@ -321,8 +324,8 @@ absl::StatusOr<size_t> CudaPrimitives::SelectAboveLocked(float* x, size_t begin,
   if (!r.ok()) return r.status();
   const size_t count = static_cast<size_t>(r->selected);
   const size_t written = std::min(count, capacity);
-  SPEX_CUDA_RETURN_IF_ERROR(
-      gpu::LaunchEmitSelected(launch_, x, selected, written, zero, idx, val), "SelectAbove emit");
+  SPEX_CUDA_RETURN_IF_ERROR(gpu::LaunchEmitSelected(launch_, x, selected, written, zero, idx, val),
+                            "SelectAbove emit");
   if (absl::Status f = Finish("SelectAbove"); !f.ok()) return f;
   return count;
 }
@@ -341,8 +344,8 @@ size_t CudaPrimitives::AddSelectAbove(float* acc, const float* add, size_t begin
   DeviceGuard guard(device_);
   if (end <= begin) return 0;
   // Two passes (add, then select); the select re-reads acc from L2 for buckets that fit there.
-  absl::Status s = CudaStatus(
-      gpu::LaunchAccumulate(launch_, acc + begin, add + begin, end - begin), "AddSelectAbove");
+  absl::Status s = CudaStatus(gpu::LaunchAccumulate(launch_, acc + begin, add + begin, end - begin),
+                              "AddSelectAbove");
   if (!s.ok()) {
     Keep(s);
     return 0;
@@ -354,7 +357,8 @@ size_t CudaPrimitives::TopK(const float* x, size_t n, size_t k, uint32_t* idx, f
   absl::MutexLock lock(&mu_);
   DeviceGuard guard(device_);
   if (n > kMaxElements) {
-    Keep(absl::InvalidArgumentError(absl::StrCat("TopK: n = ", n, " exceeds the uint32 index range")));
+    Keep(absl::InvalidArgumentError(
+        absl::StrCat("TopK: n = ", n, " exceeds the uint32 index range")));
     return 0;
   }
   CudaTopKPasses passes(this, x, n, idx, val);
@@ -367,7 +371,7 @@ AbsMoments CudaPrimitives::Moments(const float* x, size_t n, float lower_bound) 
   AbsMoments m;
   if (n == 0) return m;
   auto run = [&]() -> absl::StatusOr<AbsMoments> {
-    gpu::MomentsAcc* out = &readback_.as<Readback>()->moments;
+    gpu::MomentsAcc* out = readback_.at<gpu::MomentsAcc>(offsetof(Readback, moments));
     absl::Status s = RunCub("Moments", [&](void* temp, size_t* bytes) {
       return gpu::ReduceMoments(temp, bytes, x, n, lower_bound, out, launch_.stream);
     });
@@ -394,10 +398,9 @@ void CudaPrimitives::Sample(const float* x, size_t n, size_t m, uint64_t seed, f
   Keep(s);
 }
 
-absl::Status CudaPrimitives::CheckIndices(const uint32_t* idx, size_t m, size_t n,
-                                          const char* op) {
+absl::Status CudaPrimitives::CheckIndices(const uint32_t* idx, size_t m, size_t n, const char* op) {
   if (m == 0) return absl::OkStatus();
-  unsigned long long* first_bad = &readback_.as<Readback>()->first_bad;
+  unsigned long long* first_bad = readback_.at<unsigned long long>(offsetof(Readback, first_bad));
   SPEX_CUDA_RETURN_IF_ERROR(gpu::LaunchFirstBadIndex(launch_, idx, m, n, first_bad), op);
   absl::StatusOr<Readback> r = ReadBack(op);
   if (!r.ok()) return r.status();
@@ -405,9 +408,8 @@ absl::Status CudaPrimitives::CheckIndices(const uint32_t* idx, size_t m, size_t 
   uint32_t bad = 0;
   SPEX_CUDA_RETURN_IF_ERROR(
       cudaMemcpy(&bad, idx + r->first_bad, sizeof(bad), cudaMemcpyDeviceToHost), op);
-  return absl::InvalidArgumentError(absl::StrCat(op, ": index ", bad, " at position ",
-                                                 r->first_bad, " is out of range for ", n,
-                                                 " elements"));
+  return absl::InvalidArgumentError(absl::StrCat(op, ": index ", bad, " at position ", r->first_bad,
+                                                 " is out of range for ", n, " elements"));
 }
 
 absl::Status CudaPrimitives::ScatterAdd(float* y, size_t n, const uint32_t* idx, const float* val,

@@ -26,8 +26,7 @@ __global__ void AccumulateKernel(float* __restrict__ y, const float* __restrict_
   for (size_t i = ThreadIndex(); i < n; i += GridStride()) y[i] += x[i];
 }
 
-__global__ void Accumulate4Kernel(float4* __restrict__ y, const float4* __restrict__ x,
-                                  size_t n4) {
+__global__ void Accumulate4Kernel(float4* __restrict__ y, const float4* __restrict__ x, size_t n4) {
   for (size_t i = ThreadIndex(); i < n4; i += GridStride()) {
     float4 a = y[i];
     const float4 b = x[i];

@@ -66,9 +66,9 @@ cudaError_t ExclusiveSum(void* temp, size_t* temp_bytes, uint32_t* data, size_t 
                          cudaStream_t stream);
 // out = the i in [0, n) with key > threshold, or key == threshold and (rank == nullptr or
 // rank[i] < take), ascending (key = MagnitudeKey(x[i])).
-cudaError_t SelectTopK(void* temp, size_t* temp_bytes, const float* x, size_t n,
-                       uint32_t threshold, const uint32_t* rank, uint64_t take, uint32_t* out,
-                       int64_t* num_selected, cudaStream_t stream);
+cudaError_t SelectTopK(void* temp, size_t* temp_bytes, const float* x, size_t n, uint32_t threshold,
+                       const uint32_t* rank, uint64_t take, uint32_t* out, int64_t* num_selected,
+                       cudaStream_t stream);
 
 }  // namespace gpu
 }  // namespace spex

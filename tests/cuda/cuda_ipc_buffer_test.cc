@@ -211,8 +211,7 @@ TEST(CudaIpcBuffer, ArgumentsAreCheckedFirst) {
   EXPECT_EQ(CudaIpcBuffer::Create(4096, 0, 0).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(CudaIpcBuffer::Create(4096, kMaxIpcEvents + 1, 0).status().code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(CudaIpcBuffer::Create(4096, 2, -1).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CudaIpcBuffer::Create(4096, 2, -1).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(CudaIpcBuffer, CreateOnThisMachine) {

@@ -119,7 +119,9 @@ class DevicePrimitivesTest : public ::testing::TestWithParam<std::string> {
 
   void TearDown() override {
 #ifdef SPEX_HAVE_CUDA
-    if (p_ != nullptr && p_->device() == Device::kCuda) EXPECT_TRUE(CudaPrimitivesError(*p_).ok());
+    if (p_ != nullptr && p_->device() == Device::kCuda) {
+      EXPECT_TRUE(CudaPrimitivesError(*p_).ok());
+    }
 #endif
   }
 
@@ -127,9 +129,9 @@ class DevicePrimitivesTest : public ::testing::TestWithParam<std::string> {
   // entries, the sentinel past the capacity and the buffer afterwards.
   void CheckSelect(const std::vector<float>& x0, const std::vector<float>* add, size_t begin,
                    size_t end, float t, bool zero, size_t capacity) {
-    SCOPED_TRACE(::testing::Message() << "n=" << x0.size() << " [" << begin << "," << end
-                                      << ") t=" << t << " zero=" << zero << " cap=" << capacity
-                                      << " add=" << (add != nullptr));
+    SCOPED_TRACE(::testing::Message()
+                 << "n=" << x0.size() << " [" << begin << "," << end << ") t=" << t
+                 << " zero=" << zero << " cap=" << capacity << " add=" << (add != nullptr));
     std::vector<float> xr = x0;
     std::vector<uint32_t> ir(capacity + 1, 7);
     std::vector<float> vr(capacity + 1, 7.0f);

@@ -79,8 +79,7 @@ gpu::MomentsAcc Fold(const std::vector<float>& x, float lb, bool tree) {
   while (parts.size() > 1) {  // pairwise, as a parallel reduction combines
     std::vector<gpu::MomentsAcc> next;
     for (size_t i = 0; i < parts.size(); i += 2) {
-      next.push_back(i + 1 < parts.size() ? gpu::MomentsCombine(parts[i], parts[i + 1])
-                                          : parts[i]);
+      next.push_back(i + 1 < parts.size() ? gpu::MomentsCombine(parts[i], parts[i + 1]) : parts[i]);
     }
     parts.swap(next);
   }

@@ -26,8 +26,9 @@ class FakeProbe : public GpuProbe {
 GpuProbeResult NoDriver() {
   GpuProbeResult r;
   r.built_with_cuda = true;
-  r.error = "no NVIDIA driver (or one older than the CUDA runtime): cudaErrorInsufficientDriver "
-            "(CUDA driver version is insufficient for CUDA runtime version)";
+  r.error =
+      "no NVIDIA driver (or one older than the CUDA runtime): cudaErrorInsufficientDriver "
+      "(CUDA driver version is insufficient for CUDA runtime version)";
   return r;
 }
 
@@ -138,7 +139,7 @@ TEST(ChooseDevice, UnknownValueListsTheAcceptedOnes) {
 
 TEST(ArchRunsOn, SameMajorAndAtLeastTheMinor) {
   EXPECT_TRUE(ArchRunsOn(80, 8, 0));
-  EXPECT_TRUE(ArchRunsOn(80, 8, 9));   // sm_80 code runs on Ada (8.9)
+  EXPECT_TRUE(ArchRunsOn(80, 8, 9));  // sm_80 code runs on Ada (8.9)
   EXPECT_TRUE(ArchRunsOn(90, 9, 0));
   EXPECT_FALSE(ArchRunsOn(86, 8, 0));  // newer minor than the GPU
   EXPECT_FALSE(ArchRunsOn(80, 9, 0));  // SASS does not cross major versions
@@ -151,7 +152,9 @@ TEST(ChooseDevice, RealProbeOnThisMachine) {
   const GpuProbeResult found = probe->Probe();
 #ifdef SPEX_HAVE_CUDA
   EXPECT_TRUE(found.built_with_cuda);
-  EXPECT_EQ(BuiltCudaArchs(), (std::vector<int>{80, 90}));
+  // --define=spex_cuda_archs (80,90 in .bazelrc's --config=cuda).
+  ASSERT_FALSE(BuiltCudaArchs().empty());
+  for (int arch : BuiltCudaArchs()) EXPECT_GE(arch, 75);
 #else
   EXPECT_FALSE(found.built_with_cuda);
   EXPECT_TRUE(BuiltCudaArchs().empty());

@@ -87,7 +87,9 @@ TEST(AgreeOnNcclId, AnUnreadyRankFailsEveryoneAndIsNamed) {
     EXPECT_EQ(id.status().code(), absl::StatusCode::kFailedPrecondition);
     const std::string m(id.status().message());
     EXPECT_NE(m.find("rank(s) 2 of 4"), std::string::npos) << m;
-    if (r == 2) EXPECT_NE(m.find("cudaErrorInsufficientDriver"), std::string::npos) << m;
+    if (r == 2) {
+      EXPECT_NE(m.find("cudaErrorInsufficientDriver"), std::string::npos) << m;
+    }
   });
   EXPECT_EQ(made.load(), 0);
 }
@@ -160,7 +162,7 @@ TEST(MakeNcclCollective, NcclOnOneGpu) {
   ASSERT_TRUE(nccl.AllReduce(host, 3, ElemType::kFloat64, ReduceOp::kMax).ok());
   EXPECT_EQ(host[2], 3);
   float* dev = nullptr;
-  ASSERT_EQ(cudaMalloc(&dev, 4 * sizeof(float)), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&dev), 4 * sizeof(float)), cudaSuccess);
   const float in[4] = {1, 2, 3, 4};
   ASSERT_EQ(cudaMemcpy(dev, in, sizeof(in), cudaMemcpyHostToDevice), cudaSuccess);
   ASSERT_TRUE(nccl.AllReduceScaled(dev, dev, 4, 0.5f).ok());

@@ -23,7 +23,8 @@ using testdata::SameBits;
 // The passes as loops over host memory (what the CUDA kernels compute in parallel).
 class HostPasses : public gpu::RadixTopKPasses {
  public:
-  HostPasses(const std::vector<float>& x, uint32_t* idx, float* val) : x_(x), idx_(idx), val_(val) {}
+  HostPasses(const std::vector<float>& x, uint32_t* idx, float* val)
+      : x_(x), idx_(idx), val_(val) {}
 
   absl::Status HighDigitHistogram(uint64_t* counts) override {
     ++histograms;

@@ -49,8 +49,16 @@ inline float FromBits(uint32_t b) {
 // NaN with two payloads, +-Inf, -0, denormals and FLT_MAX sprinkled over x.
 inline void AddSpecials(std::vector<float>* x, uint32_t seed) {
   if (x->empty()) return;
-  const float specials[] = {kNaN,  -kNaN, FromBits(0x7fc12345u), FromBits(0xff800001u), kInf,
-                            -kInf, -0.0f, 1e-42f, -3e-39f, std::numeric_limits<float>::max()};
+  const float specials[] = {kNaN,
+                            -kNaN,
+                            FromBits(0x7fc12345u),
+                            FromBits(0xff800001u),
+                            kInf,
+                            -kInf,
+                            -0.0f,
+                            1e-42f,
+                            -3e-39f,
+                            std::numeric_limits<float>::max()};
   std::mt19937 gen(seed);
   std::uniform_int_distribution<size_t> at(0, x->size() - 1);
   const size_t count = std::max<size_t>(10, x->size() / 500);
