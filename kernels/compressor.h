@@ -2,7 +2,8 @@
 // A compressor sees the node's accumulated buffer `acc` (residual + this step's local sum),
 // picks what to send, and learns what every node gathered after the exchange. It holds only its
 // own state (threshold, partition table, fitted parameters) and does all bulk work through
-// Primitives, so it runs unchanged on any device. Error feedback lives outside, in
+// Primitives (its scratch and selections are host vectors for now: see MakeCompressor). Error
+// feedback lives outside, in
 // kernels/error_feedback.h. Algorithms and constants: /work/shared/ALGORITHMS.md.
 //
 // One step on every node, in this order (the engine or ErrorFeedback drives it):
@@ -131,7 +132,9 @@ class Compressor {
 };
 
 // Builds a compressor by name. Unknown name, bad density, bad rank/count/elements, an unknown
-// parameter or a bad value give InvalidArgument naming what is accepted.
+// parameter or a bad value give InvalidArgument naming what is accepted. The compressors keep
+// their selections and scratch in host memory, so they need host-memory primitives (CPU or
+// reference): device primitives give Unimplemented for now.
 absl::StatusOr<std::unique_ptr<Compressor>> MakeCompressor(const CompressorSpec& spec,
                                                            Primitives* prims);
 

@@ -12,6 +12,18 @@
 namespace spex {
 namespace {
 
+// Sorts 32-bit keys with two 16-bit LSD radix passes (k keys in O(k), unlike a comparison sort).
+void RadixSort(std::vector<uint32_t>* v, std::vector<uint32_t>* tmp) {
+  tmp->resize(v->size());
+  for (int shift : {0, 16}) {
+    std::vector<uint32_t> count(65537, 0);
+    for (uint32_t x : *v) count[((x >> shift) & 0xffffu) + 1]++;
+    for (size_t b = 1; b < count.size(); ++b) count[b] += count[b - 1];
+    for (uint32_t x : *v) (*tmp)[count[(x >> shift) & 0xffffu]++] = x;
+    v->swap(*tmp);
+  }
+}
+
 // k distinct uniform positions in [0, n), ascending.
 void DrawPositions(uint64_t seed, size_t n, size_t k, std::vector<uint32_t>* out) {
   out->clear();
@@ -30,11 +42,16 @@ void DrawPositions(uint64_t seed, size_t n, size_t k, std::vector<uint32_t>* out
     }
     return;
   }
-  // Sparse case: draw, sort, drop duplicates, top up until k.
+  // Sparse case: draw k, sort, drop duplicates, then top up (the few redraws merged in).
+  for (size_t j = 0; j < k; ++j) out->push_back(static_cast<uint32_t>(below(n)));
+  std::vector<uint32_t> tmp;
+  RadixSort(out, &tmp);
+  out->erase(std::unique(out->begin(), out->end()), out->end());
   while (out->size() < k) {
     const size_t have = out->size();
     for (size_t j = have; j < k; ++j) out->push_back(static_cast<uint32_t>(below(n)));
-    std::sort(out->begin(), out->end());
+    std::sort(out->begin() + have, out->end());
+    std::inplace_merge(out->begin(), out->begin() + have, out->end());
     out->erase(std::unique(out->begin(), out->end()), out->end());
   }
 }

@@ -88,6 +88,13 @@ absl::StatusOr<std::unique_ptr<Compressor>> MakeCompressor(const CompressorSpec&
   if (prims == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(spec.name, ": no primitives given"));
   }
+  if (prims->device() != Device::kCpu) {
+    // Selections, histograms, samples and candidate lists live in host vectors and are handed to
+    // the primitives as output buffers; device primitives need device scratch (not done yet).
+    return absl::UnimplementedError(absl::StrCat(
+        spec.name, ": compressors run on host-memory primitives only (CPU or reference); device "
+                   "(CUDA) primitives need device scratch buffers, which are not implemented"));
+  }
   if (spec.node_count < 1 || spec.node_rank < 0 || spec.node_rank >= spec.node_count) {
     return absl::InvalidArgumentError(absl::StrCat(spec.name, ": node rank ", spec.node_rank,
                                                    " must be in [0, node count ",

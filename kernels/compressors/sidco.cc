@@ -16,12 +16,16 @@
 //  - the gamma stage is fitted to the non-zero magnitudes (log 0 is undefined; the reference adds
 //    an epsilon) with its ratio raised to keep the same count of all n: ratio * n / nonzeros;
 //  - the stage state is per compressor instance (the reference shares one across all buffers);
-//  - the initial stage count is the `stages` parameter (default 2).
+//  - the initial stage count is the `stages` parameter (default 2);
+//  - once the survivors of a stage are expected to be few (1.5x the fit's target within n/16, or
+//    4k), they are collected in one pass and the remaining stages and the final selection read
+//    that list (same result, fewer passes over acc).
 // Parameters: stages (initial S, default 2), adaptive (default true).
 // Scalars: [0] threshold, [1] stages used, [2] passes over acc.
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <vector>
 
 #include "kernels/compressors/common.h"
 #include "kernels/compressors/factories.h"
@@ -72,23 +76,69 @@ class Sidco final : public Compressor {
                                            : GParetoThreshold(mean, var, r1);
     }
     int used = 1;
+    bool have_list = false;  // list_idx_/list_val_ hold every entry with |acc| > list_eta
+    float list_eta = 0;
     if (!single) {
       const double rho = std::pow(d / kFirstRatio, 1.0 / (stages_ - 1));
+      const size_t cap = std::max<size_t>(4 * ctx.k, n / 16);
+      double expected = kFirstRatio * n;  // survivors above eta, as the fits aim
       for (int s = 1; s < stages_; ++s) {
-        const AbsMoments y = prims_->Moments(acc, n, static_cast<float>(eta));
-        ++passes;
+        const float lb = static_cast<float>(eta);
+        if (!have_list && 1.5 * expected <= cap) {
+          // Few survivors: collect them in one pass; this and the later stages and the final
+          // selection then read the list instead of scanning acc again.
+          list_idx_.resize(cap);
+          list_val_.resize(cap);
+          const size_t c = prims_->SelectAbove(acc, 0, n, StrictAbove(lb), false, list_idx_.data(),
+                                               list_val_.data(), cap);
+          ++passes;
+          if (c <= cap) {
+            list_idx_.resize(c);
+            list_val_.resize(c);
+            have_list = true;
+            list_eta = lb;
+          }
+        }
+        AbsMoments y;
+        if (have_list) {
+          for (float v : list_val_) {
+            const float a = std::fabs(v);
+            if (!(a > lb)) continue;
+            y.count++;
+            y.sum += a;
+            y.sum_sq += static_cast<double>(a) * a;
+          }
+        } else {
+          y = prims_->Moments(acc, n, lb);
+          ++passes;
+        }
         if (y.count < 2) break;
         const double mean_y = y.sum / y.count;
         const double var = std::max(0.0, (y.sum_sq - y.sum * mean_y) / (y.count - 1));
         const double mean_z = std::max(0.0, mean_y - eta);
         eta += fit_ == SidcoFit::kExponential ? ExponentialThreshold(mean_z, rho)
                                               : GParetoThreshold(mean_z, var, rho);
+        expected *= rho;
         ++used;
       }
     }
     const float th = std::max(static_cast<float>(eta), kMinThreshold);
-    AppendAbove(prims_, acc, nullptr, 0, n, StrictAbove(th), zero, 2 * ctx.k, out);
-    ++passes;
+    if (have_list && th >= list_eta) {
+      for (size_t j = 0; j < list_idx_.size(); ++j) {
+        if (std::fabs(list_val_[j]) > th) {
+          out->idx.push_back(list_idx_[j]);
+          out->val.push_back(list_val_[j]);
+        }
+      }
+      if (zero && !out->idx.empty()) {
+        if (absl::Status st = prims_->ZeroAt(acc, n, out->idx.data(), out->idx.size()); !st.ok()) {
+          return st;
+        }
+      }
+    } else {
+      AppendAbove(prims_, acc, nullptr, 0, n, StrictAbove(th), zero, 2 * ctx.k, out);
+      ++passes;
+    }
     out->scalars[0] = th;
     out->scalars[1] = static_cast<float>(used);
     out->scalars[2] = static_cast<float>(passes);
@@ -109,6 +159,8 @@ class Sidco final : public Compressor {
   }
 
   SidcoFit fit_;
+  std::vector<uint32_t> list_idx_;
+  std::vector<float> list_val_;
   int stages_;
   bool adaptive_;
   double q_sum_ = 0;

@@ -122,6 +122,15 @@ TEST_F(SidcoTest, ThreeStagesUseTheEqualPerStageRatio) {
   double eta = ExponentialThreshold(Of(x_, -1).mean, 0.25);
   for (int s = 0; s < 2; ++s) eta += ExponentialThreshold(Of(x_, static_cast<float>(eta)).mean - eta, rho);
   EXPECT_NEAR(Threshold("sidco_e", x_, d, 3), eta, 1e-5 * eta);
+  // Stage 3's survivors (~1.6%) are few: they are listed once and the final selection reads the
+  // list: moments, moments above eta1, one select = 3 passes.
+  auto c = MustMake("sidco_p", d, x_.size(), prims_.get(), {{"stages", "3"}, {"adaptive", "false"}});
+  std::vector<float> acc = x_;
+  Selection sel;
+  ASSERT_TRUE(c->Select(0, acc.data(), nullptr, true, &sel).ok());
+  EXPECT_EQ(sel.scalars[2], 3.0f);
+  EXPECT_EQ(sel.idx, Above(x_, sel.scalars[0], true));
+  for (uint32_t i : sel.idx) EXPECT_EQ(acc[i], 0.0f);
 }
 
 TEST_F(SidcoTest, StageCountAdaptsEveryFiveCalls) {
