@@ -6,8 +6,10 @@
 //     error-feedback top-k step written plainly around std::nth_element (PlainTopKStep), on the
 //     same gradients. Inputs: Student-t (2.5 dof) values with 5% zeros, shaped after the real
 //     trace, scaled so 1 / (2 sqrt(k)) is the target quantile (where thresh, SAGE and the
-//     published MiCRO/ExDyna controller start); each step adds a fresh gradient window. The timed node is rank 0 of --nodes simulated
-//     nodes (MiCRO/ExDyna/DEFT/CLT-k select in 1/nodes of the buffer, as they would there).
+//     published MiCRO/ExDyna controller start); each step adds a fresh gradient window. The timed
+//     node is rank 0 of --nodes simulated nodes (pattern A compressors run every node, so the
+//     residual is zeroed at the real union; MiCRO/ExDyna/DEFT/CLT-k select in 1/nodes of it).
+//     The density column is node 0's own count / n. The goals are evaluated at the end.
 //  2. Compression-ratio error mean |K/k - 1| over --ratio_steps steps of micro and exdyna under
 //     both threshold controls, 4 simulated nodes with error feedback, on (a) a slowly drifting
 //     synthetic gradient sequence and (b) a real gradient trace (bench/make_grad_trace.py), with
