@@ -108,7 +108,9 @@ def main():
     lat_sleep = latency(bin_dir, args.iters, 0)
     lat_spin = latency(bin_dir, args.iters, 50)
     floor = lat_sleep["futex_sleep_p50_us"]
-    print(f"futex ping-pong floor: p50 {floor:.1f} us (sleeping), {lat_sleep['futex_spin_p50_us']:.2f} us (spinning)")
+    print(f"futex ping-pong floor: p50 {floor:.1f} us (sleeping, two processes pinned to two CPUs), "
+          f"{lat_sleep['futex_spin_p50_us']:.2f} us (spinning); same CPU: "
+          f"{lat_sleep.get('futex_same_core_p50_us', float('nan')):.1f} us (a context switch, for reference)")
     for name, lat in (("no spin", lat_sleep), ("spin 50us", lat_spin)):
         for path in ("doorbell", "rpc"):
             p50, p99 = lat[f"{path}_p50_us"], lat[f"{path}_p99_us"]

@@ -17,7 +17,73 @@ absl::Status FromGrpc(const grpc::Status& s, const std::string& what) {
 
 constexpr int64_t kWaitSliceNs = 100 * 1000 * 1000;
 
+bool Fits(uint64_t offset, uint64_t bytes, uint64_t size) { return offset <= size && bytes <= size - offset; }
+
 }  // namespace
+
+absl::StatusOr<BucketView> ResolveBucketView(const v1::RegisterBucketResponse& resp, size_t elements,
+                                             uint32_t local_rank, uint32_t local_size, void* host_base,
+                                             size_t host_size, bool want_device, IpcHandleCache* cache) {
+  const auto& layout = resp.layout();
+  const uint64_t bytes = static_cast<uint64_t>(elements) * sizeof(float);
+  if (layout.elements() != elements || !Fits(layout.header_offset(), sizeof(BucketHeader), host_size)) {
+    return absl::InternalError("RegisterBucket: the daemon described a layout that does not fit its buffer");
+  }
+  BucketView v;
+  uint8_t* base = static_cast<uint8_t*>(host_base);
+  v.header = reinterpret_cast<BucketHeader*>(base + layout.header_offset());
+  if (v.header->magic != kBucketMagic || v.header->elements != elements || v.header->slots != local_size) {
+    return absl::FailedPreconditionError("bucket segment has an unexpected layout: client and daemon versions differ");
+  }
+  const bool device_reply = resp.has_device_buffer();
+  if (device_reply != want_device) {
+    return absl::FailedPreconditionError(
+        want_device ? "RegisterBucket: this client asked for CUDA buffers (DEVICE_CUDA) but the daemon described a "
+                      "host buffer; start spexd with --device=cuda"
+                    : "RegisterBucket: the daemon described a CUDA buffer to a client that asked for host buffers");
+  }
+  if (!device_reply) {
+    if (!Fits(layout.input_offset(), bytes, host_size) || !Fits(layout.output_offset(), bytes, host_size)) {
+      return absl::InternalError("RegisterBucket: the daemon described a layout that does not fit its buffer");
+    }
+    v.input = reinterpret_cast<float*>(base + layout.input_offset());
+    v.output = reinterpret_cast<const float*>(base + layout.output_offset());
+    return v;
+  }
+  if (cache == nullptr) return absl::InternalError("ResolveBucketView: device reply without an IPC handle cache");
+  const auto& dl = resp.device_layout();
+  absl::StatusOr<const IpcMapping*> mapping = cache->Attach(resp.device_buffer());
+  if (!mapping.ok()) {
+    return absl::Status(mapping.status().code(),
+                        absl::StrCat("bucket ", v.header->bucket_id, ": ", mapping.status().message()));
+  }
+  const IpcMapping* m = *mapping;
+  if (dl.elements() != elements || !Fits(dl.input_offset(), bytes, m->size) ||
+      !Fits(dl.output_offset(), bytes, m->size)) {
+    return absl::InternalError("RegisterBucket: the daemon described a device layout that does not fit its buffer");
+  }
+  if (m->events.size() != static_cast<size_t>(local_size) + 1 || local_rank >= local_size) {
+    return absl::InternalError(absl::StrCat("RegisterBucket: the CUDA buffer has ", m->events.size(),
+                                            " IPC events; expected one per local trainer plus the output (",
+                                            local_size + 1, ")"));
+  }
+  uint8_t* dbase = static_cast<uint8_t*>(m->base);
+  v.input = reinterpret_cast<float*>(dbase + dl.input_offset());
+  v.output = reinterpret_cast<const float*>(dbase + dl.output_offset());
+  v.device = m;
+  return v;
+}
+
+absl::Status MarkDeviceInputWritten(IpcHandleCache* cache, const BucketView& view, uint32_t local_rank,
+                                    void* stream) {
+  if (view.device == nullptr) return absl::OkStatus();
+  return cache->RecordEvent(*view.device, static_cast<int>(local_rank), stream);
+}
+
+absl::Status AwaitDeviceOutput(IpcHandleCache* cache, const BucketView& view, uint32_t local_size, void* stream) {
+  if (view.device == nullptr) return absl::OkStatus();
+  return cache->WaitEvent(*view.device, static_cast<int>(local_size), stream);
+}
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
   std::unique_ptr<Client> c(new Client());
@@ -40,13 +106,20 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   req.set_job(options.job);
   req.set_local_rank(options.local_rank);
   req.set_local_size(options.local_size);
-  req.set_device(v1::DEVICE_CPU);
+  req.set_device(options.device == v1::DEVICE_CUDA ? v1::DEVICE_CUDA : v1::DEVICE_CPU);
   req.set_client(options.client_name);
   req.set_pid(getpid());
   req.set_protocol_version(1);
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + absl::ToChronoSeconds(options.connect_timeout));
   if (auto s = FromGrpc(c->stub_->Hello(&ctx, req, &c->hello_), "Hello"); !s.ok()) return s;
+  if (options.device == v1::DEVICE_CUDA) {
+    if (c->hello_.device() != v1::DEVICE_CUDA) {
+      return absl::FailedPreconditionError(absl::StrCat("spexd at ", c->socket_,
+                                                        " serves host buffers; CUDA buffers need --device=cuda"));
+    }
+    c->ipc_cache_ = std::make_unique<IpcHandleCache>(options.ipc_opener ? options.ipc_opener() : MakeCudaIpcOpener());
+  }
   if (!c->hello_.doorbell().has_shm()) return absl::InternalError("Hello: daemon sent no doorbell segment");
   auto bell = ShmMapping::Attach(c->hello_.doorbell().shm().name(), c->hello_.doorbell().shm().size());
   if (!bell.ok()) return bell.status();
@@ -87,52 +160,48 @@ absl::StatusOr<Bucket*> Client::RegisterBucket(uint64_t id, size_t elements, con
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + absl::ToChronoSeconds(options_.connect_timeout));
   if (auto s = FromGrpc(stub_->RegisterBucket(&ctx, req, &resp), "RegisterBucket"); !s.ok()) return s;
+  if (!resp.buffer().has_shm()) return absl::InternalError("RegisterBucket: the daemon sent no shm segment");
   const auto& shm = resp.buffer().shm();
-  const auto& layout = resp.layout();
-  if (layout.elements() != elements || layout.input_offset() + elements * 4 > shm.size() ||
-      layout.output_offset() + elements * 4 > shm.size()) {
-    return absl::InternalError("RegisterBucket: the daemon described a layout that does not fit its buffer");
-  }
   auto mapping = ShmMapping::Attach(shm.name(), shm.size());
   if (!mapping.ok()) return mapping.status();
+  absl::StatusOr<BucketView> view =
+      ResolveBucketView(resp, elements, options_.local_rank, options_.local_size, (*mapping)->data(), shm.size(),
+                        ipc_cache_ != nullptr, ipc_cache_.get());
+  if (!view.ok()) return view.status();
   auto b = std::make_unique<Bucket>();
   b->id_ = id;
   b->elements_ = elements;
-  uint8_t* base = static_cast<uint8_t*>((*mapping)->data());
-  b->header_ = reinterpret_cast<BucketHeader*>(base + layout.header_offset());
-  if (b->header_->magic != kBucketMagic || b->header_->elements != elements) {
-    return absl::FailedPreconditionError("bucket segment has an unexpected layout: client and daemon versions differ");
-  }
-  b->input_ = reinterpret_cast<float*>(base + layout.input_offset());
-  b->output_ = reinterpret_cast<const float*>(base + layout.output_offset());
+  b->view_ = *view;
   b->next_step_ = resp.next_step();
   b->compressor_ = resp.compressor().name();
   b->density_ = resp.compressor().density();
   b->mapping_ = std::move(*mapping);
-  b->header_->attached[options_.local_rank].store(1);
+  b->view_.header->attached[options_.local_rank].store(1);
   Bucket* raw = b.get();
   buckets_[id] = std::move(b);
   return raw;
 }
 
-absl::Status Client::Exchange(Bucket* b, ExchangeMode mode) {
+absl::Status Client::Exchange(Bucket* b, ExchangeMode mode, void* stream) {
   const uint64_t step = b->next_step_;
-  absl::Status s;
+  absl::Status s = MarkDeviceInputWritten(ipc_cache_.get(), b->view_, options_.local_rank, stream);
+  if (!s.ok()) return s;
   if (mode == ExchangeMode::kRpc) {
     s = ExchangeRpc(b, step);
   } else {
-    b->header_->ready[options_.local_rank].value.store(step + 1, std::memory_order_seq_cst);
+    b->view_.header->ready[options_.local_rank].value.store(step + 1, std::memory_order_seq_cst);
     doorbell_->ring.fetch_add(1);
     if (doorbell_->engine_sleeping.load()) FutexWake(&doorbell_->ring);
     s = WaitPublished(b, step);
-    if (s.ok() && b->header_->status.load() != 0) s = ExchangeRpc(b, step);  // fetches the message
+    if (s.ok() && b->view_.header->status.load() != 0) s = ExchangeRpc(b, step);  // fetches the message
   }
+  if (s.ok()) s = AwaitDeviceOutput(ipc_cache_.get(), b->view_, options_.local_size, stream);
   if (s.ok()) b->next_step_ = step + 1;
   return s;
 }
 
 absl::Status Client::WaitPublished(Bucket* b, uint64_t step) {
-  auto& published = b->header_->published;
+  auto& published = b->view_.header->published;
   const uint32_t want = static_cast<uint32_t>(step + 1);
   const uint64_t start = MonotonicNanos();
   const uint64_t spin_until = start + hello_.spin_us() * 1000ull;
@@ -141,7 +210,7 @@ absl::Status Client::WaitPublished(Bucket* b, uint64_t step) {
     CpuRelax();
   }
   const uint64_t limit = start + absl::ToInt64Nanoseconds(options_.exchange_timeout);
-  b->header_->waiters.fetch_add(1);
+  b->view_.header->waiters.fetch_add(1);
   absl::Status result = absl::OkStatus();
   while (true) {
     const uint32_t cur = published.load();
@@ -160,7 +229,7 @@ absl::Status Client::WaitPublished(Bucket* b, uint64_t step) {
     }
     FutexWait(&published, cur, std::min<int64_t>(kWaitSliceNs, limit - now));
   }
-  b->header_->waiters.fetch_sub(1);
+  b->view_.header->waiters.fetch_sub(1);
   return result;
 }
 

@@ -7,9 +7,18 @@
 //   std::copy(grads, grads + n, (*bucket)->input().begin());
 //   (*client)->Exchange(*bucket);            // doorbell; ExchangeMode::kRpc for the RPC path
 //   use((*bucket)->output());
+//
+// Device buckets (ClientOptions::device = DEVICE_CUDA, a daemon started with --device=cuda):
+// input() and output() are spans of device pointers on the daemon's GPU (bucket->cuda_device()),
+// opened once through CUDA IPC (IpcHandleCache) and reused every step; the doorbell counters
+// stay in host shm. Exchange(bucket, mode, stream) orders the exchange after the work queued
+// on `stream` (records the input slot's IPC event there) and makes `stream` wait for the
+// daemon's result (the output's IPC event) before it returns: work queued on `stream` after
+// Exchange sees the average. Other streams must synchronise with `stream` themselves.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -18,6 +27,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "daemon/memory/cuda_ipc_buffer.h"
 #include "daemon/memory/layout.h"
 #include "daemon/memory/shm_buffer.h"
 #include "proto/spex.grpc.pb.h"
@@ -32,7 +42,36 @@ struct ClientOptions {
   std::string client_name = "spex-cpp";
   absl::Duration connect_timeout = absl::Seconds(10);
   absl::Duration exchange_timeout = absl::Minutes(5);  // per exchange, either path
+  // DEVICE_CPU: host buckets. DEVICE_CUDA: device buckets (the daemon must serve CUDA).
+  v1::DeviceKind device = v1::DEVICE_CPU;
+  // Opens CUDA IPC handles for device buckets; empty = MakeCudaIpcOpener(). Tests plug in fakes.
+  std::function<std::unique_ptr<IpcOpener>()> ipc_opener;
 };
+
+// Where a registered bucket's pieces are in this process (client internals, public for tests).
+struct BucketView {
+  BucketHeader* header = nullptr;  // host shm: doorbell counters
+  float* input = nullptr;          // this trainer's slot: host, or device memory when `device`
+  const float* output = nullptr;
+  const IpcMapping* device = nullptr;  // set for device buckets (owned by the IpcHandleCache)
+};
+
+// Resolves a RegisterBucket reply, with `host_base`/`host_size` the mapping of resp.buffer()
+// (shm), into pointers, checking that everything fits. A reply with a device_buffer is attached
+// through `cache` (opened on first use, then reused); `cache` null means this client asked for
+// host buckets, and a device reply is then FailedPrecondition (and vice versa when
+// `want_device`). A device buffer must carry local_size + 1 IPC events.
+absl::StatusOr<BucketView> ResolveBucketView(const v1::RegisterBucketResponse& resp, size_t elements,
+                                             uint32_t local_rank, uint32_t local_size, void* host_base,
+                                             size_t host_size, bool want_device, IpcHandleCache* cache);
+// Device buckets: before signalling "ready", records IPC event `local_rank` on `stream` (the
+// input slot is written once the work queued there before it is done).
+absl::Status MarkDeviceInputWritten(IpcHandleCache* cache, const BucketView& view, uint32_t local_rank,
+                                    void* stream);
+// Device buckets: after "published", makes `stream` wait for the output's IPC event (index
+// local_size), which the daemon recorded after writing the result.
+absl::Status AwaitDeviceOutput(IpcHandleCache* cache, const BucketView& view, uint32_t local_size,
+                               void* stream);
 
 enum class ExchangeMode { kDoorbell, kRpc };
 
@@ -47,9 +86,12 @@ class Client;
 class Bucket {
  public:
   uint64_t id() const { return id_; }
+  // Device bucket: input()/output() point to GPU memory of GPU cuda_device().
+  bool on_device() const { return view_.device != nullptr; }
+  int cuda_device() const { return on_device() ? view_.device->device : -1; }
   size_t elements() const { return elements_; }
-  absl::Span<float> input() { return {input_, elements_}; }
-  absl::Span<const float> output() const { return {output_, elements_}; }
+  absl::Span<float> input() { return {view_.input, elements_}; }
+  absl::Span<const float> output() const { return {view_.output, elements_}; }
   uint64_t next_step() const { return next_step_; }
   const std::string& compressor() const { return compressor_; }
   double density() const { return density_; }
@@ -61,9 +103,7 @@ class Bucket {
   uint64_t id_ = 0;
   size_t elements_ = 0;
   std::unique_ptr<ShmMapping> mapping_;
-  BucketHeader* header_ = nullptr;
-  float* input_ = nullptr;
-  const float* output_ = nullptr;
+  BucketView view_;
   uint64_t next_step_ = 0;
   std::string compressor_;
   double density_ = 0;
@@ -77,7 +117,9 @@ class Client {
 
   absl::StatusOr<Bucket*> RegisterBucket(uint64_t id, size_t elements, const CompressorChoice& c = {});
   // One exchange of the bucket's next step. On success the output span holds the average.
-  absl::Status Exchange(Bucket* bucket, ExchangeMode mode = ExchangeMode::kDoorbell);
+  // Device buckets: `stream` (a cudaStream_t; null = the legacy default stream) orders it, see
+  // the top of this file; host buckets ignore it.
+  absl::Status Exchange(Bucket* bucket, ExchangeMode mode = ExchangeMode::kDoorbell, void* stream = nullptr);
 
   absl::StatusOr<v1::GetStatsResponse> Stats();
   absl::Status Goodbye();
@@ -99,6 +141,7 @@ class Client {
   v1::HelloResponse hello_;
   std::unique_ptr<ShmMapping> doorbell_mapping_;
   DoorbellSegment* doorbell_ = nullptr;
+  std::unique_ptr<IpcHandleCache> ipc_cache_;  // device buckets only; outlives buckets_
   std::map<uint64_t, std::unique_ptr<Bucket>> buckets_;
   bool said_goodbye_ = false;
 };

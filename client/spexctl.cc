@@ -143,6 +143,6 @@ int main(int argc, char** argv) {
   if (cmd == "stats") return Stats(stub.get(), socket);
   if (cmd == "sessions") return Sessions(stub.get(), socket);
   if (cmd == "set-density") return SetDensity(stub.get(), socket, args.size() == 3 ? args[2] : "");
-  std::fprintf(stderr, "spexctl: unknown command '%s'; use health, stats or sessions\n", cmd.c_str());
+  std::fprintf(stderr, "spexctl: unknown command '%s'; use health, stats, sessions or set-density D\n", cmd.c_str());
   return 2;
 }

@@ -11,7 +11,9 @@ ABSL_FLAG(std::string, job, "",
           "Job name: part of the default socket path; when set, trainers must name the same job. "
           "Default: $SPEX_JOB, else $SLURM_JOB_ID, else 'default' (and not enforced).");
 ABSL_FLAG(int, local_trainers, 1, "Trainer processes on this node; every bucket waits for all of them.");
-ABSL_FLAG(std::string, compressor, "dense", "Default compressor of a bucket (per-bucket override at registration).");
+ABSL_FLAG(std::string, compressor, "dense", "Default compressor of a bucket (per-bucket override at registration): dense, micro, exdyna, topk, "
+          "gtopk, topk_union, randomk, thresh, dgc, gaussiank, redsync, redsync_trim, sidco_e, sidco_p, sidco_gp, "
+          "sage, cltk, deft.");
 ABSL_FLAG(double, density, 0.01, "Default target density in (0, 1] for sparse compressors.");
 ABSL_FLAG(absl::Duration, register_timeout, absl::Seconds(30),
           "How long an Exchange waits for the other local trainers to register its bucket before "
@@ -32,4 +34,6 @@ ABSL_FLAG(std::string, dense_fallback, "auto",
 ABSL_FLAG(int, probe_steps, 3, "Sparse and dense exchanges each timed by --dense_fallback=auto.");
 ABSL_FLAG(bool, fp16_values, false, "Send pattern-B values as float16 (indices stay uint32).");
 ABSL_FLAG(int, residual_norm_every, 10, "Compute the residual norm for stats every this many steps (0: never).");
+ABSL_FLAG(std::string, merger, "none",
+          "Which ready buckets share one exchange: none (one exchange per bucket; the only policy so far).");
 ABSL_FLAG(std::string, log_level, "info", "debug|info|warning|error");

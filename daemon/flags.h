@@ -23,4 +23,5 @@ ABSL_DECLARE_FLAG(std::string, dense_fallback);
 ABSL_DECLARE_FLAG(int, probe_steps);
 ABSL_DECLARE_FLAG(bool, fp16_values);
 ABSL_DECLARE_FLAG(int, residual_norm_every);
+ABSL_DECLARE_FLAG(std::string, merger);
 ABSL_DECLARE_FLAG(std::string, log_level);

@@ -15,6 +15,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "daemon/device.h"
 #include "daemon/engine/engine.h"
 #include "daemon/flags.h"
 #include "daemon/service/spex_service.h"
@@ -57,15 +58,29 @@ int Main(int argc, char** argv) {
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   SetLogPrefix(absl::StrCat("spexd[node ", rank, "/", size, "]"));
 
-  const std::string device = absl::GetFlag(FLAGS_device);
-  if (device == "cuda") {
-    return Fail("--device=cuda: this spexd serves host buffers only (the CUDA path is not wired into the daemon); "
-                "use --device=cpu or --device=auto");
+  // --device: every node probes its own GPU; the nodes then agree (one all-reduce) so that a
+  // start fails on every rank alike and `auto` picks the same path everywhere.
+  const std::string device_flag = absl::GetFlag(FLAGS_device);
+  std::string device_reason;
+  absl::StatusOr<Device> device = ChooseDevice(device_flag, &device_reason);
+  int device_vote[2] = {device.ok() ? 0 : 1, device.ok() && *device == Device::kCuda ? 0 : 1};
+  MPI_Allreduce(MPI_IN_PLACE, device_vote, 2, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  if (!device.ok()) return Fail(std::string(device.status().message()));
+  if (device_vote[0]) return Fail("--device=" + device_flag + ": another node has no usable GPU; see its log");
+  if (*device == Device::kCuda && device_vote[1]) {
+    // `auto` found a GPU here but not on every node: the whole world takes the CPU path.
+    device = Device::kCpu;
+    device_reason = "--device=auto: using the CPU: not every node has a usable GPU (see their logs)";
   }
-  if (device != "auto" && device != "cpu") {
-    return Fail(absl::StrCat("--device must be auto|cpu|cuda, got '", device, "'"));
+  SPEX_LOG(INFO) << device_reason;
+  if (*device == Device::kCuda) {
+    // Not reached on a machine without a GPU. The pieces exist (CudaIpcBuffer, NcclCollective,
+    // the CUDA primitives, the client's IpcHandleCache) but the engine does not drive them yet.
+    return Fail(absl::StrCat(
+        "--device=", device_flag, ": a usable GPU was found (", device_reason,
+        ") but the CUDA path is not implemented in spexd yet: the engine does not yet allocate bucket data in "
+        "CUDA IPC buffers, reduce on the GPU, or exchange through NCCL. Use --device=cpu to run on the CPU"));
   }
-
   const std::string job_flag = absl::GetFlag(FLAGS_job);
   const std::string job = job_flag.empty() ? DefaultJob() : job_flag;
   int host_index = 0, host_count = 1;
@@ -115,6 +130,7 @@ int Main(int argc, char** argv) {
   if (opts.probe_steps < 1) return Fail("--probe_steps must be >= 1");
   opts.fp16_values = absl::GetFlag(FLAGS_fp16_values);
   opts.residual_norm_every = absl::GetFlag(FLAGS_residual_norm_every);
+  opts.merger = absl::GetFlag(FLAGS_merger);
   opts.announce_stop = [&notice] { notice.Announce(); };
   opts.peer_stopped = [&notice](int* who) { return notice.PeerStopped(who); };
   Engine engine(opts, &collective, prims.get());
@@ -137,8 +153,16 @@ int Main(int argc, char** argv) {
   SPEX_LOG(INFO) << kVersion << " serving unix:" << socket_path << " (" << local_trainers
                  << " local trainers, compressor " << opts.compressor << ", spin " << spin << " us)";
 
+  // Stopping removes every name first, before anything that can block: under mpirun a SIGTERM
+  // is followed by SIGKILL after odls_base_sigkill_timeout (1 s by default), and a node whose
+  // engine is inside a collective that a stopped peer left never gets through the clean path
+  // (it would wait --shutdown_grace). Trainers that attached keep their mappings.
+  auto unlink_names = [&engine, &socket_path] {
+    for (const std::string& name : engine.LinkedSegments()) shm_unlink(name.c_str());
+    unlink(socket_path.c_str());
+  };
   // Signals: a dedicated thread waits for SIGTERM/SIGINT (blocked everywhere else).
-  std::thread signals([&engine] {
+  std::thread signals([&engine, &unlink_names] {
     sigset_t set;
     sigemptyset(&set);
     sigaddset(&set, SIGTERM);
@@ -146,13 +170,16 @@ int Main(int argc, char** argv) {
     sigaddset(&set, SIGUSR2);
     int sig = 0;
     sigwait(&set, &sig);
-    if (sig != SIGUSR2) SPEX_LOG(INFO) << "signal " << sig << ": shutting down";
-    engine.RequestStop();
+    if (sig == SIGUSR2) return;
+    engine.RequestStop();  // first: no new registration creates a segment after this
+    unlink_names();
+    SPEX_LOG(INFO) << "signal " << sig << ": shutting down";
   });
 
   engine.WaitStopped();  // a signal here, or a peer node stopping
   server->GetHealthCheckService()->SetServingStatus("spex.v1.Spex", false);
   engine.RequestStop();
+  unlink_names();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   unlink(socket_path.c_str());
   pthread_kill(signals.native_handle(), SIGUSR2);

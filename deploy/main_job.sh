@@ -3,10 +3,13 @@
 # (client/python) into .venv (Debian's Python, system site packages), then runs
 # deploy/train_digits.py: a local cluster of 2 nodes x 2 DDP trainers trains an MLP on
 # scikit-learn's digits once through spex (micro at density 0.01) and once dense, printing
-# one line per epoch and a comparison table; CSVs, summary.json and a PNG plot go to
-# bench/results/train_digits/ (or --results DIR).
+# one line per epoch (loss, accuracy, exchange time, achieved density from GetStats) and a
+# comparison table; a bucket of the sparse run exchanged dense is reported with the reason. CSVs,
+# summary.json and a PNG plot go to bench/results/train_digits/ (or --results DIR).
 #
 #   bash deploy/main_job.sh [train_digits.py options, e.g. --runs micro:0.01,topk:0.01,dense --epochs 20]
+#   (--param KEY=VALUE: compressor parameters; --spexd-arg=FLAG, repeatable, replaces the default
+#   spexd flags, e.g. to try the daemon's --dense_fallback=auto probe)
 # $SPEXD: use this spexd binary instead of building one.
 set -euo pipefail
 cd "$(dirname "$0")/.."

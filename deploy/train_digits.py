@@ -6,9 +6,13 @@ once per run in --runs (default: `micro` at density 0.01, then `dense`), printin
 epoch (loss, test accuracy, exchange time, achieved density from GetStats) and a comparison
 table; writes per-step and per-epoch CSVs, summary.json and a PNG plot under --results.
 
-Runs: NAME[:DENSITY] with NAME a spexd compressor (dense, micro, topk, sidco_e, ...), or `gloo`
-(plain DDP all-reduce, no spex). When the daemon does not accept a sparse compressor yet, the
-run falls back to dense with a loud warning (or is skipped with --no-fallback).
+Runs: NAME[:DENSITY] with NAME a spexd compressor (dense, micro, topk, dgc, sidco_e, ...), or
+`gloo` (plain DDP all-reduce, no spex). A compressor (or --param) the daemon does not accept stops
+the job before training, with the daemon's list of accepted names. The daemons run with
+--dense_fallback=off --min_sparse_elements=1024 unless --spexd-arg says otherwise, so that a
+sparse run is really sparse; every bucket a sparse run exchanged dense is reported with the reason
+(under --min_sparse_elements, or the daemon's dense-fallback probe), and the table shows the
+achieved density from GetStats.
 
     python3 deploy/train_digits.py --spexd bazel-bin/daemon/spexd [--runs micro:0.01,dense]
         [--nodes 2] [--trainers 2] [--epochs 30] [--results DIR]
@@ -27,7 +31,7 @@ import tempfile
 import time
 from typing import Any, Dict, List, Optional
 
-SPARSE_HINT = "unknown compressor"
+DEFAULT_SPEXD_ARGS = ["--threads=1", "--dense_fallback=off", "--min_sparse_elements=1024", "--log_level=warning"]
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
@@ -46,10 +50,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--results", default=None, help="results directory (default bench/results/train_digits)")
     p.add_argument("--spexd", default=None, help="spexd binary (default $SPEXD or bazel-bin/daemon/spexd)")
     p.add_argument("--spexd-arg", action="append", default=[],
-                   help="extra spexd flag (repeatable); default: --threads=1 --dense_fallback=off "
-                        "--min_sparse_elements=1024 --log_level=warning")
-    p.add_argument("--no-fallback", action="store_true",
-                   help="skip (do not run dense instead of) a sparse run the daemon does not accept")
+                   help="spexd flag (repeatable); default: " + " ".join(DEFAULT_SPEXD_ARGS))
+    p.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
+                   help="compressor parameter for every sparse run (repeatable)")
     p.add_argument("--stats-every", type=int, default=1, help="GetStats every N steps on rank 0 (0: per epoch)")
     p.add_argument("--check-every", type=int, default=1,
                    help="compare a SHA-1 of the parameters across ranks every N steps (0: never)")
@@ -147,20 +150,29 @@ def train_one(cfg: Dict[str, Any], run: Dict[str, Any], data, run_index: int) ->
 
         # Each run gets its own bucket ids, so nothing of a previous run can be mistaken for it.
         state = spex.torch.register(ddp, compressor=run["compressor"], density=run["density"],
-                                    socket=cfg["socket"], local_rank=cfg["local_rank"],
-                                    local_size=cfg["local_size"], mode=cfg["mode"], id_base=run_index << 32)
+                                    params=run.get("params") or None, socket=cfg["socket"],
+                                    local_rank=cfg["local_rank"], local_size=cfg["local_size"], mode=cfg["mode"],
+                                    id_base=run_index << 32)
     spex_state = state if run["compressor"] != "gloo" else None
     opt = torch.optim.SGD(model.parameters(), lr=cfg["lr"], momentum=cfg["momentum"])
     batch = cfg["batch"]
     steps_per_epoch = len(xtr) // (world * batch)
     step_rows, epoch_rows = [], []
     step = 0
+    # Rank 0 reads GetStats after every step: achieved density, and which buckets of a sparse
+    # run went dense (and why), reported once per bucket and reason. GetStats holds each
+    # bucket's last exchange, recorded just after the result is published, so a read can see the
+    # step before: exchanges are counted once per (bucket, step) seen.
+    dense_notes: Dict[Any, Dict[str, Any]] = {}
+    seen = set()
+    bucket_exchanges = dense_exchanges = 0
+    patterns: Dict[str, int] = {}
     t_run = time.perf_counter()
     for epoch in range(cfg["epochs"]):
         t_epoch = time.perf_counter()
         perm = torch.randperm(len(xtr), generator=torch.Generator().manual_seed(cfg["seed"] * 100003 + epoch))
         mine = perm[rank::world]
-        losses, exch, densities = [], [], []
+        losses, exch, densities, gathered = [], [], [], []
         for s in range(steps_per_epoch):
             idx = mine[s * batch:(s + 1) * batch]
             t0 = time.perf_counter()
@@ -171,31 +183,56 @@ def train_one(cfg: Dict[str, Any], run: Dict[str, Any], data, run_index: int) ->
             step_s = time.perf_counter() - t0
             timings = state.pop_timings()
             exchange_s = sum(t[3] for t in timings)
-            density = float("nan")
+            density = gath = float("nan")
             if spex_state is not None and rank == 0 and cfg["stats_every"] and step % cfg["stats_every"] == 0:
-                d = spex_state.achieved_density()
-                density = d if d is not None else float("nan")
-                densities.append(density)
+                report = spex_state.exchange_report()
+                if report:
+                    elems = sum(b["elements"] for b in report)
+                    density = sum(b["achieved_density"] * b["elements"] for b in report) / elems
+                    gath = sum(b["gathered_density"] * b["elements"] for b in report) / elems
+                    densities.append(density)
+                    gathered.append(gath)
+                for b in report:
+                    if (b["bucket_id"], b["step"]) in seen:
+                        continue
+                    seen.add((b["bucket_id"], b["step"]))
+                    bucket_exchanges += 1
+                    patterns[b["pattern"]] = patterns.get(b["pattern"], 0) + 1
+                    if not b["dense"]:
+                        continue
+                    dense_exchanges += 1
+                    key = (b["elements"], b["why"][:40])
+                    note = dense_notes.setdefault(key, {"elements": b["elements"], "why": b["why"], "count": 0,
+                                                        "first_step": step, "bucket_id": b["bucket_id"]})
+                    note["count"] += 1
+                    if note["count"] == 1 and not cfg["quiet"]:
+                        print(f"[{run['label']:>12}] NOTE: bucket {b['bucket_id']} ({b['elements']} elements) was "
+                              f"exchanged DENSE at step {step}, not {run['compressor']}: {b['why']}", flush=True)
             losses.append(loss.item())
             exch.append(exchange_s)
             digest = params_digest(model) if cfg["check_every"] and step % cfg["check_every"] == 0 else ""
             step_rows.append([step, epoch, f"{loss.item():.6f}", f"{step_s:.6f}", f"{exchange_s:.6f}",
-                              len(timings), f"{density:.6f}", digest])
+                              len(timings), f"{density:.6f}", f"{gath:.6f}", digest])
             step += 1
         with torch.no_grad():
             acc = (model(xte).argmax(1) == yte).float().mean().item() * 100
         if spex_state is not None and rank == 0 and not cfg["stats_every"]:
-            d = spex_state.achieved_density()
-            densities.append(d if d is not None else float("nan"))
+            report = spex_state.exchange_report()
+            if report:
+                elems = sum(b["elements"] for b in report)
+                densities.append(sum(b["achieved_density"] * b["elements"] for b in report) / elems)
+                gathered.append(sum(b["gathered_density"] * b["elements"] for b in report) / elems)
         row = {"epoch": epoch, "loss": sum(losses) / len(losses), "test_acc": acc,
                "exchange_ms": 1e3 * sum(exch) / len(exch),
                "density": (sum(densities) / len(densities)) if densities else float("nan"),
+               "gathered_density": (sum(gathered) / len(gathered)) if gathered else float("nan"),
                "epoch_s": time.perf_counter() - t_epoch}
         epoch_rows.append(row)
         if rank == 0 and not cfg["quiet"]:
             print(f"[{run['label']:>12}] epoch {epoch + 1:3d}/{cfg['epochs']}  loss {row['loss']:.4f}  "
                   f"test acc {acc:6.2f}%  exchange {row['exchange_ms']:7.3f} ms/step  "
-                  f"density {row['density']:.4f}  ({row['epoch_s']:.2f} s)", flush=True)
+                  f"density {row['density']:.4f} (gathered {row['gathered_density']:.4f})  ({row['epoch_s']:.2f} s)",
+                  flush=True)
     run_s = time.perf_counter() - t_run
     buckets = []
     if spex_state is not None:
@@ -206,11 +243,14 @@ def train_one(cfg: Dict[str, Any], run: Dict[str, Any], data, run_index: int) ->
         spex_state.close()
     with open(os.path.join(out, f"steps.rank{rank}.csv"), "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["step", "epoch", "loss", "step_s", "exchange_s", "exchanges", "density", "params_sha1"])
+        w.writerow(["step", "epoch", "loss", "step_s", "exchange_s", "exchanges", "density", "gathered_density",
+                    "params_sha1"])
         w.writerows(step_rows)
     if rank == 0:
         with open(os.path.join(out, "epochs.json"), "w") as f:
-            json.dump({"epochs": epoch_rows, "run_s": run_s, "steps": step, "buckets": buckets}, f)
+            json.dump({"epochs": epoch_rows, "run_s": run_s, "steps": step, "buckets": buckets,
+                       "bucket_exchanges": bucket_exchanges, "dense_exchanges": dense_exchanges,
+                       "dense_notes": list(dense_notes.values()), "patterns": patterns}, f)
     # Every trainer said Goodbye before any opens the next run's session: the daemons then
     # start the next run as a new job (step 0, fresh buckets).
     dist.barrier()
@@ -233,17 +273,16 @@ def worker(cfg: Dict[str, Any]) -> None:
 # Launcher.
 
 
-def probe_compressor(socket: str, local_size: int, compressor: str, density: float) -> Optional[str]:
-    """None when the daemon accepts `compressor`, else its message."""
+def check_compressor(socket: str, local_size: int, run: Dict[str, Any]) -> Optional[str]:
+    """None when the daemon accepts the run's compressor, density and params, else its message
+    (which lists the accepted compressor names or parameters). Registers nothing."""
     import spex
 
-    with spex.Client(socket, local_rank=0, local_size=local_size, client_name="train_digits-probe") as c:
+    with spex.Client(socket, local_rank=0, local_size=local_size, client_name="train_digits-check") as c:
         try:
-            c.register_bucket(2**63 - 1, 4096, compressor=compressor, density=density)
+            c.validate_compressor(run["compressor"], run["density"], run.get("params") or None)
         except spex.SpexValueError as e:
-            if SPARSE_HINT in str(e) or "not accepted" in str(e):
-                return str(e)
-            raise
+            return str(e)
     return None
 
 
@@ -302,33 +341,42 @@ def summarize(run: Dict[str, Any], world: int) -> Dict[str, Any]:
     step_s = [float(r["step_s"]) for r in rows0]
     dens = [float(r["density"]) for r in rows0 if r["density"] not in ("nan", "")]
     dens = [d for d in dens if d == d]
+    gath = [float(r["gathered_density"]) for r in rows0 if r["gathered_density"] not in ("nan", "")]
+    gath = [d for d in gath if d == d]
     epochs = ep["epochs"]
     return {
         "label": run["label"], "compressor": run["compressor"], "target_density": run["density"],
-        "fallback": run.get("fallback", False), "steps": steps, "epochs": len(epochs),
+        "steps": steps, "epochs": len(epochs),
         "final_acc": epochs[-1]["test_acc"], "best_acc": max(e["test_acc"] for e in epochs),
         "final_loss": epochs[-1]["loss"], "exchange_ms_per_step": 1e3 * sum(exch) / len(exch),
         "step_ms": 1e3 * sum(step_s) / len(step_s), "achieved_density": sum(dens) / len(dens) if dens else None,
+        "gathered_density": sum(gath) / len(gath) if gath else None,
+        "bucket_exchanges": ep.get("bucket_exchanges", 0), "dense_exchanges": ep.get("dense_exchanges", 0),
+        "dense_notes": ep.get("dense_notes", []), "patterns": ep.get("patterns", {}),
         "params_identical": not mismatched, "mismatched_steps": mismatched[:10], "checked_steps": checked,
         "train_s": ep["run_s"], "buckets": ep["buckets"], "epoch_rows": epochs,
-        "step_rows": [{k: r[k] for k in ("step", "epoch", "loss", "step_s", "exchange_s", "density")} for r in rows0],
+        "step_rows": [{k: r[k] for k in ("step", "epoch", "loss", "step_s", "exchange_s", "density", "gathered_density")}
+                      for r in rows0],
     }
 
 
 def write_outputs(results: List[Dict[str, Any]], out: str) -> None:
     with open(os.path.join(out, "steps.csv"), "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["run", "step", "epoch", "loss", "step_s", "exchange_s", "achieved_density"])
+        w.writerow(["run", "step", "epoch", "loss", "step_s", "exchange_s", "achieved_density", "gathered_density"])
         for r in results:
             for s in r["step_rows"]:
-                w.writerow([r["label"], s["step"], s["epoch"], s["loss"], s["step_s"], s["exchange_s"], s["density"]])
+                w.writerow([r["label"], s["step"], s["epoch"], s["loss"], s["step_s"], s["exchange_s"], s["density"],
+                            s["gathered_density"]])
     with open(os.path.join(out, "epochs.csv"), "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["run", "epoch", "loss", "test_acc", "exchange_ms", "achieved_density", "epoch_s"])
+        w.writerow(["run", "epoch", "loss", "test_acc", "exchange_ms", "achieved_density", "gathered_density",
+                    "epoch_s"])
         for r in results:
             for e in r["epoch_rows"]:
                 w.writerow([r["label"], e["epoch"], f"{e['loss']:.6f}", f"{e['test_acc']:.3f}",
-                            f"{e['exchange_ms']:.4f}", e["density"], f"{e['epoch_s']:.4f}"])
+                            f"{e['exchange_ms']:.4f}", e["density"], e.get("gathered_density", ""),
+                            f"{e['epoch_s']:.4f}"])
     with open(os.path.join(out, "summary.json"), "w") as f:
         json.dump([{k: v for k, v in r.items() if k not in ("step_rows", "epoch_rows")} for r in results], f, indent=1)
     try:
@@ -341,7 +389,7 @@ def write_outputs(results: List[Dict[str, Any]], out: str) -> None:
         return
     fig, ax = plt.subplots(2, 2, figsize=(11, 7.5))
     for r in results:
-        label = r["label"] + (" (dense fallback)" if r["fallback"] else "")
+        label = r["label"]
         st = [int(s["step"]) for s in r["step_rows"]]
         ax[0][0].plot(st, [float(s["loss"]) for s in r["step_rows"]], label=label, lw=0.8)
         ax[0][1].plot([e["epoch"] + 1 for e in r["epoch_rows"]], [e["test_acc"] for e in r["epoch_rows"]],
@@ -364,19 +412,31 @@ def write_outputs(results: List[Dict[str, Any]], out: str) -> None:
 
 
 def print_table(results: List[Dict[str, Any]]) -> None:
-    base = next((r for r in results if r["compressor"] == "dense" and not r["fallback"]), results[-1])
-    labels = [r["label"] + (" (DENSE FALLBACK)" if r["fallback"] else "") for r in results]
+    base = next((r for r in results if r["compressor"] == "dense"), results[-1])
+    labels = [r["label"] for r in results]
     w = max(12, *(len(x) for x in labels)) + 2
     print(f"\ncomparison (baseline: {base['label']}; exchange = submit-to-result time summed over a step's buckets)")
     print(f"{'run':<{w}}{'final acc':>10}{'best acc':>10}{'vs base':>9}{'loss':>9}{'exch ms/step':>14}"
-          f"{'vs base':>9}{'density':>9}{'step ms':>9}  params identical on all ranks")
+          f"{'vs base':>9}{'density':>9}{'gathered':>9}{'dense exch':>12}{'step ms':>9}  params identical on all ranks")
     for label, r in zip(labels, results):
         ratio = r["exchange_ms_per_step"] / base["exchange_ms_per_step"] if base["exchange_ms_per_step"] else float("nan")
         dens = f"{r['achieved_density']:.4f}" if r["achieved_density"] is not None else "-"
+        gath = f"{r['gathered_density']:.4f}" if r["gathered_density"] is not None else "-"
+        sparse = r["compressor"] not in ("dense", "gloo")
+        dx = f"{r['dense_exchanges']}/{r['bucket_exchanges']}" if sparse else "-"
         same = f"{'yes' if r['params_identical'] else 'NO'} ({r['checked_steps']}/{r['steps']} steps checked)"
         print(f"{label:<{w}}{r['final_acc']:>9.2f}%{r['best_acc']:>9.2f}%{r['final_acc'] - base['final_acc']:>+9.2f}"
-              f"{r['final_loss']:>9.4f}{r['exchange_ms_per_step']:>14.3f}{ratio:>8.2f}x{dens:>9}"
+              f"{r['final_loss']:>9.4f}{r['exchange_ms_per_step']:>14.3f}{ratio:>8.2f}x{dens:>9}{gath:>9}{dx:>12}"
               f"{r['step_ms']:>9.2f}  {same}")
+    print("density: the daemon's achieved density (this node's selection / elements, element-weighted, node 0); "
+          "gathered: what every node received / elements (pattern A: the union of all nodes' selections); "
+          "dense exch: bucket exchanges of a sparse run that went dense / all seen in GetStats after each step")
+    for label, r in zip(labels, results):
+        for n in r["dense_notes"]:
+            print(f"  {label}: bucket of {n['elements']} elements went DENSE in {n['count']} exchange(s) from step "
+                  f"{n['first_step']}: {n['why']}")
+        if r["compressor"] not in ("dense", "gloo") and not r["dense_notes"] and r["bucket_exchanges"]:
+            print(f"  {label}: every exchange seen was sparse ({r['bucket_exchanges']} bucket exchanges)")
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -390,38 +450,36 @@ def main(argv: Optional[List[str]] = None) -> int:
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = os.path.abspath(args.results or os.path.join(repo, "bench", "results", "train_digits"))
     os.makedirs(out, exist_ok=True)
-    spexd_args = args.spexd_arg or ["--threads=1", "--dense_fallback=off", "--min_sparse_elements=1024",
-                                    "--log_level=warning"]
+    spexd_args = args.spexd_arg or DEFAULT_SPEXD_ARGS
+    params = {}
+    for kv in args.param:
+        k, eq, v = kv.partition("=")
+        if not eq or not k:
+            sys.exit(f"train_digits: --param {kv!r} is not KEY=VALUE")
+        params[k] = v
+    for run in runs:
+        if run["compressor"] not in ("dense", "gloo"):
+            run["params"] = params
     print(f"train_digits: {args.nodes} nodes x {args.trainers} trainers (DDP over gloo, {args.nodes * args.trainers} "
           f"processes), MLP 64-{args.hidden}-{args.hidden}-10 on digits, {args.epochs} epochs, batch {args.batch}/process, "
-          f"runs: {', '.join(r['label'] for r in runs)}; results in {out}", flush=True)
-    results, skipped, planned = [], [], []
+          f"runs: {', '.join(r['label'] for r in runs)}; spexd {' '.join(spexd_args)}; results in {out}", flush=True)
+    planned = []
     with LocalCluster(args.spexd, nodes=args.nodes, trainers=args.trainers, args=spexd_args,
                       log=os.path.join(out, "spexd.log")) as cluster:
         for run in runs:
-            if run["compressor"] not in ("dense", "gloo"):
-                why = probe_compressor(cluster.socket(0), args.trainers, run["compressor"], run["density"])
+            if run["compressor"] != "gloo":
+                why = check_compressor(cluster.socket(0), args.trainers, run)
                 if why is not None:
-                    bar = "!" * 100
-                    if args.no_fallback:
-                        print(f"{bar}\nSKIPPED run {run['label']}: spexd does not accept compressor "
-                              f"'{run['compressor']}' ({why})\n{bar}", flush=True)
-                        skipped.append({"label": run["label"], "compressor": run["compressor"], "reason": why})
-                        continue
-                    print(f"{bar}\nWARNING: spexd does not accept compressor '{run['compressor']}' yet:\n  {why}\n"
-                          f"Run '{run['label']}' FALLS BACK TO DENSE: its figures are dense exchanges, not sparse "
-                          f"ones.\n{bar}", flush=True)
-                    run = dict(run, compressor="dense", density=1.0, fallback=True)
+                    print(f"train_digits: ERROR: run {run['label']}: {why}", flush=True)
+                    return 2
             run["out"] = os.path.join(out, run["label"].replace("@", "_"))
             os.makedirs(run["out"], exist_ok=True)
             planned.append(run)
-        wall = launch(planned, args, cluster) if planned else 0.0
+        wall = launch(planned, args, cluster)
     results = [summarize(run, args.nodes * args.trainers) for run in planned]
     if results:
         write_outputs(results, out)
         print_table(results)
-    with open(os.path.join(out, "skipped.json"), "w") as f:
-        json.dump(skipped, f)
     print(f"\ntraining processes ran {wall:.1f} s for {len(results)} run(s)")
     print(f"per-step CSV: {out}/steps.csv, per-epoch CSV: {out}/epochs.csv, plot: {out}/train_digits.png, "
           f"summary: {out}/summary.json, daemon log: {out}/spexd.log")

@@ -44,6 +44,7 @@ struct Engine::Bucket {
   // Engine thread only:
   std::vector<float> acc;  // dense: local sum (L > 1); sparse: residual + local sum
   std::unique_ptr<Codec> codec;  // null: dense
+  CodecSelection sel;            // the codec's selection, reused every step
   std::vector<uint32_t> touched;  // output positions the last sparse step wrote
   bool output_dense = true;       // the output holds a dense result (zero it fully before sparse)
   enum class Mode { kProbe, kSparse, kDense } mode = Mode::kProbe;
@@ -87,6 +88,11 @@ absl::Status Engine::Start() {
   }
   if (!options_.codec_factory) {
     if (absl::Status s = ValidateCodec(options_.compressor, options_.density, {}); !s.ok()) return s;
+  }
+  {
+    auto merger = MakeMerger(options_.merger);
+    if (!merger.ok()) return merger.status();
+    merger_ = std::move(*merger);
   }
   if (options_.dense_fallback != "auto" && options_.dense_fallback != "off") {
     return absl::InvalidArgumentError(absl::StrCat("--dense_fallback must be auto|off, got '",
@@ -389,13 +395,27 @@ absl::StatusOr<ExchangeRecord> Engine::Exchange(uint64_t session_id, uint64_t bu
 }
 
 Engine::Bucket* Engine::PickNextLocked() {
+  // Candidates in the canonical order: ascending (next step, bucket id) over the buckets every
+  // local trainer registered. The merger picks the group to exchange from its head.
   const uint64_t full = (1ull << options_.local_trainers) - 1;
-  Bucket* best = nullptr;
+  std::vector<Bucket*> order;
   for (auto& [id, b] : buckets_) {
-    if (b->registered_mask != full) continue;
-    if (best == nullptr || b->next_step < best->next_step) best = b.get();  // ties: lower id first
+    if (b->registered_mask == full) order.push_back(b.get());
   }
-  return best;
+  if (order.empty()) return nullptr;
+  std::stable_sort(order.begin(), order.end(),  // buckets_ iterates in id order
+                   [](const Bucket* a, const Bucket* b) { return a->next_step < b->next_step; });
+  candidates_.clear();
+  for (const Bucket* b : order) {
+    candidates_.push_back({b->id, b->next_step, b->elements, LocallyReady(*b)});
+  }
+  const size_t group = merger_->NextGroup(candidates_);
+  if (group != 1) {
+    // Fused exchanges need a merge-group buffer and wire id; only `none` exists so far.
+    SPEX_LOG(ERROR) << "merger " << merger_->name() << " returned a group of " << group
+                    << " buckets; fused exchanges are not implemented, exchanging one";
+  }
+  return order.front();
 }
 
 bool Engine::LocallyReady(const Bucket& b) const {
@@ -486,9 +506,12 @@ absl::Status Engine::Agree(const Bucket& b, uint64_t step, Control* c) {
   // node iff all nodes agree on x: a check that every node exchanges the same (bucket, step,
   // size). The same all-reduce carries the newest density change any node has seen, and the
   // probe timings of the dense fallback, so run-time decisions need no extra round trip.
-  uint64_t v[9] = {b.id, step, b.elements, ~b.id, ~step, ~b.elements, c->density_key, c->sparse_us, c->dense_us};
+  uint64_t name_hash = 0xcbf29ce484222325ull;  // FNV-1a of the compressor name
+  for (unsigned char ch : b.compressor) name_hash = (name_hash ^ ch) * 0x100000001b3ull;
+  uint64_t v[11] = {b.id,         step,          b.elements,   ~b.id,      ~step,     ~b.elements,
+                    c->density_key, c->sparse_us, c->dense_us, name_hash, ~name_hash};
   if (collective_->size() > 1) {
-    absl::Status s = collective_->AllReduce(v, 9, ElemType::kUint64, ReduceOp::kMax);
+    absl::Status s = collective_->AllReduce(v, 11, ElemType::kUint64, ReduceOp::kMax);
     if (!s.ok()) return s;
   }
   if (v[0] != ~v[3] || v[1] != ~v[4] || v[2] != ~v[5]) {
@@ -496,6 +519,12 @@ absl::Status Engine::Agree(const Bucket& b, uint64_t step, Control* c) {
         "bucket order differs between nodes: this node exchanged bucket ", b.id, " step ", step, " (", b.elements,
         " elements) while another node exchanged a different bucket, step or size. Every node must register the "
         "same buckets (same ids and sizes) and exchange them in the same order"));
+  }
+  if (v[9] != ~v[10]) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "bucket ", b.id, " uses compressor ", b.compressor, " on this node but another compressor on another node; "
+        "every node must register a bucket with the same compressor (check --compressor and the trainers' "
+        "per-bucket settings)"));
   }
   c->density_key = v[6];
   c->sparse_us = v[7];
@@ -625,9 +654,10 @@ absl::Status Engine::SparseStep(Bucket* b, uint64_t step, ExchangeRecord* rec, c
   LocalReduce(b, options_.error_feedback);
   lap(Phase::kReduceLocal);
   const WirePattern pattern = b->codec->pattern();
-  b->codec->SetDensity(b->density);
-  CodecSelection sel;
-  absl::Status s = b->codec->Select(b->acc.data(), n, step, pattern == WirePattern::kSparseGather, &sel);
+  absl::Status s = b->codec->SetDensity(b->density);
+  if (!s.ok()) return s;
+  CodecSelection& sel = b->sel;
+  s = b->codec->Select(b->acc.data(), n, step, pattern == WirePattern::kSparseGather, &sel);
   if (!s.ok()) return s;
   lap(Phase::kCompress);
   // The output holds last step's result: zero only the positions written then.

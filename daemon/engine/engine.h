@@ -19,6 +19,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "daemon/engine/codec.h"
+#include "daemon/merge/merger.h"
 #include "daemon/memory/layout.h"
 #include "daemon/memory/shm_buffer.h"
 #include "daemon/transport/collective.h"
@@ -42,6 +43,7 @@ struct EngineOptions {
   int probe_steps = 3;                  // auto: sparse and dense steps each measured
   bool fp16_values = false;             // pattern B values as float16 on the wire
   int residual_norm_every = 10;         // steps between residual-norm computations (0: never)
+  std::string merger = "none";          // which ready buckets share one exchange (daemon/merge)
   // Builds a bucket's codec; empty = MakeCodec (the compressor library). Tests plug in theirs.
   std::function<absl::StatusOr<std::unique_ptr<Codec>>(const CodecSpec&, Primitives*)> codec_factory;
   // Out-of-band stop notices between nodes (MPI: PeerNotice). Both optional.
@@ -154,6 +156,8 @@ class Engine {
   void Run();
   // Picks the next item in canonical order; null when no bucket is schedulable.
   Bucket* PickNextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::unique_ptr<Merger> merger_;
+  std::vector<MergeCandidate> candidates_ ABSL_GUARDED_BY(mu_);
   bool LocallyReady(const Bucket& b) const;
   void Process(Bucket* b);
   void Publish(Bucket* b, uint64_t step, const absl::Status& status, const ExchangeRecord& rec);

@@ -7,6 +7,41 @@
 #include "daemon/engine/wire.h"
 
 namespace spex {
+namespace {
+
+// The sorted union of `runs` (run r is v[off[r] .. off[r + 1])) into *out. Every node's
+// selection arrives ascending, so a pairwise merge (log2(nodes) linear passes) replaces a full
+// sort of the concatenation; a run that is not ascending (a peer not following the contract)
+// falls back to std::sort, so the result is the same either way.
+void SortedUnion(const std::vector<uint32_t>& v, const std::vector<size_t>& off, std::vector<uint32_t>* out,
+                 std::vector<uint32_t>* scratch) {
+  const size_t runs = off.size() - 1;
+  bool sorted = true;
+  for (size_t r = 0; r < runs && sorted; ++r) sorted = std::is_sorted(v.begin() + off[r], v.begin() + off[r + 1]);
+  out->assign(v.begin(), v.end());
+  if (!sorted) {
+    std::sort(out->begin(), out->end());
+  } else if (runs > 1) {
+    std::vector<size_t> bounds(off), next;
+    std::vector<uint32_t>* src = out;
+    std::vector<uint32_t>* dst = scratch;
+    while (bounds.size() > 2) {
+      dst->resize(src->size());
+      next.assign(1, 0);
+      for (size_t r = 0; r + 1 < bounds.size(); r += 2) {
+        const size_t a = bounds[r], b = bounds[r + 1], c = r + 2 < bounds.size() ? bounds[r + 2] : b;
+        std::merge(src->begin() + a, src->begin() + b, src->begin() + b, src->begin() + c, dst->begin() + a);
+        next.push_back(c);
+      }
+      bounds.swap(next);
+      std::swap(src, dst);
+    }
+    if (src != out) out->swap(*src);
+  }
+  out->erase(std::unique(out->begin(), out->end()), out->end());
+}
+
+}  // namespace
 
 absl::Status ExchangeIndexUnion(Collective* coll, Primitives* prims, const SparseExchangeArgs& args,
                                 absl::Span<const uint32_t> my_idx, const float* acc, float* out,
@@ -22,7 +57,8 @@ absl::Status ExchangeIndexUnion(Collective* coll, Primitives* prims, const Spars
   res->bytes_sent = mine.size();
   res->bytes_received = all.size() - mine.size();
   res->counts.assign(n, 0);
-  res->gathered_idx.clear();
+  std::vector<uint32_t> concat;
+  std::vector<size_t> runs(1, 0);
   size_t off = 0;
   for (int r = 0; r < n; ++r) {
     if (bytes[r] < sizeof(ChunkHeader) || (bytes[r] - sizeof(ChunkHeader)) % 4 != 0) {
@@ -39,21 +75,21 @@ absl::Status ExchangeIndexUnion(Collective* coll, Primitives* prims, const Spars
                                               h.step, " count ", h.count, " of ", h.elements, " elements"));
     }
     const uint8_t* p = all.data() + off + sizeof(ChunkHeader);
-    const size_t start = res->gathered_idx.size();
-    res->gathered_idx.resize(start + count);
-    std::memcpy(res->gathered_idx.data() + start, p, 4ull * count);
+    const size_t start = concat.size();
+    concat.resize(start + count);
+    std::memcpy(concat.data() + start, p, 4ull * count);
     for (uint32_t i = 0; i < count; ++i) {
-      if (res->gathered_idx[start + i] >= args.elements) {
-        return absl::DataLossError(absl::StrCat("node ", r, " sent index ", res->gathered_idx[start + i],
+      if (concat[start + i] >= args.elements) {
+        return absl::DataLossError(absl::StrCat("node ", r, " sent index ", concat[start + i],
                                                 " outside bucket ", args.group_id, " (", args.elements, " elements)"));
       }
     }
     res->counts[r] = count;
+    runs.push_back(concat.size());
     off += bytes[r];
   }
   std::vector<uint32_t>& u = res->gathered_idx;
-  std::sort(u.begin(), u.end());  // nodes' sets may overlap (topk_union, thresh): dedup
-  u.erase(std::unique(u.begin(), u.end()), u.end());
+  SortedUnion(concat, runs, &u, &res->touched);  // nodes' sets may overlap (topk_union, thresh): dedup
   std::vector<float> vals(u.size());
   if (absl::Status s = prims->Gather(acc, args.elements, u.data(), u.size(), vals.data()); !s.ok()) return s;
   if (n > 1 && !vals.empty()) {
@@ -91,19 +127,20 @@ absl::Status ExchangeSparseGather(Collective* coll, Primitives* prims, const Spa
   }
   res->counts.assign(n, 0);
   res->gathered_idx.clear();
+  std::vector<size_t> runs(1, 0);
   for (int r = 0; r < n; ++r) {
-    const DecodedChunk& c = chunks[r];
+    DecodedChunk& c = chunks[r];
     res->counts[r] = c.header.count;
     res->gathered_idx.insert(res->gathered_idx.end(), c.idx, c.idx + c.header.count);
-    std::vector<float> scaled(c.values);
-    prims->Scale(scaled.data(), args.scale, scaled.size());
-    if (absl::Status s = prims->ScatterAdd(out, args.elements, c.idx, scaled.data(), scaled.size()); !s.ok()) {
+    runs.push_back(res->gathered_idx.size());
+    // The decoded values are this call's own copy: scale them in place.
+    prims->Scale(c.values.data(), args.scale, c.values.size());
+    if (absl::Status s = prims->ScatterAdd(out, args.elements, c.idx, c.values.data(), c.values.size()); !s.ok()) {
       return s;
     }
   }
-  res->touched = res->gathered_idx;
-  std::sort(res->touched.begin(), res->touched.end());
-  res->touched.erase(std::unique(res->touched.begin(), res->touched.end()), res->touched.end());
+  std::vector<uint32_t> scratch;
+  SortedUnion(res->gathered_idx, runs, &res->touched, &scratch);
   return absl::OkStatus();
 }
 

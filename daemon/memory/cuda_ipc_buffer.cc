@@ -89,6 +89,20 @@ class CudaIpcOpener final : public IpcOpener {
     DeviceGuard guard(device);
     cudaEventDestroy(static_cast<cudaEvent_t>(event));
   }
+  absl::Status RecordEvent(void* event, void* stream, int device) override {
+    DeviceGuard guard(device);
+    cudaError_t e =
+        cudaEventRecord(static_cast<cudaEvent_t>(event), static_cast<cudaStream_t>(stream));
+    if (e != cudaSuccess) return CudaError(e, "cudaEventRecord(IPC event)");
+    return absl::OkStatus();
+  }
+  absl::Status WaitEvent(void* event, void* stream, int device) override {
+    DeviceGuard guard(device);
+    cudaError_t e = cudaStreamWaitEvent(static_cast<cudaStream_t>(stream),
+                                        static_cast<cudaEvent_t>(event), 0);
+    if (e != cudaSuccess) return CudaError(e, "cudaStreamWaitEvent(IPC event)");
+    return absl::OkStatus();
+  }
 };
 #else
 absl::Status NoCuda(const char* what) {
@@ -254,6 +268,14 @@ std::unique_ptr<IpcOpener> MakeCudaIpcOpener() {
 #endif
 }
 
+absl::Status IpcOpener::RecordEvent(void*, void*, int) {
+  return absl::UnimplementedError("this IpcOpener cannot record events");
+}
+
+absl::Status IpcOpener::WaitEvent(void*, void*, int) {
+  return absl::UnimplementedError("this IpcOpener cannot wait for events");
+}
+
 IpcHandleCache::IpcHandleCache(std::unique_ptr<IpcOpener> opener) : opener_(std::move(opener)) {}
 
 IpcHandleCache::~IpcHandleCache() {
@@ -323,6 +345,22 @@ absl::Status IpcHandleCache::Release(const v1::BufferDescriptor& descriptor) {
   Close(it->second.get());
   open_.erase(it);
   return absl::OkStatus();
+}
+
+absl::Status IpcHandleCache::RecordEvent(const IpcMapping& mapping, int slot, void* stream) {
+  if (slot < 0 || slot >= static_cast<int>(mapping.events.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("IPC event ", slot, " of a buffer with ", mapping.events.size()));
+  }
+  return opener_->RecordEvent(mapping.events[slot], stream, mapping.device);
+}
+
+absl::Status IpcHandleCache::WaitEvent(const IpcMapping& mapping, int slot, void* stream) {
+  if (slot < 0 || slot >= static_cast<int>(mapping.events.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("IPC event ", slot, " of a buffer with ", mapping.events.size()));
+  }
+  return opener_->WaitEvent(mapping.events[slot], stream, mapping.device);
 }
 
 size_t IpcHandleCache::open_count() const {

@@ -34,6 +34,14 @@ inline constexpr size_t kMaxIpcEvents = kMaxLocalTrainers + 1;
 
 using IpcHandle = std::array<uint8_t, kCudaIpcHandleBytes>;
 
+// Layout of a device bucket's data (the CUDA path keeps the BucketHeader in host shm): input
+// slot r at r * SlotStride(elements), the output after the last slot. The IPC events of such a
+// buffer are one per input slot (event r: trainer r's input is written) and then one for the
+// output (event `slots`: the daemon's result is written).
+inline size_t DeviceInputOffset(uint64_t elements, uint32_t slot) { return slot * SlotStride(elements); }
+inline size_t DeviceOutputOffset(uint64_t elements, uint32_t slots) { return slots * SlotStride(elements); }
+inline size_t DeviceBucketBytes(uint64_t elements, uint32_t slots) { return (slots + 1) * SlotStride(elements); }
+
 // What a trainer needs to open a buffer, as plain values.
 struct CudaIpcHandles {
   IpcHandle memory{};
@@ -99,6 +107,11 @@ class IpcOpener {
   virtual void CloseMemory(void* base, int device) = 0;
   virtual absl::StatusOr<void*> OpenEvent(const IpcHandle& handle, int device) = 0;
   virtual void CloseEvent(void* event, int device) = 0;
+  // Stream ordering through an opened event (cudaEventRecord / cudaStreamWaitEvent; `stream`
+  // is a cudaStream_t, null = the legacy default stream). The defaults refuse: an opener that
+  // only opens and closes (older fakes) cannot order work.
+  virtual absl::Status RecordEvent(void* event, void* stream, int device);
+  virtual absl::Status WaitEvent(void* event, void* stream, int device);
 };
 
 // cudaIpcOpenMemHandle (lazy peer access) / cudaIpcCloseMemHandle / cudaIpcOpenEventHandle /
@@ -123,6 +136,11 @@ class IpcHandleCache {
   // buffer is not open. Pointers from Attach for it become invalid.
   absl::Status Release(const v1::BufferDescriptor& descriptor);
   size_t open_count() const;
+  // Records event `slot` of an attached mapping on `stream` (a trainer: "my input slot is
+  // written"), or makes `stream` wait for it (a trainer: "the output is written" before it
+  // reads). InvalidArgument for a slot outside the mapping's events.
+  absl::Status RecordEvent(const IpcMapping& mapping, int slot, void* stream);
+  absl::Status WaitEvent(const IpcMapping& mapping, int slot, void* stream);
 
  private:
   struct Entry {

@@ -31,7 +31,10 @@ class TestCodec : public Codec {
   WirePattern pattern() const override {
     return kind_ == "test_topk" ? WirePattern::kSparseGather : WirePattern::kIndexUnion;
   }
-  void SetDensity(double d) override { density_ = d; }
+  absl::Status SetDensity(double d) override {
+    density_ = d;
+    return absl::OkStatus();
+  }
   absl::Status Select(float* acc, size_t n, uint64_t step, bool zero, CodecSelection* out) override {
     SelectInto(kind_, spec_, prims_, density_, acc, n, step, &out->idx, &out->val);
     if (zero) return prims_->ZeroAt(acc, n, out->idx.data(), out->idx.size());

@@ -7,19 +7,8 @@
 set -uo pipefail
 R="${RUNFILES_DIR:-${TEST_SRCDIR:-$PWD/..}}/spex"
 SPEXD="$R/daemon/spexd"; TRAINER="$R/client/spex_trainer"; SPEXCTL="$R/client/spexctl"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-export OMPI_MCA_btl_tcp_if_include=lo OMPI_MCA_oob_tcp_if_include=lo
-failures=0
+source "$R/tests/support/shtest.sh"
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
-
-wait_sockets() {  # dir count
-  for _ in $(seq 200); do
-    local n; n=$(ls "$1"/node*.sock 2>/dev/null | wc -l)
-    [ "$n" -ge "$2" ] && return 0
-    sleep 0.1
-  done
-  return 1
-}
 
 run_cluster() {  # nodes trainers mode stop_how
   local N=$1 L=$2 mode=$3 stop=$4 dir; dir=$(mktemp -d /tmp/spex-it.XXXXXX)

@@ -242,6 +242,121 @@ class ExchangeTest(ClusterTestCase):
             c.exchange(b2, np.zeros(16, np.float32))
 
 
+def sparse_node(sock, sizes, steps):
+    """One trainer of a 1-trainer node: registers a bucket per (id, compressor, elements) with
+    density 0.01, exchanges the same input on every node over the RPC path (stats back) and the
+    doorbell path in turn; returns per bucket the stats of every RPC step and the outputs."""
+    out = {}
+    with spex.Client(sock, local_rank=0, local_size=1, exchange_timeout=30) as c:
+        buckets = [(c.register_bucket(i, n, compressor=name, density=0.01), name) for i, name, n in sizes]
+        for b, name in buckets:
+            self_check = (b.compressor, b.density)
+            assert self_check == (name, 0.01), self_check
+        for step in range(steps):
+            for b, name in buckets:
+                rng = np.random.default_rng(1000 * b.id + step)  # the same on every node
+                x = (rng.standard_normal(b.elements) + np.sign(rng.standard_normal(b.elements)) * 0.01)
+                b.write(x.astype(np.float32))
+                if step % 2 == 0:
+                    st = c.exchange_rpc(b, step)
+                    b.next_step = step + 1
+                else:
+                    c.exchange(b)
+                    st = None
+                rec = out.setdefault(b.id, {"stats": [], "out": [], "x": []})
+                rec["stats"].append(None if st is None else
+                                    (st.pattern, st.achieved_density, st.gathered_elements, st.target_density,
+                                     st.fell_back_to_dense, st.compressor))
+                rec["out"].append(np.array(b.output))
+                rec["x"].append(x.astype(np.float32))
+    return out
+
+
+class SparseExchangeTest(ClusterTestCase):
+    """Per-bucket compressors at registration: micro (pattern A), topk and dgc (pattern B),
+    dense, and a sparse bucket under --min_sparse_elements that the daemon sends dense."""
+
+    def test_per_bucket_compressors_on_2_nodes(self):
+        cl = self.start_cluster(2, 1, "--dense_fallback=off", "--min_sparse_elements=16384")
+        sizes = [(0, "micro", 40000), (1, "topk", 30000), (2, "dgc", 20000), (3, "dense", 5000), (4, "micro", 1000)]
+        steps = 4
+        res = run_threads([lambda n=n: sparse_node(cl.socket(n), sizes, steps) for n in range(2)])
+        for r in res:
+            if isinstance(r, BaseException):
+                raise r
+        expect = {0: "A", 1: "B", 2: "B", 3: "D", 4: "D"}
+        for bid, name, n in sizes:
+            for step in range(steps):
+                a, b = res[0][bid]["out"][step], res[1][bid]["out"][step]
+                self.assertTrue(np.array_equal(a, b), f"bucket {bid} step {step}: nodes' outputs differ")
+            st = res[0][bid]["stats"][0]
+            pattern, achieved, gathered, target, fell_back, comp = st
+            self.assertEqual((pattern, comp, fell_back), (expect[bid], name, False), f"bucket {bid}")
+            out0, x0 = res[0][bid]["out"][0], res[0][bid]["x"][0]
+            if pattern == "D":
+                self.assertAlmostEqual(achieved, 1.0)
+                np.testing.assert_allclose(out0, x0, rtol=1e-6, atol=1e-7)
+                continue
+            self.assertAlmostEqual(target, 0.01)
+            self.assertGreater(achieved, 0.002, f"bucket {bid}")
+            self.assertLessEqual(achieved, 0.0105, f"bucket {bid}")
+            # Step 0 (no residual yet), the same input on both nodes: every position received is
+            # the exact average (= the input) where both nodes sent it (pattern A: the union is
+            # sent by all; topk: both select the same), half of it where only one node's sampled
+            # selection (dgc) holds it; every other position is 0.
+            nz = np.flatnonzero(out0)
+            self.assertGreater(len(nz), 0)
+            self.assertLessEqual(len(nz), gathered)
+            self.assertLessEqual(len(nz), 0.021 * n)
+            if name == "dgc":
+                full = np.isclose(out0[nz], x0[nz], rtol=1e-6)
+                half = np.isclose(out0[nz], x0[nz] / 2, rtol=1e-6)
+                self.assertTrue(np.all(full | half), f"bucket {bid}: values neither x nor x/2")
+                self.assertGreater(full.sum(), len(nz) // 2)
+            else:
+                np.testing.assert_allclose(out0[nz], x0[nz], rtol=1e-6)
+            if name == "topk":  # the 1% largest magnitudes, the same on both nodes
+                k = len(nz)
+                self.assertEqual(set(nz), set(np.argsort(-np.abs(x0), kind="stable")[:k]))
+
+    def test_set_density_changes_the_target_at_run_time(self):
+        cl = self.start_cluster(1, 1, "--dense_fallback=off")
+        with spex.Client(cl.socket(0)) as c:
+            b = c.register_bucket(0, 20000, compressor="topk", density=0.01)
+            x = np.random.default_rng(0).standard_normal(20000).astype(np.float32)
+            c.exchange(b, x, mode="rpc")
+            self.assertAlmostEqual(b.last_rpc_stats.achieved_density, 0.01, places=3)
+            c.set_density(0.05)
+            c.exchange(b, x, mode="rpc")
+            self.assertAlmostEqual(b.last_rpc_stats.target_density, 0.05, places=6)
+            self.assertAlmostEqual(b.last_rpc_stats.achieved_density, 0.05, places=3)
+
+    def test_validate_compressor_lists_accepted_names_and_registers_nothing(self):
+        cl = self.start_cluster(1, 1)
+        with spex.Client(cl.socket(0)) as c:
+            c.validate_compressor("micro", 0.01)
+            c.validate_compressor("dgc", 0.01, {"sample_ratio": "0.05"})
+            c.validate_compressor(None)
+            with self.assertRaises(spex.SpexValueError) as cm:
+                c.validate_compressor("mikro", 0.01)
+            msg = str(cm.exception)
+            self.assertIn("does not accept compressor 'mikro'", msg)
+            self.assertIn(cl.socket(0), msg)
+            accepted = msg.split("accepted: ")[1].split(", ")
+            self.assertGreaterEqual(len(accepted), 18, accepted)
+            for name in ("dense", "micro", "exdyna", "topk", "gtopk", "dgc", "sidco_e"):
+                self.assertIn(name, accepted)
+            with self.assertRaisesRegex(spex.SpexValueError, "dgc: unknown parameter 'momentum'; accepted: seed"):
+                c.validate_compressor("dgc", 0.01, {"momentum": "0.9"})
+            with self.assertRaisesRegex(spex.SpexValueError, "sample_ratio"):
+                c.validate_compressor("dgc", 0.01, {"sample_ratio": "7"})
+            with self.assertRaisesRegex(spex.SpexValueError, r"\(0, 1\]"):
+                c.validate_compressor("topk", 2.0)
+            self.assertEqual(list(c.stats().buckets), [], "validation registered a bucket")
+            b = c.register_bucket(0, 100, compressor="micro", density=0.01)  # the session is intact
+            c.exchange(b, np.ones(100, np.float32))
+
+
 class BadInputTest(ClusterTestCase):
     def test_wrong_dtype_and_size(self):
         import torch

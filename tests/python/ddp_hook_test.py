@@ -3,7 +3,9 @@ Every process trains the same model twice in lockstep, once through the spex hoo
 once with DDP's own gloo all-reduce, and records after every step the parameters' digest and
 the largest difference to the gloo model; also DDP's bucket rebuild (fresh bucket ids per
 generation, the previous generation unregistered), the RPC path with the plain
-register_comm_hook form, and the errors for a float64 model and a wrong world size."""
+register_comm_hook form, and the errors for a float64 model, a wrong world size, an unknown
+compressor or parameter given to spex.torch.register, and nodes whose bucket ids differ (the
+daemon's "bucket order differs", which must reach backward() on every rank, never hang)."""
 
 import hashlib
 import json
@@ -87,6 +89,33 @@ def worker(cfg):
             out["world_error"] = None
         except spex.SpexValueError as e:
             out["world_error"] = str(e)
+    dist.barrier()
+
+    # An unknown compressor or parameter is refused by register() itself, naming what is accepted.
+    for key, kwargs in (("compressor_error", {"compressor": "no_such_compressor", "density": 0.01}),
+                        ("param_error", {"compressor": "dgc", "density": 0.01, "params": {"momentum": "0.9"}})):
+        try:
+            spex.torch.register(DDP(make()), socket=cfg["socket"], **kwargs)
+            out[key] = None
+        except spex.SpexValueError as e:
+            out[key] = str(e)
+    dist.barrier()
+
+    # The two nodes number their buckets differently: the daemons refuse the first exchange
+    # ("bucket order differs", FAILED_PRECONDITION) and backward raises it on every rank.
+    node = rank // 2
+    d_bad = DDP(make())
+    state = spex.torch.register(d_bad, socket=cfg["socket"], compressor="topk", density=0.01,
+                                id_base=(3 + node) << 32, exchange_timeout=30)
+    t0 = time.monotonic()
+    try:
+        torch.nn.functional.cross_entropy(d_bad(torch.randn(8, 64)), torch.randint(0, 10, (8,))).backward()
+        out["order_error"] = None
+    except Exception as e:  # noqa: BLE001 - DDP wraps it in a RuntimeError
+        out["order_error"] = f"{type(e).__name__}: {e}"
+    out["order_error_s"] = time.monotonic() - t0
+    out["order_error_type"] = type(state._error).__name__ if state._error is not None else None
+    state.close()
     dist.barrier()
 
     # A float64 model: the hook refuses with a message naming the fix, backward raises it.
@@ -173,6 +202,22 @@ class DdpHookTest(unittest.TestCase):
             self.assertIsNotNone(r["world_error"])
             self.assertIn("2 ranks", r["world_error"])
             self.assertIn("2 nodes x 2 local trainers = 4", r["world_error"])
+
+    def test_unknown_compressor_or_parameter_raises_at_register(self):
+        for r in self.results:
+            self.assertIsNotNone(r["compressor_error"])
+            self.assertIn("unknown compressor 'no_such_compressor'; accepted: ", r["compressor_error"])
+            for name in ("micro", "topk", "dgc", "exdyna"):
+                self.assertIn(name, r["compressor_error"].split("accepted: ")[1])
+            self.assertIsNotNone(r["param_error"])
+            self.assertIn("dgc: unknown parameter 'momentum'; accepted: ", r["param_error"])
+
+    def test_bucket_order_differing_between_nodes_raises_in_backward(self):
+        for r in self.results:
+            self.assertIsNotNone(r["order_error"], f"rank {r['rank']}: backward succeeded")
+            self.assertIn("bucket order differs between nodes", r["order_error"])
+            self.assertEqual(r["order_error_type"], "BucketOrderError")
+            self.assertLess(r["order_error_s"], 20)
 
     def test_float64_model_raises_a_clear_error(self):
         for r in self.results:

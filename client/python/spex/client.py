@@ -366,6 +366,31 @@ class Client:
         self._buckets[bucket.id] = bucket
         return bucket
 
+    def validate_compressor(self, compressor: Optional[str], density: Optional[float] = None,
+                            params: Optional[Dict[str, str]] = None) -> None:
+        """Asks the daemon whether it accepts `compressor` (None: its default) with `density` and
+        `params`, without registering anything: raises SpexValueError with the daemon's message
+        (which lists the accepted compressor names, or the compressor's accepted parameters)
+        when not. Sends a RegisterBucket of 0 elements: spexd checks the compressor before the
+        size, so an acceptable compressor is answered by the size error alone."""
+        self._check_open()
+        if density is not None and not 0 < density <= 1:
+            raise SpexValueError(f"density must be in (0, 1], got {density}")
+        cfg = pb.CompressorConfig(name=compressor or "", density=float(density or 0.0),
+                                  params={str(k): str(v) for k, v in (params or {}).items()})
+        req = pb.RegisterBucketRequest(session_id=self.session_id, bucket_id=2**64 - 1, elements=0,
+                                       dtype=pb.DTYPE_FLOAT32, compressor=cfg)
+        try:
+            self._rpc("RegisterBucket", req, self.connect_timeout)
+        except SpexValueError as e:
+            if "elements must be" in str(e):
+                return  # the compressor passed; only the (deliberately) empty size was refused
+            what = f"compressor {compressor!r}" if compressor else "the daemon's default compressor"
+            msg = str(e).replace(f"RegisterBucket: bucket {2**64 - 1}: ", "")
+            raise SpexValueError(f"spexd at {self.socket} does not accept {what} (density {density}, params "
+                                 f"{dict(params or {})}): {msg}", e.code) from None
+        raise SpexError("RegisterBucket accepted a bucket of 0 elements: this spexd is not the expected version")
+
     def unregister_bucket(self, bucket: Bucket) -> None:
         """Withdraws this trainer's registration (e.g. after DDP rebuilt its buckets). The bucket
         leaves the daemon's schedule at once; its views must not be used afterwards."""

@@ -74,6 +74,10 @@ class SpexHookState:
                                        client_name="torch-hook", exchange_timeout=exchange_timeout)
         try:
             self._check_world_size()
+            # A typo in the compressor's name or parameters fails here, with the daemon's list of
+            # accepted names, not at the first backward inside DDP.
+            if compressor is not None or density is not None or self.params:
+                self.client.validate_compressor(compressor, density, self.params)
         except Exception:
             self.close()
             raise
@@ -218,6 +222,43 @@ class SpexHookState:
                 num += s.last.achieved_density * s.elements
                 den += s.elements
         return num / den if den else None
+
+    def exchange_report(self, wait_s: float = 0.05) -> List[Dict[str, Any]]:
+        """Per current bucket, what the daemon did at its last exchange (from GetStats): id,
+        elements, compressor, pattern ("A"/"B" sparse, "D" dense), achieved density (this node's
+        selection / elements), gathered density (what every node received / elements), and
+        `dense` with `why` when a sparse compressor's bucket went dense: the daemon's
+        --dense_fallback=auto probe (fell_back_to_dense), or pattern D without a fallback, which
+        is a bucket under the daemon's --min_sparse_elements (always dense).
+
+        The daemon records an exchange's stats just after publishing its result, so this waits
+        up to `wait_s` seconds for the stats of every bucket's latest step this trainer saw
+        completed (then reports what is there; a bucket's `step` says which step it is)."""
+        want = {b.id: b.next_step - 1 for b in self._buckets.values()}
+        deadline = time.monotonic() + wait_s
+        while True:
+            got = [s for s in self.client.stats().buckets if s.bucket_id in want and s.exchanges]
+            if (all(s.last.step >= want[s.bucket_id] for s in got) and len(got) == sum(v >= 0 for v in want.values())
+                    or time.monotonic() >= deadline):
+                break
+            time.sleep(0.0005)
+        out = []
+        for s in got:
+            last = s.last
+            sparse_asked = s.compressor != "dense"
+            dense = sparse_asked and (last.fell_back_to_dense or last.pattern == "D")
+            why = ""
+            if dense and last.fell_back_to_dense:
+                why = ("the daemon's dense fallback (--dense_fallback=auto) exchanged it dense: its probe "
+                       "alternates sparse and dense for the first steps, then keeps dense when that was faster")
+            elif dense:
+                why = (f"{s.elements} elements is under the daemon's --min_sparse_elements: small buckets are "
+                       f"always exchanged dense")
+            out.append({"bucket_id": s.bucket_id, "elements": s.elements, "compressor": s.compressor,
+                        "step": last.step, "pattern": last.pattern, "achieved_density": last.achieved_density,
+                        "gathered_density": last.gathered_elements / s.elements if s.elements else 0.0,
+                        "dense": dense, "why": why})
+        return out
 
     def set_density(self, density: float) -> int:
         """Changes the target density of every sparse bucket of the daemons at run time (all

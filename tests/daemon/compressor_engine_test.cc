@@ -1,0 +1,201 @@
+// Every registered compressor inside the engine, 2 and 4 nodes (threads over the in-process
+// collective) x 2 trainers per node, several steps. Each trainer's result must equal the
+// oracle of kernels/reference_cluster.h (A: the exact average over the union; B: the sum of
+// every node's selection over N*L; D: the exact average) fed with the same inputs, and the
+// residual every node keeps (its norm, reported per step) must equal the oracle's: exactly what
+// was not sent.
+#include <atomic>
+#include <cmath>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "daemon/engine/engine.h"
+#include "daemon/transport/inproc_collective.h"
+#include "gtest/gtest.h"
+#include "kernels/compressor.h"
+#include "kernels/reference/reference_primitives.h"
+#include "kernels/reference_cluster.h"
+
+namespace spex {
+namespace {
+
+// Deterministic, roughly Gaussian-shaped values with a slowly drifting per-position scale, so
+// thresholds see structure that persists across steps.
+float Value(int node, int trainer, uint64_t step, size_t i) {
+  uint64_t x = (static_cast<uint64_t>(node) << 56) ^ (static_cast<uint64_t>(trainer) << 48) ^ (step << 32) ^ i;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  x ^= x >> 31;
+  const double u1 = ((x & 0xffffffull) + 0.5) / 16777216.0, u2 = (((x >> 24) & 0xffffffull) + 0.5) / 16777216.0;
+  const double g = std::sqrt(-2 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+  const double scale = 1.0 + 4.0 * ((i * 2654435761u) % 97 == 0) + 0.5 * std::sin(i * 0.001 + step * 0.05);
+  return static_cast<float>(g * scale * 1e-3);
+}
+
+struct Case {
+  std::string compressor;
+  int nodes;
+};
+
+std::string CaseName(const testing::TestParamInfo<Case>& info) {
+  return info.param.compressor + "_" + std::to_string(info.param.nodes) + "nodes";
+}
+
+class CompressorEngineTest : public testing::TestWithParam<Case> {};
+
+TEST_P(CompressorEngineTest, EveryTrainerGetsTheOracleResult) {
+  const Case& c = GetParam();
+  const int N = c.nodes, L = 2, steps = 6;
+  const size_t n = 30011;
+  const double density = 0.01;
+  auto prims = MakeReferencePrimitives();
+  auto pattern = CompressorPattern(c.compressor);
+  ASSERT_TRUE(pattern.ok()) << pattern.status();
+
+  // The oracle, run first over the same inputs.
+  CompressorSpec spec;
+  spec.name = c.compressor;
+  spec.density = density;
+  spec.elements = n;
+  auto oracle = ReferenceCluster::Create(spec, N, L, /*error_feedback=*/true, prims.get());
+  ASSERT_TRUE(oracle.ok()) << oracle.status();
+  std::vector<std::vector<float>> expected(steps, std::vector<float>(n));
+  std::vector<std::vector<double>> expected_norm(steps, std::vector<double>(N));
+  std::vector<std::vector<std::vector<float>>> inputs(N, std::vector<std::vector<float>>(L, std::vector<float>(n)));
+  for (int s = 0; s < steps; ++s) {
+    std::vector<std::vector<const float*>> ptrs(N);
+    for (int r = 0; r < N; ++r) {
+      for (int t = 0; t < L; ++t) {
+        for (size_t i = 0; i < n; ++i) inputs[r][t][i] = Value(r, t, s, i);
+        ptrs[r].push_back(inputs[r][t].data());
+      }
+    }
+    ASSERT_TRUE((*oracle)->Step(s, ptrs, expected[s].data()).ok());
+    for (int r = 0; r < N; ++r) {
+      double sq = 0;
+      for (float x : (*oracle)->residual(r)) sq += static_cast<double>(x) * x;
+      expected_norm[s][r] = std::sqrt(sq);
+    }
+  }
+
+  InProcessHub hub(N, absl::Seconds(30));
+  std::vector<std::unique_ptr<Collective>> colls;
+  std::vector<std::unique_ptr<Engine>> engines;
+  for (int r = 0; r < N; ++r) {
+    colls.push_back(hub.Connect(r));
+    EngineOptions o;
+    o.local_trainers = L;
+    o.shm_tag = "comptest";
+    o.dense_fallback = "off";
+    o.min_sparse_elements = 0;
+    o.residual_norm_every = 1;
+    engines.push_back(std::make_unique<Engine>(o, colls.back().get(), prims.get()));
+    ASSERT_TRUE(engines.back()->Start().ok());
+  }
+  std::atomic<int> wrong{0}, norm_wrong{0}, bad_pattern{0};
+  std::vector<std::string> errors(N * L);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < N; ++r) {
+    for (int t = 0; t < L; ++t) {
+      threads.emplace_back([&, r, t] {
+        std::string& err = errors[r * L + t];
+        Engine& e = *engines[r];
+        auto hello = e.Hello("", t, L, 0, "t");
+        if (!hello.ok()) return void(err = hello.status().ToString());
+        auto g = e.RegisterBucket(hello->session_id, 7, n, c.compressor, density);
+        if (!g.ok()) return void(err = g.status().ToString());
+        uint8_t* base = static_cast<uint8_t*>(const_cast<ShmBuffer*>(g->buffer)->data());
+        float* in = reinterpret_cast<float*>(base + g->input_offset);
+        const float* out = reinterpret_cast<const float*>(base + g->output_offset);
+        for (int s = 0; s < steps; ++s) {
+          for (size_t i = 0; i < n; ++i) in[i] = Value(r, t, s, i);
+          auto rec = e.Exchange(hello->session_id, 7, s, absl::Now() + absl::Seconds(30));
+          if (!rec.ok()) return void(err = rec.status().ToString());
+          bad_pattern += rec->pattern != PatternName(*pattern);
+          for (size_t i = 0; i < n; ++i) {
+            const float want = expected[s][i];
+            wrong += !(std::abs(out[i] - want) <= 1e-6f * (1e-3f + std::abs(want)));
+          }
+          if (t == 0 && *pattern != Pattern::kDense) {
+            const double want = expected_norm[s][r];
+            norm_wrong += !(std::abs(rec->residual_norm - want) <= 1e-5 * (1e-6 + want));
+          }
+        }
+      });
+    }
+  }
+  for (auto& th : threads) th.join();
+  for (const std::string& e : errors) EXPECT_EQ(e, "");
+  EXPECT_EQ(wrong.load(), 0) << "elements differing from the oracle's result";
+  EXPECT_EQ(norm_wrong.load(), 0) << "residual norms differing from the oracle's residual";
+  EXPECT_EQ(bad_pattern.load(), 0) << "exchanges not reported with pattern " << PatternName(*pattern);
+}
+
+std::vector<Case> AllCases() {
+  std::vector<Case> cases;
+  for (const std::string& name : CompressorNames()) {
+    for (int nodes : {2, 4}) cases.push_back({name, nodes});
+  }
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(AllCompressors, CompressorEngineTest, testing::ValuesIn(AllCases()), CaseName);
+
+TEST(CompressorEngineErrors, UnknownCompressorAndBadParameterNameWhatToFix) {
+  InProcessHub hub(1, absl::Seconds(5));
+  auto coll = hub.Connect(0);
+  auto prims = MakeReferencePrimitives();
+  EngineOptions o;
+  o.shm_tag = "comptest";
+  Engine e(o, coll.get(), prims.get());
+  ASSERT_TRUE(e.Start().ok());
+  auto hello = e.Hello("", 0, 1, 0, "t");
+  ASSERT_TRUE(hello.ok());
+  auto g = e.RegisterBucket(hello->session_id, 1, 100000, "mikro", 0.01);
+  ASSERT_FALSE(g.ok());
+  EXPECT_NE(g.status().message().find("unknown compressor 'mikro'"), std::string::npos) << g.status();
+  EXPECT_NE(g.status().message().find("micro"), std::string::npos) << "lists the accepted names: " << g.status();
+  g = e.RegisterBucket(hello->session_id, 1, 100000, "micro", 0.01, {{"threshold_control", "guess"}});
+  ASSERT_FALSE(g.ok());
+  EXPECT_NE(g.status().message().find("threshold_control"), std::string::npos) << g.status();
+  // The engine keeps serving: a good registration of the same id then works.
+  g = e.RegisterBucket(hello->session_id, 1, 100000, "micro", 0.01, {{"threshold_control", "histogram"}});
+  EXPECT_TRUE(g.ok()) << g.status();
+}
+
+TEST(CompressorEngineErrors, NodesDisagreeingOnABucketsCompressorGetAClearError) {
+  InProcessHub hub(2, absl::Seconds(10));
+  auto prims = MakeReferencePrimitives();
+  std::vector<std::unique_ptr<Collective>> colls;
+  std::vector<std::unique_ptr<Engine>> engines;
+  for (int r = 0; r < 2; ++r) {
+    colls.push_back(hub.Connect(r));
+    EngineOptions o;
+    o.shm_tag = "comptest";
+    o.dense_fallback = "off";
+    o.min_sparse_elements = 0;
+    engines.push_back(std::make_unique<Engine>(o, colls.back().get(), prims.get()));
+    ASSERT_TRUE(engines.back()->Start().ok());
+  }
+  std::vector<absl::Status> results(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      Engine& e = *engines[r];
+      auto hello = e.Hello("", 0, 1, 0, "t");
+      ASSERT_TRUE(hello.ok());
+      auto g = e.RegisterBucket(hello->session_id, 3, 50000, r == 0 ? "micro" : "topk", 0.01);
+      ASSERT_TRUE(g.ok()) << g.status();
+      results[r] = e.Exchange(hello->session_id, 3, 0, absl::Now() + absl::Seconds(10)).status();
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(results[r].code(), absl::StatusCode::kFailedPrecondition) << results[r];
+    EXPECT_NE(results[r].message().find("same compressor"), std::string::npos) << results[r];
+  }
+}
+
+}  // namespace
+}  // namespace spex

@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# Every registered compressor under mpirun: 2 and then 4 spexd (one per emulated node) x 2
+# spex_trainer processes per node, one mpirun per node count with one bucket per compressor
+# (the registry's list comes from `spex_trainer --list_compressors`, sizes 20k-63k elements,
+# density 0.01), 5 steps alternating the doorbell and RPC paths per bucket and step. Every
+# trainer runs --verify: dense exactly, every sparse bucket against the single-process oracle
+# of kernels/reference_cluster.h (every node's inputs regenerated) including the residual norm
+# the daemon reports. spexd runs with --threads=1 (the trainers' oracle too: same primitives,
+# same thread count, same selections), --dense_fallback=off --min_sparse_elements=0 (every
+# exchange sparse) and --residual_norm_every=1.
+# Then a shutdown case: SIGTERM to mpirun while one node's engine sits in a collective (its
+# peer lacks a trainer) and holds a segment no other trainer attached; mpirun SIGKILLs that
+# daemon after odls_base_sigkill_timeout, and nothing of it may stay in /dev/shm or as a socket.
+# Writes JUnit XML (one case per node count and compressor, plus the shutdown checks) to
+# $XML_OUTPUT_FILE when Bazel sets it.
+set -uo pipefail
+R="${RUNFILES_DIR:-${TEST_SRCDIR:-$PWD/..}}/spex"
+SPEXD="$R/daemon/spexd"; TRAINER="$R/client/spex_trainer"
+source "$R/tests/support/shtest.sh"
+case_result() { record "$@"; }
+
+COMPRESSORS=$("$TRAINER" --list_compressors | paste -sd, -)
+NC=$(echo "$COMPRESSORS" | tr ',' '\n' | grep -c .)
+echo "compressors ($NC): $COMPRESSORS"
+[ "$NC" -ge 2 ] || case_result "registry" "spex_trainer --list_compressors printed $NC names"
+SIZES=$(for i in $(seq 0 $((NC - 1))); do echo $((20011 + 2503 * i)); done | paste -sd, -)
+
+run_sparse() {  # nodes
+  local N=$1 L=2 dir; dir=$(mktemp -d /tmp/spex-sparse.XXXXXX)
+  echo "== $N nodes x $L trainers, every compressor, alternate doorbell/rpc"
+  local t0=$SECONDS
+  mpirun -np "$N" "$SPEXD" --socket="$dir/node{rank}.sock" --local_trainers="$L" --threads=1 \
+    --dense_fallback=off --min_sparse_elements=0 --residual_norm_every=1 --log_level=warning \
+    >"$dir/mpirun.log" 2>&1 &
+  local mpi=$!
+  if ! wait_sockets "$dir" "$N"; then
+    cat "$dir/mpirun.log"; kill -9 $mpi
+    for c in ${COMPRESSORS//,/ }; do case_result "${N}nodes.$c" "daemons did not start"; done
+    return
+  fi
+  local daemons; daemons=$(pgrep -f "^$SPEXD --socket=$dir" | tr '\n' ' ')
+  local pids=() general=""
+  for n in $(seq 0 $((N - 1))); do
+    for l in $(seq 0 $((L - 1))); do
+      "$TRAINER" --socket="$dir/node$n.sock" --local_rank="$l" --local_size="$L" --verify --quiet --threads=1 \
+        --buckets="$SIZES" --compressors="$COMPRESSORS" --density=0.01 --steps=5 --mode=alternate \
+        >"$dir/t$n.$l.log" 2>&1 &
+      pids+=($!)
+    done
+  done
+  local failed=0
+  for p in "${pids[@]}"; do wait "$p" || failed=$((failed + 1)); done
+  cat "$dir"/t*.log
+  echo "trainers done after $((SECONDS - t0)) s"
+  local verified; verified=$(grep -h " verified: " "$dir"/t*.log | grep -vc ", 0 residual norms")
+  # A trainer that failed without naming a compressor (exchange error, crash) fails every case.
+  if [ "$verified" != "$((N * L))" ]; then
+    general="$((N * L - verified)) of $((N * L)) trainers did not verify with residual norms"
+  fi
+  [ $failed != 0 ] && [ -z "$(grep -h '^spex_trainer.*bucket [0-9]* (' "$dir"/t*.log)" ] && general="$failed trainers failed"
+  for c in ${COMPRESSORS//,/ }; do
+    local bad; bad=$(grep -h "bucket [0-9]* ($c)" "$dir"/t*.log | head -3)
+    if [ -n "$bad" ]; then case_result "${N}nodes.$c" "$bad"; else case_result "${N}nodes.$c" "$general"; fi
+  done
+  local msg=""
+  stop_mpirun $mpi || msg="daemons did not stop within 15 s of SIGTERM to mpirun. "
+  local left; left=$(shm_left $daemons)
+  [ -n "$left" ] && msg+="left in /dev/shm: $left. "
+  ls "$dir"/node*.sock >/dev/null 2>&1 && msg+="sockets left behind. "
+  grep -q "ERROR" "$dir/mpirun.log" && msg+="daemon logged errors: $(grep ERROR "$dir/mpirun.log" | head -3)"
+  case_result "${N}nodes.clean_stop" "$msg"
+  echo "== $N nodes: $((SECONDS - t0)) s"
+  rm -rf "$dir"
+}
+
+# Node 0's two trainers exchange while node 1 has one of its two trainers: node 0's engine waits
+# in a collective for node 1, and node 0's trainer 0 holds a registered bucket its trainer 1
+# never attaches (its segment stays linked). SIGTERM to mpirun: node 1 stops cleanly, node 0
+# cannot leave the collective and is SIGKILLed by mpirun after its grace; nothing may be left.
+run_stuck_stop() {
+  local dir; dir=$(mktemp -d /tmp/spex-sparse.XXXXXX)
+  echo "== SIGTERM to mpirun while a node is inside a collective"
+  mpirun -np 2 "$SPEXD" --socket="$dir/node{rank}.sock" --local_trainers=2 --threads=1 --log_level=info \
+    >"$dir/mpirun.log" 2>&1 &
+  local mpi=$!
+  if ! wait_sockets "$dir" 2; then cat "$dir/mpirun.log"; kill -9 $mpi; case_result "stuck_stop" "daemons did not start"; return; fi
+  local daemons; daemons=$(pgrep -f "^$SPEXD --socket=$dir" | tr '\n' ' ')
+  local pids=()
+  for l in 0 1; do
+    "$TRAINER" --socket="$dir/node0.sock" --local_rank=$l --local_size=2 --register_only=$((1 - l)) --quiet \
+      --buckets=1000,30000 --steps=100 >"$dir/t0.$l.log" 2>&1 &
+    pids+=($!)
+  done
+  "$TRAINER" --socket="$dir/node1.sock" --local_rank=0 --local_size=2 --quiet --buckets=1000,30000 --steps=100 \
+    >"$dir/t1.0.log" 2>&1 &
+  pids+=($!)
+  local linked=""
+  for _ in $(seq 50); do linked=$(shm_left $daemons); [ "$(echo "$linked" | grep -c .)" -ge 4 ] && break; sleep 0.1; done
+  sleep 0.5
+  echo "linked before SIGTERM: $(echo "$linked" | grep -c .) segments"
+  local msg=""
+  stop_mpirun $mpi || msg="daemons did not stop within 15 s. "
+  for p in "${pids[@]}"; do wait "$p"; done
+  local left; left=$(shm_left $daemons)
+  [ -n "$left" ] && msg+="left in /dev/shm: $left. "
+  ls "$dir"/node*.sock >/dev/null 2>&1 && msg+="sockets left behind: $(ls "$dir"). "
+  grep -E "signal|stopped cleanly|ERROR" "$dir/mpirun.log"
+  case_result "stuck_stop" "$msg"
+  rm -rf "$dir"
+}
+
+T0=$SECONDS
+run_sparse 2
+run_sparse 4
+run_stuck_stop
+echo "mpi_sparse: $failures failure(s) in $((SECONDS - T0)) s"
+
+write_junit mpi_sparse_test
+[ $failures = 0 ]
