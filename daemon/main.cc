@@ -9,12 +9,14 @@
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <chrono>
 #include <thread>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "daemon/device.h"
 #include "daemon/engine/engine.h"
 #include "daemon/flags.h"
@@ -220,6 +222,15 @@ int main(int argc, char** argv) {
   // Start-up checks depend only on flags every rank shares, or are agreed by an all-reduce,
   // so a failing start fails on every rank alike and can still finalize cleanly.
   int rc = spex::Main(argc, argv);
+  // MPI_Finalize synchronises with every rank. A peer that was SIGKILLed (mpirun's escalation
+  // after SIGTERM) or that is stuck can leave it waiting forever, so it gets --shutdown_grace.
+  std::thread watchdog([rc] {
+    std::this_thread::sleep_for(absl::ToChronoMilliseconds(absl::GetFlag(FLAGS_shutdown_grace)));
+    std::fprintf(stderr, "spexd: MPI_Finalize did not return within --shutdown_grace (a peer left); exiting\n");
+    std::fflush(nullptr);
+    _exit(rc != 0 ? rc : 3);
+  });
+  watchdog.detach();
   MPI_Finalize();
   return rc;
 }

@@ -24,9 +24,22 @@ wait_sockets() {  # dir count: waits up to 20 s for `count` node*.sock files in 
 }
 
 stop_mpirun() {  # pid -> 0 when it ended within 15 s of SIGTERM (else SIGKILL, 1)
+  local t0=$SECONDS
   kill -TERM "$1"
-  for _ in $(seq 150); do kill -0 "$1" 2>/dev/null || { wait "$1"; return 0; }; sleep 0.1; done
+  for _ in $(seq 150); do
+    kill -0 "$1" 2>/dev/null || { wait "$1"; echo "mpirun $1 ended $((SECONDS - t0)) s after SIGTERM"; return 0; }
+    sleep 0.1
+  done
+  # Say what is still running before killing it: mpirun's children and where they wait.
+  echo "mpirun $1 still running 15 s after SIGTERM; its processes:"
+  ps -o pid,ppid,stat,wchan:24,etime,args --ppid "$1" -p "$1" 2>/dev/null | cut -c1-160
   kill -9 "$1"; wait "$1"; return 1
+}
+
+kill_left() {  # daemon pids -> SIGKILLs those still alive (after a failed stop), prints them
+  local d
+  for d in "$@"; do kill -0 "$d" 2>/dev/null && { echo "daemon $d still alive: SIGKILL"; kill -9 "$d"; }; done
+  return 0
 }
 
 shm_left() {  # daemon pids -> prints what they left in /dev/shm
