@@ -112,7 +112,7 @@ int Main(int argc, char** argv) {
     spin = cores > (local_trainers + 1) * host_count ? 50 : 0;
   }
   std::unique_ptr<Primitives> prims = MakeCpuPrimitives(absl::GetFlag(FLAGS_threads));
-  MpiCollective collective(MPI_COMM_WORLD);
+  MpiCollective collective(MPI_COMM_WORLD, prims.get());
   PeerNotice notice(MPI_COMM_WORLD);
 
   EngineOptions opts;

@@ -1,6 +1,7 @@
 #include "daemon/transport/mpi_collective.h"
 
 #include <climits>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 
@@ -43,7 +44,7 @@ absl::Status CheckCount(size_t n, const char* what) {
 
 }  // namespace
 
-MpiCollective::MpiCollective(MPI_Comm comm) {
+MpiCollective::MpiCollective(MPI_Comm comm, Primitives* scaler) : scaler_(scaler) {
   MPI_Comm_dup(comm, &comm_);
   MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
   MPI_Comm_rank(comm_, &rank_);
@@ -68,16 +69,21 @@ absl::Status MpiCollective::AllReduceScaled(const float* send, float* recv, size
   if (absl::Status s = CheckCount(count, "AllReduceScaled"); !s.ok()) return s;
   const int n = static_cast<int>(count);
   if (size_ == 1) {
-    for (int i = 0; i < n; ++i) recv[i] = send[i] * scale;
-    return absl::OkStatus();
-  }
+    if (send != recv) std::memcpy(recv, send, count * sizeof(float));
+  } else {
   // One all-reduce, then scale. Measured here (OpenMPI 4.1, vader, 25.5M floats): a
   // reduce-scatter + all-gather that scales only this rank's block takes 2.1x (2 ranks) and
   // 2.4x (4 ranks) as long as MPI_Allreduce, far more than the scaling pass it saves.
-  int rc = send == recv ? MPI_Allreduce(MPI_IN_PLACE, recv, n, MPI_FLOAT, MPI_SUM, comm_)
-                        : MPI_Allreduce(send, recv, n, MPI_FLOAT, MPI_SUM, comm_);
-  if (absl::Status s = Check(rc, "MPI_Allreduce"); !s.ok()) return s;
-  for (int i = 0; i < n; ++i) recv[i] *= scale;
+    int rc = send == recv ? MPI_Allreduce(MPI_IN_PLACE, recv, n, MPI_FLOAT, MPI_SUM, comm_)
+                          : MPI_Allreduce(send, recv, n, MPI_FLOAT, MPI_SUM, comm_);
+    if (absl::Status s = Check(rc, "MPI_Allreduce"); !s.ok()) return s;
+  }
+  if (scale == 1.0f) return absl::OkStatus();
+  if (scaler_ != nullptr) {
+    scaler_->Scale(recv, scale, count);
+  } else {
+    for (int i = 0; i < n; ++i) recv[i] *= scale;
+  }
   return absl::OkStatus();
 }
 

@@ -8,12 +8,15 @@
 #include <memory>
 
 #include "daemon/transport/collective.h"
+#include "kernels/primitives.h"
 
 namespace spex {
 
 class MpiCollective : public Collective {
  public:
-  explicit MpiCollective(MPI_Comm comm);
+  // `scaler` (optional, not owned) does AllReduceScaled's scaling pass with its vectorised,
+  // threaded Scale; without it the pass is a plain loop.
+  explicit MpiCollective(MPI_Comm comm, Primitives* scaler = nullptr);
   ~MpiCollective() override;
 
   int rank() const override { return rank_; }
@@ -30,6 +33,7 @@ class MpiCollective : public Collective {
 
  private:
   MPI_Comm comm_;
+  Primitives* scaler_ = nullptr;
   int rank_ = 0;
   int size_ = 1;
   std::vector<int> counts_, displs_;  // scratch for the v-collectives
@@ -47,6 +51,7 @@ class PeerNotice {
 
  private:
   MPI_Comm comm_;
+  Primitives* scaler_ = nullptr;
   int rank_ = 0, size_ = 1;
   int inbox_ = 0;
   MPI_Request recv_req_ = MPI_REQUEST_NULL;
