@@ -38,10 +38,14 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "bench/bench_util.h"
 #include "kernels/compressor.h"
 #include "kernels/cpu/cpu_primitives.h"
 #include "kernels/error_feedback.h"
 #include "kernels/primitives.h"
+
+using spex::bench::FlagList;
+using spex::bench::Median;
 
 ABSL_FLAG(std::string, json_out, "bench/results/compressors.json",
           "where to write the results (relative paths are under the workspace with bazel run)");
@@ -68,25 +72,6 @@ double Ms(const std::function<void()>& fn) {
   const auto start = Clock::now();
   fn();
   return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
-
-template <typename T>
-std::vector<T> ParseList(const std::string& s) {
-  std::vector<T> out;
-  for (absl::string_view p : absl::StrSplit(s, ',', absl::SkipEmpty())) {
-    double v;
-    if (!absl::SimpleAtod(p, &v)) {
-      std::fprintf(stderr, "bad list entry '%s'\n", std::string(p).c_str());
-      std::exit(2);
-    }
-    out.push_back(static_cast<T>(v));
-  }
-  return out;
 }
 
 // Gradient-like values shaped after the real trace (bench/make_grad_trace.py: |g| has
@@ -211,7 +196,7 @@ std::vector<CostRow> RunCost() {
   const int reps = absl::GetFlag(FLAGS_reps), warm = absl::GetFlag(FLAGS_warmup);
   const int nodes = absl::GetFlag(FLAGS_nodes);
   const std::string only = absl::GetFlag(FLAGS_only);
-  for (size_t n : ParseList<size_t>(absl::GetFlag(FLAGS_sizes))) {
+  for (size_t n : FlagList<size_t>(absl::GetFlag(FLAGS_sizes))) {
     // Each (step, node) gradient is a window of n into a pool of 2n, at its own offset.
     const std::vector<float> raw = Gradient(2 * n, 1);
     std::vector<float> pool(2 * n), copy_dst(n), mag, plain_acc(n, 0.0f), plain_val;
@@ -220,7 +205,7 @@ std::vector<CostRow> RunCost() {
       return pool.data() + (step * 1000003u + static_cast<uint64_t>(node) * 7777777u) % n;
     };
     auto memcpy_fn = [&] { std::memcpy(copy_dst.data(), pool.data(), n * sizeof(float)); };
-    for (double d : ParseList<double>(absl::GetFlag(FLAGS_densities))) {
+    for (double d : FlagList<double>(absl::GetFlag(FLAGS_densities))) {
       // Scale so that 1 / (2 sqrt(k)), where the threshold controllers (micro/exdyna reference,
       // thresh, sage) start, is the target quantile of |gradient|.
       const size_t k = std::max<size_t>(1, static_cast<size_t>(d * n));
@@ -229,7 +214,7 @@ std::vector<CostRow> RunCost() {
       std::nth_element(mag.begin(), mag.begin() + (k - 1), mag.end(), std::greater<float>());
       const float scale = static_cast<float>(1.0 / (2.0 * std::sqrt(static_cast<double>(k)))) / mag[k - 1];
       for (size_t i = 0; i < 2 * n; ++i) pool[i] = raw[i] * scale;
-      for (int threads : ParseList<int>(absl::GetFlag(FLAGS_threads))) {
+      for (int threads : FlagList<int>(absl::GetFlag(FLAGS_threads))) {
         std::unique_ptr<Primitives> prims = MakeCpuPrimitives(threads);
         std::printf("\nn=%zu d=%g threads=%d (rank 0 of %d nodes; ratio = time / memcpy of the "
                     "same buffer, interleaved)\n",

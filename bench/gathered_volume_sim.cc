@@ -19,8 +19,11 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "bench/bench_util.h"
 #include "kernels/primitives.h"
 #include "kernels/reference_cluster.h"
+
+using spex::bench::FlagList;
 
 ABSL_FLAG(int64_t, elements, 3194629, "bucket size in floats");
 ABSL_FLAG(std::string, nodes, "2,4,8", "comma-separated node counts");
@@ -31,24 +34,6 @@ ABSL_FLAG(int, steps, 10, "measured steps");
 ABSL_FLAG(int, threads, 0, "CPU primitive threads (0 = all cores)");
 
 namespace {
-
-template <typename T>
-std::vector<T> List(const std::string& s) {
-  std::vector<T> out;
-  for (absl::string_view p : absl::StrSplit(s, ',', absl::SkipEmpty())) {
-    if constexpr (std::is_same_v<T, std::string>) {
-      out.emplace_back(p);
-    } else {
-      double v;
-      if (!absl::SimpleAtod(p, &v)) {
-        std::fprintf(stderr, "bad list entry '%s'\n", std::string(p).c_str());
-        std::exit(2);
-      }
-      out.push_back(static_cast<T>(v));
-    }
-  }
-  return out;
-}
 
 void Check(const absl::Status& s, const std::string& what) {
   if (!s.ok()) {
@@ -62,7 +47,7 @@ void Check(const absl::Status& s, const std::string& what) {
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   const size_t n = static_cast<size_t>(absl::GetFlag(FLAGS_elements));
-  const std::vector<int> node_counts = List<int>(absl::GetFlag(FLAGS_nodes));
+  const std::vector<int> node_counts = FlagList<int>(absl::GetFlag(FLAGS_nodes));
   const int max_nodes = *std::max_element(node_counts.begin(), node_counts.end());
   std::unique_ptr<spex::Primitives> prims = spex::MakeCpuPrimitives(absl::GetFlag(FLAGS_threads));
   std::vector<float> sigma(n), pool(2 * n);
@@ -78,12 +63,12 @@ int main(int argc, char** argv) {
   std::vector<float> out(n), mag(n);
   for (size_t i = 0; i < n; ++i) mag[i] = std::fabs(sigma[i] * pool[offset(0, 0) + i]);
   const int warmup = absl::GetFlag(FLAGS_warmup), steps = absl::GetFlag(FLAGS_steps);
-  for (double d : List<double>(absl::GetFlag(FLAGS_densities))) {
+  for (double d : FlagList<double>(absl::GetFlag(FLAGS_densities))) {
     const size_t k = std::max<size_t>(1, static_cast<size_t>(d * n));
     std::nth_element(mag.begin(), mag.begin() + (n - k), mag.end());
     const float scale = static_cast<float>(1.0 / (2.0 * std::sqrt(static_cast<double>(k)))) / mag[n - k];
     for (int nodes : node_counts) {
-      for (const std::string& name : List<std::string>(absl::GetFlag(FLAGS_compressors))) {
+      for (const std::string& name : FlagList<std::string>(absl::GetFlag(FLAGS_compressors))) {
         spex::CompressorSpec spec;
         spec.name = name;
         spec.density = d;

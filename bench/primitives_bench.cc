@@ -23,9 +23,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "bench/bench_util.h"
 #include "kernels/cpu/cpu_primitives.h"
 #include "kernels/primitives.h"
 #include "kernels/reference/reference_primitives.h"
+
+using spex::bench::Median;
 
 ABSL_FLAG(std::string, json_out, "bench/results/primitives.json",
           "where to write the results (relative paths are under the workspace with bazel run)");
@@ -44,11 +47,6 @@ double Ms(const std::function<void()>& fn) {
   const auto start = Clock::now();
   fn();
   return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 // Median milliseconds of `reps` runs of fn and of the baseline, interleaved (baseline, fn, ...)

@@ -36,8 +36,11 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "bench/bench_util.h"
 #include "client/client.h"
 #include "kernels/compressor.h"
+
+using spex::bench::FlagList;
 
 ABSL_FLAG(std::string, socket, "", "this node's spexd socket");
 ABSL_FLAG(int64_t, elements, 25557032, "bucket size in floats");
@@ -75,24 +78,6 @@ void Wait(Barrier* b, int parties) {
     return;
   }
   while (b->generation.load() == gen) sched_yield();  // 2 cores, 4+ processes: never spin hard
-}
-
-template <typename T>
-std::vector<T> List(const std::string& s) {
-  std::vector<T> out;
-  for (absl::string_view p : absl::StrSplit(s, ',', absl::SkipEmpty())) {
-    if constexpr (std::is_same_v<T, std::string>) {
-      out.emplace_back(p);
-    } else {
-      double v;
-      if (!absl::SimpleAtod(p, &v)) {
-        std::fprintf(stderr, "bad list entry '%s'\n", std::string(p).c_str());
-        std::exit(2);
-      }
-      out.push_back(static_cast<T>(v));
-    }
-  }
-  return out;
 }
 
 double Seconds(const spex::v1::ExchangeStats& s, const std::string& phase) {
@@ -156,11 +141,11 @@ int main(int argc, char** argv) {
   }
   const int warmup = absl::GetFlag(FLAGS_warmup), steps = absl::GetFlag(FLAGS_steps);
   uint64_t bucket_id = 0;
-  for (double d : List<double>(absl::GetFlag(FLAGS_densities))) {
+  for (double d : FlagList<double>(absl::GetFlag(FLAGS_densities))) {
     const size_t k = std::max<size_t>(1, static_cast<size_t>(d * n));
     const float kth = quantile(1.0 - static_cast<double>(k) / n);
     const float scale = static_cast<float>(1.0 / (2.0 * std::sqrt(static_cast<double>(k)))) / kth;
-    for (const std::string& name : List<std::string>(absl::GetFlag(FLAGS_compressors))) {
+    for (const std::string& name : FlagList<std::string>(absl::GetFlag(FLAGS_compressors))) {
       Wait(barrier, parties);  // every node's previous session is gone
       auto client = spex::Client::Connect(opts);
       if (!client.ok()) {
