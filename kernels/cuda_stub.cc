@@ -9,4 +9,8 @@ absl::Status MakeCudaPrimitives(std::unique_ptr<Primitives>* out) {
   return absl::UnimplementedError("spex was built without CUDA; rebuild with --config=cuda");
 }
 
+absl::Status MakeCudaPrimitivesOnDevice(int, std::unique_ptr<Primitives>* out) {
+  return MakeCudaPrimitives(out);
+}
+
 }  // namespace spex

@@ -84,6 +84,23 @@ class Primitives {
   // NaNs whose payload is below 2^15, which share bin 0xFF00 with +-Inf.
   static constexpr size_t kHistogramBins = 65536;
   virtual void AbsHistogram16(const float* x, size_t begin, size_t end, uint32_t* bins) = 0;
+
+  // Memory movement, so that code written against this interface (the daemon's engine) never
+  // touches device data with a raw memcpy or fill. The defaults are right for implementations
+  // whose memory is host memory (memcpy, std::fill_n); a device implementation overrides all
+  // four (kernels/cuda does). Ranges must not overlap. An error is the device's copy failure.
+  // dst[i] = src[i] for i < n, both in this device's memory.
+  virtual absl::Status Copy(float* dst, const float* src, size_t n);
+  // x[i] = v for i < n.
+  virtual absl::Status Fill(float* x, float v, size_t n);
+  // `bytes` bytes from this device's memory into host memory (a staging copy), and back.
+  virtual absl::Status CopyToHost(void* host_dst, const void* src, size_t bytes);
+  virtual absl::Status CopyFromHost(void* dst, const void* host_src, size_t bytes);
+
+  // The first failure of a call without a Status result (Accumulate, Scale, CountAbove, ...),
+  // so a caller can refuse results computed after it: OK while there was none. Host
+  // implementations never fail there; the CUDA one keeps its first CUDA error.
+  virtual absl::Status Health() const;
 };
 
 // The CPU implementation: Highway with dynamic dispatch, `threads` workers for large inputs
@@ -93,5 +110,8 @@ std::unique_ptr<Primitives> MakeCpuPrimitives(int threads = 0);
 // The CUDA implementation; returns an error where CUDA is not compiled in or no GPU is usable.
 // (Defined in kernels/cuda when built with --config=cuda, otherwise in kernels/cuda_stub.cc.)
 absl::Status MakeCudaPrimitives(std::unique_ptr<Primitives>* out);
+// The same on GPU `device` (the daemon's chosen ordinal); InvalidArgument for an ordinal that
+// does not exist.
+absl::Status MakeCudaPrimitivesOnDevice(int device, std::unique_ptr<Primitives>* out);
 
 }  // namespace spex

@@ -35,14 +35,20 @@ struct Engine::Bucket {
   uint64_t elements = 0;
   std::string compressor;
   double density = 0;
-  std::unique_ptr<ShmBuffer> shm;
+  std::unique_ptr<ShmBuffer> shm;      // the BucketHeader; on the CPU path also the data
+  std::unique_ptr<SharedBuffer> data;  // device path: input slots and output
   BucketHeader* header = nullptr;
-  float* input[kMaxLocalTrainers] = {};
+  float* input[kMaxLocalTrainers] = {};  // in prims_' memory (host or device)
   float* output = nullptr;
   uint64_t registered_mask = 0;
   std::map<std::string, std::string> params;
   // Engine thread only:
-  std::vector<float> acc;  // dense: local sum (L > 1); sparse: residual + local sum
+  // dense: local sum (L > 1); sparse: residual + local sum. In prims_' memory: acc_host's
+  // storage on the CPU path, acc_device's on the device path.
+  float* acc = nullptr;
+  std::vector<float> acc_host;  // CPU path: acc. Device path (sparse): acc's staging copy
+  std::unique_ptr<DeviceArray> acc_device;
+  std::vector<float> out_host;   // device path (sparse): the output's staging copy
   std::unique_ptr<Codec> codec;  // null: dense
   CodecSelection sel;            // the codec's selection, reused every step
   std::vector<uint32_t> touched;  // output positions the last sparse step wrote
@@ -73,8 +79,12 @@ uint64_t RandomSessionId() {
 
 }  // namespace
 
-Engine::Engine(EngineOptions options, Collective* collective, Primitives* prims)
-    : options_(std::move(options)), collective_(collective), prims_(prims) {}
+Engine::Engine(EngineOptions options, Collective* collective, Primitives* prims, DevicePath device)
+    : options_(std::move(options)),
+      collective_(collective),
+      prims_(prims),
+      device_(device),
+      host_prims_(device.host_prims != nullptr ? device.host_prims : prims) {}
 
 Engine::~Engine() {
   RequestStop();
@@ -97,6 +107,26 @@ absl::Status Engine::Start() {
   if (options_.dense_fallback != "auto" && options_.dense_fallback != "off") {
     return absl::InvalidArgumentError(absl::StrCat("--dense_fallback must be auto|off, got '",
                                                    options_.dense_fallback, "'"));
+  }
+  if (device_buckets()) {
+    if (device_.ordering == nullptr || device_.host_prims == nullptr) {
+      return absl::InvalidArgumentError(
+          "engine device path: an allocator needs its slot ordering and host primitives too");
+    }
+    if (device_.host_prims->device() != Device::kCpu) {
+      return absl::InvalidArgumentError(
+          "engine device path: host_prims must be CPU primitives (the compressors and the sparse "
+          "exchange run in host memory)");
+    }
+    if (device_.allocator->device() != prims_->device()) {
+      return absl::InvalidArgumentError(
+          "engine device path: the allocator's device differs from the primitives' device; build "
+          "both for the same device (spexd: --device)");
+    }
+  } else if (prims_->device() != Device::kCpu) {
+    return absl::InvalidArgumentError(
+        "engine: device primitives need a device path (allocator, ordering, host primitives); "
+        "without one buckets are host memory");
   }
   {
     absl::MutexLock lock(&mu_);
@@ -242,41 +272,13 @@ absl::StatusOr<BucketGrant> Engine::RegisterBucket(uint64_t session_id, uint64_t
   }
   auto& slot = buckets_[bucket_id];
   if (slot == nullptr) {
-    const uint32_t slots = options_.local_trainers;
-    auto shm = ShmBuffer::Create(BucketBytes(elements, slots), absl::StrCat(options_.shm_tag, "-b", bucket_id));
-    if (!shm.ok()) {
+    absl::StatusOr<std::unique_ptr<Bucket>> b =
+        NewBucket(bucket_id, elements, compressor, density, params);
+    if (!b.ok()) {
       buckets_.erase(bucket_id);
-      return shm.status();
+      return b.status();
     }
-    auto b = std::make_unique<Bucket>();
-    b->id = bucket_id;
-    b->elements = elements;
-    b->compressor = compressor;
-    b->density = density;
-    b->shm = std::move(*shm);
-    uint8_t* base = static_cast<uint8_t*>(b->shm->data());
-    b->header = new (base) BucketHeader();
-    b->header->magic = kBucketMagic;
-    b->header->version = kLayoutVersion;
-    b->header->bucket_id = bucket_id;
-    b->header->elements = elements;
-    b->header->slots = slots;
-    b->header->slot_stride = SlotStride(elements);
-    for (uint32_t r = 0; r < slots; ++r) b->input[r] = reinterpret_cast<float*>(base + InputOffset(elements, r));
-    b->output = reinterpret_cast<float*>(base + OutputOffset(elements, slots));
-    b->params = params;
-    if (compressor != "dense" && elements >= options_.min_sparse_elements) {
-      CodecSpec spec{compressor, density, params, collective_->rank(), collective_->size(), elements};
-      auto codec = options_.codec_factory ? options_.codec_factory(spec, prims_) : MakeCodec(spec, prims_);
-      if (!codec.ok()) {
-        buckets_.erase(bucket_id);
-        return codec.status();
-      }
-      b->codec = std::move(*codec);
-      b->mode = options_.dense_fallback == "auto" ? Bucket::Mode::kProbe : Bucket::Mode::kSparse;
-    }
-    if (slots > 1 || b->codec != nullptr) b->acc.assign(elements, 0.0f);
-    slot = std::move(b);
+    slot = std::move(*b);
   }
   Bucket& b = *slot;
   if (b.elements != elements) {
@@ -302,13 +304,95 @@ absl::StatusOr<BucketGrant> Engine::RegisterBucket(uint64_t session_id, uint64_t
   Ring();  // a newly complete registration can change the canonical order
   BucketGrant grant;
   grant.buffer = b.shm.get();
-  grant.input_offset = InputOffset(elements, rank);
-  grant.output_offset = OutputOffset(elements, options_.local_trainers);
+  if (b.data != nullptr) {
+    grant.device_buffer = b.data.get();
+    grant.device_input_offset = DeviceInputOffset(elements, rank);
+    grant.device_output_offset = DeviceOutputOffset(elements, options_.local_trainers);
+  } else {
+    grant.input_offset = InputOffset(elements, rank);
+    grant.output_offset = OutputOffset(elements, options_.local_trainers);
+  }
   grant.elements = elements;
   grant.compressor = b.compressor;
   grant.density = b.density;
   grant.next_step = b.header->ready[rank].value.load();
   return grant;
+}
+
+absl::StatusOr<std::unique_ptr<Engine::Bucket>> Engine::NewBucket(
+    uint64_t bucket_id, uint64_t elements, const std::string& compressor, double density,
+    const std::map<std::string, std::string>& params) {
+  const uint32_t slots = options_.local_trainers;
+  const std::string tag = absl::StrCat(options_.shm_tag, "-b", bucket_id);
+  auto b = std::make_unique<Bucket>();
+  b->id = bucket_id;
+  b->elements = elements;
+  b->compressor = compressor;
+  b->density = density;
+  b->params = params;
+  // CPU path: one shm segment, header then data. Device path: the header alone in shm (the
+  // doorbell counters stay host memory), the data in the allocator's buffer.
+  const bool device = device_buckets();
+  auto shm = ShmBuffer::Create(device ? kPageBytes : BucketBytes(elements, slots), tag);
+  if (!shm.ok()) return shm.status();
+  b->shm = std::move(*shm);
+  uint8_t* base = static_cast<uint8_t*>(b->shm->data());
+  b->header = new (base) BucketHeader();
+  b->header->magic = kBucketMagic;
+  b->header->version = kLayoutVersion;
+  b->header->bucket_id = bucket_id;
+  b->header->elements = elements;
+  b->header->slots = slots;
+  b->header->slot_stride = SlotStride(elements);
+  if (device) {
+    auto data = device_.allocator->AllocateBucket(DeviceBucketBytes(elements, slots), slots + 1);
+    if (!data.ok()) {
+      return absl::Status(data.status().code(),
+                          absl::StrCat("bucket ", bucket_id, " (", elements,
+                                       " elements): ", data.status().message()));
+    }
+    b->data = std::move(*data);
+    if (b->data->size() < DeviceBucketBytes(elements, slots)) {
+      return absl::InternalError(
+          absl::StrCat("bucket ", bucket_id, ": the allocator returned ", b->data->size(),
+                       " bytes, ", DeviceBucketBytes(elements, slots), " were asked for"));
+    }
+    uint8_t* dbase = static_cast<uint8_t*>(b->data->data());
+    for (uint32_t r = 0; r < slots; ++r) {
+      b->input[r] = reinterpret_cast<float*>(dbase + DeviceInputOffset(elements, r));
+    }
+    b->output = reinterpret_cast<float*>(dbase + DeviceOutputOffset(elements, slots));
+  } else {
+    for (uint32_t r = 0; r < slots; ++r) {
+      b->input[r] = reinterpret_cast<float*>(base + InputOffset(elements, r));
+    }
+    b->output = reinterpret_cast<float*>(base + OutputOffset(elements, slots));
+  }
+  if (compressor != "dense" && elements >= options_.min_sparse_elements) {
+    // The compressors run in host memory (host_prims_; on the CPU path that is prims_).
+    CodecSpec spec{compressor, density, params, collective_->rank(), collective_->size(), elements};
+    auto codec = options_.codec_factory ? options_.codec_factory(spec, host_prims_)
+                                        : MakeCodec(spec, host_prims_);
+    if (!codec.ok()) return codec.status();
+    b->codec = std::move(*codec);
+    b->mode = options_.dense_fallback == "auto" ? Bucket::Mode::kProbe : Bucket::Mode::kSparse;
+  }
+  if (slots > 1 || b->codec != nullptr) {
+    if (device) {
+      auto acc = device_.allocator->AllocateScratch(elements * sizeof(float));
+      if (!acc.ok()) return acc.status();
+      b->acc_device = std::move(*acc);
+      b->acc = static_cast<float*>(b->acc_device->data());
+      if (b->codec != nullptr) {
+        b->acc_host.assign(elements, 0.0f);
+        b->out_host.assign(elements, 0.0f);
+      }
+    } else {
+      b->acc_host.assign(elements, 0.0f);
+      b->acc = b->acc_host.data();
+    }
+  }
+  return b;
 }
 
 absl::Status Engine::UnregisterBucket(uint64_t session_id, uint64_t bucket_id) {
@@ -430,7 +514,9 @@ void Engine::UnlinkAttachedLocked() {
     if (b->shm->unlinked()) continue;
     bool all = true;
     for (int r = 0; r < options_.local_trainers && all; ++r) all = b->header->attached[r].load() != 0;
-    if (all) b->shm->Unlink().IgnoreError();
+    if (!all) continue;
+    b->shm->Unlink().IgnoreError();
+    if (b->data != nullptr) b->data->Unlink().IgnoreError();
   }
   ShmBuffer* bell = doorbells_.back().get();
   if (!bell->unlinked()) {
@@ -508,10 +594,10 @@ absl::Status Engine::Agree(const Bucket& b, uint64_t step, Control* c) {
   // probe timings of the dense fallback, so run-time decisions need no extra round trip.
   uint64_t name_hash = 0xcbf29ce484222325ull;  // FNV-1a of the compressor name
   for (unsigned char ch : b.compressor) name_hash = (name_hash ^ ch) * 0x100000001b3ull;
-  uint64_t v[11] = {b.id,         step,          b.elements,   ~b.id,      ~step,     ~b.elements,
-                    c->density_key, c->sparse_us, c->dense_us, name_hash, ~name_hash};
+  uint64_t v[12] = {b.id,           step,         b.elements,  ~b.id,     ~step,      ~b.elements,
+                    c->density_key, c->sparse_us, c->dense_us, name_hash, ~name_hash, c->failed};
   if (collective_->size() > 1) {
-    absl::Status s = collective_->AllReduce(v, 11, ElemType::kUint64, ReduceOp::kMax);
+    absl::Status s = collective_->AllReduce(v, 12, ElemType::kUint64, ReduceOp::kMax);
     if (!s.ok()) return s;
   }
   if (v[0] != ~v[3] || v[1] != ~v[4] || v[2] != ~v[5]) {
@@ -529,6 +615,7 @@ absl::Status Engine::Agree(const Bucket& b, uint64_t step, Control* c) {
   c->density_key = v[6];
   c->sparse_us = v[7];
   c->dense_us = v[8];
+  c->failed = v[11];
   return absl::OkStatus();
 }
 
@@ -584,7 +671,20 @@ void Engine::Process(Bucket* b) {
     control.sparse_us = b->probe_sparse_ns / 1000;
     control.dense_us = b->probe_dense_ns / 1000;
   }
+  // Device path: the trainers' device writes must be visible before anything reads the inputs.
+  // A node that cannot wait for them says so in the control all-reduce, so every node skips
+  // the step's collectives alike instead of leaving its peers inside one.
+  const absl::Status inputs = WaitInputs(b);
+  lap(Phase::kWaitLocal);
+  control.failed = inputs.ok() ? 0 : 1;
   absl::Status status = Agree(*b, step, &control);
+  if (status.ok() && !inputs.ok()) status = inputs;
+  if (status.ok() && control.failed != 0) {
+    status =
+        absl::UnavailableError(absl::StrCat("bucket ", b->id, " step ", step,
+                                            ": another node could not read its trainers' inputs "
+                                            "(device event failure); see that node's log"));
+  }
   if (status.ok()) {
     absl::MutexLock lock(&mu_);
     ApplyDensityLocked(control.density_key);
@@ -597,6 +697,16 @@ void Engine::Process(Bucket* b) {
     if (b->mode == Bucket::Mode::kProbe) (sparse ? b->probe_sparse_ns : b->probe_dense_ns) += MonotonicNanos() - t_work;
     rec.fell_back_to_dense = b->codec != nullptr && !sparse;
   }
+  if (status.ok()) {
+    // Device calls without a Status result (Accumulate, Scale) report failures here.
+    if (absl::Status health = prims_->Health(); !health.ok()) {
+      status =
+          absl::Status(health.code(), absl::StrCat("device primitives failed: ", health.message()));
+    }
+  }
+  // Device path: the output event marks the result written (recorded on failure too, so no
+  // trainer waits on a stale record); then Publish tells the trainers.
+  if (absl::Status recorded = RecordOutput(b); status.ok()) status = recorded;
   rec.total_seconds = (MonotonicNanos() - t0) * 1e-9;
   Publish(b, step, status, rec);
 }
@@ -617,28 +727,59 @@ bool Engine::UseSparse(Bucket* b, uint64_t step, const Control& control) {
   return b->mode == Bucket::Mode::kSparse;
 }
 
-void Engine::LocalReduce(Bucket* b, bool add_to_acc) {
+absl::Status Engine::WaitInputs(Bucket* b) {
+  if (device_.ordering == nullptr || b->data == nullptr) return absl::OkStatus();
+  for (int r = 0; r < options_.local_trainers; ++r) {
+    if (absl::Status s = device_.ordering->WaitInput(b->data.get(), r); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("bucket ", b->id, ": waiting for local trainer ",
+                                                 r, "'s input event: ", s.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Engine::RecordOutput(Bucket* b) {
+  if (device_.ordering == nullptr || b->data == nullptr) return absl::OkStatus();
+  absl::Status s = device_.ordering->RecordOutput(b->data.get(), options_.local_trainers);
+  if (s.ok()) return s;
+  return absl::Status(
+      s.code(), absl::StrCat("bucket ", b->id, ": recording the output event: ", s.message()));
+}
+
+// acc = sum of the local inputs (+ acc itself when add_to_acc), in prims_' memory. The order
+// of additions (acc, then input 0, 1, ...) is the same on every path, so results are too.
+absl::Status Engine::LocalReduce(Bucket* b, bool add_to_acc) {
   const size_t n = b->elements;
-  if (!add_to_acc) std::memcpy(b->acc.data(), b->input[0], n * sizeof(float));
-  for (int r = add_to_acc ? 0 : 1; r < options_.local_trainers; ++r) prims_->Accumulate(b->acc.data(), b->input[r], n);
+  if (!add_to_acc) {
+    if (absl::Status s = prims_->Copy(b->acc, b->input[0], n); !s.ok()) return s;
+  }
+  for (int r = add_to_acc ? 0 : 1; r < options_.local_trainers; ++r) {
+    prims_->Accumulate(b->acc, b->input[r], n);
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Engine::DenseStep(Bucket* b, ExchangeRecord* rec, const std::function<void(Phase)>& lap) {
   const int L = options_.local_trainers, N = collective_->size();
   const size_t n = b->elements;
   const float* src = b->input[0];
+  absl::Status s;
   if (b->codec != nullptr) {
     // A sparse bucket going dense this step sends everything, residual included.
-    LocalReduce(b, options_.error_feedback);
-    src = b->acc.data();
+    s = LocalReduce(b, options_.error_feedback);
+    src = b->acc;
   } else if (L > 1) {
-    LocalReduce(b, false);
-    src = b->acc.data();
+    s = LocalReduce(b, false);
+    src = b->acc;
   }
+  if (!s.ok()) return s;
   lap(Phase::kReduceLocal);
-  absl::Status s = collective_->AllReduceScaled(src, b->output, n, 1.0f / static_cast<float>(N * L));
+  // Device path: src and output are device memory, reduced by the device's collective (NCCL).
+  s = collective_->AllReduceScaled(src, b->output, n, 1.0f / static_cast<float>(N * L));
   lap(Phase::kCollective);
-  if (b->codec != nullptr) std::fill(b->acc.begin(), b->acc.end(), 0.0f);  // nothing left behind
+  if (b->codec != nullptr) {  // nothing left behind
+    if (absl::Status f = prims_->Fill(b->acc, 0.0f, n); s.ok()) s = f;
+  }
   b->output_dense = true;
   b->touched.clear();
   rec->bytes_sent = rec->bytes_received = N > 1 ? 2 * n * sizeof(float) * (N - 1) / N : 0;
@@ -647,27 +788,46 @@ absl::Status Engine::DenseStep(Bucket* b, ExchangeRecord* rec, const std::functi
   return s;
 }
 
-absl::Status Engine::SparseStep(Bucket* b, uint64_t step, ExchangeRecord* rec, const std::function<void(Phase)>& lap) {
+// The sparse step. The compressors and the sparse exchange (wire chunks, index union, scatter)
+// work in host memory with host_prims_: on the CPU path acc and the output already are host
+// memory and nothing is copied. On the device path the step stages through host copies, each
+// copy explicit and counted:
+//   1. acc (device: residual + local sum) -> acc_host, for the compressor;
+//   2. out_host (the exchange's result, exact at every position) -> the device output;
+//   3. with error feedback, acc_host (now the residual: acc minus what was sent) -> acc, where
+//      the next step adds its local sum.
+// The reduction of the trainers' inputs, the dense steps and the residual's home stay on the
+// device.
+absl::Status Engine::SparseStep(Bucket* b, uint64_t step, ExchangeRecord* rec,
+                                const std::function<void(Phase)>& lap) {
   const int L = options_.local_trainers, N = collective_->size();
   const size_t n = b->elements;
+  const bool staged = b->data != nullptr;
+  float* const acc = staged ? b->acc_host.data() : b->acc;  // host memory from here on
+  float* const out = staged ? b->out_host.data() : b->output;
   // acc = residual + local sum (error feedback), or just the local sum.
-  LocalReduce(b, options_.error_feedback);
+  absl::Status s = LocalReduce(b, options_.error_feedback);
+  if (!s.ok()) return s;
+  if (staged) {
+    s = prims_->CopyToHost(acc, b->acc, n * sizeof(float));  // staging copy 1
+    if (!s.ok()) return s;
+  }
   lap(Phase::kReduceLocal);
   const WirePattern pattern = b->codec->pattern();
-  absl::Status s = b->codec->SetDensity(b->density);
+  s = b->codec->SetDensity(b->density);
   if (!s.ok()) return s;
   CodecSelection& sel = b->sel;
-  s = b->codec->Select(b->acc.data(), n, step, pattern == WirePattern::kSparseGather, &sel);
+  s = b->codec->Select(acc, n, step, pattern == WirePattern::kSparseGather, &sel);
   if (!s.ok()) return s;
   lap(Phase::kCompress);
   // The output holds last step's result: zero only the positions written then.
   if (b->output_dense) {
-    std::memset(b->output, 0, n * sizeof(float));
+    s = host_prims_->Fill(out, 0.0f, n);
     b->output_dense = false;
   } else if (!b->touched.empty()) {
-    s = prims_->ZeroAt(b->output, n, b->touched.data(), b->touched.size());
-    if (!s.ok()) return s;
+    s = host_prims_->ZeroAt(out, n, b->touched.data(), b->touched.size());
   }
+  if (!s.ok()) return s;
   SparseExchangeArgs args;
   args.group_id = b->id;
   args.step = step;
@@ -677,16 +837,25 @@ absl::Status Engine::SparseStep(Bucket* b, uint64_t step, ExchangeRecord* rec, c
   std::memcpy(args.scalars, sel.scalars, sizeof(args.scalars));
   SparseExchangeResult res;
   s = pattern == WirePattern::kIndexUnion
-          ? ExchangeIndexUnion(collective_, prims_, args, sel.idx, b->acc.data(), b->output, &res)
-          : ExchangeSparseGather(collective_, prims_, args, sel.idx, sel.val, b->output, &res);
-  lap(Phase::kCollective);
+          ? ExchangeIndexUnion(collective_, host_prims_, args, sel.idx, acc, out, &res)
+          : ExchangeSparseGather(collective_, host_prims_, args, sel.idx, sel.val, out, &res);
   if (!s.ok()) return s;
-  if (pattern == WirePattern::kIndexUnion) {
-    // Every node zeroes its residual at the whole union: all of it was sent.
-    s = prims_->ZeroAt(b->acc.data(), n, res.gathered_idx.data(), res.gathered_idx.size());
+  if (staged) {
+    s = prims_->CopyFromHost(b->output, out, n * sizeof(float));  // staging copy 2
     if (!s.ok()) return s;
   }
-  if (!options_.error_feedback) std::fill(b->acc.begin(), b->acc.end(), 0.0f);
+  lap(Phase::kCollective);
+  if (pattern == WirePattern::kIndexUnion) {
+    // Every node zeroes its residual at the whole union: all of it was sent.
+    s = host_prims_->ZeroAt(acc, n, res.gathered_idx.data(), res.gathered_idx.size());
+    if (!s.ok()) return s;
+  }
+  if (!options_.error_feedback) {
+    s = host_prims_->Fill(acc, 0.0f, n);
+  } else if (staged) {
+    s = prims_->CopyFromHost(b->acc, acc, n * sizeof(float));  // staging copy 3
+  }
+  if (!s.ok()) return s;
   s = b->codec->Update(step, res.counts, res.gathered_idx);
   b->touched = std::move(res.touched);
   lap(Phase::kDecode);
@@ -698,7 +867,7 @@ absl::Status Engine::SparseStep(Bucket* b, uint64_t step, ExchangeRecord* rec, c
   rec->bytes_sent = res.bytes_sent;
   rec->bytes_received = res.bytes_received;
   if (options_.residual_norm_every > 0 && step % options_.residual_norm_every == 0) {
-    rec->residual_norm = std::sqrt(prims_->Moments(b->acc.data(), n, -1.0f).sum_sq);
+    rec->residual_norm = std::sqrt(host_prims_->Moments(acc, n, -1.0f).sum_sq);
     rec->residual_norm_step = step;
   } else {
     absl::MutexLock lock(&mu_);

@@ -3,6 +3,15 @@
 // (ascending (step, bucket id) over the buckets all local trainers registered), so every node
 // issues the same collectives in the same order whatever order the trainers' signals arrive in.
 // It knows nothing of gRPC (daemon/service adapts it) or MPI (it gets a Collective).
+//
+// Devices: the engine works on bucket data only through the Primitives it is given and moves
+// it only through the Collective it is given, so one code path serves both devices. The CPU
+// path (no DevicePath) keeps each bucket in one host shm segment (header, input slots, output).
+// The device path (a DevicePath, e.g. CUDA: CudaPrimitives, NcclCollective, CudaDeviceMemory)
+// keeps the BucketHeader in host shm and the data in a buffer from the DevicePath's allocator;
+// per step it waits for every trainer's input event before reading the inputs and records the
+// output event before publishing. The compressors work in host memory, so a sparse step on the
+// device stages through host copies of the accumulator and the output (SparseStep).
 #pragma once
 
 #include <atomic>
@@ -19,9 +28,10 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "daemon/engine/codec.h"
-#include "daemon/merge/merger.h"
+#include "daemon/memory/device_memory.h"
 #include "daemon/memory/layout.h"
 #include "daemon/memory/shm_buffer.h"
+#include "daemon/merge/merger.h"
 #include "daemon/transport/collective.h"
 #include "kernels/primitives.h"
 
@@ -96,9 +106,13 @@ struct HelloResult {
 };
 
 struct BucketGrant {
-  const ShmBuffer* buffer = nullptr;
-  uint64_t input_offset = 0;
-  uint64_t output_offset = 0;
+  const ShmBuffer* buffer = nullptr;  // host shm: the BucketHeader at offset 0 and, on the CPU
+  uint64_t input_offset = 0;          // path, the data: this trainer's input slot and the output
+  uint64_t output_offset = 0;         // (both 0 on the device path)
+  // Device path: the buffer holding the data, and the slot and output offsets inside it.
+  const SharedBuffer* device_buffer = nullptr;
+  uint64_t device_input_offset = 0;
+  uint64_t device_output_offset = 0;
   uint64_t elements = 0;
   std::string compressor;
   double density = 0;
@@ -107,7 +121,9 @@ struct BucketGrant {
 
 class Engine {
  public:
-  Engine(EngineOptions options, Collective* collective, Primitives* prims);
+  // `prims` works on the buckets' data: host memory on the CPU path, device memory with a
+  // `device` path (whose host_prims then serve the compressors). Start() checks the pieces fit.
+  Engine(EngineOptions options, Collective* collective, Primitives* prims, DevicePath device = {});
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -123,6 +139,8 @@ class Engine {
   bool stopping() const { return stop_.load(); }
 
   const EngineOptions& options() const { return options_; }
+  // True when buckets' data lives on a device (the RegisterBucket grant has a device_buffer).
+  bool device_buckets() const { return device_.allocator != nullptr; }
   int node_rank() const { return collective_->rank(); }
   int node_count() const { return collective_->size(); }
   const char* collective_name() const { return collective_->name(); }
@@ -154,6 +172,10 @@ class Engine {
   struct Session;
 
   void Run();
+  // A new bucket's memory (header, data, accumulators) and codec; called under mu_.
+  absl::StatusOr<std::unique_ptr<Bucket>> NewBucket(
+      uint64_t bucket_id, uint64_t elements, const std::string& compressor, double density,
+      const std::map<std::string, std::string>& params);
   // Picks the next item in canonical order; null when no bucket is schedulable.
   Bucket* PickNextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::unique_ptr<Merger> merger_;
@@ -166,11 +188,15 @@ class Engine {
     uint64_t density_key = 0;  // (version << 32) | float bits of the density
     uint64_t sparse_us = 0;    // dense-fallback probe: this bucket's sparse and dense timings
     uint64_t dense_us = 0;
+    uint64_t failed = 0;  // 1: this node cannot run the step (its inputs' events failed)
   };
   absl::Status Agree(const Bucket& b, uint64_t step, Control* c);
   void ApplyDensityLocked(uint64_t key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool UseSparse(Bucket* b, uint64_t step, const Control& control);
-  void LocalReduce(Bucket* b, bool add_to_acc);
+  absl::Status LocalReduce(Bucket* b, bool add_to_acc);
+  // Device path: the ordering hooks around a step (no-ops on the CPU path).
+  absl::Status WaitInputs(Bucket* b);
+  absl::Status RecordOutput(Bucket* b);
   absl::Status DenseStep(Bucket* b, ExchangeRecord* rec, const std::function<void(Phase)>& lap);
   absl::Status SparseStep(Bucket* b, uint64_t step, ExchangeRecord* rec, const std::function<void(Phase)>& lap);
 
@@ -183,7 +209,9 @@ class Engine {
 
   const EngineOptions options_;
   Collective* const collective_;
-  Primitives* const prims_;
+  Primitives* const prims_;  // the buckets' data (device memory on the device path)
+  const DevicePath device_;
+  Primitives* const host_prims_;  // compressors, sparse exchange: prims_ on the CPU path
 
   mutable absl::Mutex mu_;
   absl::CondVar published_cv_;  // signalled after every publish and on stop

@@ -99,7 +99,12 @@ absl::Status ExchangeIndexUnion(Collective* coll, Primitives* prims, const Spars
     res->bytes_sent += vals.size() * 4;
     res->bytes_received += vals.size() * 4;
   }
-  for (size_t i = 0; i < u.size(); ++i) out[u[i]] = vals[i] * args.scale;
+  // out is zero at every position of u (the caller's contract), so adding writes the average.
+  prims->Scale(vals.data(), args.scale, vals.size());
+  if (absl::Status s = prims->ScatterAdd(out, args.elements, u.data(), vals.data(), u.size());
+      !s.ok()) {
+    return s;
+  }
   res->touched = u;
   return absl::OkStatus();
 }

@@ -3,9 +3,14 @@
 //     every node's acc at the union, summed by an all-reduce -> out[I] = sum * scale.
 //  B: all-gather of (index, value) chunks in the wire format (no padding) -> validate ->
 //     scatter-add every node's chunk into out, * scale.
-// Both write only positions they touch; the caller zeroes the output positions of the
-// previous step (kept in `touched`) before calling, so the output slot stays exact without a
-// full memset per step.
+// Both add into the output positions they touch, which must be zero: the caller zeroes the
+// positions of the previous step (kept in `touched`) before calling, so the output slot stays
+// exact without a full memset per step.
+//
+// Memory: everything here is host memory and `prims` are host primitives. The wire chunks are
+// host bytes for any Collective (NCCL stages them through device scratch), and the
+// compressors' selections are host vectors, so the engine's device path stages its
+// accumulator and output through host copies around these calls (Engine::SparseStep).
 #pragma once
 
 #include <cstdint>

@@ -34,13 +34,10 @@ inline constexpr size_t kMaxIpcEvents = kMaxLocalTrainers + 1;
 
 using IpcHandle = std::array<uint8_t, kCudaIpcHandleBytes>;
 
-// Layout of a device bucket's data (the CUDA path keeps the BucketHeader in host shm): input
-// slot r at r * SlotStride(elements), the output after the last slot. The IPC events of such a
-// buffer are one per input slot (event r: trainer r's input is written) and then one for the
-// output (event `slots`: the daemon's result is written).
-inline size_t DeviceInputOffset(uint64_t elements, uint32_t slot) { return slot * SlotStride(elements); }
-inline size_t DeviceOutputOffset(uint64_t elements, uint32_t slots) { return slots * SlotStride(elements); }
-inline size_t DeviceBucketBytes(uint64_t elements, uint32_t slots) { return (slots + 1) * SlotStride(elements); }
+// The layout of a device bucket's data is DeviceInputOffset / DeviceOutputOffset /
+// DeviceBucketBytes (layout.h). The IPC events of such a buffer are one per input slot (event
+// r: trainer r's input is written) and then one for the output (event `slots`: the daemon's
+// result is written).
 
 // What a trainer needs to open a buffer, as plain values.
 struct CudaIpcHandles {

@@ -87,4 +87,17 @@ inline size_t BucketBytes(uint64_t elements, uint32_t slots) {
   return kPageBytes + (slots + 1) * SlotStride(elements);
 }
 
+// A device bucket's data (the device path keeps the BucketHeader alone in a host shm page):
+// input slot r at r * SlotStride(elements) of the device buffer, the output after the last
+// slot (see spex.proto RegisterBucketResponse.device_buffer).
+inline size_t DeviceInputOffset(uint64_t elements, uint32_t slot) {
+  return slot * SlotStride(elements);
+}
+inline size_t DeviceOutputOffset(uint64_t elements, uint32_t slots) {
+  return slots * SlotStride(elements);
+}
+inline size_t DeviceBucketBytes(uint64_t elements, uint32_t slots) {
+  return (slots + 1) * SlotStride(elements);
+}
+
 }  // namespace spex

@@ -40,9 +40,17 @@ grpc::Status SpexService::Hello(grpc::ServerContext*, const v1::HelloRequest* re
                         absl::StrCat("client speaks protocol ", req->protocol_version(),
                                      "; this spexd speaks 1: upgrade the daemon"));
   }
-  if (req->device() == v1::DEVICE_CUDA) {
+  const bool device = engine_->device_buckets();
+  if (req->device() == v1::DEVICE_CUDA && !device) {
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                         "this spexd serves host (CPU) buffers; CUDA buffers need a daemon started with --device=cuda");
+  }
+  if (req->device() == v1::DEVICE_CPU && device) {
+    return grpc::Status(
+        grpc::StatusCode::FAILED_PRECONDITION,
+        "this spexd serves CUDA buffers (--device=cuda, or --device=auto found a GPU); a trainer "
+        "asking for host buffers needs a daemon started with --device=cpu, or must ask for "
+        "DEVICE_CUDA (C++: ClientOptions::device)");
   }
   auto hello = engine_->Hello(req->job(), req->local_rank(), req->local_size(), req->pid(), req->client());
   if (!hello.ok()) return ToGrpc(hello.status());
@@ -55,7 +63,7 @@ grpc::Status SpexService::Hello(grpc::ServerContext*, const v1::HelloRequest* re
   hello->doorbell->Describe(resp->mutable_doorbell());
   resp->set_spin_us(engine_->options().client_spin_us);
   resp->set_daemon_version(version_);
-  resp->set_device(v1::DEVICE_CPU);
+  resp->set_device(device ? v1::DEVICE_CUDA : v1::DEVICE_CPU);
   return grpc::Status::OK;
 }
 
@@ -74,6 +82,14 @@ grpc::Status SpexService::RegisterBucket(grpc::ServerContext*, const v1::Registe
   layout->set_input_offset(grant->input_offset);
   layout->set_output_offset(grant->output_offset);
   layout->set_elements(grant->elements);
+  if (grant->device_buffer != nullptr) {
+    // The data lives in the device buffer; `layout` above locates only the header.
+    grant->device_buffer->Describe(resp->mutable_device_buffer());
+    auto* device_layout = resp->mutable_device_layout();
+    device_layout->set_input_offset(grant->device_input_offset);
+    device_layout->set_output_offset(grant->device_output_offset);
+    device_layout->set_elements(grant->elements);
+  }
   resp->mutable_compressor()->set_name(grant->compressor);
   resp->mutable_compressor()->set_density(grant->density);
   resp->set_next_step(grant->next_step);

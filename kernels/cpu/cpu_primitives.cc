@@ -58,6 +58,30 @@ class CpuPrimitives final : public Primitives {
     ForChunks(Cut(0, n), [&](size_t, size_t b, size_t e, int) { simd::Scale(x + b, a, e - b); });
   }
 
+  absl::Status Copy(float* dst, const float* src, size_t n) override {
+    if (n == 0) return absl::OkStatus();
+    ForChunks(Cut(0, n), [&](size_t, size_t b, size_t e, int) {
+      std::memcpy(dst + b, src + b, (e - b) * sizeof(float));
+    });
+    return absl::OkStatus();
+  }
+
+  absl::Status Fill(float* x, float v, size_t n) override {
+    ForChunks(Cut(0, n), [&](size_t, size_t b, size_t e, int) { std::fill(x + b, x + e, v); });
+    return absl::OkStatus();
+  }
+
+  // Host memory is this device's memory: the staging copies are plain (parallel) copies.
+  absl::Status CopyToHost(void* host_dst, const void* src, size_t bytes) override {
+    CopyBytes(host_dst, src, bytes);
+    return absl::OkStatus();
+  }
+
+  absl::Status CopyFromHost(void* dst, const void* host_src, size_t bytes) override {
+    CopyBytes(dst, host_src, bytes);
+    return absl::OkStatus();
+  }
+
   size_t CountAbove(const float* x, size_t n, float t) override {
     const Split s = Cut(0, n);
     std::vector<size_t> counts(s.chunks);
@@ -173,6 +197,19 @@ class CpuPrimitives final : public Primitives {
   }
 
  private:
+  void CopyBytes(void* dst, const void* src, size_t bytes) {
+    if (bytes == 0) return;
+    auto* d = static_cast<uint8_t*>(dst);
+    const auto* s = static_cast<const uint8_t*>(src);
+    // Whole floats in parallel chunks, then the odd tail bytes.
+    const size_t words = bytes / sizeof(float);
+    ForChunks(Cut(0, words), [&](size_t, size_t b, size_t e, int) {
+      std::memcpy(d + b * sizeof(float), s + b * sizeof(float), (e - b) * sizeof(float));
+    });
+    const size_t done = words * sizeof(float);
+    if (bytes > done) std::memcpy(d + done, s + done, bytes - done);
+  }
+
   Split Cut(size_t begin, size_t end, size_t parallel_min = kCpuParallelMinElements) const {
     const size_t n = end > begin ? end - begin : 0;
     size_t chunks = 1;

@@ -7,6 +7,8 @@
 // reference (Accumulate, Scale, selects, TopK, histogram, Sample, scatter/gather). Moments adds
 // per-task partial sums in task order: reproducible for a given thread count.
 // Memory: a parallel select allocates a private buffer per task, up to ~1/32 of its range.
+// Copy, Fill and the staging copies (CopyToHost/CopyFromHost: host memory is this device's) are
+// plain copies and fills, split across the pool like the elementwise operations.
 #pragma once
 
 #include "kernels/primitives.h"

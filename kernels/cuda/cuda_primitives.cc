@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <utility>
 
@@ -112,6 +113,11 @@ class CudaPrimitives final : public Primitives {
   absl::Status Gather(const float* x, size_t n, const uint32_t* idx, size_t m, float* out) override;
   absl::Status ZeroAt(float* x, size_t n, const uint32_t* idx, size_t m) override;
   void AbsHistogram16(const float* x, size_t begin, size_t end, uint32_t* bins) override;
+  absl::Status Copy(float* dst, const float* src, size_t n) override;
+  absl::Status Fill(float* x, float v, size_t n) override;
+  absl::Status CopyToHost(void* host_dst, const void* src, size_t bytes) override;
+  absl::Status CopyFromHost(void* dst, const void* host_src, size_t bytes) override;
+  absl::Status Health() const override { return error(); }
 
   absl::Status error() const {
     absl::MutexLock lock(&mu_);
@@ -445,6 +451,51 @@ void CudaPrimitives::AbsHistogram16(const float* x, size_t begin, size_t end, ui
       CudaStatus(gpu::LaunchAbsHistogram16(launch_, x, begin, end, bins), "AbsHistogram16");
   if (s.ok()) s = Finish("AbsHistogram16");
   Keep(s);
+}
+
+absl::Status CudaPrimitives::Copy(float* dst, const float* src, size_t n) {
+  absl::MutexLock lock(&mu_);
+  DeviceGuard guard(device_);
+  if (n == 0) return absl::OkStatus();
+  SPEX_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, launch_.stream),
+      "Copy");
+  return Finish("Copy");
+}
+
+absl::Status CudaPrimitives::Fill(float* x, float v, size_t n) {
+  absl::MutexLock lock(&mu_);
+  DeviceGuard guard(device_);
+  if (n == 0) return absl::OkStatus();
+  uint32_t bits;
+  std::memcpy(&bits, &v, sizeof(bits));
+  if (bits == 0) {  // +0.0f: every byte zero
+    SPEX_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(x, 0, n * sizeof(float), launch_.stream), "Fill");
+  } else {
+    SPEX_CUDA_RETURN_IF_ERROR(gpu::LaunchFill(launch_, x, v, n), "Fill");
+  }
+  return Finish("Fill");
+}
+
+// Pageable host memory: the runtime stages through its own pinned buffers. Each copy completes
+// before it returns, like every call of this object.
+absl::Status CudaPrimitives::CopyToHost(void* host_dst, const void* src, size_t bytes) {
+  absl::MutexLock lock(&mu_);
+  DeviceGuard guard(device_);
+  if (bytes == 0) return absl::OkStatus();
+  SPEX_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, launch_.stream), "CopyToHost");
+  return Finish("CopyToHost");
+}
+
+absl::Status CudaPrimitives::CopyFromHost(void* dst, const void* host_src, size_t bytes) {
+  absl::MutexLock lock(&mu_);
+  DeviceGuard guard(device_);
+  if (bytes == 0) return absl::OkStatus();
+  SPEX_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, launch_.stream),
+      "CopyFromHost");
+  return Finish("CopyFromHost");
 }
 
 }  // namespace

@@ -77,6 +77,10 @@ __global__ void GatherKernel(const float* __restrict__ x, const uint32_t* __rest
   for (size_t j = ThreadIndex(); j < m; j += GridStride()) out[j] = x[idx[j]];
 }
 
+__global__ void FillKernel(float* __restrict__ x, float v, size_t n) {
+  for (size_t i = ThreadIndex(); i < n; i += GridStride()) x[i] = v;
+}
+
 __global__ void ZeroAtKernel(float* x, const uint32_t* __restrict__ idx, size_t m) {
   for (size_t j = ThreadIndex(); j < m; j += GridStride()) x[idx[j]] = 0.0f;
 }
@@ -189,6 +193,12 @@ cudaError_t LaunchGather(const Launch& l, const float* x, const uint32_t* idx, s
                          float* out) {
   if (m == 0) return cudaSuccess;
   GatherKernel<<<Blocks(l, m), kBlock, 0, l.stream>>>(x, idx, m, out);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchFill(const Launch& l, float* x, float v, size_t n) {
+  if (n == 0) return cudaSuccess;
+  FillKernel<<<Blocks(l, n), kBlock, 0, l.stream>>>(x, v, n);
   return cudaGetLastError();
 }
 

@@ -38,6 +38,8 @@ cudaError_t LaunchScatterAdd(const Launch& l, float* y, const uint32_t* idx, con
 cudaError_t LaunchGather(const Launch& l, const float* x, const uint32_t* idx, size_t m,
                          float* out);
 cudaError_t LaunchZeroAt(const Launch& l, float* x, const uint32_t* idx, size_t m);
+// x[i] = v for i < n.
+cudaError_t LaunchFill(const Launch& l, float* x, float v, size_t n);
 // bins[AbsBin16(x[i])] += 1 for i in [begin, end).
 cudaError_t LaunchAbsHistogram16(const Launch& l, const float* x, size_t begin, size_t end,
                                  uint32_t* bins);

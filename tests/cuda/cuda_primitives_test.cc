@@ -193,6 +193,49 @@ TEST_P(DevicePrimitivesTest, AccumulateAndScale) {
   }
 }
 
+// Copy, Fill and the staging copies the daemon's engine moves bucket data with; the reference
+// (the interface's host-memory defaults) gives the same results.
+TEST_P(DevicePrimitivesTest, CopyFillAndStaging) {
+  for (size_t n : kSizes) {
+    SCOPED_TRACE(::testing::Message() << "n=" << n);
+    std::vector<float> x = Gradient(n, 11);
+    AddSpecials(&x, 12);
+    float* dx = mem_->Put(x);
+    float* dy = mem_->Put(std::vector<float>(n + 1, 7.0f));
+    ASSERT_TRUE(p_->Copy(dy, dx, n).ok());
+    EXPECT_TRUE(SameBits(mem_->Get(dy, n), x));
+    EXPECT_EQ(mem_->Get(dy, n + 1).back(), 7.0f) << "Copy wrote past n";
+    for (float v : {0.0f, -0.0f, 2.5f, kInf}) {
+      ASSERT_TRUE(p_->Fill(dy, v, n).ok());
+      EXPECT_TRUE(SameBits(mem_->Get(dy, n), std::vector<float>(n, v))) << "Fill " << v;
+      EXPECT_EQ(mem_->Get(dy, n + 1).back(), 7.0f) << "Fill wrote past n";
+    }
+    // Staging: device -> host and back, whole floats and an odd byte count.
+    std::vector<float> host(n + 1, 3.0f);
+    ASSERT_TRUE(p_->CopyToHost(host.data(), dx, n * sizeof(float)).ok());
+    EXPECT_TRUE(SameBits(host.data(), x.data(), n));
+    EXPECT_EQ(host[n], 3.0f);
+    const std::vector<float> z = Gradient(n, 13);
+    ASSERT_TRUE(p_->CopyFromHost(dy, z.data(), n * sizeof(float)).ok());
+    EXPECT_TRUE(SameBits(mem_->Get(dy, n), z));
+    if (n > 0) {
+      std::vector<uint8_t> bytes(n * sizeof(float) - 1, 0);
+      ASSERT_TRUE(p_->CopyToHost(bytes.data(), dy, bytes.size()).ok());
+      EXPECT_EQ(std::memcmp(bytes.data(), z.data(), bytes.size()), 0);
+    }
+    // The reference uses the interface's defaults.
+    std::vector<float> r(n, 1.0f);
+    ASSERT_TRUE(ref_->Copy(r.data(), x.data(), n).ok());
+    EXPECT_TRUE(SameBits(r, x));
+    ASSERT_TRUE(ref_->Fill(r.data(), -1.5f, n).ok());
+    EXPECT_TRUE(SameBits(r, std::vector<float>(n, -1.5f)));
+    ASSERT_TRUE(ref_->CopyFromHost(r.data(), z.data(), n * sizeof(float)).ok());
+    EXPECT_TRUE(SameBits(r, z));
+  }
+  EXPECT_TRUE(p_->Health().ok()) << p_->Health();
+  EXPECT_TRUE(ref_->Health().ok());
+}
+
 TEST_P(DevicePrimitivesTest, CountAbove) {
   for (size_t n : kSizes) {
     std::vector<float> x = Gradient(n, 4);

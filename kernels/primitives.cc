@@ -1,0 +1,31 @@
+// The host-memory defaults of Primitives' memory movement (see primitives.h).
+#include "kernels/primitives.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace spex {
+
+absl::Status Primitives::Copy(float* dst, const float* src, size_t n) {
+  if (n > 0) std::memcpy(dst, src, n * sizeof(float));
+  return absl::OkStatus();
+}
+
+absl::Status Primitives::Fill(float* x, float v, size_t n) {
+  std::fill_n(x, n, v);
+  return absl::OkStatus();
+}
+
+absl::Status Primitives::CopyToHost(void* host_dst, const void* src, size_t bytes) {
+  if (bytes > 0) std::memcpy(host_dst, src, bytes);
+  return absl::OkStatus();
+}
+
+absl::Status Primitives::CopyFromHost(void* dst, const void* host_src, size_t bytes) {
+  if (bytes > 0) std::memcpy(dst, host_src, bytes);
+  return absl::OkStatus();
+}
+
+absl::Status Primitives::Health() const { return absl::OkStatus(); }
+
+}  // namespace spex
