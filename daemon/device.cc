@@ -86,9 +86,13 @@ std::vector<int> BuiltCudaArchs() {
 bool ArchRunsOn(int arch, int major, int minor) { return arch / 10 == major && arch % 10 <= minor; }
 
 absl::StatusOr<Device> ChooseDevice(const std::string& flag, GpuProbe& probe,
-                                    const std::vector<int>& archs, std::string* reason) {
+                                    const std::vector<int>& archs, std::string* reason,
+                                    std::vector<int>* usable) {
   std::string ignored;
   if (reason == nullptr) reason = &ignored;
+  std::vector<int> runs_here;
+  if (usable == nullptr) usable = &runs_here;
+  usable->clear();
   if (flag == "cpu") {
     *reason = "--device=cpu: serving host buffers with the CPU primitives";
     return Device::kCpu;
@@ -110,8 +114,11 @@ absl::StatusOr<Device> ChooseDevice(const std::string& flag, GpuProbe& probe,
   } else {
     std::vector<std::string> seen;
     for (const GpuInfo& g : found.devices) {
-      for (int arch : archs) {
-        if (chosen == nullptr && ArchRunsOn(arch, g.major, g.minor)) chosen = &g;
+      bool runs = false;
+      for (int arch : archs) runs = runs || ArchRunsOn(arch, g.major, g.minor);
+      if (runs) {
+        usable->push_back(g.ordinal);
+        if (chosen == nullptr) chosen = &g;
       }
       seen.push_back(Describe(g));
     }
@@ -125,6 +132,7 @@ absl::StatusOr<Device> ChooseDevice(const std::string& flag, GpuProbe& probe,
     *reason = absl::StrCat("--device=", flag, ": using ", Describe(*chosen));
     return Device::kCuda;
   }
+  usable->clear();
   if (flag == "cuda") {
     return absl::FailedPreconditionError(
         absl::StrCat("--device=cuda: no usable GPU: ", why_not,
@@ -134,9 +142,10 @@ absl::StatusOr<Device> ChooseDevice(const std::string& flag, GpuProbe& probe,
   return Device::kCpu;
 }
 
-absl::StatusOr<Device> ChooseDevice(const std::string& flag, std::string* reason) {
+absl::StatusOr<Device> ChooseDevice(const std::string& flag, std::string* reason,
+                                    std::vector<int>* usable) {
   std::unique_ptr<GpuProbe> probe = MakeGpuProbe();
-  return ChooseDevice(flag, *probe, BuiltCudaArchs(), reason);
+  return ChooseDevice(flag, *probe, BuiltCudaArchs(), reason, usable);
 }
 
 }  // namespace spex

@@ -49,11 +49,15 @@ bool ArchRunsOn(int arch, int major, int minor);
 // `flag`: auto | cpu | cuda. `reason` (may be null) gets a sentence for the log saying what was
 // chosen and why. Errors: InvalidArgument for another flag value (naming the accepted ones),
 // FailedPrecondition for `cuda` without a usable GPU (naming the cause). `archs` are the
-// architectures the kernels were built for (BuiltCudaArchs() in production).
+// architectures the kernels were built for (BuiltCudaArchs() in production). `usable` (may be
+// null) gets the ordinals of every GPU the kernels run on, ascending, when the choice is the
+// GPU (the first of them is the one `reason` names), and is cleared otherwise.
 absl::StatusOr<Device> ChooseDevice(const std::string& flag, GpuProbe& probe,
-                                    const std::vector<int>& archs, std::string* reason);
+                                    const std::vector<int>& archs, std::string* reason,
+                                    std::vector<int>* usable = nullptr);
 
 // The production form: the real probe and this build's architectures.
-absl::StatusOr<Device> ChooseDevice(const std::string& flag, std::string* reason);
+absl::StatusOr<Device> ChooseDevice(const std::string& flag, std::string* reason,
+                                    std::vector<int>* usable = nullptr);
 
 }  // namespace spex

@@ -1,16 +1,18 @@
-// spexd: the per-node daemon. Wiring only: flags, MPI, the engine, the gRPC server, signals.
+// spexd: the per-node daemon. Wiring only: flags, MPI, the device path (CUDA primitives, CUDA
+// IPC buffers, NCCL) when --device picks the GPU, the engine, the gRPC server, signals.
 #include <mpi.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <string>
-#include <chrono>
 #include <thread>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -20,8 +22,10 @@
 #include "daemon/device.h"
 #include "daemon/engine/engine.h"
 #include "daemon/flags.h"
+#include "daemon/memory/cuda_device_memory.h"
 #include "daemon/service/spex_service.h"
 #include "daemon/transport/mpi_collective.h"
+#include "daemon/transport/nccl_collective.h"
 #include "daemon/util/log.h"
 #include "daemon/util/paths.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
@@ -48,6 +52,31 @@ void HostPosition(int* index, int* count) {
   MPI_Comm_free(&local);
 }
 
+// This daemon's GPU (daemons sharing a host take one usable GPU each, round robin) with its
+// CUDA primitives and device memory. FailedPrecondition saying why and what to do otherwise.
+absl::Status SetUpGpu(const std::vector<int>& gpus, int host_index, int host_count,
+                      std::unique_ptr<Primitives>* prims,
+                      std::unique_ptr<CudaDeviceMemory>* memory) {
+  if (gpus.empty()) return absl::InternalError("--device chose the GPU but listed no usable one");
+  const int gpu = gpus[host_index % gpus.size()];
+  if (host_count > static_cast<int>(gpus.size())) {
+    SPEX_LOG(WARNING) << host_count << " daemons share this host's " << gpus.size()
+                      << " usable GPU(s); NCCL refuses two ranks on one GPU";
+  }
+  if (absl::Status s = MakeCudaPrimitivesOnDevice(gpu, prims); !s.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat("--device: GPU ", gpu,
+                                                      ": CUDA primitives: ", s.message(),
+                                                      ". Use --device=cpu to run on the CPU"));
+  }
+  absl::StatusOr<std::unique_ptr<CudaDeviceMemory>> m = CudaDeviceMemory::Create(gpu);
+  if (!m.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--device: GPU ", gpu, ": ", m.status().message(), ". Use --device=cpu to run on the CPU"));
+  }
+  *memory = std::move(*m);
+  return absl::OkStatus();
+}
+
 int Main(int argc, char** argv) {
   LogLevel level;
   if (!ParseLogLevel(absl::GetFlag(FLAGS_log_level), &level)) {
@@ -64,7 +93,8 @@ int Main(int argc, char** argv) {
   // start fails on every rank alike and `auto` picks the same path everywhere.
   const std::string device_flag = absl::GetFlag(FLAGS_device);
   std::string device_reason;
-  absl::StatusOr<Device> device = ChooseDevice(device_flag, &device_reason);
+  std::vector<int> gpus;  // the GPUs this build's kernels run on, when the choice is the GPU
+  absl::StatusOr<Device> device = ChooseDevice(device_flag, &device_reason, &gpus);
   int device_vote[2] = {device.ok() ? 0 : 1, device.ok() && *device == Device::kCuda ? 0 : 1};
   MPI_Allreduce(MPI_IN_PLACE, device_vote, 2, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
   if (!device.ok()) return Fail(std::string(device.status().message()));
@@ -75,14 +105,6 @@ int Main(int argc, char** argv) {
     device_reason = "--device=auto: using the CPU: not every node has a usable GPU (see their logs)";
   }
   SPEX_LOG(INFO) << device_reason;
-  if (*device == Device::kCuda) {
-    // Not reached on a machine without a GPU. The pieces exist (CudaIpcBuffer, NcclCollective,
-    // the CUDA primitives, the client's IpcHandleCache) but the engine does not drive them yet.
-    return Fail(absl::StrCat(
-        "--device=", device_flag, ": a usable GPU was found (", device_reason,
-        ") but the CUDA path is not implemented in spexd yet: the engine does not yet allocate bucket data in "
-        "CUDA IPC buffers, reduce on the GPU, or exchange through NCCL. Use --device=cpu to run on the CPU"));
-  }
   const std::string job_flag = absl::GetFlag(FLAGS_job);
   const std::string job = job_flag.empty() ? DefaultJob() : job_flag;
   int host_index = 0, host_count = 1;
@@ -112,8 +134,41 @@ int Main(int argc, char** argv) {
     spin = cores > (local_trainers + 1) * host_count ? 50 : 0;
   }
   std::unique_ptr<Primitives> prims = MakeCpuPrimitives(absl::GetFlag(FLAGS_threads));
-  MpiCollective collective(MPI_COMM_WORLD, prims.get());
+  MpiCollective mpi(MPI_COMM_WORLD, prims.get());
   PeerNotice notice(MPI_COMM_WORLD);
+  // The GPU path: buckets' data in CUDA IPC buffers on this node's GPU, reduced by the CUDA
+  // primitives, exchanged by NCCL (bootstrapped over MPI); the compressors keep running on the
+  // CPU primitives in host memory (the engine stages sparse steps through host copies).
+  Collective* collective = &mpi;
+  Primitives* data_prims = prims.get();
+  std::unique_ptr<Primitives> gpu_prims;
+  std::unique_ptr<CudaDeviceMemory> gpu_memory;
+  std::unique_ptr<Collective> nccl;
+  DevicePath device_path;
+  if (*device == Device::kCuda) {
+    absl::Status s = SetUpGpu(gpus, host_index, host_count, &gpu_prims, &gpu_memory);
+    int failed = s.ok() ? 0 : 1;
+    MPI_Allreduce(MPI_IN_PLACE, &failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    if (!s.ok()) return Fail(std::string(s.message()));
+    if (failed) {
+      return Fail("--device=" + device_flag +
+                  ": another node could not set up its GPU; see its log");
+    }
+    // Every rank takes part; on failure every rank gets the same outcome (nccl_collective.h).
+    absl::StatusOr<std::unique_ptr<Collective>> made = MakeNcclCollective(&mpi, gpu_memory->gpu());
+    if (!made.ok()) {
+      return Fail(absl::StrCat("--device=", device_flag, ": NCCL: ", made.status().message(),
+                               ". Use --device=cpu to run on the CPU"));
+    }
+    nccl = std::move(*made);
+    collective = nccl.get();
+    data_prims = gpu_prims.get();
+    device_path.allocator = gpu_memory.get();
+    device_path.ordering = gpu_memory.get();
+    device_path.host_prims = prims.get();
+    SPEX_LOG(INFO) << "GPU path: buckets on GPU " << gpu_memory->gpu()
+                   << ", exchanged through NCCL";
+  }
 
   EngineOptions opts;
   opts.local_trainers = local_trainers;
@@ -135,7 +190,7 @@ int Main(int argc, char** argv) {
   opts.merger = absl::GetFlag(FLAGS_merger);
   opts.announce_stop = [&notice] { notice.Announce(); };
   opts.peer_stopped = [&notice](int* who) { return notice.PeerStopped(who); };
-  Engine engine(opts, &collective, prims.get());
+  Engine engine(opts, collective, data_prims, device_path);
   if (absl::Status s = engine.Start(); !s.ok()) return Fail(std::string(s.message()));
 
   grpc::EnableDefaultHealthCheckService(true);
@@ -153,7 +208,9 @@ int Main(int argc, char** argv) {
   chmod(socket_path.c_str(), static_cast<mode_t>(mode));
   server->GetHealthCheckService()->SetServingStatus("spex.v1.Spex", true);
   SPEX_LOG(INFO) << kVersion << " serving unix:" << socket_path << " (" << local_trainers
-                 << " local trainers, compressor " << opts.compressor << ", spin " << spin << " us)";
+                 << " local trainers, compressor " << opts.compressor << ", spin " << spin
+                 << " us, " << (device_path.allocator != nullptr ? "CUDA" : "host")
+                 << " buffers, collective " << collective->name() << ")";
 
   // Stopping removes every name first, before anything that can block: under mpirun a SIGTERM
   // is followed by SIGKILL after odls_base_sigkill_timeout (1 s by default), and a node whose

@@ -114,6 +114,23 @@ TEST(ChooseDevice, UsesTheFirstGpuTheKernelsRunOn) {
   EXPECT_EQ(*d, Device::kCuda);
 }
 
+// The ordinals spexd can put its buckets on (several daemons on one host take one each).
+TEST(ChooseDevice, ListsTheUsableOrdinals) {
+  FakeProbe probe(WithGpus({{8, 0}, {7, 5}, {9, 0}, {8, 9}}));
+  std::vector<int> usable = {42};
+  absl::StatusOr<Device> d = ChooseDevice("auto", probe, kArchs, nullptr, &usable);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(*d, Device::kCuda);
+  EXPECT_EQ(usable, (std::vector<int>{0, 2, 3}));
+  FakeProbe none(NoDriver());
+  d = ChooseDevice("auto", none, kArchs, nullptr, &usable);
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(*d, Device::kCpu);
+  EXPECT_TRUE(usable.empty());
+  d = ChooseDevice("cpu", probe, kArchs, nullptr, &usable);
+  EXPECT_TRUE(usable.empty());
+}
+
 TEST(ChooseDevice, GpuTooOldOrTooNewForTheBuild) {
   FakeProbe probe(WithGpus({{7, 5}, {10, 0}}));
   absl::StatusOr<Device> d = ChooseDevice("cuda", probe, kArchs, nullptr);
