@@ -128,6 +128,15 @@ int Main(int argc, char** argv) {
   if (bad) return Fail("another node could not use its socket path; see its log");
 
   const int local_trainers = absl::GetFlag(FLAGS_local_trainers);
+  // The divisor of every average is nodes x local trainers: every node must have the same.
+  int trainers_range[2] = {-local_trainers, local_trainers};
+  MPI_Allreduce(MPI_IN_PLACE, trainers_range, 2, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  if (-trainers_range[0] != trainers_range[1]) {
+    return Fail(absl::StrCat("--local_trainers differs between nodes (", -trainers_range[0], " to ",
+                             trainers_range[1], "; this node: ", local_trainers,
+                             "): averages divide by nodes x local trainers, so start every spexd "
+                             "with the same --local_trainers"));
+  }
   int spin = absl::GetFlag(FLAGS_spin_us);
   if (spin < 0) {
     const int cores = static_cast<int>(std::thread::hardware_concurrency());

@@ -41,6 +41,10 @@ class Primitives {
   virtual void Accumulate(float* y, const float* x, size_t n) = 0;
   // x[i] *= a.
   virtual void Scale(float* x, float a, size_t n) = 0;
+  // y[i] = a * (((xs[0][i] + xs[1][i]) + xs[2][i]) + ...) for `count` >= 1 inputs: the rounding
+  // of Copy(y, xs[0]), Accumulate of the others in order and Scale(y, a) (skipped for a == 1),
+  // in one pass where the implementation fuses it. y must not overlap any input.
+  virtual absl::Status SumScaled(float* y, const float* const* xs, int count, float a, size_t n);
   // Number of i with |x[i]| >= t.
   virtual size_t CountAbove(const float* x, size_t n, float t) = 0;
 

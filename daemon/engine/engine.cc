@@ -763,19 +763,28 @@ absl::Status Engine::DenseStep(Bucket* b, ExchangeRecord* rec, const std::functi
   const int L = options_.local_trainers, N = collective_->size();
   const size_t n = b->elements;
   const float* src = b->input[0];
+  float scale = 1.0f / static_cast<float>(N * L);
   absl::Status s;
   if (b->codec != nullptr) {
     // A sparse bucket going dense this step sends everything, residual included.
     s = LocalReduce(b, options_.error_feedback);
     src = b->acc;
+  } else if (((N * L) & (N * L - 1)) == 0) {
+    // N * L a power of two: scaling is exact (barring subnormal results), so sum(scale * x) ==
+    // scale * sum(x) bit for bit.
+    // One fused pass writes the scaled local sum into the output, and the collective reduces
+    // in place: no separate scaling pass, and no copy of the send buffer inside MPI_Allreduce.
+    s = prims_->SumScaled(b->output, b->input, L, scale, n);
+    src = b->output;
+    scale = 1.0f;
   } else if (L > 1) {
-    s = LocalReduce(b, false);
+    s = prims_->SumScaled(b->acc, b->input, L, 1.0f, n);
     src = b->acc;
   }
   if (!s.ok()) return s;
   lap(Phase::kReduceLocal);
   // Device path: src and output are device memory, reduced by the device's collective (NCCL).
-  s = collective_->AllReduceScaled(src, b->output, n, 1.0f / static_cast<float>(N * L));
+  s = collective_->AllReduceScaled(src, b->output, n, scale);
   lap(Phase::kCollective);
   if (b->codec != nullptr) {  // nothing left behind
     if (absl::Status f = prims_->Fill(b->acc, 0.0f, n); s.ok()) s = f;

@@ -41,6 +41,25 @@ void ScaleImpl(float* x, float a, size_t n) {
   for (; i < n; ++i) x[i] *= a;
 }
 
+void SumScaledImpl(float* y, const float* const* xs, int count, float a, size_t n) {
+  const hn::ScalableTag<float> d;
+  const size_t N = hn::Lanes(d);
+  const auto av = hn::Set(d, a);
+  const bool scale = a != 1.0f;
+  size_t i = 0;
+  for (; i + N <= n; i += N) {
+    auto v = hn::LoadU(d, xs[0] + i);
+    for (int r = 1; r < count; ++r) v = hn::Add(v, hn::LoadU(d, xs[r] + i));
+    if (scale) v = hn::Mul(v, av);
+    hn::StoreU(v, d, y + i);
+  }
+  for (; i < n; ++i) {
+    float v = xs[0][i];
+    for (int r = 1; r < count; ++r) v += xs[r][i];
+    y[i] = scale ? v * a : v;
+  }
+}
+
 size_t CountAboveImpl(const float* x, size_t n, float t) {
   const hn::ScalableTag<float> d;
   const size_t N = hn::Lanes(d);
@@ -271,6 +290,7 @@ namespace simd {
 
 HWY_EXPORT(AccumulateImpl);
 HWY_EXPORT(ScaleImpl);
+HWY_EXPORT(SumScaledImpl);
 HWY_EXPORT(CountAboveImpl);
 HWY_EXPORT(SelectImpl);
 HWY_EXPORT(AddSelectImpl);
@@ -283,6 +303,9 @@ void Accumulate(float* y, const float* x, size_t n) {
   HWY_DYNAMIC_DISPATCH(AccumulateImpl)(y, x, n);
 }
 void Scale(float* x, float a, size_t n) { HWY_DYNAMIC_DISPATCH(ScaleImpl)(x, a, n); }
+void SumScaled(float* y, const float* const* xs, int count, float a, size_t n) {
+  HWY_DYNAMIC_DISPATCH(SumScaledImpl)(y, xs, count, a, n);
+}
 size_t CountAbove(const float* x, size_t n, float t) {
   return HWY_DYNAMIC_DISPATCH(CountAboveImpl)(x, n, t);
 }

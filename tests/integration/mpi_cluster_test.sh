@@ -2,7 +2,8 @@
 # Starts N spexd under mpirun on this machine (one per emulated node) with L trainer processes
 # (C++ client, spex_trainer --verify) per node; every trainer checks that its result is the
 # exact average of all inputs (several buckets of different sizes, several steps, doorbell and
-# RPC paths). Then checks bad-start handling, clean shutdown on SIGTERM of one rank or of
+# RPC paths; 2x2, 4x2 and 3x2 trainers). Then checks bad-start handling (a live socket,
+# different --local_trainers per node), clean shutdown on SIGTERM of one rank or of
 # mpirun, and that nothing is left in /dev/shm.
 set -uo pipefail
 R="${RUNFILES_DIR:-${TEST_SRCDIR:-$PWD/..}}/spex"
@@ -56,5 +57,18 @@ run_cluster() {  # nodes trainers mode stop_how
 run_cluster 2 2 doorbell one-rank
 run_cluster 2 2 rpc mpirun
 run_cluster 4 2 alternate mpirun
+# 3 x 2: a divisor that is not a power of two (the dense path scales after the reduction).
+run_cluster 3 2 alternate mpirun
+
+# Daemons started with different --local_trainers must all refuse, saying which flag to fix.
+dir=$(mktemp -d /tmp/spex-int.XXXXXX)
+if timeout 60 mpirun -np 1 "$SPEXD" --socket="$dir/a.sock" --local_trainers=1 : \
+    -np 1 "$SPEXD" --socket="$dir/b.sock" --local_trainers=2 >"$dir/mismatch.log" 2>&1; then
+  fail "daemons with different --local_trainers started"
+fi
+grep -q "local_trainers differs between nodes" "$dir/mismatch.log" ||
+  { fail "no clear message for different --local_trainers"; cat "$dir/mismatch.log"; }
+ls "$dir"/*.sock >/dev/null 2>&1 && fail "a refused start left its socket"
+rm -rf "$dir"
 echo "integration: $failures failure(s)"
 [ $failures = 0 ]

@@ -144,6 +144,30 @@ TEST_P(PrimitivesTest, AccumulateAndScaleMatchReference) {
   }
 }
 
+// SumScaled (fused on the CPU) against the reference's unfused default: Copy, Accumulate in
+// order, Scale; for 1, 2, 3 and 17 inputs (17: more than one pass reads), a == 1 and a != 1.
+TEST_P(PrimitivesTest, SumScaledMatchesCopyAccumulateScale) {
+  for (size_t n : kSizes) {
+    for (int count : {1, 2, 3, 17}) {
+      std::vector<std::vector<float>> xs;
+      std::vector<const float*> ptrs;
+      for (int r = 0; r < count; ++r) {
+        xs.push_back(Gradient(n, 10 + r));
+        if (r == 1) AddSpecials(&xs.back(), 5);
+      }
+      for (const auto& x : xs) ptrs.push_back(x.data());
+      for (float a : {1.0f, 0.25f, -0.37f}) {
+        std::vector<float> y(n, 9.0f), yr(n, 8.0f);
+        ASSERT_TRUE(cpu_->SumScaled(y.data(), ptrs.data(), count, a, n).ok());
+        ASSERT_TRUE(ref_->SumScaled(yr.data(), ptrs.data(), count, a, n).ok());
+        EXPECT_TRUE(SameBits(y, yr)) << "SumScaled n=" << n << " count=" << count << " a=" << a;
+      }
+    }
+  }
+  float y = 0;
+  EXPECT_FALSE(cpu_->SumScaled(&y, nullptr, 0, 1.0f, 1).ok());
+}
+
 TEST_P(PrimitivesTest, CountAboveMatchesReference) {
   for (size_t n : kSizes) {
     std::vector<float> x = Gradient(n, 4);
