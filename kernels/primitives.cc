@@ -6,44 +6,35 @@
 
 namespace spex {
 
-absl::Status Primitives::Copy(float *dst, const float *src, size_t n) {
-  if (n > 0)
-    std::memcpy(dst, src, n * sizeof(float));
+absl::Status Primitives::Copy(float* dst, const float* src, size_t n) {
+  if (n > 0) std::memcpy(dst, src, n * sizeof(float));
   return absl::OkStatus();
 }
 
-absl::Status Primitives::Fill(float *x, float v, size_t n) {
+absl::Status Primitives::Fill(float* x, float v, size_t n) {
   std::fill_n(x, n, v);
   return absl::OkStatus();
 }
 
-absl::Status Primitives::CopyToHost(void *host_dst, const void *src,
-                                    size_t bytes) {
-  if (bytes > 0)
-    std::memcpy(host_dst, src, bytes);
+absl::Status Primitives::CopyToHost(void* host_dst, const void* src, size_t bytes) {
+  if (bytes > 0) std::memcpy(host_dst, src, bytes);
   return absl::OkStatus();
 }
 
-absl::Status Primitives::CopyFromHost(void *dst, const void *host_src,
-                                      size_t bytes) {
-  if (bytes > 0)
-    std::memcpy(dst, host_src, bytes);
+absl::Status Primitives::CopyFromHost(void* dst, const void* host_src, size_t bytes) {
+  if (bytes > 0) std::memcpy(dst, host_src, bytes);
   return absl::OkStatus();
 }
 
-absl::Status Primitives::SumScaled(float *y, const float *const *xs, int count,
-                                   float a, size_t n) {
-  if (count < 1)
-    return absl::InvalidArgumentError("SumScaled needs at least one input");
-  if (absl::Status s = Copy(y, xs[0], n); !s.ok())
-    return s;
-  for (int r = 1; r < count; ++r)
-    Accumulate(y, xs[r], n);
-  if (a != 1.0f)
-    Scale(y, a, n);
+absl::Status Primitives::SumScaled(float* y, const float* const* xs, int count, float a,
+                                   size_t n) {
+  if (count < 1) return absl::InvalidArgumentError("SumScaled needs at least one input");
+  if (absl::Status s = Copy(y, xs[0], n); !s.ok()) return s;
+  for (int r = 1; r < count; ++r) Accumulate(y, xs[r], n);
+  if (a != 1.0f) Scale(y, a, n);
   return Health();
 }
 
 absl::Status Primitives::Health() const { return absl::OkStatus(); }
 
-} // namespace spex
+}  // namespace spex
