@@ -63,7 +63,7 @@ run_sparse() {  # nodes
     if [ -n "$bad" ]; then case_result "${N}nodes.$c" "$bad"; else case_result "${N}nodes.$c" "$general"; fi
   done
   local msg=""
-  stop_mpirun $mpi || { msg="daemons did not stop within 15 s of SIGTERM to mpirun. "; kill_left $daemons; }
+  stop_mpirun $mpi $daemons || { msg="daemons did not stop within 15 s of SIGTERM to mpirun. "; kill_left $daemons; }
   local left; left=$(shm_left $daemons)
   [ -n "$left" ] && msg+="left in /dev/shm: $left. "
   ls "$dir"/node*.sock >/dev/null 2>&1 && msg+="sockets left behind. "
@@ -99,7 +99,7 @@ run_stuck_stop() {
   sleep 0.5
   echo "linked before SIGTERM: $(echo "$linked" | grep -c .) segments"
   local msg=""
-  stop_mpirun $mpi || { msg="daemons did not stop within 15 s. "; kill_left $daemons; }
+  stop_mpirun $mpi $daemons || { msg="daemons did not stop within 15 s. "; kill_left $daemons; }
   for p in "${pids[@]}"; do wait "$p"; done
   local left; left=$(shm_left $daemons)
   [ -n "$left" ] && msg+="left in /dev/shm: $left. "
