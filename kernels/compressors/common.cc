@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 namespace spex {
@@ -153,6 +154,36 @@ void ThresholdScanner::Select(float t, bool zero, Selection* out) {
     }
   }
   if (zero && !out->idx.empty()) (void)p_->ZeroAt(acc_, n_, out->idx.data(), out->idx.size());
+}
+
+namespace {
+// Bin 0xFF00 holds +-Inf (and NaNs with a payload below 2^15); the bins above it only NaNs.
+constexpr uint32_t kInfBin = 0xFF00;
+}  // namespace
+
+void MagnitudeHistogram::Build(Primitives* p, const float* acc, size_t n) {
+  n_ = n;
+  bins_.assign(Primitives::kHistogramBins, 0);
+  p->AbsHistogram16(acc, 0, n, bins_.data());
+  from_.resize(kInfBin + 1);
+  from_[kInfBin] = 0;
+  for (uint32_t b = kInfBin; b-- > 0;) from_[b] = from_[b + 1] + bins_[b];
+  inf_bin_ = bins_[kInfBin];
+}
+
+void MagnitudeHistogram::Bounds(float t, size_t* lo, size_t* hi) const {
+  uint32_t bits;
+  std::memcpy(&bits, &t, sizeof(bits));
+  const uint32_t b = bits >> 15;
+  if (!(t > 0) || b >= kInfBin) {  // not a positive finite threshold: no bound worth having
+    *lo = 0;
+    *hi = n_;
+    return;
+  }
+  // Every entry in a higher finite bin is above t, none in a lower bin is; t's own bin and the
+  // Inf bin (which may hold NaNs) are undecided.
+  *lo = from_[b + 1];
+  *hi = from_[b] + inf_bin_;
 }
 
 }  // namespace spex

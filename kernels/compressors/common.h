@@ -1,7 +1,8 @@
 // Building blocks shared by the compressors, written only over Primitives (plus scalar loops over
 // selection-sized host arrays): threshold selection with capacity handling, exact top-k of a
 // range, trimming a candidate list to an exact top-k, a threshold scanner that answers a sequence
-// of count/select probes with as few passes over acc as possible, and seeded random numbers.
+// of count/select probes with as few passes over acc as possible, a magnitude histogram that
+// bounds the count at any threshold, and seeded random numbers.
 #pragma once
 
 #include <cstddef>
@@ -71,6 +72,22 @@ class ThresholdScanner {
   bool have_list_ = false;
   std::vector<std::pair<float, size_t>> counts_;  // exact counts from passes
   int passes_ = 0;
+};
+
+// The 2^16-bin histogram of |acc| (one pass; Primitives::AbsHistogram16) with cumulative counts,
+// so that the number of entries at or above any threshold is known to within the population of
+// the one bin that holds the threshold (bins are 2^-7 of a magnitude wide).
+class MagnitudeHistogram {
+ public:
+  void Build(Primitives* p, const float* acc, size_t n);
+  // *lo <= #{i : |acc[i]| >= t} <= *hi.
+  void Bounds(float t, size_t* lo, size_t* hi) const;
+
+ private:
+  std::vector<uint32_t> bins_;
+  std::vector<uint64_t> from_;  // from_[b]: entries in the finite bins b and above
+  uint64_t inf_bin_ = 0;        // entries in +Inf's bin (NaNs with a short payload share it)
+  size_t n_ = 0;
 };
 
 }  // namespace spex

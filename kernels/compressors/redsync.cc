@@ -1,13 +1,28 @@
 // redsync and redsync_trim (pattern B; ALGORITHMS.md 7.10, SIDCo's RedSyncCompressor and
-// RedSyncTrimCompressor): on |acc|, mean and max, then a coarse search for
-// th = mean + r (max - mean) (see threshold_search.h for the exact rules), then select
-// |acc| > th. The search stops after at most 3 probes (redsync) or 5 (redsync_trim), so the
-// achieved density is only loosely controlled, as in the reference.
-// Note: the documented redsync rule moves the lower bound up when k/2 <= count <= k as well (the
-// threshold then rises although the count is already low); spex follows the documented rule.
-// Scalars: [0] threshold, [1] probes, [2] passes over acc.
+// RedSyncTrimCompressor): on |acc|, mean and max, then a search for th = mean + r (max - mean)
+// (see threshold_search.h for the exact rules), then select |acc| > th.
+//  - redsync: the published binary search over r (at most 3 probes: it stops once the interval is
+//    no wider than 0.2) aims at k < count < 2k. On heavy-tailed gradients max is an outlier far
+//    above the k-th magnitude, so the 3 probes (r = 0.5, 0.25, 0.125) all select far fewer than k
+//    and the count does not depend on k at all. With search=band (spex's default) the search
+//    goes on bisecting th between the closest probes on either side of the band until the count
+//    is inside it (at most 40 probes; the published result is kept whenever it is inside);
+//    search=reference stops where the reference does. The published rule moves the lower bound
+//    up for k/2 <= count <= k as well (the threshold rises although the count is already low);
+//    both searches keep it for the published probes.
+//  - redsync_trim: r = 0.8, 0.6, ..., 0.0 until at least k entries exceed th. The steps are so
+//    coarse that on heavy tails the search ends at r = 0 (th = mean, about a third of all
+//    entries). With trim=true (spex's default) the candidates above th are trimmed to their exact
+//    top-k (RedSync's trimmed top-k; it is the exact top-k of acc, since at least k entries
+//    exceed th); trim=false sends every candidate, as the reference.
+// The default modes count their probes on a magnitude histogram (one pass; see CutCount), which
+// gives the same decisions as exact counts; the reference modes count each probe in a pass.
+// Parameters: redsync: search=band|reference; redsync_trim: trim=true|false.
+// Scalars: [0] threshold of the search (redsync_trim: the candidates' threshold), [1] probes,
+// [2] passes over acc.
 #include <algorithm>
 #include <memory>
+#include <string>
 
 #include "kernels/compressors/common.h"
 #include "kernels/compressors/factories.h"
@@ -19,8 +34,9 @@ namespace {
 
 class RedSync final : public Compressor {
  public:
-  RedSync(const CompressorSpec& spec, Primitives* prims, bool trim)
-      : Compressor(spec, prims), trim_(trim) {}
+  // trim: redsync_trim; band: redsync's band search, or redsync_trim's trim to the top-k.
+  RedSync(const CompressorSpec& spec, Primitives* prims, bool trim, bool band)
+      : Compressor(spec, prims), trim_(trim), band_(band) {}
   Pattern pattern() const override { return Pattern::kSparseGather; }
 
  protected:
@@ -30,33 +46,64 @@ class RedSync final : public Compressor {
     if (add) prims_->Accumulate(acc, add, n);
     const AbsMoments m = prims_->Moments(acc, n, -1.0f);
     const double mean = m.sum / n, max = m.max;
+    int passes = 1;  // the moments
     ThresholdScanner scan(prims_, acc, nullptr, n, 2 * k);
-    auto count = [&](float t) { return scan.Count(StrictAbove(std::max(t, kMinThreshold))); };
+    const CountFn exact = [&](float t) { return scan.Count(t); };
+    const BoundsFn bounds = [this](float t, size_t* lo, size_t* hi) { hist_.Bounds(t, lo, hi); };
+    CountFn count = exact;
+    if (band_) {
+      // Up to 40 probes (or 5 and a trim): answered from one histogram pass, exactly only where
+      // the bin holding a probe straddles a count the search compares with.
+      hist_.Build(prims_, acc, n);
+      ++passes;
+      count = CutCount(bounds, trim_ ? RedSyncTrimCuts(k) : RedSyncCuts(k), exact);
+    }
+    auto probe = [&](float t) { return count(StrictAbove(std::max(t, kMinThreshold))); };
     int probes = 0;
-    float th = trim_ ? RedSyncTrimSearch(mean, max, k, count, &probes)
-                     : RedSyncSearch(mean, max, k, count, &probes);
+    float th;
+    if (trim_) {
+      th = RedSyncTrimSearch(mean, max, k, probe, &probes);
+    } else if (band_) {
+      th = RedSyncBandSearch(mean, max, k, probe, &probes);
+    } else {
+      th = RedSyncSearch(mean, max, k, probe, &probes);
+    }
     th = std::max(th, kMinThreshold);
-    scan.Select(StrictAbove(th), zero, out);
+    out->idx.clear();
+    out->val.clear();
+    if (trim_ && band_ && CutCount(bounds, {k + 1.0}, exact)(StrictAbove(th)) > k) {
+      // The exact top-k of the candidates (more than k exceed th) is the exact top-k of acc.
+      AppendTopK(prims_, acc, 0, n, k, zero, out);
+      ++passes;
+    } else {
+      scan.Select(StrictAbove(th), zero, out);
+    }
     out->scalars[0] = th;
     out->scalars[1] = static_cast<float>(probes);
-    out->scalars[2] = static_cast<float>(scan.passes() + 1);
+    out->scalars[2] = static_cast<float>(scan.passes() + passes);
     return absl::OkStatus();
   }
 
  private:
   bool trim_;
+  bool band_;
+  MagnitudeHistogram hist_;
 };
 
 }  // namespace
 
-std::unique_ptr<Compressor> NewRedSync(const CompressorSpec& spec, Primitives* prims, bool trim) {
-  return std::make_unique<RedSync>(spec, prims, trim);
+std::unique_ptr<Compressor> NewRedSync(const CompressorSpec& spec, Primitives* prims, bool trim,
+                                       bool band) {
+  return std::make_unique<RedSync>(spec, prims, trim, band);
 }
 
 std::unique_ptr<Compressor> MakeRedSync(const CompressorSpec& spec, Primitives* prims,
                                         ParamReader& r) {
+  const std::string search =
+      r.Choice("search", "band", {"band", "reference"},
+               "band: search until k < count < 2k; reference: stop after the published probes");
   if (prims == nullptr || !r.ok()) return nullptr;
-  return std::make_unique<RedSync>(spec, prims, false);
+  return std::make_unique<RedSync>(spec, prims, false, search == "band");
 }
 
 }  // namespace spex

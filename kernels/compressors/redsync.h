@@ -7,6 +7,9 @@
 
 namespace spex {
 
-std::unique_ptr<Compressor> NewRedSync(const CompressorSpec& spec, Primitives* prims, bool trim);
+// trim: redsync_trim (else redsync); band: redsync's search to its band (else the published
+// search), or redsync_trim's trim of the candidates to the exact top-k (else all candidates).
+std::unique_ptr<Compressor> NewRedSync(const CompressorSpec& spec, Primitives* prims, bool trim,
+                                       bool band);
 
 }  // namespace spex

@@ -49,8 +49,9 @@ struct Case {
 };
 
 // The stated bands. Exact selectors meet k exactly; estimators get the band their algorithm
-// promises (DGC keeps at most 4k/3 and corrects into [0.7, 1.3]k; Gaussian-k refines toward
-// [2/3, 4/3]k; RedSync stops after 3 coarse probes; SAGE only corrects 10x misses; ...).
+// promises (DGC keeps at most 4k/3 and corrects into [0.7, 1.3]k; Gaussian-k refines into
+// [2/3, 4/3]k; RedSync searches into (k, 2k); RedSync-trim keeps the top-k of its candidates;
+// SAGE only corrects 10x misses; ...).
 std::vector<Case> Cases() {
   return {
       {"dense", "dense", {}, Scope::kNone, 0, 0, "sends everything"},
@@ -62,10 +63,14 @@ std::vector<Case> Cases() {
       {"thresh", "thresh", {}, Scope::kNone, 0, 0, "a fixed threshold: density follows the scale"},
       // At most 4k/3 (trim); x1.3 / x0.7 steps can end below 0.7k after 10 rounds on a thin tail.
       {"dgc", "dgc", {{"seed", "7"}}, Scope::kPerNode, 0.3, 4.0 / 3.0},
-      // x0.5 / x1.5 refinements, 3 at most: the Gaussian fit misses Laplace tails.
-      {"gaussiank", "gaussiank", {}, Scope::kPerNode, 0.3, 1.5},
-      {"redsync", "redsync", {}, Scope::kPerNode, 0.05, 3},
-      {"redsync_trim", "redsync_trim", {}, Scope::kPerNode, 1, 200},
+      // The published refinements, then bisection until the count is inside the band.
+      {"gaussiank", "gaussiank", {}, Scope::kPerNode, 2.0 / 3.0, 4.0 / 3.0},
+      {"redsync", "redsync", {}, Scope::kPerNode, 1, 2},
+      {"redsync_trim", "redsync_trim", {}, Scope::kPerNode, 1, 1},
+      // The published loops stop after 3 (5) probes wherever the count is.
+      {"gaussiank_reference", "gaussiank", {{"refine", "reference"}}, Scope::kPerNode, 0.3, 1.5},
+      {"redsync_reference", "redsync", {{"search", "reference"}}, Scope::kPerNode, 0.05, 3},
+      {"redsync_trim_untrimmed", "redsync_trim", {{"trim", "false"}}, Scope::kPerNode, 1, 200},
       {"sidco_e", "sidco_e", {}, Scope::kPerNode, 0.4, 2.5},
       {"sidco_p", "sidco_p", {}, Scope::kPerNode, 0.4, 2.5},
       {"sidco_gp", "sidco_gp", {}, Scope::kPerNode, 0.4, 2.5},
@@ -344,6 +349,12 @@ TEST(Registry, RejectsBadSpecsWithWhatIsAccepted) {
   EXPECT_EQ(make({"topk", 0.1, {}, 0, 1, 0}).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(ValidateCompressor("sidco_gp", 0.001, {{"stages", "3"}, {"adaptive", "false"}}).ok());
   EXPECT_FALSE(ValidateCompressor("sidco_gp", 0.001, {{"stages", "0"}}).ok());
+  EXPECT_TRUE(ValidateCompressor("redsync", 0.001, {{"search", "reference"}}).ok());
+  EXPECT_FALSE(ValidateCompressor("redsync", 0.001, {{"search", "binary"}}).ok());
+  EXPECT_FALSE(ValidateCompressor("redsync", 0.001, {{"trim", "false"}}).ok()) << "trim's";
+  EXPECT_TRUE(ValidateCompressor("redsync_trim", 0.001, {{"trim", "false"}}).ok());
+  EXPECT_TRUE(ValidateCompressor("gaussiank", 0.001, {{"refine", "reference"}}).ok());
+  EXPECT_FALSE(ValidateCompressor("gaussiank", 0.001, {{"refine", "5"}}).ok());
 }
 
 // CPU primitives that claim to be a GPU's.
