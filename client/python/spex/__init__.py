@@ -1,14 +1,15 @@
 """spex: the Python client of spexd, the per-node sparse gradient exchange daemon.
 
 - `spex.Client`: a session with the node's daemon (buckets in shared memory, doorbell or RPC
-  exchanges, stats).
+  exchanges, stats); `device="cuda"` for buckets in the daemon's GPU memory (`spex.cuda`).
 - `spex.torch`: the PyTorch DDP communication hook (`spex.torch.register(ddp_model, ...)`).
 - `spex.cluster.LocalCluster`: starts daemons under mpirun on this machine (tests, demos).
 """
 
-from .client import MODES, Bucket, Client, connect
+from .client import DEVICES, MODES, Bucket, Client, connect
 from .errors import (
     BucketOrderError,
+    CudaRuntimeError,
     DaemonUnavailableError,
     ExchangeTimeoutError,
     NotImplementedByDaemon,
@@ -22,7 +23,7 @@ from .paths import client_socket_path, default_job, default_socket_path
 __version__ = "0.1.0"
 
 __all__ = [
-    "MODES", "Bucket", "Client", "connect", "BucketOrderError", "DaemonUnavailableError",
-    "ExchangeTimeoutError", "NotImplementedByDaemon", "SessionLostError", "SpexError", "SpexTypeError",
-    "SpexValueError", "client_socket_path", "default_job", "default_socket_path", "__version__",
+    "DEVICES", "MODES", "Bucket", "Client", "connect", "BucketOrderError", "CudaRuntimeError",
+    "DaemonUnavailableError", "ExchangeTimeoutError", "NotImplementedByDaemon", "SessionLostError", "SpexError",
+    "SpexTypeError", "SpexValueError", "client_socket_path", "default_job", "default_socket_path", "__version__",
 ]

@@ -10,6 +10,14 @@ holds the average over every trainer of every node.
         b = c.register_bucket(0, n)           # b.input / b.output are numpy views of shm
         b.input[:] = grads                     # or b.write(tensor); b.input_tensor for torch
         avg = c.exchange(b)                    # numpy view of the output slot
+
+With device="cuda" (a daemon started with --device=cuda) buckets live in the daemon's GPU memory
+(CUDA IPC, opened once per bucket): b.input_tensor / b.output_tensor are torch CUDA tensors, and
+exchange(b, stream=...) orders the exchange on the stream (default: the current torch stream):
+    with spex.Client(sock, device="cuda") as c:
+        b = c.register_bucket(0, n)
+        b.input_tensor.copy_(grads)            # queued on the current stream
+        avg = c.exchange(b)                    # CUDA tensor; work queued after it sees the average
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ import numpy as np
 from . import _native
 from . import layout as L
 from . import shm
+from .cuda import CudaRuntime, CudartRuntime, IpcHandleCache, IpcMapping, stream_handle
 from .errors import (
     BucketOrderError,
     DaemonUnavailableError,
@@ -43,6 +52,7 @@ from .proto import spex_pb2_grpc as pb_grpc
 
 PROTOCOL_VERSION = 1
 MODES = ("doorbell", "rpc")
+DEVICES = ("cpu", "cuda")
 RECONNECT_WAIT_S = 3.0  # how long a liveness probe waits for the daemon to answer again
 
 
@@ -56,14 +66,29 @@ def _env_int(name: str) -> Optional[int]:
         raise SpexValueError(f"${name}={value!r} is not an integer") from None
 
 
+class _DeviceView:
+    """Where a device bucket's data is: its opened CUDA IPC buffer and the input/output addresses."""
+
+    __slots__ = ("mapping", "input", "output")
+
+    def __init__(self, mapping: IpcMapping, input_ptr: int, output_ptr: int):
+        self.mapping = mapping
+        self.input = input_ptr
+        self.output = output_ptr
+
+
 class Bucket:
-    """A registered bucket: this trainer's input slot and the node's shared output slot, mapped
-    from the daemon's segment. `input` and `output` are numpy float32 views (no copies);
-    `input_tensor` and `output_tensor` are torch tensors over the same memory. The output holds
-    the average of the last exchange until the next one is published; copy what you keep."""
+    """A registered bucket: this trainer's input slot and the node's shared output slot.
+
+    Host buckets (the default) are mapped from the daemon's shm segment: `input` and `output` are
+    numpy float32 views (no copies), `input_tensor` and `output_tensor` torch tensors over the same
+    memory. Device buckets (a client with device="cuda") live in the daemon's CUDA IPC buffer:
+    `input_tensor` and `output_tensor` are torch CUDA tensors on GPU `cuda_device` over it (no
+    copies; there are no numpy views). The output holds the average of the last exchange until
+    the next one is published; copy what you keep."""
 
     def __init__(self, client: "Client", bucket_id: int, elements: int, mapping: mmap.mmap,
-                 resp: "pb.RegisterBucketResponse"):
+                 resp: "pb.RegisterBucketResponse", device: Optional[_DeviceView] = None):
         self._client = client
         self.id = bucket_id
         self.elements = elements
@@ -71,17 +96,38 @@ class Bucket:
         self.density: float = resp.compressor.density
         self.next_step: int = resp.next_step
         self._mapping: Optional[mmap.mmap] = mapping
+        self._device = device
+        self.on_device: bool = device is not None
+        self.cuda_device: int = device.mapping.device if device is not None else -1
         self._input_offset = resp.layout.input_offset
         self._output_offset = resp.layout.output_offset
-        self.input: np.ndarray = np.frombuffer(mapping, dtype=np.float32, count=elements,
-                                               offset=resp.layout.input_offset)
-        out = np.frombuffer(mapping, dtype=np.float32, count=elements, offset=resp.layout.output_offset)
-        out.flags.writeable = False
-        self.output: np.ndarray = out
+        self._input: Optional[np.ndarray] = None
+        self._output: Optional[np.ndarray] = None
+        if device is None:
+            self._input = np.frombuffer(mapping, dtype=np.float32, count=elements, offset=resp.layout.input_offset)
+            out = np.frombuffer(mapping, dtype=np.float32, count=elements, offset=resp.layout.output_offset)
+            out.flags.writeable = False
+            self._output = out
         self._input_tensor = None
         self._output_tensor = None
         self.last_rpc_stats: Optional[pb.ExchangeStats] = None
         self.closed = False
+
+    @property
+    def input(self) -> np.ndarray:
+        """This trainer's input slot as a numpy float32 view of shared memory (host buckets)."""
+        if self.on_device:
+            raise SpexTypeError(f"bucket {self.id} lives in GPU memory (cuda:{self.cuda_device}): it has no numpy "
+                                f"view; use input_tensor (a CUDA tensor) or write(tensor)")
+        return self._input  # type: ignore[return-value]
+
+    @property
+    def output(self) -> np.ndarray:
+        """The output slot as a read-only numpy float32 view of shared memory (host buckets)."""
+        if self.on_device:
+            raise SpexTypeError(f"bucket {self.id} lives in GPU memory (cuda:{self.cuda_device}): it has no numpy "
+                                f"view; use output_tensor (a CUDA tensor)")
+        return self._output  # type: ignore[return-value]
 
     @property
     def header(self) -> mmap.mmap:
@@ -90,34 +136,56 @@ class Bucket:
             raise SpexError(f"bucket {self.id} was unregistered or its client closed")
         return self._mapping
 
+    def _device_view(self) -> _DeviceView:
+        if self._device is None or self.closed:
+            raise SpexError(f"bucket {self.id} was unregistered or its client closed")
+        return self._device
+
     @property
     def input_tensor(self):
-        """This trainer's input slot as a float32 torch tensor (shares memory with `input`)."""
+        """This trainer's input slot as a float32 torch tensor: over the shared memory of `input`
+        (host buckets), or a CUDA tensor over the daemon's device buffer (device buckets)."""
         if self._input_tensor is None:
-            import torch
+            if self.on_device:
+                dev = self._device_view()
+                self._input_tensor = self._client.cuda_runtime.tensor(dev.input, self.elements, self.cuda_device,
+                                                                      True)
+            else:
+                import torch
 
-            self._input_tensor = torch.from_numpy(self.input)
+                self._input_tensor = torch.from_numpy(self.input)
         return self._input_tensor
 
     @property
     def output_tensor(self):
-        """The output slot as a float32 torch tensor (shares memory; do not write to it)."""
+        """The output slot as a float32 torch tensor (shares memory, a CUDA tensor for device
+        buckets; do not write to it)."""
         if self._output_tensor is None:
-            import torch
+            if self.on_device:
+                dev = self._device_view()
+                self._output_tensor = self._client.cuda_runtime.tensor(dev.output, self.elements, self.cuda_device,
+                                                                       False)
+            else:
+                import torch
 
-            view = np.frombuffer(self.header, dtype=np.float32, count=self.elements, offset=self._output_offset)
-            self._output_tensor = torch.from_numpy(view)
+                view = np.frombuffer(self.header, dtype=np.float32, count=self.elements, offset=self._output_offset)
+                self._output_tensor = torch.from_numpy(view)
         return self._output_tensor
 
     def write(self, data: Any) -> None:
-        """Copies `data` (a float32 numpy array or CPU torch tensor with exactly `elements`
-        entries, any shape) into the input slot. Other dtypes or sizes raise, never convert."""
+        """Copies `data` into the input slot: a float32 numpy array or CPU torch tensor for a host
+        bucket, a float32 CUDA tensor for a device bucket (copied on the current stream), with
+        exactly `elements` entries, any shape. Other dtypes, sizes or devices raise, never convert."""
         if self.closed:
             raise SpexError(f"bucket {self.id} was unregistered or its client closed")
         if isinstance(data, np.ndarray):
             if data.dtype != np.float32:
                 raise SpexTypeError(f"bucket {self.id} holds float32; got a numpy array of {data.dtype}: "
                                     f"convert it with .astype(np.float32)")
+            if self.on_device:
+                raise SpexTypeError(f"bucket {self.id} lives in GPU memory (cuda:{self.cuda_device}, a client with "
+                                    f"device='cuda'); got a numpy array: write a CUDA tensor "
+                                    f"(torch.from_numpy(a).to('cuda:{self.cuda_device}'))")
             if data.size != self.elements:
                 raise SpexValueError(f"bucket {self.id} was registered with {self.elements} elements; got an "
                                      f"array of {data.size} (shape {data.shape})")
@@ -131,9 +199,9 @@ class Bucket:
             if data.dtype != torch.float32:
                 raise SpexTypeError(f"bucket {self.id} holds float32; got a tensor of {data.dtype}: "
                                     f"convert it with .float() (or register float32 parameters)")
-            if data.device.type != "cpu":
-                raise SpexTypeError(f"bucket {self.id} lives in host memory; got a tensor on {data.device}: "
-                                    f"this spexd serves CPU buffers only")
+            problem = tensor_device_problem(data.device, self.on_device, self.cuda_device)
+            if problem:
+                raise SpexTypeError(f"bucket {self.id}: {problem}")
             if data.numel() != self.elements:
                 raise SpexValueError(f"bucket {self.id} was registered with {self.elements} elements; got a "
                                      f"tensor of {data.numel()} (shape {tuple(data.shape)})")
@@ -142,17 +210,34 @@ class Bucket:
         raise SpexTypeError(f"bucket {self.id}: expected a float32 numpy array or torch tensor, got "
                             f"{type(data).__name__}")
 
-    def _release(self) -> None:
+    def _release(self, cache: Optional[IpcHandleCache]) -> None:
         self.closed = True
         self._input_tensor = self._output_tensor = None
         mapping, self._mapping = self._mapping, None
-        self.input = self.output = None  # type: ignore[assignment]
+        self._input = self._output = None
+        if self._device is not None and cache is not None:
+            cache.release(self._device.mapping)  # tensors still viewing it must not be used after this
         if mapping is not None:
             shm.release(mapping)  # stays mapped while outside arrays/tensors still view it
 
     def __repr__(self) -> str:
+        where = f", cuda_device={self.cuda_device}" if self.on_device else ""
         return (f"Bucket(id={self.id}, elements={self.elements}, compressor={self.compressor!r}, "
-                f"density={self.density}, next_step={self.next_step})")
+                f"density={self.density}, next_step={self.next_step}{where})")
+
+
+def tensor_device_problem(device: Any, on_device: bool, cuda_device: int) -> Optional[str]:
+    """Why a tensor on `device` cannot go into a bucket (host, or a device bucket on GPU
+    `cuda_device`), naming the fix; None when it can."""
+    if not on_device and device.type != "cpu":
+        return (f"the bucket lives in host memory (this client asked spexd for host buffers); got a tensor on "
+                f"{device}: move it with .cpu(), or use spex.Client(device='cuda') with a spexd started with "
+                f"--device=cuda")
+    if on_device and device.type != "cuda":
+        return (f"the bucket lives in GPU memory (cuda:{cuda_device}, a client with device='cuda'); got a tensor on "
+                f"{device}: move it with .to('cuda:{cuda_device}'), or use spex.Client(device='cpu') with a spexd "
+                f"started with --device=cpu")
+    return None
 
 
 def _goodbye(stub: pb_grpc.SpexStub, channel: grpc.Channel, session_id: int) -> None:
@@ -180,12 +265,28 @@ class Client:
         probe_interval: while waiting for a result longer than this, check every so often that
             the daemon is alive and still knows this session (a restarted daemon raises
             SessionLostError instead of hanging).
+        device: "cpu" (host buckets in shm) or "cuda" (device buckets in the daemon's GPU memory;
+            the daemon must serve CUDA buffers: spexd --device=cuda). Each side refuses the other.
+        cuda_runtime: the CUDA calls for device buckets (default: CudartRuntime, libcudart through
+            ctypes); tests pass a fake.
+        ipc_cache: an IpcHandleCache to share with other clients of this process (its runtime is
+            then used); default: one of this client's own, closed by close().
     """
 
     def __init__(self, socket: Optional[str] = None, *, job: Optional[str] = None,
                  local_rank: Optional[int] = None, local_size: Optional[int] = None,
                  client_name: str = "spex-py", connect_timeout: float = 10.0,
-                 exchange_timeout: float = 300.0, probe_interval: float = 1.0):
+                 exchange_timeout: float = 300.0, probe_interval: float = 1.0, device: str = "cpu",
+                 cuda_runtime: Optional[CudaRuntime] = None, ipc_cache: Optional[IpcHandleCache] = None):
+        if device not in DEVICES:
+            raise SpexValueError(f"device must be one of {DEVICES}, got {device!r}")
+        if device == "cpu" and (cuda_runtime is not None or ipc_cache is not None):
+            raise SpexValueError("cuda_runtime and ipc_cache are for device='cuda' clients")
+        if ipc_cache is not None and cuda_runtime is not None and ipc_cache.runtime is not cuda_runtime:
+            raise SpexValueError("ipc_cache uses another CUDA runtime than cuda_runtime: pass one of them")
+        self.device = device
+        self._ipc: Optional[IpcHandleCache] = None
+        self._own_ipc = ipc_cache is None
         self.job = job or ""
         self.socket: str = socket or client_socket_path(job or None)
         if local_rank is None:
@@ -215,15 +316,25 @@ class Client:
                 f"start the daemon)") from None
         self._stub = pb_grpc.SpexStub(self._channel)
         req = pb.HelloRequest(job=self.job, local_rank=self.local_rank, local_size=self.local_size,
-                              device=pb.DEVICE_CPU, client=client_name, pid=os.getpid(),
-                              protocol_version=PROTOCOL_VERSION)
+                              device=pb.DEVICE_CUDA if device == "cuda" else pb.DEVICE_CPU, client=client_name,
+                              pid=os.getpid(), protocol_version=PROTOCOL_VERSION)
         try:
             self.hello: pb.HelloResponse = self._stub.Hello(req, timeout=self.connect_timeout)
         except grpc.RpcError as e:
             self._channel.close()
-            raise from_rpc_error(e, "Hello", self.socket) from None
+            raise self._device_refusal(from_rpc_error(e, "Hello", self.socket)) from None
         self.session_id: int = self.hello.session_id
         self._finalizer = weakref.finalize(self, _goodbye, self._stub, self._channel, self.session_id)
+        if device == "cuda":
+            if self.hello.device != pb.DEVICE_CUDA:
+                self.close()
+                raise SpexError(f"spexd at {self.socket} answered Hello with host buffers although this client asked "
+                                f"for CUDA buffers (an older daemon?): start spexd with --device=cuda")
+            try:
+                self._ipc = ipc_cache or IpcHandleCache(cuda_runtime or CudartRuntime())
+            except SpexError:
+                self.close()
+                raise
         if not self.hello.doorbell.HasField("shm"):
             self.close()
             raise SpexError("Hello: the daemon sent no doorbell segment (a CUDA-only daemon?)")
@@ -239,6 +350,38 @@ class Client:
         _native.store32(self._bell, L.doorbell_attached_offset(self.local_rank), 1)
 
     # -- session ------------------------------------------------------------------------------
+
+    def _device_refusal(self, err: SpexError) -> SpexError:
+        """Hello refused because this client's device differs from the daemon's: the daemon's
+        message, plus what to change on the Python side."""
+        text = str(err)
+        if err.code != "FAILED_PRECONDITION":
+            return err
+        if self.device == "cuda" and "serves host" in text:
+            return SpexError(
+                f"spex.Client(device='cuda'): spexd at {self.socket} serves host (CPU) buffers, so it cannot hand out "
+                f"CUDA buffers. Start the node's spexd with --device=cuda (on a node with a usable GPU; with "
+                f"--device=auto its log says why it took the CPU path), or use spex.Client(device='cpu') with CPU "
+                f"tensors. (Daemon: {text})", err.code)
+        if self.device == "cpu" and "serves CUDA" in text:
+            return SpexError(
+                f"spex.Client(device='cpu'): spexd at {self.socket} serves CUDA buffers (--device=cuda, or auto found "
+                f"a GPU): pass device='cuda' to spex.Client (spex.torch.register(..., device='cuda')) and exchange "
+                f"CUDA tensors, or start the daemon with --device=cpu. (Daemon: {text})", err.code)
+        return err
+
+    @property
+    def cuda_runtime(self) -> CudaRuntime:
+        """The CUDA runtime of a device='cuda' client."""
+        if self._ipc is None:
+            raise SpexError(f"this client asked spexd for host buffers (device={self.device!r}); it has no CUDA "
+                            f"runtime")
+        return self._ipc.runtime
+
+    @property
+    def ipc_cache(self) -> Optional[IpcHandleCache]:
+        """The opened CUDA IPC buffers of a device='cuda' client (None for host clients)."""
+        return self._ipc
 
     def _check_socket(self) -> None:
         if not os.path.exists(self.socket):
@@ -286,8 +429,10 @@ class Client:
             return
         self._closed = True
         for b in list(self._buckets.values()):
-            b._release()
+            b._release(self._ipc)
         self._buckets.clear()
+        if self._ipc is not None and self._own_ipc:
+            self._ipc.close()
         self._finalizer()
         if self._bell is not None:
             shm.release(self._bell)
@@ -334,6 +479,7 @@ class Client:
         daemon exchanges buckets in ascending id order, so number them in the order they become
         ready. `compressor`/`density` override the daemon's defaults for this bucket (e.g.
         "dense", "micro", "topk"; density in (0, 1]); `params` are compressor parameters.
+        A device='cuda' client opens the bucket's CUDA IPC buffer here, once (see IpcHandleCache).
         """
         self._check_open()
         if bucket_id in self._buckets:
@@ -350,21 +496,70 @@ class Client:
         resp = self._rpc("RegisterBucket", req, self.connect_timeout)
         seg, lay = resp.buffer.shm, resp.layout
         n = int(elements)
-        if (not resp.buffer.HasField("shm") or lay.elements != n or lay.input_offset + 4 * n > seg.size
-                or lay.output_offset + 4 * n > seg.size or lay.header_offset != 0):
+        want_device = self._ipc is not None
+        if resp.HasField("device_buffer") != want_device:
+            self._unregister_quietly(int(bucket_id))
+            raise SpexError(
+                f"RegisterBucket (bucket {bucket_id}): this client asked for CUDA buffers (device='cuda') but spexd "
+                f"described a host buffer; start spexd with --device=cuda" if want_device else
+                f"RegisterBucket (bucket {bucket_id}): spexd described a CUDA buffer to a client that asked for host "
+                f"buffers; use spex.Client(device='cuda')", "FAILED_PRECONDITION")
+        # A device bucket's shm segment is its header page alone; a host bucket's holds the data too.
+        host_fits = (seg.size >= L.PAGE_BYTES if want_device else
+                     lay.input_offset + 4 * n <= seg.size and lay.output_offset + 4 * n <= seg.size)
+        if not resp.buffer.HasField("shm") or lay.elements != n or lay.header_offset != 0 or not host_fits:
             raise SpexError(f"RegisterBucket: the daemon described a layout that does not fit its buffer "
                             f"(bucket {bucket_id})")
         mapping = shm.attach(seg.name, seg.size)
         ok = (_native.load32(mapping, L.BUCKET_MAGIC_OFFSET) == L.BUCKET_MAGIC
               and _native.load32(mapping, L.BUCKET_VERSION_OFFSET) == L.LAYOUT_VERSION
-              and _native.load64(mapping, L.BUCKET_ELEMENTS_OFFSET) == n)
+              and _native.load64(mapping, L.BUCKET_ELEMENTS_OFFSET) == n
+              and _native.load32(mapping, L.BUCKET_SLOTS_OFFSET) == self.local_size)
         if not ok:
             shm.release(mapping)
             raise SpexError("bucket segment has an unexpected layout: client and daemon versions differ")
-        bucket = Bucket(self, int(bucket_id), n, mapping, resp)
+        device = None
+        if want_device:
+            try:
+                device = self._attach_device(int(bucket_id), n, resp)
+            except SpexError:
+                shm.release(mapping)
+                self._unregister_quietly(int(bucket_id))
+                raise
+        bucket = Bucket(self, int(bucket_id), n, mapping, resp, device)
         _native.store32(mapping, L.bucket_attached_offset(self.local_rank), 1)
         self._buckets[bucket.id] = bucket
         return bucket
+
+    def _attach_device(self, bucket_id: int, n: int, resp: "pb.RegisterBucketResponse") -> _DeviceView:
+        """Opens (or reuses) the reply's CUDA IPC buffer and locates this trainer's input and the
+        output in it, checking that both fit and that there is one event per trainer plus the output."""
+        assert self._ipc is not None
+        try:
+            m = self._ipc.attach(resp.device_buffer)
+        except SpexError as e:
+            raise type(e)(f"bucket {bucket_id}: {e}", e.code) from None
+        dl = resp.device_layout
+        problem = None
+        if dl.elements != n or dl.input_offset + 4 * n > m.size or dl.output_offset + 4 * n > m.size:
+            problem = (f"RegisterBucket: the daemon described a device layout that does not fit its buffer "
+                       f"(bucket {bucket_id}: {n} elements, input at {dl.input_offset}, output at {dl.output_offset}, "
+                       f"{m.size} bytes)")
+        elif len(m.events) != self.local_size + 1:
+            problem = (f"RegisterBucket: the CUDA buffer of bucket {bucket_id} has {len(m.events)} IPC events; "
+                       f"expected one per local trainer plus the output ({self.local_size + 1})")
+        if problem:
+            self._ipc.release(m)
+            raise SpexError(problem)
+        return _DeviceView(m, m.base + dl.input_offset, m.base + dl.output_offset)
+
+    def _unregister_quietly(self, bucket_id: int) -> None:
+        """Withdraws a registration this client could not use (the error that follows matters more)."""
+        try:
+            self._rpc("UnregisterBucket", pb.UnregisterBucketRequest(session_id=self.session_id, bucket_id=bucket_id),
+                      self.connect_timeout)
+        except SpexError:
+            pass
 
     def validate_compressor(self, compressor: Optional[str], density: Optional[float] = None,
                             params: Optional[Dict[str, str]] = None) -> None:
@@ -400,7 +595,7 @@ class Client:
         self._rpc("UnregisterBucket", pb.UnregisterBucketRequest(session_id=self.session_id, bucket_id=bucket.id),
                   self.connect_timeout)
         del self._buckets[bucket.id]
-        bucket._release()
+        bucket._release(self._ipc)
 
     @property
     def buckets(self) -> List[Bucket]:
@@ -409,42 +604,76 @@ class Client:
 
     # -- exchange -----------------------------------------------------------------------------
 
-    def exchange(self, bucket: Bucket, data: Any = None, mode: str = "doorbell") -> np.ndarray:
+    def exchange(self, bucket: Bucket, data: Any = None, mode: str = "doorbell", stream: Any = None) -> Any:
         """One exchange of the bucket's next step. Writes `data` into the input slot first when
-        given (see Bucket.write). Returns the output slot (a read-only numpy view) holding the
-        average of every trainer of every node. `mode` is "doorbell" (shared memory, no RPC on
-        the hot path) or "rpc" (the Exchange RPC)."""
+        given (see Bucket.write). Returns the output slot holding the average of every trainer of
+        every node: a read-only numpy view (host buckets) or the output CUDA tensor (device
+        buckets). `mode` is "doorbell" (shared memory, no RPC on the hot path) or "rpc" (the
+        Exchange RPC). Device buckets: the exchange follows the work queued on `stream` (None: the
+        current torch stream of the bucket's GPU) and work queued there after it returns sees the
+        average (record_input before, wait_output after)."""
         if mode not in MODES:
             raise SpexValueError(f"mode must be one of {MODES}, got {mode!r}")
         if data is not None:
             bucket.write(data)
         if mode == "rpc":
             step = bucket.next_step
+            self.record_input(bucket, stream)
             self.exchange_rpc(bucket, step)
             bucket.next_step = step + 1
+            self.wait_output(bucket, stream)
         else:
-            step = self.submit(bucket)
-            self.wait(bucket, step)
-        return bucket.output
+            step = self.submit(bucket, stream)
+            self.wait(bucket, step, stream)
+        return bucket.output_tensor if bucket.on_device else bucket.output
 
-    def submit(self, bucket: Bucket) -> int:
+    def _stream(self, stream: Any, device: int) -> int:
+        handle = stream_handle(stream)
+        return self.cuda_runtime.current_stream(device) if handle is None else handle
+
+    def record_input(self, bucket: Bucket, stream: Any = None) -> None:
+        """Device buckets: records this trainer's input event (IPC event local_rank) on `stream`
+        (None: the current torch stream of the bucket's GPU), so the daemon reads the input slot
+        only after the work queued there so far (the copy of the gradients). submit() and
+        exchange() call it; call it yourself before exchange_rpc. Nothing for host buckets."""
+        self._owned(bucket)
+        if bucket.on_device:
+            dev = bucket._device_view()
+            assert self._ipc is not None
+            self._ipc.record(dev.mapping, self.local_rank, self._stream(stream, bucket.cuda_device))
+
+    def wait_output(self, bucket: Bucket, stream: Any = None) -> None:
+        """Device buckets, after the result is published: makes `stream` (None: the current torch
+        stream of the bucket's GPU) wait for the output's IPC event (index local_size), which the
+        daemon recorded after writing the result; work queued there later sees the average.
+        wait() and exchange() call it; call it yourself after exchange_rpc. Nothing for host buckets."""
+        self._owned(bucket)
+        if bucket.on_device:
+            dev = bucket._device_view()
+            assert self._ipc is not None
+            self._ipc.wait(dev.mapping, self.local_size, self._stream(stream, bucket.cuda_device))
+
+    def submit(self, bucket: Bucket, stream: Any = None) -> int:
         """Doorbell path, first half: marks this trainer's input of the bucket's next step as
         written (ready[r] = step + 1) and rings the node's doorbell. Returns the step; call
-        wait(bucket, step) for the result. The input must not change until wait returns."""
+        wait(bucket, step) for the result. The input must not change until wait returns. Device
+        buckets: records the input event on `stream` first (see record_input)."""
         self._owned(bucket)
         bell = self._bell
         assert bell is not None
         if _native.load32(bell, L.DOORBELL_SHUTDOWN_OFFSET):
             raise self._shutdown_error(bucket, bucket.next_step)
         step = bucket.next_step
+        self.record_input(bucket, stream)
         _native.store64(bucket.header, L.ready_offset(self.local_rank), step + 1)
         _native.ring(bell, L.DOORBELL_RING_OFFSET, L.DOORBELL_ENGINE_SLEEPING_OFFSET)
         return step
 
-    def wait(self, bucket: Bucket, step: int) -> None:
+    def wait(self, bucket: Bucket, step: int, stream: Any = None) -> None:
         """Doorbell path, second half: waits until the daemon published `step` of the bucket
         (spinning for the daemon's spin_us, then sleeping on a futex), then checks its status;
-        on an error fetches the daemon's message through the Exchange RPC and raises it."""
+        on an error fetches the daemon's message through the Exchange RPC and raises it. Device
+        buckets: then makes `stream` wait for the output (see wait_output)."""
         self._owned(bucket)
         bell = self._bell
         assert bell is not None
@@ -471,10 +700,13 @@ class Client:
             raise SpexError(f"bucket {bucket.id} step {step}: the daemon published error status {status} but "
                             f"the Exchange RPC reported success")
         bucket.next_step = step + 1
+        self.wait_output(bucket, stream)
 
     def exchange_rpc(self, bucket: Bucket, step: int) -> "pb.ExchangeStats":
         """The Exchange RPC for (bucket, step): marks the input written if it is not yet and
-        blocks until the result is published; returns that exchange's stats."""
+        blocks until the result is published; returns that exchange's stats. Device buckets: no
+        stream ordering here (call record_input before and wait_output after, or use
+        exchange(mode="rpc"))."""
         self._owned(bucket)
         req = pb.ExchangeRequest(session_id=self.session_id, bucket_id=bucket.id, step=step)
         resp = self._rpc("Exchange", req, self.exchange_timeout)
@@ -551,7 +783,8 @@ class Client:
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"session {self.session_id}"
-        return (f"Client(socket={self.socket!r}, local_rank={self.local_rank}/{self.local_size}, {state})")
+        return (f"Client(socket={self.socket!r}, local_rank={self.local_rank}/{self.local_size}, "
+                f"device={self.device!r}, {state})")
 
 
 def connect(socket: Optional[str] = None, **kwargs: Any) -> Client:
@@ -559,4 +792,4 @@ def connect(socket: Optional[str] = None, **kwargs: Any) -> Client:
     return Client(socket, **kwargs)
 
 
-__all__ = ["Bucket", "Client", "connect", "BucketOrderError", "MODES"]
+__all__ = ["Bucket", "Client", "connect", "BucketOrderError", "DEVICES", "MODES", "tensor_device_problem"]

@@ -47,6 +47,11 @@ class NotImplementedByDaemon(SpexError, NotImplementedError):
     """The daemon does not implement this request (yet)."""
 
 
+class CudaRuntimeError(SpexError):
+    """A CUDA runtime call for a device bucket failed (the message names the call and the CUDA
+    error), or the CUDA runtime library (libcudart) cannot be loaded."""
+
+
 def from_rpc_error(err: grpc.RpcError, what: str, socket: str, session_id: int = 0) -> SpexError:
     """Translates a failed gRPC call `what` on the daemon at `socket` into a SpexError."""
     code = err.code() if hasattr(err, "code") else None

@@ -74,6 +74,26 @@ def bucket_bytes(elements: int, slots: int) -> int:
     return PAGE_BYTES + (slots + 1) * slot_stride(elements)
 
 
+# A device bucket (a daemon serving CUDA buffers) keeps the BucketHeader alone in a host shm page
+# and its data in a CUDA IPC buffer: input slot r at r * slot_stride, the output after the last
+# slot (DeviceInputOffset / DeviceOutputOffset / DeviceBucketBytes in layout.h).
+
+
+def device_input_offset(elements: int, slot: int) -> int:
+    """Offset of input slot `slot` in a device bucket's CUDA IPC buffer."""
+    return slot * slot_stride(elements)
+
+
+def device_output_offset(elements: int, slots: int) -> int:
+    """Offset of the output in a device bucket's CUDA IPC buffer with `slots` input slots."""
+    return slots * slot_stride(elements)
+
+
+def device_bucket_bytes(elements: int, slots: int) -> int:
+    """Total size of a device bucket's CUDA IPC buffer."""
+    return (slots + 1) * slot_stride(elements)
+
+
 def _check_rank(local_rank: int) -> None:
     if not 0 <= local_rank < MAX_LOCAL_TRAINERS:
         raise ValueError(f"local_rank {local_rank} must be in 0..{MAX_LOCAL_TRAINERS - 1}")

@@ -18,6 +18,13 @@ index: DDP rebuilds its buckets after the first iteration (the same layout on ev
 from rank 0), and each layout generation gets fresh ids, the previous generation being
 unregistered first, so ids agree across nodes and the daemon's canonical order (ascending
 (step, id)) matches the order DDP hands buckets over.
+
+CUDA models (device="cuda", a daemon started with --device=cuda): the buckets live in the daemon's
+GPU memory. The hook copies DDP's CUDA bucket into the device input tensor on the current stream
+and records the input's IPC event there before ringing; the worker makes its current stream wait
+for the output's event and completes a CUDA-aware future with the device output tensor (no copy),
+so DDP's stream waits for the result. A CUDA bucket on a CPU hook, or a CPU bucket on a CUDA
+hook, is refused with SpexTypeError naming the fix.
 """
 
 import queue
@@ -28,7 +35,8 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from .client import MODES, Bucket, Client
+from .client import DEVICES, MODES, Bucket, Client
+from .cuda import CudaRuntime
 from .errors import SpexError, SpexTypeError, SpexValueError
 
 GENERATION_STRIDE = 1 << 20
@@ -49,6 +57,9 @@ class SpexHookState:
         id_base: added to every bucket id (give two DDP models sharing a daemon different bases,
             multiples of 2**32).
         exchange_timeout: seconds one exchange may take before it fails.
+        device: "cpu" (host buffers, CPU models) or "cuda" (the daemon's GPU buffers, CUDA models;
+            spexd --device=cuda); default: the given client's, else "cpu".
+        cuda_runtime: the CUDA calls of a device="cuda" client this state opens (tests: a fake).
     """
 
     def __init__(self, ddp: Optional[torch.nn.parallel.DistributedDataParallel] = None, *,
@@ -56,7 +67,12 @@ class SpexHookState:
                  local_rank: Optional[int] = None, local_size: Optional[int] = None,
                  compressor: Optional[str] = None, density: Optional[float] = None,
                  params: Optional[Dict[str, str]] = None, mode: str = "doorbell", id_base: int = 0,
-                 exchange_timeout: float = 300.0):
+                 exchange_timeout: float = 300.0, device: Optional[str] = None,
+                 cuda_runtime: Optional[CudaRuntime] = None):
+        if device is not None and device not in DEVICES:
+            raise SpexValueError(f"device must be one of {DEVICES}, got {device!r}")
+        if client is not None and device is not None and device != client.device:
+            raise SpexValueError(f"device={device!r} but the given client was opened with device={client.device!r}")
         if mode not in MODES:
             raise SpexValueError(f"mode must be one of {MODES}, got {mode!r}")
         if density is not None and not 0 < density <= 1:
@@ -71,8 +87,10 @@ class SpexHookState:
         self.id_base = id_base
         self._own_client = client is None
         self.client = client or Client(socket, job=job, local_rank=local_rank, local_size=local_size,
-                                       client_name="torch-hook", exchange_timeout=exchange_timeout)
+                                       client_name="torch-hook", exchange_timeout=exchange_timeout,
+                                       device=device or "cpu", cuda_runtime=cuda_runtime)
         try:
+            self._check_model_device()
             self._check_world_size()
             # A typo in the compressor's name or parameters fails here, with the daemon's list of
             # accepted names, not at the first backward inside DDP.
@@ -92,6 +110,27 @@ class SpexHookState:
         self._closed = False
         self._worker = threading.Thread(target=self._run, name="spex-hook-worker", daemon=True)
         self._worker.start()
+
+    def _device_problem(self, where: Any, what: str) -> Optional[str]:
+        """Why a tensor of `what` on `where` does not fit this hook's buffers, naming the fix."""
+        if self.client.device == "cpu" and where.type != "cpu":
+            return (f"{what} is on {where} but this hook's client asked spexd for host buffers: pass device='cuda' to "
+                    f"spex.torch.register / SpexHookState (it needs a spexd started with --device=cuda), or train "
+                    f"on the CPU")
+        if self.client.device == "cuda" and where.type != "cuda":
+            return (f"{what} is on {where} but this hook exchanges the daemon's CUDA buffers (device='cuda'): put "
+                    f"the model on the daemon's GPU, or use device='cpu' with a spexd started with --device=cpu")
+        return None
+
+    def _check_model_device(self) -> None:
+        params = getattr(self.ddp, "parameters", None)
+        if params is None:
+            return
+        for p in params():
+            problem = self._device_problem(p.device, "the DDP model")
+            if problem:
+                raise SpexTypeError(problem)
+            return  # DDP keeps one model on one device
 
     def _check_world_size(self) -> None:
         group = getattr(self.ddp, "process_group", None)
@@ -156,20 +195,35 @@ class SpexHookState:
         if buf.dtype != torch.float32:
             raise SpexTypeError(f"spex exchanges float32 gradients; DDP bucket {grad_bucket.index()} holds "
                                 f"{buf.dtype}: train a float32 model (model.float())")
-        if buf.device.type != "cpu":
-            raise SpexTypeError(f"DDP bucket {grad_bucket.index()} is on {buf.device}; this spexd serves CPU "
-                                f"buffers only")
+        problem = self._device_problem(buf.device, f"DDP bucket {grad_bucket.index()}")
+        if problem:
+            raise SpexTypeError(problem)
         if grad_bucket.index() == 0:
             self._begin_iteration(grad_bucket)
         elif self.generation < 0:
             raise SpexError(f"DDP handed over bucket {grad_bucket.index()} before bucket 0")
         b = self._bucket_for(grad_bucket)
+        # Device buckets: the copy is queued on the current stream, where submit / record_input
+        # record the input's IPC event after it.
         b.input_tensor.copy_(buf.reshape(-1))
         t0 = time.perf_counter()
-        step = self.client.submit(b) if self.mode == "doorbell" else b.next_step
-        fut: torch.futures.Future = torch.futures.Future()
+        if self.mode == "doorbell":
+            step = self.client.submit(b)
+        else:
+            self.client.record_input(b)
+            step = b.next_step
+        fut = self._future(b)
         self._queue.put((b, step, fut, t0))
         return fut
+
+    def _future(self, b: Bucket) -> "torch.futures.Future[torch.Tensor]":
+        """A future for b's result: CUDA-aware for device buckets (completing it records an event
+        on the worker's stream, which waited for the output; DDP's stream then waits for that)."""
+        if b.on_device:
+            devices = self.client.cuda_runtime.future_devices(b.cuda_device)
+            if devices:
+                return torch.futures.Future(devices=devices)
+        return torch.futures.Future()
 
     def _run(self) -> None:
         while True:
@@ -182,10 +236,11 @@ class SpexHookState:
                 continue
             try:
                 if self.mode == "doorbell":
-                    self.client.wait(b, step)
+                    self.client.wait(b, step)  # device buckets: this thread's stream waits for the output
                 else:
                     self.client.exchange_rpc(b, step)
                     b.next_step = step + 1
+                    self.client.wait_output(b)
                 dt = time.perf_counter() - t0
                 with self._timings_lock:
                     self._timings.append((b.id, b.elements, step, dt))
