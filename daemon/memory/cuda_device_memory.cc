@@ -9,35 +9,13 @@
 #include <cuda_runtime_api.h>
 
 #include "kernels/cuda/cuda_error.h"
+#include "kernels/cuda/cuda_guard.h"
 #endif
 
 namespace spex {
 
 #ifdef SPEX_HAVE_CUDA
 namespace {
-
-absl::Status CudaFailure(cudaError_t e, const std::string& what) {
-  cudaGetLastError();
-  return absl::FailedPreconditionError(
-      absl::StrCat(what, ": ", ExplainCudaError(cudaGetErrorName(e), cudaGetErrorString(e))));
-}
-
-// Selects `device` for the calling thread (the engine's, the gRPC handlers') and restores it.
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device) {
-    if (cudaGetDevice(&previous_) == cudaSuccess && previous_ != device) {
-      restore_ = cudaSetDevice(device) == cudaSuccess;
-    }
-  }
-  ~DeviceGuard() {
-    if (restore_) cudaSetDevice(previous_);
-  }
-
- private:
-  int previous_ = 0;
-  bool restore_ = false;
-};
 
 class CudaScratch final : public DeviceArray {
  public:

@@ -11,6 +11,7 @@
 #include <cuda_runtime_api.h>
 
 #include "kernels/cuda/cuda_error.h"
+#include "kernels/cuda/cuda_guard.h"
 #endif
 
 namespace spex {
@@ -39,28 +40,6 @@ bool SameHandles(const CudaIpcHandles& a, const CudaIpcHandles& b) {
 static_assert(sizeof(cudaIpcMemHandle_t) == kCudaIpcHandleBytes);
 static_assert(sizeof(cudaIpcEventHandle_t) == kCudaIpcHandleBytes);
 
-absl::Status CudaError(cudaError_t e, const std::string& what) {
-  cudaGetLastError();
-  return absl::FailedPreconditionError(
-      absl::StrCat(what, ": ", ExplainCudaError(cudaGetErrorName(e), cudaGetErrorString(e))));
-}
-
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device) {
-    if (cudaGetDevice(&previous_) == cudaSuccess && previous_ != device) {
-      restore_ = cudaSetDevice(device) == cudaSuccess;
-    }
-  }
-  ~DeviceGuard() {
-    if (restore_) cudaSetDevice(previous_);
-  }
-
- private:
-  int previous_ = 0;
-  bool restore_ = false;
-};
-
 class CudaIpcOpener final : public IpcOpener {
  public:
   absl::StatusOr<void*> OpenMemory(const IpcHandle& handle, int device) override {
@@ -69,7 +48,7 @@ class CudaIpcOpener final : public IpcOpener {
     std::memcpy(&h, handle.data(), sizeof(h));
     void* base = nullptr;
     cudaError_t e = cudaIpcOpenMemHandle(&base, h, cudaIpcMemLazyEnablePeerAccess);
-    if (e != cudaSuccess) return CudaError(e, "cudaIpcOpenMemHandle");
+    if (e != cudaSuccess) return CudaFailure(e, "cudaIpcOpenMemHandle");
     return base;
   }
   void CloseMemory(void* base, int device) override {
@@ -82,7 +61,7 @@ class CudaIpcOpener final : public IpcOpener {
     std::memcpy(&h, handle.data(), sizeof(h));
     cudaEvent_t event = nullptr;
     cudaError_t e = cudaIpcOpenEventHandle(&event, h);
-    if (e != cudaSuccess) return CudaError(e, "cudaIpcOpenEventHandle");
+    if (e != cudaSuccess) return CudaFailure(e, "cudaIpcOpenEventHandle");
     return static_cast<void*>(event);
   }
   void CloseEvent(void* event, int device) override {
@@ -93,14 +72,14 @@ class CudaIpcOpener final : public IpcOpener {
     DeviceGuard guard(device);
     cudaError_t e =
         cudaEventRecord(static_cast<cudaEvent_t>(event), static_cast<cudaStream_t>(stream));
-    if (e != cudaSuccess) return CudaError(e, "cudaEventRecord(IPC event)");
+    if (e != cudaSuccess) return CudaFailure(e, "cudaEventRecord(IPC event)");
     return absl::OkStatus();
   }
   absl::Status WaitEvent(void* event, void* stream, int device) override {
     DeviceGuard guard(device);
     cudaError_t e = cudaStreamWaitEvent(static_cast<cudaStream_t>(stream),
                                         static_cast<cudaEvent_t>(event), 0);
-    if (e != cudaSuccess) return CudaError(e, "cudaStreamWaitEvent(IPC event)");
+    if (e != cudaSuccess) return CudaFailure(e, "cudaStreamWaitEvent(IPC event)");
     return absl::OkStatus();
   }
 };
@@ -179,29 +158,29 @@ absl::StatusOr<std::unique_ptr<CudaIpcBuffer>> CudaIpcBuffer::Create(size_t size
   b->handles_.size = size;
   b->handles_.device = device;
   if (cudaError_t e = cudaSetDevice(device); e != cudaSuccess) {
-    return CudaError(e, absl::StrCat("cudaSetDevice(", device, ")"));
+    return CudaFailure(e, absl::StrCat("cudaSetDevice(", device, ")"));
   }
   if (cudaError_t e = cudaMalloc(&b->base_, size); e != cudaSuccess) {
     b->base_ = nullptr;
-    return CudaError(e, absl::StrCat("cudaMalloc(", size, ")"));
+    return CudaFailure(e, absl::StrCat("cudaMalloc(", size, ")"));
   }
   if (cudaError_t e = cudaMemset(b->base_, 0, size); e != cudaSuccess) {
-    return CudaError(e, "cudaMemset");
+    return CudaFailure(e, "cudaMemset");
   }
   cudaIpcMemHandle_t mem;
   if (cudaError_t e = cudaIpcGetMemHandle(&mem, b->base_); e != cudaSuccess) {
-    return CudaError(e, "cudaIpcGetMemHandle");
+    return CudaFailure(e, "cudaIpcGetMemHandle");
   }
   std::memcpy(b->handles_.memory.data(), &mem, sizeof(mem));
   for (int s = 0; s < slots; ++s) {
     cudaEvent_t event = nullptr;
     cudaError_t e =
         cudaEventCreateWithFlags(&event, cudaEventInterprocess | cudaEventDisableTiming);
-    if (e != cudaSuccess) return CudaError(e, "cudaEventCreateWithFlags(interprocess)");
+    if (e != cudaSuccess) return CudaFailure(e, "cudaEventCreateWithFlags(interprocess)");
     b->events_.push_back(event);
     cudaIpcEventHandle_t eh;
     if (e = cudaIpcGetEventHandle(&eh, event); e != cudaSuccess) {
-      return CudaError(e, "cudaIpcGetEventHandle");
+      return CudaFailure(e, "cudaIpcGetEventHandle");
     }
     IpcHandle bytes;
     std::memcpy(bytes.data(), &eh, sizeof(eh));
@@ -238,7 +217,7 @@ absl::Status CudaIpcBuffer::RecordSlot(int slot, void* stream) {
   DeviceGuard guard(handles_.device);
   cudaError_t e =
       cudaEventRecord(static_cast<cudaEvent_t>(events_[slot]), static_cast<cudaStream_t>(stream));
-  if (e != cudaSuccess) return CudaError(e, "cudaEventRecord");
+  if (e != cudaSuccess) return CudaFailure(e, "cudaEventRecord");
   return absl::OkStatus();
 #else
   return NoCuda("RecordSlot");
@@ -253,7 +232,7 @@ absl::Status CudaIpcBuffer::WaitSlot(int slot, void* stream) {
   DeviceGuard guard(handles_.device);
   cudaError_t e = cudaStreamWaitEvent(static_cast<cudaStream_t>(stream),
                                       static_cast<cudaEvent_t>(events_[slot]), 0);
-  if (e != cudaSuccess) return CudaError(e, "cudaStreamWaitEvent");
+  if (e != cudaSuccess) return CudaFailure(e, "cudaStreamWaitEvent");
   return absl::OkStatus();
 #else
   return NoCuda("WaitSlot");

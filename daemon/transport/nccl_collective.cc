@@ -16,6 +16,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "kernels/cuda/cuda_error.h"
+#include "kernels/cuda/cuda_guard.h"
 #endif
 
 namespace spex {
@@ -103,22 +104,6 @@ absl::Status CudaCheck(cudaError_t e, const std::string& what) {
       return s_;                              \
     }                                         \
   } while (0)
-
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device) {
-    if (cudaGetDevice(&previous_) == cudaSuccess && previous_ != device) {
-      restore_ = cudaSetDevice(device) == cudaSuccess;
-    }
-  }
-  ~DeviceGuard() {
-    if (restore_) cudaSetDevice(previous_);
-  }
-
- private:
-  int previous_ = 0;
-  bool restore_ = false;
-};
 
 // Device memory that only grows.
 class DeviceScratch {
