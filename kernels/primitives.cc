@@ -35,6 +35,22 @@ absl::Status Primitives::SumScaled(float* y, const float* const* xs, int count, 
   return Health();
 }
 
+AbsMoments Primitives::AccumulateMoments(float* acc, const float* add, size_t n,
+                                         float lower_bound, bool logs) {
+  if (add != nullptr) Accumulate(acc, add, n);
+  AbsMoments m = Moments(acc, n, lower_bound);
+  if (!logs) {
+    m.sum_log = 0;
+    m.log_count = 0;
+  }
+  return m;
+}
+
+void Primitives::AbsHistogram16From(const float* x, size_t begin, size_t end, uint32_t first_bin,
+                                    uint32_t* bins) {
+  AbsHistogram16(x, begin, end, bins);
+}
+
 absl::Status Primitives::Health() const { return absl::OkStatus(); }
 
 }  // namespace spex

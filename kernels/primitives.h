@@ -67,6 +67,13 @@ class Primitives {
 
   virtual AbsMoments Moments(const float* x, size_t n, float lower_bound) = 0;
 
+  // Fused: acc[i] += add[i] for i < n when add is non-null, then Moments(acc, n, lower_bound) of
+  // the result, in one pass where the implementation fuses them. With `logs` false, sum_log and
+  // log_count are 0 (the logarithms are most of a Moments pass's work); every other field is as
+  // Moments returns it. The default runs Accumulate and Moments.
+  virtual AbsMoments AccumulateMoments(float* acc, const float* add, size_t n, float lower_bound,
+                                       bool logs);
+
   // m samples of x drawn uniformly with replacement, deterministic for a seed. Draw j reads
   // x[floor(r * n / 2^64)] where r = splitmix64 of (seed + (j + 1) * 0x9e3779b97f4a7c15), so
   // every implementation returns the same samples. n == 0 writes m zeros.
@@ -88,6 +95,11 @@ class Primitives {
   // NaNs whose payload is below 2^15, which share bin 0xFF00 with +-Inf.
   static constexpr size_t kHistogramBins = 65536;
   virtual void AbsHistogram16(const float* x, size_t begin, size_t end, uint32_t* bins) = 0;
+  // AbsHistogram16 for the bins from `first_bin` on: those are added to exactly as
+  // AbsHistogram16 adds to them; the bins below may or may not be (an implementation skips the
+  // entries there where that is cheaper: they cost no increment). The default is AbsHistogram16.
+  virtual void AbsHistogram16From(const float* x, size_t begin, size_t end, uint32_t first_bin,
+                                  uint32_t* bins);
 
   // Memory movement, so that code written against this interface (the daemon's engine) never
   // touches device data with a raw memcpy or fill. The defaults are right for implementations

@@ -162,12 +162,23 @@ constexpr uint32_t kInfBin = 0xFF00;
 }  // namespace
 
 void MagnitudeHistogram::Build(Primitives* p, const float* acc, size_t n) {
+  BuildFrom(p, acc, n, 0.0f);
+}
+
+void MagnitudeHistogram::BuildFrom(Primitives* p, const float* acc, size_t n, float floor) {
+  uint32_t bits;
+  std::memcpy(&bits, &floor, sizeof(bits));
   n_ = n;
+  first_ = floor > 0 ? std::min(bits >> 15, kInfBin) : 0;  // NaN and <= 0: every bin
+  missed_ = false;
   bins_.assign(Primitives::kHistogramBins, 0);
-  p->AbsHistogram16(acc, 0, n, bins_.data());
-  from_.resize(kInfBin + 1);
-  from_[kInfBin] = 0;
-  for (uint32_t b = kInfBin; b-- > 0;) from_[b] = from_[b + 1] + bins_[b];
+  if (first_ == 0) {
+    p->AbsHistogram16(acc, 0, n, bins_.data());
+  } else {
+    p->AbsHistogram16From(acc, 0, n, first_, bins_.data());
+  }
+  from_.assign(kInfBin + 1, 0);
+  for (uint32_t b = kInfBin; b-- > first_;) from_[b] = from_[b + 1] + bins_[b];
   inf_bin_ = bins_[kInfBin];
 }
 
@@ -180,10 +191,26 @@ void MagnitudeHistogram::Bounds(float t, size_t* lo, size_t* hi) const {
     *hi = n_;
     return;
   }
+  if (b < first_) {  // below the counted bins: at least the entries in them
+    missed_ = true;
+    *lo = from_[first_];
+    *hi = n_;
+    return;
+  }
   // Every entry in a higher finite bin is above t, none in a lower bin is; t's own bin and the
   // Inf bin (which may hold NaNs) are undecided.
   *lo = from_[b + 1];
   *hi = from_[b] + inf_bin_;
+}
+
+float MagnitudeHistogram::FloorOfTop(size_t k) const {
+  if (k == 0 || from_[first_] < k) return 0;
+  uint32_t b = kInfBin - 1;
+  while (from_[b] < k) --b;  // stops at first_ at the latest
+  const uint32_t bits = b << 15;
+  float t;
+  std::memcpy(&t, &bits, sizeof(t));
+  return t;
 }
 
 }  // namespace spex

@@ -36,8 +36,7 @@ class GaussianK final : public Compressor {
   absl::Status DoSelect(const StepContext& ctx, float* acc, const float* add, bool zero,
                         Selection* out) override {
     const size_t n = ctx.n, k = ctx.k;
-    if (add) prims_->Accumulate(acc, add, n);
-    const AbsMoments m = prims_->Moments(acc, n, -1.0f);
+    const AbsMoments m = prims_->AccumulateMoments(acc, add, n, -1.0f, false);  // acc += add
     const double mean = m.sum / n;
     const double var = n > 1 ? std::max(0.0, (m.sum_sq - m.sum * mean) / (n - 1)) : 0.0;
     float th = static_cast<float>(mean + std::sqrt(var) * NormalQuantile(1 - ctx.density / 2));
@@ -47,16 +46,25 @@ class GaussianK final : public Compressor {
     CountFn count = [&](float t) { return scan.Count(t); };
     if (band_) {
       // Up to 40 probes: answered from one histogram pass, exactly only where the bin holding a
-      // probe straddles a count the refinement compares with.
-      hist_.Build(prims_, acc, n);
+      // probe straddles a count the refinement compares with. The histogram covers the
+      // magnitudes from the lowest published probe (th / 8) up, where the probes lie unless
+      // every published one selects too few; then it is built whole and the search runs again
+      // (the same decisions, from the same bounds and exact counts).
+      hist_.BuildFrom(prims_, acc, n, th * 0.125f);
       ++passes;
       count = CutCount([this](float t, size_t* lo, size_t* hi) { hist_.Bounds(t, lo, hi); },
                        GaussianKCuts(k), count);
     }
     auto probe = [&](float t) { return count(StrictAbove(std::max(t, kMinThreshold))); };
     int rounds = 0;
-    th = band_ ? GaussianKBandRefine(th, k, kMinThreshold, m.max, probe, &rounds)
-               : GaussianKRefine(th, k, probe, &rounds);
+    const float th0 = th;
+    th = band_ ? GaussianKBandRefine(th0, k, kMinThreshold, m.max, probe, &rounds)
+               : GaussianKRefine(th0, k, probe, &rounds);
+    if (band_ && hist_.missed()) {
+      hist_.Build(prims_, acc, n);
+      ++passes;
+      th = GaussianKBandRefine(th0, k, kMinThreshold, m.max, probe, &rounds);
+    }
     th = std::max(th, kMinThreshold);
     scan.Select(StrictAbove(th), zero, out);
     out->scalars[0] = th;

@@ -43,8 +43,7 @@ class RedSync final : public Compressor {
   absl::Status DoSelect(const StepContext& ctx, float* acc, const float* add, bool zero,
                         Selection* out) override {
     const size_t n = ctx.n, k = ctx.k;
-    if (add) prims_->Accumulate(acc, add, n);
-    const AbsMoments m = prims_->Moments(acc, n, -1.0f);
+    const AbsMoments m = prims_->AccumulateMoments(acc, add, n, -1.0f, false);  // acc += add
     const double mean = m.sum / n, max = m.max;
     int passes = 1;  // the moments
     ThresholdScanner scan(prims_, acc, nullptr, n, 2 * k);
@@ -53,8 +52,9 @@ class RedSync final : public Compressor {
     CountFn count = exact;
     if (band_) {
       // Up to 40 probes (or 5 and a trim): answered from one histogram pass, exactly only where
-      // the bin holding a probe straddles a count the search compares with.
-      hist_.Build(prims_, acc, n);
+      // the bin holding a probe straddles a count the search compares with. Every probe is at
+      // or above the mean, so the histogram covers the magnitudes from the mean's bin up.
+      hist_.BuildFrom(prims_, acc, n, static_cast<float>(mean));
       ++passes;
       count = CutCount(bounds, trim_ ? RedSyncTrimCuts(k) : RedSyncCuts(k), exact);
     }
@@ -72,8 +72,24 @@ class RedSync final : public Compressor {
     out->idx.clear();
     out->val.clear();
     if (trim_ && band_ && CutCount(bounds, {k + 1.0}, exact)(StrictAbove(th)) > k) {
-      // The exact top-k of the candidates (more than k exceed th) is the exact top-k of acc.
-      AppendTopK(prims_, acc, 0, n, k, zero, out);
+      // The exact top-k of the candidates (more than k exceed th) is the exact top-k of acc. It
+      // is taken from the entries at or above the histogram's bin that the k-th magnitude lies
+      // in (everything below ranks below k of them; ties keep index order): one select pass and
+      // a top-k of about k entries.
+      const float floor = hist_.FloorOfTop(k);
+      if (floor > 0) {
+        size_t lo, hi;
+        hist_.Bounds(floor, &lo, &hi);
+        AppendAbove(prims_, acc, nullptr, 0, n, floor, false, hi, out);
+        TrimTopK(prims_, out, 0, k);
+        if (zero && !out->idx.empty()) {
+          if (absl::Status s = prims_->ZeroAt(acc, n, out->idx.data(), out->idx.size()); !s.ok()) {
+            return s;
+          }
+        }
+      } else {
+        AppendTopK(prims_, acc, 0, n, k, zero, out);
+      }
       ++passes;
     } else {
       scan.Select(StrictAbove(th), zero, out);

@@ -54,14 +54,14 @@ class Sidco final : public Compressor {
                         Selection* out) override {
     const size_t n = ctx.n;
     const double d = ctx.density;
-    if (add) prims_->Accumulate(acc, add, n);
     stages_ = std::min(std::max(stages_, 1), MaxStages(d));
     const bool single = stages_ == 1 || d >= kFirstRatio;
     const double r1 = single ? d : kFirstRatio;
     int passes = 1;
     double eta;
     if (fit_ == SidcoFit::kGammaGPareto) {
-      const AbsMoments m = prims_->Moments(acc, n, 0.0f);  // the non-zero magnitudes
+      // acc += add and the moments of the non-zero magnitudes, in one pass.
+      const AbsMoments m = prims_->AccumulateMoments(acc, add, n, 0.0f, true);
       if (m.count == 0) {
         eta = 0;
       } else {
@@ -69,7 +69,7 @@ class Sidco final : public Compressor {
         eta = ratio >= 1 ? 0 : GammaThreshold(m.sum / m.count, m.sum_log / m.count, ratio);
       }
     } else {
-      const AbsMoments m = prims_->Moments(acc, n, -1.0f);
+      const AbsMoments m = prims_->AccumulateMoments(acc, add, n, -1.0f, false);  // acc += add
       const double mean = m.sum / n;
       const double var = n > 1 ? std::max(0.0, (m.sum_sq - m.sum * mean) / (n - 1)) : 0.0;
       eta = fit_ == SidcoFit::kExponential ? ExponentialThreshold(mean, r1)
@@ -109,7 +109,7 @@ class Sidco final : public Compressor {
             y.sum_sq += static_cast<double>(a) * a;
           }
         } else {
-          y = prims_->Moments(acc, n, lb);
+          y = prims_->AccumulateMoments(acc, nullptr, n, lb, false);  // (no logs needed)
           ++passes;
         }
         if (y.count < 2) break;

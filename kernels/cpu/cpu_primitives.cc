@@ -133,16 +133,17 @@ class CpuPrimitives final : public Primitives {
     ForChunks(s, [&](size_t c, size_t b, size_t e, int) {
       parts[c] = simd::Moments(x + b, e - b, lower_bound);
     });
-    AbsMoments m;
-    for (const AbsMoments& p : parts) {  // in chunk order, so the result is reproducible
-      m.count += p.count;
-      m.sum += p.sum;
-      m.sum_sq += p.sum_sq;
-      m.sum_log += p.sum_log;
-      m.log_count += p.log_count;
-      m.max = std::max(m.max, p.max);
-    }
-    return m;
+    return Sum(parts);
+  }
+
+  AbsMoments AccumulateMoments(float* acc, const float* add, size_t n, float lower_bound,
+                               bool logs) override {
+    const Split s = Cut(0, n);  // Moments' chunks, so the sums are the same bits
+    std::vector<AbsMoments> parts(s.chunks);
+    ForChunks(s, [&](size_t c, size_t b, size_t e, int) {
+      parts[c] = simd::FusedMoments(acc + b, add ? add + b : nullptr, e - b, lower_bound, logs);
+    });
+    return Sum(parts);
   }
 
   void Sample(const float* x, size_t n, size_t m, uint64_t seed, float* out) override {
@@ -201,22 +202,29 @@ class CpuPrimitives final : public Primitives {
   }
 
   void AbsHistogram16(const float* x, size_t begin, size_t end, uint32_t* bins) override {
-    // Per-thread tables cost 256 KiB each to clear and merge: split only large inputs.
-    const Split s = Cut(begin, end, 4 * kCpuParallelMinElements);
-    if (s.chunks == 1) return Histogram(x, begin, end, bins);
-    // One private table per thread, merged at the end.
-    std::vector<std::vector<uint32_t>> tables(pool_.size());
-    ForChunks(s, [&](size_t, size_t b, size_t e, int w) {
-      if (tables[w].empty()) tables[w].assign(kHistogramBins, 0);
-      Histogram(x, b, e, tables[w].data());
-    });
-    for (const std::vector<uint32_t>& t : tables) {
-      if (t.empty()) continue;
-      for (size_t b = 0; b < kHistogramBins; ++b) bins[b] += t[b];
-    }
+    HistogramFrom(x, begin, end, 0, bins);
+  }
+
+  void AbsHistogram16From(const float* x, size_t begin, size_t end, uint32_t first_bin,
+                          uint32_t* bins) override {
+    HistogramFrom(x, begin, end, std::min<uint32_t>(first_bin, kHistogramBins), bins);
   }
 
  private:
+  // The parts of a chunked Moments, summed in chunk order (so the result is reproducible).
+  static AbsMoments Sum(const std::vector<AbsMoments>& parts) {
+    AbsMoments m;
+    for (const AbsMoments& p : parts) {
+      m.count += p.count;
+      m.sum += p.sum;
+      m.sum_sq += p.sum_sq;
+      m.sum_log += p.sum_log;
+      m.log_count += p.log_count;
+      m.max = std::max(m.max, p.max);
+    }
+    return m;
+  }
+
   void CopyBytes(void* dst, const void* src, size_t bytes) {
     if (bytes == 0) return;
     auto* d = static_cast<uint8_t*>(dst);
@@ -252,8 +260,30 @@ class CpuPrimitives final : public Primitives {
     pool_.Run(s.chunks, [&](size_t c, int w) { fn(c, s.Begin(c), s.End(c), w); });
   }
 
-  static void Histogram(const float* x, size_t begin, size_t end, uint32_t* bins) {
-    simd::Histogram16(x + begin, end - begin, bins);
+  // The bins from `first` on (every bin for first == 0).
+  static void Histogram(const float* x, size_t begin, size_t end, uint32_t first,
+                        uint32_t* bins) {
+    if (first == 0) {
+      simd::Histogram16(x + begin, end - begin, bins);
+    } else {
+      simd::Histogram16From(x + begin, end - begin, first, bins);
+    }
+  }
+
+  void HistogramFrom(const float* x, size_t begin, size_t end, uint32_t first, uint32_t* bins) {
+    // Per-thread tables cost 256 KiB each to clear and merge: split only large inputs.
+    const Split s = Cut(begin, end, 4 * kCpuParallelMinElements);
+    if (s.chunks == 1) return Histogram(x, begin, end, first, bins);
+    // One private table per thread (the bins from `first` on), merged at the end.
+    std::vector<std::vector<uint32_t>> tables(pool_.size());
+    ForChunks(s, [&](size_t, size_t b, size_t e, int w) {
+      if (tables[w].empty()) tables[w].assign(kHistogramBins, 0);
+      Histogram(x, b, e, first, tables[w].data());
+    });
+    for (const std::vector<uint32_t>& t : tables) {
+      if (t.empty()) continue;
+      for (size_t b = first; b < kHistogramBins; ++b) bins[b] += t[b];
+    }
   }
 
   // SelectAbove / AddSelectAbove (add == nullptr for the former). In parallel, each chunk

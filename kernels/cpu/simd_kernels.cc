@@ -2,6 +2,7 @@
 // foreach_target.h; the HWY_ONCE section at the end holds the dispatching entry points.
 #include "kernels/cpu/simd_kernels.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -236,6 +237,115 @@ AbsMoments MomentsImpl(const float* x, size_t n, float lower_bound) {
   return m;
 }
 
+// MomentsImpl with the options of Primitives::AccumulateMoments: acc += add first (when add is
+// non-null; stored back), and sum_log/log_count only when `logs`. The sums are accumulated in the
+// same lanes and order as MomentsImpl, so they are the same bits.
+template <bool kAdd, bool kLogs>
+AbsMoments FusedMomentsLoop(float* acc, const float* add, size_t n, float lower_bound) {
+  AbsMoments m;
+  size_t i = 0;
+#if HWY_TARGET != HWY_SCALAR
+  const hn::ScalableTag<float> d;
+  const hn::Half<decltype(d)> dh;
+  const hn::Rebind<double, decltype(dh)> dd;
+  const size_t N = hn::Lanes(d);
+  const auto lb = hn::Set(d, lower_bound);
+  const auto zero = hn::Zero(d);
+  const auto one = hn::Set(d, 1.0f);
+  const auto inf = hn::Set(d, std::numeric_limits<float>::infinity());
+  auto sum = hn::Zero(dd), sum_sq = hn::Zero(dd), sum_log = hn::Zero(dd);
+  auto vmax = hn::Zero(d);
+  size_t count = 0, log_count = 0;
+  for (; i + N <= n; i += N) {
+    auto v = hn::LoadU(d, acc + i);
+    if (kAdd) {
+      v = hn::Add(v, hn::LoadU(d, add + i));
+      hn::StoreU(v, d, acc + i);
+    }
+    const auto a = hn::Abs(v);
+    const auto in = hn::Gt(a, lb);
+    if (hn::AllFalse(d, in)) continue;
+    const auto am = hn::IfThenElseZero(in, a);
+    count += hn::CountTrue(d, in);
+    vmax = hn::Max(vmax, am);
+    if (kLogs) {
+      const auto pos = hn::And(in, hn::Gt(a, zero));
+      log_count += hn::CountTrue(d, pos);
+      const auto lg = hn::IfThenElseZero(
+          pos, hn::IfThenElse(hn::Eq(a, inf), inf, FastLog(d, hn::IfThenElse(pos, a, one))));
+      sum_log = hn::Add(sum_log, hn::Add(hn::PromoteTo(dd, hn::LowerHalf(dh, lg)),
+                                         hn::PromoteTo(dd, hn::UpperHalf(dh, lg))));
+    }
+    const auto lo = hn::PromoteTo(dd, hn::LowerHalf(dh, am));
+    const auto hi = hn::PromoteTo(dd, hn::UpperHalf(dh, am));
+    sum = hn::Add(sum, hn::Add(lo, hi));
+    sum_sq = hn::MulAdd(lo, lo, sum_sq);
+    sum_sq = hn::MulAdd(hi, hi, sum_sq);
+  }
+  m.count = count;
+  m.log_count = log_count;
+  m.sum = hn::GetLane(hn::SumOfLanes(dd, sum));
+  m.sum_sq = hn::GetLane(hn::SumOfLanes(dd, sum_sq));
+  m.sum_log = hn::GetLane(hn::SumOfLanes(dd, sum_log));
+  m.max = hn::GetLane(hn::MaxOfLanes(d, vmax));
+#endif
+  for (; i < n; ++i) {
+    float a = acc[i];
+    if (kAdd) acc[i] = a = a + add[i];
+    const double sum_log = m.sum_log;
+    const uint64_t log_count = m.log_count;
+    MomentsAddScalar(std::fabs(a), lower_bound, &m);
+    if (!kLogs) {
+      m.sum_log = sum_log;
+      m.log_count = log_count;
+    }
+  }
+  return m;
+}
+
+AbsMoments FusedMomentsImpl(float* acc, const float* add, size_t n, float lower_bound,
+                            bool logs) {
+  if (add) {
+    return logs ? FusedMomentsLoop<true, true>(acc, add, n, lower_bound)
+                : FusedMomentsLoop<true, false>(acc, add, n, lower_bound);
+  }
+  return logs ? FusedMomentsLoop<false, true>(acc, add, n, lower_bound)
+              : FusedMomentsLoop<false, false>(acc, add, n, lower_bound);
+}
+
+// Histogram16Impl for the bins from `first` on: the bin numbers of a vector's entries in those
+// bins are compressed into the L1 buffer, so entries below them cost no increment.
+void Histogram16FromImpl(const float* x, size_t n, uint32_t first, uint32_t* bins) {
+  const hn::ScalableTag<float> d;
+  const hn::RebindToUnsigned<decltype(d)> du;
+  const hn::RebindToSigned<decltype(d)> di;
+  const size_t N = hn::Lanes(du);
+  constexpr size_t kBlock = 1024;
+  HWY_ALIGN uint32_t tmp[kBlock + hn::MaxLanes(du)];
+  // Bins are below 2^16, so they compare as signed (first - 1 >= -1).
+  const auto below = hn::Set(di, static_cast<int32_t>(first) - 1);
+  size_t i = 0;
+  while (i + N <= n) {
+    const size_t block_end = i + std::min(kBlock, (n - i) / N * N);
+    size_t len = 0;
+    for (; i < block_end; i += N) {
+      const auto bin = hn::BitCast(
+          di, hn::ShiftRight<16>(hn::ShiftLeft<1>(hn::BitCast(du, hn::LoadU(d, x + i)))));
+      const auto m = hn::Gt(bin, below);
+      if (HWY_LIKELY(hn::AllFalse(di, m))) continue;
+      hn::StoreU(hn::BitCast(du, hn::Compress(bin, m)), du, tmp + len);
+      len += hn::CountTrue(di, m);
+    }
+    for (size_t j = 0; j < len; ++j) ++bins[tmp[j]];
+  }
+  for (; i < n; ++i) {
+    uint32_t u;
+    std::memcpy(&u, x + i, sizeof(u));
+    const uint32_t b = (u & 0x7fffffffu) >> 15;
+    if (b >= first) ++bins[b];
+  }
+}
+
 // Bin numbers for a block are computed in SIMD lanes into a small L1-resident buffer, then
 // counted with scalar increments (about a third fewer instructions per element than a plain loop).
 void Histogram16Impl(const float* x, size_t n, uint32_t* bins) {
@@ -295,6 +405,8 @@ HWY_EXPORT(CountAboveImpl);
 HWY_EXPORT(SelectImpl);
 HWY_EXPORT(AddSelectImpl);
 HWY_EXPORT(MomentsImpl);
+HWY_EXPORT(FusedMomentsImpl);
+HWY_EXPORT(Histogram16FromImpl);
 HWY_EXPORT(Histogram16Impl);
 HWY_EXPORT(MaxIndexImpl);
 HWY_EXPORT(TargetImpl);
@@ -319,6 +431,12 @@ size_t AddSelect(float* acc, const float* add, size_t begin, size_t end, float t
 }
 AbsMoments Moments(const float* x, size_t n, float lower_bound) {
   return HWY_DYNAMIC_DISPATCH(MomentsImpl)(x, n, lower_bound);
+}
+AbsMoments FusedMoments(float* acc, const float* add, size_t n, float lower_bound, bool logs) {
+  return HWY_DYNAMIC_DISPATCH(FusedMomentsImpl)(acc, add, n, lower_bound, logs);
+}
+void Histogram16From(const float* x, size_t n, uint32_t first, uint32_t* bins) {
+  HWY_DYNAMIC_DISPATCH(Histogram16FromImpl)(x, n, first, bins);
 }
 void Histogram16(const float* x, size_t n, uint32_t* bins) {
   HWY_DYNAMIC_DISPATCH(Histogram16Impl)(x, n, bins);

@@ -27,6 +27,11 @@ size_t AddSelect(float* acc, const float* add, size_t begin, size_t end, float t
 // Primitives::Moments over x[0..n).
 AbsMoments Moments(const float* x, size_t n, float lower_bound);
 
+// Primitives::AccumulateMoments over acc[0..n).
+AbsMoments FusedMoments(float* acc, const float* add, size_t n, float lower_bound, bool logs);
+// Histogram16 counting only the entries whose bin is >= first.
+void Histogram16From(const float* x, size_t n, uint32_t first, uint32_t* bins);
+
 // Primitives::AbsHistogram16 over x[0..n): bins[(bits of x[i] & 0x7fffffff) >> 15] += 1.
 void Histogram16(const float* x, size_t n, uint32_t* bins);
 

@@ -411,6 +411,70 @@ TEST_P(PrimitivesTest, MomentsWithInfinity) {
   EXPECT_EQ(c.sum_log, kInf);
 }
 
+// The fused pass against its parts: acc after the add is the reference's bitwise; the sums are
+// the same bits as the CPU Moments of the updated acc (same chunks and lanes) and near the
+// reference's.
+TEST_P(PrimitivesTest, AccumulateMomentsMatchesItsParts) {
+  for (size_t n : kSizes) {
+    for (bool specials : {false, true}) {
+      std::vector<float> x = Gradient(n, 29), add = Gradient(n, 30);
+      if (specials) {
+        AddSpecials(&x, 31);
+        for (float& v : x) {  // (Inf would make every sum Inf)
+          if (std::isinf(v)) v = 1.0f;
+        }
+      }
+      for (float lb : {-1.0f, 0.0f, Quantile(x, 0.1), kInf}) {
+        for (int mode = 0; mode < 4; ++mode) {
+          const bool with_add = mode & 2, logs = mode & 1;
+          SCOPED_TRACE(::testing::Message() << "n=" << n << " lb=" << lb << " specials="
+                                            << specials << " mode=" << mode);
+          std::vector<float> xc = x, xr = x;
+          const float* a = with_add ? add.data() : nullptr;
+          const AbsMoments c = cpu_->AccumulateMoments(xc.data(), a, n, lb, logs);
+          const AbsMoments r = ref_->AccumulateMoments(xr.data(), a, n, lb, logs);
+          ASSERT_TRUE(SameBits(xc, xr));
+          const AbsMoments m = cpu_->Moments(xc.data(), n, lb);
+          EXPECT_EQ(c.count, m.count);
+          EXPECT_EQ(c.max, m.max);
+          EXPECT_EQ(c.sum, m.sum);
+          EXPECT_EQ(c.sum_sq, m.sum_sq);
+          EXPECT_EQ(c.count, r.count);
+          EXPECT_EQ(c.max, r.max);
+          EXPECT_NEAR(c.sum, r.sum, 1e-10 * std::fabs(r.sum) + 1e-30);
+          if (logs) {
+            EXPECT_EQ(c.log_count, m.log_count);
+            EXPECT_EQ(c.sum_log, m.sum_log);
+            EXPECT_EQ(c.log_count, r.log_count);
+          } else {
+            EXPECT_EQ(c.log_count, 0u);
+            EXPECT_EQ(c.sum_log, 0.0);
+            EXPECT_EQ(r.log_count, 0u);
+          }
+        }
+      }
+    }
+  }
+}
+
+// The bins from first_bin on are AbsHistogram16's (the CPU skips the entries below them).
+TEST_P(PrimitivesTest, AbsHistogram16FromMatchesTheFullHistogramThere) {
+  for (size_t n : kSizes) {
+    std::vector<float> x = Gradient(n, 32);
+    AddSpecials(&x, 33);
+    std::vector<uint32_t> full(Primitives::kHistogramBins, 3);
+    ref_->AbsHistogram16(x.data(), 0, n, full.data());
+    for (uint32_t first : {0u, 1u, 0x3a83u, 0x3f80u, 0xff00u, 0xffffu, 0x10000u}) {
+      SCOPED_TRACE(::testing::Message() << "n=" << n << " first=" << first);
+      std::vector<uint32_t> hc(Primitives::kHistogramBins, 3);
+      cpu_->AbsHistogram16From(x.data(), 0, n, first, hc.data());
+      for (size_t b = 0; b < Primitives::kHistogramBins; ++b) {
+        ASSERT_EQ(hc[b], b >= first ? full[b] : 3u) << "bin " << b;
+      }
+    }
+  }
+}
+
 TEST_P(PrimitivesTest, AbsHistogram16MatchesReference) {
   for (size_t n : kSizes) {
     std::vector<float> x = Gradient(n, 19);
@@ -583,6 +647,20 @@ TEST(PrimitivesTargetsTest, EveryTargetMatchesReference) {
         if (std::isinf(v)) v = 2.0f;
       }
       const AbsMoments mc = cpu->Moments(x.data(), n, 1e-4f), mr = ref->Moments(x.data(), n, 1e-4f);
+      {
+        std::vector<float> fc = x, fr = x;
+        const AbsMoments c = cpu->AccumulateMoments(fc.data(), add.data(), n, 1e-4f, true);
+        const AbsMoments r = ref->AccumulateMoments(fr.data(), add.data(), n, 1e-4f, true);
+        EXPECT_TRUE(SameBits(fc, fr));
+        EXPECT_EQ(c.count, r.count);
+        EXPECT_EQ(c.max, r.max);
+        EXPECT_NEAR(c.sum, r.sum, 1e-10 * r.sum);
+        EXPECT_NEAR(c.sum_log, r.sum_log, 1e-6 * std::fabs(r.sum_log) + 1e-6);
+        std::vector<uint32_t> hc(Primitives::kHistogramBins), hr(Primitives::kHistogramBins);
+        cpu->AbsHistogram16From(x.data(), 0, n, 0x3a00u, hc.data());
+        ref->AbsHistogram16(x.data(), 0, n, hr.data());
+        EXPECT_TRUE(std::equal(hc.begin() + 0x3a00, hc.end(), hr.begin() + 0x3a00));
+      }
       EXPECT_EQ(mc.count, mr.count);
       EXPECT_EQ(mc.max, mr.max);
       EXPECT_NEAR(mc.sum, mr.sum, 1e-10 * mr.sum);
