@@ -209,6 +209,34 @@ TEST(RedSync, HistogramCountedSearchesEqualExactlyCountedOnes) {
   }
 }
 
+// redsync_trim's top-k is taken from the histogram's top bins: on coarsely rounded magnitudes
+// (many ties at the k-th one) it is still the exact top-k of all of acc, ties toward the lower
+// index, and it zeroes exactly what it sends.
+TEST(RedSync, TrimIsTheExactTopKWithTies) {
+  for (int threads : {1, 2}) {
+    auto prims = MakeCpuPrimitives(threads);
+    const size_t n = 300007;
+    std::vector<float> x = Laplace(n, 11);
+    for (float& v : x) v = std::round(v * 4000.0f) / 4.0f;
+    for (double d : {0.01, 0.001}) {
+      SCOPED_TRACE(testing::Message() << "threads=" << threads << " d=" << d);
+      const size_t k = static_cast<size_t>(d * n);
+      std::vector<uint32_t> want_idx(k);
+      std::vector<float> want_val(k);
+      ASSERT_EQ(prims->TopK(x.data(), n, k, want_idx.data(), want_val.data()), k);
+      auto c = MustMake("redsync_trim", d, n, prims.get());
+      std::vector<float> acc = x;
+      Selection sel;
+      ASSERT_TRUE(c->Select(0, acc.data(), nullptr, true, &sel).ok());
+      EXPECT_EQ(sel.idx, want_idx);
+      EXPECT_EQ(sel.val, want_val);
+      size_t zeroed = 0;
+      for (size_t i = 0; i < n; ++i) zeroed += acc[i] == 0.0f && x[i] != 0.0f;
+      EXPECT_EQ(zeroed, k);
+    }
+  }
+}
+
 TEST(RedSync, CompressorsSelectStrictlyAboveTheirThreshold) {
   auto prims = MakeCpuPrimitives(1);
   const size_t n = 100000;
