@@ -2,7 +2,7 @@
 // A compressor sees the node's accumulated buffer `acc` (residual + this step's local sum),
 // picks what to send, and learns what every node gathered after the exchange. It holds only its
 // own state (threshold, partition table, fitted parameters) and does all bulk work through
-// Primitives (its scratch and selections are host vectors for now: see MakeCompressor). Error
+// Primitives (its selections are host vectors; on device primitives see MakeCompressor). Error
 // feedback lives outside, in
 // kernels/error_feedback.h. Algorithms and constants: /work/shared/ALGORITHMS.md.
 //
@@ -132,11 +132,16 @@ class Compressor {
 };
 
 // Builds a compressor by name. Unknown name, bad density, bad rank/count/elements, an unknown
-// parameter or a bad value give InvalidArgument naming what is accepted. The compressors keep
-// their selections and scratch in host memory, so they need host-memory primitives (CPU or
-// reference): device primitives give Unimplemented for now.
+// parameter or a bad value give InvalidArgument naming what is accepted. Every compressor runs
+// on host-memory primitives (CPU or reference); those of DeviceCompressorNames() also on device
+// (CUDA) primitives, with their bulk work on the device and their small results (selection,
+// histogram, samples) copied back; the others give Unimplemented on device primitives.
 absl::StatusOr<std::unique_ptr<Compressor>> MakeCompressor(const CompressorSpec& spec,
                                                            Primitives* prims);
+
+// The registered names that run on device primitives, sorted; whether `name` is one of them.
+std::vector<std::string> DeviceCompressorNames();
+bool CompressorRunsOnDevice(const std::string& name);
 
 // Checks a name, density and parameters without building (for registration-time errors).
 absl::Status ValidateCompressor(const std::string& name, double density,

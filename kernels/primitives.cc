@@ -2,7 +2,10 @@
 #include "kernels/primitives.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+
+#include "absl/strings/str_cat.h"
 
 namespace spex {
 
@@ -52,5 +55,49 @@ void Primitives::AbsHistogram16From(const float* x, size_t begin, size_t end, ui
 }
 
 absl::Status Primitives::Health() const { return absl::OkStatus(); }
+
+namespace {
+
+// Host scratch: aligned heap memory.
+class HostScratch final : public ScratchBuffer {
+ public:
+  HostScratch(void* data, size_t bytes) : ScratchBuffer(data, bytes) {}
+  ~HostScratch() override { std::free(data()); }
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ScratchBuffer>> Primitives::AllocScratch(size_t bytes) {
+  constexpr size_t kAlign = 64;
+  const size_t rounded = std::max<size_t>((bytes + kAlign - 1) / kAlign * kAlign, kAlign);
+  void* p = std::aligned_alloc(kAlign, rounded);
+  if (p == nullptr) {
+    return absl::ResourceExhaustedError(absl::StrCat("scratch: cannot allocate ", bytes, " bytes"));
+  }
+  return std::unique_ptr<ScratchBuffer>(std::make_unique<HostScratch>(p, bytes));
+}
+
+absl::StatusOr<void*> ScratchSlots::Get(int slot, size_t bytes) {
+  if (slot < 0 || slot >= kSlots) {
+    return absl::InternalError(absl::StrCat("scratch slot ", slot, " out of range"));
+  }
+  std::unique_ptr<ScratchBuffer>& b = slots_[slot];
+  if (b == nullptr || b->bytes() < bytes) {
+    // Grow by half again, so a slowly growing size does not allocate every step.
+    const size_t grown = b == nullptr ? bytes : std::max(bytes, b->bytes() + b->bytes() / 2);
+    b.reset();
+    absl::StatusOr<std::unique_ptr<ScratchBuffer>> fresh = p_->AllocScratch(grown);
+    if (!fresh.ok()) return fresh.status();
+    b = std::move(*fresh);
+  }
+  return b->data();
+}
+
+absl::StatusOr<void*> ScratchSlots::Upload(int slot, const void* host, size_t bytes) {
+  absl::StatusOr<void*> d = Get(slot, bytes);
+  if (!d.ok()) return d;
+  if (absl::Status s = p_->CopyFromHost(*d, host, bytes); !s.ok()) return s;
+  return d;
+}
 
 }  // namespace spex

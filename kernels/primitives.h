@@ -17,6 +17,7 @@
 #include <memory>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 
 namespace spex {
 
@@ -30,6 +31,22 @@ struct AbsMoments {
   double sum_log = 0;  // sum log|x| (entries with |x| == 0 are skipped and not counted here)
   uint64_t log_count = 0;
   float max = 0;       // max |x| (0 for no entries)
+};
+
+// A block of memory of a Primitives implementation's device (host memory for host
+// implementations), freed with the object. Made by Primitives::AllocScratch.
+class ScratchBuffer {
+ public:
+  ScratchBuffer(void* data, size_t bytes) : data_(data), bytes_(bytes) {}
+  virtual ~ScratchBuffer() = default;
+  ScratchBuffer(const ScratchBuffer&) = delete;
+  ScratchBuffer& operator=(const ScratchBuffer&) = delete;
+  void* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* data_;
+  size_t bytes_;
 };
 
 class Primitives {
@@ -113,10 +130,34 @@ class Primitives {
   virtual absl::Status CopyToHost(void* host_dst, const void* src, size_t bytes);
   virtual absl::Status CopyFromHost(void* dst, const void* host_src, size_t bytes);
 
+  // `bytes` bytes (at least one) of this device's memory, 64-byte aligned, contents undefined:
+  // scratch for a caller that hands the primitives output buffers of its own (a compressor's
+  // selection, histogram or samples on a device). The default is host memory; a device
+  // implementation overrides it (kernels/cuda: cudaMalloc). An error is an allocation failure.
+  virtual absl::StatusOr<std::unique_ptr<ScratchBuffer>> AllocScratch(size_t bytes);
+
   // The first failure of a call without a Status result (Accumulate, Scale, CountAbove, ...),
   // so a caller can refuse results computed after it: OK while there was none. Host
   // implementations never fail there; the CUDA one keeps its first CUDA error.
   virtual absl::Status Health() const;
+};
+
+// Scratch buffers of one Primitives' memory, numbered by slot, grown on demand and kept between
+// calls (so a caller that runs every step allocates only while its sizes grow). Not thread-safe:
+// one owner (a compressor, an engine bucket) uses it at a time.
+class ScratchSlots {
+ public:
+  static constexpr int kSlots = 4;
+  explicit ScratchSlots(Primitives* p) : p_(p) {}
+  Primitives* prims() const { return p_; }
+  // At least `bytes` of slot `slot` (0 .. kSlots - 1); earlier contents are lost when it grows.
+  absl::StatusOr<void*> Get(int slot, size_t bytes);
+  // Get(slot, bytes), then `bytes` from host memory into it (Primitives::CopyFromHost).
+  absl::StatusOr<void*> Upload(int slot, const void* host, size_t bytes);
+
+ private:
+  Primitives* p_;
+  std::unique_ptr<ScratchBuffer> slots_[kSlots];
 };
 
 // The CPU implementation: Highway with dynamic dispatch, `threads` workers for large inputs

@@ -13,7 +13,7 @@ namespace {
 
 class Cltk final : public Compressor {
  public:
-  Cltk(const CompressorSpec& spec, Primitives* prims) : Compressor(spec, prims) {}
+  Cltk(const CompressorSpec& spec, Primitives* prims) : Compressor(spec, prims), scratch_(prims) {}
   Pattern pattern() const override { return Pattern::kIndexUnion; }
 
  protected:
@@ -22,12 +22,15 @@ class Cltk final : public Compressor {
     const int leader = static_cast<int>(ctx.step % ctx.node_count);
     out->scalars[1] = static_cast<float>(leader);
     if (ctx.node_rank == leader) {
-      SelectTopK(prims_, ctx, acc, add, zero, out);
+      SelectTopK(prims_, ctx, acc, add, zero, out, &scratch_);
     } else if (add) {
       prims_->Accumulate(acc, add, ctx.n);
     }
-    return absl::OkStatus();
+    return scratch_.TakeStatus();
   }
+
+ private:
+  Scratch scratch_;
 };
 
 }  // namespace

@@ -9,10 +9,44 @@
 #include <cstdint>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "kernels/compressor.h"
 #include "kernels/primitives.h"
 
 namespace spex {
+
+// Device support. The compressors keep what they read on the host (selections, histograms,
+// samples, candidate lists) in host vectors. With host primitives (device() == kCpu) those
+// vectors are the primitives' output buffers, exactly as before. With device primitives every
+// helper below hands the primitives scratch in the device's memory instead and copies back only
+// what it reads (the selected entries, the histogram bins in use, the samples); host arrays the
+// primitives must read (indices to zero, values to trim) are uploaded first. The results are the
+// primitives' own, so a selection is bit-identical across implementations that agree.
+// A compressor that runs on device primitives owns one Scratch and passes it to every helper;
+// the first failed allocation or copy is kept and reported by status() (the helper's outputs are
+// then incomplete), so DoSelect returns it.
+class Scratch {
+ public:
+  explicit Scratch(Primitives* p) : slots_(p) {}
+  // Whether the primitives write host memory (no scratch, no copies).
+  bool host() const { return slots_.prims()->device() == Device::kCpu; }
+  // Slot `slot` of at least `bytes` in the primitives' memory; null after a failure (kept).
+  void* Get(int slot, size_t bytes);
+  // The same, holding `bytes` copied from host memory.
+  void* Upload(int slot, const void* host, size_t bytes);
+  // Device-to-host copy; false after a failure (kept).
+  bool Fetch(void* host, const void* device, size_t bytes);
+  void Fail(const absl::Status& s) {
+    if (status_.ok()) status_ = s;
+  }
+  const absl::Status& status() const { return status_; }
+  // The first failure since the last call (then cleared); also the primitives' Health.
+  absl::Status TakeStatus();
+
+ private:
+  ScratchSlots slots_;
+  absl::Status status_;
+};
 
 // splitmix64: the compressors' only random source (deterministic, cheap).
 uint64_t SplitMix64(uint64_t* state);
@@ -26,13 +60,14 @@ float StrictAbove(float t);
 // i in [begin, end) with |acc[i]| >= t to out (ascending), zeroing acc there when `zero`.
 // `expect` sizes the first attempt; an overflow is handled exactly (a second pass). Returns the
 // number appended.
+// `scratch`: see Scratch above (unused with host primitives; needed with device ones).
 size_t AppendAbove(Primitives* p, float* acc, const float* add, size_t begin, size_t end, float t,
-                   bool zero, size_t expect, Selection* out);
+                   bool zero, size_t expect, Selection* out, Scratch* scratch = nullptr);
 
 // Appends the exact top-k by |acc| of [begin, end) (ties toward the lower index), ascending;
 // zeroes them in acc when `zero`. Returns the number appended (min(k, end - begin)).
 size_t AppendTopK(Primitives* p, float* acc, size_t begin, size_t end, size_t k, bool zero,
-                  Selection* out);
+                  Selection* out, Scratch* scratch = nullptr);
 
 // acc[i] += add[i] for i in [0, n) outside [skip_begin, skip_end); nothing when add is null.
 void AccumulateOutside(Primitives* p, float* acc, const float* add, size_t n, size_t skip_begin,
@@ -40,7 +75,20 @@ void AccumulateOutside(Primitives* p, float* acc, const float* add, size_t n, si
 
 // Keeps only the exact top-k by |val| of out's entries from position `from` on (ties toward the
 // lower position, i.e. the lower index), keeping them ascending. Returns the kept count.
-size_t TrimTopK(Primitives* p, Selection* out, size_t from, size_t k);
+size_t TrimTopK(Primitives* p, Selection* out, size_t from, size_t k, Scratch* scratch = nullptr);
+
+// acc[idx[j]] = 0 for the host indices idx[0..m) (uploaded first on a device).
+absl::Status ZeroAtHost(Primitives* p, float* acc, size_t n, const uint32_t* idx, size_t m,
+                        Scratch* scratch = nullptr);
+
+// Primitives::Sample into host memory.
+void SampleToHost(Primitives* p, const float* x, size_t n, size_t m, uint64_t seed, float* out,
+                  Scratch* scratch = nullptr);
+
+// Primitives::AbsHistogram16From (AbsHistogram16 for first_bin 0) into the host bins (added to,
+// as the primitive does; on a device only bins from first_bin on are added to).
+void HistogramToHost(Primitives* p, const float* x, size_t begin, size_t end, uint32_t first_bin,
+                     uint32_t* bins, Scratch* scratch = nullptr);
 
 // Answers count and select probes at several thresholds on one buffer with few passes: it keeps
 // the complete list of entries at the lowest threshold scanned so far (while that fits in
@@ -48,7 +96,8 @@ size_t TrimTopK(Primitives* p, Selection* out, size_t from, size_t k);
 // added into acc by the first pass over acc (so nothing else may read acc before the first probe).
 class ThresholdScanner {
  public:
-  ThresholdScanner(Primitives* p, float* acc, const float* add, size_t n, size_t capacity);
+  ThresholdScanner(Primitives* p, float* acc, const float* add, size_t n, size_t capacity,
+                   Scratch* scratch = nullptr);
 
   // Number of i with |acc[i]| >= t.
   size_t Count(float t);
@@ -62,6 +111,7 @@ class ThresholdScanner {
   void Scan(float t);
 
   Primitives* p_;
+  Scratch* scratch_;
   float* acc_;
   const float* add_;  // null once applied
   size_t n_;
@@ -79,11 +129,12 @@ class ThresholdScanner {
 // the one bin that holds the threshold (bins are 2^-7 of a magnitude wide).
 class MagnitudeHistogram {
  public:
-  void Build(Primitives* p, const float* acc, size_t n);
+  void Build(Primitives* p, const float* acc, size_t n, Scratch* scratch = nullptr);
   // The same from the entries in `floor`'s bin and above only (Primitives::AbsHistogram16From:
   // the pass skips the others). Bounds are then Build's at thresholds in floor's bin or above;
   // below it they are loose (entries above floor's bin .. n), and missed() says one was asked.
-  void BuildFrom(Primitives* p, const float* acc, size_t n, float floor);
+  void BuildFrom(Primitives* p, const float* acc, size_t n, float floor,
+                 Scratch* scratch = nullptr);
   // *lo <= #{i : |acc[i]| >= t} <= *hi.
   void Bounds(float t, size_t* lo, size_t* hi) const;
   // Whether Bounds was asked below the floor's bin since the last build.

@@ -22,7 +22,7 @@ namespace {
 class Dgc final : public Compressor {
  public:
   Dgc(const CompressorSpec& spec, Primitives* prims, uint64_t seed, double sample_ratio)
-      : Compressor(spec, prims), seed_(seed), sample_ratio_(sample_ratio) {}
+      : Compressor(spec, prims), seed_(seed), sample_ratio_(sample_ratio), scratch_(prims) {}
   Pattern pattern() const override { return Pattern::kSparseGather; }
 
  protected:
@@ -33,10 +33,10 @@ class Dgc final : public Compressor {
         n, std::max<size_t>(1, static_cast<size_t>(std::ceil(sample_ratio_ * n))));
     const uint64_t seed = StepSeed(seed_, ctx.node_rank, ctx.step);
     sample_.resize(m);
-    prims_->Sample(acc, n, m, seed, sample_.data());
+    SampleToHost(prims_, acc, n, m, seed, sample_.data(), &scratch_);
     if (add) {
       add_sample_.resize(m);
-      prims_->Sample(add, n, m, seed, add_sample_.data());
+      SampleToHost(prims_, add, n, m, seed, add_sample_.data(), &scratch_);
       for (size_t j = 0; j < m; ++j) sample_[j] += add_sample_[j];
     }
     for (float& v : sample_) v = std::fabs(v);
@@ -45,7 +45,7 @@ class Dgc final : public Compressor {
                      std::greater<float>());
     float th = std::max(sample_[top - 1], kMinThreshold);
 
-    ThresholdScanner scan(prims_, acc, add, n, 2 * k);
+    ThresholdScanner scan(prims_, acc, add, n, 2 * k, &scratch_);
     int rounds = 0;
     th = std::max(DgcCorrect(th, k, [&](float t) { return scan.Count(std::max(t, kMinThreshold)); },
                              &rounds),
@@ -53,9 +53,11 @@ class Dgc final : public Compressor {
     const bool trim = static_cast<double>(scan.Count(th)) > 4.0 * k / 3.0;
     scan.Select(th, zero && !trim, out);
     if (trim) {
-      TrimTopK(prims_, out, 0, k);
+      TrimTopK(prims_, out, 0, k, &scratch_);
       if (zero) {
-        if (absl::Status s = prims_->ZeroAt(acc, n, out->idx.data(), out->idx.size()); !s.ok()) {
+        if (absl::Status s = ZeroAtHost(prims_, acc, n, out->idx.data(), out->idx.size(),
+                                        &scratch_);
+            !s.ok()) {
           return s;
         }
       }
@@ -63,13 +65,14 @@ class Dgc final : public Compressor {
     out->scalars[0] = th;
     out->scalars[1] = static_cast<float>(rounds);
     out->scalars[2] = static_cast<float>(scan.passes());
-    return absl::OkStatus();
+    return scratch_.TakeStatus();
   }
 
  private:
   uint64_t seed_;
   double sample_ratio_;
   std::vector<float> sample_, add_sample_;
+  Scratch scratch_;
 };
 
 }  // namespace

@@ -88,7 +88,8 @@ class ExDyna final : public Compressor {
  public:
   ExDyna(const CompressorSpec& spec, Primitives* prims, ExDynaLayout layout,
          ThresholdControl control, bool trim)
-      : Compressor(spec, prims), layout_(std::move(layout)), control_(control), trim_(trim) {}
+      : Compressor(spec, prims), layout_(std::move(layout)), control_(control), trim_(trim),
+        scratch_(prims) {}
   Pattern pattern() const override { return Pattern::kIndexUnion; }
 
  protected:
@@ -102,17 +103,19 @@ class ExDyna final : public Compressor {
                           : static_cast<float>(th_ * ReferenceScaleFactor(
                                                          static_cast<double>(k_prev_) / ctx.k));
       AccumulateOutside(prims_, acc, add, ctx.n, r.begin, r.end);
-      AppendAbove(prims_, acc, add, r.begin, r.end, th_, false, 2 * (ctx.k / ctx.node_count), out);
+      AppendAbove(prims_, acc, add, r.begin, r.end, th_, false, 2 * (ctx.k / ctx.node_count), out,
+                  &scratch_);
       used = th_;
     } else {
       if (add) prims_->Accumulate(acc, add, ctx.n);
       used = HistogramQuotaSelect(prims_, acc, r.begin, r.end,
-                                  EvenShare(ctx.k, ctx.node_count, part), trim_, &bins_, out);
+                                  EvenShare(ctx.k, ctx.node_count, part), trim_, &bins_, out,
+                                  &scratch_);
     }
     out->scalars[0] = used;
     out->scalars[1] = static_cast<float>(part);
     out->scalars[2] = static_cast<float>(r.size());
-    return absl::OkStatus();
+    return scratch_.TakeStatus();
   }
 
   absl::Status DoUpdate(const StepContext& ctx, const Gathered& g) override {
@@ -134,6 +137,7 @@ class ExDyna final : public Compressor {
   float th_ = 0;
   uint64_t k_prev_ = 1;
   std::vector<uint32_t> bins_;
+  Scratch scratch_;
 };
 
 }  // namespace

@@ -19,15 +19,19 @@ namespace {
 
 class GTopK final : public Compressor {
  public:
-  GTopK(const CompressorSpec& spec, Primitives* prims) : Compressor(spec, prims) {}
+  GTopK(const CompressorSpec& spec, Primitives* prims)
+      : Compressor(spec, prims), scratch_(prims) {}
   Pattern pattern() const override { return Pattern::kSparseGather; }
 
  protected:
   absl::Status DoSelect(const StepContext& ctx, float* acc, const float* add, bool zero,
                         Selection* out) override {
-    SelectTopK(prims_, ctx, acc, add, zero, out);
-    return absl::OkStatus();
+    SelectTopK(prims_, ctx, acc, add, zero, out, &scratch_);
+    return scratch_.TakeStatus();
   }
+
+ private:
+  Scratch scratch_;
 };
 
 }  // namespace

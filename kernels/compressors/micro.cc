@@ -38,7 +38,7 @@ namespace {
 class Micro final : public Compressor {
  public:
   Micro(const CompressorSpec& spec, Primitives* prims, ThresholdControl control, bool trim)
-      : Compressor(spec, prims), control_(control), trim_(trim) {}
+      : Compressor(spec, prims), control_(control), trim_(trim), scratch_(prims) {}
   Pattern pattern() const override { return Pattern::kIndexUnion; }
 
  protected:
@@ -55,16 +55,18 @@ class Micro final : public Compressor {
                                                             static_cast<double>(ctx.k)));
       }
       AccumulateOutside(prims_, acc, add, ctx.n, r.begin, r.end);
-      AppendAbove(prims_, acc, add, r.begin, r.end, th_, false, 2 * (ctx.k / ctx.node_count), out);
+      AppendAbove(prims_, acc, add, r.begin, r.end, th_, false, 2 * (ctx.k / ctx.node_count), out,
+                  &scratch_);
       used = th_;
     } else {
       if (add) prims_->Accumulate(acc, add, ctx.n);
       used = HistogramQuotaSelect(prims_, acc, r.begin, r.end,
-                                  EvenShare(ctx.k, ctx.node_count, part), trim_, &bins_, out);
+                                  EvenShare(ctx.k, ctx.node_count, part), trim_, &bins_, out,
+                                  &scratch_);
     }
     out->scalars[0] = used;
     out->scalars[1] = static_cast<float>(part);
-    return absl::OkStatus();
+    return scratch_.TakeStatus();
   }
 
   absl::Status DoUpdate(const StepContext&, const Gathered& g) override {
@@ -79,6 +81,7 @@ class Micro final : public Compressor {
   float th_ = 0;
   uint64_t k_prev_ = 1;
   std::vector<uint32_t> bins_;
+  Scratch scratch_;
 };
 
 }  // namespace

@@ -59,7 +59,7 @@ void DrawPositions(uint64_t seed, size_t n, size_t k, std::vector<uint32_t>* out
 class RandomK final : public Compressor {
  public:
   RandomK(const CompressorSpec& spec, Primitives* prims, uint64_t seed)
-      : Compressor(spec, prims), seed_(seed) {}
+      : Compressor(spec, prims), seed_(seed), scratch_(prims) {}
   Pattern pattern() const override { return Pattern::kSparseGather; }
 
  protected:
@@ -68,14 +68,27 @@ class RandomK final : public Compressor {
     if (add) prims_->Accumulate(acc, add, ctx.n);
     DrawPositions(StepSeed(seed_, ctx.node_rank, ctx.step), ctx.n, ctx.k, &out->idx);
     out->val.resize(out->idx.size());
-    absl::Status s = prims_->Gather(acc, ctx.n, out->idx.data(), out->idx.size(), out->val.data());
-    if (s.ok() && zero) s = prims_->ZeroAt(acc, ctx.n, out->idx.data(), out->idx.size());
     out->scalars[0] = static_cast<float>(ctx.k);
+    const size_t m = out->idx.size();
+    if (scratch_.host()) {
+      absl::Status s = prims_->Gather(acc, ctx.n, out->idx.data(), m, out->val.data());
+      if (s.ok() && zero) s = prims_->ZeroAt(acc, ctx.n, out->idx.data(), m);
+      return s;
+    }
+    // Device: the positions go up once, for the gather and the zeroing; the values come back.
+    const auto* idx = static_cast<const uint32_t*>(scratch_.Upload(0, out->idx.data(), m * 4));
+    auto* val = static_cast<float*>(scratch_.Get(1, m * 4));
+    if (idx == nullptr || val == nullptr) return scratch_.TakeStatus();
+    absl::Status s = prims_->Gather(acc, ctx.n, idx, m, val);
+    if (s.ok()) scratch_.Fetch(out->val.data(), val, m * 4);
+    if (s.ok() && zero) s = prims_->ZeroAt(acc, ctx.n, idx, m);
+    if (s.ok()) s = scratch_.TakeStatus();
     return s;
   }
 
  private:
   uint64_t seed_;
+  Scratch scratch_;
 };
 
 }  // namespace

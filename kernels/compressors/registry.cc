@@ -15,27 +15,30 @@ struct Entry {
   const char* name;
   Pattern pattern;
   CompressorFactory make;
+  // Runs on device primitives: its primitive outputs go to device scratch (Scratch in
+  // compressors/common.h), so nothing it hands the primitives is host memory.
+  bool device;
 };
 
 constexpr Entry kRegistry[] = {
-    {"cltk", Pattern::kIndexUnion, MakeCltk},
-    {"deft", Pattern::kIndexUnion, MakeDeft},
-    {"dense", Pattern::kDense, MakeDense},
-    {"dgc", Pattern::kSparseGather, MakeDgc},
-    {"exdyna", Pattern::kIndexUnion, MakeExDyna},
-    {"gaussiank", Pattern::kSparseGather, MakeGaussianK},
-    {"gtopk", Pattern::kSparseGather, MakeGTopK},
-    {"micro", Pattern::kIndexUnion, MakeMicro},
-    {"randomk", Pattern::kSparseGather, MakeRandomK},
-    {"redsync", Pattern::kSparseGather, MakeRedSync},
-    {"redsync_trim", Pattern::kSparseGather, MakeRedSyncTrim},
-    {"sage", Pattern::kSparseGather, MakeSage},
-    {"sidco_e", Pattern::kSparseGather, MakeSidcoE},
-    {"sidco_gp", Pattern::kSparseGather, MakeSidcoGP},
-    {"sidco_p", Pattern::kSparseGather, MakeSidcoP},
-    {"thresh", Pattern::kIndexUnion, MakeThresh},
-    {"topk", Pattern::kSparseGather, MakeTopK},
-    {"topk_union", Pattern::kIndexUnion, MakeTopKUnion},
+    {"cltk", Pattern::kIndexUnion, MakeCltk, true},
+    {"deft", Pattern::kIndexUnion, MakeDeft, false},
+    {"dense", Pattern::kDense, MakeDense, false},
+    {"dgc", Pattern::kSparseGather, MakeDgc, true},
+    {"exdyna", Pattern::kIndexUnion, MakeExDyna, true},
+    {"gaussiank", Pattern::kSparseGather, MakeGaussianK, false},
+    {"gtopk", Pattern::kSparseGather, MakeGTopK, true},
+    {"micro", Pattern::kIndexUnion, MakeMicro, true},
+    {"randomk", Pattern::kSparseGather, MakeRandomK, true},
+    {"redsync", Pattern::kSparseGather, MakeRedSync, false},
+    {"redsync_trim", Pattern::kSparseGather, MakeRedSyncTrim, false},
+    {"sage", Pattern::kSparseGather, MakeSage, false},
+    {"sidco_e", Pattern::kSparseGather, MakeSidcoE, false},
+    {"sidco_gp", Pattern::kSparseGather, MakeSidcoGP, false},
+    {"sidco_p", Pattern::kSparseGather, MakeSidcoP, false},
+    {"thresh", Pattern::kIndexUnion, MakeThresh, true},
+    {"topk", Pattern::kSparseGather, MakeTopK, true},
+    {"topk_union", Pattern::kIndexUnion, MakeTopKUnion, true},
 };
 
 const Entry* Find(const std::string& name) {
@@ -51,6 +54,20 @@ absl::Status UnknownName(const std::string& name) {
 }
 
 }  // namespace
+
+std::vector<std::string> DeviceCompressorNames() {
+  std::vector<std::string> names;
+  for (const Entry& e : kRegistry) {
+    if (e.device) names.emplace_back(e.name);
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+bool CompressorRunsOnDevice(const std::string& name) {
+  const Entry* e = Find(name);
+  return e != nullptr && e->device;
+}
 
 std::vector<std::string> CompressorNames() {
   std::vector<std::string> names;
@@ -88,12 +105,13 @@ absl::StatusOr<std::unique_ptr<Compressor>> MakeCompressor(const CompressorSpec&
   if (prims == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(spec.name, ": no primitives given"));
   }
-  if (prims->device() != Device::kCpu) {
-    // Selections, histograms, samples and candidate lists live in host vectors and are handed to
-    // the primitives as output buffers; device primitives need device scratch (not done yet).
+  if (prims->device() != Device::kCpu && !Find(spec.name)->device) {
+    // Its selections, histograms, samples or candidate lists are host vectors handed to the
+    // primitives as output buffers: it has not been moved onto device scratch yet.
     return absl::UnimplementedError(absl::StrCat(
-        spec.name, ": compressors run on host-memory primitives only (CPU or reference); device "
-                   "(CUDA) primitives need device scratch buffers, which are not implemented"));
+        spec.name, ": does not run on device (CUDA) primitives yet, only on host-memory "
+                   "primitives (CPU or reference); the compressors that run on device primitives: ",
+        absl::StrJoin(DeviceCompressorNames(), ", ")));
   }
   if (spec.node_count < 1 || spec.node_rank < 0 || spec.node_rank >= spec.node_count) {
     return absl::InvalidArgumentError(absl::StrCat(spec.name, ": node rank ", spec.node_rank,

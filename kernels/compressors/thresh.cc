@@ -15,7 +15,7 @@ namespace {
 class Thresh final : public Compressor {
  public:
   Thresh(const CompressorSpec& spec, Primitives* prims, double threshold)
-      : Compressor(spec, prims), threshold_(threshold) {}
+      : Compressor(spec, prims), threshold_(threshold), scratch_(prims) {}
   Pattern pattern() const override { return Pattern::kIndexUnion; }
 
  protected:
@@ -23,15 +23,17 @@ class Thresh final : public Compressor {
                         Selection* out) override {
     const float t = threshold_ > 0 ? static_cast<float>(threshold_) : InitialThreshold(ctx.k);
     // Size the buffer from the last count: the density is not controlled but drifts slowly.
-    AppendAbove(prims_, acc, add, 0, ctx.n, t, zero, last_count_ + last_count_ / 4 + ctx.k, out);
+    AppendAbove(prims_, acc, add, 0, ctx.n, t, zero, last_count_ + last_count_ / 4 + ctx.k, out,
+                &scratch_);
     last_count_ = out->idx.size();
     out->scalars[0] = t;
-    return absl::OkStatus();
+    return scratch_.TakeStatus();
   }
 
  private:
   double threshold_;
   size_t last_count_ = 0;
+  Scratch scratch_;
 };
 
 }  // namespace

@@ -25,11 +25,12 @@ size_t EvenShare(size_t k, int parts, int part) {
 }
 
 float HistogramQuotaSelect(Primitives* p, const float* acc, size_t begin, size_t end, size_t quota,
-                           bool trim, std::vector<uint32_t>* bins, Selection* out) {
+                           bool trim, std::vector<uint32_t>* bins, Selection* out,
+                           Scratch* scratch) {
   constexpr float kNone = std::numeric_limits<float>::infinity();
   if (quota == 0 || end <= begin) return kNone;
   bins->assign(Primitives::kHistogramBins, 0);
-  p->AbsHistogram16(acc, begin, end, bins->data());
+  HistogramToHost(p, acc, begin, end, 0, bins->data(), scratch);
   // Bins above 0xFF00 (+Inf's bin) hold NaNs, which are never selected; bin 0 holds zeros (and
   // the tiniest denormals), which are never worth sending.
   constexpr uint32_t kTop = 0xFF00;
@@ -46,9 +47,9 @@ float HistogramQuotaSelect(Primitives* p, const float* acc, size_t begin, size_t
   std::memcpy(&edge, &bits, sizeof(edge));
   const size_t from = out->idx.size();
   // The select's count is known: cum entries are >= edge (casting away const is safe: zero=false).
-  AppendAbove(p, const_cast<float*>(acc), nullptr, begin, end, edge, false, cum, out);
+  AppendAbove(p, const_cast<float*>(acc), nullptr, begin, end, edge, false, cum, out, scratch);
   if (!trim || out->idx.size() - from <= quota) return edge;
-  TrimTopK(p, out, from, quota);
+  TrimTopK(p, out, from, quota, scratch);
   float t = kNone;
   for (size_t j = from; j < out->val.size(); ++j) t = std::min(t, std::fabs(out->val[j]));
   return t;

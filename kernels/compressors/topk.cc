@@ -12,9 +12,9 @@
 namespace spex {
 
 float SelectTopK(Primitives* p, const StepContext& ctx, float* acc, const float* add, bool zero,
-                 Selection* out) {
+                 Selection* out, Scratch* scratch) {
   if (add) p->Accumulate(acc, add, ctx.n);
-  AppendTopK(p, acc, 0, ctx.n, ctx.k, zero, out);
+  AppendTopK(p, acc, 0, ctx.n, ctx.k, zero, out, scratch);
   float t = INFINITY;
   for (float v : out->val) t = std::min(t, std::fabs(v));
   out->scalars[0] = t;
@@ -26,18 +26,19 @@ namespace {
 class TopK final : public Compressor {
  public:
   TopK(const CompressorSpec& spec, Primitives* prims, Pattern pattern)
-      : Compressor(spec, prims), pattern_(pattern) {}
+      : Compressor(spec, prims), pattern_(pattern), scratch_(prims) {}
   Pattern pattern() const override { return pattern_; }
 
  protected:
   absl::Status DoSelect(const StepContext& ctx, float* acc, const float* add, bool zero,
                         Selection* out) override {
-    SelectTopK(prims_, ctx, acc, add, zero, out);
-    return absl::OkStatus();
+    SelectTopK(prims_, ctx, acc, add, zero, out, &scratch_);
+    return scratch_.TakeStatus();
   }
 
  private:
   Pattern pattern_;
+  Scratch scratch_;
 };
 
 }  // namespace

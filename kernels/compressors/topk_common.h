@@ -4,13 +4,14 @@
 #include <memory>
 
 #include "kernels/compressor.h"
+#include "kernels/compressors/common.h"
 
 namespace spex {
 
 // acc += add (if given), then the exact top-ctx.k of acc into out (zeroed in acc when `zero`);
-// sets out->scalars[0] to the k-th magnitude and returns it.
+// sets out->scalars[0] to the k-th magnitude and returns it. `scratch`: see Scratch in common.h.
 float SelectTopK(Primitives* p, const StepContext& ctx, float* acc, const float* add, bool zero,
-                 Selection* out);
+                 Selection* out, Scratch* scratch = nullptr);
 
 // The exact top-k compressor with the given pattern (B: topk, A: topk_union).
 std::unique_ptr<Compressor> NewTopK(const CompressorSpec& spec, Primitives* prims,

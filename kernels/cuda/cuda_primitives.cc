@@ -117,6 +117,7 @@ class CudaPrimitives final : public Primitives {
   absl::Status Fill(float* x, float v, size_t n) override;
   absl::Status CopyToHost(void* host_dst, const void* src, size_t bytes) override;
   absl::Status CopyFromHost(void* dst, const void* host_src, size_t bytes) override;
+  absl::StatusOr<std::unique_ptr<ScratchBuffer>> AllocScratch(size_t bytes) override;
   absl::Status Health() const override { return error(); }
 
   absl::Status error() const {
@@ -496,6 +497,27 @@ absl::Status CudaPrimitives::CopyFromHost(void* dst, const void* host_src, size_
       cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, launch_.stream),
       "CopyFromHost");
   return Finish("CopyFromHost");
+}
+
+// cudaMalloc'ed scratch of one GPU, freed there (cudaFree waits for the work using it).
+class CudaScratchBuffer final : public ScratchBuffer {
+ public:
+  CudaScratchBuffer(int device, void* data, size_t bytes)
+      : ScratchBuffer(data, bytes), device_(device) {}
+  ~CudaScratchBuffer() override {
+    DeviceGuard guard(device_);
+    cudaFree(data());
+  }
+
+ private:
+  int device_;
+};
+
+absl::StatusOr<std::unique_ptr<ScratchBuffer>> CudaPrimitives::AllocScratch(size_t bytes) {
+  DeviceGuard guard(device_);
+  void* p = nullptr;
+  SPEX_CUDA_RETURN_IF_ERROR(cudaMalloc(&p, std::max<size_t>(bytes, 1)), "AllocScratch");
+  return std::unique_ptr<ScratchBuffer>(std::make_unique<CudaScratchBuffer>(device_, p, bytes));
 }
 
 }  // namespace

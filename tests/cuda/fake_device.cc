@@ -35,6 +35,16 @@ class FakeArray final : public DeviceArray {
   void* p_;
 };
 
+// The device primitives' scratch: a FakeArray (device memory of the fake device).
+class FakeScratch final : public ScratchBuffer {
+ public:
+  explicit FakeScratch(std::unique_ptr<DeviceArray> a)
+      : ScratchBuffer(a->data(), a->size()), array_(std::move(a)) {}
+
+ private:
+  std::unique_ptr<DeviceArray> array_;
+};
+
 // Primitives that check on which side of the fake device every pointer they get is, then
 // forward to the CPU primitives. `device_side`: they stand for the device's primitives.
 class CheckedPrimitives final : public Primitives {
@@ -132,6 +142,12 @@ class CheckedPrimitives final : public Primitives {
     OnHost(host_src, bytes, "CopyFromHost src");
     if (device_side_) d_->CountStaging(false, bytes);
     return cpu_->CopyFromHost(dst, host_src, bytes);
+  }
+  absl::StatusOr<std::unique_ptr<ScratchBuffer>> AllocScratch(size_t bytes) override {
+    if (!device_side_) return cpu_->AllocScratch(bytes);
+    absl::StatusOr<std::unique_ptr<DeviceArray>> a = d_->AllocateScratch(bytes);
+    if (!a.ok()) return a.status();
+    return std::unique_ptr<ScratchBuffer>(std::make_unique<FakeScratch>(std::move(*a)));
   }
   absl::Status Health() const override {
     std::vector<std::string> v = d_->violations();
@@ -406,6 +422,7 @@ void FakeDevice::CountStaging(bool to_host, size_t bytes) {
   if (to_host) {
     staging_.to_host_calls++;
     staging_.to_host_bytes += bytes;
+    staging_.to_host_max_bytes = std::max<uint64_t>(staging_.to_host_max_bytes, bytes);
   } else {
     staging_.from_host_calls++;
     staging_.from_host_bytes += bytes;

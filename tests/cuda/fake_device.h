@@ -5,7 +5,8 @@
 //    whose descriptors are cuda_ipc descriptors with fake handles (the memory handle carries
 //    the buffer's address, so FakeIpcOpener can "open" it in the same process);
 //  - FakeDevicePrimitives: the CPU primitives claiming Device::kCuda, so the engine cannot tell,
-//    checking that every pointer they get is fake device memory;
+//    checking that every pointer they get is fake device memory (their AllocScratch returns
+//    fake device memory);
 //  - CheckedHostPrimitives: the CPU primitives, checking that no pointer is fake device memory;
 //  - the slot ordering as a recorder;
 //  - CheckedCollective: any Collective, checking that the dense all-reduce gets device memory
@@ -69,6 +70,7 @@ struct Event {
 struct Staging {
   uint64_t to_host_calls = 0, to_host_bytes = 0;
   uint64_t from_host_calls = 0, from_host_bytes = 0;
+  uint64_t to_host_max_bytes = 0;  // the largest single device-to-host copy
 };
 
 class FakeDevice : public BufferAllocator, public SlotOrdering {
