@@ -46,10 +46,15 @@ struct Engine::Bucket {
   // dense: local sum (L > 1); sparse: residual + local sum. In prims_' memory: acc_host's
   // storage on the CPU path, acc_device's on the device path.
   float* acc = nullptr;
-  std::vector<float> acc_host;  // CPU path: acc. Device path (sparse): acc's staging copy
+  std::vector<float> acc_host;  // CPU path: acc. Device path (staged sparse): acc's staging copy
   std::unique_ptr<DeviceArray> acc_device;
-  std::vector<float> out_host;   // device path (sparse): the output's staging copy
+  std::vector<float> out_host;   // device path (staged sparse): the output's staging copy
   std::unique_ptr<Codec> codec;  // null: dense
+  // Device path: the codec runs on prims_ (a compressor of DeviceCompressorNames()), so the
+  // sparse step works on the device's acc and output with no staging copies; `scratch` holds
+  // the indices and values it uploads there.
+  bool codec_on_device = false;
+  std::unique_ptr<ScratchSlots> scratch;
   CodecSelection sel;            // the codec's selection, reused every step
   std::vector<uint32_t> touched;  // output positions the last sparse step wrote
   bool output_dense = true;       // the output holds a dense result (zero it fully before sparse)
@@ -369,12 +374,17 @@ absl::StatusOr<std::unique_ptr<Engine::Bucket>> Engine::NewBucket(
     b->output = reinterpret_cast<float*>(base + OutputOffset(elements, slots));
   }
   if (compressor != "dense" && elements >= options_.min_sparse_elements) {
-    // The compressors run in host memory (host_prims_; on the CPU path that is prims_).
+    // The compressors run on the bucket's memory where they can: on the CPU path prims_ (which
+    // is host_prims_); on the device path prims_ for those that run on device primitives, and
+    // host_prims_ on staged host copies for the others (a test's codec_factory: host_prims_).
     CodecSpec spec{compressor, density, params, collective_->rank(), collective_->size(), elements};
+    b->codec_on_device = device && !options_.codec_factory && CompressorRunsOnDevice(compressor);
+    Primitives* codec_prims = b->codec_on_device ? prims_ : host_prims_;
     auto codec = options_.codec_factory ? options_.codec_factory(spec, host_prims_)
-                                        : MakeCodec(spec, host_prims_);
+                                        : MakeCodec(spec, codec_prims);
     if (!codec.ok()) return codec.status();
     b->codec = std::move(*codec);
+    if (b->codec_on_device) b->scratch = std::make_unique<ScratchSlots>(prims_);
     b->mode = options_.dense_fallback == "auto" ? Bucket::Mode::kProbe : Bucket::Mode::kSparse;
   }
   if (slots > 1 || b->codec != nullptr) {
@@ -383,7 +393,7 @@ absl::StatusOr<std::unique_ptr<Engine::Bucket>> Engine::NewBucket(
       if (!acc.ok()) return acc.status();
       b->acc_device = std::move(*acc);
       b->acc = static_cast<float*>(b->acc_device->data());
-      if (b->codec != nullptr) {
+      if (b->codec != nullptr && !b->codec_on_device) {
         b->acc_host.assign(elements, 0.0f);
         b->out_host.assign(elements, 0.0f);
       }
@@ -797,10 +807,12 @@ absl::Status Engine::DenseStep(Bucket* b, ExchangeRecord* rec, const std::functi
   return s;
 }
 
-// The sparse step. The compressors and the sparse exchange (wire chunks, index union, scatter)
-// work in host memory with host_prims_: on the CPU path acc and the output already are host
-// memory and nothing is copied. On the device path the step stages through host copies, each
-// copy explicit and counted:
+// The sparse step. The sparse exchange (wire chunks, index union) works in host memory with
+// host_prims_. On the CPU path acc and the output are host memory and nothing is copied. On the
+// device path, a codec that runs on the device (codec_on_device) selects from the device's acc
+// directly (copying back only its selection), and the exchange reads acc at the union and adds
+// into the output on the device (uploading indices and values: DeviceSide), so nothing is
+// staged. The other codecs run on host copies, each copy explicit and counted:
 //   1. acc (device: residual + local sum) -> acc_host, for the compressor;
 //   2. out_host (the exchange's result, exact at every position) -> the device output;
 //   3. with error feedback, acc_host (now the residual: acc minus what was sent) -> acc, where
@@ -811,9 +823,19 @@ absl::Status Engine::SparseStep(Bucket* b, uint64_t step, ExchangeRecord* rec,
                                 const std::function<void(Phase)>& lap) {
   const int L = options_.local_trainers, N = collective_->size();
   const size_t n = b->elements;
-  const bool staged = b->data != nullptr;
-  float* const acc = staged ? b->acc_host.data() : b->acc;  // host memory from here on
+  const bool staged = b->data != nullptr && !b->codec_on_device;
+  float* const acc = staged ? b->acc_host.data() : b->acc;  // in `mem`'s memory from here on
   float* const out = staged ? b->out_host.data() : b->output;
+  Primitives* const mem = b->codec_on_device ? prims_ : host_prims_;
+  DeviceSide device_side{prims_, b->scratch.get()};
+  const DeviceSide* const dev = b->codec_on_device ? &device_side : nullptr;
+  // x[idx] = 0 for host indices idx, in `mem`'s memory (uploaded to slot 2 on the device).
+  auto zero_at = [&](float* x, const std::vector<uint32_t>& idx) -> absl::Status {
+    if (dev == nullptr || idx.empty()) return mem->ZeroAt(x, n, idx.data(), idx.size());
+    absl::StatusOr<void*> d = b->scratch->Upload(2, idx.data(), idx.size() * 4);
+    if (!d.ok()) return d.status();
+    return prims_->ZeroAt(x, n, static_cast<const uint32_t*>(*d), idx.size());
+  };
   // acc = residual + local sum (error feedback), or just the local sum.
   absl::Status s = LocalReduce(b, options_.error_feedback);
   if (!s.ok()) return s;
@@ -831,10 +853,10 @@ absl::Status Engine::SparseStep(Bucket* b, uint64_t step, ExchangeRecord* rec,
   lap(Phase::kCompress);
   // The output holds last step's result: zero only the positions written then.
   if (b->output_dense) {
-    s = host_prims_->Fill(out, 0.0f, n);
+    s = mem->Fill(out, 0.0f, n);
     b->output_dense = false;
   } else if (!b->touched.empty()) {
-    s = host_prims_->ZeroAt(out, n, b->touched.data(), b->touched.size());
+    s = zero_at(out, b->touched);
   }
   if (!s.ok()) return s;
   SparseExchangeArgs args;
@@ -846,8 +868,8 @@ absl::Status Engine::SparseStep(Bucket* b, uint64_t step, ExchangeRecord* rec,
   std::memcpy(args.scalars, sel.scalars, sizeof(args.scalars));
   SparseExchangeResult res;
   s = pattern == WirePattern::kIndexUnion
-          ? ExchangeIndexUnion(collective_, host_prims_, args, sel.idx, acc, out, &res)
-          : ExchangeSparseGather(collective_, host_prims_, args, sel.idx, sel.val, out, &res);
+          ? ExchangeIndexUnion(collective_, host_prims_, args, sel.idx, acc, out, &res, dev)
+          : ExchangeSparseGather(collective_, host_prims_, args, sel.idx, sel.val, out, &res, dev);
   if (!s.ok()) return s;
   if (staged) {
     s = prims_->CopyFromHost(b->output, out, n * sizeof(float));  // staging copy 2
@@ -856,11 +878,11 @@ absl::Status Engine::SparseStep(Bucket* b, uint64_t step, ExchangeRecord* rec,
   lap(Phase::kCollective);
   if (pattern == WirePattern::kIndexUnion) {
     // Every node zeroes its residual at the whole union: all of it was sent.
-    s = host_prims_->ZeroAt(acc, n, res.gathered_idx.data(), res.gathered_idx.size());
+    s = zero_at(acc, res.gathered_idx);
     if (!s.ok()) return s;
   }
   if (!options_.error_feedback) {
-    s = host_prims_->Fill(acc, 0.0f, n);
+    s = mem->Fill(acc, 0.0f, n);
   } else if (staged) {
     s = prims_->CopyFromHost(b->acc, acc, n * sizeof(float));  // staging copy 3
   }
@@ -876,7 +898,7 @@ absl::Status Engine::SparseStep(Bucket* b, uint64_t step, ExchangeRecord* rec,
   rec->bytes_sent = res.bytes_sent;
   rec->bytes_received = res.bytes_received;
   if (options_.residual_norm_every > 0 && step % options_.residual_norm_every == 0) {
-    rec->residual_norm = std::sqrt(host_prims_->Moments(acc, n, -1.0f).sum_sq);
+    rec->residual_norm = std::sqrt(mem->Moments(acc, n, -1.0f).sum_sq);
     rec->residual_norm_step = step;
   } else {
     absl::MutexLock lock(&mu_);
@@ -887,27 +909,32 @@ absl::Status Engine::SparseStep(Bucket* b, uint64_t step, ExchangeRecord* rec,
 }
 
 void Engine::Publish(Bucket* b, uint64_t step, const absl::Status& status, const ExchangeRecord& rec_in) {
-  ExchangeRecord rec = rec_in;
-  const uint64_t t = MonotonicNanos();
   if (!status.ok()) {
     SPEX_LOG(ERROR) << "bucket " << b->id << " step " << step << ": " << status;
   }
+  // Stats first: a trainer that sees the result and then asks GetStats must find this exchange.
+  {
+    absl::MutexLock lock(&mu_);
+    if (!status.ok()) {
+      b->error_step = step;
+      b->error = status;
+    }
+    b->last = rec_in;
+    b->exchanges++;
+    total_exchanges_++;
+    for (int p = 0; p < static_cast<int>(Phase::kCount); ++p) b->phase_sum[p] += rec_in.phase_seconds[p];
+  }
+  const uint64_t t = MonotonicNanos();
   b->header->status.store(status.ok() ? 0 : static_cast<int32_t>(status.code()));
   b->header->published.store(static_cast<uint32_t>(step + 1));
   if (b->header->waiters.load()) FutexWake(&b->header->published);
   b->next_step = step + 1;
-  rec.phase_seconds[static_cast<int>(Phase::kPublish)] = (MonotonicNanos() - t) * 1e-9;
+  const double publish_seconds = (MonotonicNanos() - t) * 1e-9;
   absl::MutexLock lock(&mu_);
+  b->last.phase_seconds[static_cast<int>(Phase::kPublish)] += publish_seconds;
+  b->phase_sum[static_cast<int>(Phase::kPublish)] += publish_seconds;
   b->completed = step + 1;
   processing_ = false;
-  if (!status.ok()) {
-    b->error_step = step;
-    b->error = status;
-  }
-  b->last = rec;
-  b->exchanges++;
-  total_exchanges_++;
-  for (int p = 0; p < static_cast<int>(Phase::kCount); ++p) b->phase_sum[p] += rec.phase_seconds[p];
   published_cv_.SignalAll();
 }
 

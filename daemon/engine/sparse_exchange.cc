@@ -45,7 +45,7 @@ void SortedUnion(const std::vector<uint32_t>& v, const std::vector<size_t>& off,
 
 absl::Status ExchangeIndexUnion(Collective* coll, Primitives* prims, const SparseExchangeArgs& args,
                                 absl::Span<const uint32_t> my_idx, const float* acc, float* out,
-                                SparseExchangeResult* res) {
+                                SparseExchangeResult* res, const DeviceSide* device) {
   const int n = coll->size();
   // Indices travel in a wire chunk with no values, so the receiver validates them.
   std::vector<uint8_t> mine;
@@ -91,7 +91,22 @@ absl::Status ExchangeIndexUnion(Collective* coll, Primitives* prims, const Spars
   std::vector<uint32_t>& u = res->gathered_idx;
   SortedUnion(concat, runs, &u, &res->touched);  // nodes' sets may overlap (topk_union, thresh): dedup
   std::vector<float> vals(u.size());
-  if (absl::Status s = prims->Gather(acc, args.elements, u.data(), u.size(), vals.data()); !s.ok()) return s;
+  const uint32_t* dev_u = nullptr;  // the union in device scratch (slot 0)
+  float* dev_vals = nullptr;        // slot 1
+  if (device != nullptr && !u.empty()) {
+    absl::StatusOr<void*> du = device->scratch->Upload(0, u.data(), u.size() * 4);
+    if (!du.ok()) return du.status();
+    absl::StatusOr<void*> dv = device->scratch->Get(1, u.size() * 4);
+    if (!dv.ok()) return dv.status();
+    dev_u = static_cast<const uint32_t*>(*du);
+    dev_vals = static_cast<float*>(*dv);
+    absl::Status s = device->prims->Gather(acc, args.elements, dev_u, u.size(), dev_vals);
+    if (s.ok()) s = device->prims->CopyToHost(vals.data(), dev_vals, u.size() * 4);
+    if (!s.ok()) return s;
+  } else if (device == nullptr) {
+    absl::Status s = prims->Gather(acc, args.elements, u.data(), u.size(), vals.data());
+    if (!s.ok()) return s;
+  }
   if (n > 1 && !vals.empty()) {
     if (absl::Status s = coll->AllReduce(vals.data(), vals.size(), ElemType::kFloat32, ReduceOp::kSum); !s.ok()) {
       return s;
@@ -101,9 +116,15 @@ absl::Status ExchangeIndexUnion(Collective* coll, Primitives* prims, const Spars
   }
   // out is zero at every position of u (the caller's contract), so adding writes the average.
   prims->Scale(vals.data(), args.scale, vals.size());
-  if (absl::Status s = prims->ScatterAdd(out, args.elements, u.data(), vals.data(), u.size());
-      !s.ok()) {
-    return s;
+  if (device != nullptr) {
+    if (!u.empty()) {
+      absl::Status s = device->prims->CopyFromHost(dev_vals, vals.data(), u.size() * 4);
+      if (s.ok()) s = device->prims->ScatterAdd(out, args.elements, dev_u, dev_vals, u.size());
+      if (!s.ok()) return s;
+    }
+  } else {
+    absl::Status s = prims->ScatterAdd(out, args.elements, u.data(), vals.data(), u.size());
+    if (!s.ok()) return s;
   }
   res->touched = u;
   return absl::OkStatus();
@@ -111,7 +132,7 @@ absl::Status ExchangeIndexUnion(Collective* coll, Primitives* prims, const Spars
 
 absl::Status ExchangeSparseGather(Collective* coll, Primitives* prims, const SparseExchangeArgs& args,
                                   absl::Span<const uint32_t> my_idx, absl::Span<const float> my_val, float* out,
-                                  SparseExchangeResult* res) {
+                                  SparseExchangeResult* res, const DeviceSide* device) {
   const int n = coll->size();
   std::vector<uint8_t> mine;
   EncodeChunk(args.group_id, args.step, args.elements, my_idx, my_val, args.fp16, args.scalars, &mine);
@@ -133,6 +154,7 @@ absl::Status ExchangeSparseGather(Collective* coll, Primitives* prims, const Spa
   res->counts.assign(n, 0);
   res->gathered_idx.clear();
   std::vector<size_t> runs(1, 0);
+  std::vector<float> values;  // device: every node's scaled values, in gathered_idx's order
   for (int r = 0; r < n; ++r) {
     DecodedChunk& c = chunks[r];
     res->counts[r] = c.header.count;
@@ -140,8 +162,28 @@ absl::Status ExchangeSparseGather(Collective* coll, Primitives* prims, const Spa
     runs.push_back(res->gathered_idx.size());
     // The decoded values are this call's own copy: scale them in place.
     prims->Scale(c.values.data(), args.scale, c.values.size());
-    if (absl::Status s = prims->ScatterAdd(out, args.elements, c.idx, c.values.data(), c.values.size()); !s.ok()) {
-      return s;
+    if (device != nullptr) {
+      values.insert(values.end(), c.values.begin(), c.values.end());
+      continue;
+    }
+    absl::Status s = prims->ScatterAdd(out, args.elements, c.idx, c.values.data(), c.values.size());
+    if (!s.ok()) return s;
+  }
+  if (device != nullptr && !values.empty()) {
+    // One upload of all pairs, then one scatter-add per node in node order, as on the host.
+    absl::StatusOr<void*> di =
+        device->scratch->Upload(0, res->gathered_idx.data(), values.size() * 4);
+    if (!di.ok()) return di.status();
+    absl::StatusOr<void*> dv = device->scratch->Upload(1, values.data(), values.size() * 4);
+    if (!dv.ok()) return dv.status();
+    const auto* idx = static_cast<const uint32_t*>(*di);
+    const auto* val = static_cast<const float*>(*dv);
+    for (int r = 0; r < n; ++r) {
+      const size_t m = runs[r + 1] - runs[r];
+      if (m == 0) continue;
+      absl::Status s =
+          device->prims->ScatterAdd(out, args.elements, idx + runs[r], val + runs[r], m);
+      if (!s.ok()) return s;
     }
   }
   std::vector<uint32_t> scratch;

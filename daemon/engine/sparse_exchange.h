@@ -7,10 +7,15 @@
 // positions of the previous step (kept in `touched`) before calling, so the output slot stays
 // exact without a full memset per step.
 //
-// Memory: everything here is host memory and `prims` are host primitives. The wire chunks are
-// host bytes for any Collective (NCCL stages them through device scratch), and the
-// compressors' selections are host vectors, so the engine's device path stages its
-// accumulator and output through host copies around these calls (Engine::SparseStep).
+// Memory: the wire chunks, the union and the values are host memory and `prims` are host
+// primitives (the wire chunks are host bytes for any Collective; NCCL stages them through
+// device scratch), and the compressors' selections are host vectors. `acc` and `out` are host
+// memory too unless a DeviceSide is given: then they are that device's memory, and only what
+// touches them moves: A gathers acc at the union on the device (the union goes up, its values
+// come back for the all-reduce), and both patterns upload the indices and the scaled values
+// they add into out and scatter-add there, in the same order as on the host (bit-identical).
+// Without a DeviceSide the engine's device path stages acc and out through host copies around
+// these calls (Engine::SparseStep, for compressors that do not run on device primitives).
 #pragma once
 
 #include <cstdint>
@@ -40,14 +45,21 @@ struct SparseExchangeArgs {
   float scalars[4] = {};
 };
 
+// Where acc and out live when they are device memory: the device's primitives and scratch of
+// theirs (slots 0 and 1 are used; the union of A stays in slot 0 afterwards).
+struct DeviceSide {
+  Primitives* prims = nullptr;
+  ScratchSlots* scratch = nullptr;
+};
+
 // Pattern A. `acc` is this node's accumulated buffer (read at the union only).
 absl::Status ExchangeIndexUnion(Collective* coll, Primitives* prims, const SparseExchangeArgs& args,
                                 absl::Span<const uint32_t> my_idx, const float* acc, float* out,
-                                SparseExchangeResult* res);
+                                SparseExchangeResult* res, const DeviceSide* device = nullptr);
 
 // Pattern B. `my_idx`/`my_val` are this node's selection.
 absl::Status ExchangeSparseGather(Collective* coll, Primitives* prims, const SparseExchangeArgs& args,
                                   absl::Span<const uint32_t> my_idx, absl::Span<const float> my_val, float* out,
-                                  SparseExchangeResult* res);
+                                  SparseExchangeResult* res, const DeviceSide* device = nullptr);
 
 }  // namespace spex

@@ -2,9 +2,12 @@
 // that claims to be a GPU's, CPU primitives claiming Device::kCuda and checking which side of
 // the device every pointer is on, a recorder for the slot ordering, the in-process collective
 // checked the same way):
-//  - results equal the CPU path's bit for bit, for dense and sparse compressors (topk and dgc:
-//    pattern B, micro: pattern A), 2 and 4 nodes x 2 trainers, both signalling paths, with and
-//    without the dense-fallback probe; the staging copies are the documented ones;
+//  - results equal the CPU path's bit for bit, for dense and every sparse compressor that runs
+//    on device primitives (topk, gtopk, randomk, dgc: pattern B; topk_union, cltk, thresh,
+//    micro, exdyna: pattern A) and two that do not (gaussiank: B, deft: A), 2 and 4 nodes x 2
+//    trainers, both signalling paths, with and without the dense-fallback probe (some); the
+//    device compressors' steps copy no whole bucket (no staging), the others make exactly the
+//    three documented staging copies;
 //  - per exchange the engine waits for every trainer's input event before touching the bucket,
 //    and records the output event after writing it and before publishing;
 //  - a node whose input events fail makes every node skip that step with an error, no hang;
@@ -27,6 +30,7 @@
 #include "absl/synchronization/mutex.h"
 #include "client/client.h"
 #include "daemon/engine/engine.h"
+#include "kernels/compressor.h"
 #include "daemon/memory/cuda_ipc_buffer.h"
 #include "daemon/memory/futex.h"
 #include "daemon/service/spex_service.h"
@@ -256,6 +260,7 @@ TEST_P(DevicePathMatchesCpuPath, BitForBit) {
   // What the device path did on the fake device.
   const uint64_t bytes = kSparseElements * sizeof(float);
   uint64_t to_host = 0, from_host = 0, to_host_bytes = 0, from_host_bytes = 0;
+  uint64_t whole_to_host = 0, whole_from_host = 0;  // copies of a whole sparse bucket
   for (const auto& d : dev.devices) {
     for (const std::string& v : d->violations()) ADD_FAILURE() << v;
     const fake::Staging st = d->staging();
@@ -263,6 +268,12 @@ TEST_P(DevicePathMatchesCpuPath, BitForBit) {
     from_host += st.from_host_calls;
     to_host_bytes += st.to_host_bytes;
     from_host_bytes += st.from_host_bytes;
+    if (auto it = st.to_host_sizes.find(bytes); it != st.to_host_sizes.end()) {
+      whole_to_host += it->second;
+    }
+    if (auto it = st.from_host_sizes.find(bytes); it != st.from_host_sizes.end()) {
+      whole_from_host += it->second;
+    }
     int waits = 0, records = 0;
     for (const fake::Event& e : d->events()) {
       waits += e.kind == fake::Event::kWait;
@@ -271,13 +282,21 @@ TEST_P(DevicePathMatchesCpuPath, BitForBit) {
     EXPECT_EQ(waits, c.steps * 2 * c.trainers);
     EXPECT_EQ(records, c.steps * 2);
   }
-  // The sparse steps' staging: acc to the host once, the output and the residual back; dense
-  // steps (and the dense bucket) stay on the device.
   if (c.compressor == "dense") {
     EXPECT_EQ(sparse_steps, 0);
   } else {
     EXPECT_GT(sparse_steps, 0);
   }
+  if (c.compressor == "dense" || CompressorRunsOnDevice(c.compressor)) {
+    // The compressor selects from the device's acc and the exchange decodes into the device's
+    // output: only selections, samples, histogram bins, indices and values cross, never a
+    // whole bucket; dense steps (and the dense bucket) copy nothing.
+    EXPECT_EQ(whole_to_host, 0u);
+    EXPECT_EQ(whole_from_host, 0u);
+    if (sparse_steps > 0) EXPECT_GT(to_host + from_host, 0u);
+    return;
+  }
+  // The staged sparse steps: acc to the host once, the output and the residual back.
   EXPECT_EQ(to_host, static_cast<uint64_t>(sparse_steps));
   EXPECT_EQ(from_host, 2u * sparse_steps);
   EXPECT_EQ(to_host_bytes, bytes * sparse_steps);
@@ -290,8 +309,16 @@ std::string CaseName(const testing::TestParamInfo<Case>& info) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Compressors, DevicePathMatchesCpuPath,
-                         testing::Combine(testing::Values("dense", "topk", "micro", "dgc"),
+                         testing::Combine(testing::Values("dense", "topk", "micro", "dgc",
+                                                          "gaussiank", "deft"),
                                           testing::Values(2, 4), testing::Values("off", "auto")),
+                         CaseName);
+
+// The other compressors that run on device primitives (no dense fallback).
+INSTANTIATE_TEST_SUITE_P(DeviceCompressors, DevicePathMatchesCpuPath,
+                         testing::Combine(testing::Values("gtopk", "topk_union", "cltk", "randomk",
+                                                          "thresh", "exdyna"),
+                                          testing::Values(2, 4), testing::Values("off")),
                          CaseName);
 
 // Per exchange on every node: wait for input event 0..L-1 of the bucket's buffer, then the

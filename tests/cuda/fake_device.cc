@@ -423,9 +423,11 @@ void FakeDevice::CountStaging(bool to_host, size_t bytes) {
     staging_.to_host_calls++;
     staging_.to_host_bytes += bytes;
     staging_.to_host_max_bytes = std::max<uint64_t>(staging_.to_host_max_bytes, bytes);
+    staging_.to_host_sizes[bytes]++;
   } else {
     staging_.from_host_calls++;
     staging_.from_host_bytes += bytes;
+    staging_.from_host_sizes[bytes]++;
   }
 }
 

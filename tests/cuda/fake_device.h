@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -71,6 +72,8 @@ struct Staging {
   uint64_t to_host_calls = 0, to_host_bytes = 0;
   uint64_t from_host_calls = 0, from_host_bytes = 0;
   uint64_t to_host_max_bytes = 0;  // the largest single device-to-host copy
+  // How many copies of each size there were, per direction.
+  std::map<uint64_t, uint64_t> to_host_sizes, from_host_sizes;
 };
 
 class FakeDevice : public BufferAllocator, public SlotOrdering {
