@@ -19,11 +19,19 @@
 //  - the initial stage count is the `stages` parameter (default 2);
 //  - once the survivors of a stage are expected to be few (1.5x the fit's target within n/16, or
 //    4k), they are collected in one pass and the remaining stages and the final selection read
-//    that list (same result, fewer passes over acc).
-// Parameters: stages (initial S, default 2), adaptive (default true).
+//    that list (same result, fewer passes over acc);
+//  - where two or more later stages would each read acc for their moments (compact, the
+//    default), stage 1's survivors (~n/4) are collected instead, in one pass, and every later
+//    stage and the final selection read that list. Its moments are summed in other SIMD lanes
+//    than a pass over acc's, so the double sums may differ in the last bits (~1e-12 relative on
+//    the tests' inputs); the thresholds are floats, and a stage whose threshold lies within 1e-10
+//    relative of a float rounding boundary is redone pass-per-stage, so the thresholds and
+//    selections are those of compact=false (checked bit for bit by sidco_test).
+// Parameters: stages (initial S, default 2), adaptive (default true), compact (default true).
 // Scalars: [0] threshold, [1] stages used, [2] passes over acc.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <memory>
 #include <vector>
 
@@ -39,14 +47,35 @@ inline constexpr double kFirstRatio = 0.25;
 inline constexpr int kUpdateEvery = 5;
 inline constexpr double kResDiff = 0.2;
 
+// Relative distance from a float rounding boundary within which a threshold computed from the
+// listed survivors' sums is not taken as the pass-per-stage one (their sums differ by ~1e-12
+// relative at most on the tests' inputs).
+inline constexpr double kRoundingMargin = 1e-10;
+
+// Whether static_cast<float>(eta) could round the other way were eta off by kRoundingMargin.
+bool NearRounding(double eta) {
+  const float f = static_cast<float>(eta);
+  if (!std::isfinite(f)) return false;
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  const double down = 0.5 * (static_cast<double>(f) + std::nextafter(f, -kInf));  // exact
+  const double up = 0.5 * (static_cast<double>(f) + std::nextafter(f, kInf));
+  const double margin = kRoundingMargin * std::fabs(eta);
+  return eta - down < margin || up - eta < margin;
+}
+
 int MaxStages(double density) {
   return std::max(1, static_cast<int>(std::ceil(std::log(density) / std::log(0.5))));
 }
 
 class Sidco final : public Compressor {
  public:
-  Sidco(const CompressorSpec& spec, Primitives* prims, SidcoFit fit, int stages, bool adaptive)
-      : Compressor(spec, prims), fit_(fit), stages_(stages), adaptive_(adaptive) {}
+  Sidco(const CompressorSpec& spec, Primitives* prims, SidcoFit fit, int stages, bool adaptive,
+        bool compact)
+      : Compressor(spec, prims),
+        fit_(fit),
+        stages_(stages),
+        adaptive_(adaptive),
+        compact_(compact) {}
   Pattern pattern() const override { return Pattern::kSparseGather; }
 
  protected:
@@ -76,62 +105,42 @@ class Sidco final : public Compressor {
                                            : GParetoThreshold(mean, var, r1);
     }
     int used = 1;
-    bool have_list = false;  // list_idx_/list_val_ hold every entry with |acc| > list_eta
-    float list_eta = 0;
+    SurvivorList list;
     if (!single) {
-      const double rho = std::pow(d / kFirstRatio, 1.0 / (stages_ - 1));
-      const size_t cap = std::max<size_t>(4 * ctx.k, n / 16);
-      double expected = kFirstRatio * n;  // survivors above eta, as the fits aim
-      for (int s = 1; s < stages_; ++s) {
-        const float lb = static_cast<float>(eta);
-        if (!have_list && 1.5 * expected <= cap) {
-          // Few survivors: collect them in one pass; this and the later stages and the final
-          // selection then read the list instead of scanning acc again.
-          list_idx_.resize(cap);
-          list_val_.resize(cap);
-          const size_t c = prims_->SelectAbove(acc, 0, n, StrictAbove(lb), false, list_idx_.data(),
-                                               list_val_.data(), cap);
-          ++passes;
-          if (c <= cap) {
-            list_idx_.resize(c);
-            list_val_.resize(c);
-            have_list = true;
-            list_eta = lb;
-          }
-        }
-        AbsMoments y;
-        if (have_list) {
-          for (float v : list_val_) {
-            const float a = std::fabs(v);
-            if (!(a > lb)) continue;
-            y.count++;
-            y.sum += a;
-            y.sum_sq += static_cast<double>(a) * a;
-          }
-        } else {
-          y = prims_->AccumulateMoments(acc, nullptr, n, lb, false);  // (no logs needed)
-          ++passes;
-        }
-        if (y.count < 2) break;
-        const double mean_y = y.sum / y.count;
-        const double var = std::max(0.0, (y.sum_sq - y.sum * mean_y) / (y.count - 1));
-        const double mean_z = std::max(0.0, mean_y - eta);
-        eta += fit_ == SidcoFit::kExponential ? ExponentialThreshold(mean_z, rho)
-                                              : GParetoThreshold(mean_z, var, rho);
-        expected *= rho;
-        ++used;
+      const double eta1 = eta;
+      if (!LaterStages(ctx, acc, compact_, &eta, &used, &passes, &list)) {
+        eta = eta1;  // a stage's float threshold is not safely the pass-per-stage one's: redo
+        used = 1;
+        list = SurvivorList();
+        LaterStages(ctx, acc, false, &eta, &used, &passes, &list);
       }
     }
     const float th = std::max(static_cast<float>(eta), kMinThreshold);
-    if (have_list && th >= list_eta) {
-      for (size_t j = 0; j < list_idx_.size(); ++j) {
-        if (std::fabs(list_val_[j]) > th) {
-          out->idx.push_back(list_idx_[j]);
-          out->val.push_back(list_val_[j]);
+    if (list.have && th >= list.eta) {
+      const size_t base = out->idx.size();
+      if (list.few) {
+        for (size_t j = 0; j < list.n; ++j) {
+          if (std::fabs(list.val[j]) > th) {
+            out->idx.push_back(list.idx[j]);
+            out->val.push_back(list.val[j]);
+          }
         }
+      } else {
+        // Positions in the list, then their indices in acc.
+        picked_.idx.clear();
+        picked_.val.clear();
+        AppendAbove(prims_, const_cast<float*>(list.val), nullptr, 0, list.n, StrictAbove(th),
+                    false, 2 * ctx.k, &picked_);
+        out->idx.resize(base + picked_.idx.size());
+        for (size_t j = 0; j < picked_.idx.size(); ++j) {
+          out->idx[base + j] = list.idx[picked_.idx[j]];
+        }
+        out->val.insert(out->val.end(), picked_.val.begin(), picked_.val.end());
       }
-      if (zero && !out->idx.empty()) {
-        if (absl::Status st = prims_->ZeroAt(acc, n, out->idx.data(), out->idx.size()); !st.ok()) {
+      if (zero && out->idx.size() > base) {
+        if (absl::Status st = prims_->ZeroAt(acc, n, out->idx.data() + base,
+                                             out->idx.size() - base);
+            !st.ok()) {
           return st;
         }
       }
@@ -147,6 +156,92 @@ class Sidco final : public Compressor {
   }
 
  private:
+  // The survivors the later stages and the final selection read instead of acc: idx/val[0, n)
+  // hold, ascending by index, every i with |acc[i]| > eta.
+  struct SurvivorList {
+    bool have = false;
+    bool few = false;  // the list the pass-per-stage path collects too (the same entries)
+    const uint32_t* idx = nullptr;
+    const float* val = nullptr;
+    size_t n = 0;
+    float eta = 0;
+  };
+
+  // Stages 2..S from stage 1's threshold *eta (updated; *used and *passes counted on). With
+  // `compact`, where two or more stages would each read acc, stage 1's survivors are listed once
+  // and the stages' moments read that list. Those sums run in other lanes than a pass over acc
+  // and may differ in the last bits, so a stage whose threshold lies within kRoundingMargin of
+  // a float rounding boundary returns false: the caller redoes the stages without `compact`.
+  bool LaterStages(const StepContext& ctx, float* acc, bool compact, double* eta, int* used,
+                   int* passes, SurvivorList* list) {
+    const size_t n = ctx.n;
+    const double rho = std::pow(ctx.density / kFirstRatio, 1.0 / (stages_ - 1));
+    const size_t cap = std::max<size_t>(4 * ctx.k, n / 16);
+    int full_stages = 0;  // stages that the pass-per-stage path fits with a pass over acc
+    double expected = kFirstRatio * n;  // survivors above eta, as the fits aim
+    for (int s = 1; s < stages_; ++s, expected *= rho) full_stages += 1.5 * expected > cap;
+    bool try_compact = compact && full_stages >= 2;
+    const bool listed = try_compact;
+    expected = kFirstRatio * n;
+    for (int s = 1; s < stages_; ++s) {
+      const float lb = static_cast<float>(*eta);
+      const bool few = 1.5 * expected <= cap;
+      if (list->have && !(lb >= list->eta)) *list = SurvivorList();  // (eta never falls)
+      if (!list->have && (try_compact || few)) {
+        // Stage 1's survivors (about a quarter of acc) once, or few survivors: collected in one
+        // pass; this and the later stages and the final selection then read the list.
+        const size_t want = try_compact ? std::max(cap, n / 8 * 3) : cap;
+        try_compact = false;
+        if (list_idx_.size() < want) {
+          list_idx_.resize(want);
+          list_val_.resize(want);
+        }
+        const size_t c = prims_->SelectAbove(acc, 0, n, StrictAbove(lb), false,
+                                             list_idx_.data(), list_val_.data(), want);
+        ++*passes;
+        if (c <= want) *list = {true, few && c <= cap, list_idx_.data(), list_val_.data(), c, lb};
+      } else if (list->have && !list->few && few) {
+        // Where the pass-per-stage path collects its list, cut this one to the same entries.
+        if (few_idx_.size() < cap) {
+          few_idx_.resize(cap);
+          few_val_.resize(cap);
+        }
+        const size_t c = prims_->SelectAbove(const_cast<float*>(list->val), 0, list->n,
+                                             StrictAbove(lb), false, few_idx_.data(),
+                                             few_val_.data(), cap);
+        if (c <= cap) {
+          for (size_t j = 0; j < c; ++j) few_idx_[j] = list->idx[few_idx_[j]];
+          *list = {true, true, few_idx_.data(), few_val_.data(), c, lb};
+        }
+      }
+      AbsMoments y;
+      if (list->have && list->few) {
+        for (size_t j = 0; j < list->n; ++j) {
+          const float a = std::fabs(list->val[j]);
+          if (!(a > lb)) continue;
+          y.count++;
+          y.sum += a;
+          y.sum_sq += static_cast<double>(a) * a;
+        }
+      } else if (list->have) {  // (read only: with no addend nothing is stored)
+        y = prims_->AccumulateMoments(const_cast<float*>(list->val), nullptr, list->n, lb, false);
+      } else {
+        y = prims_->AccumulateMoments(acc, nullptr, n, lb, false);  // (no logs needed)
+        ++*passes;
+      }
+      if (y.count < 2) break;
+      const double mean_y = y.sum / y.count;
+      const double var = std::max(0.0, (y.sum_sq - y.sum * mean_y) / (y.count - 1));
+      const double mean_z = std::max(0.0, mean_y - *eta);
+      *eta += fit_ == SidcoFit::kExponential ? ExponentialThreshold(mean_z, rho)
+                                             : GParetoThreshold(mean_z, var, rho);
+      expected *= rho;
+      ++*used;
+      if (listed && NearRounding(*eta)) return false;
+    }
+    return true;
+  }
+
   void Adapt(double q, double d) {
     q_sum_ += q;
     if (++q_calls_ < kUpdateEvery) return;
@@ -159,10 +254,14 @@ class Sidco final : public Compressor {
   }
 
   SidcoFit fit_;
-  std::vector<uint32_t> list_idx_;
-  std::vector<float> list_val_;
+  // Scratch, kept between calls (sized as needed, never shrunk): the survivor list, the few
+  // survivors cut from it, and the positions the final selection picks from it.
+  std::vector<uint32_t> list_idx_, few_idx_;
+  std::vector<float> list_val_, few_val_;
+  Selection picked_;
   int stages_;
   bool adaptive_;
+  bool compact_;
   double q_sum_ = 0;
   int q_calls_ = 0;
 };
@@ -175,8 +274,11 @@ std::unique_ptr<Compressor> MakeSidco(const CompressorSpec& spec, Primitives* pr
       r.Int("stages", 2, 1, 32, "initial number of stages (clamped to ceil(ln d / ln 0.5))"));
   const bool adaptive = r.Bool("adaptive", true,
                                "adapt the stage count every 5 steps (+-20% band)");
+  const bool compact = r.Bool("compact", true,
+                              "fit stages 2.. on a list of stage 1's survivors (false: a pass "
+                              "over acc per stage; the same thresholds)");
   if (prims == nullptr || !r.ok()) return nullptr;
-  return std::make_unique<Sidco>(spec, prims, fit, stages, adaptive);
+  return std::make_unique<Sidco>(spec, prims, fit, stages, adaptive, compact);
 }
 
 }  // namespace spex

@@ -1,9 +1,11 @@
 // SIDCo: the scalar statistics (normal quantile, incomplete gamma and its inverse), the
 // closed-form thresholds on crafted inputs for every fit (single stage and two stages, computed
-// here with plain loops), strict selection at the threshold, and the adaptive stage count.
+// here with plain loops), strict selection at the threshold, the adaptive stage count, and that
+// fitting the later stages on the list of stage 1's survivors changes no threshold or selection.
 #include "kernels/compressors/stat_math.h"
 
 #include <cmath>
+#include <cstring>
 
 #include "kernels/cpu/cpu_primitives.h"
 #include "tests/kernels/compressor_test_util.h"
@@ -131,6 +133,15 @@ TEST_F(SidcoTest, ThreeStagesUseTheEqualPerStageRatio) {
   EXPECT_EQ(sel.scalars[2], 3.0f);
   EXPECT_EQ(sel.idx, Above(x_, sel.scalars[0], true));
   for (uint32_t i : sel.idx) EXPECT_EQ(acc[i], 0.0f);
+  // At d = 0.01 stages 2 and 3 both keep many (rho = 0.2): stage 1's survivors are listed once
+  // and read by both stages and the final selection: moments, one select = 2 passes.
+  c = MustMake("sidco_p", 0.01, x_.size(), prims_.get(), {{"stages", "3"}, {"adaptive", "false"}});
+  acc = x_;
+  sel = Selection();
+  ASSERT_TRUE(c->Select(0, acc.data(), nullptr, true, &sel).ok());
+  EXPECT_EQ(sel.scalars[2], 2.0f);
+  EXPECT_EQ(sel.idx, Above(x_, sel.scalars[0], true));
+  for (uint32_t i : sel.idx) EXPECT_EQ(acc[i], 0.0f);
 }
 
 TEST_F(SidcoTest, StageCountAdaptsEveryFiveCalls) {
@@ -159,6 +170,72 @@ TEST_F(SidcoTest, StageCountAdaptsEveryFiveCalls) {
     }
   }
   EXPECT_TRUE(grew) << "the stage count never adapted";
+}
+
+// |x| scaled Student-t with `dof` degrees of freedom, `zero_percent` of the entries exactly 0
+// (the benchmark's gradients: 2.5 dof, 5% zeros).
+std::vector<float> StudentT(size_t n, uint32_t seed, float dof, int zero_percent) {
+  std::mt19937 gen(seed);
+  std::student_t_distribution<float> t(dof);
+  std::vector<float> x(n);
+  for (float& v : x) v = static_cast<int>(gen() % 100) < zero_percent ? 0.0f : 1e-3f * t(gen);
+  return x;
+}
+
+uint32_t Bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof(u));
+  return u;
+}
+
+// Both paths of one compressor (compact = true / false) on the same steps: every step's
+// threshold (to the bit), stage count, selection and the acc left behind must agree. Counts in
+// *fewer the steps on which the compact path read acc fewer times.
+void ExpectSamePaths(const std::string& name, double d, const std::string& stages,
+                     bool adaptive, const std::vector<float>& g, int steps, Primitives* prims,
+                     int* fewer) {
+  SCOPED_TRACE(name + " d=" + std::to_string(d) + " stages=" + stages);
+  const std::string a = adaptive ? "true" : "false";
+  auto list = MustMake(name, d, g.size(), prims, {{"stages", stages}, {"adaptive", a}});
+  auto full = MustMake(name, d, g.size(), prims,
+                       {{"stages", stages}, {"adaptive", a}, {"compact", "false"}});
+  std::vector<float> acc_list(g.size(), 0.0f), acc_full(g.size(), 0.0f);
+  for (int step = 0; step < steps; ++step) {
+    Selection s_list, s_full;
+    ASSERT_TRUE(list->Select(step, acc_list.data(), g.data(), true, &s_list).ok());
+    ASSERT_TRUE(full->Select(step, acc_full.data(), g.data(), true, &s_full).ok());
+    ASSERT_EQ(Bits(s_list.scalars[0]), Bits(s_full.scalars[0])) << "step " << step;
+    ASSERT_EQ(s_list.scalars[1], s_full.scalars[1]) << "step " << step;
+    *fewer += s_list.scalars[2] < s_full.scalars[2];
+    ASSERT_EQ(s_list.idx, s_full.idx) << "step " << step;
+    ASSERT_EQ(s_list.val, s_full.val) << "step " << step;
+    ASSERT_TRUE(acc_list == acc_full) << "step " << step;
+  }
+}
+
+TEST(SidcoCompactTest, SameThresholdsAndSelectionsAsAPassPerStage) {
+  const size_t n = (size_t{1} << 20) + 37;  // several parallel chunks, an odd tail
+  const std::vector<std::vector<float>> inputs = {
+      StudentT(n, 21, 2.5f, 5), StudentT(n, 22, 3.0f, 0), Laplace(n, 23), Normal(n, 24)};
+  int fewer = 0, steps = 0;
+  for (int threads : {1, 2}) {
+    auto prims = MakeCpuPrimitives(threads);
+    for (size_t in = 0; in < inputs.size(); ++in) {
+      SCOPED_TRACE("threads=" + std::to_string(threads) + " input " + std::to_string(in));
+      for (const char* name : {"sidco_e", "sidco_p", "sidco_gp"}) {
+        for (double d : {0.001, 0.01}) {
+          for (const char* stages : {"2", "3", "10"}) {
+            ExpectSamePaths(name, d, stages, false, inputs[in], 2, prims.get(), &fewer);
+          }
+          // Adaptive stage counts over steps with error feedback.
+          ExpectSamePaths(name, d, "2", true, inputs[in], 12, prims.get(), &fewer);
+          steps += 3 * 2 + 12;
+        }
+      }
+    }
+  }
+  // The list is used (not always: with one stage over many survivors it saves nothing).
+  EXPECT_GT(fewer, steps / 8) << "of " << steps;
 }
 
 }  // namespace
