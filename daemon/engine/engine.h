@@ -10,8 +10,10 @@
 // The device path (a DevicePath, e.g. CUDA: CudaPrimitives, NcclCollective, CudaDeviceMemory)
 // keeps the BucketHeader in host shm and the data in a buffer from the DevicePath's allocator;
 // per step it waits for every trainer's input event before reading the inputs and records the
-// output event before publishing. The compressors work in host memory, so a sparse step on the
-// device stages through host copies of the accumulator and the output (SparseStep).
+// output event before publishing. A sparse step on the device runs its compressor on the
+// device's primitives when it can (DeviceCompressorNames: no staging, only the selection and the
+// exchanged indices and values cross); the others stage through host copies of the accumulator
+// and the output (SparseStep).
 #pragma once
 
 #include <atomic>
@@ -122,7 +124,8 @@ struct BucketGrant {
 class Engine {
  public:
   // `prims` works on the buckets' data: host memory on the CPU path, device memory with a
-  // `device` path (whose host_prims then serve the compressors). Start() checks the pieces fit.
+  // `device` path (whose host_prims then serve the sparse exchange and the compressors that do
+  // not run on device primitives). Start() checks the pieces fit.
   Engine(EngineOptions options, Collective* collective, Primitives* prims, DevicePath device = {});
   ~Engine();
   Engine(const Engine&) = delete;
@@ -211,7 +214,7 @@ class Engine {
   Collective* const collective_;
   Primitives* const prims_;  // the buckets' data (device memory on the device path)
   const DevicePath device_;
-  Primitives* const host_prims_;  // compressors, sparse exchange: prims_ on the CPU path
+  Primitives* const host_prims_;  // sparse exchange, staged compressors: prims_ on the CPU path
 
   mutable absl::Mutex mu_;
   absl::CondVar published_cv_;  // signalled after every publish and on stop

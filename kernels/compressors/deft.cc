@@ -28,7 +28,7 @@ namespace {
 class Deft final : public Compressor {
  public:
   Deft(const CompressorSpec& spec, Primitives* prims, int units_per_node)
-      : Compressor(spec, prims) {
+      : Compressor(spec, prims), scratch_(prims) {
     const size_t u = std::min<size_t>(spec.elements,
                                       static_cast<size_t>(units_per_node) * spec.node_count);
     for (size_t j = 0; j < u; ++j) units_.push_back(EqualPartition(spec.elements, static_cast<int>(u), static_cast<int>(j)));
@@ -69,11 +69,11 @@ class Deft final : public Compressor {
       if (!common && bin_of[j] != my_bin) continue;
       ++owned;
       const size_t kj = common ? units_[j].size() : own_k[j];
-      AppendTopK(prims_, acc, units_[j].begin, units_[j].end, kj, false, out);
+      AppendTopK(prims_, acc, units_[j].begin, units_[j].end, kj, false, out, &scratch_);
     }
     out->scalars[0] = static_cast<float>(owned);
     out->scalars[1] = static_cast<float>(my_bin);
-    return absl::OkStatus();
+    return scratch_.TakeStatus();
   }
 
   absl::Status DoUpdate(const StepContext&, const Gathered& g) override {
@@ -115,6 +115,7 @@ class Deft final : public Compressor {
 
   std::vector<Range> units_;
   std::vector<int64_t> shared_k_;
+  Scratch scratch_;
 };
 
 }  // namespace

@@ -29,7 +29,7 @@ namespace {
 class GaussianK final : public Compressor {
  public:
   GaussianK(const CompressorSpec& spec, Primitives* prims, bool band)
-      : Compressor(spec, prims), band_(band) {}
+      : Compressor(spec, prims), band_(band), scratch_(prims) {}
   Pattern pattern() const override { return Pattern::kSparseGather; }
 
  protected:
@@ -42,7 +42,7 @@ class GaussianK final : public Compressor {
     float th = static_cast<float>(mean + std::sqrt(var) * NormalQuantile(1 - ctx.density / 2));
     th = std::max(th, kMinThreshold);
     int passes = 1;  // the moments
-    ThresholdScanner scan(prims_, acc, nullptr, n, 4 * k);
+    ThresholdScanner scan(prims_, acc, nullptr, n, 4 * k, &scratch_);
     CountFn count = [&](float t) { return scan.Count(t); };
     if (band_) {
       // Up to 40 probes: answered from one histogram pass, exactly only where the bin holding a
@@ -50,7 +50,7 @@ class GaussianK final : public Compressor {
       // magnitudes from the lowest published probe (th / 8) up, where the probes lie unless
       // every published one selects too few; then it is built whole and the search runs again
       // (the same decisions, from the same bounds and exact counts).
-      hist_.BuildFrom(prims_, acc, n, th * 0.125f);
+      hist_.BuildFrom(prims_, acc, n, th * 0.125f, &scratch_);
       ++passes;
       count = CutCount([this](float t, size_t* lo, size_t* hi) { hist_.Bounds(t, lo, hi); },
                        GaussianKCuts(k), count);
@@ -61,7 +61,7 @@ class GaussianK final : public Compressor {
     th = band_ ? GaussianKBandRefine(th0, k, kMinThreshold, m.max, probe, &rounds)
                : GaussianKRefine(th0, k, probe, &rounds);
     if (band_ && hist_.missed()) {
-      hist_.Build(prims_, acc, n);
+      hist_.Build(prims_, acc, n, &scratch_);
       ++passes;
       th = GaussianKBandRefine(th0, k, kMinThreshold, m.max, probe, &rounds);
     }
@@ -70,12 +70,13 @@ class GaussianK final : public Compressor {
     out->scalars[0] = th;
     out->scalars[1] = static_cast<float>(rounds);
     out->scalars[2] = static_cast<float>(scan.passes() + passes);
-    return absl::OkStatus();
+    return scratch_.TakeStatus();
   }
 
  private:
   bool band_;
   MagnitudeHistogram hist_;
+  Scratch scratch_;
 };
 
 }  // namespace

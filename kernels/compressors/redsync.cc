@@ -36,7 +36,7 @@ class RedSync final : public Compressor {
  public:
   // trim: redsync_trim; band: redsync's band search, or redsync_trim's trim to the top-k.
   RedSync(const CompressorSpec& spec, Primitives* prims, bool trim, bool band)
-      : Compressor(spec, prims), trim_(trim), band_(band) {}
+      : Compressor(spec, prims), trim_(trim), band_(band), scratch_(prims) {}
   Pattern pattern() const override { return Pattern::kSparseGather; }
 
  protected:
@@ -46,7 +46,7 @@ class RedSync final : public Compressor {
     const AbsMoments m = prims_->AccumulateMoments(acc, add, n, -1.0f, false);  // acc += add
     const double mean = m.sum / n, max = m.max;
     int passes = 1;  // the moments
-    ThresholdScanner scan(prims_, acc, nullptr, n, 2 * k);
+    ThresholdScanner scan(prims_, acc, nullptr, n, 2 * k, &scratch_);
     const CountFn exact = [&](float t) { return scan.Count(t); };
     const BoundsFn bounds = [this](float t, size_t* lo, size_t* hi) { hist_.Bounds(t, lo, hi); };
     CountFn count = exact;
@@ -54,7 +54,7 @@ class RedSync final : public Compressor {
       // Up to 40 probes (or 5 and a trim): answered from one histogram pass, exactly only where
       // the bin holding a probe straddles a count the search compares with. Every probe is at
       // or above the mean, so the histogram covers the magnitudes from the mean's bin up.
-      hist_.BuildFrom(prims_, acc, n, static_cast<float>(mean));
+      hist_.BuildFrom(prims_, acc, n, static_cast<float>(mean), &scratch_);
       ++passes;
       count = CutCount(bounds, trim_ ? RedSyncTrimCuts(k) : RedSyncCuts(k), exact);
     }
@@ -80,15 +80,17 @@ class RedSync final : public Compressor {
       if (floor > 0) {
         size_t lo, hi;
         hist_.Bounds(floor, &lo, &hi);
-        AppendAbove(prims_, acc, nullptr, 0, n, floor, false, hi, out);
-        TrimTopK(prims_, out, 0, k);
+        AppendAbove(prims_, acc, nullptr, 0, n, floor, false, hi, out, &scratch_);
+        TrimTopK(prims_, out, 0, k, &scratch_);
         if (zero && !out->idx.empty()) {
-          if (absl::Status s = prims_->ZeroAt(acc, n, out->idx.data(), out->idx.size()); !s.ok()) {
+          if (absl::Status s = ZeroAtHost(prims_, acc, n, out->idx.data(), out->idx.size(),
+                                          &scratch_);
+              !s.ok()) {
             return s;
           }
         }
       } else {
-        AppendTopK(prims_, acc, 0, n, k, zero, out);
+        AppendTopK(prims_, acc, 0, n, k, zero, out, &scratch_);
       }
       ++passes;
     } else {
@@ -97,13 +99,14 @@ class RedSync final : public Compressor {
     out->scalars[0] = th;
     out->scalars[1] = static_cast<float>(probes);
     out->scalars[2] = static_cast<float>(scan.passes() + passes);
-    return absl::OkStatus();
+    return scratch_.TakeStatus();
   }
 
  private:
   bool trim_;
   bool band_;
   MagnitudeHistogram hist_;
+  Scratch scratch_;
 };
 
 }  // namespace

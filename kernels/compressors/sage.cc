@@ -47,7 +47,7 @@ namespace {
 class Sage final : public Compressor {
  public:
   Sage(const CompressorSpec& spec, Primitives* prims, uint64_t seed)
-      : Compressor(spec, prims), seed_(seed) {}
+      : Compressor(spec, prims), seed_(seed), scratch_(prims) {}
   Pattern pattern() const override { return Pattern::kSparseGather; }
 
  protected:
@@ -57,19 +57,19 @@ class Sage final : public Compressor {
     const double savg = SampledMeanAbs(ctx, acc, add);
     if (ctx.call == 0) {
       th_ = InitialThreshold(ctx.k);
-      AppendAbove(prims_, acc, add, 0, n, th_, zero, 2 * ctx.k, out);
+      AppendAbove(prims_, acc, add, 0, n, th_, zero, 2 * ctx.k, out, &scratch_);
       out->scalars[0] = th_;
       out->scalars[1] = out->scalars[2] = 1;
       out->scalars[3] = 1;
       savg_prev_ = savg;
-      return absl::OkStatus();
+      return scratch_.TakeStatus();
     }
     const double alpha = SageCorrection(savg, savg_prev_, ctx.density, 0).alpha;
     const float exam = std::max(static_cast<float>(th_ * alpha), kMinThreshold);
     const float low =
         std::max(static_cast<float>(exam * SageMinBetaGamma(ctx.density) * (1 - 1e-6)),
                  kMinThreshold);
-    ThresholdScanner scan(prims_, acc, add, n, 4 * ctx.k);
+    ThresholdScanner scan(prims_, acc, add, n, 4 * ctx.k, &scratch_);
     scan.Count(low);  // the one fused pass: everything below comes from its list
     const double d_exam = static_cast<double>(scan.Count(exam)) / n;
     const SageFactors f = SageCorrection(savg, savg_prev_, ctx.density, d_exam);
@@ -80,7 +80,7 @@ class Sage final : public Compressor {
     out->scalars[1] = static_cast<float>(f.alpha);
     out->scalars[2] = static_cast<float>(f.beta * f.gamma);
     out->scalars[3] = static_cast<float>(scan.passes());
-    return absl::OkStatus();
+    return scratch_.TakeStatus();
   }
 
  private:
@@ -88,10 +88,10 @@ class Sage final : public Compressor {
     const size_t m = SlovinSampleSize(ctx.n);
     const uint64_t seed = StepSeed(seed_, ctx.node_rank, ctx.step);
     sample_.resize(m);
-    prims_->Sample(acc, ctx.n, m, seed, sample_.data());
+    SampleToHost(prims_, acc, ctx.n, m, seed, sample_.data(), &scratch_);
     if (add) {
       add_sample_.resize(m);
-      prims_->Sample(add, ctx.n, m, seed, add_sample_.data());
+      SampleToHost(prims_, add, ctx.n, m, seed, add_sample_.data(), &scratch_);
       for (size_t j = 0; j < m; ++j) sample_[j] += add_sample_[j];
     }
     double s = 0;
@@ -103,6 +103,7 @@ class Sage final : public Compressor {
   float th_ = 0;
   double savg_prev_ = 0;
   std::vector<float> sample_, add_sample_;
+  Scratch scratch_;
 };
 
 }  // namespace

@@ -42,6 +42,13 @@ std::vector<Case> Cases() {
       {"exdyna", "exdyna", {}},
       {"exdyna_reference", "exdyna", {{"threshold_control", "reference"}}},
       {"dgc", "dgc", {{"seed", "5"}}},
+      {"gaussiank", "gaussiank", {}},
+      {"gaussiank_reference", "gaussiank", {{"refine", "reference"}}},
+      {"redsync", "redsync", {}},
+      {"redsync_reference", "redsync", {{"search", "reference"}}},
+      {"redsync_trim", "redsync_trim", {}},
+      {"sage", "sage", {{"seed", "9"}}},
+      {"deft", "deft", {}},
   };
 }
 

@@ -2,12 +2,12 @@
 // that claims to be a GPU's, CPU primitives claiming Device::kCuda and checking which side of
 // the device every pointer is on, a recorder for the slot ordering, the in-process collective
 // checked the same way):
-//  - results equal the CPU path's bit for bit, for dense and every sparse compressor that runs
-//    on device primitives (topk, gtopk, randomk, dgc: pattern B; topk_union, cltk, thresh,
-//    micro, exdyna: pattern A) and two that do not (gaussiank: B, deft: A), 2 and 4 nodes x 2
-//    trainers, both signalling paths, with and without the dense-fallback probe (some); the
-//    device compressors' steps copy no whole bucket (no staging), the others make exactly the
-//    three documented staging copies;
+//  - results equal the CPU path's bit for bit, for dense, every sparse compressor that runs on
+//    device primitives (topk, gtopk, randomk, dgc, gaussiank, redsync, redsync_trim, sage:
+//    pattern B; topk_union, cltk, thresh, micro, exdyna, deft: pattern A) and one that does not
+//    (sidco_e, staged), 2 and 4 nodes x 2 trainers, both signalling paths, with and without the
+//    dense-fallback probe (some); the device compressors' steps copy no whole bucket (no
+//    staging), the staged one makes exactly the three documented staging copies;
 //  - per exchange the engine waits for every trainer's input event before touching the bucket,
 //    and records the output event after writing it and before publishing;
 //  - a node whose input events fail makes every node skip that step with an error, no hang;
@@ -310,14 +310,16 @@ std::string CaseName(const testing::TestParamInfo<Case>& info) {
 
 INSTANTIATE_TEST_SUITE_P(Compressors, DevicePathMatchesCpuPath,
                          testing::Combine(testing::Values("dense", "topk", "micro", "dgc",
-                                                          "gaussiank", "deft"),
+                                                          "sidco_e"),
                                           testing::Values(2, 4), testing::Values("off", "auto")),
                          CaseName);
 
 // The other compressors that run on device primitives (no dense fallback).
 INSTANTIATE_TEST_SUITE_P(DeviceCompressors, DevicePathMatchesCpuPath,
                          testing::Combine(testing::Values("gtopk", "topk_union", "cltk", "randomk",
-                                                          "thresh", "exdyna"),
+                                                          "thresh", "exdyna", "gaussiank",
+                                                          "redsync", "redsync_trim", "sage",
+                                                          "deft"),
                                           testing::Values(2, 4), testing::Values("off")),
                          CaseName);
 
