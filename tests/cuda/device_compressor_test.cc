@@ -14,6 +14,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/compressor.h"
+#include "kernels/compressors/common.h"
 #include "tests/cuda/fake_device.h"
 
 namespace spex {
@@ -188,6 +189,51 @@ TEST(DeviceCompressors, EveryPortedOneIsCoveredAndTheOthersAreRefused) {
     } else {
       EXPECT_EQ(made.status().code(), absl::StatusCode::kUnimplemented) << name;
     }
+  }
+}
+
+// The shared helpers on device primitives, with a call-local scratch (no Scratch given) and
+// with one, equal the CPU primitives' results: a select that overflows its first guess (with
+// zeroing), a top-k of a sub-range (zeroed), a trim, histograms from a bin on, samples, zeroing.
+TEST(DeviceHelpers, EqualTheCpuWithAndWithoutAScratch) {
+  constexpr size_t kN = 20011;
+  for (bool own : {false, true}) {
+    SCOPED_TRACE(own ? "own scratch" : "call-local scratch");
+    FakeDevice device;
+    Primitives* dev = device.device_prims();
+    std::unique_ptr<Primitives> cpu = MakeCpuPrimitives(1);
+    Scratch scratch(dev);
+    Scratch* s = own ? &scratch : nullptr;
+    std::vector<float> a = Data(kN, 42);
+    auto d = OnDevice(&device, a);
+    float* da = static_cast<float*>(d->data());
+    Selection x, y;
+    // About 3000 entries above 0.01: the first guess (1024) overflows.
+    EXPECT_EQ(AppendAbove(dev, da, nullptr, 7, kN - 5, 0.01f, true, 10, &y, s),
+              AppendAbove(cpu.get(), a.data(), nullptr, 7, kN - 5, 0.01f, true, 10, &x));
+    EXPECT_GT(x.idx.size(), 1024u);
+    EXPECT_EQ(AppendTopK(dev, da, 100, 9000, 300, true, &y, s),
+              AppendTopK(cpu.get(), a.data(), 100, 9000, 300, true, &x));
+    EXPECT_EQ(TrimTopK(dev, &y, 10, 500, s), TrimTopK(cpu.get(), &x, 10, 500));
+    EXPECT_EQ(y.idx, x.idx);
+    EXPECT_TRUE(SameBits(y.val, x.val));
+    EXPECT_TRUE(SameBits(ToHost(d.get(), kN), a));
+    for (uint32_t first : {0u, 0x3c00u}) {
+      std::vector<uint32_t> hx(Primitives::kHistogramBins, 1), hy(hx);
+      HistogramToHost(cpu.get(), a.data(), 3, kN, first, hx.data());
+      HistogramToHost(dev, da, 3, kN, first, hy.data(), s);
+      EXPECT_TRUE(std::equal(hx.begin() + first, hx.end(), hy.begin() + first)) << first;
+    }
+    std::vector<float> sx(777), sy(777);
+    SampleToHost(cpu.get(), a.data(), kN, sx.size(), 99, sx.data());
+    SampleToHost(dev, da, kN, sy.size(), 99, sy.data(), s);
+    EXPECT_TRUE(SameBits(sx, sy));
+    const std::vector<uint32_t> at = {0, 5, 77, 19999};
+    ASSERT_TRUE(ZeroAtHost(cpu.get(), a.data(), kN, at.data(), at.size()).ok());
+    ASSERT_TRUE(ZeroAtHost(dev, da, kN, at.data(), at.size(), s).ok());
+    EXPECT_TRUE(SameBits(ToHost(d.get(), kN), a));
+    EXPECT_TRUE(scratch.TakeStatus().ok());
+    EXPECT_TRUE(device.violations().empty()) << device.violations().front();
   }
 }
 
