@@ -60,9 +60,9 @@ class SlotOrdering {
 struct DevicePath {
   BufferAllocator* allocator = nullptr;
   SlotOrdering* ordering = nullptr;
-  // Host primitives for what must run in host memory: the compressors (their selections and
-  // scratch are host vectors) and the sparse exchange's wire messages, fed through explicit
-  // staging copies (see Engine::SparseStep).
+  // Host primitives for what must run in host memory: the sparse exchange's wire messages, and
+  // the codecs of a test's codec_factory, fed through explicit staging copies (see
+  // Engine::SparseStep). Every compressor runs on the device primitives (device scratch).
   Primitives* host_prims = nullptr;
 };
 

@@ -33,9 +33,9 @@ constexpr Entry kRegistry[] = {
     {"redsync", Pattern::kSparseGather, MakeRedSync, true},
     {"redsync_trim", Pattern::kSparseGather, MakeRedSyncTrim, true},
     {"sage", Pattern::kSparseGather, MakeSage, true},
-    {"sidco_e", Pattern::kSparseGather, MakeSidcoE, false},
-    {"sidco_gp", Pattern::kSparseGather, MakeSidcoGP, false},
-    {"sidco_p", Pattern::kSparseGather, MakeSidcoP, false},
+    {"sidco_e", Pattern::kSparseGather, MakeSidcoE, true},
+    {"sidco_gp", Pattern::kSparseGather, MakeSidcoGP, true},
+    {"sidco_p", Pattern::kSparseGather, MakeSidcoP, true},
     {"thresh", Pattern::kIndexUnion, MakeThresh, true},
     {"topk", Pattern::kSparseGather, MakeTopK, true},
     {"topk_union", Pattern::kIndexUnion, MakeTopKUnion, true},
@@ -106,8 +106,8 @@ absl::StatusOr<std::unique_ptr<Compressor>> MakeCompressor(const CompressorSpec&
     return absl::InvalidArgumentError(absl::StrCat(spec.name, ": no primitives given"));
   }
   if (prims->device() != Device::kCpu && !Find(spec.name)->device) {
-    // Its selections, histograms, samples or candidate lists are host vectors handed to the
-    // primitives as output buffers: it has not been moved onto device scratch yet.
+    // Every sparse compressor runs on device scratch; only the dense entry (the engine
+    // exchanges dense buckets without a compressor) is not marked for device primitives.
     return absl::UnimplementedError(absl::StrCat(
         spec.name, ": does not run on device (CUDA) primitives yet, only on host-memory "
                    "primitives (CPU or reference); the compressors that run on device primitives: ",

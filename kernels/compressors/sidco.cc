@@ -27,6 +27,11 @@
 //    the tests' inputs); the thresholds are floats, and a stage whose threshold lies within 1e-10
 //    relative of a float rounding boundary is redone pass-per-stage, so the thresholds and
 //    selections are those of compact=false (checked bit for bit by sidco_test).
+// On device primitives the lists are collected into device scratch: a long list (stage 1's
+// survivors) stays there (its moments are the primitive's; the entries cut from it are mapped
+// to acc's indices by a Gather of the list's index words), and a list of few survivors, which
+// the host loops below read, is copied back (at most max(4k, n/16) entries), as is the final
+// selection. Host primitives use host vectors as before.
 // Parameters: stages (initial S, default 2), adaptive (default true), compact (default true).
 // Scalars: [0] threshold, [1] stages used, [2] passes over acc.
 #include <algorithm>
@@ -75,7 +80,10 @@ class Sidco final : public Compressor {
         fit_(fit),
         stages_(stages),
         adaptive_(adaptive),
-        compact_(compact) {}
+        compact_(compact),
+        scratch_(prims),
+        dev_(prims),
+        pick_(prims) {}
   Pattern pattern() const override { return Pattern::kSparseGather; }
 
  protected:
@@ -116,7 +124,19 @@ class Sidco final : public Compressor {
       }
     }
     const float th = std::max(static_cast<float>(eta), kMinThreshold);
-    if (list.have && th >= list.eta) {
+    if (list.have && th >= list.eta && list.dev) {
+      // The final selection from the device list: positions in it, mapped to acc's indices on
+      // the device; only the selected entries come back, and acc is zeroed from the device.
+      const size_t base = out->idx.size();
+      const size_t cap = std::min<size_t>(std::max<size_t>(2 * ctx.k, 1024), list.n);
+      const uint32_t* at =
+          FetchFromList(list, StrictAbove(th), cap, true, &out->idx, &out->val);
+      if (zero && at != nullptr && out->idx.size() > base) {
+        if (absl::Status st = prims_->ZeroAt(acc, n, at, out->idx.size() - base); !st.ok()) {
+          return st;
+        }
+      }
+    } else if (list.have && th >= list.eta) {
       const size_t base = out->idx.size();
       if (list.few) {
         for (size_t j = 0; j < list.n; ++j) {
@@ -138,21 +158,27 @@ class Sidco final : public Compressor {
         out->val.insert(out->val.end(), picked_.val.begin(), picked_.val.end());
       }
       if (zero && out->idx.size() > base) {
-        if (absl::Status st = prims_->ZeroAt(acc, n, out->idx.data() + base,
-                                             out->idx.size() - base);
+        if (absl::Status st = ZeroAtHost(prims_, acc, n, out->idx.data() + base,
+                                         out->idx.size() - base, &scratch_);
             !st.ok()) {
           return st;
         }
       }
     } else {
-      AppendAbove(prims_, acc, nullptr, 0, n, StrictAbove(th), zero, 2 * ctx.k, out);
+      AppendAbove(prims_, acc, nullptr, 0, n, StrictAbove(th), zero, 2 * ctx.k, out, &scratch_);
       ++passes;
     }
     out->scalars[0] = th;
     out->scalars[1] = static_cast<float>(used);
     out->scalars[2] = static_cast<float>(passes);
     if (adaptive_) Adapt(static_cast<double>(out->idx.size()) / (d * n), d);
-    return absl::OkStatus();
+    if (scratch_.host()) return absl::OkStatus();
+    absl::Status status;  // the first failure of the three scratches (all cleared)
+    for (Scratch* s : {&dev_, &pick_, &scratch_}) {
+      absl::Status st = s->TakeStatus();
+      if (status.ok()) status = st;
+    }
+    return status;
   }
 
  private:
@@ -165,7 +191,52 @@ class Sidco final : public Compressor {
     const float* val = nullptr;
     size_t n = 0;
     float eta = 0;
+    bool dev = false;  // idx/val are in device scratch (dev_'s slots kListIdx, kListVal)
   };
+
+  // dev_'s slots: the device list; pick_'s: positions in it, their values, their indices in acc.
+  static constexpr int kListIdx = 0, kListVal = 1;
+  static constexpr int kPos = 0, kVal = 1, kIdx = 2;
+
+  // On device primitives: the entries of the device list with |val| >= t, at most `cap` of them
+  // (`grow`: all of them, with a second pass when more), appended to the host idx (acc's
+  // indices) and val. Returns their indices in device scratch, or null where nothing was
+  // appended (more than `cap` without `grow`, or a failure, kept in pick_).
+  const uint32_t* FetchFromList(const SurvivorList& list, float t, size_t cap, bool grow,
+                                std::vector<uint32_t>* idx, std::vector<float>* val) {
+    cap = std::max<size_t>(cap, 1);
+    auto* pos = static_cast<uint32_t*>(pick_.Get(kPos, cap * 4));
+    auto* v = static_cast<float*>(pick_.Get(kVal, cap * 4));
+    if (pos == nullptr || v == nullptr) return nullptr;
+    float* list_val = const_cast<float*>(list.val);
+    size_t c = prims_->SelectAbove(list_val, 0, list.n, t, false, pos, v, cap);
+    if (c > cap) {
+      if (!grow) return nullptr;
+      cap = c;
+      pos = static_cast<uint32_t*>(pick_.Get(kPos, cap * 4));
+      v = static_cast<float*>(pick_.Get(kVal, cap * 4));
+      if (pos == nullptr || v == nullptr) return nullptr;
+      c = prims_->SelectAbove(list_val, 0, list.n, t, false, pos, v, cap);
+    }
+    auto* at = static_cast<uint32_t*>(pick_.Get(kIdx, std::max<size_t>(c, 1) * 4));
+    if (at == nullptr) return nullptr;
+    // The list's index words moved as floats: Gather copies 32-bit words without arithmetic.
+    if (absl::Status st = prims_->Gather(reinterpret_cast<const float*>(list.idx), list.n, pos, c,
+                                         reinterpret_cast<float*>(at));
+        !st.ok()) {
+      pick_.Fail(st);
+      return nullptr;
+    }
+    const size_t base = idx->size();
+    idx->resize(base + c);
+    val->resize(base + c);
+    if (!pick_.Fetch(idx->data() + base, at, c * 4) || !pick_.Fetch(val->data() + base, v, c * 4)) {
+      idx->resize(base);
+      val->resize(base);
+      return nullptr;
+    }
+    return at;
+  }
 
   // Stages 2..S from stage 1's threshold *eta (updated; *used and *passes counted on). With
   // `compact`, where two or more stages would each read acc, stage 1's survivors are listed once
@@ -192,14 +263,26 @@ class Sidco final : public Compressor {
         // pass; this and the later stages and the final selection then read the list.
         const size_t want = try_compact ? std::max(cap, n / 8 * 3) : cap;
         try_compact = false;
-        if (list_idx_.size() < want) {
-          list_idx_.resize(want);
-          list_val_.resize(want);
+        if (!scratch_.host()) {
+          CollectOnDevice(acc, n, lb, want, few, cap, list);
+          ++*passes;
+        } else {
+          if (list_idx_.size() < want) {
+            list_idx_.resize(want);
+            list_val_.resize(want);
+          }
+          const size_t c = prims_->SelectAbove(acc, 0, n, StrictAbove(lb), false,
+                                               list_idx_.data(), list_val_.data(), want);
+          ++*passes;
+          if (c <= want) *list = {true, few && c <= cap, list_idx_.data(), list_val_.data(), c, lb};
         }
-        const size_t c = prims_->SelectAbove(acc, 0, n, StrictAbove(lb), false,
-                                             list_idx_.data(), list_val_.data(), want);
-        ++*passes;
-        if (c <= want) *list = {true, few && c <= cap, list_idx_.data(), list_val_.data(), c, lb};
+      } else if (list->have && !list->few && few && list->dev) {
+        // As below, from the device list; the cut (at most cap entries) comes back.
+        few_idx_.clear();
+        few_val_.clear();
+        if (FetchFromList(*list, StrictAbove(lb), cap, false, &few_idx_, &few_val_) != nullptr) {
+          *list = {true, true, few_idx_.data(), few_val_.data(), few_idx_.size(), lb};
+        }
       } else if (list->have && !list->few && few) {
         // Where the pass-per-stage path collects its list, cut this one to the same entries.
         if (few_idx_.size() < cap) {
@@ -242,6 +325,28 @@ class Sidco final : public Compressor {
     return true;
   }
 
+  // On device primitives: every i with |acc[i]| > lb, into dev_ when at most `want`; a list of
+  // few (at most cap, where `few`) comes back to the host vectors, as the host loops read it.
+  void CollectOnDevice(float* acc, size_t n, float lb, size_t want, bool few, size_t cap,
+                       SurvivorList* list) {
+    auto* idx = static_cast<uint32_t*>(dev_.Get(kListIdx, std::max<size_t>(want, 1) * 4));
+    auto* val = static_cast<float*>(dev_.Get(kListVal, std::max<size_t>(want, 1) * 4));
+    if (idx == nullptr || val == nullptr) return;
+    const size_t c = prims_->SelectAbove(acc, 0, n, StrictAbove(lb), false, idx, val, want);
+    if (c > want) return;
+    if (!(few && c <= cap)) {
+      *list = {true, false, idx, val, c, lb, true};
+      return;
+    }
+    if (list_idx_.size() < c) {
+      list_idx_.resize(c);
+      list_val_.resize(c);
+    }
+    if (dev_.Fetch(list_idx_.data(), idx, c * 4) && dev_.Fetch(list_val_.data(), val, c * 4)) {
+      *list = {true, true, list_idx_.data(), list_val_.data(), c, lb};
+    }
+  }
+
   void Adapt(double q, double d) {
     q_sum_ += q;
     if (++q_calls_ < kUpdateEvery) return;
@@ -264,6 +369,8 @@ class Sidco final : public Compressor {
   bool compact_;
   double q_sum_ = 0;
   int q_calls_ = 0;
+  // Device primitives only: the helpers' scratch, the device list, the picks from it.
+  Scratch scratch_, dev_, pick_;
 };
 
 }  // namespace

@@ -2,7 +2,7 @@
 // every Select over the fake device's primitives (acc, add and all scratch in fake device
 // memory, every pointer checked) is bit-identical to the same Select over the CPU primitives
 // (selection, scalars and acc afterwards), over several steps on 4 simulated nodes with their
-// Updates, with and without `add`; acc is never copied back whole. The others are refused.
+// Updates, with and without `add`; acc is never copied back whole. Dense is refused.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -26,10 +26,32 @@ struct Case {
   std::string label;
   std::string name;
   std::map<std::string, std::string> params;
+  double density = 0.01;
 };
 
+// SIDCo at both densities, on its compact list and pass per stage. At d = 0.01 with 3 stages
+// both later stages read stage 1's survivors and the final selection is picked from that list
+// in device scratch; at d = 0.001 with 5 stages the last one cuts a list of few from it, which
+// comes back; compact=false collects lists of few only.
+void AddSidco(std::vector<Case>* cases) {
+  for (const char* name : {"sidco_e", "sidco_p", "sidco_gp"}) {
+    for (const char* compact : {"true", "false"}) {
+      for (const double d : {0.01, 0.001}) {
+        const std::string label = std::string(name) + (d == 0.01 ? "_d01" : "_d001") +
+                                  (compact[0] == 't' ? "_compact" : "_passes");
+        cases->push_back({label, name,
+                          {{"compact", compact}, {"stages", d == 0.01 ? "3" : "5"}}, d});
+      }
+    }
+  }
+  // The default stage count (2): a single later stage, on acc.
+  cases->push_back({"sidco_e_default", "sidco_e", {}});
+  // d = 0.01 with 4 stages: the list of stage 1's survivors, then a cut of few from it.
+  cases->push_back({"sidco_p_d01_cut", "sidco_p", {{"stages", "4"}}});
+}
+
 std::vector<Case> Cases() {
-  return {
+  std::vector<Case> cases = {
       {"topk", "topk", {}},
       {"gtopk", "gtopk", {}},
       {"topk_union", "topk_union", {}},
@@ -51,6 +73,8 @@ std::vector<Case> Cases() {
       {"sage", "sage", {{"seed", "9"}}},
       {"deft", "deft", {}},
   };
+  AddSidco(&cases);
+  return cases;
 }
 
 // Laplace-like values with ties (a fifth rounded to a coarse grid) and exact zeros.
@@ -102,7 +126,7 @@ TEST_P(DeviceCompressor, SelectsBitIdenticallyToTheCpu) {
   std::vector<std::vector<float>> acc_cpu;
   std::vector<std::unique_ptr<DeviceArray>> acc_dev;
   for (int r = 0; r < kNodes; ++r) {
-    const CompressorSpec spec{c.name, 0.01, c.params, r, kNodes, kN};
+    const CompressorSpec spec{c.name, c.density, c.params, r, kNodes, kN};
     auto a = MakeCompressor(spec, cpu.get());
     auto b = MakeCompressor(spec, device.device_prims());
     ASSERT_TRUE(a.ok()) << a.status();

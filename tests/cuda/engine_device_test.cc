@@ -2,12 +2,14 @@
 // that claims to be a GPU's, CPU primitives claiming Device::kCuda and checking which side of
 // the device every pointer is on, a recorder for the slot ordering, the in-process collective
 // checked the same way):
-//  - results equal the CPU path's bit for bit, for dense, every sparse compressor that runs on
-//    device primitives (topk, gtopk, randomk, dgc, gaussiank, redsync, redsync_trim, sage:
-//    pattern B; topk_union, cltk, thresh, micro, exdyna, deft: pattern A) and one that does not
-//    (sidco_e, staged), 2 and 4 nodes x 2 trainers, both signalling paths, with and without the
-//    dense-fallback probe (some); the device compressors' steps copy no whole bucket (no
-//    staging), the staged one makes exactly the three documented staging copies;
+//  - results equal the CPU path's bit for bit, for dense, every sparse compressor (all run on
+//    device primitives: topk, gtopk, randomk, dgc, gaussiank, redsync, redsync_trim, sage,
+//    sidco_e, sidco_p, sidco_gp: pattern B; topk_union, cltk, thresh, micro, exdyna, deft:
+//    pattern A) and a staged one (sidco_e built by a test codec factory, which the engine hands
+//    its host primitives on staged host copies; the factory refuses device primitives), 2 and
+//    4 nodes x 2 trainers, both signalling paths, with and without the dense-fallback probe
+//    (some); the device compressors' steps copy no whole bucket (no staging), the staged one
+//    makes exactly the three documented staging copies;
 //  - per exchange the engine waits for every trainer's input event before touching the bucket,
 //    and records the output event after writing it and before publishing;
 //  - a node whose input events fail makes every node skip that step with an error, no hang;
@@ -29,6 +31,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "client/client.h"
+#include "daemon/engine/codec.h"
 #include "daemon/engine/engine.h"
 #include "kernels/compressor.h"
 #include "daemon/memory/cuda_ipc_buffer.h"
@@ -110,7 +113,13 @@ struct RunConfig {
   int steps = 6;
   std::string dense_fallback = "off";
   bool device = false;
+  // Codecs from a test codec factory (the library's, refusing device primitives): the engine
+  // stages such a codec's steps through host copies on the device path.
+  bool staged = false;
 };
+
+// "staged_<compressor>" names a staged case.
+constexpr char kStagedPrefix[] = "staged_";
 
 // What one run saw: every trainer's output per step and bucket, trainer 0's records.
 struct RunResult {
@@ -149,6 +158,15 @@ RunResult RunCluster(const RunConfig& c) {
     o.probe_steps = 3;
     o.min_sparse_elements = 0;
     o.residual_norm_every = 1;
+    if (c.staged) {
+      o.codec_factory = [](const CodecSpec& spec,
+                           Primitives* p) -> absl::StatusOr<std::unique_ptr<Codec>> {
+        if (p->device() != Device::kCpu) {
+          return absl::UnimplementedError("the staged test codecs run on host primitives only");
+        }
+        return MakeCodec(spec, p);
+      };
+    }
     if (c.device) {
       r.devices.push_back(std::make_unique<FakeDevice>(/*ordinal=*/0, /*cpu_threads=*/1));
       FakeDevice* d = r.devices.back().get();
@@ -223,6 +241,10 @@ class DevicePathMatchesCpuPath : public testing::TestWithParam<Case> {};
 TEST_P(DevicePathMatchesCpuPath, BitForBit) {
   RunConfig c;
   std::tie(c.compressor, c.nodes, c.dense_fallback) = GetParam();
+  if (c.compressor.rfind(kStagedPrefix, 0) == 0) {
+    c.compressor = c.compressor.substr(sizeof(kStagedPrefix) - 1);
+    c.staged = true;
+  }
   RunResult cpu = RunCluster(c);
   c.device = true;
   RunResult dev = RunCluster(c);
@@ -287,13 +309,16 @@ TEST_P(DevicePathMatchesCpuPath, BitForBit) {
   } else {
     EXPECT_GT(sparse_steps, 0);
   }
-  if (c.compressor == "dense" || CompressorRunsOnDevice(c.compressor)) {
+  if (c.compressor == "dense" || !c.staged) {
+    ASSERT_TRUE(c.compressor == "dense" || CompressorRunsOnDevice(c.compressor));
     // The compressor selects from the device's acc and the exchange decodes into the device's
     // output: only selections, samples, histogram bins, indices and values cross, never a
     // whole bucket; dense steps (and the dense bucket) copy nothing.
     EXPECT_EQ(whole_to_host, 0u);
     EXPECT_EQ(whole_from_host, 0u);
-    if (sparse_steps > 0) EXPECT_GT(to_host + from_host, 0u);
+    if (sparse_steps > 0) {
+      EXPECT_GT(to_host + from_host, 0u);
+    }
     return;
   }
   // The staged sparse steps: acc to the host once, the output and the residual back.
@@ -310,7 +335,7 @@ std::string CaseName(const testing::TestParamInfo<Case>& info) {
 
 INSTANTIATE_TEST_SUITE_P(Compressors, DevicePathMatchesCpuPath,
                          testing::Combine(testing::Values("dense", "topk", "micro", "dgc",
-                                                          "sidco_e"),
+                                                          "sidco_e", "staged_sidco_e"),
                                           testing::Values(2, 4), testing::Values("off", "auto")),
                          CaseName);
 
@@ -319,7 +344,7 @@ INSTANTIATE_TEST_SUITE_P(DeviceCompressors, DevicePathMatchesCpuPath,
                          testing::Combine(testing::Values("gtopk", "topk_union", "cltk", "randomk",
                                                           "thresh", "exdyna", "gaussiank",
                                                           "redsync", "redsync_trim", "sage",
-                                                          "deft"),
+                                                          "deft", "sidco_p", "sidco_gp"),
                                           testing::Values(2, 4), testing::Values("off")),
                          CaseName);
 
