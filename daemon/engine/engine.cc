@@ -374,9 +374,9 @@ absl::StatusOr<std::unique_ptr<Engine::Bucket>> Engine::NewBucket(
     b->output = reinterpret_cast<float*>(base + OutputOffset(elements, slots));
   }
   if (compressor != "dense" && elements >= options_.min_sparse_elements) {
-    // The compressors run on the bucket's memory where they can: on the CPU path prims_ (which
-    // is host_prims_); on the device path prims_ for those that run on device primitives, and
-    // host_prims_ on staged host copies for the others (a test's codec_factory: host_prims_).
+    // The compressors run on the bucket's memory: on the CPU path prims_ (which is host_prims_),
+    // on the device path prims_ (every registered compressor runs on device primitives). Only a
+    // test's codec_factory runs on host_prims_ over staged host copies of acc and the output.
     CodecSpec spec{compressor, density, params, collective_->rank(), collective_->size(), elements};
     b->codec_on_device = device && !options_.codec_factory && CompressorRunsOnDevice(compressor);
     Primitives* codec_prims = b->codec_on_device ? prims_ : host_prims_;

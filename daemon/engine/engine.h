@@ -124,8 +124,8 @@ struct BucketGrant {
 class Engine {
  public:
   // `prims` works on the buckets' data: host memory on the CPU path, device memory with a
-  // `device` path (whose host_prims then serve the sparse exchange and the compressors that do
-  // not run on device primitives). Start() checks the pieces fit.
+  // `device` path (whose host_prims then serve the sparse exchange's wire messages and a test's
+  // codec_factory, whose codecs run on staged host copies). Start() checks the pieces fit.
   Engine(EngineOptions options, Collective* collective, Primitives* prims, DevicePath device = {});
   ~Engine();
   Engine(const Engine&) = delete;
@@ -214,7 +214,7 @@ class Engine {
   Collective* const collective_;
   Primitives* const prims_;  // the buckets' data (device memory on the device path)
   const DevicePath device_;
-  Primitives* const host_prims_;  // sparse exchange, staged compressors: prims_ on the CPU path
+  Primitives* const host_prims_;  // sparse exchange, staged test codecs: prims_ on the CPU path
 
   mutable absl::Mutex mu_;
   absl::CondVar published_cv_;  // signalled after every publish and on stop

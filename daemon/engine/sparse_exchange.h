@@ -15,7 +15,7 @@
 // come back for the all-reduce), and both patterns upload the indices and the scaled values
 // they add into out and scatter-add there, in the same order as on the host (bit-identical).
 // Without a DeviceSide the engine's device path stages acc and out through host copies around
-// these calls (Engine::SparseStep, for compressors that do not run on device primitives).
+// these calls (Engine::SparseStep, for a test codec_factory's codecs on host primitives).
 #pragma once
 
 #include <cstdint>
