@@ -190,56 +190,10 @@ HWY_INLINE V FastLog(D d, V a) {
   return hn::MulAdd(hn::ConvertTo(d, e), hn::Set(d, 0.693147180559945f), log1p);
 }
 
-AbsMoments MomentsImpl(const float* x, size_t n, float lower_bound) {
-  AbsMoments m;
-  size_t i = 0;
-#if HWY_TARGET != HWY_SCALAR
-  // |x| and log|x| in float lanes, sums in double lanes (both halves promoted).
-  const hn::ScalableTag<float> d;
-  const hn::Half<decltype(d)> dh;
-  const hn::Rebind<double, decltype(dh)> dd;
-  const size_t N = hn::Lanes(d);
-  const auto lb = hn::Set(d, lower_bound);
-  const auto zero = hn::Zero(d);
-  const auto one = hn::Set(d, 1.0f);
-  const auto inf = hn::Set(d, std::numeric_limits<float>::infinity());
-  auto sum = hn::Zero(dd), sum_sq = hn::Zero(dd), sum_log = hn::Zero(dd);
-  auto vmax = hn::Zero(d);
-  size_t count = 0, log_count = 0;
-  for (; i + N <= n; i += N) {
-    const auto a = hn::Abs(hn::LoadU(d, x + i));
-    const auto in = hn::Gt(a, lb);
-    if (hn::AllFalse(d, in)) continue;
-    const auto am = hn::IfThenElseZero(in, a);
-    const auto pos = hn::And(in, hn::Gt(a, zero));
-    count += hn::CountTrue(d, in);
-    log_count += hn::CountTrue(d, pos);
-    vmax = hn::Max(vmax, am);
-    // FastLog is for finite positive inputs; Inf is patched to Inf.
-    const auto lg = hn::IfThenElseZero(
-        pos, hn::IfThenElse(hn::Eq(a, inf), inf, FastLog(d, hn::IfThenElse(pos, a, one))));
-    const auto lo = hn::PromoteTo(dd, hn::LowerHalf(dh, am));
-    const auto hi = hn::PromoteTo(dd, hn::UpperHalf(dh, am));
-    sum = hn::Add(sum, hn::Add(lo, hi));
-    sum_sq = hn::MulAdd(lo, lo, sum_sq);
-    sum_sq = hn::MulAdd(hi, hi, sum_sq);
-    sum_log = hn::Add(sum_log, hn::Add(hn::PromoteTo(dd, hn::LowerHalf(dh, lg)),
-                                       hn::PromoteTo(dd, hn::UpperHalf(dh, lg))));
-  }
-  m.count = count;
-  m.log_count = log_count;
-  m.sum = hn::GetLane(hn::SumOfLanes(dd, sum));
-  m.sum_sq = hn::GetLane(hn::SumOfLanes(dd, sum_sq));
-  m.sum_log = hn::GetLane(hn::SumOfLanes(dd, sum_log));
-  m.max = hn::GetLane(hn::MaxOfLanes(d, vmax));
-#endif
-  for (; i < n; ++i) MomentsAddScalar(std::fabs(x[i]), lower_bound, &m);
-  return m;
-}
-
-// MomentsImpl with the options of Primitives::AccumulateMoments: acc += add first (when add is
-// non-null; stored back), and sum_log/log_count only when `logs`. The sums are accumulated in the
-// same lanes and order as MomentsImpl, so they are the same bits.
+// Moments of |x| over x[0..n) (|x| and log|x| in float lanes, sums in double lanes, both halves
+// promoted), with the options of Primitives::AccumulateMoments: acc += add first (kAdd; stored
+// back), and sum_log/log_count only with kLogs. Moments is <false, true>, so every variant
+// accumulates in the same lanes and order and gives the same bits.
 template <bool kAdd, bool kLogs>
 AbsMoments FusedMomentsLoop(float* acc, const float* add, size_t n, float lower_bound) {
   AbsMoments m;
@@ -301,6 +255,11 @@ AbsMoments FusedMomentsLoop(float* acc, const float* add, size_t n, float lower_
     }
   }
   return m;
+}
+
+// Primitives::Moments: the fused loop without the add (x is only read) and with the logs.
+AbsMoments MomentsImpl(const float* x, size_t n, float lower_bound) {
+  return FusedMomentsLoop<false, true>(const_cast<float*>(x), nullptr, n, lower_bound);
 }
 
 AbsMoments FusedMomentsImpl(float* acc, const float* add, size_t n, float lower_bound,
