@@ -760,12 +760,8 @@ absl::Status Engine::RecordOutput(Bucket* b) {
 // of additions (acc, then input 0, 1, ...) is the same on every path, so results are too.
 absl::Status Engine::LocalReduce(Bucket* b, bool add_to_acc) {
   const size_t n = b->elements;
-  if (!add_to_acc) {
-    if (absl::Status s = prims_->Copy(b->acc, b->input[0], n); !s.ok()) return s;
-  }
-  for (int r = add_to_acc ? 0 : 1; r < options_.local_trainers; ++r) {
-    prims_->Accumulate(b->acc, b->input[r], n);
-  }
+  if (!add_to_acc) return prims_->SumScaled(b->acc, b->input, options_.local_trainers, 1.0f, n);
+  for (int r = 0; r < options_.local_trainers; ++r) prims_->Accumulate(b->acc, b->input[r], n);
   return absl::OkStatus();
 }
 
@@ -788,7 +784,7 @@ absl::Status Engine::DenseStep(Bucket* b, ExchangeRecord* rec, const std::functi
     src = b->output;
     scale = 1.0f;
   } else if (L > 1) {
-    s = prims_->SumScaled(b->acc, b->input, L, 1.0f, n);
+    s = LocalReduce(b, false);
     src = b->acc;
   }
   if (!s.ok()) return s;

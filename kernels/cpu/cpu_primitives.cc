@@ -64,13 +64,9 @@ class CpuPrimitives final : public Primitives {
   absl::Status SumScaled(float* y, const float* const* xs, int count, float a,
                          size_t n) override {
     if (count < 1) return absl::InvalidArgumentError("SumScaled needs at least one input");
+    // Rare: more local trainers than one pass reads; the unfused passes (same rounding).
+    if (count > kMaxSumInputs) return Primitives::SumScaled(y, xs, count, a, n);
     ForChunks(Cut(0, n), [&](size_t, size_t b, size_t e, int) {
-      if (count > kMaxSumInputs) {  // rare: more local trainers than one pass reads
-        std::memcpy(y + b, xs[0] + b, (e - b) * sizeof(float));
-        for (int r = 1; r < count; ++r) simd::Accumulate(y + b, xs[r] + b, e - b);
-        if (a != 1.0f) simd::Scale(y + b, a, e - b);
-        return;
-      }
       const float* shifted[kMaxSumInputs];
       for (int r = 0; r < count; ++r) shifted[r] = xs[r] + b;
       simd::SumScaled(y + b, shifted, count, a, e - b);
