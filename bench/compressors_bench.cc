@@ -147,8 +147,9 @@ struct Nodes {
       }
     }
     for (size_t r = 0; r < c.size(); ++r) {
-      const double t =
-          Ms([&] { Check(ef[r]->Complete(c[r].get(), step, {counts, gathered}), *c[r]); });
+      const double t = Ms([&] {
+        Check(ef[r]->Complete(c[r].get(), step, {counts, gathered}), *c[r]);
+      });
       if (r == 0) ms += t;
     }
     return ms;
@@ -212,13 +213,15 @@ std::vector<CostRow> RunCost() {
       mag.assign(raw.begin(), raw.begin() + n);
       for (float& v : mag) v = std::fabs(v);
       std::nth_element(mag.begin(), mag.begin() + (k - 1), mag.end(), std::greater<float>());
-      const float scale = static_cast<float>(1.0 / (2.0 * std::sqrt(static_cast<double>(k)))) / mag[k - 1];
+      const float scale =
+          static_cast<float>(1.0 / (2.0 * std::sqrt(static_cast<double>(k)))) / mag[k - 1];
       for (size_t i = 0; i < 2 * n; ++i) pool[i] = raw[i] * scale;
       for (int threads : FlagList<int>(absl::GetFlag(FLAGS_threads))) {
         std::unique_ptr<Primitives> prims = MakeCpuPrimitives(threads);
-        std::printf("\nn=%zu d=%g threads=%d (rank 0 of %d nodes; ratio = time / memcpy of the "
-                    "same buffer, interleaved)\n",
-                    n, d, threads, nodes);
+        std::printf(
+            "\nn=%zu d=%g threads=%d (rank 0 of %d nodes; ratio = time / memcpy of the "
+            "same buffer, interleaved)\n",
+            n, d, threads, nodes);
         std::printf("  %-20s %3s %10s %10s %9s %10s\n", "compressor", "pat", "ms", "memcpy ms",
                     "x memcpy", "density");
         for (const Variant& v : Variants()) {
@@ -248,12 +251,19 @@ std::vector<CostRow> RunCost() {
             achieved += static_cast<double>(node.sel[0].count()) / n / reps;
             if (topk) {
               const float* g = grad(step, 0);
-              tn.push_back(
-                  Ms([&] { PlainTopKStep(plain_acc.data(), g, n, k, &mag, &plain_idx, &plain_val); }));
+              tn.push_back(Ms(
+                  [&] { PlainTopKStep(plain_acc.data(), g, n, k, &mag, &plain_idx, &plain_val); }));
             }
           }
-          CostRow row{n, d, threads, v.label, PatternName(node.c[0]->pattern()), Median(t),
-                      Median(tb), Median(t) / Median(tb), achieved};
+          CostRow row{n,
+                      d,
+                      threads,
+                      v.label,
+                      PatternName(node.c[0]->pattern()),
+                      Median(t),
+                      Median(tb),
+                      Median(t) / Median(tb),
+                      achieved};
           if (topk) row.nth_ms = Median(tn);
           std::printf("  %-20s %3s %10.3f %10.3f %9.3f %10.5f", v.label.c_str(),
                       row.pattern.c_str(), row.ms, row.memcpy_ms, row.vs_memcpy, row.achieved);
@@ -343,8 +353,8 @@ float HalfToFloat(uint16_t h) {
     std::memcpy(&f, &b, 4);
     return f;
   }
-  const uint32_t bits = sign | (exp == 31 ? (0xffu << 23) | (man << 13)
-                                           : ((exp + 112) << 23) | (man << 13));
+  const uint32_t bits =
+      sign | (exp == 31 ? (0xffu << 23) | (man << 13) : ((exp + 112) << 23) | (man << 13));
   std::memcpy(&f, &bits, 4);
   return f;
 }
@@ -456,7 +466,9 @@ std::vector<RatioRow> RunRatio(GradSource* src, int nodes) {
       std::vector<uint64_t> counts(nodes);
       std::vector<uint32_t> uni;
       for (int r = 0; r < nodes; ++r) {
-        c.select_ms += Ms([&] { (void)c.ef[r]->Select(c.c[r].get(), step, grads[r].data(), &sel[r]); }) / nodes;
+        c.select_ms +=
+            Ms([&] { (void)c.ef[r]->Select(c.c[r].get(), step, grads[r].data(), &sel[r]); }) /
+            nodes;
         counts[r] = sel[r].count();
         uni.insert(uni.end(), sel[r].idx.begin(), sel[r].idx.end());
       }
@@ -482,30 +494,37 @@ std::vector<RatioRow> RunRatio(GradSource* src, int nodes) {
 
 std::string Json(const std::vector<CostRow>& cost, const std::vector<RatioRow>& ratio,
                  const std::vector<std::string>& goals) {
-  std::string j = absl::StrCat("{\n  \"simd_target\": \"", CpuPrimitivesTarget(), "\",\n  \"reps\": ",
-                               absl::GetFlag(FLAGS_reps), ",\n  \"nodes_simulated\": ",
-                               absl::GetFlag(FLAGS_nodes), ",\n  \"cost\": [\n");
+  std::string j =
+      absl::StrCat("{\n  \"simd_target\": \"", CpuPrimitivesTarget(),
+                   "\",\n  \"reps\": ", absl::GetFlag(FLAGS_reps),
+                   ",\n  \"nodes_simulated\": ", absl::GetFlag(FLAGS_nodes), ",\n  \"cost\": [\n");
   for (size_t i = 0; i < cost.size(); ++i) {
     const CostRow& r = cost[i];
-    absl::StrAppend(&j, absl::StrFormat(
-        "    {\"n\": %d, \"density\": %g, \"threads\": %d, \"compressor\": \"%s\", \"pattern\": "
-        "\"%s\", \"ms\": %.4f, \"memcpy_ms\": %.4f, \"vs_memcpy\": %.4f, \"achieved_density\": %.6f",
-        r.n, r.density, r.threads, r.label, r.pattern, r.ms, r.memcpy_ms, r.vs_memcpy, r.achieved));
+    absl::StrAppend(&j, absl::StrFormat("    {\"n\": %d, \"density\": %g, \"threads\": %d, "
+                                        "\"compressor\": \"%s\", \"pattern\": "
+                                        "\"%s\", \"ms\": %.4f, \"memcpy_ms\": %.4f, \"vs_memcpy\": "
+                                        "%.4f, \"achieved_density\": %.6f",
+                                        r.n, r.density, r.threads, r.label, r.pattern, r.ms,
+                                        r.memcpy_ms, r.vs_memcpy, r.achieved));
     if (r.nth_ms > 0) {
-      absl::StrAppend(&j, absl::StrFormat(", \"plain_nth_element_topk_ms\": %.4f, \"speedup_vs_plain_nth_element\": %.3f",
-                                          r.nth_ms, r.nth_ms / r.ms));
+      absl::StrAppend(
+          &j, absl::StrFormat(
+                  ", \"plain_nth_element_topk_ms\": %.4f, \"speedup_vs_plain_nth_element\": %.3f",
+                  r.nth_ms, r.nth_ms / r.ms));
     }
     absl::StrAppend(&j, "}", i + 1 < cost.size() ? ",\n" : "\n");
   }
   absl::StrAppend(&j, "  ],\n  \"ratio_error\": [\n");
   for (size_t i = 0; i < ratio.size(); ++i) {
     const RatioRow& r = ratio[i];
-    absl::StrAppend(&j, absl::StrFormat(
-        "    {\"input\": \"%s\", \"n\": %d, \"nodes\": %d, \"steps\": %d, \"compressor\": \"%s\", "
-        "\"threshold_control\": \"%s\", \"density\": %g, \"mean_abs_ratio_error\": %.5f, "
-        "\"mean_ratio\": %.5f, \"select_ms_per_node_step\": %.4f}%s\n",
-        r.input, r.n, r.nodes, r.steps, r.compressor, r.control, r.density, r.mean_abs_error,
-        r.mean_ratio, r.select_ms, i + 1 < ratio.size() ? "," : ""));
+    absl::StrAppend(
+        &j, absl::StrFormat(
+                "    {\"input\": \"%s\", \"n\": %d, \"nodes\": %d, \"steps\": %d, \"compressor\": "
+                "\"%s\", "
+                "\"threshold_control\": \"%s\", \"density\": %g, \"mean_abs_ratio_error\": %.5f, "
+                "\"mean_ratio\": %.5f, \"select_ms_per_node_step\": %.4f}%s\n",
+                r.input, r.n, r.nodes, r.steps, r.compressor, r.control, r.density,
+                r.mean_abs_error, r.mean_ratio, r.select_ms, i + 1 < ratio.size() ? "," : ""));
   }
   absl::StrAppend(&j, "  ],\n  \"goals\": [\n");
   for (size_t i = 0; i < goals.size(); ++i) {
@@ -516,7 +535,8 @@ std::string Json(const std::vector<CostRow>& cost, const std::vector<RatioRow>& 
 }
 
 // The issue's goals, evaluated on what was measured.
-std::vector<std::string> Goals(const std::vector<CostRow>& cost, const std::vector<RatioRow>& ratio) {
+std::vector<std::string> Goals(const std::vector<CostRow>& cost,
+                               const std::vector<RatioRow>& ratio) {
   std::vector<std::string> out;
   auto add = [&](bool ok, const std::string& what) {
     out.push_back(absl::StrCat(ok ? "PASS " : "MISS ", what));
@@ -527,27 +547,32 @@ std::vector<std::string> Goals(const std::vector<CostRow>& cost, const std::vect
     const std::string b = base(r.label);
     if (r.threads == 1 && (r.label == "micro:reference" || r.label == "exdyna:reference" ||
                            r.label == "thresh" || r.label == "sage")) {
-      add(r.vs_memcpy <= 1.0, absl::StrFormat("%s <= 1.0x memcpy at 1 thread (%s): %.2fx", r.label, at, r.vs_memcpy));
+      add(r.vs_memcpy <= 1.0,
+          absl::StrFormat("%s <= 1.0x memcpy at 1 thread (%s): %.2fx", r.label, at, r.vs_memcpy));
     }
     if (r.label == "topk") {
-      add(r.nth_ms / r.ms >= 5, absl::StrFormat("topk >= 5x faster than nth_element (%s): %.1fx", at, r.nth_ms / r.ms));
+      add(r.nth_ms / r.ms >= 5,
+          absl::StrFormat("topk >= 5x faster than nth_element (%s): %.1fx", at, r.nth_ms / r.ms));
     }
     if (b == "dgc" || b == "gaussiank" || b == "redsync" || b == "redsync_trim" ||
         b.rfind("sidco", 0) == 0) {
-      add(r.vs_memcpy <= 3.0, absl::StrFormat("%s <= 3x memcpy (%s): %.2fx", r.label, at, r.vs_memcpy));
+      add(r.vs_memcpy <= 3.0,
+          absl::StrFormat("%s <= 3x memcpy (%s): %.2fx", r.label, at, r.vs_memcpy));
     }
   }
   for (const RatioRow& h : ratio) {
     if (h.control != "histogram" || h.input != "real_trace_mlp_digits") continue;
     const double limit = h.density < 0.005 ? 0.05 : 0.02;
-    add(h.mean_abs_error <= limit, absl::StrFormat("%s histogram |K/k-1| <= %g at d=%g on the real trace: %.4f",
-                                                   h.compressor, limit, h.density, h.mean_abs_error));
+    add(h.mean_abs_error <= limit,
+        absl::StrFormat("%s histogram |K/k-1| <= %g at d=%g on the real trace: %.4f", h.compressor,
+                        limit, h.density, h.mean_abs_error));
     for (const RatioRow& ref : ratio) {
       if (ref.input == h.input && ref.compressor == h.compressor && ref.density == h.density &&
           ref.control == "reference") {
         add(h.select_ms <= 2 * ref.select_ms,
-            absl::StrFormat("%s histogram selection <= 2x reference at d=%g on the real trace: %.2fx",
-                            h.compressor, h.density, h.select_ms / ref.select_ms));
+            absl::StrFormat(
+                "%s histogram selection <= 2x reference at d=%g on the real trace: %.2fx",
+                h.compressor, h.density, h.select_ms / ref.select_ms));
       }
     }
   }

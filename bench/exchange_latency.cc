@@ -81,7 +81,9 @@ Pct FutexPingPong(int iters, bool spin, int cpu_a = -1, int cpu_b = -1) {
     w->store(2 * i + 1);
     if (!spin) spex::FutexWake(w);
     wait_for(2 * i + 2);
-    if (i >= 100) us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+    if (i >= 100)
+      us.push_back(
+          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
   }
   waitpid(child, nullptr, 0);
   sched_setaffinity(0, sizeof(saved), &saved);
@@ -98,9 +100,11 @@ int main(int argc, char** argv) {
   Pct sleep = FutexPingPong(iters, false, 0, two_cpus ? 1 : 0);  // cross-core: the floor
   Pct same = FutexPingPong(iters, false, 0, 0);
   Pct spin = FutexPingPong(iters, true, 0, two_cpus ? 1 : 0);
-  std::printf("{\"futex_sleep_p50_us\": %.3f, \"futex_sleep_p99_us\": %.3f, \"futex_spin_p50_us\": %.3f, "
-              "\"futex_spin_p99_us\": %.3f, \"futex_same_core_p50_us\": %.3f, \"futex_same_core_p99_us\": %.3f",
-              sleep.p50, sleep.p99, spin.p50, spin.p99, same.p50, same.p99);
+  std::printf(
+      "{\"futex_sleep_p50_us\": %.3f, \"futex_sleep_p99_us\": %.3f, \"futex_spin_p50_us\": %.3f, "
+      "\"futex_spin_p99_us\": %.3f, \"futex_same_core_p50_us\": %.3f, \"futex_same_core_p99_us\": "
+      "%.3f",
+      sleep.p50, sleep.p99, spin.p50, spin.p99, same.p50, same.p99);
   if (!absl::GetFlag(FLAGS_socket).empty()) {
     spex::ClientOptions o;
     o.socket = absl::GetFlag(FLAGS_socket);
@@ -114,7 +118,8 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "%s\n", bucket.status().ToString().c_str());
       return 1;
     }
-    for (auto [mode, name] : {std::pair{spex::ExchangeMode::kDoorbell, "doorbell"}, std::pair{spex::ExchangeMode::kRpc, "rpc"}}) {
+    for (auto [mode, name] : {std::pair{spex::ExchangeMode::kDoorbell, "doorbell"},
+                              std::pair{spex::ExchangeMode::kRpc, "rpc"}}) {
       std::vector<double> us;
       for (int i = 0; i < iters + 100; ++i) {
         auto t0 = std::chrono::steady_clock::now();
@@ -123,7 +128,10 @@ int main(int argc, char** argv) {
           std::fprintf(stderr, "%s\n", s.ToString().c_str());
           return 1;
         }
-        if (i >= 100) us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+        if (i >= 100)
+          us.push_back(
+              std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0)
+                  .count());
       }
       Pct p = Percentiles(us);
       std::printf(", \"%s_p50_us\": %.3f, \"%s_p99_us\": %.3f", name, p.p50, name, p.p99);

@@ -58,7 +58,9 @@ int main(int argc, char** argv) {
     std::normal_distribution<float> normal(0.0f, 1.0f);
     for (float& v : pool) v = normal(gen);
   }
-  auto offset = [&](uint64_t step, int node) { return (step * 1000003ull + node * 7777777ull) % n; };
+  auto offset = [&](uint64_t step, int node) {
+    return (step * 1000003ull + node * 7777777ull) % n;
+  };
   std::vector<std::vector<float>> grads(max_nodes, std::vector<float>(n));
   std::vector<float> out(n), mag(n);
   for (size_t i = 0; i < n; ++i) mag[i] = std::fabs(sigma[i] * pool[offset(0, 0) + i]);
@@ -66,14 +68,16 @@ int main(int argc, char** argv) {
   for (double d : FlagList<double>(absl::GetFlag(FLAGS_densities))) {
     const size_t k = std::max<size_t>(1, static_cast<size_t>(d * n));
     std::nth_element(mag.begin(), mag.begin() + (n - k), mag.end());
-    const float scale = static_cast<float>(1.0 / (2.0 * std::sqrt(static_cast<double>(k)))) / mag[n - k];
+    const float scale =
+        static_cast<float>(1.0 / (2.0 * std::sqrt(static_cast<double>(k)))) / mag[n - k];
     for (int nodes : node_counts) {
       for (const std::string& name : FlagList<std::string>(absl::GetFlag(FLAGS_compressors))) {
         spex::CompressorSpec spec;
         spec.name = name;
         spec.density = d;
         spec.elements = n;
-        auto cluster = spex::ReferenceCluster::Create(spec, nodes, 1, /*error_feedback=*/true, prims.get());
+        auto cluster =
+            spex::ReferenceCluster::Create(spec, nodes, 1, /*error_feedback=*/true, prims.get());
         Check(cluster.status(), name);
         std::vector<double> gathered, selected;
         for (int step = 0; step < warmup + steps; ++step) {
@@ -97,10 +101,13 @@ int main(int argc, char** argv) {
         for (double s : selected) mean_sel += s / selected.size();
         const double med = gathered[gathered.size() / 2];
         std::printf(
-            "{\"source\":\"simulator\",\"nodes\":%d,\"elements\":%zu,\"density\":%g,\"compressor\":\"%s\","
-            "\"k\":%zu,\"gathered_p50\":%.0f,\"gathered_min\":%.0f,\"gathered_max\":%.0f,\"gathered_over_k\":%.4f,"
+            "{\"source\":\"simulator\",\"nodes\":%d,\"elements\":%zu,\"density\":%g,\"compressor\":"
+            "\"%s\","
+            "\"k\":%zu,\"gathered_p50\":%.0f,\"gathered_min\":%.0f,\"gathered_max\":%.0f,"
+            "\"gathered_over_k\":%.4f,"
             "\"mean_selected_per_node\":%.1f}\n",
-            nodes, n, d, name.c_str(), k, med, gathered.front(), gathered.back(), med / k, mean_sel);
+            nodes, n, d, name.c_str(), k, med, gathered.front(), gathered.back(), med / k,
+            mean_sel);
         std::fflush(stdout);
       }
     }

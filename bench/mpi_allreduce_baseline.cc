@@ -26,8 +26,10 @@ int main(int argc, char** argv) {
   }
   std::sort(ms.begin(), ms.end());
   if (rank == 0) {
-    std::printf("{\"ranks\": %d, \"elements\": %ld, \"allreduce_p50_ms\": %.3f, \"allreduce_p99_ms\": %.3f}\n", size, n,
-                ms[ms.size() / 2], ms[std::min(ms.size() - 1, ms.size() * 99 / 100)]);
+    std::printf(
+        "{\"ranks\": %d, \"elements\": %ld, \"allreduce_p50_ms\": %.3f, \"allreduce_p99_ms\": "
+        "%.3f}\n",
+        size, n, ms[ms.size() / 2], ms[std::min(ms.size() - 1, ms.size() * 99 / 100)]);
   }
   MPI_Finalize();
   return 0;

@@ -45,14 +45,18 @@ using spex::bench::FlagList;
 ABSL_FLAG(std::string, socket, "", "this node's spexd socket");
 ABSL_FLAG(int64_t, elements, 25557032, "bucket size in floats");
 ABSL_FLAG(std::string, densities, "0.001,0.01", "comma-separated target densities");
-ABSL_FLAG(std::string, compressors, "dense,micro", "comma-separated compressors, run in this order");
+ABSL_FLAG(std::string, compressors, "dense,micro",
+          "comma-separated compressors, run in this order");
 ABSL_FLAG(int, warmup, 3, "untimed exchanges per configuration");
 ABSL_FLAG(int, steps, 10, "timed exchanges per configuration");
-ABSL_FLAG(std::string, barrier, "", "barrier file (>= 64 zero bytes) shared by every node's trainer");
+ABSL_FLAG(std::string, barrier, "",
+          "barrier file (>= 64 zero bytes) shared by every node's trainer");
 ABSL_FLAG(int, parties, 1, "trainer processes on the barrier (= nodes)");
-ABSL_FLAG(bool, pair_dense, true,
-          "register a dense bucket beside each compressor's and exchange both every step (dense first)");
-ABSL_FLAG(bool, list_compressors, false, "print the registered compressor names (one a line) and exit");
+ABSL_FLAG(
+    bool, pair_dense, true,
+    "register a dense bucket beside each compressor's and exchange both every step (dense first)");
+ABSL_FLAG(bool, list_compressors, false,
+          "print the registered compressor names (one a line) and exit");
 
 namespace {
 
@@ -137,7 +141,8 @@ int main(int argc, char** argv) {
   };
   if (node == 0) {
     const double q90 = quantile(0.9), q99 = quantile(0.99), q999 = quantile(0.999);
-    std::fprintf(stderr, "input |g|: q99/q90 %.2f, q999/q99 %.2f (Gaussian: 1.57, 1.28)\n", q99 / q90, q999 / q99);
+    std::fprintf(stderr, "input |g|: q99/q90 %.2f, q999/q99 %.2f (Gaussian: 1.57, 1.28)\n",
+                 q99 / q90, q999 / q99);
   }
   const int warmup = absl::GetFlag(FLAGS_warmup), steps = absl::GetFlag(FLAGS_steps);
   uint64_t bucket_id = 0;
@@ -159,57 +164,69 @@ int main(int argc, char** argv) {
         if (which == "dense" && (name == "dense" || !absl::GetFlag(FLAGS_pair_dense))) continue;
         auto bucket = (*client)->RegisterBucket(bucket_id++, n, {which, d});
         if (!bucket.ok()) {
-          std::fprintf(stderr, "sparse_exchange_trainer: %s: %s\n", which.c_str(), bucket.status().ToString().c_str());
+          std::fprintf(stderr, "sparse_exchange_trainer: %s: %s\n", which.c_str(),
+                       bucket.status().ToString().c_str());
           return 1;
         }
         runs.emplace_back(which, *bucket);
       }
       for (int step = 0; step < warmup + steps; ++step) {
-       for (size_t b = 0; b < runs.size(); ++b) {
-        spex::Bucket* bucket = runs[b].second;
-        const std::string& what = runs[b].first;
-        float* in = bucket->input().data();
-        const float* z = pool.data() + offset(step);
-        for (size_t i = 0; i < n; ++i) in[i] = scale * sigma[i] * z[i];
-        Wait(barrier, parties);
-        const auto t0 = std::chrono::steady_clock::now();
-        absl::Status s = (*client)->Exchange(bucket);
-        const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-        if (!s.ok()) {
-          std::fprintf(stderr, "sparse_exchange_trainer[node %u] %s step %d: %s\n", node, name.c_str(), step,
-                       s.ToString().c_str());
-          return 1;
+        for (size_t b = 0; b < runs.size(); ++b) {
+          spex::Bucket* bucket = runs[b].second;
+          const std::string& what = runs[b].first;
+          float* in = bucket->input().data();
+          const float* z = pool.data() + offset(step);
+          for (size_t i = 0; i < n; ++i) in[i] = scale * sigma[i] * z[i];
+          Wait(barrier, parties);
+          const auto t0 = std::chrono::steady_clock::now();
+          absl::Status s = (*client)->Exchange(bucket);
+          const double ms =
+              std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                  .count();
+          if (!s.ok()) {
+            std::fprintf(stderr, "sparse_exchange_trainer[node %u] %s step %d: %s\n", node,
+                         name.c_str(), step, s.ToString().c_str());
+            return 1;
+          }
+          // The daemon wakes the trainer before it files the step's record: ask until it is there.
+          auto stats = (*client)->Stats();
+          for (int tries = 0; tries < 2000 && stats.ok() &&
+                              stats->buckets_size() == static_cast<int>(runs.size()) &&
+                              (stats->buckets(b).exchanges() <= static_cast<uint64_t>(step) ||
+                               stats->buckets(b).last().step() != static_cast<uint64_t>(step));
+               ++tries) {
+            usleep(500);
+            stats = (*client)->Stats();
+          }
+          if (!stats.ok() || stats->buckets_size() != static_cast<int>(runs.size()) ||
+              stats->buckets(b).last().step() != static_cast<uint64_t>(step)) {
+            std::fprintf(stderr, "sparse_exchange_trainer: GetStats: %s\n",
+                         stats.status().ToString().c_str());
+            return 1;
+          }
+          const spex::v1::ExchangeStats& e = stats->buckets(b).last();
+          std::printf(
+              "{\"node\":%u,\"nodes\":%u,\"elements\":%zu,\"density\":%g,\"compressor\":\"%s\","
+              "\"step\":%d,"
+              "\"warmup\":%s,\"exchange_ms\":%.4f,\"daemon_total_ms\":%.4f,\"collective_ms\":%.4f,"
+              "\"reduce_local_ms\":%.4f,\"compress_ms\":%.4f,\"decode_ms\":%.4f,\"publish_ms\":%."
+              "4f,"
+              "\"paired_with\":\"%s\",\"pattern\":\"%s\",\"achieved_density\":%.7f,\"selected\":%"
+              "llu,\"gathered\":%llu,"
+              "\"bytes_sent\":%llu,\"bytes_received\":%llu,\"fell_back_to_dense\":%s,\"stats_"
+              "step\":%llu}\n",
+              node, nodes, n, d, what.c_str(), step, step < warmup ? "true" : "false", ms,
+              e.total_seconds() * 1e3, Seconds(e, "collective") * 1e3,
+              Seconds(e, "reduce_local") * 1e3, Seconds(e, "compress") * 1e3,
+              Seconds(e, "decode") * 1e3, Seconds(e, "publish") * 1e3, name.c_str(),
+              e.pattern().c_str(), e.achieved_density(),
+              static_cast<unsigned long long>(e.selected_elements()),
+              static_cast<unsigned long long>(e.gathered_elements()),
+              static_cast<unsigned long long>(e.bytes_sent()),
+              static_cast<unsigned long long>(e.bytes_received()),
+              e.fell_back_to_dense() ? "true" : "false", static_cast<unsigned long long>(e.step()));
+          std::fflush(stdout);
         }
-        // The daemon wakes the trainer before it files the step's record: ask until it is there.
-        auto stats = (*client)->Stats();
-        for (int tries = 0; tries < 2000 && stats.ok() && stats->buckets_size() == static_cast<int>(runs.size()) &&
-                            (stats->buckets(b).exchanges() <= static_cast<uint64_t>(step) ||
-                             stats->buckets(b).last().step() != static_cast<uint64_t>(step));
-             ++tries) {
-          usleep(500);
-          stats = (*client)->Stats();
-        }
-        if (!stats.ok() || stats->buckets_size() != static_cast<int>(runs.size()) ||
-            stats->buckets(b).last().step() != static_cast<uint64_t>(step)) {
-          std::fprintf(stderr, "sparse_exchange_trainer: GetStats: %s\n", stats.status().ToString().c_str());
-          return 1;
-        }
-        const spex::v1::ExchangeStats& e = stats->buckets(b).last();
-        std::printf(
-            "{\"node\":%u,\"nodes\":%u,\"elements\":%zu,\"density\":%g,\"compressor\":\"%s\",\"step\":%d,"
-            "\"warmup\":%s,\"exchange_ms\":%.4f,\"daemon_total_ms\":%.4f,\"collective_ms\":%.4f,"
-            "\"reduce_local_ms\":%.4f,\"compress_ms\":%.4f,\"decode_ms\":%.4f,\"publish_ms\":%.4f,"
-            "\"paired_with\":\"%s\",\"pattern\":\"%s\",\"achieved_density\":%.7f,\"selected\":%llu,\"gathered\":%llu,"
-            "\"bytes_sent\":%llu,\"bytes_received\":%llu,\"fell_back_to_dense\":%s,\"stats_step\":%llu}\n",
-            node, nodes, n, d, what.c_str(), step, step < warmup ? "true" : "false", ms, e.total_seconds() * 1e3,
-            Seconds(e, "collective") * 1e3, Seconds(e, "reduce_local") * 1e3, Seconds(e, "compress") * 1e3,
-            Seconds(e, "decode") * 1e3, Seconds(e, "publish") * 1e3, name.c_str(), e.pattern().c_str(), e.achieved_density(),
-            static_cast<unsigned long long>(e.selected_elements()),
-            static_cast<unsigned long long>(e.gathered_elements()), static_cast<unsigned long long>(e.bytes_sent()),
-            static_cast<unsigned long long>(e.bytes_received()), e.fell_back_to_dense() ? "true" : "false",
-            static_cast<unsigned long long>(e.step()));
-        std::fflush(stdout);
-       }
       }
       if (absl::Status s = (*client)->Goodbye(); !s.ok()) {
         std::fprintf(stderr, "sparse_exchange_trainer: Goodbye: %s\n", s.ToString().c_str());

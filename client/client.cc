@@ -12,60 +12,74 @@ namespace {
 
 absl::Status FromGrpc(const grpc::Status& s, const std::string& what) {
   if (s.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), absl::StrCat(what, ": ", s.error_message()));
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                      absl::StrCat(what, ": ", s.error_message()));
 }
 
 constexpr int64_t kWaitSliceNs = 100 * 1000 * 1000;
 
-bool Fits(uint64_t offset, uint64_t bytes, uint64_t size) { return offset <= size && bytes <= size - offset; }
+bool Fits(uint64_t offset, uint64_t bytes, uint64_t size) {
+  return offset <= size && bytes <= size - offset;
+}
 
 }  // namespace
 
-absl::StatusOr<BucketView> ResolveBucketView(const v1::RegisterBucketResponse& resp, size_t elements,
-                                             uint32_t local_rank, uint32_t local_size, void* host_base,
-                                             size_t host_size, bool want_device, IpcHandleCache* cache) {
+absl::StatusOr<BucketView> ResolveBucketView(const v1::RegisterBucketResponse& resp,
+                                             size_t elements, uint32_t local_rank,
+                                             uint32_t local_size, void* host_base, size_t host_size,
+                                             bool want_device, IpcHandleCache* cache) {
   const auto& layout = resp.layout();
   const uint64_t bytes = static_cast<uint64_t>(elements) * sizeof(float);
-  if (layout.elements() != elements || !Fits(layout.header_offset(), sizeof(BucketHeader), host_size)) {
-    return absl::InternalError("RegisterBucket: the daemon described a layout that does not fit its buffer");
+  if (layout.elements() != elements ||
+      !Fits(layout.header_offset(), sizeof(BucketHeader), host_size)) {
+    return absl::InternalError(
+        "RegisterBucket: the daemon described a layout that does not fit its buffer");
   }
   BucketView v;
   uint8_t* base = static_cast<uint8_t*>(host_base);
   v.header = reinterpret_cast<BucketHeader*>(base + layout.header_offset());
-  if (v.header->magic != kBucketMagic || v.header->elements != elements || v.header->slots != local_size) {
-    return absl::FailedPreconditionError("bucket segment has an unexpected layout: client and daemon versions differ");
+  if (v.header->magic != kBucketMagic || v.header->elements != elements ||
+      v.header->slots != local_size) {
+    return absl::FailedPreconditionError(
+        "bucket segment has an unexpected layout: client and daemon versions differ");
   }
   const bool device_reply = resp.has_device_buffer();
   if (device_reply != want_device) {
-    return absl::FailedPreconditionError(
-        want_device ? "RegisterBucket: this client asked for CUDA buffers (DEVICE_CUDA) but the daemon described a "
-                      "host buffer; start spexd with --device=cuda"
-                    : "RegisterBucket: the daemon described a CUDA buffer to a client that asked for host buffers");
+    return absl::FailedPreconditionError(want_device
+                                             ? "RegisterBucket: this client asked for CUDA buffers "
+                                               "(DEVICE_CUDA) but the daemon described a "
+                                               "host buffer; start spexd with --device=cuda"
+                                             : "RegisterBucket: the daemon described a CUDA buffer "
+                                               "to a client that asked for host buffers");
   }
   if (!device_reply) {
-    if (!Fits(layout.input_offset(), bytes, host_size) || !Fits(layout.output_offset(), bytes, host_size)) {
-      return absl::InternalError("RegisterBucket: the daemon described a layout that does not fit its buffer");
+    if (!Fits(layout.input_offset(), bytes, host_size) ||
+        !Fits(layout.output_offset(), bytes, host_size)) {
+      return absl::InternalError(
+          "RegisterBucket: the daemon described a layout that does not fit its buffer");
     }
     v.input = reinterpret_cast<float*>(base + layout.input_offset());
     v.output = reinterpret_cast<const float*>(base + layout.output_offset());
     return v;
   }
-  if (cache == nullptr) return absl::InternalError("ResolveBucketView: device reply without an IPC handle cache");
+  if (cache == nullptr)
+    return absl::InternalError("ResolveBucketView: device reply without an IPC handle cache");
   const auto& dl = resp.device_layout();
   absl::StatusOr<const IpcMapping*> mapping = cache->Attach(resp.device_buffer());
   if (!mapping.ok()) {
-    return absl::Status(mapping.status().code(),
-                        absl::StrCat("bucket ", v.header->bucket_id, ": ", mapping.status().message()));
+    return absl::Status(mapping.status().code(), absl::StrCat("bucket ", v.header->bucket_id, ": ",
+                                                              mapping.status().message()));
   }
   const IpcMapping* m = *mapping;
   if (dl.elements() != elements || !Fits(dl.input_offset(), bytes, m->size) ||
       !Fits(dl.output_offset(), bytes, m->size)) {
-    return absl::InternalError("RegisterBucket: the daemon described a device layout that does not fit its buffer");
+    return absl::InternalError(
+        "RegisterBucket: the daemon described a device layout that does not fit its buffer");
   }
   if (m->events.size() != static_cast<size_t>(local_size) + 1 || local_rank >= local_size) {
-    return absl::InternalError(absl::StrCat("RegisterBucket: the CUDA buffer has ", m->events.size(),
-                                            " IPC events; expected one per local trainer plus the output (",
-                                            local_size + 1, ")"));
+    return absl::InternalError(absl::StrCat(
+        "RegisterBucket: the CUDA buffer has ", m->events.size(),
+        " IPC events; expected one per local trainer plus the output (", local_size + 1, ")"));
   }
   uint8_t* dbase = static_cast<uint8_t*>(m->base);
   v.input = reinterpret_cast<float*>(dbase + dl.input_offset());
@@ -74,13 +88,14 @@ absl::StatusOr<BucketView> ResolveBucketView(const v1::RegisterBucketResponse& r
   return v;
 }
 
-absl::Status MarkDeviceInputWritten(IpcHandleCache* cache, const BucketView& view, uint32_t local_rank,
-                                    void* stream) {
+absl::Status MarkDeviceInputWritten(IpcHandleCache* cache, const BucketView& view,
+                                    uint32_t local_rank, void* stream) {
   if (view.device == nullptr) return absl::OkStatus();
   return cache->RecordEvent(*view.device, static_cast<int>(local_rank), stream);
 }
 
-absl::Status AwaitDeviceOutput(IpcHandleCache* cache, const BucketView& view, uint32_t local_size, void* stream) {
+absl::Status AwaitDeviceOutput(IpcHandleCache* cache, const BucketView& view, uint32_t local_size,
+                               void* stream) {
   if (view.device == nullptr) return absl::OkStatus();
   return cache->WaitEvent(*view.device, static_cast<int>(local_size), stream);
 }
@@ -91,12 +106,14 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   const std::string job = options.job.empty() ? DefaultJob() : options.job;
   c->socket_ = options.socket.empty() ? ClientSocketPath(job) : options.socket;
   if (access(c->socket_.c_str(), F_OK) != 0) {
-    return absl::UnavailableError(absl::StrCat("no spexd socket at ", c->socket_,
-                                               ": start the node's daemon first (mpirun ... spexd --socket=",
-                                               c->socket_, "), or point SPEX_SOCKET at its socket"));
+    return absl::UnavailableError(
+        absl::StrCat("no spexd socket at ", c->socket_,
+                     ": start the node's daemon first (mpirun ... spexd --socket=", c->socket_,
+                     "), or point SPEX_SOCKET at its socket"));
   }
   auto channel = grpc::CreateChannel("unix:" + c->socket_, grpc::InsecureChannelCredentials());
-  if (!channel->WaitForConnected(std::chrono::system_clock::now() + absl::ToChronoSeconds(options.connect_timeout))) {
+  if (!channel->WaitForConnected(std::chrono::system_clock::now() +
+                                 absl::ToChronoSeconds(options.connect_timeout))) {
     return absl::UnavailableError(absl::StrCat("spexd at ", c->socket_, " does not answer within ",
                                                absl::FormatDuration(options.connect_timeout),
                                                " (stale socket? start the daemon)"));
@@ -111,22 +128,27 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   req.set_pid(getpid());
   req.set_protocol_version(1);
   grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + absl::ToChronoSeconds(options.connect_timeout));
+  ctx.set_deadline(std::chrono::system_clock::now() +
+                   absl::ToChronoSeconds(options.connect_timeout));
   if (auto s = FromGrpc(c->stub_->Hello(&ctx, req, &c->hello_), "Hello"); !s.ok()) return s;
   if (options.device == v1::DEVICE_CUDA) {
     if (c->hello_.device() != v1::DEVICE_CUDA) {
-      return absl::FailedPreconditionError(absl::StrCat("spexd at ", c->socket_,
-                                                        " serves host buffers; CUDA buffers need --device=cuda"));
+      return absl::FailedPreconditionError(absl::StrCat(
+          "spexd at ", c->socket_, " serves host buffers; CUDA buffers need --device=cuda"));
     }
-    c->ipc_cache_ = std::make_unique<IpcHandleCache>(options.ipc_opener ? options.ipc_opener() : MakeCudaIpcOpener());
+    c->ipc_cache_ = std::make_unique<IpcHandleCache>(options.ipc_opener ? options.ipc_opener()
+                                                                        : MakeCudaIpcOpener());
   }
-  if (!c->hello_.doorbell().has_shm()) return absl::InternalError("Hello: daemon sent no doorbell segment");
-  auto bell = ShmMapping::Attach(c->hello_.doorbell().shm().name(), c->hello_.doorbell().shm().size());
+  if (!c->hello_.doorbell().has_shm())
+    return absl::InternalError("Hello: daemon sent no doorbell segment");
+  auto bell =
+      ShmMapping::Attach(c->hello_.doorbell().shm().name(), c->hello_.doorbell().shm().size());
   if (!bell.ok()) return bell.status();
   c->doorbell_mapping_ = std::move(*bell);
   c->doorbell_ = static_cast<DoorbellSegment*>(c->doorbell_mapping_->data());
   if (c->doorbell_->magic != kDoorbellMagic || c->doorbell_->version != kLayoutVersion) {
-    return absl::FailedPreconditionError("doorbell segment has an unknown layout: client and daemon versions differ");
+    return absl::FailedPreconditionError(
+        "doorbell segment has an unknown layout: client and daemon versions differ");
   }
   c->doorbell_->attached[options.local_rank].store(1);
   return c;
@@ -145,9 +167,11 @@ absl::Status Client::Goodbye() {
   return FromGrpc(stub_->Goodbye(&ctx, req, &resp), "Goodbye");
 }
 
-absl::StatusOr<Bucket*> Client::RegisterBucket(uint64_t id, size_t elements, const CompressorChoice& choice) {
+absl::StatusOr<Bucket*> Client::RegisterBucket(uint64_t id, size_t elements,
+                                               const CompressorChoice& choice) {
   if (buckets_.count(id)) {
-    return absl::AlreadyExistsError(absl::StrCat("bucket ", id, " is already registered by this client"));
+    return absl::AlreadyExistsError(
+        absl::StrCat("bucket ", id, " is already registered by this client"));
   }
   v1::RegisterBucketRequest req;
   req.set_session_id(hello_.session_id());
@@ -158,15 +182,18 @@ absl::StatusOr<Bucket*> Client::RegisterBucket(uint64_t id, size_t elements, con
   req.mutable_compressor()->set_density(choice.density);
   v1::RegisterBucketResponse resp;
   grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + absl::ToChronoSeconds(options_.connect_timeout));
-  if (auto s = FromGrpc(stub_->RegisterBucket(&ctx, req, &resp), "RegisterBucket"); !s.ok()) return s;
-  if (!resp.buffer().has_shm()) return absl::InternalError("RegisterBucket: the daemon sent no shm segment");
+  ctx.set_deadline(std::chrono::system_clock::now() +
+                   absl::ToChronoSeconds(options_.connect_timeout));
+  if (auto s = FromGrpc(stub_->RegisterBucket(&ctx, req, &resp), "RegisterBucket"); !s.ok())
+    return s;
+  if (!resp.buffer().has_shm())
+    return absl::InternalError("RegisterBucket: the daemon sent no shm segment");
   const auto& shm = resp.buffer().shm();
   auto mapping = ShmMapping::Attach(shm.name(), shm.size());
   if (!mapping.ok()) return mapping.status();
   absl::StatusOr<BucketView> view =
-      ResolveBucketView(resp, elements, options_.local_rank, options_.local_size, (*mapping)->data(), shm.size(),
-                        ipc_cache_ != nullptr, ipc_cache_.get());
+      ResolveBucketView(resp, elements, options_.local_rank, options_.local_size,
+                        (*mapping)->data(), shm.size(), ipc_cache_ != nullptr, ipc_cache_.get());
   if (!view.ok()) return view.status();
   auto b = std::make_unique<Bucket>();
   b->id_ = id;
@@ -193,7 +220,8 @@ absl::Status Client::Exchange(Bucket* b, ExchangeMode mode, void* stream) {
     doorbell_->ring.fetch_add(1);
     if (doorbell_->engine_sleeping.load()) FutexWake(&doorbell_->ring);
     s = WaitPublished(b, step);
-    if (s.ok() && b->view_.header->status.load() != 0) s = ExchangeRpc(b, step);  // fetches the message
+    if (s.ok() && b->view_.header->status.load() != 0)
+      s = ExchangeRpc(b, step);  // fetches the message
   }
   if (s.ok()) s = AwaitDeviceOutput(ipc_cache_.get(), b->view_, options_.local_size, stream);
   if (s.ok()) b->next_step_ = step + 1;
@@ -216,15 +244,18 @@ absl::Status Client::WaitPublished(Bucket* b, uint64_t step) {
     const uint32_t cur = published.load();
     if (cur == want) break;
     if (doorbell_->shutdown.load()) {
-      result = absl::UnavailableError(absl::StrCat("spexd at ", socket_, " shut down during the exchange of bucket ",
+      result = absl::UnavailableError(absl::StrCat("spexd at ", socket_,
+                                                   " shut down during the exchange of bucket ",
                                                    b->id_, " step ", step));
       break;
     }
     const uint64_t now = MonotonicNanos();
     if (now >= limit) {
-      result = absl::DeadlineExceededError(absl::StrCat(
-          "bucket ", b->id_, " step ", step, " not published within ", absl::FormatDuration(options_.exchange_timeout),
-          ": are all local trainers and all nodes exchanging the same buckets? (spexctl stats shows progress)"));
+      result = absl::DeadlineExceededError(
+          absl::StrCat("bucket ", b->id_, " step ", step, " not published within ",
+                       absl::FormatDuration(options_.exchange_timeout),
+                       ": are all local trainers and all nodes exchanging the same buckets? "
+                       "(spexctl stats shows progress)"));
       break;
     }
     FutexWait(&published, cur, std::min<int64_t>(kWaitSliceNs, limit - now));
@@ -240,8 +271,10 @@ absl::Status Client::ExchangeRpc(Bucket* b, uint64_t step) {
   req.set_step(step);
   v1::ExchangeResponse resp;
   grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + absl::ToChronoSeconds(options_.exchange_timeout));
-  absl::Status s = FromGrpc(stub_->Exchange(&ctx, req, &resp), absl::StrCat("Exchange(bucket ", b->id_, ")"));
+  ctx.set_deadline(std::chrono::system_clock::now() +
+                   absl::ToChronoSeconds(options_.exchange_timeout));
+  absl::Status s =
+      FromGrpc(stub_->Exchange(&ctx, req, &resp), absl::StrCat("Exchange(bucket ", b->id_, ")"));
   if (s.ok()) b->last_stats_ = resp.stats();
   return s;
 }

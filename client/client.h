@@ -35,8 +35,8 @@
 namespace spex {
 
 struct ClientOptions {
-  std::string socket;           // empty: $SPEX_SOCKET, else the default path for `job`
-  std::string job;              // empty: $SPEX_JOB / $SLURM_JOB_ID / "default"
+  std::string socket;  // empty: $SPEX_SOCKET, else the default path for `job`
+  std::string job;     // empty: $SPEX_JOB / $SLURM_JOB_ID / "default"
   uint32_t local_rank = 0;
   uint32_t local_size = 1;
   std::string client_name = "spex-cpp";
@@ -61,13 +61,14 @@ struct BucketView {
 // through `cache` (opened on first use, then reused); `cache` null means this client asked for
 // host buckets, and a device reply is then FailedPrecondition (and vice versa when
 // `want_device`). A device buffer must carry local_size + 1 IPC events.
-absl::StatusOr<BucketView> ResolveBucketView(const v1::RegisterBucketResponse& resp, size_t elements,
-                                             uint32_t local_rank, uint32_t local_size, void* host_base,
-                                             size_t host_size, bool want_device, IpcHandleCache* cache);
+absl::StatusOr<BucketView> ResolveBucketView(const v1::RegisterBucketResponse& resp,
+                                             size_t elements, uint32_t local_rank,
+                                             uint32_t local_size, void* host_base, size_t host_size,
+                                             bool want_device, IpcHandleCache* cache);
 // Device buckets: before signalling "ready", records IPC event `local_rank` on `stream` (the
 // input slot is written once the work queued there before it is done).
-absl::Status MarkDeviceInputWritten(IpcHandleCache* cache, const BucketView& view, uint32_t local_rank,
-                                    void* stream);
+absl::Status MarkDeviceInputWritten(IpcHandleCache* cache, const BucketView& view,
+                                    uint32_t local_rank, void* stream);
 // Device buckets: after "published", makes `stream` wait for the output's IPC event (index
 // local_size), which the daemon recorded after writing the result.
 absl::Status AwaitDeviceOutput(IpcHandleCache* cache, const BucketView& view, uint32_t local_size,
@@ -115,11 +116,13 @@ class Client {
   static absl::StatusOr<std::unique_ptr<Client>> Connect(const ClientOptions& options);
   ~Client();  // says Goodbye
 
-  absl::StatusOr<Bucket*> RegisterBucket(uint64_t id, size_t elements, const CompressorChoice& c = {});
+  absl::StatusOr<Bucket*> RegisterBucket(uint64_t id, size_t elements,
+                                         const CompressorChoice& c = {});
   // One exchange of the bucket's next step. On success the output span holds the average.
   // Device buckets: `stream` (a cudaStream_t; null = the legacy default stream) orders it, see
   // the top of this file; host buckets ignore it.
-  absl::Status Exchange(Bucket* bucket, ExchangeMode mode = ExchangeMode::kDoorbell, void* stream = nullptr);
+  absl::Status Exchange(Bucket* bucket, ExchangeMode mode = ExchangeMode::kDoorbell,
+                        void* stream = nullptr);
 
   absl::StatusOr<v1::GetStatsResponse> Stats();
   absl::Status Goodbye();

@@ -56,7 +56,8 @@ ABSL_FLAG(int, local_rank, 0, "this trainer's index on the node");
 ABSL_FLAG(int, local_size, 1, "trainers on this node");
 ABSL_FLAG(std::string, buckets, "1000,65536,1048576", "comma-separated bucket sizes (elements)");
 ABSL_FLAG(int, steps, 10, "steps to run");
-ABSL_FLAG(std::string, mode, "doorbell", "doorbell|rpc|alternate (alternate switches every step and bucket)");
+ABSL_FLAG(std::string, mode, "doorbell",
+          "doorbell|rpc|alternate (alternate switches every step and bucket)");
 ABSL_FLAG(bool, verify, false,
           "check every result: dense buckets exactly (integer data), sparse buckets against a "
           "single-process oracle of the whole cluster (see the header of client/spex_trainer.cc)");
@@ -68,19 +69,23 @@ ABSL_FLAG(double, density, 0, "target density (default: the daemon's)");
 ABSL_FLAG(int, threads, 0,
           "--verify: worker threads of the oracle's CPU primitives; must equal spexd's --threads "
           "(0 = all cores, spexd's default) for the oracle to select exactly what spexd selects");
-ABSL_FLAG(bool, error_feedback, true, "--verify: whether spexd runs with --error_feedback (must match)");
-ABSL_FLAG(bool, list_compressors, false, "print the registered compressor names, one a line, and exit");
-ABSL_FLAG(int, register_only, 0,
-          "register this many extra buckets (ids after --buckets', 1000 elements each) and never exchange "
-          "them: with one trainer doing it, their segments stay linked on the daemon (shutdown tests)");
+ABSL_FLAG(bool, error_feedback, true,
+          "--verify: whether spexd runs with --error_feedback (must match)");
+ABSL_FLAG(bool, list_compressors, false,
+          "print the registered compressor names, one a line, and exit");
+ABSL_FLAG(
+    int, register_only, 0,
+    "register this many extra buckets (ids after --buckets', 1000 elements each) and never "
+    "exchange "
+    "them: with one trainer doing it, their segments stay linked on the daemon (shutdown tests)");
 ABSL_FLAG(std::string, csv, "", "write per-step timings to this CSV file");
 ABSL_FLAG(bool, quiet, false, "print only the summary");
 
 namespace {
 
 uint64_t Mix(uint32_t node, uint32_t trainer, uint64_t bucket, uint64_t step, uint64_t i) {
-  uint64_t x = (static_cast<uint64_t>(node) << 48) ^ (static_cast<uint64_t>(trainer) << 40) ^ (bucket << 32) ^
-               (step << 24) ^ i;
+  uint64_t x = (static_cast<uint64_t>(node) << 48) ^ (static_cast<uint64_t>(trainer) << 40) ^
+               (bucket << 32) ^ (step << 24) ^ i;
   x += 0x9e3779b97f4a7c15ull;
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
@@ -94,11 +99,14 @@ inline float Value(uint32_t node, uint32_t trainer, uint64_t bucket, uint64_t st
 
 // Deterministic, roughly Gaussian input (scale ~1e-3) with a slowly drifting per-position
 // scale and a few persistently large positions, so thresholds see structure across steps.
-inline float GradValue(uint32_t node, uint32_t trainer, uint64_t bucket, uint64_t step, uint64_t i) {
+inline float GradValue(uint32_t node, uint32_t trainer, uint64_t bucket, uint64_t step,
+                       uint64_t i) {
   const uint64_t x = Mix(node, trainer, bucket, step, i);
-  const double u1 = ((x & 0xffffffull) + 0.5) / 16777216.0, u2 = (((x >> 24) & 0xffffffull) + 0.5) / 16777216.0;
+  const double u1 = ((x & 0xffffffull) + 0.5) / 16777216.0,
+               u2 = (((x >> 24) & 0xffffffull) + 0.5) / 16777216.0;
   const double g = std::sqrt(-2 * std::log(u1)) * std::cos(6.283185307179586 * u2);
-  const double scale = 1.0 + 4.0 * ((i * 2654435761u) % 97 == 0) + 0.5 * std::sin(i * 0.001 + step * 0.05);
+  const double scale =
+      1.0 + 4.0 * ((i * 2654435761u) % 97 == 0) + 0.5 * std::sin(i * 0.001 + step * 0.05);
   return static_cast<float>(g * scale * 1e-3);
 }
 
@@ -111,7 +119,7 @@ double Percentile(std::vector<double> v, double p) {
 // --verify state of one sparse bucket.
 struct Oracle {
   std::unique_ptr<spex::ReferenceCluster> cluster;
-  std::string pattern;               // "A", "B" or "D" (what the daemon must report)
+  std::string pattern;                // "A", "B" or "D" (what the daemon must report)
   std::vector<double> residual_norm;  // this node's residual norm after each step
 };
 
@@ -131,19 +139,23 @@ int main(int argc, char** argv) {
   opts.client_name = "spex_trainer";
   const std::string mode = absl::GetFlag(FLAGS_mode);
   if (mode != "doorbell" && mode != "rpc" && mode != "alternate") {
-    std::fprintf(stderr, "spex_trainer: --mode must be doorbell|rpc|alternate, got '%s'\n", mode.c_str());
+    std::fprintf(stderr, "spex_trainer: --mode must be doorbell|rpc|alternate, got '%s'\n",
+                 mode.c_str());
     return 2;
   }
   std::vector<size_t> sizes;
-  for (absl::string_view part : absl::StrSplit(absl::GetFlag(FLAGS_buckets), ',', absl::SkipEmpty())) {
+  for (absl::string_view part :
+       absl::StrSplit(absl::GetFlag(FLAGS_buckets), ',', absl::SkipEmpty())) {
     uint64_t n = 0;
     if (!absl::SimpleAtoi(part, &n) || n == 0) {
-      std::fprintf(stderr, "spex_trainer: bad bucket size '%s' in --buckets\n", std::string(part).c_str());
+      std::fprintf(stderr, "spex_trainer: bad bucket size '%s' in --buckets\n",
+                   std::string(part).c_str());
       return 2;
     }
     sizes.push_back(n);
   }
-  std::vector<std::string> compressors = absl::StrSplit(absl::GetFlag(FLAGS_compressors), ',', absl::SkipEmpty());
+  std::vector<std::string> compressors =
+      absl::StrSplit(absl::GetFlag(FLAGS_compressors), ',', absl::SkipEmpty());
   if (compressors.empty()) compressors.push_back(absl::GetFlag(FLAGS_compressor));
   auto client = spex::Client::Connect(opts);
   if (!client.ok()) {
@@ -151,11 +163,12 @@ int main(int argc, char** argv) {
     return 1;
   }
   spex::Client& c = **client;
-  const uint32_t node = c.node_rank(), nodes = c.node_count(), me = opts.local_rank, L = opts.local_size;
+  const uint32_t node = c.node_rank(), nodes = c.node_count(), me = opts.local_rank,
+                 L = opts.local_size;
   std::vector<spex::Bucket*> buckets;
   for (size_t b = 0; b < sizes.size(); ++b) {
-    auto bucket =
-        c.RegisterBucket(b, sizes[b], {compressors[b % compressors.size()], absl::GetFlag(FLAGS_density)});
+    auto bucket = c.RegisterBucket(
+        b, sizes[b], {compressors[b % compressors.size()], absl::GetFlag(FLAGS_density)});
     if (!bucket.ok()) {
       std::fprintf(stderr, "spex_trainer: %s\n", bucket.status().ToString().c_str());
       return 1;
@@ -181,7 +194,8 @@ int main(int argc, char** argv) {
     for (size_t b = 0; b < buckets.size(); ++b) {
       auto pattern = spex::CompressorPattern(buckets[b]->compressor());
       if (!pattern.ok()) {
-        std::fprintf(stderr, "spex_trainer: bucket %zu: %s\n", b, pattern.status().ToString().c_str());
+        std::fprintf(stderr, "spex_trainer: bucket %zu: %s\n", b,
+                     pattern.status().ToString().c_str());
         return 1;
       }
       if (*pattern == spex::Pattern::kDense) {
@@ -193,9 +207,11 @@ int main(int argc, char** argv) {
       spec.name = buckets[b]->compressor();
       spec.density = buckets[b]->density();
       spec.elements = buckets[b]->elements();
-      auto cluster = spex::ReferenceCluster::Create(spec, nodes, L, absl::GetFlag(FLAGS_error_feedback), prims.get());
+      auto cluster = spex::ReferenceCluster::Create(
+          spec, nodes, L, absl::GetFlag(FLAGS_error_feedback), prims.get());
       if (!cluster.ok()) {
-        std::fprintf(stderr, "spex_trainer: bucket %zu oracle: %s\n", b, cluster.status().ToString().c_str());
+        std::fprintf(stderr, "spex_trainer: bucket %zu oracle: %s\n", b,
+                     cluster.status().ToString().c_str());
         return 1;
       }
       oracles[b].cluster = std::move(*cluster);
@@ -234,13 +250,16 @@ int main(int argc, char** argv) {
     for (size_t b = 0; b < buckets.size(); ++b) {
       const bool rpc = mode == "rpc" || (mode == "alternate" && (step + b) % 2 == 1);
       via_rpc[b] = rpc;
-      absl::Status s = c.Exchange(buckets[b], rpc ? spex::ExchangeMode::kRpc : spex::ExchangeMode::kDoorbell);
+      absl::Status s =
+          c.Exchange(buckets[b], rpc ? spex::ExchangeMode::kRpc : spex::ExchangeMode::kDoorbell);
       if (!s.ok()) {
-        std::fprintf(stderr, "spex_trainer[node %u trainer %u]: step %d: %s\n", node, me, step, s.ToString().c_str());
+        std::fprintf(stderr, "spex_trainer[node %u trainer %u]: step %d: %s\n", node, me, step,
+                     s.ToString().c_str());
         return 1;
       }
     }
-    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     step_ms.push_back(ms);
     if (csv.is_open()) csv << node << "," << me << "," << step << "," << ms << "\n";
     if (verify) {
@@ -256,17 +275,20 @@ int main(int argc, char** argv) {
       }
       for (int attempt = 0; attempt < 400; ++attempt) {
         bool missing = false;
-        for (size_t b = 0; b < buckets.size(); ++b) missing |= oracles[b].cluster != nullptr && !have[b];
+        for (size_t b = 0; b < buckets.size(); ++b)
+          missing |= oracles[b].cluster != nullptr && !have[b];
         if (!missing) break;
         if (attempt > 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
         auto resp = c.Stats();
         if (!resp.ok()) {
-          std::fprintf(stderr, "spex_trainer[node %u trainer %u]: %s\n", node, me, resp.status().ToString().c_str());
+          std::fprintf(stderr, "spex_trainer[node %u trainer %u]: %s\n", node, me,
+                       resp.status().ToString().c_str());
           return 1;
         }
         for (const auto& bs : resp->buckets()) {
           const uint64_t b = bs.bucket_id();
-          if (b < buckets.size() && !have[b] && bs.has_last() && bs.last().step() == static_cast<uint64_t>(step)) {
+          if (b < buckets.size() && !have[b] && bs.has_last() &&
+              bs.last().step() == static_cast<uint64_t>(step)) {
             stats[b] = bs.last();
             have[b] = true;
           }
@@ -283,27 +305,31 @@ int main(int argc, char** argv) {
               for (uint32_t l = 0; l < L; ++l) sum += Value(n, l, b, step, i);
             }
             if (out[i] != sum * inv) {
-              report("bucket %zu (%s) step %d [%zu] = %g, want %g", b, buckets[b]->compressor().c_str(), step, i,
-                     out[i], sum * inv);
+              report("bucket %zu (%s) step %d [%zu] = %g, want %g", b,
+                     buckets[b]->compressor().c_str(), step, i, out[i], sum * inv);
             }
           }
           continue;
         }
         const std::string& name = buckets[b]->compressor();
         if (!have[b]) {
-          report("bucket %zu (%s) step %d: no exchange stats for this step from the daemon", b, name.c_str(), step);
+          report("bucket %zu (%s) step %d: no exchange stats for this step from the daemon", b,
+                 name.c_str(), step);
           continue;
         }
         const spex::v1::ExchangeStats& st = stats[b];
         if (st.pattern() == "D" && o.pattern != "D") {
           if (st.fell_back_to_dense()) {
-            report("bucket %zu (%s) step %d was exchanged dense (dense-fallback probe): --verify of sparse "
-                   "compressors needs spexd --dense_fallback=off",
-                   b, name.c_str(), step);
+            report(
+                "bucket %zu (%s) step %d was exchanged dense (dense-fallback probe): --verify of "
+                "sparse "
+                "compressors needs spexd --dense_fallback=off",
+                b, name.c_str(), step);
             continue;
           }
           if (step != 0) {
-            report("bucket %zu (%s) step %d exchanged dense after sparse steps", b, name.c_str(), step);
+            report("bucket %zu (%s) step %d exchanged dense after sparse steps", b, name.c_str(),
+                   step);
             continue;
           }
           // Below spexd's --min_sparse_elements: always dense; replay it as such.
@@ -318,8 +344,8 @@ int main(int argc, char** argv) {
           o.cluster = std::move(*dense);
           o.pattern = "D";
         } else if (st.pattern() != o.pattern) {
-          report("bucket %zu (%s) step %d: the daemon reports pattern %s, the oracle runs %s", b, name.c_str(), step,
-                 st.pattern().c_str(), o.pattern.c_str());
+          report("bucket %zu (%s) step %d: the daemon reports pattern %s, the oracle runs %s", b,
+                 name.c_str(), step, st.pattern().c_str(), o.pattern.c_str());
           continue;
         }
         const size_t n = buckets[b]->elements();
@@ -334,7 +360,8 @@ int main(int argc, char** argv) {
         }
         want.resize(n);
         if (absl::Status s = o.cluster->Step(step, ptrs, want.data()); !s.ok()) {
-          report("bucket %zu (%s) step %d: oracle: %s", b, name.c_str(), step, s.ToString().c_str());
+          report("bucket %zu (%s) step %d: oracle: %s", b, name.c_str(), step,
+                 s.ToString().c_str());
           continue;
         }
         float max_abs = 0;
@@ -346,26 +373,31 @@ int main(int argc, char** argv) {
           }
         }
         if (wrong) {
-          report("bucket %zu (%s) step %d: %zu of %zu elements differ from the oracle, first [%zu] = %.9g, want %.9g",
-                 b, name.c_str(), step, wrong, n, first, out[first], want[first]);
+          report(
+              "bucket %zu (%s) step %d: %zu of %zu elements differ from the oracle, first [%zu] = "
+              "%.9g, want %.9g",
+              b, name.c_str(), step, wrong, n, first, out[first], want[first]);
         }
         if (o.pattern == "D") continue;
         const std::vector<float>& res = o.cluster->residual(static_cast<int>(node));
         o.residual_norm.push_back(std::sqrt(prims->Moments(res.data(), n, -1.0f).sum_sq));
-        // A norm of exactly 0 means "not computed" (--residual_norm_every=0) unless the oracle's is 0 too.
+        // A norm of exactly 0 means "not computed" (--residual_norm_every=0) unless the oracle's is
+        // 0 too.
         const uint64_t at = st.residual_norm_step();
         if (at < o.residual_norm.size() && (st.residual_norm() != 0 || o.residual_norm[at] == 0)) {
           const double w = o.residual_norm[at];
           ++norm_checks;
           if (!(std::abs(st.residual_norm() - w) <= 1e-5 * (1e-9 + w))) {
-            report("bucket %zu (%s) step %d: residual norm (of step %llu) %.9g, the oracle's %.9g", b, name.c_str(),
-                   step, static_cast<unsigned long long>(at), st.residual_norm(), w);
+            report("bucket %zu (%s) step %d: residual norm (of step %llu) %.9g, the oracle's %.9g",
+                   b, name.c_str(), step, static_cast<unsigned long long>(at), st.residual_norm(),
+                   w);
           }
         }
       }
     }
     if (!quiet) {
-      std::printf("node %u trainer %u step %d: %zu buckets exchanged in %.3f ms\n", node, me, step, buckets.size(), ms);
+      std::printf("node %u trainer %u step %d: %zu buckets exchanged in %.3f ms\n", node, me, step,
+                  buckets.size(), ms);
       std::fflush(stdout);
     }
   }
@@ -376,13 +408,14 @@ int main(int argc, char** argv) {
     verdict = " verified exact";
   } else if (verify) {
     verdict = " verified: " + std::to_string(exact_buckets) + " dense buckets exact, " +
-              std::to_string(oracle_buckets) + " sparse buckets against the oracle, " + std::to_string(norm_checks) +
-              " residual norms";
+              std::to_string(oracle_buckets) + " sparse buckets against the oracle, " +
+              std::to_string(norm_checks) + " residual norms";
   }
   std::printf("node %u trainer %u: %d steps, exchange p50 %.3f ms p99 %.3f ms%s\n", node, me, steps,
               Percentile(step_ms, 0.5), Percentile(step_ms, 0.99), verdict.c_str());
   if (mismatches) {
-    std::fprintf(stderr, "spex_trainer[node %u trainer %u]: %zu verification failures\n", node, me, mismatches);
+    std::fprintf(stderr, "spex_trainer[node %u trainer %u]: %zu verification failures\n", node, me,
+                 mismatches);
     return 1;
   }
   return 0;

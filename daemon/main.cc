@@ -80,7 +80,8 @@ absl::Status SetUpGpu(const std::vector<int>& gpus, int host_index, int host_cou
 int Main(int argc, char** argv) {
   LogLevel level;
   if (!ParseLogLevel(absl::GetFlag(FLAGS_log_level), &level)) {
-    return Fail(absl::StrCat("--log_level must be debug|info|warning|error, got '", absl::GetFlag(FLAGS_log_level), "'"));
+    return Fail(absl::StrCat("--log_level must be debug|info|warning|error, got '",
+                             absl::GetFlag(FLAGS_log_level), "'"));
   }
   SetLogLevel(level);
 
@@ -98,11 +99,13 @@ int Main(int argc, char** argv) {
   int device_vote[2] = {device.ok() ? 0 : 1, device.ok() && *device == Device::kCuda ? 0 : 1};
   MPI_Allreduce(MPI_IN_PLACE, device_vote, 2, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
   if (!device.ok()) return Fail(std::string(device.status().message()));
-  if (device_vote[0]) return Fail("--device=" + device_flag + ": another node has no usable GPU; see its log");
+  if (device_vote[0])
+    return Fail("--device=" + device_flag + ": another node has no usable GPU; see its log");
   if (*device == Device::kCuda && device_vote[1]) {
     // `auto` found a GPU here but not on every node: the whole world takes the CPU path.
     device = Device::kCpu;
-    device_reason = "--device=auto: using the CPU: not every node has a usable GPU (see their logs)";
+    device_reason =
+        "--device=auto: using the CPU: not every node has a usable GPU (see their logs)";
   }
   SPEX_LOG(INFO) << device_reason;
   const std::string job_flag = absl::GetFlag(FLAGS_job);
@@ -118,7 +121,8 @@ int Main(int argc, char** argv) {
   const std::string mode_text = absl::GetFlag(FLAGS_socket_mode);
   const long mode = std::strtol(mode_text.c_str(), &end, 8);
   if (mode_text.empty() || *end != '\0' || mode < 0 || mode > 0777) {
-    return Fail(absl::StrCat("--socket_mode must be octal permission bits such as 0600, got '", mode_text, "'"));
+    return Fail(absl::StrCat("--socket_mode must be octal permission bits such as 0600, got '",
+                             mode_text, "'"));
   }
   // Every rank checks its socket; all must pass before anyone serves.
   absl::Status path_ok = PrepareSocketPath(socket_path);
@@ -189,7 +193,8 @@ int Main(int argc, char** argv) {
   opts.client_spin_us = spin;
   opts.shm_tag = absl::StrCat(getpid());
   opts.error_feedback = absl::GetFlag(FLAGS_error_feedback);
-  if (absl::GetFlag(FLAGS_min_sparse_elements) < 0) return Fail("--min_sparse_elements must be >= 0");
+  if (absl::GetFlag(FLAGS_min_sparse_elements) < 0)
+    return Fail("--min_sparse_elements must be >= 0");
   opts.min_sparse_elements = static_cast<uint64_t>(absl::GetFlag(FLAGS_min_sparse_elements));
   opts.dense_fallback = absl::GetFlag(FLAGS_dense_fallback);
   opts.probe_steps = absl::GetFlag(FLAGS_probe_steps);
@@ -254,8 +259,9 @@ int Main(int argc, char** argv) {
   signals.join();
   if (!engine.JoinFor(absl::GetFlag(FLAGS_shutdown_grace))) {
     for (const std::string& name : engine.LinkedSegments()) shm_unlink(name.c_str());
-    SPEX_LOG(ERROR) << "engine still inside a collective after --shutdown_grace (a peer left mid-exchange); "
-                       "exiting without MPI_Finalize";
+    SPEX_LOG(ERROR)
+        << "engine still inside a collective after --shutdown_grace (a peer left mid-exchange); "
+           "exiting without MPI_Finalize";
     std::fflush(nullptr);
     _exit(3);
   }
@@ -282,7 +288,9 @@ int main(int argc, char** argv) {
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   if (provided < MPI_THREAD_SERIALIZED) {
-    std::fprintf(stderr, "spexd: MPI provides thread level %d; at least MPI_THREAD_SERIALIZED is needed\n", provided);
+    std::fprintf(stderr,
+                 "spexd: MPI provides thread level %d; at least MPI_THREAD_SERIALIZED is needed\n",
+                 provided);
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
   // Start-up checks depend only on flags every rank shares, or are agreed by an all-reduce,
@@ -292,7 +300,9 @@ int main(int argc, char** argv) {
   // after SIGTERM) or that is stuck can leave it waiting forever, so it gets --shutdown_grace.
   std::thread watchdog([rc] {
     std::this_thread::sleep_for(absl::ToChronoMilliseconds(absl::GetFlag(FLAGS_shutdown_grace)));
-    std::fprintf(stderr, "spexd: MPI_Finalize did not return within --shutdown_grace (a peer left); exiting\n");
+    std::fprintf(
+        stderr,
+        "spexd: MPI_Finalize did not return within --shutdown_grace (a peer left); exiting\n");
     std::fflush(nullptr);
     _exit(rc != 0 ? rc : 3);
   });

@@ -59,8 +59,9 @@ absl::Status Compressor::Select(uint64_t step, float* acc, const float* add, boo
   }
   if (zero_selected && pattern() == Pattern::kIndexUnion) {
     return absl::InvalidArgumentError(absl::StrCat(
-        name_, " uses pattern A: the caller zeroes acc at the gathered union after the exchange, "
-               "so Select must be called with zero_selected = false"));
+        name_,
+        " uses pattern A: the caller zeroes acc at the gathered union after the exchange, "
+        "so Select must be called with zero_selected = false"));
   }
   out->idx.clear();
   out->val.clear();
@@ -89,7 +90,8 @@ absl::Status Compressor::Update(uint64_t step, const Gathered& g) {
     case Pattern::kIndexUnion:
       if (g.indices.size() > total) {
         return absl::InvalidArgumentError(absl::StrCat(name_, ": the union has ", g.indices.size(),
-                                                       " indices, more than the counts' sum ", total));
+                                                       " indices, more than the counts' sum ",
+                                                       total));
       }
       for (size_t i = 1; i < g.indices.size(); ++i) {
         if (g.indices[i] <= g.indices[i - 1]) {

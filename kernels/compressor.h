@@ -51,16 +51,16 @@ struct CompressorSpec {
   std::string name;
   double density = 0.001;  // target fraction of elements sent, in (0, 1]
   std::map<std::string, std::string> params;
-  int node_rank = 0;   // this node's rank among the daemons
-  int node_count = 1;  // number of nodes (daemons), >= 1
+  int node_rank = 0;    // this node's rank among the daemons
+  int node_count = 1;   // number of nodes (daemons), >= 1
   size_t elements = 0;  // bucket size n, 1 .. 2^32
 };
 
 // The per-step context a compressor works in (built by Select/Update from the spec, the step
 // and the current density).
 struct StepContext {
-  uint64_t step = 0;   // the engine's step counter for this bucket (same on every node)
-  uint64_t call = 0;   // how many Selects this compressor ran before this one (0 = first)
+  uint64_t step = 0;  // the engine's step counter for this bucket (same on every node)
+  uint64_t call = 0;  // how many Selects this compressor ran before this one (0 = first)
   int node_rank = 0;
   int node_count = 1;
   size_t n = 0;        // bucket size

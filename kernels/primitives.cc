@@ -29,8 +29,7 @@ absl::Status Primitives::CopyFromHost(void* dst, const void* host_src, size_t by
   return absl::OkStatus();
 }
 
-absl::Status Primitives::SumScaled(float* y, const float* const* xs, int count, float a,
-                                   size_t n) {
+absl::Status Primitives::SumScaled(float* y, const float* const* xs, int count, float a, size_t n) {
   if (count < 1) return absl::InvalidArgumentError("SumScaled needs at least one input");
   if (absl::Status s = Copy(y, xs[0], n); !s.ok()) return s;
   for (int r = 1; r < count; ++r) Accumulate(y, xs[r], n);
@@ -38,8 +37,8 @@ absl::Status Primitives::SumScaled(float* y, const float* const* xs, int count, 
   return Health();
 }
 
-AbsMoments Primitives::AccumulateMoments(float* acc, const float* add, size_t n,
-                                         float lower_bound, bool logs) {
+AbsMoments Primitives::AccumulateMoments(float* acc, const float* add, size_t n, float lower_bound,
+                                         bool logs) {
   if (add != nullptr) Accumulate(acc, add, n);
   AbsMoments m = Moments(acc, n, lower_bound);
   if (!logs) {

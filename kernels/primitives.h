@@ -30,7 +30,7 @@ struct AbsMoments {
   double sum_sq = 0;   // sum x^2
   double sum_log = 0;  // sum log|x| (entries with |x| == 0 are skipped and not counted here)
   uint64_t log_count = 0;
-  float max = 0;       // max |x| (0 for no entries)
+  float max = 0;  // max |x| (0 for no entries)
 };
 
 // A block of memory of a Primitives implementation's device (host memory for host
@@ -70,8 +70,8 @@ class Primitives {
   // Returns the number of qualifying entries (may exceed capacity; only `capacity` written).
   // idx/val slots between the number written and `capacity` may be overwritten (SIMD scratch);
   // nothing at or past `capacity` is touched.
-  virtual size_t SelectAbove(float* x, size_t begin, size_t end, float t, bool zero,
-                             uint32_t* idx, float* val, size_t capacity) = 0;
+  virtual size_t SelectAbove(float* x, size_t begin, size_t end, float t, bool zero, uint32_t* idx,
+                             float* val, size_t capacity) = 0;
 
   // Fused: acc[i] += add[i] over [begin, end), then as SelectAbove on acc. One pass.
   virtual size_t AddSelectAbove(float* acc, const float* add, size_t begin, size_t end, float t,

@@ -11,8 +11,9 @@ absl::StatusOr<std::unique_ptr<ReferenceCluster>> ReferenceCluster::Create(
     const CompressorSpec& spec, int nodes, int local_trainers, bool error_feedback,
     Primitives* prims) {
   if (nodes < 1 || local_trainers < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("ReferenceCluster: nodes and local trainers must be >= 1, got ",
-                                                   nodes, " and ", local_trainers));
+    return absl::InvalidArgumentError(
+        absl::StrCat("ReferenceCluster: nodes and local trainers must be >= 1, got ", nodes,
+                     " and ", local_trainers));
   }
   std::unique_ptr<ReferenceCluster> c(new ReferenceCluster());
   c->nodes_ = nodes;
@@ -41,17 +42,19 @@ absl::Status ReferenceCluster::SetDensity(double density) {
   return absl::OkStatus();
 }
 
-absl::Status ReferenceCluster::Step(uint64_t step, const std::vector<std::vector<const float*>>& inputs,
+absl::Status ReferenceCluster::Step(uint64_t step,
+                                    const std::vector<std::vector<const float*>>& inputs,
                                     float* out) {
   if (static_cast<int>(inputs.size()) != nodes_) {
-    return absl::InvalidArgumentError(absl::StrCat("ReferenceCluster: ", inputs.size(), " nodes' inputs for ", nodes_,
-                                                   " nodes"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("ReferenceCluster: ", inputs.size(), " nodes' inputs for ", nodes_, " nodes"));
   }
   const float scale = 1.0f / static_cast<float>(nodes_ * local_trainers_);
   for (int r = 0; r < nodes_; ++r) {
     if (static_cast<int>(inputs[r].size()) != local_trainers_) {
-      return absl::InvalidArgumentError(absl::StrCat("ReferenceCluster: node ", r, " has ", inputs[r].size(),
-                                                     " inputs, expected ", local_trainers_));
+      return absl::InvalidArgumentError(absl::StrCat("ReferenceCluster: node ", r, " has ",
+                                                     inputs[r].size(), " inputs, expected ",
+                                                     local_trainers_));
     }
     std::vector<float>& acc = acc_[r];
     if (!error_feedback_) std::fill(acc.begin(), acc.end(), 0.0f);
@@ -76,7 +79,9 @@ absl::Status ReferenceCluster::Step(uint64_t step, const std::vector<std::vector
   const bool union_pattern = pattern_ == Pattern::kIndexUnion;
   for (int r = 0; r < nodes_; ++r) {
     Selection& sel = sel_[r];
-    if (absl::Status s = comp_[r]->Select(step, acc_[r].data(), nullptr, /*zero_selected=*/false, &sel); !s.ok()) {
+    if (absl::Status s =
+            comp_[r]->Select(step, acc_[r].data(), nullptr, /*zero_selected=*/false, &sel);
+        !s.ok()) {
       return s;
     }
     counts_[r] = sel.idx.size();
@@ -84,7 +89,8 @@ absl::Status ReferenceCluster::Step(uint64_t step, const std::vector<std::vector
   }
   if (union_pattern) {
     std::sort(gathered_idx_.begin(), gathered_idx_.end());
-    gathered_idx_.erase(std::unique(gathered_idx_.begin(), gathered_idx_.end()), gathered_idx_.end());
+    gathered_idx_.erase(std::unique(gathered_idx_.begin(), gathered_idx_.end()),
+                        gathered_idx_.end());
     for (uint32_t i : gathered_idx_) {
       float sum = 0;
       for (int r = 0; r < nodes_; ++r) sum += acc_[r][i];

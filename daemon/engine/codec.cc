@@ -20,7 +20,8 @@ class CompressorCodec : public Codec {
                       CodecSelection* out) override {
     if (n != c_->elements()) {
       return absl::InternalError(absl::StrCat("compressor ", c_->name(), " was built for ",
-                                              c_->elements(), " elements, asked to select from ", n));
+                                              c_->elements(), " elements, asked to select from ",
+                                              n));
     }
     return c_->Select(step, acc, /*add=*/nullptr, zero_selected, out);
   }

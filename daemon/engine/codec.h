@@ -19,7 +19,7 @@
 namespace spex {
 
 // The wire patterns and the selection are the compressor library's own types.
-using WirePattern = Pattern;      // A: kIndexUnion, B: kSparseGather, D: kDense
+using WirePattern = Pattern;       // A: kIndexUnion, B: kSparseGather, D: kDense
 using CodecSelection = Selection;  // idx ascending, unique, < n; val = acc at idx (B)
 
 class Codec {

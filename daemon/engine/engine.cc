@@ -55,7 +55,7 @@ struct Engine::Bucket {
   // the indices and values it uploads there.
   bool codec_on_device = false;
   std::unique_ptr<ScratchSlots> scratch;
-  CodecSelection sel;            // the codec's selection, reused every step
+  CodecSelection sel;             // the codec's selection, reused every step
   std::vector<uint32_t> touched;  // output positions the last sparse step wrote
   bool output_dense = true;       // the output holds a dense result (zero it fully before sparse)
   enum class Mode { kProbe, kSparse, kDense } mode = Mode::kProbe;
@@ -81,7 +81,6 @@ uint64_t RandomSessionId() {
   return id;
 }
 
-
 }  // namespace
 
 Engine::Engine(EngineOptions options, Collective* collective, Primitives* prims, DevicePath device)
@@ -97,12 +96,14 @@ Engine::~Engine() {
 }
 
 absl::Status Engine::Start() {
-  if (options_.local_trainers < 1 || options_.local_trainers > static_cast<int>(kMaxLocalTrainers)) {
-    return absl::InvalidArgumentError(absl::StrCat("--local_trainers must be in 1..", kMaxLocalTrainers,
-                                                   ", got ", options_.local_trainers));
+  if (options_.local_trainers < 1 ||
+      options_.local_trainers > static_cast<int>(kMaxLocalTrainers)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--local_trainers must be in 1..", kMaxLocalTrainers, ", got ", options_.local_trainers));
   }
   if (!options_.codec_factory) {
-    if (absl::Status s = ValidateCodec(options_.compressor, options_.density, {}); !s.ok()) return s;
+    if (absl::Status s = ValidateCodec(options_.compressor, options_.density, {}); !s.ok())
+      return s;
   }
   {
     auto merger = MakeMerger(options_.merger);
@@ -110,8 +111,8 @@ absl::Status Engine::Start() {
     merger_ = std::move(*merger);
   }
   if (options_.dense_fallback != "auto" && options_.dense_fallback != "off") {
-    return absl::InvalidArgumentError(absl::StrCat("--dense_fallback must be auto|off, got '",
-                                                   options_.dense_fallback, "'"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--dense_fallback must be auto|off, got '", options_.dense_fallback, "'"));
   }
   if (device_buckets()) {
     if (device_.ordering == nullptr || device_.host_prims == nullptr) {
@@ -197,7 +198,8 @@ bool Engine::JoinFor(absl::Duration timeout) {
 }
 
 absl::StatusOr<HelloResult> Engine::Hello(const std::string& job, uint32_t local_rank,
-                                          uint32_t local_size, uint32_t pid, const std::string& client) {
+                                          uint32_t local_size, uint32_t pid,
+                                          const std::string& client) {
   if (stop_) return absl::UnavailableError("spexd is shutting down");
   if (!options_.job.empty() && job != options_.job) {
     return absl::FailedPreconditionError(absl::StrCat("this spexd serves job '", options_.job,
@@ -205,21 +207,25 @@ absl::StatusOr<HelloResult> Engine::Hello(const std::string& job, uint32_t local
   }
   if (local_size != static_cast<uint32_t>(options_.local_trainers)) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "this spexd expects ", options_.local_trainers, " local trainers (--local_trainers), the trainer says local_size=",
-        local_size, "; start the daemon with --local_trainers=", local_size, " or fix the trainer"));
+        "this spexd expects ", options_.local_trainers,
+        " local trainers (--local_trainers), the trainer says local_size=", local_size,
+        "; start the daemon with --local_trainers=", local_size, " or fix the trainer"));
   }
   if (local_rank >= local_size) {
-    return absl::InvalidArgumentError(absl::StrCat("local_rank ", local_rank, " must be < local_size ", local_size));
+    return absl::InvalidArgumentError(
+        absl::StrCat("local_rank ", local_rank, " must be < local_size ", local_size));
   }
   absl::MutexLock lock(&mu_);
   for (const auto& [id, s] : sessions_) {
     if (s->local_rank == local_rank) {
-      return absl::AlreadyExistsError(absl::StrCat("local_rank ", local_rank, " is held by session ", id, " (pid ",
-                                                   s->pid, "); each trainer of a node needs its own local_rank"));
+      return absl::AlreadyExistsError(
+          absl::StrCat("local_rank ", local_rank, " is held by session ", id, " (pid ", s->pid,
+                       "); each trainer of a node needs its own local_rank"));
     }
   }
   DoorbellSegment* bell = doorbell();
-  if (static_cast<ShmBuffer*>(doorbells_.back().get())->unlinked() || bell->attached[local_rank].load()) {
+  if (static_cast<ShmBuffer*>(doorbells_.back().get())->unlinked() ||
+      bell->attached[local_rank].load()) {
     // Every trainer of the previous generation attached (and the name is gone): new segment.
     if (absl::Status s = NewDoorbellLocked(); !s.ok()) return s;
   }
@@ -230,8 +236,8 @@ absl::StatusOr<HelloResult> Engine::Hello(const std::string& job, uint32_t local
   session->client = client;
   session->opened = absl::Now();
   HelloResult result{session->id, doorbells_.back().get()};
-  SPEX_LOG(INFO) << "session " << session->id << " opened: local_rank " << local_rank << " pid " << pid << " ("
-                 << client << ")";
+  SPEX_LOG(INFO) << "session " << session->id << " opened: local_rank " << local_rank << " pid "
+                 << pid << " (" << client << ")";
   sessions_[session->id] = std::move(session);
   return result;
 }
@@ -240,7 +246,8 @@ absl::Status Engine::Goodbye(uint64_t session_id) {
   absl::MutexLock lock(&mu_);
   auto it = sessions_.find(session_id);
   if (it == sessions_.end()) return absl::NotFoundError(absl::StrCat("no session ", session_id));
-  SPEX_LOG(INFO) << "session " << session_id << " (local_rank " << it->second->local_rank << ") closed";
+  SPEX_LOG(INFO) << "session " << session_id << " (local_rank " << it->second->local_rank
+                 << ") closed";
   sessions_.erase(it);
   if (sessions_.empty() && !buckets_.empty()) {
     reset_pending_ = true;  // dropped at the next job's first registration; stats stay until then
@@ -248,9 +255,9 @@ absl::Status Engine::Goodbye(uint64_t session_id) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<BucketGrant> Engine::RegisterBucket(uint64_t session_id, uint64_t bucket_id, uint64_t elements,
-                                                   const std::string& compressor_in, double density_in,
-                                                   const std::map<std::string, std::string>& params) {
+absl::StatusOr<BucketGrant> Engine::RegisterBucket(
+    uint64_t session_id, uint64_t bucket_id, uint64_t elements, const std::string& compressor_in,
+    double density_in, const std::map<std::string, std::string>& params) {
   if (stop_) return absl::UnavailableError("spexd is shutting down");
   const std::string compressor = compressor_in.empty() ? options_.compressor : compressor_in;
   const double density = density_in == 0 ? options_.density : density_in;
@@ -260,8 +267,8 @@ absl::StatusOr<BucketGrant> Engine::RegisterBucket(uint64_t session_id, uint64_t
     }
   }
   if (elements == 0 || elements >= (1ull << 32)) {
-    return absl::InvalidArgumentError(absl::StrCat("bucket ", bucket_id, ": elements must be in 1..2^32-1, got ",
-                                                   elements));
+    return absl::InvalidArgumentError(
+        absl::StrCat("bucket ", bucket_id, ": elements must be in 1..2^32-1, got ", elements));
   }
   absl::MutexLock lock(&mu_);
   auto sit = sessions_.find(session_id);
@@ -287,19 +294,20 @@ absl::StatusOr<BucketGrant> Engine::RegisterBucket(uint64_t session_id, uint64_t
   }
   Bucket& b = *slot;
   if (b.elements != elements) {
-    return absl::InvalidArgumentError(absl::StrCat("bucket ", bucket_id, " is registered with ", b.elements,
-                                                   " elements; this request says ", elements,
-                                                   ". Every trainer must register a bucket id with the same size"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "bucket ", bucket_id, " is registered with ", b.elements, " elements; this request says ",
+        elements, ". Every trainer must register a bucket id with the same size"));
   }
-  if ((!compressor_in.empty() && compressor != b.compressor) || (density_in != 0 && density != b.density) ||
-      (!params.empty() && params != b.params)) {
-    return absl::InvalidArgumentError(absl::StrCat("bucket ", bucket_id, " is registered with compressor ",
-                                                   b.compressor, " at density ", b.density, "; this request asks for ",
-                                                   compressor, " at ", density));
+  if ((!compressor_in.empty() && compressor != b.compressor) ||
+      (density_in != 0 && density != b.density) || (!params.empty() && params != b.params)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "bucket ", bucket_id, " is registered with compressor ", b.compressor, " at density ",
+        b.density, "; this request asks for ", compressor, " at ", density));
   }
   if (b.shm->unlinked() && !(b.registered_mask & (1ull << rank))) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "bucket ", bucket_id, "'s buffer was already attached by every local trainer and unlinked; a restarted "
+        "bucket ", bucket_id,
+        "'s buffer was already attached by every local trainer and unlinked; a restarted "
         "trainer cannot rejoin a running job: restart all trainers of this node"));
   }
   if (!(b.registered_mask & (1ull << rank))) {
@@ -408,11 +416,13 @@ absl::StatusOr<std::unique_ptr<Engine::Bucket>> Engine::NewBucket(
 absl::Status Engine::UnregisterBucket(uint64_t session_id, uint64_t bucket_id) {
   absl::MutexLock lock(&mu_);
   auto sit = sessions_.find(session_id);
-  if (sit == sessions_.end()) return absl::NotFoundError(absl::StrCat("no session ", session_id, "; call Hello first"));
+  if (sit == sessions_.end())
+    return absl::NotFoundError(absl::StrCat("no session ", session_id, "; call Hello first"));
   const uint32_t rank = sit->second->local_rank;
   auto bit = buckets_.find(bucket_id);
   if (bit == buckets_.end() || !(bit->second->registered_mask & (1ull << rank))) {
-    return absl::NotFoundError(absl::StrCat("bucket ", bucket_id, " is not registered by this session"));
+    return absl::NotFoundError(
+        absl::StrCat("bucket ", bucket_id, " is not registered by this session"));
   }
   Bucket* b = bit->second.get();
   // Leaves the schedule at once (the mask is no longer full). Its memory goes when no trainer
@@ -427,11 +437,12 @@ absl::Status Engine::UnregisterBucket(uint64_t session_id, uint64_t bucket_id) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<ExchangeRecord> Engine::Exchange(uint64_t session_id, uint64_t bucket_id, uint64_t step,
-                                                absl::Time deadline) {
+absl::StatusOr<ExchangeRecord> Engine::Exchange(uint64_t session_id, uint64_t bucket_id,
+                                                uint64_t step, absl::Time deadline) {
   absl::MutexLock lock(&mu_);
   auto sit = sessions_.find(session_id);
-  if (sit == sessions_.end()) return absl::NotFoundError(absl::StrCat("no session ", session_id, "; call Hello first"));
+  if (sit == sessions_.end())
+    return absl::NotFoundError(absl::StrCat("no session ", session_id, "; call Hello first"));
   const uint32_t rank = sit->second->local_rank;
   auto bit = buckets_.find(bucket_id);
   if (bit == buckets_.end() || !(bit->second->registered_mask & (1ull << rank))) {
@@ -439,8 +450,10 @@ absl::StatusOr<ExchangeRecord> Engine::Exchange(uint64_t session_id, uint64_t bu
     for (const auto& [id, b] : buckets_) {
       if (b->registered_mask & (1ull << rank)) known.push_back(id);
     }
-    return absl::NotFoundError(absl::StrCat("bucket ", bucket_id, " is not registered by this session; call "
-                                            "RegisterBucket first (registered: [", absl::StrJoin(known, ","), "])"));
+    return absl::NotFoundError(absl::StrCat("bucket ", bucket_id,
+                                            " is not registered by this session; call "
+                                            "RegisterBucket first (registered: [",
+                                            absl::StrJoin(known, ","), "])"));
   }
   Bucket* b = bit->second.get();
   auto& ready = b->header->ready[rank].value;
@@ -451,8 +464,9 @@ absl::StatusOr<ExchangeRecord> Engine::Exchange(uint64_t session_id, uint64_t bu
     ready.store(step + 1);
     Ring();
   } else {
-    return absl::InvalidArgumentError(absl::StrCat("bucket ", bucket_id, ": exchange for step ", step,
-                                                   " but this trainer's next step is ", marked));
+    return absl::InvalidArgumentError(absl::StrCat("bucket ", bucket_id, ": exchange for step ",
+                                                   step, " but this trainer's next step is ",
+                                                   marked));
   }
   const uint64_t full = (1ull << options_.local_trainers) - 1;
   const absl::Time register_deadline = absl::Now() + options_.register_wait;
@@ -466,7 +480,8 @@ absl::StatusOr<ExchangeRecord> Engine::Exchange(uint64_t session_id, uint64_t bu
         return absl::FailedPreconditionError(absl::StrCat(
             "bucket ", bucket_id, ": only ", have, " of ", options_.local_trainers,
             " local trainers registered it within ", absl::FormatDuration(options_.register_wait),
-            "; start every trainer of this node (spexd --local_trainers=", options_.local_trainers, ")"));
+            "; start every trainer of this node (spexd --local_trainers=", options_.local_trainers,
+            ")"));
       }
       if (absl::Now() >= deadline) {
         std::vector<int> missing;
@@ -475,15 +490,18 @@ absl::StatusOr<ExchangeRecord> Engine::Exchange(uint64_t session_id, uint64_t bu
         }
         return absl::DeadlineExceededError(absl::StrCat(
             "bucket ", bucket_id, " step ", step, " not complete before the deadline; ",
-            missing.empty() ? std::string("all local trainers are in, waiting for other nodes or earlier buckets")
-                            : absl::StrCat("waiting for local trainers [", absl::StrJoin(missing, ","), "]")));
+            missing.empty()
+                ? std::string(
+                      "all local trainers are in, waiting for other nodes or earlier buckets")
+                : absl::StrCat("waiting for local trainers [", absl::StrJoin(missing, ","), "]")));
       }
     }
   }
   if (b->completed <= step) return absl::UnavailableError("spexd is shutting down");
   if (b->error_step == step) return b->error;
   if (b->last.step != step) {
-    return absl::OutOfRangeError(absl::StrCat("bucket ", bucket_id, " step ", step, " completed long ago"));
+    return absl::OutOfRangeError(
+        absl::StrCat("bucket ", bucket_id, " step ", step, " completed long ago"));
   }
   return b->last;
 }
@@ -523,7 +541,8 @@ void Engine::UnlinkAttachedLocked() {
   for (auto& [id, b] : buckets_) {
     if (b->shm->unlinked()) continue;
     bool all = true;
-    for (int r = 0; r < options_.local_trainers && all; ++r) all = b->header->attached[r].load() != 0;
+    for (int r = 0; r < options_.local_trainers && all; ++r)
+      all = b->header->attached[r].load() != 0;
     if (!all) continue;
     b->shm->Unlink().IgnoreError();
     if (b->data != nullptr) b->data->Unlink().IgnoreError();
@@ -568,7 +587,8 @@ void Engine::Run() {
       continue;
     }
     // Nothing to do: spin a little, then sleep on the doorbell.
-    const uint64_t spin_until = MonotonicNanos() + static_cast<uint64_t>(options_.engine_spin_us) * 1000;
+    const uint64_t spin_until =
+        MonotonicNanos() + static_cast<uint64_t>(options_.engine_spin_us) * 1000;
     bool rang = false;
     while (options_.engine_spin_us > 0 && MonotonicNanos() < spin_until) {
       if (bell->ring.load(std::memory_order_relaxed) != seen || stop_.load()) {
@@ -611,16 +631,20 @@ absl::Status Engine::Agree(const Bucket& b, uint64_t step, Control* c) {
     if (!s.ok()) return s;
   }
   if (v[0] != ~v[3] || v[1] != ~v[4] || v[2] != ~v[5]) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "bucket order differs between nodes: this node exchanged bucket ", b.id, " step ", step, " (", b.elements,
-        " elements) while another node exchanged a different bucket, step or size. Every node must register the "
-        "same buckets (same ids and sizes) and exchange them in the same order"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("bucket order differs between nodes: this node exchanged bucket ", b.id,
+                     " step ", step, " (", b.elements,
+                     " elements) while another node exchanged a different bucket, step or size. "
+                     "Every node must register the "
+                     "same buckets (same ids and sizes) and exchange them in the same order"));
   }
   if (v[9] != ~v[10]) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "bucket ", b.id, " uses compressor ", b.compressor, " on this node but another compressor on another node; "
-        "every node must register a bucket with the same compressor (check --compressor and the trainers' "
-        "per-bucket settings)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("bucket ", b.id, " uses compressor ", b.compressor,
+                     " on this node but another compressor on another node; "
+                     "every node must register a bucket with the same compressor (check "
+                     "--compressor and the trainers' "
+                     "per-bucket settings)"));
   }
   c->density_key = v[6];
   c->sparse_us = v[7];
@@ -704,7 +728,8 @@ void Engine::Process(Bucket* b) {
     const bool sparse = b->codec != nullptr && UseSparse(b, step, control);
     const uint64_t t_work = MonotonicNanos();
     status = sparse ? SparseStep(b, step, &rec, lap) : DenseStep(b, &rec, lap);
-    if (b->mode == Bucket::Mode::kProbe) (sparse ? b->probe_sparse_ns : b->probe_dense_ns) += MonotonicNanos() - t_work;
+    if (b->mode == Bucket::Mode::kProbe)
+      (sparse ? b->probe_sparse_ns : b->probe_dense_ns) += MonotonicNanos() - t_work;
     rec.fell_back_to_dense = b->codec != nullptr && !sparse;
   }
   if (status.ok()) {
@@ -731,8 +756,9 @@ bool Engine::UseSparse(Bucket* b, uint64_t step, const Control& control) {
   const uint64_t window = 2 * static_cast<uint64_t>(options_.probe_steps);
   if (step < window) return step % 2 == 0;
   b->mode = control.sparse_us < control.dense_us ? Bucket::Mode::kSparse : Bucket::Mode::kDense;
-  SPEX_LOG(INFO) << "bucket " << b->id << ": " << b->compressor << " took " << control.sparse_us / options_.probe_steps
-                 << " us per exchange, dense " << control.dense_us / options_.probe_steps << " us: going "
+  SPEX_LOG(INFO) << "bucket " << b->id << ": " << b->compressor << " took "
+                 << control.sparse_us / options_.probe_steps << " us per exchange, dense "
+                 << control.dense_us / options_.probe_steps << " us: going "
                  << (b->mode == Bucket::Mode::kSparse ? "sparse" : "dense");
   return b->mode == Bucket::Mode::kSparse;
 }
@@ -765,7 +791,8 @@ absl::Status Engine::LocalReduce(Bucket* b, bool add_to_acc) {
   return absl::OkStatus();
 }
 
-absl::Status Engine::DenseStep(Bucket* b, ExchangeRecord* rec, const std::function<void(Phase)>& lap) {
+absl::Status Engine::DenseStep(Bucket* b, ExchangeRecord* rec,
+                               const std::function<void(Phase)>& lap) {
   const int L = options_.local_trainers, N = collective_->size();
   const size_t n = b->elements;
   const float* src = b->input[0];
@@ -890,7 +917,8 @@ absl::Status Engine::SparseStep(Bucket* b, uint64_t step, ExchangeRecord* rec,
   rec->target_density = b->density;
   rec->selected_elements = sel.idx.size();
   rec->achieved_density = static_cast<double>(sel.idx.size()) / n;
-  rec->gathered_elements = pattern == WirePattern::kIndexUnion ? b->touched.size() : res.gathered_idx.size();
+  rec->gathered_elements =
+      pattern == WirePattern::kIndexUnion ? b->touched.size() : res.gathered_idx.size();
   rec->bytes_sent = res.bytes_sent;
   rec->bytes_received = res.bytes_received;
   if (options_.residual_norm_every > 0 && step % options_.residual_norm_every == 0) {
@@ -904,7 +932,8 @@ absl::Status Engine::SparseStep(Bucket* b, uint64_t step, ExchangeRecord* rec,
   return s;
 }
 
-void Engine::Publish(Bucket* b, uint64_t step, const absl::Status& status, const ExchangeRecord& rec_in) {
+void Engine::Publish(Bucket* b, uint64_t step, const absl::Status& status,
+                     const ExchangeRecord& rec_in) {
   if (!status.ok()) {
     SPEX_LOG(ERROR) << "bucket " << b->id << " step " << step << ": " << status;
   }
@@ -918,7 +947,8 @@ void Engine::Publish(Bucket* b, uint64_t step, const absl::Status& status, const
     b->last = rec_in;
     b->exchanges++;
     total_exchanges_++;
-    for (int p = 0; p < static_cast<int>(Phase::kCount); ++p) b->phase_sum[p] += rec_in.phase_seconds[p];
+    for (int p = 0; p < static_cast<int>(Phase::kCount); ++p)
+      b->phase_sum[p] += rec_in.phase_seconds[p];
   }
   const uint64_t t = MonotonicNanos();
   b->header->status.store(status.ok() ? 0 : static_cast<int32_t>(status.code()));
@@ -957,7 +987,8 @@ std::vector<SessionSummary> Engine::Sessions() const {
   std::vector<SessionSummary> out;
   const absl::Time now = absl::Now();
   for (const auto& [id, s] : sessions_) {
-    out.push_back({id, s->local_rank, s->pid, s->client, s->buckets, absl::ToDoubleSeconds(now - s->opened)});
+    out.push_back(
+        {id, s->local_rank, s->pid, s->client, s->buckets, absl::ToDoubleSeconds(now - s->opened)});
   }
   return out;
 }

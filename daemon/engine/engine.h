@@ -41,23 +41,24 @@ namespace spex {
 
 struct EngineOptions {
   int local_trainers = 1;
-  std::string job = "";                 // when set, Hello must name the same job
-  std::string compressor = "dense";     // default per bucket
-  double density = 0.01;                // default per bucket
+  std::string job = "";                              // when set, Hello must name the same job
+  std::string compressor = "dense";                  // default per bucket
+  double density = 0.01;                             // default per bucket
   absl::Duration register_wait = absl::Seconds(30);  // Exchange waits this long for the
                                                      // other local trainers to register
-  int engine_spin_us = 0;               // engine spins this long before sleeping
-  int client_spin_us = 0;               // advertised to trainers in Hello
-  std::string shm_tag = "spex";         // goes into shm names
-  bool error_feedback = true;           // keep what a sparse step did not send for later steps
-  uint64_t min_sparse_elements = 16384; // smaller buckets always go dense
-  std::string dense_fallback = "auto";  // auto: probe sparse vs dense, keep the faster; off
-  int probe_steps = 3;                  // auto: sparse and dense steps each measured
-  bool fp16_values = false;             // pattern B values as float16 on the wire
-  int residual_norm_every = 10;         // steps between residual-norm computations (0: never)
-  std::string merger = "none";          // which ready buckets share one exchange (daemon/merge)
+  int engine_spin_us = 0;                            // engine spins this long before sleeping
+  int client_spin_us = 0;                            // advertised to trainers in Hello
+  std::string shm_tag = "spex";                      // goes into shm names
+  bool error_feedback = true;            // keep what a sparse step did not send for later steps
+  uint64_t min_sparse_elements = 16384;  // smaller buckets always go dense
+  std::string dense_fallback = "auto";   // auto: probe sparse vs dense, keep the faster; off
+  int probe_steps = 3;                   // auto: sparse and dense steps each measured
+  bool fp16_values = false;              // pattern B values as float16 on the wire
+  int residual_norm_every = 10;          // steps between residual-norm computations (0: never)
+  std::string merger = "none";           // which ready buckets share one exchange (daemon/merge)
   // Builds a bucket's codec; empty = MakeCodec (the compressor library). Tests plug in theirs.
-  std::function<absl::StatusOr<std::unique_ptr<Codec>>(const CodecSpec&, Primitives*)> codec_factory;
+  std::function<absl::StatusOr<std::unique_ptr<Codec>>(const CodecSpec&, Primitives*)>
+      codec_factory;
   // Out-of-band stop notices between nodes (MPI: PeerNotice). Both optional.
   std::function<void()> announce_stop;
   std::function<bool(int*)> peer_stopped;
@@ -148,8 +149,8 @@ class Engine {
   int node_count() const { return collective_->size(); }
   const char* collective_name() const { return collective_->name(); }
 
-  absl::StatusOr<HelloResult> Hello(const std::string& job, uint32_t local_rank, uint32_t local_size,
-                                    uint32_t pid, const std::string& client);
+  absl::StatusOr<HelloResult> Hello(const std::string& job, uint32_t local_rank,
+                                    uint32_t local_size, uint32_t pid, const std::string& client);
   absl::Status Goodbye(uint64_t session_id);
   absl::StatusOr<BucketGrant> RegisterBucket(uint64_t session_id, uint64_t bucket_id,
                                              uint64_t elements, const std::string& compressor,
@@ -201,7 +202,8 @@ class Engine {
   absl::Status WaitInputs(Bucket* b);
   absl::Status RecordOutput(Bucket* b);
   absl::Status DenseStep(Bucket* b, ExchangeRecord* rec, const std::function<void(Phase)>& lap);
-  absl::Status SparseStep(Bucket* b, uint64_t step, ExchangeRecord* rec, const std::function<void(Phase)>& lap);
+  absl::Status SparseStep(Bucket* b, uint64_t step, ExchangeRecord* rec,
+                          const std::function<void(Phase)>& lap);
 
   void UnlinkAttachedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ResetLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -221,8 +223,9 @@ class Engine {
   std::map<uint64_t, std::unique_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, std::unique_ptr<Bucket>> buckets_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<ShmBuffer>> doorbells_ ABSL_GUARDED_BY(mu_);  // newest last
-  bool reset_pending_ ABSL_GUARDED_BY(mu_) = false;  // every session left; drop buckets on next register
-  bool processing_ ABSL_GUARDED_BY(mu_) = false;     // the engine thread is inside Process()
+  bool reset_pending_ ABSL_GUARDED_BY(mu_) =
+      false;  // every session left; drop buckets on next register
+  bool processing_ ABSL_GUARDED_BY(mu_) = false;  // the engine thread is inside Process()
   uint64_t total_exchanges_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t density_version_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t density_key_ ABSL_GUARDED_BY(mu_) = 0;          // this node's newest change

@@ -13,11 +13,12 @@ namespace {
 // selection arrives ascending, so a pairwise merge (log2(nodes) linear passes) replaces a full
 // sort of the concatenation; a run that is not ascending (a peer not following the contract)
 // falls back to std::sort, so the result is the same either way.
-void SortedUnion(const std::vector<uint32_t>& v, const std::vector<size_t>& off, std::vector<uint32_t>* out,
-                 std::vector<uint32_t>* scratch) {
+void SortedUnion(const std::vector<uint32_t>& v, const std::vector<size_t>& off,
+                 std::vector<uint32_t>* out, std::vector<uint32_t>* scratch) {
   const size_t runs = off.size() - 1;
   bool sorted = true;
-  for (size_t r = 0; r < runs && sorted; ++r) sorted = std::is_sorted(v.begin() + off[r], v.begin() + off[r + 1]);
+  for (size_t r = 0; r < runs && sorted; ++r)
+    sorted = std::is_sorted(v.begin() + off[r], v.begin() + off[r + 1]);
   out->assign(v.begin(), v.end());
   if (!sorted) {
     std::sort(out->begin(), out->end());
@@ -29,8 +30,10 @@ void SortedUnion(const std::vector<uint32_t>& v, const std::vector<size_t>& off,
       dst->resize(src->size());
       next.assign(1, 0);
       for (size_t r = 0; r + 1 < bounds.size(); r += 2) {
-        const size_t a = bounds[r], b = bounds[r + 1], c = r + 2 < bounds.size() ? bounds[r + 2] : b;
-        std::merge(src->begin() + a, src->begin() + b, src->begin() + b, src->begin() + c, dst->begin() + a);
+        const size_t a = bounds[r], b = bounds[r + 1],
+                     c = r + 2 < bounds.size() ? bounds[r + 2] : b;
+        std::merge(src->begin() + a, src->begin() + b, src->begin() + b, src->begin() + c,
+                   dst->begin() + a);
         next.push_back(c);
       }
       bounds.swap(next);
@@ -62,17 +65,19 @@ absl::Status ExchangeIndexUnion(Collective* coll, Primitives* prims, const Spars
   size_t off = 0;
   for (int r = 0; r < n; ++r) {
     if (bytes[r] < sizeof(ChunkHeader) || (bytes[r] - sizeof(ChunkHeader)) % 4 != 0) {
-      return absl::DataLossError(absl::StrCat("malformed index chunk from node ", r, ": ", bytes[r], " bytes"));
+      return absl::DataLossError(
+          absl::StrCat("malformed index chunk from node ", r, ": ", bytes[r], " bytes"));
     }
     // Re-frame as a value-less chunk of `count` entries for validation.
     ChunkHeader h;
     std::memcpy(&h, all.data() + off, sizeof(h));
     const uint32_t count = static_cast<uint32_t>((bytes[r] - sizeof(ChunkHeader)) / 4);
-    if (h.magic != kChunkMagic || h.count != count || h.group_id != args.group_id || h.step != args.step ||
-        h.elements != args.elements || count > args.elements) {
-      return absl::DataLossError(absl::StrCat("malformed index chunk from node ", r, " for bucket ", args.group_id,
-                                              " step ", args.step, ": header says bucket ", h.group_id, " step ",
-                                              h.step, " count ", h.count, " of ", h.elements, " elements"));
+    if (h.magic != kChunkMagic || h.count != count || h.group_id != args.group_id ||
+        h.step != args.step || h.elements != args.elements || count > args.elements) {
+      return absl::DataLossError(absl::StrCat("malformed index chunk from node ", r, " for bucket ",
+                                              args.group_id, " step ", args.step,
+                                              ": header says bucket ", h.group_id, " step ", h.step,
+                                              " count ", h.count, " of ", h.elements, " elements"));
     }
     const uint8_t* p = all.data() + off + sizeof(ChunkHeader);
     const size_t start = concat.size();
@@ -81,7 +86,8 @@ absl::Status ExchangeIndexUnion(Collective* coll, Primitives* prims, const Spars
     for (uint32_t i = 0; i < count; ++i) {
       if (concat[start + i] >= args.elements) {
         return absl::DataLossError(absl::StrCat("node ", r, " sent index ", concat[start + i],
-                                                " outside bucket ", args.group_id, " (", args.elements, " elements)"));
+                                                " outside bucket ", args.group_id, " (",
+                                                args.elements, " elements)"));
       }
     }
     res->counts[r] = count;
@@ -89,7 +95,8 @@ absl::Status ExchangeIndexUnion(Collective* coll, Primitives* prims, const Spars
     off += bytes[r];
   }
   std::vector<uint32_t>& u = res->gathered_idx;
-  SortedUnion(concat, runs, &u, &res->touched);  // nodes' sets may overlap (topk_union, thresh): dedup
+  SortedUnion(concat, runs, &u,
+              &res->touched);  // nodes' sets may overlap (topk_union, thresh): dedup
   std::vector<float> vals(u.size());
   const uint32_t* dev_u = nullptr;  // the union in device scratch (slot 0)
   float* dev_vals = nullptr;        // slot 1
@@ -108,7 +115,9 @@ absl::Status ExchangeIndexUnion(Collective* coll, Primitives* prims, const Spars
     if (!s.ok()) return s;
   }
   if (n > 1 && !vals.empty()) {
-    if (absl::Status s = coll->AllReduce(vals.data(), vals.size(), ElemType::kFloat32, ReduceOp::kSum); !s.ok()) {
+    if (absl::Status s =
+            coll->AllReduce(vals.data(), vals.size(), ElemType::kFloat32, ReduceOp::kSum);
+        !s.ok()) {
       return s;
     }
     res->bytes_sent += vals.size() * 4;
@@ -130,12 +139,14 @@ absl::Status ExchangeIndexUnion(Collective* coll, Primitives* prims, const Spars
   return absl::OkStatus();
 }
 
-absl::Status ExchangeSparseGather(Collective* coll, Primitives* prims, const SparseExchangeArgs& args,
-                                  absl::Span<const uint32_t> my_idx, absl::Span<const float> my_val, float* out,
+absl::Status ExchangeSparseGather(Collective* coll, Primitives* prims,
+                                  const SparseExchangeArgs& args, absl::Span<const uint32_t> my_idx,
+                                  absl::Span<const float> my_val, float* out,
                                   SparseExchangeResult* res, const DeviceSide* device) {
   const int n = coll->size();
   std::vector<uint8_t> mine;
-  EncodeChunk(args.group_id, args.step, args.elements, my_idx, my_val, args.fp16, args.scalars, &mine);
+  EncodeChunk(args.group_id, args.step, args.elements, my_idx, my_val, args.fp16, args.scalars,
+              &mine);
   std::vector<size_t> bytes;
   std::vector<uint8_t> all;
   if (absl::Status s = coll->AllGatherV(mine.data(), mine.size(), &bytes, &all); !s.ok()) return s;

@@ -58,8 +58,9 @@ absl::Status ExchangeIndexUnion(Collective* coll, Primitives* prims, const Spars
                                 SparseExchangeResult* res, const DeviceSide* device = nullptr);
 
 // Pattern B. `my_idx`/`my_val` are this node's selection.
-absl::Status ExchangeSparseGather(Collective* coll, Primitives* prims, const SparseExchangeArgs& args,
-                                  absl::Span<const uint32_t> my_idx, absl::Span<const float> my_val, float* out,
+absl::Status ExchangeSparseGather(Collective* coll, Primitives* prims,
+                                  const SparseExchangeArgs& args, absl::Span<const uint32_t> my_idx,
+                                  absl::Span<const float> my_val, float* out,
                                   SparseExchangeResult* res, const DeviceSide* device = nullptr);
 
 }  // namespace spex

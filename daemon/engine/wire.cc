@@ -16,9 +16,10 @@ uint16_t FloatToHalf(float f) {
   const uint32_t sign = (x >> 16) & 0x8000;
   const int32_t exp = static_cast<int32_t>((x >> 23) & 0xff) - 127 + 15;
   uint32_t mant = x & 0x7fffff;
-  if (((x >> 23) & 0xff) == 0xff) return static_cast<uint16_t>(sign | 0x7c00 | (mant ? 0x200 : 0));  // Inf/NaN
-  if (exp >= 31) return static_cast<uint16_t>(sign | 0x7c00);                                      // overflow
-  if (exp <= 0) {                                                                                 // subnormal
+  if (((x >> 23) & 0xff) == 0xff)
+    return static_cast<uint16_t>(sign | 0x7c00 | (mant ? 0x200 : 0));  // Inf/NaN
+  if (exp >= 31) return static_cast<uint16_t>(sign | 0x7c00);          // overflow
+  if (exp <= 0) {                                                      // subnormal
     if (exp < -10) return static_cast<uint16_t>(sign);
     mant |= 0x800000;
     const int shift = 14 - exp;
@@ -57,8 +58,9 @@ float HalfToFloat(uint16_t h) {
   return f;
 }
 
-void EncodeChunk(uint64_t group_id, uint64_t step, uint32_t elements, absl::Span<const uint32_t> idx,
-                 absl::Span<const float> val, bool fp16, const float scalars[4], std::vector<uint8_t>* out) {
+void EncodeChunk(uint64_t group_id, uint64_t step, uint32_t elements,
+                 absl::Span<const uint32_t> idx, absl::Span<const float> val, bool fp16,
+                 const float scalars[4], std::vector<uint8_t>* out) {
   ChunkHeader h{};
   h.magic = kChunkMagic;
   h.version = kChunkVersion;
@@ -85,33 +87,41 @@ void EncodeChunk(uint64_t group_id, uint64_t step, uint32_t elements, absl::Span
   }
 }
 
-absl::StatusOr<DecodedChunk> DecodeChunk(const uint8_t* data, size_t bytes, uint64_t group_id, uint64_t step,
-                                         uint32_t elements, int peer) {
+absl::StatusOr<DecodedChunk> DecodeChunk(const uint8_t* data, size_t bytes, uint64_t group_id,
+                                         uint64_t step, uint32_t elements, int peer) {
   auto bad = [&](const std::string& what) {
-    return absl::DataLossError(absl::StrCat("malformed sparse chunk from node ", peer, " for bucket ", group_id,
-                                            " step ", step, ": ", what));
+    return absl::DataLossError(absl::StrCat("malformed sparse chunk from node ", peer,
+                                            " for bucket ", group_id, " step ", step, ": ", what));
   };
   DecodedChunk d;
-  if (bytes < sizeof(ChunkHeader)) return bad(absl::StrCat(bytes, " bytes, shorter than the 48-byte header"));
+  if (bytes < sizeof(ChunkHeader))
+    return bad(absl::StrCat(bytes, " bytes, shorter than the 48-byte header"));
   std::memcpy(&d.header, data, sizeof(ChunkHeader));
   const ChunkHeader& h = d.header;
   if (h.magic != kChunkMagic) return bad("bad magic");
-  if (h.version != kChunkVersion) return bad(absl::StrCat("wire version ", h.version, ", this daemon speaks 1"));
+  if (h.version != kChunkVersion)
+    return bad(absl::StrCat("wire version ", h.version, ", this daemon speaks 1"));
   if (h.flags & ~kChunkFp16) return bad(absl::StrCat("unknown flags 0x", absl::Hex(h.flags)));
   if (h.group_id != group_id || h.step != step) {
-    return bad(absl::StrCat("it is for bucket ", h.group_id, " step ", h.step, " (bucket order differs between nodes)"));
+    return bad(absl::StrCat("it is for bucket ", h.group_id, " step ", h.step,
+                            " (bucket order differs between nodes)"));
   }
-  if (h.elements != elements) return bad(absl::StrCat("bucket size ", h.elements, ", here ", elements));
-  if (h.count > elements) return bad(absl::StrCat("count ", h.count, " exceeds the bucket's ", elements, " elements"));
+  if (h.elements != elements)
+    return bad(absl::StrCat("bucket size ", h.elements, ", here ", elements));
+  if (h.count > elements)
+    return bad(absl::StrCat("count ", h.count, " exceeds the bucket's ", elements, " elements"));
   const bool fp16 = h.flags & kChunkFp16;
   if (bytes != ChunkBytes(h.count, fp16)) {
-    return bad(absl::StrCat(bytes, " bytes, but count ", h.count, " needs ", ChunkBytes(h.count, fp16)));
+    return bad(
+        absl::StrCat(bytes, " bytes, but count ", h.count, " needs ", ChunkBytes(h.count, fp16)));
   }
   d.idx = reinterpret_cast<const uint32_t*>(data + sizeof(ChunkHeader));
   for (uint32_t i = 0; i < h.count; ++i) {
     uint32_t ix;
     std::memcpy(&ix, data + sizeof(ChunkHeader) + 4ull * i, 4);
-    if (ix >= elements) return bad(absl::StrCat("index ", ix, " at position ", i, " is outside the bucket (", elements, ")"));
+    if (ix >= elements)
+      return bad(absl::StrCat("index ", ix, " at position ", i, " is outside the bucket (",
+                              elements, ")"));
   }
   const uint8_t* v = data + sizeof(ChunkHeader) + 4ull * h.count;
   d.values.resize(h.count);

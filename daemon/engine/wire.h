@@ -23,19 +23,20 @@ struct ChunkHeader {
   uint32_t magic;
   uint16_t version;
   uint16_t flags;
-  uint64_t group_id;   // bucket id (or merge-group id)
+  uint64_t group_id;  // bucket id (or merge-group id)
   uint64_t step;
-  uint32_t count;      // entries in this chunk
-  uint32_t elements;   // size of the bucket the indices point into
-  float scalars[4];    // compressor scalars (e.g. the threshold used); informational
+  uint32_t count;     // entries in this chunk
+  uint32_t elements;  // size of the bucket the indices point into
+  float scalars[4];   // compressor scalars (e.g. the threshold used); informational
 };
 static_assert(sizeof(ChunkHeader) == 48);
 
 size_t ChunkBytes(uint32_t count, bool fp16);
 
 // Appends one encoded chunk to `out`.
-void EncodeChunk(uint64_t group_id, uint64_t step, uint32_t elements, absl::Span<const uint32_t> idx,
-                 absl::Span<const float> val, bool fp16, const float scalars[4], std::vector<uint8_t>* out);
+void EncodeChunk(uint64_t group_id, uint64_t step, uint32_t elements,
+                 absl::Span<const uint32_t> idx, absl::Span<const float> val, bool fp16,
+                 const float scalars[4], std::vector<uint8_t>* out);
 
 // A decoded view; indices point into the chunk, values are converted when fp16.
 struct DecodedChunk {
@@ -45,8 +46,8 @@ struct DecodedChunk {
 };
 
 // Checks magic, version, flags, group, step, bucket size, byte length and every index < elements.
-absl::StatusOr<DecodedChunk> DecodeChunk(const uint8_t* data, size_t bytes, uint64_t group_id, uint64_t step,
-                                         uint32_t elements, int peer);
+absl::StatusOr<DecodedChunk> DecodeChunk(const uint8_t* data, size_t bytes, uint64_t group_id,
+                                         uint64_t step, uint32_t elements, int peer);
 
 uint16_t FloatToHalf(float f);
 float HalfToFloat(uint16_t h);

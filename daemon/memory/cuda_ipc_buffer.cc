@@ -77,8 +77,8 @@ class CudaIpcOpener final : public IpcOpener {
   }
   absl::Status WaitEvent(void* event, void* stream, int device) override {
     DeviceGuard guard(device);
-    cudaError_t e = cudaStreamWaitEvent(static_cast<cudaStream_t>(stream),
-                                        static_cast<cudaEvent_t>(event), 0);
+    cudaError_t e =
+        cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), static_cast<cudaEvent_t>(event), 0);
     if (e != cudaSuccess) return CudaFailure(e, "cudaStreamWaitEvent(IPC event)");
     return absl::OkStatus();
   }

@@ -23,8 +23,8 @@ inline bool FutexWait(std::atomic<uint32_t>* word, uint32_t expected, int64_t ti
     ts.tv_nsec = timeout_ns % 1000000000;
     tsp = &ts;
   }
-  long rc = syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, tsp,
-                    nullptr, 0);
+  long rc =
+      syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, tsp, nullptr, 0);
   return !(rc == -1 && errno == ETIMEDOUT);
 }
 

@@ -29,9 +29,9 @@ inline constexpr size_t kPageBytes = 4096;
 struct DoorbellSegment {
   uint32_t magic;
   uint32_t version;
-  alignas(64) std::atomic<uint32_t> ring;             // offset 64: futex word the engine waits on
-  std::atomic<uint32_t> engine_sleeping;              // offset 68: 1 while the engine sleeps
-  std::atomic<uint32_t> shutdown;                     // offset 72: 1 once the daemon is stopping
+  alignas(64) std::atomic<uint32_t> ring;  // offset 64: futex word the engine waits on
+  std::atomic<uint32_t> engine_sleeping;   // offset 68: 1 while the engine sleeps
+  std::atomic<uint32_t> shutdown;          // offset 72: 1 once the daemon is stopping
   alignas(64) std::atomic<uint32_t> attached[kMaxLocalTrainers];  // offset 128: set by trainer r
 };
 
@@ -40,11 +40,11 @@ struct DoorbellSegment {
 struct BucketHeader {
   uint32_t magic;
   uint32_t version;
-  uint64_t bucket_id;     // offset 8
-  uint64_t elements;      // offset 16
-  uint32_t slots;         // offset 24: local trainers
+  uint64_t bucket_id;  // offset 8
+  uint64_t elements;   // offset 16
+  uint32_t slots;      // offset 24: local trainers
   uint32_t reserved;
-  uint64_t slot_stride;   // offset 32: bytes between input slots (multiple of 4096)
+  uint64_t slot_stride;  // offset 32: bytes between input slots (multiple of 4096)
   alignas(64) std::atomic<uint32_t> published;  // offset 64: futex word, (uint32)(last step + 1)
   std::atomic<uint32_t> waiters;                // offset 68: trainers sleeping on published
   std::atomic<int32_t> status;                  // offset 72: 0 ok, else error (see Exchange RPC)

@@ -19,7 +19,8 @@ namespace {
 std::string RandomHex(int bytes) {
   absl::BitGen gen;  // seeded from the OS entropy source
   std::string out;
-  for (int i = 0; i < bytes; ++i) absl::StrAppendFormat(&out, "%02x", absl::Uniform<int>(gen, 0, 256));
+  for (int i = 0; i < bytes; ++i)
+    absl::StrAppendFormat(&out, "%02x", absl::Uniform<int>(gen, 0, 256));
   return out;
 }
 
@@ -32,7 +33,8 @@ absl::Status Errno(const std::string& what) {
 absl::StatusOr<std::unique_ptr<ShmBuffer>> ShmBuffer::Create(size_t size, const std::string& tag) {
   for (char c : tag) {
     if (!isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '-' && c != '.') {
-      return absl::InvalidArgumentError(absl::StrCat("shm tag '", tag, "' has a character other than [A-Za-z0-9_.-]"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("shm tag '", tag, "' has a character other than [A-Za-z0-9_.-]"));
     }
   }
   if (size == 0) return absl::InvalidArgumentError("shm segment size must be > 0");
@@ -68,14 +70,17 @@ void ShmBuffer::Describe(v1::BufferDescriptor* out) const {
 absl::Status ShmBuffer::Unlink() {
   if (unlinked_) return absl::OkStatus();
   unlinked_ = true;
-  if (shm_unlink(name_.c_str()) != 0 && errno != ENOENT) return Errno(absl::StrCat("shm_unlink(", name_, ")"));
+  if (shm_unlink(name_.c_str()) != 0 && errno != ENOENT)
+    return Errno(absl::StrCat("shm_unlink(", name_, ")"));
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<ShmMapping>> ShmMapping::Attach(const std::string& name, size_t size) {
+absl::StatusOr<std::unique_ptr<ShmMapping>> ShmMapping::Attach(const std::string& name,
+                                                               size_t size) {
   int fd = shm_open(name.c_str(), O_RDWR, 0);
   if (fd < 0) {
-    return absl::NotFoundError(absl::StrCat("cannot open shared segment ", name, ": ", strerror(errno),
+    return absl::NotFoundError(absl::StrCat("cannot open shared segment ", name, ": ",
+                                            strerror(errno),
                                             " (it is unlinked once every local trainer attached; "
                                             "a late trainer must re-register)"));
   }

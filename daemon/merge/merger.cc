@@ -8,7 +8,9 @@ namespace {
 class NoMerger : public Merger {
  public:
   const char* name() const override { return "none"; }
-  size_t NextGroup(absl::Span<const MergeCandidate> candidates) override { return candidates.empty() ? 0 : 1; }
+  size_t NextGroup(absl::Span<const MergeCandidate> candidates) override {
+    return candidates.empty() ? 0 : 1;
+  }
 };
 
 }  // namespace
@@ -16,8 +18,9 @@ class NoMerger : public Merger {
 absl::StatusOr<std::unique_ptr<Merger>> MakeMerger(const std::string& name) {
   if (name == "none") return std::unique_ptr<Merger>(new NoMerger());
   if (name == "fixed" || name == "omgs" || name == "rgmerge") {
-    return absl::UnimplementedError(
-        absl::StrCat("--merger=", name, " is not implemented yet; the only merger is 'none' (one exchange per bucket)"));
+    return absl::UnimplementedError(absl::StrCat(
+        "--merger=", name,
+        " is not implemented yet; the only merger is 'none' (one exchange per bucket)"));
   }
   return absl::InvalidArgumentError(absl::StrCat("unknown merger '", name, "'; accepted: none"));
 }

@@ -20,9 +20,9 @@ namespace spex {
 
 struct MergeCandidate {
   uint64_t bucket_id = 0;
-  uint64_t step = 0;      // the bucket's next step
+  uint64_t step = 0;  // the bucket's next step
   uint64_t elements = 0;
-  bool ready = false;     // every local trainer has signalled this step
+  bool ready = false;  // every local trainer has signalled this step
 };
 
 class Merger {

@@ -34,7 +34,8 @@ void ToProto(const ExchangeRecord& rec, v1::ExchangeStats* out) {
   }
 }
 
-grpc::Status SpexService::Hello(grpc::ServerContext*, const v1::HelloRequest* req, v1::HelloResponse* resp) {
+grpc::Status SpexService::Hello(grpc::ServerContext*, const v1::HelloRequest* req,
+                                v1::HelloResponse* resp) {
   if (req->protocol_version() > 1) {
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                         absl::StrCat("client speaks protocol ", req->protocol_version(),
@@ -43,7 +44,8 @@ grpc::Status SpexService::Hello(grpc::ServerContext*, const v1::HelloRequest* re
   const bool device = engine_->device_buckets();
   if (req->device() == v1::DEVICE_CUDA && !device) {
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                        "this spexd serves host (CPU) buffers; CUDA buffers need a daemon started with --device=cuda");
+                        "this spexd serves host (CPU) buffers; CUDA buffers need a daemon started "
+                        "with --device=cuda");
   }
   if (req->device() == v1::DEVICE_CPU && device) {
     return grpc::Status(
@@ -52,7 +54,8 @@ grpc::Status SpexService::Hello(grpc::ServerContext*, const v1::HelloRequest* re
         "asking for host buffers needs a daemon started with --device=cpu, or must ask for "
         "DEVICE_CUDA (C++: ClientOptions::device)");
   }
-  auto hello = engine_->Hello(req->job(), req->local_rank(), req->local_size(), req->pid(), req->client());
+  auto hello =
+      engine_->Hello(req->job(), req->local_rank(), req->local_size(), req->pid(), req->client());
   if (!hello.ok()) return ToGrpc(hello.status());
   resp->set_session_id(hello->session_id);
   resp->set_node_rank(engine_->node_rank());
@@ -72,9 +75,11 @@ grpc::Status SpexService::RegisterBucket(grpc::ServerContext*, const v1::Registe
   if (req->dtype() != v1::DTYPE_UNSPECIFIED && req->dtype() != v1::DTYPE_FLOAT32) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "only float32 buckets are supported");
   }
-  std::map<std::string, std::string> params(req->compressor().params().begin(), req->compressor().params().end());
-  auto grant = engine_->RegisterBucket(req->session_id(), req->bucket_id(), req->elements(),
-                                       req->compressor().name(), req->compressor().density(), params);
+  std::map<std::string, std::string> params(req->compressor().params().begin(),
+                                            req->compressor().params().end());
+  auto grant =
+      engine_->RegisterBucket(req->session_id(), req->bucket_id(), req->elements(),
+                              req->compressor().name(), req->compressor().density(), params);
   if (!grant.ok()) return ToGrpc(grant.status());
   grant->buffer->Describe(resp->mutable_buffer());
   auto* layout = resp->mutable_layout();
@@ -96,7 +101,8 @@ grpc::Status SpexService::RegisterBucket(grpc::ServerContext*, const v1::Registe
   return grpc::Status::OK;
 }
 
-grpc::Status SpexService::UnregisterBucket(grpc::ServerContext*, const v1::UnregisterBucketRequest* req,
+grpc::Status SpexService::UnregisterBucket(grpc::ServerContext*,
+                                           const v1::UnregisterBucketRequest* req,
                                            v1::UnregisterBucketResponse*) {
   return ToGrpc(engine_->UnregisterBucket(req->session_id(), req->bucket_id()));
 }
@@ -122,7 +128,8 @@ grpc::Status SpexService::Exchange(grpc::ServerContext* ctx, const v1::ExchangeR
   return grpc::Status::OK;
 }
 
-grpc::Status SpexService::GetStats(grpc::ServerContext*, const v1::GetStatsRequest*, v1::GetStatsResponse* resp) {
+grpc::Status SpexService::GetStats(grpc::ServerContext*, const v1::GetStatsRequest*,
+                                   v1::GetStatsResponse* resp) {
   resp->set_node_rank(engine_->node_rank());
   resp->set_node_count(engine_->node_count());
   resp->set_exchanges(engine_->total_exchanges());
@@ -157,7 +164,8 @@ grpc::Status SpexService::ListSessions(grpc::ServerContext*, const v1::ListSessi
   return grpc::Status::OK;
 }
 
-grpc::Status SpexService::Goodbye(grpc::ServerContext*, const v1::GoodbyeRequest* req, v1::GoodbyeResponse*) {
+grpc::Status SpexService::Goodbye(grpc::ServerContext*, const v1::GoodbyeRequest* req,
+                                  v1::GoodbyeResponse*) {
   return ToGrpc(engine_->Goodbye(req->session_id()));
 }
 

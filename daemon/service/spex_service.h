@@ -11,9 +11,11 @@ namespace spex {
 
 class SpexService final : public v1::Spex::Service {
  public:
-  SpexService(Engine* engine, std::string version) : engine_(engine), version_(std::move(version)) {}
+  SpexService(Engine* engine, std::string version)
+      : engine_(engine), version_(std::move(version)) {}
 
-  grpc::Status Hello(grpc::ServerContext* ctx, const v1::HelloRequest* req, v1::HelloResponse* resp) override;
+  grpc::Status Hello(grpc::ServerContext* ctx, const v1::HelloRequest* req,
+                     v1::HelloResponse* resp) override;
   grpc::Status RegisterBucket(grpc::ServerContext* ctx, const v1::RegisterBucketRequest* req,
                               v1::RegisterBucketResponse* resp) override;
   grpc::Status UnregisterBucket(grpc::ServerContext* ctx, const v1::UnregisterBucketRequest* req,

@@ -40,8 +40,8 @@ class Collective {
 
   // Variable-size all-gather: rank r contributes send_bytes bytes; `counts` gets every rank's
   // byte count and `recv` the concatenation in rank order (resized as needed).
-  virtual absl::Status AllGatherV(const void* send, size_t send_bytes,
-                                  std::vector<size_t>* counts, std::vector<uint8_t>* recv) = 0;
+  virtual absl::Status AllGatherV(const void* send, size_t send_bytes, std::vector<size_t>* counts,
+                                  std::vector<uint8_t>* recv) = 0;
 
   virtual absl::Status Broadcast(void* data, size_t bytes, int root) = 0;
   virtual absl::Status Barrier() = 0;

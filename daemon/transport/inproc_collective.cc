@@ -32,7 +32,8 @@ class InProcessCollective : public Collective {
     std::vector<float> result(count);
     absl::Status s = Round(send, count * 4, [&](const InProcessHub::Slot* slots) -> absl::Status {
       for (int r = 0; r < size(); ++r) {
-        if (slots[r].bytes != count * 4) return SizeMismatch("AllReduceScaled", r, slots[r].bytes, count * 4);
+        if (slots[r].bytes != count * 4)
+          return SizeMismatch("AllReduceScaled", r, slots[r].bytes, count * 4);
       }
       // Sum in rank order on every rank so all ranks get bit-identical results.
       for (int r = 0; r < size(); ++r) {
@@ -75,10 +76,12 @@ class InProcessCollective : public Collective {
   }
 
   absl::Status Broadcast(void* data, size_t bytes, int root) override {
-    if (root < 0 || root >= size()) return absl::InvalidArgumentError(absl::StrCat("broadcast root ", root, " out of range"));
+    if (root < 0 || root >= size())
+      return absl::InvalidArgumentError(absl::StrCat("broadcast root ", root, " out of range"));
     std::vector<uint8_t> copy(bytes);
     absl::Status s = Round(data, bytes, [&](const InProcessHub::Slot* slots) -> absl::Status {
-      if (slots[root].bytes != bytes) return SizeMismatch("Broadcast", root, slots[root].bytes, bytes);
+      if (slots[root].bytes != bytes)
+        return SizeMismatch("Broadcast", root, slots[root].bytes, bytes);
       std::memcpy(copy.data(), slots[root].data, bytes);
       return absl::OkStatus();
     });
@@ -101,25 +104,35 @@ class InProcessCollective : public Collective {
   }
 
   static absl::Status SizeMismatch(const char* op, int peer, size_t got, size_t want) {
-    return absl::InvalidArgumentError(absl::StrCat(op, ": rank ", peer, " contributed ", got,
-                                                   " bytes, this rank ", want));
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": rank ", peer, " contributed ", got, " bytes, this rank ", want));
   }
 
   static void Combine(void* acc, const void* x, size_t n, ElemType t, ReduceOp op) {
     switch (t) {
-      case ElemType::kFloat32: return CombineT(static_cast<float*>(acc), static_cast<const float*>(x), n, op);
-      case ElemType::kFloat64: return CombineT(static_cast<double*>(acc), static_cast<const double*>(x), n, op);
-      case ElemType::kInt64: return CombineT(static_cast<int64_t*>(acc), static_cast<const int64_t*>(x), n, op);
-      case ElemType::kUint64: return CombineT(static_cast<uint64_t*>(acc), static_cast<const uint64_t*>(x), n, op);
+      case ElemType::kFloat32:
+        return CombineT(static_cast<float*>(acc), static_cast<const float*>(x), n, op);
+      case ElemType::kFloat64:
+        return CombineT(static_cast<double*>(acc), static_cast<const double*>(x), n, op);
+      case ElemType::kInt64:
+        return CombineT(static_cast<int64_t*>(acc), static_cast<const int64_t*>(x), n, op);
+      case ElemType::kUint64:
+        return CombineT(static_cast<uint64_t*>(acc), static_cast<const uint64_t*>(x), n, op);
     }
   }
   template <typename T>
   static void CombineT(T* acc, const T* x, size_t n, ReduceOp op) {
     for (size_t i = 0; i < n; ++i) {
       switch (op) {
-        case ReduceOp::kSum: acc[i] += x[i]; break;
-        case ReduceOp::kMax: acc[i] = acc[i] < x[i] ? x[i] : acc[i]; break;
-        case ReduceOp::kMin: acc[i] = x[i] < acc[i] ? x[i] : acc[i]; break;
+        case ReduceOp::kSum:
+          acc[i] += x[i];
+          break;
+        case ReduceOp::kMax:
+          acc[i] = acc[i] < x[i] ? x[i] : acc[i];
+          break;
+        case ReduceOp::kMin:
+          acc[i] = x[i] < acc[i] ? x[i] : acc[i];
+          break;
       }
     }
   }
@@ -139,8 +152,9 @@ absl::Status InProcessHub::Wait(uint64_t* counter, uint64_t target) {
   absl::Time deadline = absl::Now() + timeout_;
   while (*counter < target) {
     if (cv_.WaitWithDeadline(&mu_, deadline) && *counter < target) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "in-process collective: a peer rank did not arrive within ", absl::FormatDuration(timeout_)));
+      return absl::DeadlineExceededError(
+          absl::StrCat("in-process collective: a peer rank did not arrive within ",
+                       absl::FormatDuration(timeout_)));
     }
   }
   return absl::OkStatus();

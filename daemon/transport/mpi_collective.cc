@@ -10,19 +10,26 @@ namespace {
 
 MPI_Datatype ToMpi(ElemType t) {
   switch (t) {
-    case ElemType::kFloat32: return MPI_FLOAT;
-    case ElemType::kFloat64: return MPI_DOUBLE;
-    case ElemType::kInt64: return MPI_INT64_T;
-    case ElemType::kUint64: return MPI_UINT64_T;
+    case ElemType::kFloat32:
+      return MPI_FLOAT;
+    case ElemType::kFloat64:
+      return MPI_DOUBLE;
+    case ElemType::kInt64:
+      return MPI_INT64_T;
+    case ElemType::kUint64:
+      return MPI_UINT64_T;
   }
   return MPI_BYTE;
 }
 
 MPI_Op ToMpi(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return MPI_SUM;
-    case ReduceOp::kMax: return MPI_MAX;
-    case ReduceOp::kMin: return MPI_MIN;
+    case ReduceOp::kSum:
+      return MPI_SUM;
+    case ReduceOp::kMax:
+      return MPI_MAX;
+    case ReduceOp::kMin:
+      return MPI_MIN;
   }
   return MPI_SUM;
 }
@@ -37,7 +44,8 @@ absl::Status Check(int rc, const char* what) {
 
 absl::Status CheckCount(size_t n, const char* what) {
   if (n > static_cast<size_t>(INT_MAX)) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": ", n, " elements exceed MPI's int count"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": ", n, " elements exceed MPI's int count"));
   }
   return absl::OkStatus();
 }
@@ -61,19 +69,21 @@ MpiCollective::~MpiCollective() {
 
 absl::Status MpiCollective::AllReduce(void* data, size_t count, ElemType type, ReduceOp op) {
   if (absl::Status s = CheckCount(count, "AllReduce"); !s.ok()) return s;
-  return Check(MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(count), ToMpi(type), ToMpi(op), comm_),
-               "MPI_Allreduce");
+  return Check(
+      MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(count), ToMpi(type), ToMpi(op), comm_),
+      "MPI_Allreduce");
 }
 
-absl::Status MpiCollective::AllReduceScaled(const float* send, float* recv, size_t count, float scale) {
+absl::Status MpiCollective::AllReduceScaled(const float* send, float* recv, size_t count,
+                                            float scale) {
   if (absl::Status s = CheckCount(count, "AllReduceScaled"); !s.ok()) return s;
   const int n = static_cast<int>(count);
   if (size_ == 1) {
     if (send != recv) std::memcpy(recv, send, count * sizeof(float));
   } else {
-  // One all-reduce, then scale. Measured here (OpenMPI 4.1, vader, 25.5M floats): a
-  // reduce-scatter + all-gather that scales only this rank's block takes 2.1x (2 ranks) and
-  // 2.4x (4 ranks) as long as MPI_Allreduce, far more than the scaling pass it saves.
+    // One all-reduce, then scale. Measured here (OpenMPI 4.1, vader, 25.5M floats): a
+    // reduce-scatter + all-gather that scales only this rank's block takes 2.1x (2 ranks) and
+    // 2.4x (4 ranks) as long as MPI_Allreduce, far more than the scaling pass it saves.
     int rc = send == recv ? MPI_Allreduce(MPI_IN_PLACE, recv, n, MPI_FLOAT, MPI_SUM, comm_)
                           : MPI_Allreduce(send, recv, n, MPI_FLOAT, MPI_SUM, comm_);
     if (absl::Status s = Check(rc, "MPI_Allreduce"); !s.ok()) return s;
@@ -94,8 +104,8 @@ absl::Status MpiCollective::AllGather(const void* send, size_t bytes, void* recv
                "MPI_Allgather");
 }
 
-absl::Status MpiCollective::AllGatherV(const void* send, size_t send_bytes, std::vector<size_t>* counts,
-                                       std::vector<uint8_t>* recv) {
+absl::Status MpiCollective::AllGatherV(const void* send, size_t send_bytes,
+                                       std::vector<size_t>* counts, std::vector<uint8_t>* recv) {
   if (absl::Status s = CheckCount(send_bytes, "AllGatherV"); !s.ok()) return s;
   int mine = static_cast<int>(send_bytes);
   int rc = MPI_Allgather(&mine, 1, MPI_INT, counts_.data(), 1, MPI_INT, comm_);
@@ -103,20 +113,23 @@ absl::Status MpiCollective::AllGatherV(const void* send, size_t send_bytes, std:
   size_t total = 0;
   counts->resize(size_);
   for (int r = 0; r < size_; ++r) {
-    if (counts_[r] < 0) return absl::DataLossError(absl::StrCat("peer ", r, " sent a negative byte count"));
+    if (counts_[r] < 0)
+      return absl::DataLossError(absl::StrCat("peer ", r, " sent a negative byte count"));
     displs_[r] = static_cast<int>(total);
     (*counts)[r] = counts_[r];
     total += counts_[r];
   }
   if (absl::Status s = CheckCount(total, "AllGatherV total"); !s.ok()) return s;
   recv->resize(total);
-  rc = MPI_Allgatherv(send, mine, MPI_BYTE, recv->data(), counts_.data(), displs_.data(), MPI_BYTE, comm_);
+  rc = MPI_Allgatherv(send, mine, MPI_BYTE, recv->data(), counts_.data(), displs_.data(), MPI_BYTE,
+                      comm_);
   return Check(rc, "MPI_Allgatherv");
 }
 
 absl::Status MpiCollective::Broadcast(void* data, size_t bytes, int root) {
   if (absl::Status s = CheckCount(bytes, "Broadcast"); !s.ok()) return s;
-  if (root < 0 || root >= size_) return absl::InvalidArgumentError(absl::StrCat("broadcast root ", root, " out of range"));
+  if (root < 0 || root >= size_)
+    return absl::InvalidArgumentError(absl::StrCat("broadcast root ", root, " out of range"));
   return Check(MPI_Bcast(data, static_cast<int>(bytes), MPI_BYTE, root, comm_), "MPI_Bcast");
 }
 
@@ -161,7 +174,8 @@ void PeerNotice::Drain() {
     MPI_Cancel(&recv_req_);
     MPI_Wait(&recv_req_, MPI_STATUS_IGNORE);
   }
-  if (!sends_.empty()) MPI_Waitall(static_cast<int>(sends_.size()), sends_.data(), MPI_STATUSES_IGNORE);
+  if (!sends_.empty())
+    MPI_Waitall(static_cast<int>(sends_.size()), sends_.data(), MPI_STATUSES_IGNORE);
   sends_.clear();
   MPI_Comm_free(&comm_);
 }

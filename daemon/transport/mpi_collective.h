@@ -45,9 +45,9 @@ class PeerNotice {
  public:
   explicit PeerNotice(MPI_Comm comm);
   ~PeerNotice();
-  void Announce();            // tell every other rank that this node is stopping
+  void Announce();             // tell every other rank that this node is stopping
   bool PeerStopped(int* who);  // true once any other rank announced
-  void Drain();               // completes outstanding requests before MPI_Finalize
+  void Drain();                // completes outstanding requests before MPI_Finalize
 
  private:
   MPI_Comm comm_;

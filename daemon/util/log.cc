@@ -25,9 +25,13 @@ void SetLogPrefix(const std::string& prefix) {
 }
 
 bool ParseLogLevel(const std::string& text, LogLevel* out) {
-  static const struct { const char* name; LogLevel level; } kTable[] = {
-      {"debug", LogLevel::kDEBUG}, {"info", LogLevel::kINFO},
-      {"warning", LogLevel::kWARNING}, {"error", LogLevel::kERROR}};
+  static const struct {
+    const char* name;
+    LogLevel level;
+  } kTable[] = {{"debug", LogLevel::kDEBUG},
+                {"info", LogLevel::kINFO},
+                {"warning", LogLevel::kWARNING},
+                {"error", LogLevel::kERROR}};
   for (const auto& e : kTable) {
     if (text == e.name) {
       *out = e.level;
@@ -53,8 +57,8 @@ LogMessage::LogMessage(LogLevel level, const char* file, int line) : level_(leve
     std::lock_guard<std::mutex> lock(g_prefix_mu);
     prefix = g_prefix;
   }
-  stream_ << when << "." << (tv.tv_usec / 1000 + 1000) % 1000 << " " << kNames[static_cast<int>(level)]
-          << " " << prefix << " " << base << ":" << line << "] ";
+  stream_ << when << "." << (tv.tv_usec / 1000 + 1000) % 1000 << " "
+          << kNames[static_cast<int>(level)] << " " << prefix << " " << base << ":" << line << "] ";
 }
 
 LogMessage::~LogMessage() {

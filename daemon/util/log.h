@@ -29,7 +29,7 @@ class LogMessage {
 
 }  // namespace spex
 
-#define SPEX_LOG(level)                                                                  \
+#define SPEX_LOG(level)                                                                         \
   for (bool spex_log_once = ::spex::LogLevel::k##level >= ::spex::GetLogLevel(); spex_log_once; \
-       spex_log_once = false)                                                            \
+       spex_log_once = false)                                                                   \
   ::spex::LogMessage(::spex::LogLevel::k##level, __FILE__, __LINE__).stream()

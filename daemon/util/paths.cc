@@ -54,13 +54,15 @@ absl::Status PrepareSocketPath(const std::string& path) {
   for (size_t pos = path.find('/', 1); pos != std::string::npos; pos = path.find('/', pos + 1)) {
     std::string dir = path.substr(0, pos);
     if (mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
-      return absl::PermissionDeniedError(absl::StrCat("cannot create ", dir, ": ", strerror(errno)));
+      return absl::PermissionDeniedError(
+          absl::StrCat("cannot create ", dir, ": ", strerror(errno)));
     }
   }
   struct stat st;
   if (lstat(path.c_str(), &st) != 0) return absl::OkStatus();
   if (!S_ISSOCK(st.st_mode)) {
-    return absl::AlreadyExistsError(absl::StrCat(path, " exists and is not a socket; choose another --socket"));
+    return absl::AlreadyExistsError(
+        absl::StrCat(path, " exists and is not a socket; choose another --socket"));
   }
   int fd = socket(AF_UNIX, SOCK_STREAM, 0);
   addr.sun_family = AF_UNIX;
@@ -72,7 +74,8 @@ absl::Status PrepareSocketPath(const std::string& path) {
                                                  "; stop it or pass another --socket"));
   }
   if (unlink(path.c_str()) != 0) {
-    return absl::PermissionDeniedError(absl::StrCat("cannot remove stale socket ", path, ": ", strerror(errno)));
+    return absl::PermissionDeniedError(
+        absl::StrCat("cannot remove stale socket ", path, ": ", strerror(errno)));
   }
   return absl::OkStatus();
 }

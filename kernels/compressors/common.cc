@@ -156,8 +156,8 @@ size_t AppendTopK(Primitives* p, float* acc, size_t begin, size_t end, size_t k,
   }
   out->idx.resize(base + k);
   out->val.resize(base + k);
-  const size_t w = p->TopK(acc + begin, end - begin, k, out->idx.data() + base,
-                           out->val.data() + base);
+  const size_t w =
+      p->TopK(acc + begin, end - begin, k, out->idx.data() + base, out->val.data() + base);
   out->idx.resize(base + w);
   out->val.resize(base + w);
   if (begin != 0) {
@@ -245,8 +245,8 @@ size_t TrimTopK(Primitives* p, Selection* out, size_t from, size_t k, Scratch* s
     // The candidates' values go up, the top-k positions and values come back.
     Scratch local(p);
     Scratch* s = scratch != nullptr ? scratch : &local;
-    const auto* dval = static_cast<const float*>(s->Upload(kHostInSlot, out->val.data() + from,
-                                                           m * 4));
+    const auto* dval =
+        static_cast<const float*>(s->Upload(kHostInSlot, out->val.data() + from, m * 4));
     auto* dpos = static_cast<uint32_t*>(s->Get(kIdxSlot, k * 4));
     auto* dv = static_cast<float*>(s->Get(kValSlot, k * 4));
     if (dval == nullptr || dpos == nullptr || dv == nullptr) return m;

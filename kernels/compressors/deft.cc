@@ -29,9 +29,10 @@ class Deft final : public Compressor {
  public:
   Deft(const CompressorSpec& spec, Primitives* prims, int units_per_node)
       : Compressor(spec, prims), scratch_(prims) {
-    const size_t u = std::min<size_t>(spec.elements,
-                                      static_cast<size_t>(units_per_node) * spec.node_count);
-    for (size_t j = 0; j < u; ++j) units_.push_back(EqualPartition(spec.elements, static_cast<int>(u), static_cast<int>(j)));
+    const size_t u =
+        std::min<size_t>(spec.elements, static_cast<size_t>(units_per_node) * spec.node_count);
+    for (size_t j = 0; j < u; ++j)
+      units_.push_back(EqualPartition(spec.elements, static_cast<int>(u), static_cast<int>(j)));
     shared_k_.assign(u, -1);  // -1: no gathered union yet
   }
   Pattern pattern() const override { return Pattern::kIndexUnion; }
@@ -50,7 +51,8 @@ class Deft final : public Compressor {
     }
     std::vector<size_t> order(u);
     std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return norm[a] > norm[b]; });
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t a, size_t b) { return norm[a] > norm[b]; });
     std::vector<size_t> own_k(u);
     double k_rem = static_cast<double>(ctx.k);
     for (size_t j : order) {
@@ -102,7 +104,8 @@ class Deft final : public Compressor {
     }
     std::vector<size_t> order(u);
     std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return cost[a] > cost[b]; });
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t a, size_t b) { return cost[a] > cost[b]; });
     std::vector<double> load(ctx.node_count, 0);
     std::vector<int> bin_of(u, -1);
     for (size_t j : order) {
@@ -122,8 +125,8 @@ class Deft final : public Compressor {
 
 std::unique_ptr<Compressor> MakeDeft(const CompressorSpec& spec, Primitives* prims,
                                      ParamReader& r) {
-  const int upn = static_cast<int>(
-      r.Int("units_per_node", 8, 1, 1024, "units (contiguous chunks) per node"));
+  const int upn =
+      static_cast<int>(r.Int("units_per_node", 8, 1, 1024, "units (contiguous chunks) per node"));
   if (prims == nullptr || !r.ok()) return nullptr;
   return std::make_unique<Deft>(spec, prims, upn);
 }

@@ -29,8 +29,8 @@ class Dgc final : public Compressor {
   absl::Status DoSelect(const StepContext& ctx, float* acc, const float* add, bool zero,
                         Selection* out) override {
     const size_t n = ctx.n, k = ctx.k;
-    const size_t m = std::min<size_t>(
-        n, std::max<size_t>(1, static_cast<size_t>(std::ceil(sample_ratio_ * n))));
+    const size_t m =
+        std::min<size_t>(n, std::max<size_t>(1, static_cast<size_t>(std::ceil(sample_ratio_ * n))));
     const uint64_t seed = StepSeed(seed_, ctx.node_rank, ctx.step);
     sample_.resize(m);
     SampleToHost(prims_, acc, n, m, seed, sample_.data(), &scratch_);
@@ -40,23 +40,25 @@ class Dgc final : public Compressor {
       for (size_t j = 0; j < m; ++j) sample_[j] += add_sample_[j];
     }
     for (float& v : sample_) v = std::fabs(v);
-    const size_t top = std::min(m, std::max<size_t>(1, static_cast<size_t>(std::ceil(m * ctx.density))));
+    const size_t top =
+        std::min(m, std::max<size_t>(1, static_cast<size_t>(std::ceil(m * ctx.density))));
     std::nth_element(sample_.begin(), sample_.begin() + (top - 1), sample_.end(),
                      std::greater<float>());
     float th = std::max(sample_[top - 1], kMinThreshold);
 
     ThresholdScanner scan(prims_, acc, add, n, 2 * k, &scratch_);
     int rounds = 0;
-    th = std::max(DgcCorrect(th, k, [&](float t) { return scan.Count(std::max(t, kMinThreshold)); },
-                             &rounds),
-                  kMinThreshold);
+    th = std::max(
+        DgcCorrect(
+            th, k, [&](float t) { return scan.Count(std::max(t, kMinThreshold)); }, &rounds),
+        kMinThreshold);
     const bool trim = static_cast<double>(scan.Count(th)) > 4.0 * k / 3.0;
     scan.Select(th, zero && !trim, out);
     if (trim) {
       TrimTopK(prims_, out, 0, k, &scratch_);
       if (zero) {
-        if (absl::Status s = ZeroAtHost(prims_, acc, n, out->idx.data(), out->idx.size(),
-                                        &scratch_);
+        if (absl::Status s =
+                ZeroAtHost(prims_, acc, n, out->idx.data(), out->idx.size(), &scratch_);
             !s.ok()) {
           return s;
         }
@@ -77,8 +79,7 @@ class Dgc final : public Compressor {
 
 }  // namespace
 
-std::unique_ptr<Compressor> MakeDgc(const CompressorSpec& spec, Primitives* prims,
-                                    ParamReader& r) {
+std::unique_ptr<Compressor> MakeDgc(const CompressorSpec& spec, Primitives* prims, ParamReader& r) {
   const uint64_t seed = r.Seed();
   const double ratio = r.Double("sample_ratio", 0.01, 1e-6, 1, "fraction of positions sampled");
   if (prims == nullptr || !r.ok()) return nullptr;

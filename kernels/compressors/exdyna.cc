@@ -88,7 +88,10 @@ class ExDyna final : public Compressor {
  public:
   ExDyna(const CompressorSpec& spec, Primitives* prims, ExDynaLayout layout,
          ThresholdControl control, bool trim)
-      : Compressor(spec, prims), layout_(std::move(layout)), control_(control), trim_(trim),
+      : Compressor(spec, prims),
+        layout_(std::move(layout)),
+        control_(control),
+        trim_(trim),
         scratch_(prims) {}
   Pattern pattern() const override { return Pattern::kIndexUnion; }
 
@@ -100,17 +103,17 @@ class ExDyna final : public Compressor {
     float used;
     if (control_ == ThresholdControl::kReference) {
       th_ = ctx.call == 0 ? InitialThreshold(ctx.k)
-                          : static_cast<float>(th_ * ReferenceScaleFactor(
-                                                         static_cast<double>(k_prev_) / ctx.k));
+                          : static_cast<float>(
+                                th_ * ReferenceScaleFactor(static_cast<double>(k_prev_) / ctx.k));
       AccumulateOutside(prims_, acc, add, ctx.n, r.begin, r.end);
       AppendAbove(prims_, acc, add, r.begin, r.end, th_, false, 2 * (ctx.k / ctx.node_count), out,
                   &scratch_);
       used = th_;
     } else {
       if (add) prims_->Accumulate(acc, add, ctx.n);
-      used = HistogramQuotaSelect(prims_, acc, r.begin, r.end,
-                                  EvenShare(ctx.k, ctx.node_count, part), trim_, &bins_, out,
-                                  &scratch_);
+      used =
+          HistogramQuotaSelect(prims_, acc, r.begin, r.end, EvenShare(ctx.k, ctx.node_count, part),
+                               trim_, &bins_, out, &scratch_);
     }
     out->scalars[0] = used;
     out->scalars[1] = static_cast<float>(part);

@@ -19,8 +19,7 @@ namespace {
 
 class GTopK final : public Compressor {
  public:
-  GTopK(const CompressorSpec& spec, Primitives* prims)
-      : Compressor(spec, prims), scratch_(prims) {}
+  GTopK(const CompressorSpec& spec, Primitives* prims) : Compressor(spec, prims), scratch_(prims) {}
   Pattern pattern() const override { return Pattern::kSparseGather; }
 
  protected:

@@ -51,8 +51,8 @@ class Micro final : public Compressor {
       if (ctx.call == 0) {
         th_ = InitialThreshold(ctx.k);
       } else {
-        th_ = static_cast<float>(th_ * ReferenceScaleFactor(static_cast<double>(k_prev_) /
-                                                            static_cast<double>(ctx.k)));
+        th_ = static_cast<float>(
+            th_ * ReferenceScaleFactor(static_cast<double>(k_prev_) / static_cast<double>(ctx.k)));
       }
       AccumulateOutside(prims_, acc, add, ctx.n, r.begin, r.end);
       AppendAbove(prims_, acc, add, r.begin, r.end, th_, false, 2 * (ctx.k / ctx.node_count), out,
@@ -60,9 +60,9 @@ class Micro final : public Compressor {
       used = th_;
     } else {
       if (add) prims_->Accumulate(acc, add, ctx.n);
-      used = HistogramQuotaSelect(prims_, acc, r.begin, r.end,
-                                  EvenShare(ctx.k, ctx.node_count, part), trim_, &bins_, out,
-                                  &scratch_);
+      used =
+          HistogramQuotaSelect(prims_, acc, r.begin, r.end, EvenShare(ctx.k, ctx.node_count, part),
+                               trim_, &bins_, out, &scratch_);
     }
     out->scalars[0] = used;
     out->scalars[1] = static_cast<float>(part);

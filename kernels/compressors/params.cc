@@ -45,8 +45,8 @@ int64_t ParamReader::Int(const std::string& key, int64_t def, int64_t lo, int64_
   if (v == nullptr) return def;
   int64_t i;
   if (!absl::SimpleAtoi(*v, &i) || i < lo || i > hi) {
-    Fail(absl::StrCat(compressor_, ": parameter ", key, "='", *v, "' must be an integer in [",
-                      lo, ", ", hi, "] (", help, ")"));
+    Fail(absl::StrCat(compressor_, ": parameter ", key, "='", *v, "' must be an integer in [", lo,
+                      ", ", hi, "] (", help, ")"));
     return def;
   }
   return i;
@@ -86,8 +86,8 @@ bool ParamReader::Bool(const std::string& key, bool def, const std::string& help
   if (v == nullptr) return def;
   if (*v == "true" || *v == "1") return true;
   if (*v == "false" || *v == "0") return false;
-  Fail(absl::StrCat(compressor_, ": parameter ", key, "='", *v, "' must be true or false (",
-                    help, ")"));
+  Fail(absl::StrCat(compressor_, ": parameter ", key, "='", *v, "' must be true or false (", help,
+                    ")"));
   return def;
 }
 

@@ -20,13 +20,14 @@
 // Parameters: redsync: search=band|reference; redsync_trim: trim=true|false.
 // Scalars: [0] threshold of the search (redsync_trim: the candidates' threshold), [1] probes,
 // [2] passes over acc.
+#include "kernels/compressors/redsync.h"
+
 #include <algorithm>
 #include <memory>
 #include <string>
 
 #include "kernels/compressors/common.h"
 #include "kernels/compressors/factories.h"
-#include "kernels/compressors/redsync.h"
 #include "kernels/compressors/threshold_search.h"
 
 namespace spex {
@@ -83,8 +84,8 @@ class RedSync final : public Compressor {
         AppendAbove(prims_, acc, nullptr, 0, n, floor, false, hi, out, &scratch_);
         TrimTopK(prims_, out, 0, k, &scratch_);
         if (zero && !out->idx.empty()) {
-          if (absl::Status s = ZeroAtHost(prims_, acc, n, out->idx.data(), out->idx.size(),
-                                          &scratch_);
+          if (absl::Status s =
+                  ZeroAtHost(prims_, acc, n, out->idx.data(), out->idx.size(), &scratch_);
               !s.ok()) {
             return s;
           }

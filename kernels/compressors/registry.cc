@@ -49,8 +49,8 @@ const Entry* Find(const std::string& name) {
 }
 
 absl::Status UnknownName(const std::string& name) {
-  return absl::InvalidArgumentError(absl::StrCat("unknown compressor '", name,
-                                                 "'; accepted: ", absl::StrJoin(CompressorNames(), ", ")));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown compressor '", name, "'; accepted: ", absl::StrJoin(CompressorNames(), ", ")));
 }
 
 }  // namespace
@@ -109,14 +109,15 @@ absl::StatusOr<std::unique_ptr<Compressor>> MakeCompressor(const CompressorSpec&
     // Every sparse compressor runs on device scratch; only the dense entry (the engine
     // exchanges dense buckets without a compressor) is not marked for device primitives.
     return absl::UnimplementedError(absl::StrCat(
-        spec.name, ": does not run on device (CUDA) primitives yet, only on host-memory "
-                   "primitives (CPU or reference); the compressors that run on device primitives: ",
+        spec.name,
+        ": does not run on device (CUDA) primitives yet, only on host-memory "
+        "primitives (CPU or reference); the compressors that run on device primitives: ",
         absl::StrJoin(DeviceCompressorNames(), ", ")));
   }
   if (spec.node_count < 1 || spec.node_rank < 0 || spec.node_rank >= spec.node_count) {
     return absl::InvalidArgumentError(absl::StrCat(spec.name, ": node rank ", spec.node_rank,
-                                                   " must be in [0, node count ",
-                                                   spec.node_count, ")"));
+                                                   " must be in [0, node count ", spec.node_count,
+                                                   ")"));
   }
   if (spec.elements == 0 || spec.elements > (uint64_t{1} << 32)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -126,9 +127,9 @@ absl::StatusOr<std::unique_ptr<Compressor>> MakeCompressor(const CompressorSpec&
   std::unique_ptr<Compressor> c = Find(spec.name)->make(spec, prims, r);
   if (absl::Status s = r.Finish(); !s.ok()) return s;
   if (c == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(spec.name, ": cannot be built for ", spec.node_count, " nodes and ",
-                     spec.elements, " elements"));
+    return absl::InvalidArgumentError(absl::StrCat(spec.name, ": cannot be built for ",
+                                                   spec.node_count, " nodes and ", spec.elements,
+                                                   " elements"));
   }
   return c;
 }

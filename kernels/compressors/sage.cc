@@ -66,9 +66,8 @@ class Sage final : public Compressor {
     }
     const double alpha = SageCorrection(savg, savg_prev_, ctx.density, 0).alpha;
     const float exam = std::max(static_cast<float>(th_ * alpha), kMinThreshold);
-    const float low =
-        std::max(static_cast<float>(exam * SageMinBetaGamma(ctx.density) * (1 - 1e-6)),
-                 kMinThreshold);
+    const float low = std::max(
+        static_cast<float>(exam * SageMinBetaGamma(ctx.density) * (1 - 1e-6)), kMinThreshold);
     ThresholdScanner scan(prims_, acc, add, n, 4 * ctx.k, &scratch_);
     scan.Count(low);  // the one fused pass: everything below comes from its list
     const double d_exam = static_cast<double>(scan.Count(exam)) / n;

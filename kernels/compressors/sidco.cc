@@ -1,7 +1,7 @@
-// The SIDCo compressors sidco_e, sidco_p, sidco_gp (pattern B; Abdelmoniem et al., MLSys 2021; ALGORITHMS.md 4.3-4.5
-// and decisions item 6): fit a sparsity-inducing distribution to |acc| and threshold it, in
-// several stages: stage 1 keeps first_ratio = 0.25 of the mass; each later stage fits the
-// exceedances over the previous threshold (peaks over threshold) with the per-stage ratio
+// The SIDCo compressors sidco_e, sidco_p, sidco_gp (pattern B; Abdelmoniem et al., MLSys 2021;
+// ALGORITHMS.md 4.3-4.5 and decisions item 6): fit a sparsity-inducing distribution to |acc| and
+// threshold it, in several stages: stage 1 keeps first_ratio = 0.25 of the mass; each later stage
+// fits the exceedances over the previous threshold (peaks over threshold) with the per-stage ratio
 // (d / 0.25)^(1 / (S - 1)); then select |acc| > threshold (strict).
 //   sidco_e: exponential in every stage;  sidco_p: generalised Pareto in every stage;
 //   sidco_gp: gamma in stage 1 (EC form, inverse incomplete gamma), generalised Pareto after.
@@ -34,6 +34,8 @@
 // selection. Host primitives use host vectors as before.
 // Parameters: stages (initial S, default 2), adaptive (default true), compact (default true).
 // Scalars: [0] threshold, [1] stages used, [2] passes over acc.
+#include "kernels/compressors/sidco.h"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -42,7 +44,6 @@
 
 #include "kernels/compressors/common.h"
 #include "kernels/compressors/factories.h"
-#include "kernels/compressors/sidco.h"
 #include "kernels/compressors/stat_math.h"
 
 namespace spex {
@@ -129,8 +130,7 @@ class Sidco final : public Compressor {
       // the device; only the selected entries come back, and acc is zeroed from the device.
       const size_t base = out->idx.size();
       const size_t cap = std::min<size_t>(std::max<size_t>(2 * ctx.k, 1024), list.n);
-      const uint32_t* at =
-          FetchFromList(list, StrictAbove(th), cap, true, &out->idx, &out->val);
+      const uint32_t* at = FetchFromList(list, StrictAbove(th), cap, true, &out->idx, &out->val);
       if (zero && at != nullptr && out->idx.size() > base) {
         if (absl::Status st = prims_->ZeroAt(acc, n, at, out->idx.size() - base); !st.ok()) {
           return st;
@@ -271,8 +271,8 @@ class Sidco final : public Compressor {
             list_idx_.resize(want);
             list_val_.resize(want);
           }
-          const size_t c = prims_->SelectAbove(acc, 0, n, StrictAbove(lb), false,
-                                               list_idx_.data(), list_val_.data(), want);
+          const size_t c = prims_->SelectAbove(acc, 0, n, StrictAbove(lb), false, list_idx_.data(),
+                                               list_val_.data(), want);
           ++*passes;
           if (c <= want) *list = {true, few && c <= cap, list_idx_.data(), list_val_.data(), c, lb};
         }
@@ -289,9 +289,9 @@ class Sidco final : public Compressor {
           few_idx_.resize(cap);
           few_val_.resize(cap);
         }
-        const size_t c = prims_->SelectAbove(const_cast<float*>(list->val), 0, list->n,
-                                             StrictAbove(lb), false, few_idx_.data(),
-                                             few_val_.data(), cap);
+        const size_t c =
+            prims_->SelectAbove(const_cast<float*>(list->val), 0, list->n, StrictAbove(lb), false,
+                                few_idx_.data(), few_val_.data(), cap);
         if (c <= cap) {
           for (size_t j = 0; j < c; ++j) few_idx_[j] = list->idx[few_idx_[j]];
           *list = {true, true, few_idx_.data(), few_val_.data(), c, lb};
@@ -351,8 +351,10 @@ class Sidco final : public Compressor {
     q_sum_ += q;
     if (++q_calls_ < kUpdateEvery) return;
     const double mean_q = q_sum_ / q_calls_;
-    if (mean_q > 1 + kResDiff) --stages_;
-    else if (mean_q < 1 - kResDiff) ++stages_;
+    if (mean_q > 1 + kResDiff)
+      --stages_;
+    else if (mean_q < 1 - kResDiff)
+      ++stages_;
     stages_ = std::min(std::max(stages_, 1), MaxStages(d));
     q_sum_ = 0;
     q_calls_ = 0;
@@ -375,12 +377,12 @@ class Sidco final : public Compressor {
 
 }  // namespace
 
-std::unique_ptr<Compressor> MakeSidco(const CompressorSpec& spec, Primitives* prims,
-                                      ParamReader& r, SidcoFit fit) {
+std::unique_ptr<Compressor> MakeSidco(const CompressorSpec& spec, Primitives* prims, ParamReader& r,
+                                      SidcoFit fit) {
   const int stages = static_cast<int>(
       r.Int("stages", 2, 1, 32, "initial number of stages (clamped to ceil(ln d / ln 0.5))"));
-  const bool adaptive = r.Bool("adaptive", true,
-                               "adapt the stage count every 5 steps (+-20% band)");
+  const bool adaptive =
+      r.Bool("adaptive", true, "adapt the stage count every 5 steps (+-20% band)");
   const bool compact = r.Bool("compact", true,
                               "fit stages 2.. on a list of stage 1's survivors (false: a pass "
                               "over acc per stage; the same thresholds)");

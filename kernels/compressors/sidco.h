@@ -12,7 +12,7 @@ namespace spex {
 enum class SidcoFit { kExponential, kGPareto, kGammaGPareto };
 
 // Reads stages/adaptive from r; null with prims == nullptr or a bad parameter.
-std::unique_ptr<Compressor> MakeSidco(const CompressorSpec& spec, Primitives* prims,
-                                      ParamReader& r, SidcoFit fit);
+std::unique_ptr<Compressor> MakeSidco(const CompressorSpec& spec, Primitives* prims, ParamReader& r,
+                                      SidcoFit fit);
 
 }  // namespace spex

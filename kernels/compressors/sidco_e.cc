@@ -1,5 +1,5 @@
-// sidco_e (pattern B; ALGORITHMS.md 4.3-4.5): multi-stage SIDCo with the exponential fit in every stage.
-// Algorithm, choices and parameters: sidco.cc.
+// sidco_e (pattern B; ALGORITHMS.md 4.3-4.5): multi-stage SIDCo with the exponential fit in every
+// stage. Algorithm, choices and parameters: sidco.cc.
 #include <memory>
 
 #include "kernels/compressors/factories.h"
@@ -8,7 +8,7 @@
 namespace spex {
 
 std::unique_ptr<Compressor> MakeSidcoE(const CompressorSpec& spec, Primitives* prims,
-                                      ParamReader& r) {
+                                       ParamReader& r) {
   return MakeSidco(spec, prims, r, SidcoFit::kExponential);
 }
 

@@ -1,5 +1,5 @@
-// sidco_gp (pattern B; ALGORITHMS.md 4.3-4.5): multi-stage SIDCo with the gamma fit in stage 1, generalised Pareto in the later stages.
-// Algorithm, choices and parameters: sidco.cc.
+// sidco_gp (pattern B; ALGORITHMS.md 4.3-4.5): multi-stage SIDCo with the gamma fit in stage 1,
+// generalised Pareto in the later stages. Algorithm, choices and parameters: sidco.cc.
 #include <memory>
 
 #include "kernels/compressors/factories.h"
@@ -8,7 +8,7 @@
 namespace spex {
 
 std::unique_ptr<Compressor> MakeSidcoGP(const CompressorSpec& spec, Primitives* prims,
-                                       ParamReader& r) {
+                                        ParamReader& r) {
   return MakeSidco(spec, prims, r, SidcoFit::kGammaGPareto);
 }
 

@@ -1,5 +1,5 @@
-// sidco_p (pattern B; ALGORITHMS.md 4.3-4.5): multi-stage SIDCo with the generalised Pareto fit in every stage.
-// Algorithm, choices and parameters: sidco.cc.
+// sidco_p (pattern B; ALGORITHMS.md 4.3-4.5): multi-stage SIDCo with the generalised Pareto fit in
+// every stage. Algorithm, choices and parameters: sidco.cc.
 #include <memory>
 
 #include "kernels/compressors/factories.h"
@@ -8,7 +8,7 @@
 namespace spex {
 
 std::unique_ptr<Compressor> MakeSidcoP(const CompressorSpec& spec, Primitives* prims,
-                                      ParamReader& r) {
+                                       ParamReader& r) {
   return MakeSidco(spec, prims, r, SidcoFit::kGPareto);
 }
 

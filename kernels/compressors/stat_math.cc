@@ -9,10 +9,10 @@ namespace spex {
 double NormalQuantile(double p) {
   if (!(p > 0)) return -std::numeric_limits<double>::infinity();
   if (!(p < 1)) return std::numeric_limits<double>::infinity();
-  static const double a[] = {-3.969683028665376e+01, 2.209460984245205e+02, -2.759285104469687e+02,
+  static const double a[] = {-3.969683028665376e+01, 2.209460984245205e+02,  -2.759285104469687e+02,
                              1.383577518672690e+02,  -3.066479806614716e+01, 2.506628277459239e+00};
   static const double b[] = {-5.447609879822406e+01, 1.615858368580409e+02, -1.556989798598866e+02,
-                             6.680131188771972e+01,  -1.328068155288572e+01};
+                             6.680131188771972e+01, -1.328068155288572e+01};
   static const double c[] = {-7.784894002430293e-03, -3.223964580411365e-01, -2.400758277161838e+00,
                              -2.549732539343734e+00, 4.374664141464968e+00,  2.938163982698783e+00};
   static const double d[] = {7.784695709041462e-03, 3.224671290700398e-01, 2.445134137142996e+00,
@@ -98,7 +98,10 @@ double InverseRegularizedGammaQ(double a, double q) {
   const double lga = std::lgamma(a);
   for (int i = 0; i < 200; ++i) {
     const double f = RegularizedGammaQ(a, x) - q;  // decreasing in x
-    if (f > 0) lo = x; else hi = x;
+    if (f > 0)
+      lo = x;
+    else
+      hi = x;
     const double dens = std::exp((a - 1) * std::log(x) - x - lga);  // -dQ/dx
     double next = dens > 0 ? x + f / dens : 0.5 * (lo + hi);
     if (!(next > lo && next < hi)) next = 0.5 * (lo + hi);

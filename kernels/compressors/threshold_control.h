@@ -22,9 +22,9 @@ class Scratch;  // common.h
 
 enum class ThresholdControl { kReference, kHistogram };
 
-inline constexpr double kRefUpFactor = 1.005;      // ratio > 1.1: too many selected
-inline constexpr double kRefCreepFactor = 1.00125; // 1/1.1 < ratio <= 1.1 (the in-band creep)
-inline constexpr double kRefDownFactor = 0.995;    // ratio <= 1/1.1: too few
+inline constexpr double kRefUpFactor = 1.005;       // ratio > 1.1: too many selected
+inline constexpr double kRefCreepFactor = 1.00125;  // 1/1.1 < ratio <= 1.1 (the in-band creep)
+inline constexpr double kRefDownFactor = 0.995;     // ratio <= 1/1.1: too few
 inline constexpr double kRefBand = 1.1;
 
 // The published scale factor for ratio = K_prev / k.

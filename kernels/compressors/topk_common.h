@@ -14,7 +14,6 @@ float SelectTopK(Primitives* p, const StepContext& ctx, float* acc, const float*
                  Selection* out, Scratch* scratch = nullptr);
 
 // The exact top-k compressor with the given pattern (B: topk, A: topk_union).
-std::unique_ptr<Compressor> NewTopK(const CompressorSpec& spec, Primitives* prims,
-                                    Pattern pattern);
+std::unique_ptr<Compressor> NewTopK(const CompressorSpec& spec, Primitives* prims, Pattern pattern);
 
 }  // namespace spex

@@ -61,8 +61,7 @@ class CpuPrimitives final : public Primitives {
     ForChunks(Cut(0, n), [&](size_t, size_t b, size_t e, int) { simd::Scale(x + b, a, e - b); });
   }
 
-  absl::Status SumScaled(float* y, const float* const* xs, int count, float a,
-                         size_t n) override {
+  absl::Status SumScaled(float* y, const float* const* xs, int count, float a, size_t n) override {
     if (count < 1) return absl::InvalidArgumentError("SumScaled needs at least one input");
     // Rare: more local trainers than one pass reads; the unfused passes (same rounding).
     if (count > kMaxSumInputs) return Primitives::SumScaled(y, xs, count, a, n);
@@ -257,8 +256,7 @@ class CpuPrimitives final : public Primitives {
   }
 
   // The bins from `first` on (every bin for first == 0).
-  static void Histogram(const float* x, size_t begin, size_t end, uint32_t first,
-                        uint32_t* bins) {
+  static void Histogram(const float* x, size_t begin, size_t end, uint32_t first, uint32_t* bins) {
     if (first == 0) {
       simd::Histogram16(x + begin, end - begin, bins);
     } else {

@@ -262,8 +262,7 @@ AbsMoments MomentsImpl(const float* x, size_t n, float lower_bound) {
   return FusedMomentsLoop<false, true>(const_cast<float*>(x), nullptr, n, lower_bound);
 }
 
-AbsMoments FusedMomentsImpl(float* acc, const float* add, size_t n, float lower_bound,
-                            bool logs) {
+AbsMoments FusedMomentsImpl(float* acc, const float* add, size_t n, float lower_bound, bool logs) {
   if (add) {
     return logs ? FusedMomentsLoop<true, true>(acc, add, n, lower_bound)
                 : FusedMomentsLoop<true, false>(acc, add, n, lower_bound);

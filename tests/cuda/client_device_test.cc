@@ -18,7 +18,8 @@
 namespace spex {
 namespace {
 
-// Device memory stands in as host vectors; events are fake addresses; every ordering call is logged.
+// Device memory stands in as host vectors; events are fake addresses; every ordering call is
+// logged.
 class FakeOpener : public IpcOpener {
  public:
   struct Log {
@@ -47,8 +48,8 @@ class FakeOpener : public IpcOpener {
 
  private:
   static std::string Name(const char* what, void* event, void* stream) {
-    return std::string(what) + " " + std::to_string(reinterpret_cast<uintptr_t>(event) - 0x1000) + " " +
-           std::to_string(reinterpret_cast<uintptr_t>(stream));
+    return std::string(what) + " " + std::to_string(reinterpret_cast<uintptr_t>(event) - 0x1000) +
+           " " + std::to_string(reinterpret_cast<uintptr_t>(stream));
   }
   Log* log_;
   std::vector<float>* memory_;
@@ -107,19 +108,22 @@ v1::RegisterBucketResponse DeviceReply(uint32_t rank, int events = kTrainers + 1
 
 struct Fixture {
   FakeOpener::Log log;
-  std::vector<float> device_memory = std::vector<float>(DeviceBucketBytes(kElements, kTrainers) / 4);
+  std::vector<float> device_memory =
+      std::vector<float>(DeviceBucketBytes(kElements, kTrainers) / 4);
   IpcHandleCache cache{std::make_unique<FakeOpener>(&log, &device_memory)};
   HostSegment host;
 };
 
 TEST(ClientDeviceBuckets, HostReplyResolvesIntoTheShmSegment) {
   HostSegment host;
-  absl::StatusOr<BucketView> v = ResolveBucketView(HostReply(1), kElements, 1, kTrainers, host.bytes.data(),
-                                                   host.bytes.size(), /*want_device=*/false, nullptr);
+  absl::StatusOr<BucketView> v =
+      ResolveBucketView(HostReply(1), kElements, 1, kTrainers, host.bytes.data(), host.bytes.size(),
+                        /*want_device=*/false, nullptr);
   ASSERT_TRUE(v.ok()) << v.status();
   EXPECT_EQ(v->device, nullptr);
   EXPECT_EQ(reinterpret_cast<uint8_t*>(v->input), host.bytes.data() + InputOffset(kElements, 1));
-  EXPECT_EQ(reinterpret_cast<const uint8_t*>(v->output), host.bytes.data() + OutputOffset(kElements, kTrainers));
+  EXPECT_EQ(reinterpret_cast<const uint8_t*>(v->output),
+            host.bytes.data() + OutputOffset(kElements, kTrainers));
   // Host buckets: the ordering helpers do nothing.
   EXPECT_TRUE(MarkDeviceInputWritten(nullptr, *v, 1, nullptr).ok());
   EXPECT_TRUE(AwaitDeviceOutput(nullptr, *v, kTrainers, nullptr).ok());
@@ -129,15 +133,17 @@ TEST(ClientDeviceBuckets, DeviceReplyResolvesIntoTheIpcBufferOpenedOnce) {
   Fixture f;
   for (uint32_t rank = 0; rank < kTrainers; ++rank) {
     // The header stays in host memory; input and output are in the (fake) device buffer.
-    absl::StatusOr<BucketView> v = ResolveBucketView(DeviceReply(rank), kElements, rank, kTrainers,
-                                                     f.host.bytes.data(), kPageBytes, /*want_device=*/true, &f.cache);
+    absl::StatusOr<BucketView> v =
+        ResolveBucketView(DeviceReply(rank), kElements, rank, kTrainers, f.host.bytes.data(),
+                          kPageBytes, /*want_device=*/true, &f.cache);
     ASSERT_TRUE(v.ok()) << v.status();
     ASSERT_NE(v->device, nullptr);
     EXPECT_EQ(v->device->device, 3);
     EXPECT_EQ(reinterpret_cast<uint8_t*>(v->header), f.host.bytes.data());
     const uint8_t* base = reinterpret_cast<const uint8_t*>(f.device_memory.data());
     EXPECT_EQ(reinterpret_cast<uint8_t*>(v->input), base + DeviceInputOffset(kElements, rank));
-    EXPECT_EQ(reinterpret_cast<const uint8_t*>(v->output), base + DeviceOutputOffset(kElements, kTrainers));
+    EXPECT_EQ(reinterpret_cast<const uint8_t*>(v->output),
+              base + DeviceOutputOffset(kElements, kTrainers));
   }
   // Same buffer, same process: opened once (memory and its 3 events), reused after.
   EXPECT_EQ(f.log.memory_opens, 1);
@@ -147,8 +153,8 @@ TEST(ClientDeviceBuckets, DeviceReplyResolvesIntoTheIpcBufferOpenedOnce) {
 
 TEST(ClientDeviceBuckets, StreamOrderingUsesThisTrainersEventThenTheOutputs) {
   Fixture f;
-  absl::StatusOr<BucketView> v = ResolveBucketView(DeviceReply(1), kElements, 1, kTrainers, f.host.bytes.data(),
-                                                   kPageBytes, true, &f.cache);
+  absl::StatusOr<BucketView> v = ResolveBucketView(DeviceReply(1), kElements, 1, kTrainers,
+                                                   f.host.bytes.data(), kPageBytes, true, &f.cache);
   ASSERT_TRUE(v.ok()) << v.status();
   void* stream = reinterpret_cast<void*>(uintptr_t{42});
   ASSERT_TRUE(MarkDeviceInputWritten(&f.cache, *v, 1, stream).ok());
@@ -159,39 +165,45 @@ TEST(ClientDeviceBuckets, StreamOrderingUsesThisTrainersEventThenTheOutputs) {
 TEST(ClientDeviceBuckets, MismatchedRepliesAreRefused) {
   Fixture f;
   // Asked for CUDA, got host; asked for host, got CUDA.
-  absl::StatusOr<BucketView> v = ResolveBucketView(HostReply(0), kElements, 0, kTrainers, f.host.bytes.data(),
-                                                   f.host.bytes.size(), true, &f.cache);
+  absl::StatusOr<BucketView> v =
+      ResolveBucketView(HostReply(0), kElements, 0, kTrainers, f.host.bytes.data(),
+                        f.host.bytes.size(), true, &f.cache);
   EXPECT_EQ(v.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(v.status().message().find("--device=cuda"), std::string::npos) << v.status();
-  v = ResolveBucketView(DeviceReply(0), kElements, 0, kTrainers, f.host.bytes.data(), kPageBytes, false, nullptr);
+  v = ResolveBucketView(DeviceReply(0), kElements, 0, kTrainers, f.host.bytes.data(), kPageBytes,
+                        false, nullptr);
   EXPECT_EQ(v.status().code(), absl::StatusCode::kFailedPrecondition);
   // Wrong number of IPC events (must be one per trainer plus the output).
-  v = ResolveBucketView(DeviceReply(0, kTrainers), kElements, 0, kTrainers, f.host.bytes.data(), kPageBytes, true,
-                        &f.cache);
+  v = ResolveBucketView(DeviceReply(0, kTrainers), kElements, 0, kTrainers, f.host.bytes.data(),
+                        kPageBytes, true, &f.cache);
   EXPECT_EQ(v.status().code(), absl::StatusCode::kInternal);
   EXPECT_NE(v.status().message().find("IPC events"), std::string::npos) << v.status();
   // A device layout past the buffer's end.
   v1::RegisterBucketResponse r = DeviceReply(0);
   r.mutable_device_layout()->set_output_offset(DeviceBucketBytes(kElements, kTrainers));
   f.cache.Release(r.device_buffer()).IgnoreError();
-  v = ResolveBucketView(r, kElements, 0, kTrainers, f.host.bytes.data(), kPageBytes, true, &f.cache);
+  v = ResolveBucketView(r, kElements, 0, kTrainers, f.host.bytes.data(), kPageBytes, true,
+                        &f.cache);
   EXPECT_EQ(v.status().code(), absl::StatusCode::kInternal);
   // A header that is not a bucket header.
   HostSegment other;
   reinterpret_cast<BucketHeader*>(other.bytes.data())->magic = 0;
-  v = ResolveBucketView(DeviceReply(0), kElements, 0, kTrainers, other.bytes.data(), kPageBytes, true, &f.cache);
+  v = ResolveBucketView(DeviceReply(0), kElements, 0, kTrainers, other.bytes.data(), kPageBytes,
+                        true, &f.cache);
   EXPECT_EQ(v.status().code(), absl::StatusCode::kFailedPrecondition);
   // Host layout that does not fit the mapped size.
-  v = ResolveBucketView(HostReply(1), kElements, 1, kTrainers, f.host.bytes.data(), kPageBytes, false, nullptr);
+  v = ResolveBucketView(HostReply(1), kElements, 1, kTrainers, f.host.bytes.data(), kPageBytes,
+                        false, nullptr);
   EXPECT_EQ(v.status().code(), absl::StatusCode::kInternal);
 }
 
 TEST(ClientDeviceBuckets, OrderingOutsideTheEventsIsRefused) {
   Fixture f;
-  absl::StatusOr<BucketView> v = ResolveBucketView(DeviceReply(0), kElements, 0, kTrainers, f.host.bytes.data(),
-                                                   kPageBytes, true, &f.cache);
+  absl::StatusOr<BucketView> v = ResolveBucketView(DeviceReply(0), kElements, 0, kTrainers,
+                                                   f.host.bytes.data(), kPageBytes, true, &f.cache);
   ASSERT_TRUE(v.ok()) << v.status();
-  EXPECT_EQ(MarkDeviceInputWritten(&f.cache, *v, kTrainers + 1, nullptr).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(MarkDeviceInputWritten(&f.cache, *v, kTrainers + 1, nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(f.log.calls.empty());
 }
 
@@ -199,8 +211,8 @@ TEST(ClientDeviceBuckets, RealOpenerHereSaysWhyItCannotOpen) {
   std::vector<float> unused;
   HostSegment host;
   IpcHandleCache cache(MakeCudaIpcOpener());
-  absl::StatusOr<BucketView> v =
-      ResolveBucketView(DeviceReply(0), kElements, 0, kTrainers, host.bytes.data(), kPageBytes, true, &cache);
+  absl::StatusOr<BucketView> v = ResolveBucketView(DeviceReply(0), kElements, 0, kTrainers,
+                                                   host.bytes.data(), kPageBytes, true, &cache);
   // No GPU on this project's machines: built without CUDA, or the CUDA runtime's error. (On a
   // GPU machine the forged handle is refused by cudaIpcOpenMemHandle.)
   ASSERT_FALSE(v.ok());

@@ -39,8 +39,8 @@ void AddSidco(std::vector<Case>* cases) {
       for (const double d : {0.01, 0.001}) {
         const std::string label = std::string(name) + (d == 0.01 ? "_d01" : "_d001") +
                                   (compact[0] == 't' ? "_compact" : "_passes");
-        cases->push_back({label, name,
-                          {{"compact", compact}, {"stages", d == 0.01 ? "3" : "5"}}, d});
+        cases->push_back(
+            {label, name, {{"compact", compact}, {"stages", d == 0.01 ? "3" : "5"}}, d});
       }
     }
   }
@@ -151,9 +151,8 @@ TEST_P(DeviceCompressor, SelectsBitIdenticallyToTheCpu) {
         add_dev = OnDevice(&device, add_host);
       }
       ASSERT_TRUE(on_cpu[r]
-                      ->Select(step, acc_cpu[r].data(), add_host.empty() ? nullptr
-                                                                         : add_host.data(),
-                               zero, &sel_cpu[r])
+                      ->Select(step, acc_cpu[r].data(),
+                               add_host.empty() ? nullptr : add_host.data(), zero, &sel_cpu[r])
                       .ok());
       const absl::Status s = on_dev[r]->Select(
           step, static_cast<float*>(acc_dev[r]->data()),
@@ -161,8 +160,7 @@ TEST_P(DeviceCompressor, SelectsBitIdenticallyToTheCpu) {
       ASSERT_TRUE(s.ok()) << s;
       EXPECT_EQ(sel_dev[r].idx, sel_cpu[r].idx);
       EXPECT_TRUE(SameBits(sel_dev[r].val, sel_cpu[r].val));
-      EXPECT_EQ(std::memcmp(sel_dev[r].scalars, sel_cpu[r].scalars, sizeof(sel_cpu[r].scalars)),
-                0);
+      EXPECT_EQ(std::memcmp(sel_dev[r].scalars, sel_cpu[r].scalars, sizeof(sel_cpu[r].scalars)), 0);
       EXPECT_TRUE(SameBits(ToHost(acc_dev[r].get(), kN), acc_cpu[r]));
     }
     // The exchange's bookkeeping, as the engine does it, on both sides.

@@ -33,13 +33,13 @@
 #include "client/client.h"
 #include "daemon/engine/codec.h"
 #include "daemon/engine/engine.h"
-#include "kernels/compressor.h"
 #include "daemon/memory/cuda_ipc_buffer.h"
 #include "daemon/memory/futex.h"
 #include "daemon/service/spex_service.h"
 #include "daemon/transport/inproc_collective.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "kernels/compressor.h"
 #include "proto/spex.pb.h"
 #include "tests/cuda/fake_device.h"
 
@@ -343,8 +343,8 @@ INSTANTIATE_TEST_SUITE_P(Compressors, DevicePathMatchesCpuPath,
 INSTANTIATE_TEST_SUITE_P(DeviceCompressors, DevicePathMatchesCpuPath,
                          testing::Combine(testing::Values("gtopk", "topk_union", "cltk", "randomk",
                                                           "thresh", "exdyna", "gaussiank",
-                                                          "redsync", "redsync_trim", "sage",
-                                                          "deft", "sidco_p", "sidco_gp"),
+                                                          "redsync", "redsync_trim", "sage", "deft",
+                                                          "sidco_p", "sidco_gp"),
                                           testing::Values(2, 4), testing::Values("off")),
                          CaseName);
 

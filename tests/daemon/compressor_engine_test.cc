@@ -23,13 +23,16 @@ namespace {
 // Deterministic, roughly Gaussian-shaped values with a slowly drifting per-position scale, so
 // thresholds see structure that persists across steps.
 float Value(int node, int trainer, uint64_t step, size_t i) {
-  uint64_t x = (static_cast<uint64_t>(node) << 56) ^ (static_cast<uint64_t>(trainer) << 48) ^ (step << 32) ^ i;
+  uint64_t x = (static_cast<uint64_t>(node) << 56) ^ (static_cast<uint64_t>(trainer) << 48) ^
+               (step << 32) ^ i;
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
   x ^= x >> 31;
-  const double u1 = ((x & 0xffffffull) + 0.5) / 16777216.0, u2 = (((x >> 24) & 0xffffffull) + 0.5) / 16777216.0;
+  const double u1 = ((x & 0xffffffull) + 0.5) / 16777216.0,
+               u2 = (((x >> 24) & 0xffffffull) + 0.5) / 16777216.0;
   const double g = std::sqrt(-2 * std::log(u1)) * std::cos(6.283185307179586 * u2);
-  const double scale = 1.0 + 4.0 * ((i * 2654435761u) % 97 == 0) + 0.5 * std::sin(i * 0.001 + step * 0.05);
+  const double scale =
+      1.0 + 4.0 * ((i * 2654435761u) % 97 == 0) + 0.5 * std::sin(i * 0.001 + step * 0.05);
   return static_cast<float>(g * scale * 1e-3);
 }
 
@@ -62,7 +65,8 @@ TEST_P(CompressorEngineTest, EveryTrainerGetsTheOracleResult) {
   ASSERT_TRUE(oracle.ok()) << oracle.status();
   std::vector<std::vector<float>> expected(steps, std::vector<float>(n));
   std::vector<std::vector<double>> expected_norm(steps, std::vector<double>(N));
-  std::vector<std::vector<std::vector<float>>> inputs(N, std::vector<std::vector<float>>(L, std::vector<float>(n)));
+  std::vector<std::vector<std::vector<float>>> inputs(
+      N, std::vector<std::vector<float>>(L, std::vector<float>(n)));
   for (int s = 0; s < steps; ++s) {
     std::vector<std::vector<const float*>> ptrs(N);
     for (int r = 0; r < N; ++r) {
@@ -129,7 +133,8 @@ TEST_P(CompressorEngineTest, EveryTrainerGetsTheOracleResult) {
   for (const std::string& e : errors) EXPECT_EQ(e, "");
   EXPECT_EQ(wrong.load(), 0) << "elements differing from the oracle's result";
   EXPECT_EQ(norm_wrong.load(), 0) << "residual norms differing from the oracle's residual";
-  EXPECT_EQ(bad_pattern.load(), 0) << "exchanges not reported with pattern " << PatternName(*pattern);
+  EXPECT_EQ(bad_pattern.load(), 0)
+      << "exchanges not reported with pattern " << PatternName(*pattern);
 }
 
 std::vector<Case> AllCases() {
@@ -140,7 +145,8 @@ std::vector<Case> AllCases() {
   return cases;
 }
 
-INSTANTIATE_TEST_SUITE_P(AllCompressors, CompressorEngineTest, testing::ValuesIn(AllCases()), CaseName);
+INSTANTIATE_TEST_SUITE_P(AllCompressors, CompressorEngineTest, testing::ValuesIn(AllCases()),
+                         CaseName);
 
 TEST(CompressorEngineErrors, UnknownCompressorAndBadParameterNameWhatToFix) {
   InProcessHub hub(1, absl::Seconds(5));
@@ -154,13 +160,17 @@ TEST(CompressorEngineErrors, UnknownCompressorAndBadParameterNameWhatToFix) {
   ASSERT_TRUE(hello.ok());
   auto g = e.RegisterBucket(hello->session_id, 1, 100000, "mikro", 0.01);
   ASSERT_FALSE(g.ok());
-  EXPECT_NE(g.status().message().find("unknown compressor 'mikro'"), std::string::npos) << g.status();
-  EXPECT_NE(g.status().message().find("micro"), std::string::npos) << "lists the accepted names: " << g.status();
-  g = e.RegisterBucket(hello->session_id, 1, 100000, "micro", 0.01, {{"threshold_control", "guess"}});
+  EXPECT_NE(g.status().message().find("unknown compressor 'mikro'"), std::string::npos)
+      << g.status();
+  EXPECT_NE(g.status().message().find("micro"), std::string::npos)
+      << "lists the accepted names: " << g.status();
+  g = e.RegisterBucket(hello->session_id, 1, 100000, "micro", 0.01,
+                       {{"threshold_control", "guess"}});
   ASSERT_FALSE(g.ok());
   EXPECT_NE(g.status().message().find("threshold_control"), std::string::npos) << g.status();
   // The engine keeps serving: a good registration of the same id then works.
-  g = e.RegisterBucket(hello->session_id, 1, 100000, "micro", 0.01, {{"threshold_control", "histogram"}});
+  g = e.RegisterBucket(hello->session_id, 1, 100000, "micro", 0.01,
+                       {{"threshold_control", "histogram"}});
   EXPECT_TRUE(g.ok()) << g.status();
 }
 

@@ -22,7 +22,8 @@ struct Node {
 
 class Cluster {
  public:
-  Cluster(int nodes, int trainers, EngineOptions base = {}) : hub_(nodes, absl::Seconds(10)), prims_(MakeReferencePrimitives()) {
+  Cluster(int nodes, int trainers, EngineOptions base = {})
+      : hub_(nodes, absl::Seconds(10)), prims_(MakeReferencePrimitives()) {
     for (int n = 0; n < nodes; ++n) {
       Node node;
       node.coll = hub_.Connect(n);
@@ -48,8 +49,8 @@ class Cluster {
 
 float Value(int node, int trainer, uint64_t bucket, uint64_t step, size_t i) {
   // Integer values: sums are exact in any order, so results can be compared bit for bit.
-  uint64_t x = (static_cast<uint64_t>(node) << 56) ^ (static_cast<uint64_t>(trainer) << 48) ^ (bucket << 40) ^
-               (step << 32) ^ i;
+  uint64_t x = (static_cast<uint64_t>(node) << 56) ^ (static_cast<uint64_t>(trainer) << 48) ^
+               (bucket << 40) ^ (step << 32) ^ i;
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
   return static_cast<float>(static_cast<int>((x ^ (x >> 31)) % 2001) - 1000);
@@ -94,7 +95,8 @@ TEST(EngineTest, EveryTrainerGetsTheExactAverageOverBothPaths) {
           }
           for (int s = 0; s < steps; ++s) {
             for (size_t b = 0; b < sizes.size(); ++b) {
-              uint8_t* base = static_cast<uint8_t*>(const_cast<ShmBuffer*>(grants[b].buffer)->data());
+              uint8_t* base =
+                  static_cast<uint8_t*>(const_cast<ShmBuffer*>(grants[b].buffer)->data());
               float* in = reinterpret_cast<float*>(base + grants[b].input_offset);
               for (size_t i = 0; i < sizes[b]; ++i) in[i] = Value(n, r, b, s, i);
             }
@@ -107,7 +109,8 @@ TEST(EngineTest, EveryTrainerGetsTheExactAverageOverBothPaths) {
             } else {
               // The doorbell path, marking buckets ready in reverse order (odd nodes) or
               // in order: the order signals arrive in must not matter.
-              auto* bell = static_cast<DoorbellSegment*>(const_cast<ShmBuffer*>(hello->doorbell)->data());
+              auto* bell =
+                  static_cast<DoorbellSegment*>(const_cast<ShmBuffer*>(hello->doorbell)->data());
               for (size_t k = 0; k < sizes.size(); ++k) {
                 size_t b = (n % 2) ? sizes.size() - 1 - k : k;
                 MarkReady(bell, grants[b], r, s);
@@ -115,7 +118,8 @@ TEST(EngineTest, EveryTrainerGetsTheExactAverageOverBothPaths) {
               for (size_t b = 0; b < sizes.size(); ++b) WaitPublished(grants[b], s);
             }
             for (size_t b = 0; b < sizes.size(); ++b) {
-              const uint8_t* base = static_cast<const uint8_t*>(const_cast<ShmBuffer*>(grants[b].buffer)->data());
+              const uint8_t* base =
+                  static_cast<const uint8_t*>(const_cast<ShmBuffer*>(grants[b].buffer)->data());
               const float* out = reinterpret_cast<const float*>(base + grants[b].output_offset);
               for (size_t i = 0; i < sizes[b]; ++i) {
                 float sum = 0;
@@ -131,7 +135,8 @@ TEST(EngineTest, EveryTrainerGetsTheExactAverageOverBothPaths) {
     }
     for (auto& t : trainers) t.join();
     EXPECT_EQ(failures.load(), 0) << nodes << " nodes";
-    for (int n = 0; n < nodes; ++n) EXPECT_EQ(cluster.engine(n).total_exchanges(), sizes.size() * steps);
+    for (int n = 0; n < nodes; ++n)
+      EXPECT_EQ(cluster.engine(n).total_exchanges(), sizes.size() * steps);
   }
 }
 
@@ -148,8 +153,10 @@ TEST(EngineTest, DoorbellPathPublishesWithoutTheRpc) {
       auto g = e.RegisterBucket(hello->session_id, 9, 1000, "", 0);
       ASSERT_TRUE(g.ok());
       auto* h = static_cast<BucketHeader*>(const_cast<ShmBuffer*>(g->buffer)->data());
-      float* in = reinterpret_cast<float*>(static_cast<uint8_t*>(const_cast<ShmBuffer*>(g->buffer)->data()) + g->input_offset);
-      const float* out = reinterpret_cast<const float*>(static_cast<uint8_t*>(const_cast<ShmBuffer*>(g->buffer)->data()) + g->output_offset);
+      float* in = reinterpret_cast<float*>(
+          static_cast<uint8_t*>(const_cast<ShmBuffer*>(g->buffer)->data()) + g->input_offset);
+      const float* out = reinterpret_cast<const float*>(
+          static_cast<uint8_t*>(const_cast<ShmBuffer*>(g->buffer)->data()) + g->output_offset);
       for (int s = 0; s < 20; ++s) {
         for (int i = 0; i < 1000; ++i) in[i] = static_cast<float>(n + s + i);
         MarkReady(bell, *g, 0, s);
@@ -198,7 +205,8 @@ TEST(EngineTest, BadRequestsGetClearErrorsAndTheEngineKeepsServing) {
   auto s1 = e.Hello("", 1, 2, 0, "t1");
   ASSERT_TRUE(s1.ok());
   ASSERT_TRUE(e.RegisterBucket(s1->session_id, 1, 10, "", 0).ok());
-  std::thread other([&] { EXPECT_TRUE(e.Exchange(s1->session_id, 1, 0, absl::Now() + absl::Seconds(5)).ok()); });
+  std::thread other(
+      [&] { EXPECT_TRUE(e.Exchange(s1->session_id, 1, 0, absl::Now() + absl::Seconds(5)).ok()); });
   EXPECT_TRUE(e.Exchange(s0->session_id, 1, 0, absl::Now() + absl::Seconds(5)).ok());
   other.join();
 }
@@ -246,7 +254,8 @@ TEST(EngineTest, SegmentsAreUnlinkedOnceEveryTrainerAttached) {
   bell->attached[1].store(1);
   bell->ring.fetch_add(1);
   FutexWake(&bell->ring);
-  for (int i = 0; i < 200 && !e.LinkedSegments().empty(); ++i) absl::SleepFor(absl::Milliseconds(10));
+  for (int i = 0; i < 200 && !e.LinkedSegments().empty(); ++i)
+    absl::SleepFor(absl::Milliseconds(10));
   EXPECT_TRUE(e.LinkedSegments().empty());
   EXPECT_NE(stat(("/dev/shm" + name).c_str(), &st), 0);
 }

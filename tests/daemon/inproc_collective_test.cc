@@ -10,7 +10,11 @@ namespace {
 template <typename Fn>
 void RunRanks(InProcessHub& hub, Fn fn) {
   std::vector<std::thread> t;
-  for (int r = 0; r < hub.size(); ++r) t.emplace_back([&, r] { auto c = hub.Connect(r); fn(*c, r); });
+  for (int r = 0; r < hub.size(); ++r)
+    t.emplace_back([&, r] {
+      auto c = hub.Connect(r);
+      fn(*c, r);
+    });
   for (auto& x : t) x.join();
 }
 

@@ -36,7 +36,8 @@ TEST(Paths, LiveSocketIsRefusedStaleOneRemoved) {
   EXPECT_TRUE(PrepareSocketPath(path).ok());
   EXPECT_NE(access(path.c_str(), F_OK), 0);
   std::ofstream(std::string(tmpl) + "/file") << "x";
-  EXPECT_EQ(PrepareSocketPath(std::string(tmpl) + "/file").code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(PrepareSocketPath(std::string(tmpl) + "/file").code(),
+            absl::StatusCode::kAlreadyExists);
   EXPECT_EQ(PrepareSocketPath(std::string(200, 'x')).code(), absl::StatusCode::kInvalidArgument);
 }
 

@@ -13,8 +13,8 @@ TEST(ShmBuffer, CreateAttachUnlink) {
   ASSERT_TRUE(a.ok()) << a.status();
   auto b = ShmBuffer::Create(10000, "t");
   ASSERT_TRUE(b.ok());
-  EXPECT_NE((*a)->name(), (*b)->name());           // random names
-  EXPECT_GE((*a)->name().size(), 6u + 2 + 32);    // 128 random bits
+  EXPECT_NE((*a)->name(), (*b)->name());        // random names
+  EXPECT_GE((*a)->name().size(), 6u + 2 + 32);  // 128 random bits
   struct stat st;
   ASSERT_EQ(stat(("/dev/shm" + (*a)->name()).c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0600u);

@@ -7,9 +7,9 @@
 //   B (sparse gather): out = sum over nodes of acc_node restricted to its selection / (N L);
 //                    each node's residual is zeroed on its own selection.
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <functional>
-#include <atomic>
 #include <thread>
 
 #include "daemon/engine/engine.h"
@@ -35,20 +35,22 @@ class TestCodec : public Codec {
     density_ = d;
     return absl::OkStatus();
   }
-  absl::Status Select(float* acc, size_t n, uint64_t step, bool zero, CodecSelection* out) override {
+  absl::Status Select(float* acc, size_t n, uint64_t step, bool zero,
+                      CodecSelection* out) override {
     SelectInto(kind_, spec_, prims_, density_, acc, n, step, &out->idx, &out->val);
     if (zero) return prims_->ZeroAt(acc, n, out->idx.data(), out->idx.size());
     return absl::OkStatus();
   }
-  absl::Status Update(uint64_t, const std::vector<uint64_t>& counts, const std::vector<uint32_t>&) override {
+  absl::Status Update(uint64_t, const std::vector<uint64_t>& counts,
+                      const std::vector<uint32_t>&) override {
     gathered_counts = counts;
     return absl::OkStatus();
   }
 
   // The selection rule, shared with the test's reference.
-  static void SelectInto(const std::string& kind, const CodecSpec& spec, Primitives* prims, double density,
-                         const float* acc, size_t n, uint64_t step, std::vector<uint32_t>* idx,
-                         std::vector<float>* val) {
+  static void SelectInto(const std::string& kind, const CodecSpec& spec, Primitives* prims,
+                         double density, const float* acc, size_t n, uint64_t step,
+                         std::vector<uint32_t>* idx, std::vector<float>* val) {
     size_t begin = 0, end = n;
     if (kind == "test_partition") {
       const size_t p = (step + spec.node_rank) % spec.node_count;
@@ -72,7 +74,8 @@ class TestCodec : public Codec {
 };
 
 float Value(int node, int trainer, uint64_t step, size_t i) {
-  uint64_t x = (static_cast<uint64_t>(node) << 56) ^ (static_cast<uint64_t>(trainer) << 48) ^ (step << 32) ^ i;
+  uint64_t x = (static_cast<uint64_t>(node) << 56) ^ (static_cast<uint64_t>(trainer) << 48) ^
+               (step << 32) ^ i;
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
   return static_cast<float>(static_cast<int>((x ^ (x >> 31)) % 2001) - 1000);
@@ -100,7 +103,8 @@ void ExpectExactSemantics(const Run& run) {
     o.dense_fallback = "off";
     o.min_sparse_elements = 0;
     o.residual_norm_every = 1;
-    o.codec_factory = [](const CodecSpec& spec, Primitives* p) -> absl::StatusOr<std::unique_ptr<Codec>> {
+    o.codec_factory = [](const CodecSpec& spec,
+                         Primitives* p) -> absl::StatusOr<std::unique_ptr<Codec>> {
       return std::unique_ptr<Codec>(new TestCodec(spec.name, spec, p));
     };
     engines.push_back(std::make_unique<Engine>(o, colls.back().get(), prims.get()));
@@ -119,7 +123,8 @@ void ExpectExactSemantics(const Run& run) {
         for (size_t i = 0; i < run.n; ++i) acc[r][i] += Value(r, t, s, i);
       CodecSpec spec{run.codec, run.density, {}, r, N, run.n};
       std::vector<float> val;
-      TestCodec::SelectInto(run.codec, spec, prims.get(), run.density, acc[r].data(), run.n, s, &sel[r], &val);
+      TestCodec::SelectInto(run.codec, spec, prims.get(), run.density, acc[r].data(), run.n, s,
+                            &sel[r], &val);
     }
     if (run.codec == "test_topk") {
       for (int r = 0; r < N; ++r) {
@@ -128,7 +133,8 @@ void ExpectExactSemantics(const Run& run) {
           residual[r][i] = 0;
         }
         for (size_t i = 0; i < run.n; ++i) {
-          if (!std::binary_search(sel[r].begin(), sel[r].end(), static_cast<uint32_t>(i))) residual[r][i] = acc[r][i];
+          if (!std::binary_search(sel[r].begin(), sel[r].end(), static_cast<uint32_t>(i)))
+            residual[r][i] = acc[r][i];
         }
       }
     } else {
@@ -192,13 +198,15 @@ TEST(SparseEngineTest, PatternAIsTheExactAverageOverAnOverlappingUnion) {
 // Starts `nodes` engines with test codecs and runs `steps` exchanges of one bucket with one
 // trainer per node; `between(step)` runs on node 0's thread before each step.
 struct MiniCluster {
-  MiniCluster(int nodes, EngineOptions base) : hub(nodes, absl::Seconds(20)), prims(MakeReferencePrimitives()) {
+  MiniCluster(int nodes, EngineOptions base)
+      : hub(nodes, absl::Seconds(20)), prims(MakeReferencePrimitives()) {
     for (int r = 0; r < nodes; ++r) {
       colls.push_back(hub.Connect(r));
       EngineOptions o = base;
       o.shm_tag = "sparsetest";
       o.min_sparse_elements = 0;
-      o.codec_factory = [](const CodecSpec& spec, Primitives* p) -> absl::StatusOr<std::unique_ptr<Codec>> {
+      o.codec_factory = [](const CodecSpec& spec,
+                           Primitives* p) -> absl::StatusOr<std::unique_ptr<Codec>> {
         return std::unique_ptr<Codec>(new TestCodec(spec.name, spec, p));
       };
       engines.push_back(std::make_unique<Engine>(o, colls.back().get(), prims.get()));
@@ -206,8 +214,8 @@ struct MiniCluster {
     }
   }
   // Returns every node's record per step.
-  std::vector<std::vector<ExchangeRecord>> Run(const std::string& codec, size_t n, double density, int steps,
-                                               std::function<void(int)> between) {
+  std::vector<std::vector<ExchangeRecord>> Run(const std::string& codec, size_t n, double density,
+                                               int steps, std::function<void(int)> between) {
     const int N = static_cast<int>(engines.size());
     std::vector<std::vector<ExchangeRecord>> recs(N, std::vector<ExchangeRecord>(steps));
     std::vector<std::thread> threads;
@@ -218,8 +226,8 @@ struct MiniCluster {
         ASSERT_TRUE(hello.ok());
         auto g = e.RegisterBucket(hello->session_id, 2, n, codec, density);
         ASSERT_TRUE(g.ok()) << g.status();
-        float* in = reinterpret_cast<float*>(static_cast<uint8_t*>(const_cast<ShmBuffer*>(g->buffer)->data()) +
-                                             g->input_offset);
+        float* in = reinterpret_cast<float*>(
+            static_cast<uint8_t*>(const_cast<ShmBuffer*>(g->buffer)->data()) + g->input_offset);
         for (int s = 0; s < steps; ++s) {
           if (r == 0 && between) between(s);
           for (size_t i = 0; i < n; ++i) in[i] = Value(r, 0, s, i);
@@ -252,7 +260,8 @@ TEST(SparseEngineTest, ADensityChangeOnOneNodeTakesEffectAtTheSameStepEverywhere
       // Node 0 changed it before its step 3; its control all-reduce carries it to all nodes.
       const double want = s < 3 ? 0.01 : 0.002;
       EXPECT_NEAR(recs[r][s].target_density, want, 1e-6) << "node " << r << " step " << s;
-      EXPECT_EQ(recs[r][s].selected_elements, static_cast<uint64_t>(want * 10000 + 0.5)) << "node " << r;
+      EXPECT_EQ(recs[r][s].selected_elements, static_cast<uint64_t>(want * 10000 + 0.5))
+          << "node " << r;
     }
   }
 }
@@ -270,31 +279,41 @@ TEST(SparseEngineTest, AutoFallbackProbesBothThenAllNodesKeepTheSameChoice) {
     EXPECT_TRUE(recs[r][1].fell_back_to_dense);
     EXPECT_EQ(recs[r][2].pattern, "B");
     EXPECT_EQ(recs[r][3].pattern, "D");
-    for (int s = 5; s < 8; ++s) EXPECT_EQ(recs[r][s].pattern, recs[0][4].pattern) << "decision must stick";
+    for (int s = 5; s < 8; ++s)
+      EXPECT_EQ(recs[r][s].pattern, recs[0][4].pattern) << "decision must stick";
   }
-  for (int s = 4; s < 8; ++s) EXPECT_EQ(recs[0][s].pattern, recs[1][s].pattern) << "nodes disagree at step " << s;
+  for (int s = 4; s < 8; ++s)
+    EXPECT_EQ(recs[0][s].pattern, recs[1][s].pattern) << "nodes disagree at step " << s;
 }
 
 // A node whose AllGatherV contribution is tampered with, as a bad peer would send it.
 class TamperingCollective : public Collective {
  public:
-  TamperingCollective(std::unique_ptr<Collective> inner, std::function<void(std::vector<uint8_t>*)> tamper)
+  TamperingCollective(std::unique_ptr<Collective> inner,
+                      std::function<void(std::vector<uint8_t>*)> tamper)
       : inner_(std::move(inner)), tamper_(std::move(tamper)) {}
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
   const char* name() const override { return "tampering"; }
-  absl::Status AllReduce(void* d, size_t c, ElemType t, ReduceOp o) override { return inner_->AllReduce(d, c, t, o); }
+  absl::Status AllReduce(void* d, size_t c, ElemType t, ReduceOp o) override {
+    return inner_->AllReduce(d, c, t, o);
+  }
   absl::Status AllReduceScaled(const float* s, float* r, size_t c, float k) override {
     return inner_->AllReduceScaled(s, r, c, k);
   }
-  absl::Status AllGather(const void* s, size_t b, void* r) override { return inner_->AllGather(s, b, r); }
+  absl::Status AllGather(const void* s, size_t b, void* r) override {
+    return inner_->AllGather(s, b, r);
+  }
   absl::Status AllGatherV(const void* send, size_t bytes, std::vector<size_t>* counts,
                           std::vector<uint8_t>* recv) override {
-    std::vector<uint8_t> mine(static_cast<const uint8_t*>(send), static_cast<const uint8_t*>(send) + bytes);
+    std::vector<uint8_t> mine(static_cast<const uint8_t*>(send),
+                              static_cast<const uint8_t*>(send) + bytes);
     tamper_(&mine);
     return inner_->AllGatherV(mine.data(), mine.size(), counts, recv);
   }
-  absl::Status Broadcast(void* d, size_t b, int root) override { return inner_->Broadcast(d, b, root); }
+  absl::Status Broadcast(void* d, size_t b, int root) override {
+    return inner_->Broadcast(d, b, root);
+  }
   absl::Status Barrier() override { return inner_->Barrier(); }
 
  private:
@@ -309,12 +328,14 @@ void ExpectPeerRejected(const std::string& codec, std::function<void(std::vector
   std::vector<std::unique_ptr<Collective>> colls;
   std::vector<std::unique_ptr<Engine>> engines;
   for (int r = 0; r < 2; ++r) {
-    colls.push_back(r == 1 ? std::make_unique<TamperingCollective>(hub.Connect(r), tamper) : hub.Connect(r));
+    colls.push_back(r == 1 ? std::make_unique<TamperingCollective>(hub.Connect(r), tamper)
+                           : hub.Connect(r));
     EngineOptions o;
     o.shm_tag = "sparsetest";
     o.dense_fallback = "off";
     o.min_sparse_elements = 0;
-    o.codec_factory = [](const CodecSpec& spec, Primitives* p) -> absl::StatusOr<std::unique_ptr<Codec>> {
+    o.codec_factory = [](const CodecSpec& spec,
+                         Primitives* p) -> absl::StatusOr<std::unique_ptr<Codec>> {
       return std::unique_ptr<Codec>(new TestCodec(spec.name, spec, p));
     };
     engines.push_back(std::make_unique<Engine>(o, colls.back().get(), prims.get()));
@@ -328,10 +349,11 @@ void ExpectPeerRejected(const std::string& codec, std::function<void(std::vector
       ASSERT_TRUE(hello.ok());
       auto g = engines[r]->RegisterBucket(hello->session_id, 4, 1000, codec, 0.05);
       ASSERT_TRUE(g.ok()) << g.status();
-      float* in = reinterpret_cast<float*>(static_cast<uint8_t*>(const_cast<ShmBuffer*>(g->buffer)->data()) +
-                                           g->input_offset);
+      float* in = reinterpret_cast<float*>(
+          static_cast<uint8_t*>(const_cast<ShmBuffer*>(g->buffer)->data()) + g->input_offset);
       for (int i = 0; i < 1000; ++i) in[i] = static_cast<float>(i);
-      results[r] = engines[r]->Exchange(hello->session_id, 4, 0, absl::Now() + absl::Seconds(20)).status();
+      results[r] =
+          engines[r]->Exchange(hello->session_id, 4, 0, absl::Now() + absl::Seconds(20)).status();
     });
   }
   for (auto& t : threads) t.join();
@@ -344,20 +366,28 @@ void ExpectPeerRejected(const std::string& codec, std::function<void(std::vector
 
 TEST(SparseEngineTest, APeerCountLargerThanTheBucketIsRejected) {
   for (const char* codec : {"test_topk", "test_partition"}) {
-    ExpectPeerRejected(codec, [](std::vector<uint8_t>* chunk) {
-      uint32_t big = 5000;  // the bucket has 1000 elements
-      std::memcpy(chunk->data() + 24, &big, 4);  // ChunkHeader::count
-    }, "count 5000");
+    ExpectPeerRejected(
+        codec,
+        [](std::vector<uint8_t>* chunk) {
+          uint32_t big = 5000;                       // the bucket has 1000 elements
+          std::memcpy(chunk->data() + 24, &big, 4);  // ChunkHeader::count
+        },
+        "count 5000");
   }
 }
 
 TEST(SparseEngineTest, AMalformedPeerChunkIsRejected) {
-  ExpectPeerRejected("test_topk", [](std::vector<uint8_t>* chunk) { chunk->resize(chunk->size() - 3); }, "bytes");
-  ExpectPeerRejected("test_topk", [](std::vector<uint8_t>* chunk) {
-    uint32_t out = 1000;  // first index, just outside the bucket
-    std::memcpy(chunk->data() + 48, &out, 4);
-  }, "index 1000");
-  ExpectPeerRejected("test_partition", [](std::vector<uint8_t>* chunk) { (*chunk)[0] ^= 0xff; }, "malformed");
+  ExpectPeerRejected(
+      "test_topk", [](std::vector<uint8_t>* chunk) { chunk->resize(chunk->size() - 3); }, "bytes");
+  ExpectPeerRejected(
+      "test_topk",
+      [](std::vector<uint8_t>* chunk) {
+        uint32_t out = 1000;  // first index, just outside the bucket
+        std::memcpy(chunk->data() + 48, &out, 4);
+      },
+      "index 1000");
+  ExpectPeerRejected(
+      "test_partition", [](std::vector<uint8_t>* chunk) { (*chunk)[0] ^= 0xff; }, "malformed");
 }
 
 }  // namespace

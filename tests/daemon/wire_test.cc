@@ -40,12 +40,12 @@ TEST(Wire, MalformedChunksAreRejectedBeforeAnyWrite) {
     return DecodeChunk(b.data(), b.size(), group, step, n, 3).status();
   };
   EXPECT_TRUE(code(good).ok());
-  EXPECT_EQ(code({1, 2, 3}).code(), absl::StatusCode::kDataLoss);                  // short
+  EXPECT_EQ(code({1, 2, 3}).code(), absl::StatusCode::kDataLoss);  // short
   auto b = good;
   b[0] ^= 1;
   EXPECT_NE(code(b).message().find("magic"), std::string::npos);
-  EXPECT_NE(code(good, 2).message().find("order differs"), std::string::npos);      // other bucket
-  EXPECT_NE(code(good, 1, 1).message().find("order differs"), std::string::npos);   // other step
+  EXPECT_NE(code(good, 2).message().find("order differs"), std::string::npos);     // other bucket
+  EXPECT_NE(code(good, 1, 1).message().find("order differs"), std::string::npos);  // other step
   EXPECT_NE(code(good, 1, 0, 11).message().find("bucket size"), std::string::npos);
   // A count larger than the bucket.
   b = good;

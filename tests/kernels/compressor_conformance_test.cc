@@ -75,11 +75,21 @@ std::vector<Case> Cases() {
       {"sidco_p", "sidco_p", {}, Scope::kPerNode, 0.4, 2.5},
       {"sidco_gp", "sidco_gp", {}, Scope::kPerNode, 0.4, 2.5},
       {"micro", "micro", {}, Scope::kGlobal, 0.999, 1.001},
-      {"micro_reference", "micro", {{"threshold_control", "reference"}}, Scope::kNone, 0, 0,
+      {"micro_reference",
+       "micro",
+       {{"threshold_control", "reference"}},
+       Scope::kNone,
+       0,
+       0,
        "the published controller moves 0.5% per step (benchmarked, not banded here)"},
       {"micro_untrimmed", "micro", {{"histogram_trim", "false"}}, Scope::kGlobal, 1, 1.25},
       {"exdyna", "exdyna", {}, Scope::kGlobal, 0.999, 1.001},
-      {"exdyna_reference", "exdyna", {{"threshold_control", "reference"}}, Scope::kNone, 0, 0,
+      {"exdyna_reference",
+       "exdyna",
+       {{"threshold_control", "reference"}},
+       Scope::kNone,
+       0,
+       0,
        "the published controller moves 0.5% per step (benchmarked, not banded here)"},
       // SAGE corrects only 10x misses (5% per step) and the drift of mean |acc|.
       {"sage", "sage", {{"seed", "7"}}, Scope::kPerNode, 0.1, 10, "", true},
@@ -105,15 +115,22 @@ const std::vector<float>& Pool(Dist d) {
   std::bernoulli_distribution sign(0.5);
   for (float& v : x) {
     switch (d) {
-      case Dist::kGaussian: v = normal(gen); break;
-      case Dist::kLaplace: v = (sign(gen) ? 1 : -1) * expo(gen); break;
-      case Dist::kStudentT: v = 1e-3f * t3(gen); break;
+      case Dist::kGaussian:
+        v = normal(gen);
+        break;
+      case Dist::kLaplace:
+        v = (sign(gen) ? 1 : -1) * expo(gen);
+        break;
+      case Dist::kStudentT:
+        v = 1e-3f * t3(gen);
+        break;
     }
   }
   return pools.emplace(d, std::move(x)).first->second;
 }
 const float* Grad(Dist d, int node, int step) {
-  const size_t off = (static_cast<size_t>(node) * 7919 + static_cast<size_t>(step) * 104729) % (3 * kN);
+  const size_t off =
+      (static_cast<size_t>(node) * 7919 + static_cast<size_t>(step) * 104729) % (3 * kN);
   return Pool(d).data() + off;
 }
 
@@ -123,8 +140,8 @@ struct Result {
 };
 
 // Runs `steps` steps of `nodes` simulated nodes and checks the per-step invariants.
-void Simulate(const Case& c, Dist dist, double density, int steps, Primitives* prims,
-              Result* out, int nodes = kNodes) {
+void Simulate(const Case& c, Dist dist, double density, int steps, Primitives* prims, Result* out,
+              int nodes = kNodes) {
   Result& res = *out;
   std::vector<std::unique_ptr<Compressor>> comp;
   std::vector<std::unique_ptr<ErrorFeedback>> ef;
@@ -309,15 +326,15 @@ TEST(Registry, EveryNameIsCoveredAndPatternsMatchTheDecisions) {
         << name << " is not in the conformance suite";
   }
   const std::map<std::string, Pattern> expected = {
-      {"micro", Pattern::kIndexUnion},      {"exdyna", Pattern::kIndexUnion},
-      {"thresh", Pattern::kIndexUnion},     {"topk_union", Pattern::kIndexUnion},
-      {"cltk", Pattern::kIndexUnion},       {"deft", Pattern::kIndexUnion},
-      {"topk", Pattern::kSparseGather},     {"gtopk", Pattern::kSparseGather},
-      {"randomk", Pattern::kSparseGather},  {"dgc", Pattern::kSparseGather},
-      {"gaussiank", Pattern::kSparseGather}, {"redsync", Pattern::kSparseGather},
+      {"micro", Pattern::kIndexUnion},          {"exdyna", Pattern::kIndexUnion},
+      {"thresh", Pattern::kIndexUnion},         {"topk_union", Pattern::kIndexUnion},
+      {"cltk", Pattern::kIndexUnion},           {"deft", Pattern::kIndexUnion},
+      {"topk", Pattern::kSparseGather},         {"gtopk", Pattern::kSparseGather},
+      {"randomk", Pattern::kSparseGather},      {"dgc", Pattern::kSparseGather},
+      {"gaussiank", Pattern::kSparseGather},    {"redsync", Pattern::kSparseGather},
       {"redsync_trim", Pattern::kSparseGather}, {"sidco_e", Pattern::kSparseGather},
-      {"sidco_p", Pattern::kSparseGather},  {"sidco_gp", Pattern::kSparseGather},
-      {"sage", Pattern::kSparseGather},     {"dense", Pattern::kDense},
+      {"sidco_p", Pattern::kSparseGather},      {"sidco_gp", Pattern::kSparseGather},
+      {"sage", Pattern::kSparseGather},         {"dense", Pattern::kDense},
   };
   EXPECT_EQ(CompressorNames().size(), expected.size());
   for (const auto& [name, p] : expected) {
@@ -368,8 +385,8 @@ class DevicePrimitives : public Primitives {
                      size_t c) override {
     return p_->SelectAbove(x, b, e, t, z, i, v, c);
   }
-  size_t AddSelectAbove(float* a, const float* d, size_t b, size_t e, float t, bool z,
-                        uint32_t* i, float* v, size_t c) override {
+  size_t AddSelectAbove(float* a, const float* d, size_t b, size_t e, float t, bool z, uint32_t* i,
+                        float* v, size_t c) override {
     return p_->AddSelectAbove(a, d, b, e, t, z, i, v, c);
   }
   size_t TopK(const float* x, size_t n, size_t k, uint32_t* i, float* v) override {
@@ -379,7 +396,8 @@ class DevicePrimitives : public Primitives {
   void Sample(const float* x, size_t n, size_t m, uint64_t s, float* o) override {
     p_->Sample(x, n, m, s, o);
   }
-  absl::Status ScatterAdd(float* y, size_t n, const uint32_t* i, const float* v, size_t m) override {
+  absl::Status ScatterAdd(float* y, size_t n, const uint32_t* i, const float* v,
+                          size_t m) override {
     return p_->ScatterAdd(y, n, i, v, m);
   }
   absl::Status Gather(const float* x, size_t n, const uint32_t* i, size_t m, float* o) override {
@@ -403,10 +421,10 @@ class DevicePrimitives : public Primitives {
 TEST(Registry, UnportedCompressorsAreRefusedClearlyOnDevicePrimitives) {
   DevicePrimitives gpu;
   const std::vector<std::string> ported = DeviceCompressorNames();
-  EXPECT_EQ(ported, (std::vector<std::string>{"cltk", "deft", "dgc", "exdyna", "gaussiank",
-                                              "gtopk", "micro", "randomk", "redsync",
-                                              "redsync_trim", "sage", "sidco_e", "sidco_gp",
-                                              "sidco_p", "thresh", "topk", "topk_union"}));
+  EXPECT_EQ(ported, (std::vector<std::string>{"cltk", "deft", "dgc", "exdyna", "gaussiank", "gtopk",
+                                              "micro", "randomk", "redsync", "redsync_trim", "sage",
+                                              "sidco_e", "sidco_gp", "sidco_p", "thresh", "topk",
+                                              "topk_union"}));
   for (const std::string& name : CompressorNames()) {
     auto made = MakeCompressor({name, 0.01, {}, 0, 1, 1000}, &gpu);
     if (CompressorRunsOnDevice(name)) {

@@ -1,6 +1,6 @@
 // DEFT: the nodes' bins are disjoint and cover every unit (exclusive selection, no build-up),
-// the bins rotate with the step, the nodes together select about k, and Update's per-unit union counts
-// drive the next packing identically on every node.
+// the bins rotate with the step, the nodes together select about k, and Update's per-unit union
+// counts drive the next packing identically on every node.
 #include <set>
 
 #include "kernels/cpu/cpu_primitives.h"

@@ -1,12 +1,11 @@
 // DGC: the canonical corrections (x1.3 above 1.3k, x0.7 below 0.7k, at most 10 rounds, stop in
 // band) on crafted counts, and the compressor: at most 4k/3 selected (exact top-k among the
 // selected beyond that), ties toward the lower index, selection = |acc| >= threshold otherwise.
-#include "kernels/compressors/threshold_search.h"
-
 #include <algorithm>
 #include <cmath>
 #include <random>
 
+#include "kernels/compressors/threshold_search.h"
 #include "kernels/cpu/cpu_primitives.h"
 #include "tests/kernels/compressor_test_util.h"
 
@@ -29,10 +28,12 @@ TEST(DgcCorrect, StopsInBandOrAfterTenRounds) {
   EXPECT_LE(1000.0f / th, 130.0f);
   EXPECT_GT(rounds, 0);
   // A count that never enters the band: exactly 10 rounds of x1.3.
-  th = DgcCorrect(1.0f, 100, [](float) { return size_t{1000}; }, &rounds);
+  th = DgcCorrect(
+      1.0f, 100, [](float) { return size_t{1000}; }, &rounds);
   EXPECT_EQ(rounds, kDgcMaxRounds);
   EXPECT_NEAR(th, std::pow(1.3, 10), 1e-3);
-  th = DgcCorrect(1.0f, 100, [](float) { return size_t{0}; }, &rounds);
+  th = DgcCorrect(
+      1.0f, 100, [](float) { return size_t{0}; }, &rounds);
   EXPECT_EQ(rounds, kDgcMaxRounds);
   EXPECT_NEAR(th, std::pow(0.7, 10), 1e-6);
 }

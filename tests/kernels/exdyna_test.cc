@@ -89,8 +89,8 @@ TEST(ExDyna, CompressorMovesBoundariesFromGatheredCounts) {
   auto prims = MakeCpuPrimitives(1);
   const int nodes = 4;
   // Reference control so the counts are whatever we gather.
-  auto c = MustMake("exdyna", 0.01, kN, prims.get(), {{"threshold_control", "reference"}}, 0,
-                    nodes);
+  auto c =
+      MustMake("exdyna", 0.01, kN, prims.get(), {{"threshold_control", "reference"}}, 0, nodes);
   std::vector<float> acc(kN, 0.0f);
   Selection sel;
   ASSERT_TRUE(c->Select(0, acc.data(), nullptr, false, &sel).ok());

@@ -33,9 +33,12 @@ TEST(GaussianK, ThresholdRefinementAndStrictSelection) {
       int rounds = 0;
       for (; rounds < 3; ++rounds) {
         const double c = static_cast<double>(Above(x, th, true).size());
-        if (c < 2.0 * k / 3) th *= 0.5f;
-        else if (c > 4.0 * k / 3) th *= 1.5f;
-        else break;
+        if (c < 2.0 * k / 3)
+          th *= 0.5f;
+        else if (c > 4.0 * k / 3)
+          th *= 1.5f;
+        else
+          break;
       }
       auto c = MustMake("gaussiank", d, n, prims.get(), {{"refine", "reference"}});
       std::vector<float> acc = x;

@@ -2,11 +2,12 @@
 // partition, the published controller's factors and threshold sequence on crafted gathered
 // counts (single node counts locally), and the histogram quota (exact with trim, at most one
 // bin over without).
+#include "kernels/compressors/micro.h"
+
 #include <algorithm>
 #include <cstring>
 #include <set>
 
-#include "kernels/compressors/micro.h"
 #include "kernels/compressors/threshold_control.h"
 #include "kernels/cpu/cpu_primitives.h"
 #include "tests/kernels/compressor_test_util.h"

@@ -427,8 +427,8 @@ TEST_P(PrimitivesTest, AccumulateMomentsMatchesItsParts) {
       for (float lb : {-1.0f, 0.0f, Quantile(x, 0.1), kInf}) {
         for (int mode = 0; mode < 4; ++mode) {
           const bool with_add = mode & 2, logs = mode & 1;
-          SCOPED_TRACE(::testing::Message() << "n=" << n << " lb=" << lb << " specials="
-                                            << specials << " mode=" << mode);
+          SCOPED_TRACE(::testing::Message() << "n=" << n << " lb=" << lb << " specials=" << specials
+                                            << " mode=" << mode);
           std::vector<float> xc = x, xr = x;
           const float* a = with_add ? add.data() : nullptr;
           const AbsMoments c = cpu_->AccumulateMoments(xc.data(), a, n, lb, logs);

@@ -3,8 +3,6 @@
 // to 0.0 for trim), the band search continuing from the published probes until k < count < 2k,
 // and the compressors selecting exactly |acc| > threshold (redsync_trim with trim: the exact
 // top-k of those candidates).
-#include "kernels/compressors/threshold_search.h"
-
 #include <algorithm>
 #include <cmath>
 #include <functional>
@@ -14,6 +12,7 @@
 #include <string>
 
 #include "kernels/compressors/common.h"
+#include "kernels/compressors/threshold_search.h"
 #include "kernels/cpu/cpu_primitives.h"
 #include "tests/kernels/compressor_test_util.h"
 

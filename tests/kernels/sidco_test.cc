@@ -2,11 +2,10 @@
 // closed-form thresholds on crafted inputs for every fit (single stage and two stages, computed
 // here with plain loops), strict selection at the threshold, the adaptive stage count, and that
 // fitting the later stages on the list of stage 1's survivors changes no threshold or selection.
-#include "kernels/compressors/stat_math.h"
-
 #include <cmath>
 #include <cstring>
 
+#include "kernels/compressors/stat_math.h"
 #include "kernels/cpu/cpu_primitives.h"
 #include "tests/kernels/compressor_test_util.h"
 
@@ -122,11 +121,13 @@ TEST_F(SidcoTest, TwoStagesFitTheExceedancesOverTheFirstThreshold) {
 TEST_F(SidcoTest, ThreeStagesUseTheEqualPerStageRatio) {
   const double d = 0.001, rho = std::pow(d / 0.25, 0.5);
   double eta = ExponentialThreshold(Of(x_, -1).mean, 0.25);
-  for (int s = 0; s < 2; ++s) eta += ExponentialThreshold(Of(x_, static_cast<float>(eta)).mean - eta, rho);
+  for (int s = 0; s < 2; ++s)
+    eta += ExponentialThreshold(Of(x_, static_cast<float>(eta)).mean - eta, rho);
   EXPECT_NEAR(Threshold("sidco_e", x_, d, 3), eta, 1e-5 * eta);
   // Stage 3's survivors (~1.6%) are few: they are listed once and the final selection reads the
   // list: moments, moments above eta1, one select = 3 passes.
-  auto c = MustMake("sidco_p", d, x_.size(), prims_.get(), {{"stages", "3"}, {"adaptive", "false"}});
+  auto c =
+      MustMake("sidco_p", d, x_.size(), prims_.get(), {{"stages", "3"}, {"adaptive", "false"}});
   std::vector<float> acc = x_;
   Selection sel;
   ASSERT_TRUE(c->Select(0, acc.data(), nullptr, true, &sel).ok());
@@ -191,9 +192,8 @@ uint32_t Bits(float f) {
 // Both paths of one compressor (compact = true / false) on the same steps: every step's
 // threshold (to the bit), stage count, selection and the acc left behind must agree. Counts in
 // *fewer the steps on which the compact path read acc fewer times.
-void ExpectSamePaths(const std::string& name, double d, const std::string& stages,
-                     bool adaptive, const std::vector<float>& g, int steps, Primitives* prims,
-                     int* fewer) {
+void ExpectSamePaths(const std::string& name, double d, const std::string& stages, bool adaptive,
+                     const std::vector<float>& g, int steps, Primitives* prims, int* fewer) {
   SCOPED_TRACE(name + " d=" + std::to_string(d) + " stages=" + stages);
   const std::string a = adaptive ? "true" : "false";
   auto list = MustMake(name, d, g.size(), prims, {{"stages", stages}, {"adaptive", a}});

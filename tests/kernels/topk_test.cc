@@ -32,9 +32,7 @@ std::vector<float> Tied(size_t n, uint32_t seed) {
 
 class TopKTest : public ::testing::TestWithParam<bool> {
  protected:
-  void SetUp() override {
-    prims_ = GetParam() ? MakeCpuPrimitives(2) : MakeReferencePrimitives();
-  }
+  void SetUp() override { prims_ = GetParam() ? MakeCpuPrimitives(2) : MakeReferencePrimitives(); }
   std::unique_ptr<Primitives> prims_;
 };
 
