@@ -1,10 +1,10 @@
-// Seam 2 of DESIGN.md: a gradient compressor (sparsifier) for one bucket or merge group.
-// A compressor sees the node's accumulated buffer `acc` (residual + this step's local sum),
-// picks what to send, and learns what every node gathered after the exchange. It holds only its
-// own state (threshold, partition table, fitted parameters) and does all bulk work through
+// The Compressor seam (docs/design.md#seams): a gradient compressor (sparsifier) for one bucket or
+// merge group. A compressor sees the node's accumulated buffer `acc` (residual + this step's local
+// sum), picks what to send, and learns what every node gathered after the exchange. It holds only
+// its own state (threshold, partition table, fitted parameters) and does all bulk work through
 // Primitives (its selections are host vectors; on device primitives see MakeCompressor). Error
-// feedback lives outside, in
-// kernels/error_feedback.h. Algorithms and constants: /work/shared/ALGORITHMS.md.
+// feedback lives outside, in kernels/error_feedback.h. Algorithms, constants and defaults:
+// docs/algorithms.md.
 //
 // One step on every node, in this order (the engine or ErrorFeedback drives it):
 //   1. Select(step, acc, add, zero_selected, &sel)   acc += add (if given), then choose.
@@ -41,7 +41,7 @@
 
 namespace spex {
 
-// Communication pattern of ALGORITHMS.md section 8 (and decisions item 3).
+// Communication pattern (docs/algorithms.md#patterns).
 enum class Pattern { kIndexUnion /*A*/, kSparseGather /*B*/, kDense /*D*/ };
 const char* PatternName(Pattern p);  // "A", "B", "D"
 

@@ -1,4 +1,4 @@
-// Error feedback (ALGORITHMS.md decisions item 2), implemented once for every compressor: owns
+// Error feedback (docs/algorithms.md#error-feedback), implemented once for every compressor: owns
 // the node's accumulated buffer acc = residual + this step's local sum, runs the compressor on
 // it and keeps what was not sent as the next step's residual, per pattern:
 //   A: acc is zeroed at the whole gathered union (every node sent its acc there);

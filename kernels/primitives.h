@@ -1,7 +1,7 @@
-// The data-parallel operations every compressor is written against (seam 1 of DESIGN.md).
-// One implementation per device: kernels/cpu (Highway, multi-threaded) and kernels/cuda.
-// All pointers are to memory of the implementation's device. Indices are uint32 offsets into
-// the flat vector the caller passes; |x| means the magnitude of a float.
+// The data-parallel operations every compressor is written against (the Primitives seam,
+// docs/design.md#seams). One implementation per device: kernels/cpu (Highway, multi-threaded) and
+// kernels/cuda. All pointers are to memory of the implementation's device. Indices are uint32
+// offsets into the flat vector the caller passes; |x| means the magnitude of a float.
 //
 // NaN/Inf policy (every implementation): comparisons follow IEEE, so NaN is never selected or
 // counted above a threshold and never wins top-k; +-Inf counts as a magnitude of +Inf.

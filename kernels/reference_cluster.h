@@ -1,5 +1,5 @@
 // A plain, single-process model of spex's exchange across N nodes x L local trainers with one
-// compressor, written from ALGORITHMS.md section 8 and independent of the daemon's engine,
+// compressor, written from docs/algorithms.md#patterns and independent of the daemon's engine,
 // wire format and collectives. It is the oracle of the sparse-exchange tests (in-process and
 // under mpirun: every trainer can rebuild every node's inputs and replay the cluster) and the
 // simulator of benchmarks that need more nodes than the machine has cores.

@@ -1,10 +1,10 @@
-// CUDA IPC shared buffers (the GPU path of seam 4). The daemon allocates a bucket's device
-// memory once per registration (CudaIpcBuffer), exports it with cudaIpcGetMemHandle and one
-// interprocess event per slot (for ordering writes against reads across processes); a trainer
-// opens the handles once and keeps them in an IpcHandleCache, so no cudaIpcOpenMemHandle is
-// paid per step. The descriptor codec (spex.v1.CudaIpcDescriptor <-> handle bytes, with size
-// checks) and the cache logic are plain C++, tested without a GPU; the CUDA calls exist only
-// under --config=cuda (elsewhere they return FailedPrecondition "built without CUDA").
+// CUDA IPC shared buffers (the GPU path of the SharedBuffer seam, docs/design.md#device). The
+// daemon allocates a bucket's device memory once per registration (CudaIpcBuffer), exports it with
+// cudaIpcGetMemHandle and one interprocess event per slot (for ordering writes against reads across
+// processes); a trainer opens the handles once and keeps them in an IpcHandleCache, so no
+// cudaIpcOpenMemHandle is paid per step. The descriptor codec (spex.v1.CudaIpcDescriptor <-> handle
+// bytes, with size checks) and the cache logic are plain C++, tested without a GPU; the CUDA calls
+// exist only under --config=cuda (elsewhere they return FailedPrecondition "built without CUDA").
 #pragma once
 
 #include <array>

@@ -1,5 +1,5 @@
 // Process-shared futex wait/wake on a 32-bit word inside a shared mapping: the doorbell's
-// wake-up primitive (DESIGN.md "Hot path and control path").
+// wake-up primitive (docs/design.md#hot-path).
 #pragma once
 
 #include <linux/futex.h>

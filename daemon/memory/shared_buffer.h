@@ -1,4 +1,4 @@
-// The shared-buffer seam (4 of DESIGN.md): a region the daemon owns and trainers map.
+// The shared-buffer seam (docs/design.md#seams): a region the daemon owns and trainers map.
 // Implementations: POSIX shm (shm_buffer.h) and CUDA IPC (cuda_ipc_buffer.h). The daemon
 // creates it once per registration and reuses it every step; the descriptor (proto
 // spex.v1.BufferDescriptor) tells a trainer how to map it.

@@ -1,6 +1,6 @@
-// The exchange seam (3 of DESIGN.md): the few collectives the engine needs, over any transport.
-// Implementations: MPI (host memory, one rank per node), in-process (threads as nodes, for
-// tests) and NCCL (device memory). Every rank must call the same collectives in the same order.
+// The exchange seam (docs/design.md#seams): the few collectives the engine needs, over any
+// transport. Implementations: MPI (host memory, one rank per node), in-process (threads as nodes,
+// for tests) and NCCL (device memory). Every rank must call the same collectives in the same order.
 // Calls block until complete; errors (a peer gone, a size mismatch) come back as a Status.
 #pragma once
 

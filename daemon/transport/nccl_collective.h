@@ -1,7 +1,8 @@
-// Collective over NCCL for device buffers (the GPU path of seam 3). The communicator is
-// bootstrapped over another Collective (the daemon's MPI one): every rank reports whether its
-// GPU is usable, rank 0 makes the ncclUniqueId and broadcasts it, and all ranks fail together
-// (naming the ranks at fault) instead of hanging in ncclCommInitRank when one cannot join.
+// Collective over NCCL for device buffers (the GPU path of the Collective seam,
+// docs/design.md#seams). The communicator is bootstrapped over another Collective (the daemon's MPI
+// one): every rank reports whether its GPU is usable, rank 0 makes the ncclUniqueId and broadcasts
+// it, and all ranks fail together (naming the ranks at fault) instead of hanging in
+// ncclCommInitRank when one cannot join.
 //
 // Pointers: data/send/recv are device memory; host pointers are also accepted and staged
 // through device scratch (cudaPointerGetAttributes decides), so the engine's small host-side

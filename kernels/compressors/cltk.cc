@@ -1,4 +1,4 @@
-// cltk (ALGORITHMS.md 7.5, CLT-k / ScaleCom-style cyclic local top-k): the leader of a step,
+// cltk (docs/algorithms.md#cltk, CLT-k / ScaleCom-style cyclic local top-k): the leader of a step,
 // node (step mod nodes), selects its exact local top-k; the other nodes select nothing. Pattern C
 // of the references (leader broadcast of indices + value all-reduce) is pattern A here: the union
 // of the gathered index sets is the leader's set, and every node contributes its own acc there.

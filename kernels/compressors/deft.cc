@@ -1,5 +1,5 @@
-// deft (pattern A; Yoon & Oh, ICPP 2023; ALGORITHMS.md 7.6): the vector is cut into units; k is
-// allocated over the units by their norms (descending: k_u = floor(k_rem ||a_u|| / norm_rem),
+// deft (pattern A; Yoon & Oh, ICPP 2023; docs/algorithms.md#deft): the vector is cut into units; k
+// is allocated over the units by their norms (descending: k_u = floor(k_rem ||a_u|| / norm_rem),
 // clipped to [1, size_u]); the units are bin-packed into one bin per node (costliest unit into
 // the lightest bin, cost size_u log2(k_u), or size_u when k_u <= 1; units with k_u == size_u form
 // the common part, sent in full by every node); node r takes bin (step mod nodes + r) mod nodes

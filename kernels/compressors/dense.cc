@@ -1,6 +1,7 @@
-// dense (pattern D): no compression, the baseline every benchmark compares to (ALGORITHMS.md
-// 7.13). Select marks everything as sent (sel.all) and copies acc into sel.val; the engine
-// all-reduces acc itself. With zero_selected acc is cleared (nothing stays behind).
+// dense (pattern D): no compression, the baseline every benchmark compares to
+// (docs/algorithms.md#dense). Select marks everything as sent (sel.all) and copies acc into
+// sel.val; the engine all-reduces acc itself. With zero_selected acc is cleared (nothing stays
+// behind).
 #include <cstring>
 #include <memory>
 

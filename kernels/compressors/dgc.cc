@@ -1,6 +1,6 @@
-// dgc (pattern B; Lin et al., ICLR 2018, in the canonical GRACE form of ALGORITHMS.md 7.9 and
-// decisions item 4): sample ceil(sample_ratio n) positions uniformly (with replacement, seeded),
-// take the threshold from the sample's top-d fraction (the ceil(m d)-th largest sampled
+// dgc (pattern B; Lin et al., ICLR 2018, in its canonical GRACE form;
+// docs/algorithms.md#dgc): sample ceil(sample_ratio n) positions uniformly (with replacement,
+// seeded), take the threshold from the sample's top-d fraction (the ceil(m d)-th largest sampled
 // magnitude), correct it up to 10 times by x1.3 / x0.7 while the count is outside
 // [0.7 k, 1.3 k], select |acc| >= th, and keep the exact top-k of the selected if more than 4k/3
 // remain. Choices: `>=` (the primitives' comparison); the sample of acc + add is taken as

@@ -1,9 +1,9 @@
-// exdyna (pattern A; Yoon & Oh, CCGrid 2024; ALGORITHMS.md section 3): MiCRO's exclusive cyclic
+// exdyna (pattern A; Yoon & Oh, CCGrid 2024; docs/algorithms.md#exdyna): MiCRO's exclusive cyclic
 // selection over partitions made of 1024 blocks whose boundaries move one block at a time toward
 // the heavier of two adjacent partitions, using the counts every node gathered last step (no
 // extra communication). Parameters: threshold_control=reference|histogram (default histogram),
 // histogram_trim (as micro).
-// Choices: the reference controller is MiCRO's rule with one global threshold (3.4); the
+// The reference controller is MiCRO's rule with one global threshold; the
 // histogram quota of every partition is k / nodes (the balanced share ExDyna's allocation aims
 // at), so with histogram control a boundary moves only when a partition cannot fill its quota
 // (too few non-zero entries) or misses it by more than 5%; an empty partition sends nothing; the

@@ -1,4 +1,4 @@
-// ExDyna's block partitioning and dynamic partition allocation (ALGORITHMS.md 3.1-3.3), as a
+// ExDyna's block partitioning and dynamic partition allocation (docs/algorithms.md#exdyna), as a
 // deterministic object every node updates identically from gathered counts.
 #pragma once
 

@@ -1,8 +1,8 @@
-// gaussiank (pattern B; Shi et al., SIDCo's GaussianKSGDCompressor EC form, ALGORITHMS.md 7.11 and
-// decisions item 4): fit a Gaussian to the magnitudes, th = mu + sigma Phi^-1(1 - d/2), then up
-// to 3 refinements (count < 2k/3: th x0.5; count > 4k/3: th x1.5; otherwise stop), then select
-// |acc| > th (strict). Statistics are on |acc| / ||acc||; the normalisation cancels out of the
-// threshold (mu and sigma scale with ||acc||), so they are taken on |acc| directly and no norm
+// gaussiank (pattern B; Shi et al., SIDCo's GaussianKSGDCompressor EC form;
+// docs/algorithms.md#gaussiank): fit a Gaussian to the magnitudes, th = mu + sigma Phi^-1(1 - d/2),
+// then up to 3 refinements (count < 2k/3: th x0.5; count > 4k/3: th x1.5; otherwise stop), then
+// select |acc| > th (strict). Statistics are on |acc| / ||acc||; the normalisation cancels out of
+// the threshold (mu and sigma scale with ||acc||), so they are taken on |acc| directly and no norm
 // pass is needed. sigma is the sample standard deviation (n - 1).
 // The fit misses real gradients' tails (with error feedback the count after the 3 published
 // refinements lands anywhere between about k/3 and 8k), and x0.5 / x1.5 steps cannot converge

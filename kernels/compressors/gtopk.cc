@@ -1,4 +1,4 @@
-// gtopk (pattern B): the references' GlobalTopKReducer (ALGORITHMS.md 7.3): the exact top-k,
+// gtopk (pattern B): the references' GlobalTopKReducer (docs/algorithms.md#gtopk): the exact top-k,
 // k = max(1, floor(d n)), over the whole flattened vector the compressor is given (a bucket or a
 // whole merge group), all-gathered with per-node counts and scatter-added.
 //
@@ -6,7 +6,7 @@
 // (log2(nodes) extra rounds, keeping the top-k of each pairwise sum, and puts the local values
 // that lose back into the residual). Those rounds cannot be expressed through Select/Update (one
 // gather per step, no values in Update), so spex does not implement that merge: the result is the
-// sum of all nodes' local top-k (up to nodes * k entries), exactly as the reference repositories'
+// sum of all nodes' local top-k (up to nodes * k entries), as the reference repositories'
 // "gtopk". On a single bucket its selection equals `topk`'s; it differs only where the merger
 // hands it a merged group.
 #include <memory>

@@ -1,8 +1,8 @@
-// MiCRO (Yoon & Oh, HiPC 2023; ALGORITHMS.md section 2): every node selects only inside the
+// MiCRO (Yoon & Oh, HiPC 2023; docs/algorithms.md#micro): every node selects only inside the
 // partition it owns this step (cyclic, exclusive), so there is no gradient build-up; pattern A.
-// Parameters: threshold_control=reference|histogram (default histogram, decisions item 5),
-// histogram_trim=true|false (cut the histogram's candidates to the exact quota).
-// Choices where the reference is silent or buggy:
+// Parameters: threshold_control=reference|histogram (default histogram;
+// docs/algorithms.md#threshold-control), histogram_trim=true|false (cut the histogram's candidates
+// to the exact quota). Where the reference is silent or buggy:
 //  - K_prev is the sum of the gathered counts (the own count on a single node: no endless decay);
 //  - an empty partition sends nothing (the reference sends one dummy index; counts are always
 //    exchanged in spex, so an empty selection is legal);

@@ -1,4 +1,4 @@
-// MiCRO's partition layout and cyclic exclusive ownership (ALGORITHMS.md 2.2, 2.3), exposed for
+// MiCRO's partition layout and cyclic exclusive ownership (docs/algorithms.md#micro), exposed for
 // the compressor and its tests.
 #pragma once
 

@@ -1,5 +1,5 @@
-// randomk (pattern B, ALGORITHMS.md 7.8, SIDCo's RandomKCompressor): k = max(1, floor(d n))
-// distinct positions drawn uniformly without replacement, independently per node and step
+// randomk (pattern B, docs/algorithms.md#randomk, SIDCo's RandomKCompressor): k = max(1, floor(d
+// n)) distinct positions drawn uniformly without replacement, independently per node and step
 // (stream seeded by seed, node rank and step), sent with their acc values.
 // Parameters: seed (default 1).
 #include <algorithm>

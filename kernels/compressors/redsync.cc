@@ -1,4 +1,4 @@
-// redsync and redsync_trim (pattern B; ALGORITHMS.md 7.10, SIDCo's RedSyncCompressor and
+// redsync and redsync_trim (pattern B; docs/algorithms.md#redsync, SIDCo's RedSyncCompressor and
 // RedSyncTrimCompressor): on |acc|, mean and max, then a search for th = mean + r (max - mean)
 // (see threshold_search.h for the exact rules), then select |acc| > th.
 //  - redsync: the published binary search over r (at most 3 probes: it stops once the interval is

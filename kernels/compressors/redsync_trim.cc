@@ -1,5 +1,5 @@
-// redsync_trim (pattern B; ALGORITHMS.md 7.10, SIDCo's RedSyncTrimCompressor): RedSync's
-// statistics (mean and max of |acc|) with a descending search r = 0.8, 0.6, ..., 0.0 for
+// redsync_trim (pattern B; docs/algorithms.md#redsync_trim, SIDCo's RedSyncTrimCompressor):
+// RedSync's statistics (mean and max of |acc|) with a descending search r = 0.8, 0.6, ..., 0.0 for
 // th = mean + r (max - mean) until at least k entries exceed it; then the candidates |acc| > th
 // are trimmed to their exact top-k (trim=true, spex's default) or all sent (trim=false, as the
 // reference). Implementation shared with redsync (redsync.cc).

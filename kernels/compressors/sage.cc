@@ -1,5 +1,5 @@
-// sage (pattern B; Yoon, Jeong & Oh 2023; the flat-vector variant of decisions item 7 and
-// ALGORITHMS.md 5.3/5.5): hard threshold with an on-the-fly correction th <- th alpha beta gamma,
+// sage (pattern B; Yoon, Jeong & Oh 2023; the flat-vector variant;
+// docs/algorithms.md#sage): hard threshold with an on-the-fly correction th <- th alpha beta gamma,
 // where alpha is the drift of the sampled mean |acc| (uniform sampling over the flat vector,
 // Slovin sample size), beta a logistic correction on d_exam (the density the drift-corrected
 // threshold th alpha would give) and gamma a coarse x0.95 / x1.05 for 10x misses; th0 =

@@ -1,4 +1,4 @@
-// SAGE's multiplicative threshold correction (ALGORITHMS.md 5.3), exposed for tests.
+// SAGE's multiplicative threshold correction (docs/algorithms.md#sage), exposed for tests.
 #pragma once
 
 #include <cstddef>

@@ -1,37 +1,23 @@
 // The SIDCo compressors sidco_e, sidco_p, sidco_gp (pattern B; Abdelmoniem et al., MLSys 2021;
-// ALGORITHMS.md 4.3-4.5 and decisions item 6): fit a sparsity-inducing distribution to |acc| and
-// threshold it, in several stages: stage 1 keeps first_ratio = 0.25 of the mass; each later stage
-// fits the exceedances over the previous threshold (peaks over threshold) with the per-stage ratio
+// docs/algorithms.md#sidco): fit a sparsity-inducing distribution to |acc| and threshold it, in
+// several stages: stage 1 keeps first_ratio = 0.25 of the mass; each later stage fits the
+// exceedances over the previous threshold (peaks over threshold) with the per-stage ratio
 // (d / 0.25)^(1 / (S - 1)); then select |acc| > threshold (strict).
 //   sidco_e: exponential in every stage;  sidco_p: generalised Pareto in every stage;
 //   sidco_gp: gamma in stage 1 (EC form, inverse incomplete gamma), generalised Pareto after.
 // Adaptive stage count (mode -1): every 5 Selects, q = mean of (selected / (d n)) over them;
 // q > 1.2: S - 1, q < 0.8: S + 1, clamped to [1, ceil(ln d / ln 0.5)].
-// Choices where the reference is silent or differs:
-//  - statistics are on |acc|, not |acc| / ||acc||: every fit is scale-equivariant, so the
-//    normalisation cancels out of the selection (and a norm pass is saved);
-//  - the exceedance location is the previous stage's threshold, not min(survivors) (the same in
-//    the limit; there is no min primitive): z = y - eta, mean(z) = mean(y) - eta, var(z) = var(y);
-//  - variances are sample variances (n - 1), as torch.var;
-//  - the gamma stage is fitted to the non-zero magnitudes (log 0 is undefined; the reference adds
-//    an epsilon) with its ratio raised to keep the same count of all n: ratio * n / nonzeros;
-//  - the stage state is per compressor instance (the reference shares one across all buffers);
-//  - the initial stage count is the `stages` parameter (default 2);
-//  - once the survivors of a stage are expected to be few (1.5x the fit's target within n/16, or
-//    4k), they are collected in one pass and the remaining stages and the final selection read
-//    that list (same result, fewer passes over acc);
-//  - where two or more later stages would each read acc for their moments (compact, the
-//    default), stage 1's survivors (~n/4) are collected instead, in one pass, and every later
-//    stage and the final selection read that list. Its moments are summed in other SIMD lanes
-//    than a pass over acc's, so the double sums may differ in the last bits (~1e-12 relative on
-//    the tests' inputs); the thresholds are floats, and a stage whose threshold lies within 1e-10
-//    relative of a float rounding boundary is redone pass-per-stage, so the thresholds and
-//    selections are those of compact=false (checked bit for bit by sidco_test).
-// On device primitives the lists are collected into device scratch: a long list (stage 1's
-// survivors) stays there (its moments are the primitive's; the entries cut from it are mapped
-// to acc's indices by a Gather of the list's index words), and a list of few survivors, which
-// the host loops below read, is copied back (at most max(4k, n/16) entries), as is the final
-// selection. Host primitives use host vectors as before.
+// Statistics are on |acc| (every fit is scale-equivariant, so |acc| / ||acc|| selects the same);
+// the exceedance location is the previous stage's threshold; variances are sample variances
+// (n - 1); the gamma stage fits the non-zero magnitudes with its ratio raised to
+// ratio * n / nonzeros; the stage state is per compressor instance.
+// Passes: once a stage's survivors are expected to be few (1.5x the fit's target within
+// max(4k, n/16)), they are listed in one pass and the later stages and the final selection read
+// the list. With compact (the default), where two or more later stages would each read acc,
+// stage 1's survivors are listed instead; a stage whose float threshold lies within 1e-10
+// relative of a rounding boundary is redone pass-per-stage, so thresholds and selections equal
+// compact=false's bit for bit (sidco_test). On device primitives the lists are in device
+// scratch; only a list of few survivors and the final selection are copied back.
 // Parameters: stages (initial S, default 2), adaptive (default true), compact (default true).
 // Scalars: [0] threshold, [1] stages used, [2] passes over acc.
 #include "kernels/compressors/sidco.h"

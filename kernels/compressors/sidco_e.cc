@@ -1,5 +1,5 @@
-// sidco_e (pattern B; ALGORITHMS.md 4.3-4.5): multi-stage SIDCo with the exponential fit in every
-// stage. Algorithm, choices and parameters: sidco.cc.
+// sidco_e (pattern B; docs/algorithms.md#sidco): multi-stage SIDCo with the exponential fit in
+// every stage. Algorithm, choices and parameters: sidco.cc.
 #include <memory>
 
 #include "kernels/compressors/factories.h"

@@ -1,4 +1,4 @@
-// sidco_gp (pattern B; ALGORITHMS.md 4.3-4.5): multi-stage SIDCo with the gamma fit in stage 1,
+// sidco_gp (pattern B; docs/algorithms.md#sidco): multi-stage SIDCo with the gamma fit in stage 1,
 // generalised Pareto in the later stages. Algorithm, choices and parameters: sidco.cc.
 #include <memory>
 

@@ -1,6 +1,6 @@
 // Scalar statistics behind the distribution-fitting compressors (Gaussian-k, SIDCo): the normal
 // quantile, the regularized incomplete gamma function and its inverse, and SIDCo's closed-form
-// thresholds (ALGORITHMS.md 4.3, 4.4). Every threshold keeps the fraction `ratio` of a fitted
+// thresholds (docs/algorithms.md#sidco). Every threshold keeps the fraction `ratio` of a fitted
 // distribution's mass above it.
 #pragma once
 

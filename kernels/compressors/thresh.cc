@@ -1,4 +1,4 @@
-// thresh (pattern A, flat hard threshold; ALGORITHMS.md 7.4, the kljp/micro form): select
+// thresh (pattern A, flat hard threshold; docs/algorithms.md#thresh, the kljp/micro form): select
 // |acc| >= lambda with lambda = 1 / (2 sqrt(k)) recomputed every step from the current density
 // and n, or a constant `threshold` (the sands-lab form). The achieved density is NOT controlled:
 // it follows the gradient's scale. Indices are united across nodes (MiCRO-style communication).

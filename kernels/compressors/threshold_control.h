@@ -1,4 +1,4 @@
-// Threshold control shared by MiCRO and ExDyna (ALGORITHMS.md 2.4, 3.4 and decisions item 5):
+// Threshold control shared by MiCRO and ExDyna (docs/algorithms.md#threshold-control):
 //  - reference: the published multiplicative controller on K_prev / k (1.005 above 1.1x,
 //    1.00125 inside the band, 0.995 at or below 1/1.1x), th0 = 1 / (2 sqrt(k));
 //  - histogram: a 2^16-bin |acc| histogram of the owned range, walked from the top to the bin

@@ -1,6 +1,6 @@
 // The threshold searches of DGC, RedSync, RedSync-trim and Gaussian-k as pure functions over a
 // counting callback (count(t) = number of entries the threshold t selects), so tests can drive
-// them with crafted counts. Constants from ALGORITHMS.md 7.9-7.11 and decisions item 4.
+// them with crafted counts. Constants and reasons: docs/algorithms.md#threshold-search.
 #pragma once
 
 #include <cstddef>
@@ -25,9 +25,9 @@ float RedSyncSearch(double mean, double max, size_t k, const CountFn& count, int
 // RedSync-trim: r = 0.8, 0.6, ..., 0.0 until count >= k (th = mean + r (max - mean)).
 float RedSyncTrimSearch(double mean, double max, size_t k, const CountFn& count, int* probes);
 
-// Gaussian-k's published refinement (ALGORITHMS.md 7.11, EC form): up to 3 times, th *= 0.5 when
-// count < 2k/3 and th *= 1.5 when count > 4k/3, stopping at the first count inside; returns the
-// threshold after the last step (not probed again when the 3 steps ran out).
+// Gaussian-k's published refinement (docs/algorithms.md#gaussiank, EC form): up to 3 times, th *=
+// 0.5 when count < 2k/3 and th *= 1.5 when count > 4k/3, stopping at the first count inside;
+// returns the threshold after the last step (not probed again when the 3 steps ran out).
 inline constexpr int kGaussianKRounds = 3;
 float GaussianKRefine(float th, size_t k, const CountFn& count, int* rounds);
 

@@ -1,6 +1,7 @@
 // topk (pattern B): exact top-k by |acc| over the bucket, k = max(1, floor(d n)); ties at the
 // k-th magnitude go to the lower index (Primitives::TopK). The layer-wise top-k of the
-// references (ALGORITHMS.md 7.2) is this applied per bucket. Scalars: [0] = the k-th magnitude.
+// references (docs/algorithms.md#topk) is this applied per bucket. Scalars: [0] = the k-th
+// magnitude.
 #include <algorithm>
 #include <cmath>
 #include <memory>

@@ -1,6 +1,6 @@
-// topk_union (pattern A, ALGORITHMS.md 7.1): the same local top-k as topk, but the nodes' index
-// sets are united and every node contributes its own acc at the whole union (shows gradient
-// build-up: the union grows with the node count).
+// topk_union (pattern A, docs/algorithms.md#topk_union): the same local top-k as topk, but the
+// nodes' index sets are united and every node contributes its own acc at the whole union (shows
+// gradient build-up: the union grows with the node count).
 #include <memory>
 
 #include "kernels/compressors/factories.h"

@@ -1,14 +1,14 @@
 // Achieved density of the estimating compressors on large gradient-like inputs (2^20 floats:
 // Student-t with 2.5 degrees of freedom and 5% zeros, as bench/compressors_bench, and Laplace),
 // over steps with error feedback, at d = 0.01 and 0.001: every step's count must be inside the
-// band the algorithm aims at (ALGORITHMS.md 7.10, 7.11):
+// band the algorithm aims at (docs/algorithms.md#threshold-search):
 //   redsync k < count < 2k, gaussiank 2k/3 <= count <= 4k/3, redsync_trim exactly k.
 // The published loops (search=reference, refine=reference, trim=false) stop after a fixed number
 // of probes and miss these bands on the same inputs by far; that is checked too, so the bands
-// above are known to discriminate. SIDCo (4.4, 4.5, decisions item 6) adapts its stage count to
+// above are known to discriminate. SIDCo (docs/algorithms.md#sidco) adapts its stage count to
 // keep the achieved/target ratio within +-20%: checked over the steps after it has settled.
-// thresh (7.4) does not control its density: checked to start at the target on a calibrated
-// input and to drift away with error feedback.
+// thresh (docs/algorithms.md#thresh) does not control its density: checked to start at the target
+// on a calibrated input and to drift away with error feedback.
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -163,9 +163,9 @@ TEST(DensityBand, SidcoWithinItsAdaptationBandOnceSettled) {
   }
 }
 
-// thresh selects |acc| >= 1 / (2 sqrt(k)) every step (ALGORITHMS.md 7.4: "the achieved density is
-// not controlled"). With the gradient scaled so that this is its target quantile, the first step
-// sends k; error feedback then grows the entries below it until more and more cross it.
+// thresh selects |acc| >= 1 / (2 sqrt(k)) every step (docs/algorithms.md#thresh: the achieved
+// density is not controlled). With the gradient scaled so that this is its target quantile, the
+// first step sends k; error feedback then grows the entries below it until more and more cross it.
 TEST(DensityBand, ThreshStartsAtTheTargetAndDriftsByDesign) {
   for (double d : {0.01, 0.001}) {
     SCOPED_TRACE(testing::Message() << "d=" << d);

@@ -1,7 +1,7 @@
-// ExDyna: the block layout of ALGORITHMS.md 3.2 (ResNet-18 example), the allocation sweep of
-// 3.3 on crafted counts (left/right moves, estimates updated within the sweep, never below the
-// minimum, no division by zero when the average is 0), and the compressor moving its partition
-// boundaries from gathered counts.
+// ExDyna: the block layout (docs/algorithms.md#exdyna; a ResNet-18-sized example), the
+// allocation sweep on crafted counts (left/right moves, estimates updated within the sweep, never
+// below the minimum, no division by zero when the average is 0), and the compressor moving its
+// partition boundaries from gathered counts.
 #include "kernels/compressors/exdyna.h"
 
 #include <numeric>

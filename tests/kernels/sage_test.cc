@@ -1,6 +1,6 @@
-// SAGE: alpha, beta and gamma as ALGORITHMS.md 5.3, Slovin's sample size, and the compressor's
-// threshold update th <- th alpha beta gamma with d_exam measured at th alpha, selecting exactly
-// |acc| >= th (its one-pass implementation must equal the two-pass reference).
+// SAGE: alpha, beta and gamma as docs/algorithms.md#sage, Slovin's sample size, and the
+// compressor's threshold update th <- th alpha beta gamma with d_exam measured at th alpha,
+// selecting exactly |acc| >= th (its one-pass implementation must equal the two-pass reference).
 #include "kernels/compressors/sage.h"
 
 #include <cmath>
