@@ -191,7 +191,7 @@ TEST(ChooseDevice, RealProbeOnThisMachine) {
   EXPECT_EQ(cuda.status().code(), absl::StatusCode::kFailedPrecondition);
   const std::string m(cuda.status().message());
 #ifdef SPEX_HAVE_CUDA
-  // Without a driver the runtime says cudaErrorInsufficientDriver (see ENVIRONMENT.md).
+  // Without a driver the runtime says cudaErrorInsufficientDriver.
   EXPECT_TRUE(Contains(m, "cudaError") || Contains(m, "found no GPU")) << m;
 #else
   EXPECT_TRUE(Contains(m, "built without CUDA")) << m;
