@@ -97,23 +97,27 @@ absl::Status ExchangeIndexUnion(Collective* coll, Primitives* prims, const Spars
   std::vector<uint32_t>& u = res->gathered_idx;
   SortedUnion(concat, runs, &u,
               &res->touched);  // nodes' sets may overlap (topk_union, thresh): dedup
+  // Every node derived the same union from the same bytes, so every node issues the values'
+  // all-reduce below; a local failure before it (a device copy) still takes part, with zeros,
+  // and is returned afterwards (lockstep: no node may skip a collective its peers enter).
   std::vector<float> vals(u.size());
   const uint32_t* dev_u = nullptr;  // the union in device scratch (slot 0)
   float* dev_vals = nullptr;        // slot 1
+  absl::Status local;
   if (device != nullptr && !u.empty()) {
     absl::StatusOr<void*> du = device->scratch->Upload(0, u.data(), u.size() * 4);
-    if (!du.ok()) return du.status();
-    absl::StatusOr<void*> dv = device->scratch->Get(1, u.size() * 4);
-    if (!dv.ok()) return dv.status();
-    dev_u = static_cast<const uint32_t*>(*du);
-    dev_vals = static_cast<float*>(*dv);
-    absl::Status s = device->prims->Gather(acc, args.elements, dev_u, u.size(), dev_vals);
-    if (s.ok()) s = device->prims->CopyToHost(vals.data(), dev_vals, u.size() * 4);
-    if (!s.ok()) return s;
+    absl::StatusOr<void*> dv = du.ok() ? device->scratch->Get(1, u.size() * 4) : du;
+    local = dv.status();
+    if (local.ok()) {
+      dev_u = static_cast<const uint32_t*>(*du);
+      dev_vals = static_cast<float*>(*dv);
+      local = device->prims->Gather(acc, args.elements, dev_u, u.size(), dev_vals);
+      if (local.ok()) local = device->prims->CopyToHost(vals.data(), dev_vals, u.size() * 4);
+    }
   } else if (device == nullptr) {
-    absl::Status s = prims->Gather(acc, args.elements, u.data(), u.size(), vals.data());
-    if (!s.ok()) return s;
+    local = prims->Gather(acc, args.elements, u.data(), u.size(), vals.data());
   }
+  if (!local.ok()) std::fill(vals.begin(), vals.end(), 0.0f);
   if (n > 1 && !vals.empty()) {
     if (absl::Status s =
             coll->AllReduce(vals.data(), vals.size(), ElemType::kFloat32, ReduceOp::kSum);
@@ -123,6 +127,7 @@ absl::Status ExchangeIndexUnion(Collective* coll, Primitives* prims, const Spars
     res->bytes_sent += vals.size() * 4;
     res->bytes_received += vals.size() * 4;
   }
+  if (!local.ok()) return local;
   // out is zero at every position of u (the caller's contract), so adding writes the average.
   prims->Scale(vals.data(), args.scale, vals.size());
   if (device != nullptr) {

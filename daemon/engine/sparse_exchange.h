@@ -10,12 +10,14 @@
 // Memory: the wire chunks, the union and the values are host memory and `prims` are host
 // primitives (the wire chunks are host bytes for any Collective; NCCL stages them through
 // device scratch), and the compressors' selections are host vectors. `acc` and `out` are host
-// memory too unless a DeviceSide is given: then they are that device's memory, and only what
+// memory unless a DeviceSide is given: then they are that device's memory, and only what
 // touches them moves: A gathers acc at the union on the device (the union goes up, its values
 // come back for the all-reduce), and both patterns upload the indices and the scaled values
 // they add into out and scatter-add there, in the same order as on the host (bit-identical).
-// Without a DeviceSide the engine's device path stages acc and out through host copies around
-// these calls (Engine::SparseStep, for a test codec_factory's codecs on host primitives).
+//
+// Lockstep: a malformed peer chunk is seen alike by every node (all receive the same bytes), so
+// every node returns DATA_LOSS before the next collective. A local failure between A's two
+// collectives (a device copy) still takes part in the second, with zeros, and is returned after.
 #pragma once
 
 #include <cstdint>

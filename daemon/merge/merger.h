@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 
 namespace spex {
@@ -36,7 +37,14 @@ class Merger {
   virtual size_t NextGroup(absl::Span<const MergeCandidate> candidates) = 0;
 };
 
-// "none"; InvalidArgument naming the accepted and the planned policies for anything else.
+// --merger. Only kNone is implemented; the others are refused by MakeMerger (Unimplemented).
+enum class MergerPolicy { kNone, kFixed, kOmgs, kRgmerge };
+bool AbslParseFlag(absl::string_view text, MergerPolicy* out, std::string* error);
+std::string AbslUnparseFlag(MergerPolicy v);
+
+// The policy's merger; Unimplemented naming the one that exists for the planned ones.
+absl::StatusOr<std::unique_ptr<Merger>> MakeMerger(MergerPolicy policy);
+// By name (the flag spelling); InvalidArgument naming the accepted names for an unknown one.
 absl::StatusOr<std::unique_ptr<Merger>> MakeMerger(const std::string& name);
 
 }  // namespace spex

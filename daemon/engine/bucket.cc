@@ -1,0 +1,61 @@
+#include "daemon/engine/bucket.h"
+
+#include "daemon/util/log.h"
+
+namespace spex {
+
+const char* BucketStateName(BucketState s) {
+  switch (s) {
+    case BucketState::kRegistering:
+      return "registering";
+    case BucketState::kWaiting:
+      return "waiting";
+    case BucketState::kExchanging:
+      return "exchanging";
+    case BucketState::kFailed:
+      return "failed";
+  }
+  return "?";
+}
+
+bool IsLegalTransition(BucketState from, BucketState to) {
+  switch (from) {
+    case BucketState::kRegistering:
+      return to == BucketState::kWaiting;
+    case BucketState::kWaiting:
+      return to == BucketState::kRegistering || to == BucketState::kExchanging;
+    case BucketState::kExchanging:
+      return to == BucketState::kWaiting || to == BucketState::kRegistering ||
+             to == BucketState::kFailed;
+    case BucketState::kFailed:
+      return false;
+  }
+  return false;
+}
+
+bool Bucket::MoveTo(BucketState to) {
+  if (out.state == to) return true;
+  if (!IsLegalTransition(out.state, to)) {
+    SPEX_LOG(ERROR) << "bucket " << id << ": illegal state change " << BucketStateName(out.state)
+                    << " -> " << BucketStateName(to) << " (a bug; please report it)";
+    return false;
+  }
+  out.state = to;
+  return true;
+}
+
+BucketSummary Bucket::Summary() const {
+  BucketSummary s;
+  s.bucket_id = id;
+  s.elements = elements;
+  s.compressor = compressor;
+  s.state = BucketStateName(out.state);
+  s.exchanges = out.exchanges;
+  s.last = out.last;
+  for (int p = 0; p < kPhaseCount; ++p) {
+    s.mean_phase_seconds[p] = out.exchanges ? out.phase_sum[p] / out.exchanges : 0;
+  }
+  return s;
+}
+
+}  // namespace spex

@@ -1,0 +1,85 @@
+// A registered bucket of one node and the states it moves through. Its fields fall under three
+// rules, one struct each, so a reader sees which rule applies where:
+//  - Memory: fixed after registration (the shared segment, the device buffer, acc).
+//  - Exchange: the engine thread's alone (compressor, probe timings, next step).
+//  - Outcome: shared with the RPC threads, guarded by the engine's mutex (registration, state,
+//    published steps, the error, stats).
+//
+// States (BucketState; the engine moves a bucket along, under its mutex):
+//   kRegistering -> kWaiting        every local trainer registered it (and back if one leaves)
+//   kWaiting -> kExchanging         the engine took its next step (inputs ready)
+//   kExchanging -> kWaiting         the step was published (OK, or an error every node agreed
+//                                   on before touching any state: the bucket goes on); to
+//                                   kRegistering if a trainer unregistered it meanwhile
+//   kExchanging -> kFailed          the step failed after the control round: state may be
+//                                   half-updated on some node, so the bucket is dead. kFailed is
+//                                   terminal and sticky: every later step of it gets the error.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "daemon/engine/exchange_record.h"
+#include "daemon/engine/step.h"
+#include "daemon/memory/device_memory.h"
+#include "daemon/memory/shm_buffer.h"
+
+namespace spex {
+
+enum class BucketState { kRegistering, kWaiting, kExchanging, kFailed };
+const char* BucketStateName(BucketState s);
+bool IsLegalTransition(BucketState from, BucketState to);
+
+struct BucketMemory {
+  std::unique_ptr<ShmBuffer> shm;      // the BucketHeader; on the CPU path also the data
+  std::unique_ptr<SharedBuffer> data;  // device path: input slots and output
+  BucketHeader* header = nullptr;
+  std::vector<float> acc_host;  // CPU path: acc's storage
+  std::unique_ptr<DeviceArray> acc_device;
+  std::unique_ptr<ScratchSlots> scratch;  // device path
+  BucketData view;                        // what the steps see
+};
+
+struct BucketExchange {
+  std::unique_ptr<SparseState> sparse;  // null: the bucket always exchanges dense
+  enum class Mode { kProbe, kSparse, kDense } mode = Mode::kProbe;
+  uint64_t probe_sparse_ns = 0, probe_dense_ns = 0;
+  uint64_t next_step = 0;
+};
+
+struct BucketOutcome {
+  BucketState state = BucketState::kRegistering;
+  uint64_t registered_mask = 0;  // bit r: local trainer r registered it
+  uint64_t completed = 0;        // steps published
+  uint64_t error_step = UINT64_MAX;
+  absl::Status error;  // of error_step; for kFailed, of every step from error_step on
+  uint64_t exchanges = 0;
+  ExchangeRecord last;
+  double phase_sum[kPhaseCount] = {};
+  // The target density in effect: written by the engine thread under the engine's mutex, so
+  // the engine thread may read it without the mutex.
+  double density = 0;
+};
+
+struct Bucket {
+  // Fixed after registration.
+  uint64_t id = 0;
+  uint64_t elements = 0;
+  std::string compressor;
+  std::map<std::string, std::string> params;
+  BucketMemory mem;
+  // Engine thread only.
+  BucketExchange ex;
+  // Guarded by the engine's mutex.
+  BucketOutcome out;
+
+  // Moves out.state to `to`; an illegal move is a bug: logged at ERROR, and refused.
+  bool MoveTo(BucketState to);
+  BucketSummary Summary() const;  // under the engine's mutex
+};
+
+}  // namespace spex

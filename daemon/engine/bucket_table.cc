@@ -1,0 +1,157 @@
+#include "daemon/engine/bucket_table.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace spex {
+
+BucketTable::BucketTable(const EngineOptions* options, Collective* coll, Primitives* prims,
+                         DevicePath device)
+    : options_(options), coll_(coll), prims_(prims), device_(device) {}
+
+absl::StatusOr<Bucket*> BucketTable::Create(const BucketSpec& spec) {
+  auto b = std::make_unique<Bucket>();
+  b->id = spec.id;
+  b->elements = spec.elements;
+  b->compressor = spec.compressor;
+  b->params = spec.params;
+  b->out.density = spec.density;
+  BucketData& v = b->mem.view;
+  v.id = spec.id;
+  v.elements = spec.elements;
+  absl::Status s = device_.allocator != nullptr ? AllocateDevice(b.get()) : AllocateHost(b.get());
+  if (s.ok()) s = BuildCompressor(b.get(), spec.density);
+  const uint32_t slots = options_->local_trainers;
+  if (s.ok() && (slots > 1 || b->ex.sparse != nullptr)) {
+    if (v.on_device) {
+      auto acc = device_.allocator->AllocateScratch(spec.elements * sizeof(float));
+      if (acc.ok()) {
+        b->mem.acc_device = std::move(*acc);
+        v.acc = static_cast<float*>(b->mem.acc_device->data());
+      } else {
+        s = acc.status();
+      }
+    } else {
+      b->mem.acc_host.assign(spec.elements, 0.0f);
+      v.acc = b->mem.acc_host.data();
+    }
+  }
+  if (!s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("bucket ", spec.id, " (", spec.elements,
+                                               " elements): ", s.message()));
+  }
+  Bucket* out = b.get();
+  buckets_[spec.id] = std::move(b);
+  return out;
+}
+
+// One shm segment: the header, then the input slots and the output.
+absl::Status BucketTable::AllocateHost(Bucket* b) {
+  const uint32_t slots = options_->local_trainers;
+  auto shm = ShmBuffer::Create(BucketBytes(b->elements, slots),
+                               absl::StrCat(options_->shm_tag, "-b", b->id));
+  if (!shm.ok()) return shm.status();
+  b->mem.shm = std::move(*shm);
+  uint8_t* base = static_cast<uint8_t*>(b->mem.shm->data());
+  b->mem.header = new (base) BucketHeader();
+  for (uint32_t r = 0; r < slots; ++r) {
+    b->mem.view.input[r] = reinterpret_cast<float*>(base + InputOffset(b->elements, r));
+  }
+  b->mem.view.output = reinterpret_cast<float*>(base + OutputOffset(b->elements, slots));
+  BucketHeader* h = b->mem.header;
+  h->magic = kBucketMagic;
+  h->version = kLayoutVersion;
+  h->bucket_id = b->id;
+  h->elements = b->elements;
+  h->slots = slots;
+  h->slot_stride = SlotStride(b->elements);
+  return absl::OkStatus();
+}
+
+// The header alone in shm (the doorbell counters stay host memory), the data in the
+// allocator's buffer.
+absl::Status BucketTable::AllocateDevice(Bucket* b) {
+  const uint32_t slots = options_->local_trainers;
+  auto shm = ShmBuffer::Create(kPageBytes, absl::StrCat(options_->shm_tag, "-b", b->id));
+  if (!shm.ok()) return shm.status();
+  b->mem.shm = std::move(*shm);
+  BucketHeader* h = new (b->mem.shm->data()) BucketHeader();
+  b->mem.header = h;
+  h->magic = kBucketMagic;
+  h->version = kLayoutVersion;
+  h->bucket_id = b->id;
+  h->elements = b->elements;
+  h->slots = slots;
+  h->slot_stride = SlotStride(b->elements);
+  const size_t bytes = DeviceBucketBytes(b->elements, slots);
+  auto data = device_.allocator->AllocateBucket(bytes, slots + 1);
+  if (!data.ok()) return data.status();
+  b->mem.data = std::move(*data);
+  if (b->mem.data->size() < bytes) {
+    return absl::InternalError(absl::StrCat("the allocator returned ", b->mem.data->size(),
+                                            " bytes, ", bytes, " were asked for"));
+  }
+  uint8_t* base = static_cast<uint8_t*>(b->mem.data->data());
+  for (uint32_t r = 0; r < slots; ++r) {
+    b->mem.view.input[r] = reinterpret_cast<float*>(base + DeviceInputOffset(b->elements, r));
+  }
+  b->mem.view.output = reinterpret_cast<float*>(base + DeviceOutputOffset(b->elements, slots));
+  b->mem.view.on_device = true;
+  b->mem.scratch = std::make_unique<ScratchSlots>(prims_);
+  b->mem.view.scratch = b->mem.scratch.get();
+  return absl::OkStatus();
+}
+
+// Sparse buckets get their compressor on the bucket's own primitives (the device's on the
+// device path); "dense", a dense-pattern compressor and small buckets exchange dense.
+absl::Status BucketTable::BuildCompressor(Bucket* b, double density) {
+  if (b->compressor == "dense" || b->elements < options_->min_sparse_elements) {
+    return absl::OkStatus();
+  }
+  CompressorSpec spec;
+  spec.name = b->compressor;
+  spec.density = density;
+  spec.params = b->params;
+  spec.node_rank = coll_->rank();
+  spec.node_count = coll_->size();
+  spec.elements = b->elements;
+  absl::StatusOr<std::unique_ptr<Compressor>> c = options_->compressor_factory
+                                                      ? options_->compressor_factory(spec, prims_)
+                                                      : MakeCompressor(spec, prims_);
+  if (!c.ok()) return c.status();
+  if (*c == nullptr || (*c)->pattern() == Pattern::kDense) return absl::OkStatus();
+  b->ex.sparse = std::make_unique<SparseState>();
+  b->ex.sparse->compressor = std::move(*c);
+  b->ex.mode = options_->dense_fallback == DenseFallback::kAuto ? BucketExchange::Mode::kProbe
+                                                                : BucketExchange::Mode::kSparse;
+  return absl::OkStatus();
+}
+
+Bucket* BucketTable::Find(uint64_t id) {
+  auto it = buckets_.find(id);
+  return it == buckets_.end() ? nullptr : it->second.get();
+}
+
+void BucketTable::Erase(uint64_t id) { buckets_.erase(id); }
+
+void BucketTable::UnlinkAttached() {
+  for (auto& [id, b] : buckets_) {
+    if (b->mem.shm->unlinked()) continue;
+    bool all = true;
+    for (int r = 0; r < options_->local_trainers && all; ++r) {
+      all = b->mem.header->attached[r].load() != 0;
+    }
+    if (!all) continue;
+    b->mem.shm->Unlink().IgnoreError();
+    if (b->mem.data != nullptr) b->mem.data->Unlink().IgnoreError();
+  }
+}
+
+std::vector<std::string> BucketTable::LinkedSegments() const {
+  std::vector<std::string> out;
+  for (const auto& [id, b] : buckets_) {
+    if (!b->mem.shm->unlinked()) out.push_back(b->mem.shm->name());
+  }
+  return out;
+}
+
+}  // namespace spex

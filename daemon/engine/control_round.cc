@@ -1,0 +1,91 @@
+#include "daemon/engine/control_round.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace spex {
+namespace {
+
+uint64_t NameHash(const std::string& name) {  // FNV-1a
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char ch : name) h = (h ^ ch) * 0x100000001b3ull;
+  return h;
+}
+
+// The wire layout of the round. A value x that must be equal on every node travels as the pair
+// (x, ~x): maxed over nodes, the pair is still (x, ~x) exactly when every node sent the same x.
+enum Word {
+  kId,
+  kStep,
+  kElements,
+  kNotId,
+  kNotStep,
+  kNotElements,
+  kDensityKey,
+  kSparseUs,
+  kDenseUs,
+  kName,
+  kNotName,
+  kInputsFailed,
+  kWords
+};
+
+}  // namespace
+
+uint64_t DensityKey(uint64_t change, float density) {
+  uint32_t bits;
+  std::memcpy(&bits, &density, 4);
+  return (change << 32) | bits;
+}
+
+float DensityOfKey(uint64_t key) {
+  const uint32_t bits = static_cast<uint32_t>(key);
+  float d;
+  std::memcpy(&d, &bits, 4);
+  return d;
+}
+
+absl::Status RunControlRound(Collective* coll, const ExchangeKey& key, Control* c) {
+  const uint64_t name = NameHash(key.compressor);
+  uint64_t v[kWords];
+  v[kId] = key.bucket_id;
+  v[kStep] = key.step;
+  v[kElements] = key.elements;
+  v[kNotId] = ~key.bucket_id;
+  v[kNotStep] = ~key.step;
+  v[kNotElements] = ~key.elements;
+  v[kDensityKey] = c->density_key;
+  v[kSparseUs] = c->sparse_us;
+  v[kDenseUs] = c->dense_us;
+  v[kName] = name;
+  v[kNotName] = ~name;
+  v[kInputsFailed] = c->inputs_failed ? 1 : 0;
+  if (coll->size() > 1) {
+    if (absl::Status s = coll->AllReduce(v, kWords, ElemType::kUint64, ReduceOp::kMax); !s.ok()) {
+      return s;
+    }
+  }
+  if (v[kId] != ~v[kNotId] || v[kStep] != ~v[kNotStep] || v[kElements] != ~v[kNotElements]) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "bucket order differs between nodes: this node exchanged bucket ", key.bucket_id, " step ",
+        key.step, " (", key.elements,
+        " elements) while another node exchanged a different bucket, step or size. Every node "
+        "must register the same buckets (same ids and sizes) and exchange them in the same "
+        "order"));
+  }
+  if (v[kName] != ~v[kNotName]) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "bucket ", key.bucket_id, " uses compressor ", key.compressor,
+        " on this node but another compressor on another node; every node must register a "
+        "bucket with the same compressor (check --compressor and the trainers' per-bucket "
+        "settings)"));
+  }
+  c->density_key = v[kDensityKey];
+  c->sparse_us = v[kSparseUs];
+  c->dense_us = v[kDenseUs];
+  c->inputs_failed = v[kInputsFailed] != 0;
+  return absl::OkStatus();
+}
+
+}  // namespace spex

@@ -1,0 +1,44 @@
+// The control round: one tiny all-reduce (MAX) before every exchange, in which all nodes check
+// that they are about to exchange the same thing and share the run-time decisions that must take
+// effect at the same step everywhere:
+//  - the order check: (bucket, step, size, compressor) equal on every node, or a clear
+//    FAILED_PRECONDITION instead of a hang in mismatched collectives;
+//  - the newest density change any node has seen (`spexctl set-density` on one node);
+//  - the dense-fallback probe timings (the slowest node's count);
+//  - whether any node could not read its trainers' inputs (then every node skips the step).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "daemon/transport/collective.h"
+
+namespace spex {
+
+// What this node is about to exchange.
+struct ExchangeKey {
+  uint64_t bucket_id = 0;
+  uint64_t step = 0;
+  uint64_t elements = 0;
+  std::string compressor;
+};
+
+// What the round carries; each field is maxed over the nodes.
+struct Control {
+  uint64_t density_key = 0;  // (change number << 32) | float bits of the density
+  uint64_t sparse_us = 0;    // dense-fallback probe: this bucket's summed sparse timings
+  uint64_t dense_us = 0;     // ... and dense timings
+  bool inputs_failed = false;
+};
+
+// Runs the round over `coll` (no communication with one node). On return `*c` holds the maxed
+// values. FAILED_PRECONDITION when the nodes disagree on the key (saying what differs); the
+// collective's error when the all-reduce fails.
+absl::Status RunControlRound(Collective* coll, const ExchangeKey& key, Control* c);
+
+// Density keys: a change number and a density, ordered by change number.
+uint64_t DensityKey(uint64_t change, float density);
+float DensityOfKey(uint64_t key);
+
+}  // namespace spex

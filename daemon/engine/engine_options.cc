@@ -1,0 +1,44 @@
+#include "daemon/engine/engine_options.h"
+
+#include "absl/strings/str_cat.h"
+#include "daemon/memory/layout.h"
+
+namespace spex {
+
+bool AbslParseFlag(absl::string_view text, DenseFallback* out, std::string* error) {
+  if (text == "auto") {
+    *out = DenseFallback::kAuto;
+    return true;
+  }
+  if (text == "off") {
+    *out = DenseFallback::kOff;
+    return true;
+  }
+  *error = absl::StrCat("'", text.substr(0, 64), "' is not a dense fallback; accepted: auto, off");
+  return false;
+}
+
+std::string AbslUnparseFlag(DenseFallback v) { return v == DenseFallback::kAuto ? "auto" : "off"; }
+
+absl::Status ValidateEngineOptions(const EngineOptions& o) {
+  if (o.local_trainers < 1 || o.local_trainers > static_cast<int>(kMaxLocalTrainers)) {
+    return absl::InvalidArgumentError(absl::StrCat("--local_trainers must be in 1..",
+                                                   kMaxLocalTrainers, ", got ", o.local_trainers));
+  }
+  if (o.probe_steps < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--probe_steps must be >= 1, got ", o.probe_steps));
+  }
+  if (o.residual_norm_every < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--residual_norm_every must be >= 0, got ", o.residual_norm_every));
+  }
+  if (!o.compressor_factory) {
+    if (absl::Status s = ValidateCompressor(o.compressor, o.density, {}); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--compressor/--density: ", s.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace spex

@@ -1,0 +1,64 @@
+// What an Engine is configured with: typed values, checked once (spexd builds them from its flags
+// in daemon/config.cc; tests fill them directly). The enumerations parse from the flag spellings
+// (AbslParseFlag), so a bad value fails at flag parsing with the flag's name.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "daemon/merge/merger.h"
+#include "kernels/compressor.h"
+#include "kernels/primitives.h"
+
+namespace spex {
+
+// --dense_fallback. kAuto: a sparse bucket alternates sparse and dense exchanges for
+// 2 x probe_steps steps, then every node keeps the faster; kOff: always sparse.
+enum class DenseFallback { kAuto, kOff };
+bool AbslParseFlag(absl::string_view text, DenseFallback* out, std::string* error);
+std::string AbslUnparseFlag(DenseFallback v);
+
+// Builds a bucket's compressor on the bucket's primitives (device primitives on the device
+// path). A null result means the bucket exchanges dense. Empty = MakeCompressor (the library).
+using CompressorFactory = std::function<absl::StatusOr<std::unique_ptr<Compressor>>(
+    const CompressorSpec& spec, Primitives* prims)>;
+
+struct EngineOptions {
+  int local_trainers = 1;
+  std::string job = "";                              // when set, Hello must name the same job
+  std::string compressor = "dense";                  // default per bucket
+  double density = 0.01;                             // default per bucket
+  absl::Duration register_wait = absl::Seconds(30);  // Exchange waits this long for the
+                                                     // other local trainers to register
+  int engine_spin_us = 0;                            // engine spins this long before sleeping
+  int client_spin_us = 0;                            // advertised to trainers in Hello
+  std::string shm_tag = "spex";                      // goes into shm names
+  bool error_feedback = true;            // keep what a sparse step did not send for later steps
+  uint64_t min_sparse_elements = 16384;  // smaller buckets always go dense
+  DenseFallback dense_fallback = DenseFallback::kAuto;
+  int probe_steps = 3;                        // kAuto: sparse and dense steps each measured
+  bool fp16_values = false;                   // pattern B values as float16 on the wire
+  int residual_norm_every = 10;               // steps between residual-norm computations (0: never)
+  MergerPolicy merger = MergerPolicy::kNone;  // which ready buckets share one exchange
+  // Builds a bucket's compressor; empty = MakeCompressor. Tests plug in theirs.
+  CompressorFactory compressor_factory;
+  // Out-of-band stop notices between nodes (MPI: PeerNotice). Both optional.
+  std::function<void()> announce_stop;
+  std::function<bool(int*)> peer_stopped;
+  // Called by the engine thread at least every 50 ms while it is healthy (between exchanges
+  // and after each), never while it is inside a collective; spexd feeds the systemd watchdog
+  // from it. Optional.
+  std::function<void()> heartbeat;
+};
+
+// The checks every engine makes at Start(): InvalidArgument naming the option (as its spexd
+// flag) for a value out of range.
+absl::Status ValidateEngineOptions(const EngineOptions& o);
+
+}  // namespace spex

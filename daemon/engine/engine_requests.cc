@@ -1,0 +1,242 @@
+// The engine's requests from the RPC threads: sessions, registration, density changes, the
+// Exchange call, and the stats. Each takes the engine's mutex; none runs a collective.
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "daemon/engine/control_round.h"
+#include "daemon/engine/engine.h"
+#include "daemon/util/log.h"
+
+namespace spex {
+
+absl::StatusOr<HelloResult> Engine::Hello(const std::string& job, uint32_t local_rank,
+                                          uint32_t local_size, uint32_t pid,
+                                          const std::string& client) {
+  if (stop_) return absl::UnavailableError("spexd is shutting down");
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<Session*> session = sessions_.Open(job, local_rank, local_size, pid, client);
+  if (!session.ok()) return session.status();
+  absl::StatusOr<const ShmBuffer*> bell = doorbell_.ForTrainer(local_rank);
+  if (!bell.ok()) {
+    sessions_.Close((*session)->id).IgnoreError();
+    return bell.status();
+  }
+  return HelloResult{(*session)->id, *bell};
+}
+
+absl::Status Engine::Goodbye(uint64_t session_id) {
+  absl::MutexLock lock(&mu_);
+  if (absl::Status s = sessions_.Close(session_id); !s.ok()) return s;
+  if (sessions_.empty() && !buckets_.empty()) {
+    reset_pending_ = true;  // dropped at the next job's first registration; stats stay until then
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<BucketGrant> Engine::RegisterBucket(
+    uint64_t session_id, uint64_t bucket_id, uint64_t elements, const std::string& compressor_in,
+    double density_in, const std::map<std::string, std::string>& params) {
+  if (stop_) return absl::UnavailableError("spexd is shutting down");
+  const std::string compressor = compressor_in.empty() ? options_.compressor : compressor_in;
+  const double density = density_in == 0 ? options_.density : density_in;
+  if (!options_.compressor_factory || compressor == "dense") {
+    if (absl::Status s = ValidateCompressor(compressor, density, params); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("bucket ", bucket_id, ": ", s.message()));
+    }
+  }
+  if (elements == 0 || elements >= (1ull << 32)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("bucket ", bucket_id, ": elements must be in 1..2^32-1, got ", elements));
+  }
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<Session*> session = sessions_.Get(session_id);
+  if (!session.ok()) return session.status();
+  const uint32_t rank = (*session)->local_rank;
+  // The previous job's buckets (kept until now so their stats stay visible) make way for a
+  // new job once the engine is between exchanges.
+  if (reset_pending_) {
+    while (processing_ && !stop_) published_cv_.Wait(&mu_);
+    ResetLocked();
+  }
+  Bucket* b = buckets_.Find(bucket_id);
+  if (b == nullptr) {
+    absl::StatusOr<Bucket*> created =
+        buckets_.Create({bucket_id, elements, compressor, density, params});
+    if (!created.ok()) return created.status();
+    b = *created;
+  }
+  if (b->elements != elements) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "bucket ", bucket_id, " is registered with ", b->elements, " elements; this request says ",
+        elements, ". Every trainer must register a bucket id with the same size"));
+  }
+  if ((!compressor_in.empty() && compressor != b->compressor) ||
+      (density_in != 0 && density != b->out.density) || (!params.empty() && params != b->params)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "bucket ", bucket_id, " is registered with compressor ", b->compressor, " at density ",
+        b->out.density, "; this request asks for ", compressor, " at ", density));
+  }
+  const uint64_t bit = 1ull << rank;
+  if (b->mem.shm->unlinked() && !(b->out.registered_mask & bit)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "bucket ", bucket_id,
+        "'s buffer was already attached by every local trainer and unlinked; a restarted "
+        "trainer cannot rejoin a running job: restart all trainers of this node"));
+  }
+  if (!(b->out.registered_mask & bit)) {
+    b->out.registered_mask |= bit;
+    (*session)->buckets++;
+    if (b->out.registered_mask == (1ull << options_.local_trainers) - 1 &&
+        b->out.state == BucketState::kRegistering) {
+      b->MoveTo(BucketState::kWaiting);
+    }
+  }
+  doorbell_.Ring();  // a newly complete registration can change the canonical order
+  BucketGrant grant;
+  grant.buffer = b->mem.shm.get();
+  if (b->mem.data != nullptr) {
+    grant.device_buffer = b->mem.data.get();
+    grant.device_input_offset = DeviceInputOffset(elements, rank);
+    grant.device_output_offset = DeviceOutputOffset(elements, options_.local_trainers);
+  } else {
+    grant.input_offset = InputOffset(elements, rank);
+    grant.output_offset = OutputOffset(elements, options_.local_trainers);
+  }
+  grant.elements = elements;
+  grant.compressor = b->compressor;
+  grant.density = b->out.density;
+  grant.next_step = b->mem.header->ready[rank].value.load();
+  return grant;
+}
+
+absl::Status Engine::UnregisterBucket(uint64_t session_id, uint64_t bucket_id) {
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<Session*> session = sessions_.Get(session_id);
+  if (!session.ok()) return session.status();
+  const uint64_t bit = 1ull << (*session)->local_rank;
+  Bucket* b = buckets_.Find(bucket_id);
+  if (b == nullptr || !(b->out.registered_mask & bit)) {
+    return absl::NotFoundError(
+        absl::StrCat("bucket ", bucket_id, " is not registered by this session"));
+  }
+  // Leaves the schedule at once (the mask is no longer full). Its memory goes when no trainer
+  // holds it any more and the engine is not inside it.
+  b->out.registered_mask &= ~bit;
+  (*session)->buckets--;
+  if (b->out.state == BucketState::kWaiting) b->MoveTo(BucketState::kRegistering);
+  if (b->out.registered_mask == 0) {
+    while (processing_ && !stop_) published_cv_.Wait(&mu_);
+    buckets_.Erase(bucket_id);
+  }
+  doorbell_.Ring();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> Engine::SetDensity(double density) {
+  if (!(density > 0 && density <= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("density must be in (0, 1], got ", density));
+  }
+  absl::MutexLock lock(&mu_);
+  density_version_ = std::max(density_version_, applied_density_key_ >> 32) + 1;
+  density_key_ = DensityKey(density_version_, static_cast<float>(density));
+  doorbell_.Ring();
+  return density_version_;
+}
+
+absl::StatusOr<ExchangeRecord> Engine::Exchange(uint64_t session_id, uint64_t bucket_id,
+                                                uint64_t step, absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<Session*> session = sessions_.Get(session_id);
+  if (!session.ok()) return session.status();
+  const uint32_t rank = (*session)->local_rank;
+  const uint64_t bit = 1ull << rank;
+  Bucket* b = buckets_.Find(bucket_id);
+  if (b == nullptr || !(b->out.registered_mask & bit)) {
+    std::vector<uint64_t> known;
+    for (const auto& [id, other] : buckets_.all()) {
+      if (other->out.registered_mask & bit) known.push_back(id);
+    }
+    return absl::NotFoundError(absl::StrCat("bucket ", bucket_id,
+                                            " is not registered by this session; call "
+                                            "RegisterBucket first (registered: [",
+                                            absl::StrJoin(known, ","), "])"));
+  }
+  auto& ready = b->mem.header->ready[rank].value;
+  const uint64_t marked = ready.load();
+  if (step + 1 == marked || step < b->out.completed) {
+    // Already submitted (doorbell path or a retried RPC): fall through to wait or report.
+  } else if (marked == step) {
+    ready.store(step + 1);
+    doorbell_.Ring();
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("bucket ", bucket_id, ": exchange for step ",
+                                                   step, " but this trainer's next step is ",
+                                                   marked));
+  }
+  const uint64_t full = (1ull << options_.local_trainers) - 1;
+  const absl::Time register_deadline = absl::Now() + options_.register_wait;
+  auto done = [&] { return b->out.completed > step || stop_.load(); };
+  while (!done()) {
+    const bool all_registered = b->out.registered_mask == full;
+    const absl::Time until = all_registered ? deadline : std::min(deadline, register_deadline);
+    if (published_cv_.WaitWithDeadline(&mu_, until) && !done()) {
+      if (b->out.registered_mask != full) {
+        const int have = __builtin_popcountll(b->out.registered_mask);
+        return absl::FailedPreconditionError(absl::StrCat(
+            "bucket ", bucket_id, ": only ", have, " of ", options_.local_trainers,
+            " local trainers registered it within ", absl::FormatDuration(options_.register_wait),
+            "; start every trainer of this node (spexd --local_trainers=", options_.local_trainers,
+            ")"));
+      }
+      if (absl::Now() >= deadline) {
+        std::vector<int> missing;
+        for (int r = 0; r < options_.local_trainers; ++r) {
+          if (b->mem.header->ready[r].value.load() <= step) missing.push_back(r);
+        }
+        return absl::DeadlineExceededError(absl::StrCat(
+            "bucket ", bucket_id, " step ", step, " not complete before the deadline; ",
+            missing.empty()
+                ? std::string(
+                      "all local trainers are in, waiting for other nodes or earlier buckets")
+                : absl::StrCat("waiting for local trainers [", absl::StrJoin(missing, ","), "]")));
+      }
+    }
+  }
+  if (b->out.completed <= step) return absl::UnavailableError("spexd is shutting down");
+  if (b->out.error_step == step ||
+      (b->out.state == BucketState::kFailed && step >= b->out.error_step)) {
+    return b->out.error;
+  }
+  if (b->out.last.step != step) {
+    return absl::OutOfRangeError(
+        absl::StrCat("bucket ", bucket_id, " step ", step, " completed long ago"));
+  }
+  return b->out.last;
+}
+
+std::vector<BucketSummary> Engine::Buckets() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<BucketSummary> out;
+  for (const auto& [id, b] : buckets_.all()) out.push_back(b->Summary());
+  return out;
+}
+
+std::vector<SessionSummary> Engine::Sessions() const {
+  absl::MutexLock lock(&mu_);
+  return sessions_.Summaries(absl::Now());
+}
+
+uint64_t Engine::total_exchanges() const {
+  absl::MutexLock lock(&mu_);
+  return total_exchanges_;
+}
+
+std::vector<std::string> Engine::LinkedSegments() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::string> out = doorbell_.LinkedSegments();
+  for (std::string& name : buckets_.LinkedSegments()) out.push_back(std::move(name));
+  return out;
+}
+
+}  // namespace spex

@@ -1,0 +1,51 @@
+#include "daemon/engine/scheduler.h"
+
+#include <algorithm>
+
+#include "daemon/util/log.h"
+
+namespace spex {
+
+Scheduler::Scheduler(int local_trainers, std::unique_ptr<Merger> merger)
+    : local_trainers_(local_trainers), merger_(std::move(merger)) {}
+
+bool Scheduler::LocallyReady(const Bucket& b) const {
+  for (int r = 0; r < local_trainers_; ++r) {
+    if (b.mem.header->ready[r].value.load(std::memory_order_acquire) <= b.ex.next_step) {
+      return false;
+    }
+  }
+  return true;
+}
+
+std::vector<Bucket*> Scheduler::NextGroup(const BucketTable& table) {
+  order_.clear();
+  for (const auto& [id, b] : table.all()) {
+    if (b->out.state == BucketState::kWaiting) order_.push_back(b.get());
+  }
+  if (order_.empty()) return {};
+  std::stable_sort(
+      order_.begin(), order_.end(),  // the table iterates in id order
+      [](const Bucket* a, const Bucket* b) { return a->ex.next_step < b->ex.next_step; });
+  candidates_.clear();
+  for (const Bucket* b : order_) {
+    candidates_.push_back({b->id, b->ex.next_step, b->elements, LocallyReady(*b)});
+  }
+  const size_t group = merger_->NextGroup(candidates_);
+  if (group != 1) {
+    // Fused exchanges need the merging step; only `none` exists so far.
+    SPEX_LOG(ERROR) << "merger " << merger_->name() << " returned a group of " << group
+                    << " buckets; fused exchanges are not implemented, exchanging one";
+  }
+  return {order_.front()};
+}
+
+std::vector<Bucket*> Scheduler::FailedAndReady(const BucketTable& table) const {
+  std::vector<Bucket*> out;
+  for (const auto& [id, b] : table.all()) {
+    if (b->out.state == BucketState::kFailed && LocallyReady(*b)) out.push_back(b.get());
+  }
+  return out;
+}
+
+}  // namespace spex

@@ -1,0 +1,38 @@
+// Which buckets the engine exchanges next. Every node must issue the same collectives in the
+// same order whatever order its trainers' signals arrive in, so the order is canonical:
+// ascending (next step, bucket id) over the buckets every local trainer registered (state
+// kWaiting), the same on every node. The Merger (daemon/merge) picks how many buckets from the
+// head of that order form the next group. Failed buckets are out of the order: their steps are
+// answered locally with their sticky error. Not thread-safe: called under the engine's mutex.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "daemon/engine/bucket_table.h"
+#include "daemon/merge/merger.h"
+
+namespace spex {
+
+class Scheduler {
+ public:
+  Scheduler(int local_trainers, std::unique_ptr<Merger> merger);
+
+  // The next group in canonical order (empty when no bucket is schedulable). The engine runs
+  // it once every member is LocallyReady.
+  std::vector<Bucket*> NextGroup(const BucketTable& table);
+  // Every local trainer has signalled the bucket's next step.
+  bool LocallyReady(const Bucket& b) const;
+  // Failed buckets some step of which every local trainer has signalled.
+  std::vector<Bucket*> FailedAndReady(const BucketTable& table) const;
+
+  const char* merger_name() const { return merger_->name(); }
+
+ private:
+  const int local_trainers_;
+  std::unique_ptr<Merger> merger_;
+  std::vector<Bucket*> order_;              // reused
+  std::vector<MergeCandidate> candidates_;  // reused
+};
+
+}  // namespace spex

@@ -1,0 +1,77 @@
+#include "daemon/engine/session_registry.h"
+
+#include "absl/random/random.h"
+#include "absl/strings/str_cat.h"
+#include "daemon/util/log.h"
+
+namespace spex {
+
+SessionRegistry::SessionRegistry(int local_trainers, std::string job)
+    : local_trainers_(local_trainers), job_(std::move(job)) {}
+
+absl::StatusOr<Session*> SessionRegistry::Open(const std::string& job, uint32_t local_rank,
+                                               uint32_t local_size, uint32_t pid,
+                                               const std::string& client) {
+  if (!job_.empty() && job != job_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("this spexd serves job '", job_, "', the trainer says job '", job, "'"));
+  }
+  if (local_size != static_cast<uint32_t>(local_trainers_)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "this spexd expects ", local_trainers_,
+        " local trainers (--local_trainers), the trainer says local_size=", local_size,
+        "; start the daemon with --local_trainers=", local_size, " or fix the trainer"));
+  }
+  if (local_rank >= local_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("local_rank ", local_rank, " must be < local_size ", local_size));
+  }
+  for (const auto& [id, s] : sessions_) {
+    if (s->local_rank == local_rank) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("local_rank ", local_rank, " is held by session ", id, " (pid ", s->pid,
+                       "); each trainer of a node needs its own local_rank"));
+    }
+  }
+  auto session = std::make_unique<Session>();
+  absl::BitGen gen;
+  while (session->id == 0 || sessions_.count(session->id)) {
+    session->id = absl::Uniform<uint64_t>(gen);
+  }
+  session->local_rank = local_rank;
+  session->pid = pid;
+  session->client = client;
+  session->opened = absl::Now();
+  SPEX_LOG(INFO) << "session " << session->id << " opened: local_rank " << local_rank << " pid "
+                 << pid << " (" << client << ")";
+  Session* out = session.get();
+  sessions_[session->id] = std::move(session);
+  return out;
+}
+
+absl::Status SessionRegistry::Close(uint64_t id) {
+  auto it = sessions_.find(id);
+  if (it == sessions_.end()) return absl::NotFoundError(absl::StrCat("no session ", id));
+  SPEX_LOG(INFO) << "session " << id << " (local_rank " << it->second->local_rank << ") closed";
+  sessions_.erase(it);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Session*> SessionRegistry::Get(uint64_t id) {
+  auto it = sessions_.find(id);
+  if (it == sessions_.end()) {
+    return absl::NotFoundError(absl::StrCat("no session ", id, "; call Hello first"));
+  }
+  return it->second.get();
+}
+
+std::vector<SessionSummary> SessionRegistry::Summaries(absl::Time now) const {
+  std::vector<SessionSummary> out;
+  for (const auto& [id, s] : sessions_) {
+    out.push_back(
+        {id, s->local_rank, s->pid, s->client, s->buckets, absl::ToDoubleSeconds(now - s->opened)});
+  }
+  return out;
+}
+
+}  // namespace spex

@@ -1,0 +1,50 @@
+// The trainer sessions of one node: who holds which local rank. A session is opened by Hello and
+// closed by Goodbye; the registry checks the job name, the node's trainer count and that each
+// local rank is held once. Not thread-safe: the engine calls it under its lock.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "daemon/engine/exchange_record.h"
+
+namespace spex {
+
+struct Session {
+  uint64_t id = 0;
+  uint32_t local_rank = 0;
+  uint32_t pid = 0;
+  std::string client;
+  absl::Time opened;
+  uint32_t buckets = 0;  // buckets this session registered
+};
+
+class SessionRegistry {
+ public:
+  // `job` empty: any job name is accepted.
+  SessionRegistry(int local_trainers, std::string job);
+
+  // Checks the request (job, local_size against the node's trainer count, rank range, rank not
+  // held) and opens a session with a random nonzero id.
+  absl::StatusOr<Session*> Open(const std::string& job, uint32_t local_rank, uint32_t local_size,
+                                uint32_t pid, const std::string& client);
+  // NOT_FOUND for an unknown id.
+  absl::Status Close(uint64_t id);
+  // NOT_FOUND ("call Hello first") for an unknown id.
+  absl::StatusOr<Session*> Get(uint64_t id);
+
+  bool empty() const { return sessions_.empty(); }
+  std::vector<SessionSummary> Summaries(absl::Time now) const;
+
+ private:
+  const int local_trainers_;
+  const std::string job_;
+  std::map<uint64_t, std::unique_ptr<Session>> sessions_;
+};
+
+}  // namespace spex

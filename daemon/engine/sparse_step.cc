@@ -1,0 +1,113 @@
+// The sparse step (see step.h). The sparse exchange's wire chunks, union and values are host
+// memory (StepEnv::host_prims). On the CPU path acc and the output are host memory too. On the
+// device path the compressor selects from the device's acc (copying back only its selection)
+// and the exchange reads acc at the union and adds into the output on the device (uploading
+// indices and values through the bucket's scratch slots): no whole-bucket copy.
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/engine/sparse_exchange.h"
+#include "daemon/engine/step.h"
+
+namespace spex {
+namespace {
+
+// x[idx] = 0 for host indices idx, in the bucket's memory (uploaded to slot 2 on the device).
+absl::Status ZeroAt(const StepEnv& env, const BucketData& b, float* x,
+                    const std::vector<uint32_t>& idx) {
+  if (!b.on_device || idx.empty()) return env.prims->ZeroAt(x, b.elements, idx.data(), idx.size());
+  absl::StatusOr<void*> d = b.scratch->Upload(2, idx.data(), idx.size() * 4);
+  if (!d.ok()) return d.status();
+  return env.prims->ZeroAt(x, b.elements, static_cast<const uint32_t*>(*d), idx.size());
+}
+
+void SparseStepOne(const StepEnv& env, StepItem& item, const Lap& lap) {
+  const int L = env.local_trainers, N = env.coll->size();
+  BucketData& b = *item.data;
+  SparseState& st = *item.sparse;
+  Compressor& c = *st.compressor;
+  const size_t n = b.elements;
+  const uint64_t step = item.step;
+  absl::Status s;  // the first local failure; the collectives are issued regardless
+  auto keep = [&s](absl::Status x) {
+    if (s.ok() && !x.ok()) s = std::move(x);
+  };
+  // acc = residual + local sum (error feedback), or just the local sum.
+  keep(LocalReduce(env, b, env.error_feedback));
+  lap(Phase::kReduceLocal);
+  const Pattern pattern = c.pattern();
+  Selection& sel = st.sel;
+  if (s.ok() && item.density != c.density()) keep(c.SetDensity(item.density));
+  if (s.ok()) keep(c.Select(step, b.acc, /*add=*/nullptr, pattern == Pattern::kSparseGather, &sel));
+  if (!s.ok()) {  // contribute nothing; the step fails everywhere at the commit vote
+    sel.idx.clear();
+    sel.val.clear();
+  }
+  lap(Phase::kCompress);
+  // The output holds last step's result: zero only the positions written then.
+  if (st.output_dense) {
+    keep(env.prims->Fill(b.output, 0.0f, n));
+    st.output_dense = false;
+  } else if (!st.touched.empty()) {
+    keep(ZeroAt(env, b, b.output, st.touched));
+  }
+  SparseExchangeArgs args;
+  args.group_id = b.id;
+  args.step = step;
+  args.elements = static_cast<uint32_t>(n);
+  args.scale = 1.0f / static_cast<float>(N * L);
+  args.fp16 = env.fp16_values;
+  std::memcpy(args.scalars, sel.scalars, sizeof(args.scalars));
+  DeviceSide device_side{env.prims, b.scratch};
+  const DeviceSide* dev = b.on_device ? &device_side : nullptr;
+  SparseExchangeResult res;
+  const absl::Status x =
+      pattern == Pattern::kIndexUnion
+          ? ExchangeIndexUnion(env.coll, env.host_prims, args, sel.idx, b.acc, b.output, &res, dev)
+          : ExchangeSparseGather(env.coll, env.host_prims, args, sel.idx, sel.val, b.output, &res,
+                                 dev);
+  keep(x);
+  lap(Phase::kCollective);
+  ExchangeRecord& rec = *item.rec;
+  rec.pattern = PatternName(pattern);
+  rec.target_density = item.density;
+  rec.bytes_sent = res.bytes_sent;
+  rec.bytes_received = res.bytes_received;
+  if (!s.ok()) {
+    item.status = s;
+    return;
+  }
+  if (pattern == Pattern::kIndexUnion) {
+    // Every node zeroes its residual at the whole union: all of it was sent.
+    keep(ZeroAt(env, b, b.acc, res.gathered_idx));
+  }
+  if (!env.error_feedback) keep(env.prims->Fill(b.acc, 0.0f, n));
+  if (s.ok()) {
+    Gathered g;
+    g.counts = absl::MakeConstSpan(res.counts);
+    g.indices = absl::MakeConstSpan(res.gathered_idx);
+    keep(c.Update(step, g));
+  }
+  st.touched = std::move(res.touched);
+  lap(Phase::kDecode);
+  rec.selected_elements = sel.idx.size();
+  rec.achieved_density = static_cast<double>(sel.idx.size()) / n;
+  rec.gathered_elements =
+      pattern == Pattern::kIndexUnion ? st.touched.size() : res.gathered_idx.size();
+  if (env.residual_norm_every > 0 && step % env.residual_norm_every == 0) {
+    st.last_residual_norm = std::sqrt(env.prims->Moments(b.acc, n, -1.0f).sum_sq);
+    st.last_residual_norm_step = step;
+  }
+  rec.residual_norm = st.last_residual_norm;
+  rec.residual_norm_step = st.last_residual_norm_step;
+  item.status = s;
+}
+
+}  // namespace
+
+void SparseStep(const StepEnv& env, absl::Span<StepItem> group, const Lap& lap) {
+  for (StepItem& item : group) SparseStepOne(env, item, lap);
+}
+
+}  // namespace spex

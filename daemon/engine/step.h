@@ -1,0 +1,85 @@
+// What the dense and the sparse step see: the collaborators of one node (a Collective, the
+// bucket memory's Primitives, host Primitives for wire messages) and, per bucket, its memory and
+// its sparse state. The steps are written only against these, as gloo's algorithms see only a
+// context and pairs; the engine owns scheduling, agreement and publishing.
+//
+// A step is given a group of buckets (today one per exchange: the merger is `none`). Lockstep:
+// every node must issue the same collectives in the same order, so a step never returns early
+// after a local failure once its collectives have begun: it goes on issuing them (with an empty
+// contribution), records the first failure in the item's status, and the engine's commit vote
+// (AgreeOnAllNodes) then fails the step on every node alike.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+#include "daemon/engine/exchange_record.h"
+#include "daemon/memory/layout.h"
+#include "daemon/transport/collective.h"
+#include "kernels/compressor.h"
+#include "kernels/primitives.h"
+
+namespace spex {
+
+struct StepEnv {
+  Collective* coll = nullptr;
+  Primitives* prims = nullptr;       // the buckets' memory (device primitives on the GPU path)
+  Primitives* host_prims = nullptr;  // host memory: the sparse exchange's wire messages
+  int local_trainers = 1;
+  bool error_feedback = true;
+  bool fp16_values = false;
+  int residual_norm_every = 10;
+};
+
+// A bucket's memory, fixed after registration; every pointer is in StepEnv::prims' memory.
+struct BucketData {
+  uint64_t id = 0;
+  size_t elements = 0;
+  float* input[kMaxLocalTrainers] = {};  // the local trainers' input slots
+  float* output = nullptr;
+  float* acc = nullptr;  // dense with L > 1: the local sum; sparse: residual + local sum
+  bool on_device = false;
+  ScratchSlots* scratch = nullptr;  // device: uploads of indices and values (else null)
+};
+
+// A sparse bucket's state across steps (engine thread only).
+struct SparseState {
+  std::unique_ptr<Compressor> compressor;
+  Selection sel;                  // reused every step
+  std::vector<uint32_t> touched;  // output positions the last sparse step wrote
+  bool output_dense = true;       // the output holds a dense result: zero it fully first
+  double last_residual_norm = 0;
+  uint64_t last_residual_norm_step = 0;
+};
+
+// One bucket's part in a step: in, the bucket and the density in effect; out, its record and
+// the first failure.
+struct StepItem {
+  BucketData* data = nullptr;
+  SparseState* sparse = nullptr;  // null: a dense-only bucket
+  uint64_t step = 0;
+  double density = 1.0;
+  ExchangeRecord* rec = nullptr;
+  absl::Status status;
+};
+
+// Closes the current phase of the exchange (adds the time since the previous lap to it).
+using Lap = std::function<void(Phase)>;
+
+// acc = sum of the local inputs (+ acc itself when add_to_acc). The order of additions (acc,
+// then input 0, 1, ...) is the same on every path, so results are too.
+absl::Status LocalReduce(const StepEnv& env, const BucketData& b, bool add_to_acc);
+
+// Pattern D for every item: local sum (with the residual for sparse buckets), sum-all-reduce,
+// scale by 1 / (nodes x local trainers); a sparse bucket's residual is cleared.
+void DenseStep(const StepEnv& env, absl::Span<StepItem> group, const Lap& lap);
+
+// The sparse exchange for every item: residual + local sum, the compressor's selection, the
+// exchange by its pattern (A or B), the residual update and the compressor's Update.
+void SparseStep(const StepEnv& env, absl::Span<StepItem> group, const Lap& lap);
+
+}  // namespace spex
