@@ -85,7 +85,34 @@ std::vector<int> BuiltCudaArchs() {
 
 bool ArchRunsOn(int arch, int major, int minor) { return arch / 10 == major && arch % 10 <= minor; }
 
-absl::StatusOr<Device> ChooseDevice(const std::string& flag, GpuProbe& probe,
+bool AbslParseFlag(absl::string_view text, DeviceChoice* out, std::string* error) {
+  if (text == "auto") {
+    *out = DeviceChoice::kAuto;
+  } else if (text == "cpu") {
+    *out = DeviceChoice::kCpu;
+  } else if (text == "cuda") {
+    *out = DeviceChoice::kCuda;
+  } else {
+    *error =
+        absl::StrCat("--device must be one of auto, cpu, cuda; got '", text.substr(0, 64), "'");
+    return false;
+  }
+  return true;
+}
+
+std::string AbslUnparseFlag(DeviceChoice choice) {
+  switch (choice) {
+    case DeviceChoice::kCpu:
+      return "cpu";
+    case DeviceChoice::kCuda:
+      return "cuda";
+    case DeviceChoice::kAuto:
+      break;
+  }
+  return "auto";
+}
+
+absl::StatusOr<Device> ChooseDevice(DeviceChoice choice, GpuProbe& probe,
                                     const std::vector<int>& archs, std::string* reason,
                                     std::vector<int>* usable) {
   std::string ignored;
@@ -93,14 +120,11 @@ absl::StatusOr<Device> ChooseDevice(const std::string& flag, GpuProbe& probe,
   std::vector<int> runs_here;
   if (usable == nullptr) usable = &runs_here;
   usable->clear();
-  if (flag == "cpu") {
+  if (choice == DeviceChoice::kCpu) {
     *reason = "--device=cpu: serving host buffers with the CPU primitives";
     return Device::kCpu;
   }
-  if (flag != "auto" && flag != "cuda") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--device must be one of auto, cpu, cuda; got '", flag, "'"));
-  }
+  const std::string flag = AbslUnparseFlag(choice);
 
   const GpuProbeResult found = probe.Probe();
   std::string why_not;
@@ -133,13 +157,31 @@ absl::StatusOr<Device> ChooseDevice(const std::string& flag, GpuProbe& probe,
     return Device::kCuda;
   }
   usable->clear();
-  if (flag == "cuda") {
+  if (choice == DeviceChoice::kCuda) {
     return absl::FailedPreconditionError(
         absl::StrCat("--device=cuda: no usable GPU: ", why_not,
                      ". Use --device=cpu (or auto) to run on the CPU."));
   }
   *reason = absl::StrCat("--device=auto: using the CPU: ", why_not);
   return Device::kCpu;
+}
+
+absl::StatusOr<Device> ChooseDevice(DeviceChoice choice, std::string* reason,
+                                    std::vector<int>* usable) {
+  std::unique_ptr<GpuProbe> probe = MakeGpuProbe();
+  return ChooseDevice(choice, *probe, BuiltCudaArchs(), reason, usable);
+}
+
+absl::StatusOr<Device> ChooseDevice(const std::string& flag, GpuProbe& probe,
+                                    const std::vector<int>& archs, std::string* reason,
+                                    std::vector<int>* usable) {
+  DeviceChoice choice;
+  std::string error;
+  if (!AbslParseFlag(flag, &choice, &error)) {
+    if (usable != nullptr) usable->clear();
+    return absl::InvalidArgumentError(error);
+  }
+  return ChooseDevice(choice, probe, archs, reason, usable);
 }
 
 absl::StatusOr<Device> ChooseDevice(const std::string& flag, std::string* reason,

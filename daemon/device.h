@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "kernels/primitives.h"
 
 namespace spex {
@@ -46,17 +47,29 @@ std::vector<int> BuiltCudaArchs();
 // major.minor: same major version and minor >= the arch's minor.
 bool ArchRunsOn(int arch, int major, int minor);
 
-// `flag`: auto | cpu | cuda. `reason` (may be null) gets a sentence for the log saying what was
-// chosen and why. Errors: InvalidArgument for another flag value (naming the accepted ones),
-// FailedPrecondition for `cuda` without a usable GPU (naming the cause). `archs` are the
+// --device: where spexd serves buffers. kAuto takes the GPU when a usable one is found.
+enum class DeviceChoice { kAuto, kCpu, kCuda };
+bool AbslParseFlag(absl::string_view text, DeviceChoice* out, std::string* error);
+std::string AbslUnparseFlag(DeviceChoice choice);
+
+// `reason` (may be null) gets a sentence for the log saying what was chosen and why. Error:
+// FailedPrecondition for kCuda without a usable GPU (naming the cause). `archs` are the
 // architectures the kernels were built for (BuiltCudaArchs() in production). `usable` (may be
 // null) gets the ordinals of every GPU the kernels run on, ascending, when the choice is the
 // GPU (the first of them is the one `reason` names), and is cleared otherwise.
-absl::StatusOr<Device> ChooseDevice(const std::string& flag, GpuProbe& probe,
+absl::StatusOr<Device> ChooseDevice(DeviceChoice choice, GpuProbe& probe,
                                     const std::vector<int>& archs, std::string* reason,
                                     std::vector<int>* usable = nullptr);
 
 // The production form: the real probe and this build's architectures.
+absl::StatusOr<Device> ChooseDevice(DeviceChoice choice, std::string* reason,
+                                    std::vector<int>* usable = nullptr);
+
+// The same by the flag's spelling (auto | cpu | cuda); InvalidArgument naming the accepted
+// values for another.
+absl::StatusOr<Device> ChooseDevice(const std::string& flag, GpuProbe& probe,
+                                    const std::vector<int>& archs, std::string* reason,
+                                    std::vector<int>* usable = nullptr);
 absl::StatusOr<Device> ChooseDevice(const std::string& flag, std::string* reason,
                                     std::vector<int>* usable = nullptr);
 

@@ -7,7 +7,7 @@ ABSL_FLAG(
     "Unix socket path of the control channel. Default: /tmp/spex-<uid>/<job>/<host>[.<i>].sock, "
     "with .<i> added when several daemons share a host (i = index on the host). '{rank}' in the "
     "path is replaced by the node rank (one path pattern for all ranks of a local run).");
-ABSL_FLAG(std::string, socket_mode, "0600", "Permission bits of the socket (octal).");
+ABSL_FLAG(std::string, socket_mode, "0600", "Permission bits of the socket (octal, at most 0777).");
 ABSL_FLAG(std::string, job, "",
           "Job name: part of the default socket path; when set, trainers must name the same job. "
           "Default: $SPEX_JOB, else $SLURM_JOB_ID, else 'default' (and not enforced).");
@@ -28,16 +28,16 @@ ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(5),
 ABSL_FLAG(
     int, spin_us, -1,
     "Microseconds the engine and trainers spin before sleeping on a futex; -1 = auto (50 when "
-    "the host has more cores than local trainers + 1, else 0).");
+    "the host has more cores than its daemons x (local trainers + 1), else 0).");
 ABSL_FLAG(int, threads, 0, "Worker threads for local reduction and compression (0 = all cores).");
-ABSL_FLAG(std::string, device, "auto",
+ABSL_FLAG(spex::DeviceChoice, device, spex::DeviceChoice::kAuto,
           "auto|cpu|cuda: where buckets live (cuda needs a --config=cuda build and a GPU).");
 ABSL_FLAG(bool, error_feedback, true,
           "Keep what a sparse exchange did not send (the residual) and add it to the next step's "
           "gradient.");
 ABSL_FLAG(int64_t, min_sparse_elements, 16384,
           "Buckets with fewer elements always exchange dense.");
-ABSL_FLAG(std::string, dense_fallback, "auto",
+ABSL_FLAG(spex::DenseFallback, dense_fallback, spex::DenseFallback::kAuto,
           "auto: a sparse bucket alternates sparse and dense exchanges for 2 x --probe_steps "
           "steps, then all "
           "nodes keep the faster (never slower than dense); off: always sparse.");
@@ -45,7 +45,7 @@ ABSL_FLAG(int, probe_steps, 3, "Sparse and dense exchanges each timed by --dense
 ABSL_FLAG(bool, fp16_values, false, "Send pattern-B values as float16 (indices stay uint32).");
 ABSL_FLAG(int, residual_norm_every, 10,
           "Compute the residual norm for stats every this many steps (0: never).");
-ABSL_FLAG(std::string, merger, "none",
+ABSL_FLAG(spex::MergerPolicy, merger, spex::MergerPolicy::kNone,
           "Which ready buckets share one exchange: none (one exchange per bucket; the only policy "
-          "so far).");
-ABSL_FLAG(std::string, log_level, "info", "debug|info|warning|error");
+          "so far; fixed, omgs and rgmerge are planned and refused).");
+ABSL_FLAG(spex::LogLevel, log_level, spex::LogLevel::kInfo, "debug|info|warning|error");

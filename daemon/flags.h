@@ -1,10 +1,17 @@
-// Every spexd flag, declared once (defined in flags.cc with help text and defaults).
+// Every spexd flag, declared once (defined in flags.cc with help text and defaults). Only
+// daemon/config.cc reads them; the enumerations are typed, so a bad value fails at parsing
+// with the flag's name and the accepted values.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "absl/flags/declare.h"
 #include "absl/time/time.h"
+#include "daemon/device.h"
+#include "daemon/engine/engine_options.h"
+#include "daemon/merge/merger.h"
+#include "daemon/util/log.h"
 
 ABSL_DECLARE_FLAG(std::string, socket);
 ABSL_DECLARE_FLAG(std::string, socket_mode);
@@ -16,12 +23,12 @@ ABSL_DECLARE_FLAG(absl::Duration, register_timeout);
 ABSL_DECLARE_FLAG(absl::Duration, shutdown_grace);
 ABSL_DECLARE_FLAG(int, spin_us);
 ABSL_DECLARE_FLAG(int, threads);
-ABSL_DECLARE_FLAG(std::string, device);
+ABSL_DECLARE_FLAG(spex::DeviceChoice, device);
 ABSL_DECLARE_FLAG(bool, error_feedback);
 ABSL_DECLARE_FLAG(int64_t, min_sparse_elements);
-ABSL_DECLARE_FLAG(std::string, dense_fallback);
+ABSL_DECLARE_FLAG(spex::DenseFallback, dense_fallback);
 ABSL_DECLARE_FLAG(int, probe_steps);
 ABSL_DECLARE_FLAG(bool, fp16_values);
 ABSL_DECLARE_FLAG(int, residual_norm_every);
-ABSL_DECLARE_FLAG(std::string, merger);
-ABSL_DECLARE_FLAG(std::string, log_level);
+ABSL_DECLARE_FLAG(spex::MergerPolicy, merger);
+ABSL_DECLARE_FLAG(spex::LogLevel, log_level);

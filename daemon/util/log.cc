@@ -8,13 +8,41 @@
 #include <ctime>
 #include <mutex>
 
+#include "absl/strings/str_cat.h"
+
 namespace spex {
 namespace {
-std::atomic<int> g_level{static_cast<int>(LogLevel::kINFO)};
+std::atomic<int> g_level{static_cast<int>(LogLevel::kInfo)};
 std::mutex g_prefix_mu;
 std::string g_prefix = "spex";  // guarded by g_prefix_mu
 const char* const kNames[] = {"DEBUG", "INFO", "WARN", "ERROR"};
+constexpr struct {
+  const char* name;
+  LogLevel level;
+} kFlagNames[] = {{"debug", LogLevel::kDebug},
+                  {"info", LogLevel::kInfo},
+                  {"warning", LogLevel::kWarning},
+                  {"error", LogLevel::kError}};
 }  // namespace
+
+bool AbslParseFlag(absl::string_view text, LogLevel* out, std::string* error) {
+  for (const auto& e : kFlagNames) {
+    if (text == e.name) {
+      *out = e.level;
+      return true;
+    }
+  }
+  *error = absl::StrCat("--log_level must be one of debug, info, warning, error; got '",
+                        text.substr(0, 64), "'");
+  return false;
+}
+
+std::string AbslUnparseFlag(LogLevel level) {
+  for (const auto& e : kFlagNames) {
+    if (e.level == level) return e.name;
+  }
+  return "info";
+}
 
 void SetLogLevel(LogLevel level) { g_level.store(static_cast<int>(level)); }
 LogLevel GetLogLevel() { return static_cast<LogLevel>(g_level.load()); }
@@ -22,23 +50,6 @@ LogLevel GetLogLevel() { return static_cast<LogLevel>(g_level.load()); }
 void SetLogPrefix(const std::string& prefix) {
   std::lock_guard<std::mutex> lock(g_prefix_mu);
   g_prefix = prefix;
-}
-
-bool ParseLogLevel(const std::string& text, LogLevel* out) {
-  static const struct {
-    const char* name;
-    LogLevel level;
-  } kTable[] = {{"debug", LogLevel::kDEBUG},
-                {"info", LogLevel::kINFO},
-                {"warning", LogLevel::kWARNING},
-                {"error", LogLevel::kERROR}};
-  for (const auto& e : kTable) {
-    if (text == e.name) {
-      *out = e.level;
-      return true;
-    }
-  }
-  return false;
 }
 
 LogMessage::LogMessage(LogLevel level, const char* file, int line) : level_(level) {

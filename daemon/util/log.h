@@ -6,15 +6,18 @@
 #include <sstream>
 #include <string>
 
+#include "absl/strings/string_view.h"
+
 namespace spex {
 
-enum class LogLevel { kDEBUG = 0, kINFO = 1, kWARNING = 2, kERROR = 3 };
+// --log_level: debug|info|warning|error (AbslParseFlag names the accepted spellings).
+enum class LogLevel { kDebug = 0, kInfo = 1, kWarning = 2, kError = 3 };
+bool AbslParseFlag(absl::string_view text, LogLevel* out, std::string* error);
+std::string AbslUnparseFlag(LogLevel level);
 
 void SetLogLevel(LogLevel level);
 LogLevel GetLogLevel();
 void SetLogPrefix(const std::string& prefix);
-// Parses "debug|info|warning|error"; false when unknown.
-bool ParseLogLevel(const std::string& text, LogLevel* out);
 
 class LogMessage {
  public:
@@ -27,9 +30,17 @@ class LogMessage {
   std::ostringstream stream_;
 };
 
+// SPEX_LOG(DEBUG|INFO|WARNING|ERROR) names these.
+namespace log_internal {
+constexpr LogLevel kLevelDEBUG = LogLevel::kDebug;
+constexpr LogLevel kLevelINFO = LogLevel::kInfo;
+constexpr LogLevel kLevelWARNING = LogLevel::kWarning;
+constexpr LogLevel kLevelERROR = LogLevel::kError;
+}  // namespace log_internal
+
 }  // namespace spex
 
-#define SPEX_LOG(level)                                                                         \
-  for (bool spex_log_once = ::spex::LogLevel::k##level >= ::spex::GetLogLevel(); spex_log_once; \
-       spex_log_once = false)                                                                   \
-  ::spex::LogMessage(::spex::LogLevel::k##level, __FILE__, __LINE__).stream()
+#define SPEX_LOG(level)                                                                   \
+  for (bool spex_log_once = ::spex::log_internal::kLevel##level >= ::spex::GetLogLevel(); \
+       spex_log_once; spex_log_once = false)                                              \
+  ::spex::LogMessage(::spex::log_internal::kLevel##level, __FILE__, __LINE__).stream()

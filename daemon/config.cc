@@ -1,0 +1,107 @@
+#include "daemon/config.h"
+
+#include <unistd.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
+#include "daemon/flags.h"
+#include "daemon/merge/merger.h"
+#include "daemon/util/paths.h"
+
+namespace spex {
+namespace {
+
+// Octal permission bits ("0600", "660"); false for anything else or above 0777.
+bool ParseMode(const std::string& text, mode_t* mode) {
+  if (text.empty() || text.size() > 4) return false;
+  mode_t m = 0;
+  for (char c : text) {
+    if (c < '0' || c > '7') return false;
+    m = m * 8 + static_cast<mode_t>(c - '0');
+  }
+  if (m > 0777) return false;
+  *mode = m;
+  return true;
+}
+
+}  // namespace
+
+absl::StatusOr<DaemonConfig> LoadConfig() {
+  DaemonConfig c;
+  std::vector<std::string> errors;
+
+  EngineOptions& e = c.engine;
+  e.local_trainers = absl::GetFlag(FLAGS_local_trainers);
+  e.job = absl::GetFlag(FLAGS_job);
+  e.compressor = absl::GetFlag(FLAGS_compressor);
+  e.density = absl::GetFlag(FLAGS_density);
+  e.register_wait = absl::GetFlag(FLAGS_register_timeout);
+  e.shm_tag = absl::StrCat(getpid());
+  e.error_feedback = absl::GetFlag(FLAGS_error_feedback);
+  const int64_t min_sparse = absl::GetFlag(FLAGS_min_sparse_elements);
+  if (min_sparse < 0) {
+    errors.push_back(absl::StrCat("--min_sparse_elements must be >= 0, got ", min_sparse));
+  } else {
+    e.min_sparse_elements = static_cast<uint64_t>(min_sparse);
+  }
+  e.dense_fallback = absl::GetFlag(FLAGS_dense_fallback);
+  e.probe_steps = absl::GetFlag(FLAGS_probe_steps);
+  e.fp16_values = absl::GetFlag(FLAGS_fp16_values);
+  e.residual_norm_every = absl::GetFlag(FLAGS_residual_norm_every);
+  e.merger = absl::GetFlag(FLAGS_merger);
+  if (absl::Status s = ValidateEngineOptions(e); !s.ok()) errors.emplace_back(s.message());
+  if (absl::StatusOr<std::unique_ptr<Merger>> m = MakeMerger(e.merger); !m.ok()) {
+    errors.emplace_back(m.status().message());
+  }
+  if (e.register_wait <= absl::ZeroDuration()) {
+    errors.push_back(
+        absl::StrCat("--register_timeout must be a positive duration such as 30s, got ",
+                     absl::FormatDuration(e.register_wait)));
+  }
+
+  c.socket = absl::GetFlag(FLAGS_socket);
+  c.job = e.job.empty() ? DefaultJob() : e.job;
+  const std::string mode = absl::GetFlag(FLAGS_socket_mode);
+  if (!ParseMode(mode, &c.socket_mode)) {
+    errors.push_back(absl::StrCat(
+        "--socket_mode must be octal permission bits such as 0600 (at most 0777), got '",
+        mode.substr(0, 64), "'"));
+  }
+  c.shutdown_grace = absl::GetFlag(FLAGS_shutdown_grace);
+  if (c.shutdown_grace <= absl::ZeroDuration()) {
+    errors.push_back(absl::StrCat("--shutdown_grace must be a positive duration such as 5s, got ",
+                                  absl::FormatDuration(c.shutdown_grace)));
+  }
+  c.threads = absl::GetFlag(FLAGS_threads);
+  if (c.threads < 0) {
+    errors.push_back(absl::StrCat("--threads must be >= 0 (0: all cores), got ", c.threads));
+  }
+  c.spin_us = absl::GetFlag(FLAGS_spin_us);
+  if (c.spin_us < -1) {
+    errors.push_back(absl::StrCat("--spin_us must be >= 0, or -1 (automatic), got ", c.spin_us));
+  }
+  c.device = absl::GetFlag(FLAGS_device);
+  c.log_level = absl::GetFlag(FLAGS_log_level);
+
+  if (!errors.empty()) return absl::InvalidArgumentError(absl::StrJoin(errors, "; "));
+  return c;
+}
+
+std::string SocketPath(const DaemonConfig& config, int rank, int host_index, int host_count) {
+  const std::string path = config.socket.empty()
+                               ? DefaultSocketPath(config.job, host_count > 1 ? host_index : -1)
+                               : config.socket;
+  return absl::StrReplaceAll(path, {{"{rank}", absl::StrCat(rank)}});
+}
+
+int SpinUs(const DaemonConfig& config, int host_count, int cores) {
+  if (config.spin_us >= 0) return config.spin_us;
+  return cores > (config.engine.local_trainers + 1) * host_count ? 50 : 0;
+}
+
+}  // namespace spex

@@ -1,0 +1,44 @@
+// spexd's configuration: every flag of daemon/flags.cc read once, checked (each error names the
+// flag and what it accepts) and turned into typed values. The two values that depend on the MPI
+// world (the socket path and the automatic spin) are resolved by SocketPath and SpinUs once the
+// world is known.
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "daemon/device.h"
+#include "daemon/engine/engine_options.h"
+#include "daemon/util/log.h"
+
+namespace spex {
+
+struct DaemonConfig {
+  // The engine's options; spexd adds the spin (SpinUs) and the run-time hooks.
+  EngineOptions engine;
+  std::string socket;         // --socket; empty: the default path. '{rank}' not replaced yet
+  std::string job;            // the job of the default path: --job, else DefaultJob()
+  mode_t socket_mode = 0600;  // --socket_mode, parsed
+  absl::Duration shutdown_grace = absl::Seconds(5);
+  int threads = 0;   // CPU primitives' worker threads (0: all cores)
+  int spin_us = -1;  // -1: automatic (SpinUs)
+  DeviceChoice device = DeviceChoice::kAuto;
+  LogLevel log_level = LogLevel::kInfo;
+};
+
+// Reads and checks every flag. InvalidArgument listing every bad flag, each with what it
+// accepts (the enumerated flags already failed at parsing if misspelt).
+absl::StatusOr<DaemonConfig> LoadConfig();
+
+// The control socket of node `rank`, the `host_index`-th of the `host_count` daemons of its
+// host: --socket with '{rank}' replaced, else the default path (daemon/util/paths.h).
+std::string SocketPath(const DaemonConfig& config, int rank, int host_index, int host_count);
+
+// --spin_us, with -1 resolved: 50 us when the host's `cores` exceed its daemons x (local
+// trainers + 1), so spinning never takes a core someone needs; else 0.
+int SpinUs(const DaemonConfig& config, int host_count, int cores);
+
+}  // namespace spex
