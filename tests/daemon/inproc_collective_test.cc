@@ -1,46 +1,21 @@
+// The in-process collective: the conformance suite (tests/support/collective_conformance.h) for 2
+// to 8 ranks as threads, plus what only this backend promises (a missing rank is a deadline, a
+// size mismatch an error on every rank).
 #include "daemon/transport/inproc_collective.h"
 
-#include <thread>
+#include <atomic>
+#include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/support/collective_conformance.h"
 
-namespace spex {
+namespace spex::test {
 namespace {
 
-template <typename Fn>
-void RunRanks(InProcessHub& hub, Fn fn) {
-  std::vector<std::thread> t;
-  for (int r = 0; r < hub.size(); ++r)
-    t.emplace_back([&, r] {
-      auto c = hub.Connect(r);
-      fn(*c, r);
-    });
-  for (auto& x : t) x.join();
-}
-
-TEST(InProcessCollective, AllReduceAllGatherVBroadcast) {
-  InProcessHub hub(4);
-  RunRanks(hub, [](Collective& c, int r) {
-    for (int round = 0; round < 50; ++round) {
-      double v[2] = {static_cast<double>(r), static_cast<double>(-r)};
-      ASSERT_TRUE(c.AllReduce(v, 2, ElemType::kFloat64, ReduceOp::kSum).ok());
-      EXPECT_EQ(v[0], 6);
-      EXPECT_EQ(v[1], -6);
-      std::vector<float> x(10, static_cast<float>(r + 1)), y(10);
-      ASSERT_TRUE(c.AllReduceScaled(x.data(), y.data(), 10, 0.25f).ok());
-      EXPECT_EQ(y[9], 2.5f);
-      std::vector<uint8_t> mine(r, static_cast<uint8_t>(r)), all;
-      std::vector<size_t> counts;
-      ASSERT_TRUE(c.AllGatherV(mine.data(), mine.size(), &counts, &all).ok());
-      ASSERT_EQ(all.size(), 6u);
-      EXPECT_EQ(counts[3], 3u);
-      EXPECT_EQ(all[5], 3);
-      int b = r == 2 ? 42 + round : 0;
-      ASSERT_TRUE(c.Broadcast(&b, sizeof(b), 2).ok());
-      EXPECT_EQ(b, 42 + round);
-    }
-  });
-}
+INSTANTIATE_TEST_SUITE_P(InProcess, CollectiveConformance,
+                         ::testing::Combine(::testing::ValuesIn(InProcessWorlds(2, 8)),
+                                            ::testing::ValuesIn(ConformanceSizes())),
+                         ConformanceName);
 
 TEST(InProcessCollective, MissingPeerIsADeadlineNotAHang) {
   InProcessHub hub(2, absl::Milliseconds(200));
@@ -49,13 +24,25 @@ TEST(InProcessCollective, MissingPeerIsADeadlineNotAHang) {
 }
 
 TEST(InProcessCollective, SizeMismatchIsAnError) {
-  InProcessHub hub(2);
-  RunRanks(hub, [](Collective& c, int r) {
-    std::vector<float> x(r + 1);
-    EXPECT_EQ(c.AllReduce(x.data(), x.size(), ElemType::kFloat32, ReduceOp::kSum).code(),
+  Spawn(2, [](Collective* c) {
+    std::vector<float> x(c->rank() + 1);
+    EXPECT_EQ(c->AllReduce(x.data(), x.size(), ElemType::kFloat32, ReduceOp::kSum).code(),
               absl::StatusCode::kInvalidArgument);
   });
 }
 
+// Spawn itself: every rank runs once, with its own rank, and Spawn returns after all of them.
+TEST(Spawn, RunsEveryRankOnceOverOneHub) {
+  for (int ranks : {1, 3, 8}) {
+    std::vector<std::atomic<int>> seen(ranks);
+    Spawn(ranks, [&](Collective* c) {
+      EXPECT_EQ(c->size(), ranks);
+      ++seen[c->rank()];
+      EXPECT_TRUE(c->Barrier().ok());
+    });
+    for (int r = 0; r < ranks; ++r) EXPECT_EQ(seen[r].load(), 1) << "rank " << r;
+  }
+}
+
 }  // namespace
-}  // namespace spex
+}  // namespace spex::test

@@ -1,0 +1,138 @@
+// The MPI collective (daemon/transport/mpi_collective.h) under the Collective conformance suite
+// (tests/support/collective_conformance.h), with and without the CPU primitives as its scaler.
+// Not a test by itself: mpi_collective_test.sh runs it under mpirun with 2 and 4 ranks. Every
+// rank runs every case for itself; after each case the ranks exchange pass/fail, so a failure on
+// any rank fails the case on all of them and rank 0's XML (the only one written) is the world's.
+// Each rank prints "mpi_collective_test: rank R of N: T tests, F failed" when done.
+#include "daemon/transport/mpi_collective.h"
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "kernels/primitives.h"
+#include "tests/support/collective_conformance.h"
+
+namespace spex::test {
+namespace {
+
+class MpiWorld : public CollectiveWorld {
+ public:
+  MpiWorld(std::string name, Primitives* scaler)
+      : name_(std::move(name)), collective_(MPI_COMM_WORLD, scaler) {
+    MPI_Comm_dup(MPI_COMM_WORLD, &verdicts_);
+  }
+  ~MpiWorld() override { MPI_Comm_free(&verdicts_); }
+
+  std::string name() const override { return name_; }
+
+  void Run(const std::function<void(Collective*)>& fn) override {
+    const int rank = collective_.rank(), size = collective_.size();
+    {
+      SCOPED_TRACE(absl::StrCat("rank ", rank, " of ", size));
+      fn(&collective_);
+    }
+    // Every rank's verdict on this case, on a communicator of its own.
+    int mine = ::testing::Test::HasFailure() ? 1 : 0;
+    std::vector<int> all(size);
+    MPI_Allgather(&mine, 1, MPI_INT, all.data(), 1, MPI_INT, verdicts_);
+    for (int r = 0; r < size; ++r) {
+      if (r != rank && all[r] && !mine) {
+        ADD_FAILURE() << "rank " << r << " failed this case (its output says where)";
+      }
+    }
+  }
+
+ private:
+  const std::string name_;
+  MpiCollective collective_;
+  MPI_Comm verdicts_;
+};
+
+std::unique_ptr<Primitives>& Scaler() {
+  static auto* scaler = new std::unique_ptr<Primitives>();
+  return *scaler;
+}
+
+std::vector<std::unique_ptr<MpiWorld>>& Worlds() {
+  static auto* worlds = new std::vector<std::unique_ptr<MpiWorld>>();
+  return *worlds;
+}
+
+// Called while InitGoogleTest registers the instantiation, after MPI_Init.
+std::vector<CollectiveWorld*> MpiWorlds() {
+  if (Worlds().empty()) {
+    Scaler() = MakeCpuPrimitives(1);
+    Worlds().push_back(std::make_unique<MpiWorld>("mpi", nullptr));
+    Worlds().push_back(std::make_unique<MpiWorld>("mpi_cpu_scaler", Scaler().get()));
+  }
+  std::vector<CollectiveWorld*> out;
+  for (auto& w : Worlds()) out.push_back(w.get());
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Mpi, CollectiveConformance,
+                         ::testing::Combine(::testing::ValuesIn(MpiWorlds()),
+                                            ::testing::ValuesIn(ConformanceSizes())),
+                         ConformanceName);
+
+// On ranks other than 0: only failures, each line marked with the rank.
+class RankFailurePrinter : public ::testing::EmptyTestEventListener {
+ public:
+  explicit RankFailurePrinter(int rank) : rank_(rank) {}
+  void OnTestPartResult(const ::testing::TestPartResult& r) override {
+    if (!r.failed()) return;
+    std::printf("[rank %d] %s:%d: Failure\n%s\n", rank_, r.file_name() ? r.file_name() : "?",
+                r.line_number(), r.message());
+    std::fflush(stdout);
+  }
+  void OnTestEnd(const ::testing::TestInfo& info) override {
+    if (info.result()->Failed()) {
+      std::printf("[rank %d] FAILED %s.%s\n", rank_, info.test_suite_name(), info.name());
+    }
+  }
+
+ private:
+  const int rank_;
+};
+
+}  // namespace
+}  // namespace spex::test
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  // Only rank 0 writes the XML: the others drop --gtest_output before gtest reads it.
+  std::vector<char*> args(argv, argv + argc);
+  if (rank != 0) {
+    args.erase(
+        std::remove_if(args.begin() + 1, args.end(),
+                       [](const char* a) { return std::strncmp(a, "--gtest_output", 14) == 0; }),
+        args.end());
+  }
+  int args_count = static_cast<int>(args.size());
+  args.push_back(nullptr);
+  ::testing::InitGoogleTest(&args_count, args.data());
+  if (rank != 0) {
+    ::testing::TestEventListeners& listeners = ::testing::UnitTest::GetInstance()->listeners();
+    delete listeners.Release(listeners.default_result_printer());
+    listeners.Append(new spex::test::RankFailurePrinter(rank));
+  }
+  const int rc = RUN_ALL_TESTS();
+  const ::testing::UnitTest& unit = *::testing::UnitTest::GetInstance();
+  std::printf("mpi_collective_test: rank %d of %d: %d tests, %d failed\n", rank, size,
+              unit.test_to_run_count(), unit.failed_test_count());
+  std::fflush(stdout);
+  spex::test::Worlds().clear();
+  spex::test::Scaler().reset();
+  MPI_Finalize();
+  return rc;
+}
