@@ -1,10 +1,15 @@
 #!/usr/bin/env python3
-"""The main job: real data-parallel training through spex. Starts a local spex cluster (spexd
-under mpirun, default 2 nodes x 2 trainers), then trains an MLP on scikit-learn's digits with
-PyTorch DDP (gloo process group, one process per trainer, the spex communication hook)
-once per run in --runs (default: `micro` at density 0.01, then `dense`), printing one line per
-epoch (loss, test accuracy, exchange time, achieved density from GetStats) and a comparison
-table; writes per-step and per-epoch CSVs, summary.json and a PNG plot under --results.
+"""The main job: real data-parallel training through spex, against plain PyTorch DDP. Starts a
+spex cluster (spexd under mpirun, default 2 nodes x 2 trainers) -- by default on emulated hosts
+(--network=emulated: one network namespace per node on a bridge, 1 Gbit/s each way, every node's
+trainers inside its host, so DDP's own gloo all-reduce crosses the same slow links as spex), or on
+this machine's loopback (--network=loopback) -- then trains an MLP on scikit-learn's digits with
+PyTorch DDP (gloo process group, one process per trainer) once per run in --runs (default: `gloo`
+= DDP's own all-reduce, what a user runs without spex; `dense` = spex without compression;
+`micro` at density 0.01), printing one line per epoch (loss, test accuracy, step time, exchange
+time, achieved density from GetStats) and a comparison table (time per step, time to --target-acc,
+final accuracy, speed-up over the first run, DDP); writes per-step and per-epoch CSVs, summary.json
+and a PNG plot (accuracy against wall-clock time) under --results.
 
 Runs: NAME[:DENSITY] with NAME a spexd compressor (dense, micro, topk, dgc, sidco_e, ...), or
 `gloo` (plain DDP all-reduce, no spex). A compressor (or --param) the daemon does not accept stops
@@ -14,8 +19,9 @@ sparse run is really sparse; every bucket a sparse run exchanged dense is report
 (under --min_sparse_elements, or the daemon's dense-fallback probe), and the table shows the
 achieved density from GetStats.
 
-    python3 deploy/train_digits.py --spexd bazel-bin/daemon/spexd [--runs micro:0.01,dense]
-        [--nodes 2] [--trainers 2] [--epochs 30] [--results DIR]
+    python3 deploy/train_digits.py --spexd bazel-bin/daemon/spexd [--runs gloo,dense,micro:0.01]
+        [--network emulated|loopback] [--nodes 2] [--rate 1gbit] [--latency-us 0] [--trainers 2]
+        [--epochs 4] [--hidden 3200] [--target-acc 95] [--results DIR]
 
 Needs the spex package (client/python; deploy/main_job.sh installs it into .venv).
 """
@@ -28,6 +34,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import signal
 import time
 from typing import Any, Dict, List, Optional
 
@@ -36,12 +43,20 @@ DEFAULT_SPEXD_ARGS = ["--threads=1", "--dense_fallback=off", "--min_sparse_eleme
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--runs", default="micro:0.01,dense", help="comma-separated NAME[:DENSITY] (default %(default)s)")
-    p.add_argument("--nodes", type=int, default=2, help="daemons (emulated nodes)")
+    p.add_argument("--runs", default="gloo,dense,micro:0.01", help="comma-separated NAME[:DENSITY] (default %(default)s)")
+    p.add_argument("--network", choices=["emulated", "loopback"], default="emulated",
+                   help="emulated: every node on its own emulated host (network namespace, --rate, --latency-us; "
+                        "needs root); loopback: every node on this machine (default %(default)s)")
+    p.add_argument("--nodes", "--hosts", type=int, default=2, help="daemons (emulated hosts)")
+    p.add_argument("--rate", default="1gbit", help="emulated link rate per host, each way (tc syntax; default %(default)s)")
+    p.add_argument("--latency-us", type=int, default=0, help="emulated one-way latency per host (microseconds)")
     p.add_argument("--trainers", type=int, default=2, help="DDP processes per node")
-    p.add_argument("--epochs", type=int, default=30)
+    p.add_argument("--epochs", type=int, default=4)
     p.add_argument("--batch", type=int, default=16, help="per-process batch size")
-    p.add_argument("--hidden", type=int, default=512, help="width of the MLP's two hidden layers")
+    p.add_argument("--hidden", type=int, default=3200,
+                   help="width of the MLP's two hidden layers (default %(default)s: 10.5M parameters, 42 MB of "
+                        "gradients per step, so that dense communication dominates at 1 Gbit/s)")
+    p.add_argument("--target-acc", type=float, default=95.0, help="test accuracy (%%) for the time-to-accuracy column")
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP bucket_cap_mb")
@@ -54,8 +69,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
                    help="compressor parameter for every sparse run (repeatable)")
     p.add_argument("--stats-every", type=int, default=1, help="GetStats every N steps on rank 0 (0: per epoch)")
-    p.add_argument("--check-every", type=int, default=1,
-                   help="compare a SHA-1 of the parameters across ranks every N steps (0: never)")
+    p.add_argument("--check-every", type=int, default=10,
+                   help="compare a SHA-1 of the parameters across ranks every N steps (0: never; it costs a pass over "
+                        "the parameters, so not every step by default)")
     p.add_argument("--quiet", action="store_true", help="no per-epoch lines")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     return p.parse_args(argv)
@@ -172,7 +188,7 @@ def train_one(cfg: Dict[str, Any], run: Dict[str, Any], data, run_index: int) ->
         t_epoch = time.perf_counter()
         perm = torch.randperm(len(xtr), generator=torch.Generator().manual_seed(cfg["seed"] * 100003 + epoch))
         mine = perm[rank::world]
-        losses, exch, densities, gathered = [], [], [], []
+        losses, exch, densities, gathered, step_times = [], [], [], [], []
         for s in range(steps_per_epoch):
             idx = mine[s * batch:(s + 1) * batch]
             t0 = time.perf_counter()
@@ -210,6 +226,7 @@ def train_one(cfg: Dict[str, Any], run: Dict[str, Any], data, run_index: int) ->
                               f"exchanged DENSE at step {step}, not {run['compressor']}: {b['why']}", flush=True)
             losses.append(loss.item())
             exch.append(exchange_s)
+            step_times.append(step_s)
             digest = params_digest(model) if cfg["check_every"] and step % cfg["check_every"] == 0 else ""
             step_rows.append([step, epoch, f"{loss.item():.6f}", f"{step_s:.6f}", f"{exchange_s:.6f}",
                               len(timings), f"{density:.6f}", f"{gath:.6f}", digest])
@@ -223,14 +240,15 @@ def train_one(cfg: Dict[str, Any], run: Dict[str, Any], data, run_index: int) ->
                 densities.append(sum(b["achieved_density"] * b["elements"] for b in report) / elems)
                 gathered.append(sum(b["gathered_density"] * b["elements"] for b in report) / elems)
         row = {"epoch": epoch, "loss": sum(losses) / len(losses), "test_acc": acc,
-               "exchange_ms": 1e3 * sum(exch) / len(exch),
+               "exchange_ms": 1e3 * sum(exch) / len(exch), "step_ms": 1e3 * sum(step_times) / len(step_times),
+               "wall_s": time.perf_counter() - t_run,
                "density": (sum(densities) / len(densities)) if densities else float("nan"),
                "gathered_density": (sum(gathered) / len(gathered)) if gathered else float("nan"),
                "epoch_s": time.perf_counter() - t_epoch}
         epoch_rows.append(row)
         if rank == 0 and not cfg["quiet"]:
             print(f"[{run['label']:>12}] epoch {epoch + 1:3d}/{cfg['epochs']}  loss {row['loss']:.4f}  "
-                  f"test acc {acc:6.2f}%  exchange {row['exchange_ms']:7.3f} ms/step  "
+                  f"test acc {acc:6.2f}%  step {row['step_ms']:8.2f} ms  exchange {row['exchange_ms']:8.2f} ms/step  "
                   f"density {row['density']:.4f} (gathered {row['gathered_density']:.4f})  ({row['epoch_s']:.2f} s)",
                   flush=True)
     run_s = time.perf_counter() - t_run
@@ -291,18 +309,29 @@ def launch(runs: List[Dict[str, Any]], args: argparse.Namespace, cluster) -> flo
     fails, stops the others (by PID) and raises. Returns the wall time."""
     world = args.nodes * args.trainers
     rdv = tempfile.mkdtemp(prefix="rdv-", dir=cluster.dir)
+    emulated = args.network == "emulated"
+    # On emulated hosts DDP's process group meets at rank 0's host over the emulated network (and
+    # gloo sends through eth0, the host's throttled link); on loopback through a file.
+    rendezvous = f"tcp://{cluster.addr(0)}:29500" if emulated else f"file://{rdv}/rdv"
     procs = []
     for rank in range(world):
         node, local = divmod(rank, args.trainers)
         cfg = {"rank": rank, "world": world, "local_rank": local, "local_size": args.trainers,
-               "socket": cluster.socket(node), "rendezvous": f"file://{rdv}/rdv", "seed": args.seed,
+               "socket": cluster.socket(node), "rendezvous": rendezvous, "seed": args.seed,
                "hidden": args.hidden, "bucket_cap_mb": args.bucket_cap_mb, "runs": runs, "mode": args.mode,
                "lr": args.lr, "momentum": args.momentum, "batch": args.batch, "epochs": args.epochs,
                "stats_every": args.stats_every, "check_every": args.check_every, "quiet": args.quiet}
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(local),
-                   LOCAL_WORLD_SIZE=str(args.trainers), SPEX_SOCKET=cluster.socket(node), OMP_NUM_THREADS="1")
-        procs.append(subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker", json.dumps(cfg)],
-                                      env=env))
+                   LOCAL_WORLD_SIZE=str(args.trainers), SPEX_SOCKET=cluster.socket(node), OMP_NUM_THREADS="1",
+                   OPENBLAS_NUM_THREADS="1")
+        # glibc returns every freed block over 32 MB to the kernel, so each step's fresh 40 MB
+        # gradient of a large layer page-faults again (x5-25 the matmul's time here); keep them.
+        env.setdefault("MALLOC_MMAP_THRESHOLD_", str(1 << 32))
+        env.setdefault("MALLOC_TRIM_THRESHOLD_", str(1 << 32))
+        if emulated:
+            env["GLOO_SOCKET_IFNAME"] = "eth0"
+        procs.append(cluster.popen(node, [sys.executable, os.path.abspath(__file__), "--worker", json.dumps(cfg)],
+                                   env=env))
     t0 = time.perf_counter()
     failed = None
     while failed is None and any(p.poll() is None for p in procs):
@@ -323,7 +352,7 @@ def launch(runs: List[Dict[str, Any]], args: argparse.Namespace, cluster) -> flo
     return time.perf_counter() - t0
 
 
-def summarize(run: Dict[str, Any], world: int) -> Dict[str, Any]:
+def summarize(run: Dict[str, Any], world: int, target_acc: float = 95.0) -> Dict[str, Any]:
     out = run["out"]
     with open(os.path.join(out, "epochs.json")) as f:
         ep = json.load(f)
@@ -344,7 +373,13 @@ def summarize(run: Dict[str, Any], world: int) -> Dict[str, Any]:
     gath = [float(r["gathered_density"]) for r in rows0 if r["gathered_density"] not in ("nan", "")]
     gath = [d for d in gath if d == d]
     epochs = ep["epochs"]
+    reached = next((e for e in epochs if e["test_acc"] >= target_acc), None)
+    exch_sorted = sorted(exch)
+    pct = lambda q: 1e3 * exch_sorted[min(len(exch_sorted) - 1, int(q * len(exch_sorted)))]  # noqa: E731
     return {
+        "target_acc": target_acc, "time_to_target_s": reached["wall_s"] if reached else None,
+        "epochs_to_target": reached["epoch"] + 1 if reached else None,
+        "exchange_ms_p50": pct(0.5), "exchange_ms_p90": pct(0.9),
         "label": run["label"], "compressor": run["compressor"], "target_density": run["density"],
         "steps": steps, "epochs": len(epochs),
         "final_acc": epochs[-1]["test_acc"], "best_acc": max(e["test_acc"] for e in epochs),
@@ -360,7 +395,7 @@ def summarize(run: Dict[str, Any], world: int) -> Dict[str, Any]:
     }
 
 
-def write_outputs(results: List[Dict[str, Any]], out: str) -> None:
+def write_outputs(results: List[Dict[str, Any]], out: str, title: str = "") -> None:
     with open(os.path.join(out, "steps.csv"), "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["run", "step", "epoch", "loss", "step_s", "exchange_s", "achieved_density", "gathered_density"])
@@ -371,12 +406,12 @@ def write_outputs(results: List[Dict[str, Any]], out: str) -> None:
     with open(os.path.join(out, "epochs.csv"), "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["run", "epoch", "loss", "test_acc", "exchange_ms", "achieved_density", "gathered_density",
-                    "epoch_s"])
+                    "epoch_s", "step_ms", "wall_s"])
         for r in results:
             for e in r["epoch_rows"]:
                 w.writerow([r["label"], e["epoch"], f"{e['loss']:.6f}", f"{e['test_acc']:.3f}",
                             f"{e['exchange_ms']:.4f}", e["density"], e.get("gathered_density", ""),
-                            f"{e['epoch_s']:.4f}"])
+                            f"{e['epoch_s']:.4f}", f"{e['step_ms']:.3f}", f"{e['wall_s']:.3f}"])
     with open(os.path.join(out, "summary.json"), "w") as f:
         json.dump([{k: v for k, v in r.items() if k not in ("step_rows", "epoch_rows")} for r in results], f, indent=1)
     try:
@@ -392,7 +427,7 @@ def write_outputs(results: List[Dict[str, Any]], out: str) -> None:
         label = r["label"]
         st = [int(s["step"]) for s in r["step_rows"]]
         ax[0][0].plot(st, [float(s["loss"]) for s in r["step_rows"]], label=label, lw=0.8)
-        ax[0][1].plot([e["epoch"] + 1 for e in r["epoch_rows"]], [e["test_acc"] for e in r["epoch_rows"]],
+        ax[0][1].plot([0.0] + [e["wall_s"] for e in r["epoch_rows"]], [10.0] + [e["test_acc"] for e in r["epoch_rows"]],
                       label=label, marker=".")
         ax[1][0].plot(st, [1e3 * float(s["exchange_s"]) for s in r["step_rows"]], label=label, lw=0.6)
         d = [(int(s["step"]), float(s["density"])) for s in r["step_rows"] if s["density"] not in ("nan", "")]
@@ -400,15 +435,38 @@ def write_outputs(results: List[Dict[str, Any]], out: str) -> None:
         if d:
             ax[1][1].plot([a for a, _ in d], [b for _, b in d], label=label, lw=0.8)
     ax[0][0].set(title="training loss (rank 0)", xlabel="step", yscale="log")
-    ax[0][1].set(title="test accuracy (%)", xlabel="epoch")
+    ax[0][1].set(title="test accuracy (%) against wall-clock time", xlabel="seconds since the run's start", ylim=(0, 100))
     ax[1][0].set(title="exchange time per step (ms, sum over buckets)", xlabel="step", yscale="log")
     ax[1][1].set(title="achieved density (GetStats, node 0)", xlabel="step", yscale="log")
     for a in ax.flat:
         a.grid(alpha=0.3)
         a.legend(fontsize=8)
+    if title:
+        fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(os.path.join(out, "train_digits.png"), dpi=110)
     plt.close(fig)
+
+
+def print_speedup_table(results: List[Dict[str, Any]]) -> None:
+    """Time per step, time to the target accuracy, final accuracy and the speed-up over the first
+    run (DDP's own all-reduce by default), all measured in this run."""
+    base = results[0]
+    target = base["target_acc"]
+    w = max(12, *(len(r["label"]) for r in results)) + 2
+    print(f"\nresult (baseline: {base['label']}; speed-ups are ratios of times measured in this run)")
+    print(f"{'run':<{w}}{'step ms':>9}{'exch ms':>9}{'exch p50/p90':>15}{'speed-up':>10}"
+          f"{f'to {target:g}%':>11}{'speed-up':>10}{'final acc':>11}")
+    for r in results:
+        tt, bt = r["time_to_target_s"], base["time_to_target_s"]
+        tts = f"{tt:.1f} s" if tt is not None else "never"
+        tsu = f"{bt / tt:.2f}x" if tt and bt else "-"
+        print(f"{r['label']:<{w}}{r['step_ms']:>9.1f}{r['exchange_ms_per_step']:>9.1f}"
+              f"{r['exchange_ms_p50']:>7.1f}/{r['exchange_ms_p90']:<7.1f}{base['step_ms'] / r['step_ms']:>9.2f}x"
+              f"{tts:>11}{tsu:>10}{r['final_acc']:>10.2f}%")
+    print("step ms: forward + backward (with the exchange) + optimizer step, mean over rank 0's steps; exch ms: "
+          "from handing a bucket over to its result, summed over the step's buckets; to X%: wall-clock time from "
+          "the run's start to the first epoch whose test accuracy reached X% (evaluation included)")
 
 
 def print_table(results: List[Dict[str, Any]]) -> None:
@@ -439,6 +497,21 @@ def print_table(results: List[Dict[str, Any]]) -> None:
             print(f"  {label}: every exchange seen was sparse ({r['bucket_exchanges']} bucket exchanges)")
 
 
+def honesty_note(args: argparse.Namespace, ncpu: int) -> str:
+    """What this machine's cores could and could not show."""
+    procs = args.nodes * (args.trainers + 1)
+    if args.network == "loopback":
+        return (f"note: on loopback no link is slow, so there is no bandwidth for sparsification to win back; "
+                f"{procs} processes share {ncpu} core(s)")
+    share = (f"each emulated host has its own core" if args.nodes <= ncpu else
+             f"{args.nodes} emulated hosts share {ncpu} core(s), so hosts steal each other's compute and every "
+             f"step's compute is slower than on real hosts")
+    return (f"note: {share}; each host's {args.trainers} trainer(s) and daemon share its core(s), and the kernel's "
+            f"network work for the emulated links (veth, tc) runs on the same {ncpu} core(s). Real hosts would have "
+            f"more cores per node: compute-bound runs (sparse ones) would gain more than link-bound ones (DDP, dense), "
+            f"so these speed-ups understate what separate machines on a {args.rate} network would see.")
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
     if args.worker is not None:
@@ -446,6 +519,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 0
     runs = parse_runs(args.runs)
     from spex.cluster import LocalCluster
+    from spex.emulated import EmulatedCluster, EmulationUnavailable
+
+    # SIGTERM unwinds like Ctrl-C, so the cluster (and on emulated hosts the network) is torn down.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = os.path.abspath(args.results or os.path.join(repo, "bench", "results", "train_digits"))
@@ -460,12 +537,32 @@ def main(argv: Optional[List[str]] = None) -> int:
     for run in runs:
         if run["compressor"] not in ("dense", "gloo"):
             run["params"] = params
-    print(f"train_digits: {args.nodes} nodes x {args.trainers} trainers (DDP over gloo, {args.nodes * args.trainers} "
-          f"processes), MLP 64-{args.hidden}-{args.hidden}-10 on digits, {args.epochs} epochs, batch {args.batch}/process, "
-          f"runs: {', '.join(r['label'] for r in runs)}; spexd {' '.join(spexd_args)}; results in {out}", flush=True)
+    h = args.hidden
+    n_params = 64 * h + h + h * h + h + h * 10 + 10
+    where = (f"emulated hosts at {args.rate} each way" + (f", +{args.latency_us} us one-way" if args.latency_us else "")
+             if args.network == "emulated" else "this machine's loopback")
+    print(f"train_digits: {args.nodes} nodes x {args.trainers} trainers on {where} (DDP over gloo, "
+          f"{args.nodes * args.trainers} processes), MLP 64-{h}-{h}-10 ({n_params / 1e6:.2f}M parameters) on digits, "
+          f"{args.epochs} epochs, batch {args.batch}/process, runs: {', '.join(r['label'] for r in runs)}; "
+          f"spexd {' '.join(spexd_args)}; results in {out}", flush=True)
     planned = []
-    with LocalCluster(args.spexd, nodes=args.nodes, trainers=args.trainers, args=spexd_args,
-                      log=os.path.join(out, "spexd.log")) as cluster:
+    if args.network == "emulated":
+        why = EmulatedCluster.unavailable()
+        if why:
+            print(f"train_digits: ERROR: --network=emulated: {why}. Run as root on a machine that permits network "
+                  f"namespaces, or use --network=loopback (no slow link: spex has no bandwidth to win back there).",
+                  flush=True)
+            return 3
+        cluster_cm: Any = EmulatedCluster(args.spexd, hosts=args.nodes, trainers=args.trainers, args=spexd_args,
+                                          rate=args.rate, latency_us=args.latency_us,
+                                          log=os.path.join(out, "spexd.log"))
+    else:
+        cluster_cm = LocalCluster(args.spexd, nodes=args.nodes, trainers=args.trainers, args=spexd_args,
+                                  log=os.path.join(out, "spexd.log"))
+    ncpu = os.cpu_count() or 1
+    with cluster_cm as cluster:
+        if args.network == "emulated":
+            print(f"train_digits: {cluster.description}", flush=True)
         for run in runs:
             if run["compressor"] != "gloo":
                 why = check_compressor(cluster.socket(0), args.trainers, run)
@@ -476,10 +573,14 @@ def main(argv: Optional[List[str]] = None) -> int:
             os.makedirs(run["out"], exist_ok=True)
             planned.append(run)
         wall = launch(planned, args, cluster)
-    results = [summarize(run, args.nodes * args.trainers) for run in planned]
+    results = [summarize(run, args.nodes * args.trainers, args.target_acc) for run in planned]
+    title = (f"{args.nodes} nodes x {args.trainers} trainers, {where}, MLP {n_params / 1e6:.1f}M parameters, "
+             f"{ncpu} cores")
     if results:
-        write_outputs(results, out)
+        write_outputs(results, out, title)
         print_table(results)
+        print_speedup_table(results)
+        print(honesty_note(args, ncpu))
     print(f"\ntraining processes ran {wall:.1f} s for {len(results)} run(s)")
     print(f"per-step CSV: {out}/steps.csv, per-epoch CSV: {out}/epochs.csv, plot: {out}/train_digits.png, "
           f"summary: {out}/summary.json, daemon log: {out}/spexd.log")

@@ -24,7 +24,9 @@ SPARSE = {"micro": ("micro@0.01", "A"), "topk": ("topk@0.01", "B"), "dgc": ("dgc
 
 
 def run_script(results, *args, timeout=170):
-    cmd = [sys.executable, SCRIPT, "--spexd", SPEXD, "--results", results, *args]
+    # Loopback (no emulated hosts: the suite runs anywhere), the parameters compared after every step.
+    cmd = [sys.executable, SCRIPT, "--spexd", SPEXD, "--results", results, "--network", "loopback", "--check-every", "1",
+           *args]
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
     print(proc.stdout)
     return proc

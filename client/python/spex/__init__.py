@@ -3,7 +3,8 @@
 - `spex.Client`: a session with the node's daemon (buckets in shared memory, doorbell or RPC
   exchanges, stats); `device="cuda"` for buckets in the daemon's GPU memory (`spex.cuda`).
 - `spex.torch`: the PyTorch DDP communication hook (`spex.torch.register(ddp_model, ...)`).
-- `spex.cluster.LocalCluster`: starts daemons under mpirun on this machine (tests, demos).
+- `spex.cluster.LocalCluster`: starts daemons under mpirun on this machine (tests, demos);
+  `spex.emulated.EmulatedCluster`: the same on emulated hosts (network namespaces, rate, latency).
 """
 
 from .client import DEVICES, MODES, Bucket, Client, connect

@@ -5,6 +5,9 @@ then exits; SIGKILL to mpirun's process group only when that does not finish in 
 
     with LocalCluster("bazel-bin/daemon/spexd", nodes=2, trainers=2) as cluster:
         client = spex.Client(cluster.socket(0), local_rank=0, local_size=2)
+
+spex.emulated.EmulatedCluster has the same interface with every node on its own emulated host
+(network namespace, rate limit, latency, CPU set).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import socket as _socket
 import subprocess
 import tempfile
 import time
-from typing import IO, List, Optional, Sequence
+from typing import IO, Dict, List, Optional, Sequence
 
 from .errors import SpexError
 
@@ -105,6 +108,15 @@ class LocalCluster:
     @property
     def sockets(self) -> List[str]:
         return [self.socket(n) for n in range(self.nodes)]
+
+    def addr(self, node: int) -> str:
+        """Node `node`'s network address (the loopback here; an EmulatedCluster's hosts differ)."""
+        return "127.0.0.1"
+
+    def popen(self, node: int, argv: Sequence[str], env: Optional[Dict[str, str]] = None,
+              **kwargs) -> subprocess.Popen:
+        """Starts `argv` on node `node` (here: on this host; see spex.emulated.EmulatedCluster)."""
+        return subprocess.Popen(list(argv), env=env, **kwargs)
 
     @property
     def pid(self) -> Optional[int]:
