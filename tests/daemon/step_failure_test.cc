@@ -1,0 +1,287 @@
+// A local failure in the middle of a step never leaves the peers inside a collective: a failure
+// injected on one node at each phase after the control round (local reduce, compress, between
+// and after the exchange's collectives, a collective that reports a failure after its data
+// moved, decode, the device-health check after the step) fails that step on EVERY trainer
+// of EVERY node, promptly (no exchange timeout), with the cause on the failing node and the
+// failing node's rank on the others. The bucket is then failed for good (its state is unknown):
+// later steps get the same error at once; other buckets and new buckets keep working.
+#include <atomic>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/engine/engine.h"
+#include "daemon/transport/inproc_collective.h"
+#include "gtest/gtest.h"
+#include "kernels/compressor.h"
+#include "kernels/reference/reference_primitives.h"
+
+namespace spex {
+namespace {
+
+constexpr int kFaultyNode = 1;
+
+// What to break on node kFaultyNode, armed by the test between steps (one shot).
+enum class Fault {
+  kReduce,
+  kSelect,
+  kGatherV,
+  kGather,
+  kScatterAdd,
+  kAllReduceScaled,
+  kUpdate,
+  kHealth
+};
+struct Injector {
+  std::atomic<int> armed{-1};  // a Fault, or -1
+  bool Take(Fault f) {
+    int want = static_cast<int>(f);
+    return armed.compare_exchange_strong(want, -1);
+  }
+};
+
+absl::Status Injected(const char* where) {
+  return absl::InternalError(absl::StrCat("injected failure in ", where));
+}
+
+// The reference primitives, with SumScaled and Health breakable on one node.
+class FaultyPrimitives : public Primitives {
+ public:
+  FaultyPrimitives(Injector* inj, bool faulty)
+      : p_(MakeReferencePrimitives()), inj_(inj), faulty_(faulty) {}
+  Device device() const override { return p_->device(); }
+  void Accumulate(float* y, const float* x, size_t n) override { p_->Accumulate(y, x, n); }
+  void Scale(float* x, float a, size_t n) override { p_->Scale(x, a, n); }
+  absl::Status SumScaled(float* y, const float* const* xs, int count, float a, size_t n) override {
+    absl::Status s = p_->SumScaled(y, xs, count, a, n);
+    if (faulty_ && inj_->Take(Fault::kReduce)) return Injected("SumScaled");
+    return s;
+  }
+  size_t CountAbove(const float* x, size_t n, float t) override { return p_->CountAbove(x, n, t); }
+  size_t SelectAbove(float* x, size_t b, size_t e, float t, bool z, uint32_t* i, float* v,
+                     size_t c) override {
+    return p_->SelectAbove(x, b, e, t, z, i, v, c);
+  }
+  size_t AddSelectAbove(float* acc, const float* add, size_t b, size_t e, float t, bool z,
+                        uint32_t* i, float* v, size_t c) override {
+    return p_->AddSelectAbove(acc, add, b, e, t, z, i, v, c);
+  }
+  size_t TopK(const float* x, size_t n, size_t k, uint32_t* i, float* v) override {
+    return p_->TopK(x, n, k, i, v);
+  }
+  AbsMoments Moments(const float* x, size_t n, float lb) override { return p_->Moments(x, n, lb); }
+  void Sample(const float* x, size_t n, size_t m, uint64_t seed, float* out) override {
+    p_->Sample(x, n, m, seed, out);
+  }
+  absl::Status ScatterAdd(float* y, size_t n, const uint32_t* i, const float* v,
+                          size_t m) override {
+    if (faulty_ && inj_->Take(Fault::kScatterAdd)) return Injected("ScatterAdd");
+    return p_->ScatterAdd(y, n, i, v, m);
+  }
+  absl::Status Gather(const float* x, size_t n, const uint32_t* i, size_t m, float* out) override {
+    if (faulty_ && inj_->Take(Fault::kGather)) return Injected("Gather");
+    return p_->Gather(x, n, i, m, out);
+  }
+  absl::Status ZeroAt(float* x, size_t n, const uint32_t* i, size_t m) override {
+    return p_->ZeroAt(x, n, i, m);
+  }
+  void AbsHistogram16(const float* x, size_t b, size_t e, uint32_t* bins) override {
+    p_->AbsHistogram16(x, b, e, bins);
+  }
+  absl::Status Health() const override {
+    if (faulty_ && inj_->Take(Fault::kHealth)) return Injected("device health");
+    return p_->Health();
+  }
+
+ private:
+  std::unique_ptr<Primitives> p_;
+  Injector* inj_;
+  bool faulty_;
+};
+
+// A collective whose AllGatherV / AllReduceScaled complete and then report a local failure on
+// one node: the data moved, the peers go on, this node fails.
+class FaultyCollective : public Collective {
+ public:
+  FaultyCollective(std::unique_ptr<Collective> c, Injector* inj) : c_(std::move(c)), inj_(inj) {}
+  int rank() const override { return c_->rank(); }
+  int size() const override { return c_->size(); }
+  const char* name() const override { return "faulty"; }
+  absl::Status AllReduce(void* d, size_t n, ElemType t, ReduceOp op) override {
+    return c_->AllReduce(d, n, t, op);
+  }
+  absl::Status AllReduceScaled(const float* s, float* r, size_t n, float scale) override {
+    absl::Status st = c_->AllReduceScaled(s, r, n, scale);
+    if (faulty() && inj_->Take(Fault::kAllReduceScaled)) return Injected("AllReduceScaled");
+    return st;
+  }
+  absl::Status AllGather(const void* s, size_t b, void* r) override {
+    return c_->AllGather(s, b, r);
+  }
+  absl::Status AllGatherV(const void* s, size_t b, std::vector<size_t>* counts,
+                          std::vector<uint8_t>* r) override {
+    absl::Status st = c_->AllGatherV(s, b, counts, r);
+    if (faulty() && inj_->Take(Fault::kGatherV)) return Injected("AllGatherV");
+    return st;
+  }
+  absl::Status Broadcast(void* d, size_t b, int root) override { return c_->Broadcast(d, b, root); }
+  absl::Status Barrier() override { return c_->Barrier(); }
+
+ private:
+  bool faulty() const { return c_->rank() == kFaultyNode; }
+  std::unique_ptr<Collective> c_;
+  Injector* inj_;
+};
+
+// A library compressor whose Select / Update fail on one node when armed.
+class FaultyCompressor : public Compressor {
+ public:
+  FaultyCompressor(const CompressorSpec& spec, Primitives* prims, Injector* inj)
+      : Compressor(spec, prims), inj_(inj), faulty_(spec.node_rank == kFaultyNode) {
+    inner_ = std::move(MakeCompressor(spec, prims).value());
+  }
+  Pattern pattern() const override { return inner_->pattern(); }
+
+ protected:
+  absl::Status DoSelect(const StepContext& ctx, float* acc, const float* add, bool zero,
+                        Selection* out) override {
+    if (faulty_ && inj_->Take(Fault::kSelect)) return Injected("Select");
+    if (ctx.density != inner_->density()) {
+      if (absl::Status s = inner_->SetDensity(ctx.density); !s.ok()) return s;
+    }
+    return inner_->Select(ctx.step, acc, add, zero, out);
+  }
+  absl::Status DoUpdate(const StepContext& ctx, const Gathered& g) override {
+    absl::Status s = inner_->Update(ctx.step, g);
+    if (faulty_ && inj_->Take(Fault::kUpdate)) return Injected("Update");
+    return s;
+  }
+
+ private:
+  Injector* inj_;
+  bool faulty_;
+  std::unique_ptr<Compressor> inner_;
+};
+
+struct Case {
+  const char* name;
+  Fault fault;
+  const char* compressor;
+  const char* cause;  // in the failing node's message
+};
+
+class StepFailureTest : public testing::TestWithParam<Case> {};
+
+TEST_P(StepFailureTest, EveryTrainerOfEveryNodeGetsTheErrorPromptly) {
+  const Case& c = GetParam();
+  const int N = 2, L = 2;
+  const size_t n = 20000;
+  Injector inj;
+  InProcessHub hub(N, absl::Seconds(20));
+  std::vector<std::unique_ptr<Primitives>> prims;
+  std::vector<std::unique_ptr<Collective>> colls;
+  std::vector<std::unique_ptr<Engine>> engines;
+  for (int r = 0; r < N; ++r) {
+    prims.push_back(std::make_unique<FaultyPrimitives>(&inj, r == kFaultyNode));
+    colls.push_back(std::make_unique<FaultyCollective>(hub.Connect(r), &inj));
+    EngineOptions o;
+    o.local_trainers = L;
+    o.shm_tag = "stepfail";
+    o.dense_fallback = DenseFallback::kOff;
+    o.min_sparse_elements = 0;
+    o.compressor_factory = [&inj](const CompressorSpec& spec,
+                                  Primitives* p) -> absl::StatusOr<std::unique_ptr<Compressor>> {
+      return std::unique_ptr<Compressor>(new FaultyCompressor(spec, p, &inj));
+    };
+    engines.push_back(std::make_unique<Engine>(o, colls.back().get(), prims.back().get()));
+    ASSERT_TRUE(engines.back()->Start().ok());
+  }
+  // results[node][trainer][step] for bucket 7 (the one that fails at step 1) and bucket 8 (a
+  // healthy dense bucket exchanged after it in every step).
+  const int steps = 3;
+  std::vector<std::vector<std::vector<absl::Status>>> r7(
+      N, std::vector<std::vector<absl::Status>>(L, std::vector<absl::Status>(steps))),
+      r8 = r7;
+  std::atomic<int> at_barrier{0};
+  std::atomic<int> phase{0};
+  std::vector<std::thread> threads;
+  for (int node = 0; node < N; ++node) {
+    for (int t = 0; t < L; ++t) {
+      threads.emplace_back([&, node, t] {
+        Engine& e = *engines[node];
+        auto hello = e.Hello("", t, L, 0, "t");
+        ASSERT_TRUE(hello.ok()) << hello.status();
+        auto g7 = e.RegisterBucket(hello->session_id, 7, n, c.compressor, 0.01);
+        auto g8 = e.RegisterBucket(hello->session_id, 8, 1000, "dense", 0);
+        ASSERT_TRUE(g7.ok()) << g7.status();
+        ASSERT_TRUE(g8.ok()) << g8.status();
+        float* in = reinterpret_cast<float*>(
+            static_cast<uint8_t*>(const_cast<ShmBuffer*>(g7->buffer)->data()) + g7->input_offset);
+        for (int s = 0; s < steps; ++s) {
+          for (size_t i = 0; i < n; ++i) in[i] = static_cast<float>((i * 7 + s + t) % 101) - 50;
+          // Every trainer finishes step s before the fault is armed for step 1.
+          at_barrier++;
+          while (phase.load() < s) std::this_thread::yield();
+          const absl::Time t0 = absl::Now();
+          r7[node][t][s] =
+              e.Exchange(hello->session_id, 7, s, absl::Now() + absl::Seconds(15)).status();
+          EXPECT_LT(absl::Now() - t0, absl::Seconds(5)) << "node " << node << " step " << s;
+          r8[node][t][s] =
+              e.Exchange(hello->session_id, 8, s, absl::Now() + absl::Seconds(15)).status();
+        }
+      });
+    }
+  }
+  for (int s = 0; s < steps; ++s) {
+    while (at_barrier.load() < (s + 1) * N * L) std::this_thread::yield();
+    if (s == 1) inj.armed = static_cast<int>(c.fault);
+    phase = s;
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(inj.armed.load(), -1) << "the fault was never reached";
+  for (int node = 0; node < N; ++node) {
+    for (int t = 0; t < L; ++t) {
+      SCOPED_TRACE(absl::StrCat("node ", node, " trainer ", t));
+      EXPECT_TRUE(r7[node][t][0].ok()) << r7[node][t][0];
+      const absl::Status& s1 = r7[node][t][1];
+      ASSERT_FALSE(s1.ok());
+      if (node == kFaultyNode) {
+        EXPECT_NE(s1.message().find(c.cause), std::string::npos) << s1;
+      } else {
+        EXPECT_EQ(s1.code(), absl::StatusCode::kInternal) << s1;
+        EXPECT_NE(s1.message().find("node 1 failed bucket 7 step 1"), std::string::npos) << s1;
+      }
+      // Terminal: the next step gets the same error, at once.
+      EXPECT_EQ(r7[node][t][2], s1);
+      for (int s = 0; s < steps; ++s)
+        EXPECT_TRUE(r8[node][t][s].ok()) << s << ": " << r8[node][t][s];
+    }
+  }
+  for (auto& e : engines) {
+    for (const BucketSummary& b : e->Buckets()) {
+      EXPECT_EQ(b.state, b.bucket_id == 7 ? "failed" : "waiting") << b.bucket_id;
+    }
+  }
+  for (auto& e : engines) e->RequestStop();
+  engines.clear();
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Phases, StepFailureTest,
+    testing::Values(Case{"ReduceLocalDense", Fault::kReduce, "dense", "SumScaled"},
+                    Case{"CompressPatternB", Fault::kSelect, "topk", "Select"},
+                    Case{"CompressPatternA", Fault::kSelect, "micro", "Select"},
+                    Case{"CollectivePatternB", Fault::kGatherV, "topk", "AllGatherV"},
+                    Case{"BetweenCollectivesPatternA", Fault::kGather, "micro", "Gather"},
+                    Case{"AfterGatherPatternB", Fault::kScatterAdd, "topk", "ScatterAdd"},
+                    Case{"AfterGatherPatternA", Fault::kScatterAdd, "micro", "ScatterAdd"},
+                    Case{"CollectiveDense", Fault::kAllReduceScaled, "dense", "AllReduceScaled"},
+                    Case{"DecodePatternB", Fault::kUpdate, "topk", "Update"},
+                    Case{"DecodePatternA", Fault::kUpdate, "micro", "Update"},
+                    Case{"AfterStepDeviceHealth", Fault::kHealth, "dense", "device health"}),
+    [](const testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
+
+}  // namespace
+}  // namespace spex
