@@ -1,33 +1,38 @@
-// spexd: the per-node daemon. Wiring only: flags, MPI, the device path (CUDA primitives, CUDA
-// IPC buffers, NCCL) when --device picks the GPU, the engine, the gRPC server, signals.
+// spexd: the per-node daemon. Wiring only: the configuration (daemon/config.h), the MPI world,
+// the device path (CUDA primitives, CUDA IPC buffers, NCCL) when --device picks the GPU, the
+// engine, the gRPC server, systemd notifications, and the stop.
 #include <mpi.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
-#include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "daemon/config.h"
 #include "daemon/device.h"
 #include "daemon/engine/engine.h"
-#include "daemon/flags.h"
 #include "daemon/memory/cuda_device_memory.h"
 #include "daemon/service/spex_service.h"
+#include "daemon/transport/agreement.h"
 #include "daemon/transport/mpi_collective.h"
 #include "daemon/transport/nccl_collective.h"
 #include "daemon/util/log.h"
 #include "daemon/util/paths.h"
+#include "daemon/util/sd_notify.h"
+#include "daemon/util/status_macros.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -38,32 +43,88 @@ namespace {
 
 constexpr char kVersion[] = "spexd 0.1.0";
 
-int Fail(const std::string& message) {
-  SPEX_LOG(ERROR) << message;
-  return 2;
+// systemd notifications are best effort: a failure is logged and the daemon goes on.
+void Notify(const absl::Status& sent) {
+  if (!sent.ok()) SPEX_LOG(WARNING) << "sd_notify: " << sent.message();
 }
 
-// Index of this daemon among the daemons on its host, and their number.
-void HostPosition(int* index, int* count) {
+// This daemon's place in the MPI world: its node rank among `size`, and its index among the
+// `host_count` daemons of its host.
+struct World {
+  int rank = 0;
+  int size = 1;
+  int host_index = 0;
+  int host_count = 1;
+};
+
+World JoinWorld() {
+  World w;
+  MPI_Comm_rank(MPI_COMM_WORLD, &w.rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &w.size);
   MPI_Comm local;
   MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local);
-  MPI_Comm_rank(local, index);
-  MPI_Comm_size(local, count);
+  MPI_Comm_rank(local, &w.host_index);
+  MPI_Comm_size(local, &w.host_count);
   MPI_Comm_free(&local);
+  return w;
 }
+
+// --device, agreed by every node: each probes its own GPU; one node's failure fails all of them,
+// and `auto` takes the GPU only when every node takes it. `gpus` gets this node's usable GPUs.
+absl::StatusOr<Device> AgreeOnDevice(Collective* coll, DeviceChoice choice,
+                                     std::vector<int>* gpus) {
+  const std::string flag = absl::StrCat("--device=", AbslUnparseFlag(choice));
+  std::string reason;
+  absl::StatusOr<Device> device = ChooseDevice(choice, &reason, gpus);
+  SPEX_RETURN_IF_ERROR(
+      AgreeOnAllNodes(coll, device.status(), absl::StrCat("the ", flag, " check")));
+  // [0]: some node serves host buffers; [1]: some node was told --device=cuda.
+  uint64_t v[2] = {*device == Device::kCpu ? 1u : 0u, choice == DeviceChoice::kCuda ? 1u : 0u};
+  SPEX_RETURN_IF_ERROR(coll->AllReduce(v, 2, ElemType::kUint64, ReduceOp::kMax));
+  if (v[0] != 0 && v[1] != 0) {
+    return absl::FailedPreconditionError(
+        "--device differs between nodes: a node started with --device=cuda cannot exchange with "
+        "nodes on the CPU; start every spexd with the same --device");
+  }
+  if (*device == Device::kCuda && v[0] != 0) {
+    device = Device::kCpu;
+    reason = "--device=auto: using the CPU: not every node has a usable GPU (see their logs)";
+  }
+  SPEX_LOG(INFO) << reason;
+  return device;
+}
+
+// The divisor of every average is nodes x local trainers: every node must have the same. One
+// all-reduce (MAX of x and ~x: the largest and the smallest) gives every node the same verdict.
+absl::Status AgreeOnLocalTrainers(Collective* coll, int local_trainers) {
+  uint64_t v[2] = {static_cast<uint64_t>(local_trainers), ~static_cast<uint64_t>(local_trainers)};
+  SPEX_RETURN_IF_ERROR(coll->AllReduce(v, 2, ElemType::kUint64, ReduceOp::kMax));
+  const uint64_t most = v[0], least = ~v[1];
+  if (least == most) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "--local_trainers differs between nodes (", least, " to ", most,
+      "; this node: ", local_trainers,
+      "): averages divide by nodes x local trainers, so start every spexd with the same "
+      "--local_trainers"));
+}
+
+// What the GPU path owns: this node's GPU's primitives and buffers, and NCCL over it.
+struct GpuPath {
+  std::unique_ptr<Primitives> prims;
+  std::unique_ptr<CudaDeviceMemory> memory;
+  std::unique_ptr<Collective> nccl;
+};
 
 // This daemon's GPU (daemons sharing a host take one usable GPU each, round robin) with its
 // CUDA primitives and device memory. FailedPrecondition saying why and what to do otherwise.
-absl::Status SetUpGpu(const std::vector<int>& gpus, int host_index, int host_count,
-                      std::unique_ptr<Primitives>* prims,
-                      std::unique_ptr<CudaDeviceMemory>* memory) {
+absl::Status SetUpGpu(const std::vector<int>& gpus, const World& world, GpuPath* path) {
   if (gpus.empty()) return absl::InternalError("--device chose the GPU but listed no usable one");
-  const int gpu = gpus[host_index % gpus.size()];
-  if (host_count > static_cast<int>(gpus.size())) {
-    SPEX_LOG(WARNING) << host_count << " daemons share this host's " << gpus.size()
+  const int gpu = gpus[world.host_index % gpus.size()];
+  if (world.host_count > static_cast<int>(gpus.size())) {
+    SPEX_LOG(WARNING) << world.host_count << " daemons share this host's " << gpus.size()
                       << " usable GPU(s); NCCL refuses two ranks on one GPU";
   }
-  if (absl::Status s = MakeCudaPrimitivesOnDevice(gpu, prims); !s.ok()) {
+  if (absl::Status s = MakeCudaPrimitivesOnDevice(gpu, &path->prims); !s.ok()) {
     return absl::FailedPreconditionError(absl::StrCat("--device: GPU ", gpu,
                                                       ": CUDA primitives: ", s.message(),
                                                       ". Use --device=cpu to run on the CPU"));
@@ -73,168 +134,62 @@ absl::Status SetUpGpu(const std::vector<int>& gpus, int host_index, int host_cou
     return absl::FailedPreconditionError(absl::StrCat(
         "--device: GPU ", gpu, ": ", m.status().message(), ". Use --device=cpu to run on the CPU"));
   }
-  *memory = std::move(*m);
+  path->memory = std::move(*m);
   return absl::OkStatus();
 }
 
-int Main(int argc, char** argv) {
-  LogLevel level;
-  if (!ParseLogLevel(absl::GetFlag(FLAGS_log_level), &level)) {
-    return Fail(absl::StrCat("--log_level must be debug|info|warning|error, got '",
-                             absl::GetFlag(FLAGS_log_level), "'"));
+// The GPU path on every node, or an error on every node: buckets in CUDA IPC buffers on this
+// node's GPU, reduced and compressed by the CUDA primitives, exchanged by NCCL (bootstrapped
+// over `mpi`).
+absl::Status SetUpGpuPath(MpiCollective* mpi, const std::vector<int>& gpus, const World& world,
+                          GpuPath* path) {
+  SPEX_RETURN_IF_ERROR(AgreeOnAllNodes(mpi, SetUpGpu(gpus, world, path), "the GPU set-up"));
+  // Every rank takes part; on failure every rank gets the same outcome (nccl_collective.h).
+  absl::StatusOr<std::unique_ptr<Collective>> nccl = MakeNcclCollective(mpi, path->memory->gpu());
+  if (!nccl.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat("--device: NCCL: ", nccl.status().message(),
+                                                      ". Use --device=cpu to run on the CPU"));
   }
-  SetLogLevel(level);
+  path->nccl = std::move(*nccl);
+  SPEX_LOG(INFO) << "GPU path: buckets on GPU " << path->memory->gpu()
+                 << ", exchanged through NCCL";
+  return absl::OkStatus();
+}
 
-  int rank = 0, size = 1;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  SetLogPrefix(absl::StrCat("spexd[node ", rank, "/", size, "]"));
-
-  // --device: every node probes its own GPU; the nodes then agree (one all-reduce) so that a
-  // start fails on every rank alike and `auto` picks the same path everywhere.
-  const std::string device_flag = absl::GetFlag(FLAGS_device);
-  std::string device_reason;
-  std::vector<int> gpus;  // the GPUs this build's kernels run on, when the choice is the GPU
-  absl::StatusOr<Device> device = ChooseDevice(device_flag, &device_reason, &gpus);
-  int device_vote[2] = {device.ok() ? 0 : 1, device.ok() && *device == Device::kCuda ? 0 : 1};
-  MPI_Allreduce(MPI_IN_PLACE, device_vote, 2, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  if (!device.ok()) return Fail(std::string(device.status().message()));
-  if (device_vote[0])
-    return Fail("--device=" + device_flag + ": another node has no usable GPU; see its log");
-  if (*device == Device::kCuda && device_vote[1]) {
-    // `auto` found a GPU here but not on every node: the whole world takes the CPU path.
-    device = Device::kCpu;
-    device_reason =
-        "--device=auto: using the CPU: not every node has a usable GPU (see their logs)";
-  }
-  SPEX_LOG(INFO) << device_reason;
-  const std::string job_flag = absl::GetFlag(FLAGS_job);
-  const std::string job = job_flag.empty() ? DefaultJob() : job_flag;
-  int host_index = 0, host_count = 1;
-  HostPosition(&host_index, &host_count);
-  std::string socket_path = absl::GetFlag(FLAGS_socket);
-  if (socket_path.empty()) socket_path = DefaultSocketPath(job, host_count > 1 ? host_index : -1);
-  for (size_t pos; (pos = socket_path.find("{rank}")) != std::string::npos;) {
-    socket_path.replace(pos, 6, std::to_string(rank));
-  }
-  char* end = nullptr;
-  const std::string mode_text = absl::GetFlag(FLAGS_socket_mode);
-  const long mode = std::strtol(mode_text.c_str(), &end, 8);
-  if (mode_text.empty() || *end != '\0' || mode < 0 || mode > 0777) {
-    return Fail(absl::StrCat("--socket_mode must be octal permission bits such as 0600, got '",
-                             mode_text, "'"));
-  }
-  // Every rank checks its socket; all must pass before anyone serves.
-  absl::Status path_ok = PrepareSocketPath(socket_path);
-  int bad = path_ok.ok() ? 0 : 1;
-  MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  if (!path_ok.ok()) return Fail(std::string(path_ok.message()));
-  if (bad) return Fail("another node could not use its socket path; see its log");
-
-  const int local_trainers = absl::GetFlag(FLAGS_local_trainers);
-  // The divisor of every average is nodes x local trainers: every node must have the same.
-  int trainers_range[2] = {-local_trainers, local_trainers};
-  MPI_Allreduce(MPI_IN_PLACE, trainers_range, 2, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  if (-trainers_range[0] != trainers_range[1]) {
-    return Fail(absl::StrCat("--local_trainers differs between nodes (", -trainers_range[0], " to ",
-                             trainers_range[1], "; this node: ", local_trainers,
-                             "): averages divide by nodes x local trainers, so start every spexd "
-                             "with the same --local_trainers"));
-  }
-  int spin = absl::GetFlag(FLAGS_spin_us);
-  if (spin < 0) {
-    const int cores = static_cast<int>(std::thread::hardware_concurrency());
-    spin = cores > (local_trainers + 1) * host_count ? 50 : 0;
-  }
-  std::unique_ptr<Primitives> prims = MakeCpuPrimitives(absl::GetFlag(FLAGS_threads));
-  MpiCollective mpi(MPI_COMM_WORLD, prims.get());
-  PeerNotice notice(MPI_COMM_WORLD);
-  // The GPU path: buckets' data in CUDA IPC buffers on this node's GPU, reduced by the CUDA
-  // primitives, exchanged by NCCL (bootstrapped over MPI); the compressors keep running on the
-  // CPU primitives in host memory (the engine stages sparse steps through host copies).
-  Collective* collective = &mpi;
-  Primitives* data_prims = prims.get();
-  std::unique_ptr<Primitives> gpu_prims;
-  std::unique_ptr<CudaDeviceMemory> gpu_memory;
-  std::unique_ptr<Collective> nccl;
-  DevicePath device_path;
-  if (*device == Device::kCuda) {
-    absl::Status s = SetUpGpu(gpus, host_index, host_count, &gpu_prims, &gpu_memory);
-    int failed = s.ok() ? 0 : 1;
-    MPI_Allreduce(MPI_IN_PLACE, &failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-    if (!s.ok()) return Fail(std::string(s.message()));
-    if (failed) {
-      return Fail("--device=" + device_flag +
-                  ": another node could not set up its GPU; see its log");
-    }
-    // Every rank takes part; on failure every rank gets the same outcome (nccl_collective.h).
-    absl::StatusOr<std::unique_ptr<Collective>> made = MakeNcclCollective(&mpi, gpu_memory->gpu());
-    if (!made.ok()) {
-      return Fail(absl::StrCat("--device=", device_flag, ": NCCL: ", made.status().message(),
-                               ". Use --device=cpu to run on the CPU"));
-    }
-    nccl = std::move(*made);
-    collective = nccl.get();
-    data_prims = gpu_prims.get();
-    device_path.allocator = gpu_memory.get();
-    device_path.ordering = gpu_memory.get();
-    device_path.host_prims = prims.get();
-    SPEX_LOG(INFO) << "GPU path: buckets on GPU " << gpu_memory->gpu()
-                   << ", exchanged through NCCL";
-  }
-
-  EngineOptions opts;
-  opts.local_trainers = local_trainers;
-  opts.job = job_flag;
-  opts.compressor = absl::GetFlag(FLAGS_compressor);
-  opts.density = absl::GetFlag(FLAGS_density);
-  opts.register_wait = absl::GetFlag(FLAGS_register_timeout);
-  opts.engine_spin_us = spin;
-  opts.client_spin_us = spin;
-  opts.shm_tag = absl::StrCat(getpid());
-  opts.error_feedback = absl::GetFlag(FLAGS_error_feedback);
-  if (absl::GetFlag(FLAGS_min_sparse_elements) < 0)
-    return Fail("--min_sparse_elements must be >= 0");
-  opts.min_sparse_elements = static_cast<uint64_t>(absl::GetFlag(FLAGS_min_sparse_elements));
-  opts.dense_fallback = absl::GetFlag(FLAGS_dense_fallback);
-  opts.probe_steps = absl::GetFlag(FLAGS_probe_steps);
-  if (opts.probe_steps < 1) return Fail("--probe_steps must be >= 1");
-  opts.fp16_values = absl::GetFlag(FLAGS_fp16_values);
-  opts.residual_norm_every = absl::GetFlag(FLAGS_residual_norm_every);
-  opts.merger = absl::GetFlag(FLAGS_merger);
-  opts.announce_stop = [&notice] { notice.Announce(); };
-  opts.peer_stopped = [&notice](int* who) { return notice.PeerStopped(who); };
-  Engine engine(opts, collective, data_prims, device_path);
-  if (absl::Status s = engine.Start(); !s.ok()) return Fail(std::string(s.message()));
-
+// The gRPC server on the control socket (with the health service and reflection), the socket
+// given `mode`, health SERVING.
+absl::StatusOr<std::unique_ptr<grpc::Server>> Serve(SpexService* service, const std::string& socket,
+                                                    mode_t mode) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  SpexService service(&engine, kVersion);
   grpc::ServerBuilder builder;
-  builder.AddListeningPort("unix:" + socket_path, grpc::InsecureServerCredentials());
-  builder.RegisterService(&service);
+  builder.AddListeningPort("unix:" + socket, grpc::InsecureServerCredentials());
+  builder.RegisterService(service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr) {
-    engine.RequestStop();
-    engine.JoinFor(absl::Seconds(1));
-    return Fail(absl::StrCat("cannot listen on unix:", socket_path));
+  if (server == nullptr)
+    return absl::UnavailableError(absl::StrCat("cannot listen on unix:", socket));
+  if (chmod(socket.c_str(), mode) != 0) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("--socket_mode: chmod ", socket, ": ", std::strerror(errno)));
   }
-  chmod(socket_path.c_str(), static_cast<mode_t>(mode));
   server->GetHealthCheckService()->SetServingStatus("spex.v1.Spex", true);
-  SPEX_LOG(INFO) << kVersion << " serving unix:" << socket_path << " (" << local_trainers
-                 << " local trainers, compressor " << opts.compressor << ", spin " << spin
-                 << " us, " << (device_path.allocator != nullptr ? "CUDA" : "host")
-                 << " buffers, collective " << collective->name() << ")";
+  return server;
+}
 
+// Serves until a signal (SIGTERM/SIGINT) or a peer node stops the engine, then stops in an order
+// that survives mpirun's escalation. Exits the process at once (status 3) when the engine is
+// still inside a collective after `grace` (a peer left mid-exchange).
+absl::Status ServeUntilStopped(Engine& engine, grpc::Server& server, const std::string& socket,
+                               absl::Duration grace, PeerNotice& notice, SdNotifier& notifier) {
   // Stopping removes every name first, before anything that can block: under mpirun a SIGTERM
   // is followed by SIGKILL after odls_base_sigkill_timeout (1 s by default), and a node whose
   // engine is inside a collective that a stopped peer left never gets through the clean path
   // (it would wait --shutdown_grace). Trainers that attached keep their mappings.
-  auto unlink_names = [&engine, &socket_path] {
+  auto unlink_names = [&engine, &socket] {
     for (const std::string& name : engine.LinkedSegments()) shm_unlink(name.c_str());
-    unlink(socket_path.c_str());
+    unlink(socket.c_str());
   };
-  // Signals: a dedicated thread waits for SIGTERM/SIGINT (blocked everywhere else).
+  // A dedicated thread waits for SIGTERM/SIGINT (blocked everywhere else); SIGUSR2 ends it.
   std::thread signals([&engine, &unlink_names] {
     sigset_t set;
     sigemptyset(&set);
@@ -249,15 +204,16 @@ int Main(int argc, char** argv) {
     SPEX_LOG(INFO) << "signal " << sig << ": shutting down";
   });
 
-  engine.WaitStopped();  // a signal here, or a peer node stopping
-  server->GetHealthCheckService()->SetServingStatus("spex.v1.Spex", false);
+  engine.WaitStopped();  // a signal, or a peer node stopping
+  Notify(notifier.Stopping("stopping"));
+  server.GetHealthCheckService()->SetServingStatus("spex.v1.Spex", false);
   engine.RequestStop();
   unlink_names();
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
-  unlink(socket_path.c_str());
+  server.Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  unlink(socket.c_str());
   pthread_kill(signals.native_handle(), SIGUSR2);
   signals.join();
-  if (!engine.JoinFor(absl::GetFlag(FLAGS_shutdown_grace))) {
+  if (!engine.JoinFor(grace)) {
     for (const std::string& name : engine.LinkedSegments()) shm_unlink(name.c_str());
     SPEX_LOG(ERROR)
         << "engine still inside a collective after --shutdown_grace (a peer left mid-exchange); "
@@ -267,7 +223,96 @@ int Main(int argc, char** argv) {
   }
   notice.Drain();
   SPEX_LOG(INFO) << "stopped cleanly";
+  return absl::OkStatus();
+}
+
+// config -> MPI world -> device path -> engine -> gRPC server -> wait for the stop. Every
+// start-up check holds on all nodes or fails on all of them (AgreeOnAllNodes), so a failed start
+// leaves no node waiting in a collective and every node can still finalize.
+absl::Status Run(const absl::StatusOr<DaemonConfig>& loaded, SdNotifier& notifier) {
+  Notify(notifier.Status("starting"));
+  if (loaded.ok()) SetLogLevel(loaded->log_level);
+  const World world = JoinWorld();
+  SetLogPrefix(absl::StrCat("spexd[node ", world.rank, "/", world.size, "]"));
+  std::unique_ptr<Primitives> host_prims = MakeCpuPrimitives(loaded.ok() ? loaded->threads : 0);
+  MpiCollective mpi(MPI_COMM_WORLD, host_prims.get());
+  SPEX_RETURN_IF_ERROR(AgreeOnAllNodes(&mpi, loaded.status(), "its flag checks"));
+  const DaemonConfig& config = *loaded;
+  Notify(notifier.Status(absl::StrCat("MPI world of ", world.size, " nodes")));
+
+  std::vector<int> gpus;
+  SPEX_ASSIGN_OR_RETURN(const Device device, AgreeOnDevice(&mpi, config.device, &gpus));
+  const std::string socket = SocketPath(config, world.rank, world.host_index, world.host_count);
+  SPEX_RETURN_IF_ERROR(AgreeOnAllNodes(&mpi, PrepareSocketPath(socket), "the --socket check"));
+  SPEX_RETURN_IF_ERROR(AgreeOnLocalTrainers(&mpi, config.engine.local_trainers));
+  PeerNotice notice(MPI_COMM_WORLD);
+  GpuPath gpu;
+  DevicePath device_path;
+  if (device == Device::kCuda) {
+    SPEX_RETURN_IF_ERROR(SetUpGpuPath(&mpi, gpus, world, &gpu));
+    device_path = {gpu.memory.get(), gpu.memory.get(), host_prims.get()};
+  }
+
+  EngineOptions opts = config.engine;
+  opts.engine_spin_us = opts.client_spin_us =
+      SpinUs(config, world.host_count, static_cast<int>(std::thread::hardware_concurrency()));
+  opts.announce_stop = [&notice] { notice.Announce(); };
+  opts.peer_stopped = [&notice](int* who) { return notice.PeerStopped(who); };
+  opts.heartbeat = [&notifier] { notifier.Watchdog().IgnoreError(); };
+  Collective* collective = gpu.nccl != nullptr ? gpu.nccl.get() : &mpi;
+  Engine engine(opts, collective, gpu.prims != nullptr ? gpu.prims.get() : host_prims.get(),
+                device_path);
+  SPEX_RETURN_IF_ERROR(engine.Start());
+
+  SpexService service(&engine, kVersion);
+  absl::StatusOr<std::unique_ptr<grpc::Server>> server =
+      Serve(&service, socket, config.socket_mode);
+  if (!server.ok()) {
+    engine.RequestStop();
+    engine.JoinFor(absl::Seconds(1));
+    return server.status();
+  }
+  SPEX_LOG(INFO) << kVersion << " serving unix:" << socket << " (" << opts.local_trainers
+                 << " local trainers, compressor " << opts.compressor << ", spin "
+                 << opts.engine_spin_us << " us, " << (gpu.memory != nullptr ? "CUDA" : "host")
+                 << " buffers, collective " << collective->name() << ")";
+  Notify(notifier.Ready(absl::StrCat("serving on ", socket)));
+  return ServeUntilStopped(engine, **server, socket, config.shutdown_grace, notice, notifier);
+}
+
+int Main(const absl::StatusOr<DaemonConfig>& config) {
+  SdNotifier notifier(/*unset_environment=*/true);
+  if (absl::Status s = Run(config, notifier); !s.ok()) {
+    SPEX_LOG(ERROR) << s.message();
+    Notify(notifier.Stopping(absl::StrCat("failed: ", s.message())));
+    return 2;
+  }
   return 0;
+}
+
+// Blocks the stop signals before any thread starts, so only the signal thread receives them.
+void BlockStopSignals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGUSR2);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+}
+
+// MPI_Finalize synchronises with every rank. A peer that was SIGKILLed (mpirun's escalation
+// after SIGTERM) or that is stuck can leave it waiting forever, so it gets `grace`.
+void FinalizeWithin(absl::Duration grace, int rc) {
+  std::thread watchdog([grace, rc] {
+    std::this_thread::sleep_for(absl::ToChronoMilliseconds(grace));
+    std::fprintf(
+        stderr,
+        "spexd: MPI_Finalize did not return within --shutdown_grace (a peer left); exiting\n");
+    std::fflush(nullptr);
+    _exit(rc != 0 ? rc : 3);
+  });
+  watchdog.detach();
+  MPI_Finalize();
 }
 
 }  // namespace
@@ -277,14 +322,8 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "spexd: per-node sparse gradient exchange daemon. Start one per node under mpirun/srun; "
       "trainers connect over a unix socket. See README.md.");
-  absl::ParseCommandLine(argc, argv);
-  // Block the stop signals before any thread starts, so only the signal thread receives them.
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGTERM);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGUSR2);
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  absl::ParseCommandLine(argc, argv);  // a misspelt enumerated flag exits here, naming it
+  spex::BlockStopSignals();
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   if (provided < MPI_THREAD_SERIALIZED) {
@@ -293,20 +332,9 @@ int main(int argc, char** argv) {
                  provided);
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
-  // Start-up checks depend only on flags every rank shares, or are agreed by an all-reduce,
-  // so a failing start fails on every rank alike and can still finalize cleanly.
-  int rc = spex::Main(argc, argv);
-  // MPI_Finalize synchronises with every rank. A peer that was SIGKILLed (mpirun's escalation
-  // after SIGTERM) or that is stuck can leave it waiting forever, so it gets --shutdown_grace.
-  std::thread watchdog([rc] {
-    std::this_thread::sleep_for(absl::ToChronoMilliseconds(absl::GetFlag(FLAGS_shutdown_grace)));
-    std::fprintf(
-        stderr,
-        "spexd: MPI_Finalize did not return within --shutdown_grace (a peer left); exiting\n");
-    std::fflush(nullptr);
-    _exit(rc != 0 ? rc : 3);
-  });
-  watchdog.detach();
-  MPI_Finalize();
+  const absl::StatusOr<spex::DaemonConfig> config = spex::LoadConfig();
+  const int rc = spex::Main(config);
+  spex::FinalizeWithin(config.ok() ? config->shutdown_grace : spex::DaemonConfig().shutdown_grace,
+                       rc);
   return rc;
 }
