@@ -51,7 +51,6 @@ class PeerNotice {
 
  private:
   MPI_Comm comm_;
-  Primitives* scaler_ = nullptr;
   int rank_ = 0, size_ = 1;
   int inbox_ = 0;
   MPI_Request recv_req_ = MPI_REQUEST_NULL;

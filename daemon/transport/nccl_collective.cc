@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "daemon/util/status_macros.h"
 
 #ifdef SPEX_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -97,13 +98,6 @@ absl::Status CudaCheck(cudaError_t e, const std::string& what) {
   return absl::InternalError(
       absl::StrCat(what, ": ", ExplainCudaError(cudaGetErrorName(e), cudaGetErrorString(e))));
 }
-
-#define SPEX_RETURN_IF_ERROR(expr)            \
-  do {                                        \
-    if (absl::Status s_ = (expr); !s_.ok()) { \
-      return s_;                              \
-    }                                         \
-  } while (0)
 
 // Device memory that only grows.
 class DeviceScratch {
