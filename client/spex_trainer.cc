@@ -50,6 +50,7 @@
 #include "kernels/compressor.h"
 #include "kernels/primitives.h"
 #include "kernels/reference_cluster.h"
+#include "kernels/splitmix.h"
 
 ABSL_FLAG(std::string, socket, "", "spexd socket (default $SPEX_SOCKET or the default path)");
 ABSL_FLAG(int, local_rank, 0, "this trainer's index on the node");
@@ -86,10 +87,7 @@ namespace {
 uint64_t Mix(uint32_t node, uint32_t trainer, uint64_t bucket, uint64_t step, uint64_t i) {
   uint64_t x = (static_cast<uint64_t>(node) << 48) ^ (static_cast<uint64_t>(trainer) << 40) ^
                (bucket << 32) ^ (step << 24) ^ i;
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
+  return spex::SplitMix64(&x);
 }
 
 // Deterministic integer-valued input in [-512, 511] for (node, trainer, bucket, step, i).

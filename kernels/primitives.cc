@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "daemon/util/status_macros.h"
 
 namespace spex {
 
@@ -76,9 +77,10 @@ absl::StatusOr<std::unique_ptr<ScratchBuffer>> Primitives::AllocScratch(size_t b
   return std::unique_ptr<ScratchBuffer>(std::make_unique<HostScratch>(p, bytes));
 }
 
-absl::StatusOr<void*> ScratchSlots::Get(int slot, size_t bytes) {
+absl::StatusOr<void*> Scratch::Get(int slot, size_t bytes) {
   if (slot < 0 || slot >= kSlots) {
-    return absl::InternalError(absl::StrCat("scratch slot ", slot, " out of range"));
+    Fail(absl::InternalError(absl::StrCat("scratch slot ", slot, " out of range")));
+    return status_;
   }
   std::unique_ptr<ScratchBuffer>& b = slots_[slot];
   if (b == nullptr || b->bytes() < bytes) {
@@ -86,17 +88,36 @@ absl::StatusOr<void*> ScratchSlots::Get(int slot, size_t bytes) {
     const size_t grown = b == nullptr ? bytes : std::max(bytes, b->bytes() + b->bytes() / 2);
     b.reset();
     absl::StatusOr<std::unique_ptr<ScratchBuffer>> fresh = p_->AllocScratch(grown);
-    if (!fresh.ok()) return fresh.status();
+    if (!fresh.ok()) {
+      Fail(fresh.status());
+      return fresh.status();
+    }
     b = std::move(*fresh);
   }
   return b->data();
 }
 
-absl::StatusOr<void*> ScratchSlots::Upload(int slot, const void* host, size_t bytes) {
-  absl::StatusOr<void*> d = Get(slot, bytes);
-  if (!d.ok()) return d;
-  if (absl::Status s = p_->CopyFromHost(*d, host, bytes); !s.ok()) return s;
+absl::StatusOr<void*> Scratch::Upload(int slot, const void* host, size_t bytes) {
+  SPEX_ASSIGN_OR_RETURN(void* d, Get(slot, bytes));
+  if (absl::Status s = p_->CopyFromHost(d, host, bytes); !s.ok()) {
+    Fail(s);
+    return s;
+  }
   return d;
+}
+
+absl::Status Scratch::Fetch(void* host, const void* device, size_t bytes) {
+  if (bytes == 0) return absl::OkStatus();
+  absl::Status s = p_->CopyToHost(host, device, bytes);
+  Fail(s);
+  return s;
+}
+
+absl::Status Scratch::TakeStatus() {
+  absl::Status s = std::move(status_);
+  status_ = absl::OkStatus();
+  if (s.ok() && !host()) s = p_->Health();
+  return s;
 }
 
 }  // namespace spex

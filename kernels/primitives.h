@@ -143,22 +143,44 @@ class Primitives {
 };
 
 // Scratch buffers of one Primitives' memory, numbered by slot, grown on demand and kept between
-// calls (so a caller that runs every step allocates only while its sizes grow). Not thread-safe:
-// one owner (a compressor, an engine bucket) uses it at a time.
-class ScratchSlots {
+// calls (so a caller that runs every step allocates only while its sizes grow), and the copies
+// in and out of them. Not thread-safe: one owner (a compressor, an engine bucket) uses it at a
+// time. Error convention: every call returns its own result, and the first failure since the
+// last TakeStatus() is also kept, so a caller that runs many helpers on one Scratch (a
+// compressor's DoSelect) reports it once: `return scratch_.TakeStatus();`.
+class Scratch {
  public:
   static constexpr int kSlots = 4;
-  explicit ScratchSlots(Primitives* p) : p_(p) {}
+  explicit Scratch(Primitives* p) : p_(p) {}
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
   Primitives* prims() const { return p_; }
+  // Whether the primitives write host memory (no scratch, no copies needed).
+  bool host() const { return p_->device() == Device::kCpu; }
   // At least `bytes` of slot `slot` (0 .. kSlots - 1); earlier contents are lost when it grows.
   absl::StatusOr<void*> Get(int slot, size_t bytes);
   // Get(slot, bytes), then `bytes` from host memory into it (Primitives::CopyFromHost).
   absl::StatusOr<void*> Upload(int slot, const void* host, size_t bytes);
+  // `bytes` from this device's memory into host memory (Primitives::CopyToHost).
+  absl::Status Fetch(void* host, const void* device, size_t bytes);
+  // Keeps `s` when it is the first failure since the last TakeStatus().
+  void Fail(const absl::Status& s) {
+    if (status_.ok()) status_ = s;
+  }
+  // The first failure kept (OK when there was none).
+  const absl::Status& status() const { return status_; }
+  // The first failure since the last call (then cleared); on a device also the primitives'
+  // Health, so a failed kernel launch is reported with the results computed after it.
+  absl::Status TakeStatus();
 
  private:
   Primitives* p_;
   std::unique_ptr<ScratchBuffer> slots_[kSlots];
+  absl::Status status_;
 };
+
+// The engine's name for Scratch, until its rewrite uses the one name.
+using ScratchSlots = Scratch;
 
 // The CPU implementation: Highway with dynamic dispatch, `threads` workers for large inputs
 // (0 = hardware concurrency). Thread-safe for concurrent calls on disjoint data.

@@ -18,9 +18,9 @@
 #include <numeric>
 #include <vector>
 
-#include "kernels/compressors/common.h"
 #include "kernels/compressors/factories.h"
 #include "kernels/compressors/micro.h"
+#include "kernels/compressors/selection.h"
 
 namespace spex {
 namespace {

@@ -12,9 +12,12 @@
 #include <memory>
 #include <vector>
 
-#include "kernels/compressors/common.h"
+#include "kernels/compressors/device_scratch.h"
 #include "kernels/compressors/factories.h"
+#include "kernels/compressors/selection.h"
+#include "kernels/compressors/threshold_scanner.h"
 #include "kernels/compressors/threshold_search.h"
+#include "kernels/splitmix.h"
 
 namespace spex {
 namespace {
@@ -33,10 +36,10 @@ class Dgc final : public Compressor {
         std::min<size_t>(n, std::max<size_t>(1, static_cast<size_t>(std::ceil(sample_ratio_ * n))));
     const uint64_t seed = StepSeed(seed_, ctx.node_rank, ctx.step);
     sample_.resize(m);
-    SampleToHost(prims_, acc, n, m, seed, sample_.data(), &scratch_);
+    (void)SampleToHost(prims_, acc, n, m, seed, sample_.data(), &scratch_);
     if (add) {
       add_sample_.resize(m);
-      SampleToHost(prims_, add, n, m, seed, add_sample_.data(), &scratch_);
+      (void)SampleToHost(prims_, add, n, m, seed, add_sample_.data(), &scratch_);
       for (size_t j = 0; j < m; ++j) sample_[j] += add_sample_[j];
     }
     for (float& v : sample_) v = std::fabs(v);

@@ -15,8 +15,8 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/compressors/common.h"
 #include "kernels/compressors/factories.h"
+#include "kernels/compressors/selection.h"
 #include "kernels/compressors/threshold_control.h"
 
 namespace spex {

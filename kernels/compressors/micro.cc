@@ -15,8 +15,8 @@
 #include <memory>
 #include <vector>
 
-#include "kernels/compressors/common.h"
 #include "kernels/compressors/factories.h"
+#include "kernels/compressors/selection.h"
 #include "kernels/compressors/threshold_control.h"
 
 namespace spex {

@@ -6,8 +6,8 @@
 #include <memory>
 #include <vector>
 
-#include "kernels/compressors/common.h"
 #include "kernels/compressors/factories.h"
+#include "kernels/splitmix.h"
 
 namespace spex {
 namespace {
@@ -76,8 +76,9 @@ class RandomK final : public Compressor {
       return s;
     }
     // Device: the positions go up once, for the gather and the zeroing; the values come back.
-    const auto* idx = static_cast<const uint32_t*>(scratch_.Upload(0, out->idx.data(), m * 4));
-    auto* val = static_cast<float*>(scratch_.Get(1, m * 4));
+    const auto* idx =
+        static_cast<const uint32_t*>(scratch_.Upload(0, out->idx.data(), m * 4).value_or(nullptr));
+    auto* val = static_cast<float*>(scratch_.Get(1, m * 4).value_or(nullptr));
     if (idx == nullptr || val == nullptr) return scratch_.TakeStatus();
     absl::Status s = prims_->Gather(acc, ctx.n, idx, m, val);
     if (s.ok()) scratch_.Fetch(out->val.data(), val, m * 4);

@@ -26,8 +26,11 @@
 #include <memory>
 #include <string>
 
-#include "kernels/compressors/common.h"
+#include "kernels/compressors/device_scratch.h"
 #include "kernels/compressors/factories.h"
+#include "kernels/compressors/magnitude_histogram.h"
+#include "kernels/compressors/selection.h"
+#include "kernels/compressors/threshold_scanner.h"
 #include "kernels/compressors/threshold_search.h"
 
 namespace spex {

@@ -16,7 +16,8 @@ struct Entry {
   Pattern pattern;
   CompressorFactory make;
   // Runs on device primitives: its primitive outputs go to device scratch (Scratch in
-  // compressors/common.h), so nothing it hands the primitives is host memory.
+  // primitives.h, used as compressors/device_scratch.h says), so nothing it hands the primitives is
+  // host memory.
   bool device;
 };
 

@@ -18,9 +18,12 @@
 #include <memory>
 #include <vector>
 
-#include "kernels/compressors/common.h"
+#include "kernels/compressors/device_scratch.h"
 #include "kernels/compressors/factories.h"
+#include "kernels/compressors/selection.h"
 #include "kernels/compressors/threshold_control.h"
+#include "kernels/compressors/threshold_scanner.h"
+#include "kernels/splitmix.h"
 
 namespace spex {
 
@@ -87,10 +90,10 @@ class Sage final : public Compressor {
     const size_t m = SlovinSampleSize(ctx.n);
     const uint64_t seed = StepSeed(seed_, ctx.node_rank, ctx.step);
     sample_.resize(m);
-    SampleToHost(prims_, acc, ctx.n, m, seed, sample_.data(), &scratch_);
+    (void)SampleToHost(prims_, acc, ctx.n, m, seed, sample_.data(), &scratch_);
     if (add) {
       add_sample_.resize(m);
-      SampleToHost(prims_, add, ctx.n, m, seed, add_sample_.data(), &scratch_);
+      (void)SampleToHost(prims_, add, ctx.n, m, seed, add_sample_.data(), &scratch_);
       for (size_t j = 0; j < m; ++j) sample_[j] += add_sample_[j];
     }
     double s = 0;

@@ -28,8 +28,9 @@
 #include <memory>
 #include <vector>
 
-#include "kernels/compressors/common.h"
+#include "kernels/compressors/device_scratch.h"
 #include "kernels/compressors/factories.h"
+#include "kernels/compressors/selection.h"
 #include "kernels/compressors/stat_math.h"
 
 namespace spex {
@@ -191,20 +192,21 @@ class Sidco final : public Compressor {
   const uint32_t* FetchFromList(const SurvivorList& list, float t, size_t cap, bool grow,
                                 std::vector<uint32_t>* idx, std::vector<float>* val) {
     cap = std::max<size_t>(cap, 1);
-    auto* pos = static_cast<uint32_t*>(pick_.Get(kPos, cap * 4));
-    auto* v = static_cast<float*>(pick_.Get(kVal, cap * 4));
+    auto* pos = static_cast<uint32_t*>(pick_.Get(kPos, cap * 4).value_or(nullptr));
+    auto* v = static_cast<float*>(pick_.Get(kVal, cap * 4).value_or(nullptr));
     if (pos == nullptr || v == nullptr) return nullptr;
     float* list_val = const_cast<float*>(list.val);
     size_t c = prims_->SelectAbove(list_val, 0, list.n, t, false, pos, v, cap);
     if (c > cap) {
       if (!grow) return nullptr;
       cap = c;
-      pos = static_cast<uint32_t*>(pick_.Get(kPos, cap * 4));
-      v = static_cast<float*>(pick_.Get(kVal, cap * 4));
+      pos = static_cast<uint32_t*>(pick_.Get(kPos, cap * 4).value_or(nullptr));
+      v = static_cast<float*>(pick_.Get(kVal, cap * 4).value_or(nullptr));
       if (pos == nullptr || v == nullptr) return nullptr;
       c = prims_->SelectAbove(list_val, 0, list.n, t, false, pos, v, cap);
     }
-    auto* at = static_cast<uint32_t*>(pick_.Get(kIdx, std::max<size_t>(c, 1) * 4));
+    auto* at =
+        static_cast<uint32_t*>(pick_.Get(kIdx, std::max<size_t>(c, 1) * 4).value_or(nullptr));
     if (at == nullptr) return nullptr;
     // The list's index words moved as floats: Gather copies 32-bit words without arithmetic.
     if (absl::Status st = prims_->Gather(reinterpret_cast<const float*>(list.idx), list.n, pos, c,
@@ -216,7 +218,8 @@ class Sidco final : public Compressor {
     const size_t base = idx->size();
     idx->resize(base + c);
     val->resize(base + c);
-    if (!pick_.Fetch(idx->data() + base, at, c * 4) || !pick_.Fetch(val->data() + base, v, c * 4)) {
+    if (!pick_.Fetch(idx->data() + base, at, c * 4).ok() ||
+        !pick_.Fetch(val->data() + base, v, c * 4).ok()) {
       idx->resize(base);
       val->resize(base);
       return nullptr;
@@ -315,8 +318,10 @@ class Sidco final : public Compressor {
   // few (at most cap, where `few`) comes back to the host vectors, as the host loops read it.
   void CollectOnDevice(float* acc, size_t n, float lb, size_t want, bool few, size_t cap,
                        SurvivorList* list) {
-    auto* idx = static_cast<uint32_t*>(dev_.Get(kListIdx, std::max<size_t>(want, 1) * 4));
-    auto* val = static_cast<float*>(dev_.Get(kListVal, std::max<size_t>(want, 1) * 4));
+    auto* idx =
+        static_cast<uint32_t*>(dev_.Get(kListIdx, std::max<size_t>(want, 1) * 4).value_or(nullptr));
+    auto* val =
+        static_cast<float*>(dev_.Get(kListVal, std::max<size_t>(want, 1) * 4).value_or(nullptr));
     if (idx == nullptr || val == nullptr) return;
     const size_t c = prims_->SelectAbove(acc, 0, n, StrictAbove(lb), false, idx, val, want);
     if (c > want) return;
@@ -328,7 +333,8 @@ class Sidco final : public Compressor {
       list_idx_.resize(c);
       list_val_.resize(c);
     }
-    if (dev_.Fetch(list_idx_.data(), idx, c * 4) && dev_.Fetch(list_val_.data(), val, c * 4)) {
+    if (dev_.Fetch(list_idx_.data(), idx, c * 4).ok() &&
+        dev_.Fetch(list_val_.data(), val, c * 4).ok()) {
       *list = {true, true, list_idx_.data(), list_val_.data(), c, lb};
     }
   }

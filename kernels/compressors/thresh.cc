@@ -5,8 +5,8 @@
 // Parameters: threshold (> 0; default: 1 / (2 sqrt(k))).
 #include <memory>
 
-#include "kernels/compressors/common.h"
 #include "kernels/compressors/factories.h"
+#include "kernels/compressors/selection.h"
 #include "kernels/compressors/threshold_control.h"
 
 namespace spex {

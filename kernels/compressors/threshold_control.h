@@ -18,8 +18,6 @@
 
 namespace spex {
 
-class Scratch;  // common.h
-
 enum class ThresholdControl { kReference, kHistogram };
 
 inline constexpr double kRefUpFactor = 1.005;       // ratio > 1.1: too many selected
@@ -39,7 +37,7 @@ size_t EvenShare(size_t k, int parts, int part);
 // every non-zero entry when there are fewer), appending ascending indices to out. `bins` is
 // scratch (resized to 2^16). Returns the threshold actually applied (the bin edge, or the
 // smallest kept magnitude after trimming); +Inf when nothing is selected. `scratch`: see
-// Scratch in common.h (device primitives).
+// device_scratch.h (device primitives).
 float HistogramQuotaSelect(Primitives* p, const float* acc, size_t begin, size_t end, size_t quota,
                            bool trim, std::vector<uint32_t>* bins, Selection* out,
                            Scratch* scratch = nullptr);

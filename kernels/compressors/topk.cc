@@ -6,8 +6,8 @@
 #include <cmath>
 #include <memory>
 
-#include "kernels/compressors/common.h"
 #include "kernels/compressors/factories.h"
+#include "kernels/compressors/selection.h"
 #include "kernels/compressors/topk_common.h"
 
 namespace spex {

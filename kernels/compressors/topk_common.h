@@ -4,12 +4,12 @@
 #include <memory>
 
 #include "kernels/compressor.h"
-#include "kernels/compressors/common.h"
+#include "kernels/primitives.h"
 
 namespace spex {
 
 // acc += add (if given), then the exact top-ctx.k of acc into out (zeroed in acc when `zero`);
-// sets out->scalars[0] to the k-th magnitude and returns it. `scratch`: see Scratch in common.h.
+// sets out->scalars[0] to the k-th magnitude and returns it. `scratch`: see device_scratch.h.
 float SelectTopK(Primitives* p, const StepContext& ctx, float* acc, const float* add, bool zero,
                  Selection* out, Scratch* scratch = nullptr);
 

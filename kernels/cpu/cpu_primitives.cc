@@ -10,6 +10,7 @@
 #include "kernels/cpu/simd_kernels.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/cpu/top_k.h"
+#include "kernels/splitmix.h"
 
 namespace spex {
 namespace {
@@ -25,12 +26,6 @@ struct Split {
   size_t Begin(size_t c) const { return begin + c * step; }
   size_t End(size_t c) const { return std::min(end, begin + (c + 1) * step); }
 };
-
-uint64_t SplitMix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
 
 absl::Status CheckIndices(const uint32_t* idx, size_t m, size_t n, const char* op) {
   if (m == 0 || simd::MaxIndex(idx, m) < n) return absl::OkStatus();
@@ -151,12 +146,11 @@ class CpuPrimitives final : public Primitives {
       // Positions of a batch first (prefetched), then the loads: many misses in flight.
       constexpr size_t kBatch = 256;
       size_t pos[kBatch];
-      uint64_t state = seed + b * 0x9e3779b97f4a7c15ull;
+      uint64_t state = seed + b * kSplitMix64Gamma;
       for (size_t j0 = b; j0 < e; j0 += kBatch) {
         const size_t len = std::min(kBatch, e - j0);
         for (size_t j = 0; j < len; ++j) {
-          state += 0x9e3779b97f4a7c15ull;
-          const uint64_t r = SplitMix64(state);
+          const uint64_t r = SplitMix64(&state);
           pos[j] = static_cast<size_t>((static_cast<unsigned __int128>(r) * n) >> 64);
           __builtin_prefetch(x + pos[j]);
         }

@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kernels/splitmix.h"
+
 #if defined(__CUDACC__)
 #define SPEX_HD __host__ __device__ __forceinline__
 #else
@@ -42,10 +44,7 @@ SPEX_HD uint32_t MagnitudeKey(float x) {
 
 // Sample's draw j: splitmix64 of seed + (j + 1) * golden ratio (primitives.h).
 SPEX_HD uint64_t SampleRandom(uint64_t seed, uint64_t j) {
-  uint64_t z = seed + (j + 1) * 0x9e3779b97f4a7c15ull;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
+  return SplitMix64Mix(seed + (j + 1) * kSplitMix64Gamma);
 }
 
 // floor(r * n / 2^64): the index draw j reads (always < n for n > 0).

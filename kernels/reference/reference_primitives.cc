@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/splitmix.h"
 
 namespace spex {
 namespace {
@@ -19,13 +20,6 @@ absl::Status CheckIndices(const uint32_t* idx, size_t m, size_t n, const char* o
     }
   }
   return absl::OkStatus();
-}
-
-uint64_t SplitMix(uint64_t* s) {
-  uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
 }
 
 class ReferencePrimitives final : public Primitives {
@@ -99,7 +93,7 @@ class ReferencePrimitives final : public Primitives {
   void Sample(const float* x, size_t n, size_t m, uint64_t seed, float* out) override {
     uint64_t s = seed;
     for (size_t j = 0; j < m; ++j) {
-      const unsigned __int128 r = SplitMix(&s);
+      const unsigned __int128 r = SplitMix64(&s);
       out[j] = n ? x[static_cast<size_t>((r * n) >> 64)] : 0.0f;
     }
   }

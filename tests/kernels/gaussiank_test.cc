@@ -7,7 +7,7 @@
 #include <cmath>
 #include <vector>
 
-#include "kernels/compressors/common.h"
+#include "kernels/compressors/selection.h"
 #include "kernels/compressors/stat_math.h"
 #include "kernels/compressors/threshold_search.h"
 #include "kernels/cpu/cpu_primitives.h"

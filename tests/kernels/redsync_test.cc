@@ -11,7 +11,8 @@
 #include <random>
 #include <string>
 
-#include "kernels/compressors/common.h"
+#include "kernels/compressors/magnitude_histogram.h"
+#include "kernels/compressors/selection.h"
 #include "kernels/compressors/threshold_search.h"
 #include "kernels/cpu/cpu_primitives.h"
 #include "tests/kernels/compressor_test_util.h"
