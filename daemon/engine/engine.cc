@@ -177,9 +177,12 @@ void Engine::Process(const std::vector<Bucket*>& group) {
   rec.compressor = b->compressor;
   const uint64_t t0 = MonotonicNanos();
   uint64_t t = t0;
+  const bool observed = !options_.observers.empty();
+  ExchangeEvent event;
   const Lap lap = [&](Phase p) {
     const uint64_t now = MonotonicNanos();
     rec.phase_seconds[static_cast<int>(p)] += (now - t) * 1e-9;
+    if (observed) event.spans.push_back({p, t, now});
     t = now;
   };
   Control control;
@@ -247,7 +250,20 @@ void Engine::Process(const std::vector<Bucket*>& group) {
     lap(Phase::kCollective);
   }
   rec.total_seconds = (MonotonicNanos() - t0) * 1e-9;
+  const uint64_t t_publish = MonotonicNanos();
   Publish(b, step, status, rec, terminal);
+  if (observed) {
+    const uint64_t now = MonotonicNanos();
+    rec.phase_seconds[static_cast<int>(Phase::kPublish)] += (now - t_publish) * 1e-9;
+    event.spans.push_back({Phase::kPublish, t_publish, now});
+    event.record = &rec;
+    event.code = status.code();
+    event.terminal = terminal;
+    event.elements = b->elements;
+    event.begin_ns = t0;
+    event.end_ns = now;
+    for (ExchangeObserver* o : options_.observers) o->OnExchange(event);
+  }
 }
 
 // Dense-fallback policy ("never slower than dense"): a sparse bucket first alternates sparse

@@ -7,11 +7,13 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "daemon/engine/observer.h"
 #include "daemon/merge/merger.h"
 #include "kernels/compressor.h"
 #include "kernels/primitives.h"
@@ -55,6 +57,9 @@ struct EngineOptions {
   // and after each), never while it is inside a collective; spexd feeds the systemd watchdog
   // from it. Optional.
   std::function<void()> heartbeat;
+  // Told about every published exchange, on the engine thread (metrics, timeline). Owned by the
+  // caller; they outlive the engine.
+  std::vector<ExchangeObserver*> observers;
 };
 
 // The checks every engine makes at Start(): InvalidArgument naming the option (as its spexd

@@ -1,4 +1,4 @@
-// The sparse exchange patterns of ALGORITHMS.md section 8, over any Collective:
+// The sparse exchange patterns (docs/algorithms.md#patterns), over any Collective:
 //  A: index all-gather (counts implied by the variable-size gather) -> union of indices ->
 //     every node's acc at the union, summed by an all-reduce -> out[I] = sum * scale.
 //  B: all-gather of (index, value) chunks in the wire format (no padding) -> validate ->

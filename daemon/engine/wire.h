@@ -1,5 +1,5 @@
 // A node's sparse contribution to one exchange, as it travels between daemons
-// (DESIGN.md "Sparse chunk on the wire"): a fixed 48-byte header, then `count` uint32 indices,
+// (docs/algorithms.md#wire): a fixed 48-byte header, then `count` uint32 indices,
 // then `count` values (float32, or float16 when kChunkFp16 is set). Little-endian.
 // DecodeChunk validates everything against the bucket before anything is written: a bad peer
 // is an error, never an out-of-bounds write.

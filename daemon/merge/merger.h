@@ -1,4 +1,4 @@
-// Seam 5 of DESIGN.md: the Merger decides which ready buckets are fused into one exchange.
+// The merging seam (docs/design.md#seams): the Merger decides which ready buckets are fused into one exchange.
 // The engine hands it the buckets every local trainer registered, in the canonical order
 // (ascending next step, then bucket id: the same on every node), and exchanges the group it
 // returns. Implementations:
