@@ -6,6 +6,8 @@ set -euo pipefail
 PKGS=(
   # build
   bazel-bootstrap g++ pkg-config
+  # format and lint (tests/format_check.sh, tests/tidy_check.sh)
+  clang-format clang-tidy
   # control channel
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc libabsl-dev
   # transport

@@ -25,6 +25,13 @@ if [ -d kernels/cuda ] && grep -q "spex_cuda" .bazelrc && ls kernels/cuda/*.cu >
   fi
 fi
 
+echo "== format (tests/format_check.sh)"
+if bash tests/format_check.sh; then
+  extra_pass=$((extra_pass + 1))
+else
+  extra_fail=$((extra_fail + 1))
+fi
+
 echo "== tests"
 "${BAZEL[@]}" test "${TEST_FLAGS[@]}" //tests/... 2>&1 | tail -n 60
 
