@@ -25,6 +25,8 @@ PKGS=(
   iproute2 iptables libnetfilter-queue-dev
   # SLURM launch example and its test (deploy/slurm, tests/integration/slurm_test.sh)
   slurm-wlm munge
+  # metrics (spexd --metrics_address: prometheus-cpp's pull exposer) and promtool for its test
+  prometheus-cpp-dev prometheus
   # systemd-analyze for the unit checks (deploy/systemd; not in a bare Debian 12 container)
   systemd
 )
