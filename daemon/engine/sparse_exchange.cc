@@ -50,10 +50,9 @@ absl::Status ExchangeIndexUnion(Collective* coll, Primitives* prims, const Spars
                                 absl::Span<const uint32_t> my_idx, const float* acc, float* out,
                                 SparseExchangeResult* res, const DeviceSide* device) {
   const int n = coll->size();
-  // Indices travel in a wire chunk with no values, so the receiver validates them.
+  // Indices travel in an index-only wire chunk, validated by the receiver.
   std::vector<uint8_t> mine;
-  EncodeChunk(args.group_id, args.step, args.elements, my_idx, {}, false, args.scalars, &mine);
-  mine.resize(sizeof(ChunkHeader) + my_idx.size() * 4);  // drop the (empty) value section
+  EncodeIndexChunk(args.group_id, args.step, args.elements, my_idx, args.scalars, &mine);
   std::vector<size_t> bytes;
   std::vector<uint8_t> all;
   if (absl::Status s = coll->AllGatherV(mine.data(), mine.size(), &bytes, &all); !s.ok()) return s;
@@ -64,32 +63,11 @@ absl::Status ExchangeIndexUnion(Collective* coll, Primitives* prims, const Spars
   std::vector<size_t> runs(1, 0);
   size_t off = 0;
   for (int r = 0; r < n; ++r) {
-    if (bytes[r] < sizeof(ChunkHeader) || (bytes[r] - sizeof(ChunkHeader)) % 4 != 0) {
-      return absl::DataLossError(
-          absl::StrCat("malformed index chunk from node ", r, ": ", bytes[r], " bytes"));
-    }
-    // Re-frame as a value-less chunk of `count` entries for validation.
-    ChunkHeader h;
-    std::memcpy(&h, all.data() + off, sizeof(h));
-    const uint32_t count = static_cast<uint32_t>((bytes[r] - sizeof(ChunkHeader)) / 4);
-    if (h.magic != kChunkMagic || h.count != count || h.group_id != args.group_id ||
-        h.step != args.step || h.elements != args.elements || count > args.elements) {
-      return absl::DataLossError(absl::StrCat("malformed index chunk from node ", r, " for bucket ",
-                                              args.group_id, " step ", args.step,
-                                              ": header says bucket ", h.group_id, " step ", h.step,
-                                              " count ", h.count, " of ", h.elements, " elements"));
-    }
-    const uint8_t* p = all.data() + off + sizeof(ChunkHeader);
-    const size_t start = concat.size();
-    concat.resize(start + count);
-    std::memcpy(concat.data() + start, p, 4ull * count);
-    for (uint32_t i = 0; i < count; ++i) {
-      if (concat[start + i] >= args.elements) {
-        return absl::DataLossError(absl::StrCat("node ", r, " sent index ", concat[start + i],
-                                                " outside bucket ", args.group_id, " (",
-                                                args.elements, " elements)"));
-      }
-    }
+    absl::StatusOr<DecodedChunk> d =
+        DecodeIndexChunk(all.data() + off, bytes[r], args.group_id, args.step, args.elements, r);
+    if (!d.ok()) return d.status();
+    const uint32_t count = d->header.count;
+    concat.insert(concat.end(), d->idx, d->idx + count);
     res->counts[r] = count;
     runs.push_back(concat.size());
     off += bytes[r];

@@ -6,8 +6,8 @@
 
 namespace spex {
 
-size_t ChunkBytes(uint32_t count, bool fp16) {
-  return sizeof(ChunkHeader) + static_cast<size_t>(count) * (4 + (fp16 ? 2 : 4));
+size_t ChunkBytes(uint32_t count, bool fp16, bool index_only) {
+  return sizeof(ChunkHeader) + static_cast<size_t>(count) * (4 + (index_only ? 0 : fp16 ? 2 : 4));
 }
 
 uint16_t FloatToHalf(float f) {
@@ -87,8 +87,28 @@ void EncodeChunk(uint64_t group_id, uint64_t step, uint32_t elements,
   }
 }
 
-absl::StatusOr<DecodedChunk> DecodeChunk(const uint8_t* data, size_t bytes, uint64_t group_id,
-                                         uint64_t step, uint32_t elements, int peer) {
+void EncodeIndexChunk(uint64_t group_id, uint64_t step, uint32_t elements,
+                      absl::Span<const uint32_t> idx, const float scalars[4],
+                      std::vector<uint8_t>* out) {
+  ChunkHeader h{};
+  h.magic = kChunkMagic;
+  h.version = kChunkVersion;
+  h.flags = kChunkIndexOnly;
+  h.group_id = group_id;
+  h.step = step;
+  h.count = static_cast<uint32_t>(idx.size());
+  h.elements = elements;
+  if (scalars) std::memcpy(h.scalars, scalars, sizeof(h.scalars));
+  const size_t at = out->size();
+  out->resize(at + ChunkBytes(h.count, false, true));
+  std::memcpy(out->data() + at, &h, sizeof(h));
+  std::memcpy(out->data() + at + sizeof(h), idx.data(), idx.size() * 4);
+}
+
+namespace {
+
+absl::StatusOr<DecodedChunk> Decode(const uint8_t* data, size_t bytes, uint64_t group_id,
+                                    uint64_t step, uint32_t elements, int peer, bool index_only) {
   auto bad = [&](const std::string& what) {
     return absl::DataLossError(absl::StrCat("malformed sparse chunk from node ", peer,
                                             " for bucket ", group_id, " step ", step, ": ", what));
@@ -101,7 +121,12 @@ absl::StatusOr<DecodedChunk> DecodeChunk(const uint8_t* data, size_t bytes, uint
   if (h.magic != kChunkMagic) return bad("bad magic");
   if (h.version != kChunkVersion)
     return bad(absl::StrCat("wire version ", h.version, ", this daemon speaks 1"));
-  if (h.flags & ~kChunkFp16) return bad(absl::StrCat("unknown flags 0x", absl::Hex(h.flags)));
+  if (h.flags & ~(kChunkFp16 | kChunkIndexOnly))
+    return bad(absl::StrCat("unknown flags 0x", absl::Hex(h.flags)));
+  if (((h.flags & kChunkIndexOnly) != 0) != index_only) {
+    return bad(index_only ? "a chunk with values where indices alone were expected"
+                          : "an index-only chunk where values were expected");
+  }
   if (h.group_id != group_id || h.step != step) {
     return bad(absl::StrCat("it is for bucket ", h.group_id, " step ", h.step,
                             " (bucket order differs between nodes)"));
@@ -111,10 +136,9 @@ absl::StatusOr<DecodedChunk> DecodeChunk(const uint8_t* data, size_t bytes, uint
   if (h.count > elements)
     return bad(absl::StrCat("count ", h.count, " exceeds the bucket's ", elements, " elements"));
   const bool fp16 = h.flags & kChunkFp16;
-  if (bytes != ChunkBytes(h.count, fp16)) {
-    return bad(
-        absl::StrCat(bytes, " bytes, but count ", h.count, " needs ", ChunkBytes(h.count, fp16)));
-  }
+  const size_t want = ChunkBytes(h.count, fp16, index_only);
+  if (bytes != want)
+    return bad(absl::StrCat(bytes, " bytes, but count ", h.count, " needs ", want));
   d.idx = reinterpret_cast<const uint32_t*>(data + sizeof(ChunkHeader));
   for (uint32_t i = 0; i < h.count; ++i) {
     uint32_t ix;
@@ -123,6 +147,7 @@ absl::StatusOr<DecodedChunk> DecodeChunk(const uint8_t* data, size_t bytes, uint
       return bad(absl::StrCat("index ", ix, " at position ", i, " is outside the bucket (",
                               elements, ")"));
   }
+  if (index_only) return d;
   const uint8_t* v = data + sizeof(ChunkHeader) + 4ull * h.count;
   d.values.resize(h.count);
   if (fp16) {
@@ -135,6 +160,18 @@ absl::StatusOr<DecodedChunk> DecodeChunk(const uint8_t* data, size_t bytes, uint
     std::memcpy(d.values.data(), v, 4ull * h.count);
   }
   return d;
+}
+
+}  // namespace
+
+absl::StatusOr<DecodedChunk> DecodeChunk(const uint8_t* data, size_t bytes, uint64_t group_id,
+                                         uint64_t step, uint32_t elements, int peer) {
+  return Decode(data, bytes, group_id, step, elements, peer, false);
+}
+
+absl::StatusOr<DecodedChunk> DecodeIndexChunk(const uint8_t* data, size_t bytes, uint64_t group_id,
+                                              uint64_t step, uint32_t elements, int peer) {
+  return Decode(data, bytes, group_id, step, elements, peer, true);
 }
 
 }  // namespace spex

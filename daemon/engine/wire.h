@@ -18,6 +18,7 @@ namespace spex {
 inline constexpr uint32_t kChunkMagic = 0x43585053;  // "SPXC"
 inline constexpr uint16_t kChunkVersion = 1;
 inline constexpr uint16_t kChunkFp16 = 1;
+inline constexpr uint16_t kChunkIndexOnly = 2;  // pattern A: indices, no value section
 
 struct ChunkHeader {
   uint32_t magic;
@@ -31,12 +32,17 @@ struct ChunkHeader {
 };
 static_assert(sizeof(ChunkHeader) == 48);
 
-size_t ChunkBytes(uint32_t count, bool fp16);
+size_t ChunkBytes(uint32_t count, bool fp16, bool index_only = false);
 
 // Appends one encoded chunk to `out`.
 void EncodeChunk(uint64_t group_id, uint64_t step, uint32_t elements,
                  absl::Span<const uint32_t> idx, absl::Span<const float> val, bool fp16,
                  const float scalars[4], std::vector<uint8_t>* out);
+
+// Appends one index-only chunk (flags = kChunkIndexOnly: the header and `idx`, no values).
+void EncodeIndexChunk(uint64_t group_id, uint64_t step, uint32_t elements,
+                      absl::Span<const uint32_t> idx, const float scalars[4],
+                      std::vector<uint8_t>* out);
 
 // A decoded view; indices point into the chunk, values are converted when fp16.
 struct DecodedChunk {
@@ -46,8 +52,12 @@ struct DecodedChunk {
 };
 
 // Checks magic, version, flags, group, step, bucket size, byte length and every index < elements.
+// A chunk with the index-only flag is refused here.
 absl::StatusOr<DecodedChunk> DecodeChunk(const uint8_t* data, size_t bytes, uint64_t group_id,
                                          uint64_t step, uint32_t elements, int peer);
+// The same checks for an index-only chunk (the flag is required; `values` stays empty).
+absl::StatusOr<DecodedChunk> DecodeIndexChunk(const uint8_t* data, size_t bytes, uint64_t group_id,
+                                              uint64_t step, uint32_t elements, int peer);
 
 uint16_t FloatToHalf(float f);
 float HalfToFloat(uint16_t h);

@@ -66,5 +66,41 @@ TEST(Wire, MalformedChunksAreRejectedBeforeAnyWrite) {
   EXPECT_NE(s.message().find("node 3"), std::string::npos) << s;
 }
 
+TEST(Wire, IndexOnlyChunksHaveTheirOwnDecoder) {
+  std::vector<uint32_t> idx = {0, 4, 9};
+  std::vector<uint8_t> chunk;
+  EncodeIndexChunk(5, 2, 10, idx, nullptr, &chunk);
+  ASSERT_EQ(chunk.size(), sizeof(ChunkHeader) + 3 * 4);
+  auto d = DecodeIndexChunk(chunk.data(), chunk.size(), 5, 2, 10, 1);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->header.count, 3u);
+  EXPECT_EQ(std::vector<uint32_t>(d->idx, d->idx + 3), idx);
+  EXPECT_TRUE(d->values.empty());
+  // The other decoder refuses it, and this one refuses a chunk with values.
+  auto as_values = DecodeChunk(chunk.data(), chunk.size(), 5, 2, 10, 1);
+  EXPECT_EQ(as_values.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(as_values.status().message().find("index-only"), std::string::npos);
+  std::vector<float> val = {1, 2, 3};
+  std::vector<uint8_t> with_values;
+  EncodeChunk(5, 2, 10, idx, val, false, nullptr, &with_values);
+  EXPECT_EQ(DecodeIndexChunk(with_values.data(), with_values.size(), 5, 2, 10, 1).status().code(),
+            absl::StatusCode::kDataLoss);
+  // Version, length and index checks apply as to every chunk.
+  auto b = chunk;
+  b[offsetof(ChunkHeader, version)] = 9;
+  EXPECT_NE(DecodeIndexChunk(b.data(), b.size(), 5, 2, 10, 1).status().message().find("version"),
+            std::string::npos);
+  b = chunk;
+  b.resize(b.size() - 1);
+  EXPECT_NE(DecodeIndexChunk(b.data(), b.size(), 5, 2, 10, 1).status().message().find("needs"),
+            std::string::npos);
+  b = chunk;
+  uint32_t out = 10;
+  std::memcpy(b.data() + sizeof(ChunkHeader) + 8, &out, 4);
+  auto bad = DecodeIndexChunk(b.data(), b.size(), 5, 2, 10, 1);
+  EXPECT_NE(bad.status().message().find("index 10"), std::string::npos) << bad.status();
+  EXPECT_NE(bad.status().message().find("node 1"), std::string::npos) << bad.status();
+}
+
 }  // namespace
 }  // namespace spex
