@@ -16,7 +16,9 @@ R="${RUNFILES_DIR:-${TEST_SRCDIR:-$PWD/..}}/spex"
 source "$R/tests/support/shtest.sh"
 source "$R/tests/integration/skip_junit.sh"
 export SPEX_HOME="$R" SPEXD="$R/daemon/spexd" SPEX_TRAINER="$R/client/spex_trainer"
-export SPEXCTL="$R/client/spexctl"
+export SPEXCTL="$R/client/spexctl" SPEX_START_TIMEOUT=30
+# Debugging: SPEX_SLURM_KEEP=1 keeps each cluster's scratch directory (logs, job output);
+# SPEX_SLURM_ONLY_4HOSTS=1 runs only the 4-host case.
 unset SPEX_JOB SPEX_SOCKET SPEX_LOCAL_DAEMON SPEXD_ARGS SPEX_TRAINER_LAUNCH
 PY=/usr/bin/python3
 S=""            # the current cluster's scratch directory (not under /tmp: hosts get their own)
