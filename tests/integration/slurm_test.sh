@@ -27,14 +27,22 @@ NETNS=()        # network namespaces this test created
 HOSTS=()        # compute host names ("" = this machine, single node)
 CTL=""          # the host that runs slurmctld and the Slurm commands ("" = this machine)
 
-inhost() {  # host cmd...: net namespace + own host name + /etc/hosts + private /tmp
-  local h=$1; shift
-  if [ -z "$h" ]; then "$@"; return; fi
-  nsenter --net="/run/netns/$NSP$h" unshare --uts --mount --propagation slave bash -c '
+# in_host_argv host: sets IN_HOST to the command prefix that runs a command in that emulated
+# host (net namespace, own host name, /etc/hosts, private /tmp; every stage execs the next, so
+# `"${IN_HOST[@]}" daemon &` gives the daemon's own pid in $!); empty for this machine.
+in_host_argv() {
+  IN_HOST=()
+  [ -z "$1" ] && return 0
+  IN_HOST=(nsenter --net="/run/netns/$NSP$1" unshare --uts --mount --propagation slave bash -c '
     h=$0 s=$1; shift; hostname "$h"
     mount --bind "$s/etc-hosts" /etc/hosts && mount --bind "$s/etc-resolv" /etc/resolv.conf &&
       mount --bind "$s/hosts/$h/tmp" /tmp || exit 97
-    exec "$@"' "$h" "$S" "$@"
+    exec "$@"' "$1" "$S")
+}
+inhost() {  # host cmd...: runs cmd in the host (foreground only: see in_host_argv)
+  local IN_HOST
+  in_host_argv "$1"; shift
+  "${IN_HOST[@]}" "$@"
 }
 on_ctl() { inhost "$CTL" "$@"; }
 host_tmp() { [ -z "$1" ] && echo /tmp || echo "$S/hosts/$1/tmp"; }
@@ -152,13 +160,23 @@ $node_line
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
 CONF
   export SLURM_CONF="$S/slurm.conf"
-  on_ctl slurmctld -D -i >"$S/log/slurmctld.out" 2>&1 &
+  # Started straight from this shell (no function or subshell in between), so that $! is the
+  # daemon's pid.
+  local h IN_HOST
+  in_host_argv "$CTL"
+  "${IN_HOST[@]}" slurmctld -D -i >"$S/log/slurmctld.out" 2>&1 &
   PIDS+=($!)
-  local h
   for h in "${HOSTS[@]}"; do
     mkdir -p "$S/spool/${h:-$(hostname)}"
-    inhost "$h" slurmd -D >"$S/log/slurmd-${h:-local}.out" 2>&1 &
+    in_host_argv "$h"
+    "${IN_HOST[@]}" slurmd -D >"$S/log/slurmd-${h:-local}.out" 2>&1 &
     PIDS+=($!)
+  done
+  sleep 0.2
+  for i in "${PIDS[@]}"; do  # each pid must be the daemon itself
+    case "$(cat "/proc/$i/comm" 2>/dev/null)" in munged | slurmctld | slurmd) ;;
+      *) echo "pid $i is '$(cat "/proc/$i/comm" 2>/dev/null)', not a daemon"; return 1 ;;
+    esac
   done
   for i in $(seq 150); do
     [ "$(on_ctl sinfo -h -o '%t' 2>/dev/null | sort -u)" = idle ] && return 0
