@@ -5,17 +5,17 @@
 //  - results equal the CPU path's bit for bit, for dense, every sparse compressor (all run on
 //    device primitives: topk, gtopk, randomk, dgc, gaussiank, redsync, redsync_trim, sage,
 //    sidco_e, sidco_p, sidco_gp: pattern B; topk_union, cltk, thresh, micro, exdyna, deft:
-//    pattern A) and a staged one (sidco_e built by a test codec factory, which the engine hands
-//    its host primitives on staged host copies; the factory refuses device primitives), 2 and
-//    4 nodes x 2 trainers, both signalling paths, with and without the dense-fallback probe
-//    (some); the device compressors' steps copy no whole bucket (no staging), the staged one
-//    makes exactly the three documented staging copies;
+//    pattern A), 2 and 4 nodes x 2 trainers, both signalling paths, with and without the
+//    dense-fallback probe (some); the device compressors' steps copy no whole bucket (no
+//    staging);
+//  - a test compressor factory that refuses device primitives (the factory gets the bucket's
+//    primitives) makes RegisterBucket fail with an error naming the bucket, leaving no buffer;
 //  - per exchange the engine waits for every trainer's input event before touching the bucket,
 //    and records the output event after writing it and before publishing;
 //  - a node whose input events fail makes every node skip that step with an error, no hang;
-//  - the RegisterBucket reply carries a cuda_ipc device descriptor that decodes with the right
-//    sizes and events, and the unchanged client (gRPC, IpcHandleCache) exchanges through it;
 //  - misconfigured device paths are refused at Start with what to fix.
+// The service and client side of the device path is device_service_test.cc.
+// Every cluster is the fixture of tests/support/engine_cluster.h with a FakeDevice per node.
 #include <unistd.h>
 
 #include <atomic>
@@ -30,20 +30,16 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "client/client.h"
-#include "daemon/engine/codec.h"
 #include "daemon/engine/engine.h"
 #include "daemon/memory/cuda_ipc_buffer.h"
-#include "daemon/memory/futex.h"
-#include "daemon/service/spex_service.h"
-#include "daemon/transport/inproc_collective.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "kernels/compressor.h"
 #include "proto/spex.pb.h"
 #include "tests/cuda/fake_device.h"
+#include "tests/support/engine_cluster.h"
 
-namespace spex {
+namespace spex::test {
 namespace {
 
 using fake::FakeDevice;
@@ -67,43 +63,26 @@ float Value(int node, int trainer, uint64_t bucket, uint64_t step, size_t i) {
   return static_cast<float>(g * (1.0 + 4.0 * ((i * 2654435761u) % 97 == 0)) * 1e-3);
 }
 
-// Where a trainer finds its bucket's pieces in a grant (CPU or device path).
-struct View {
-  BucketHeader* header = nullptr;
-  float* input = nullptr;
-  const float* output = nullptr;
-  uint64_t device_buffer = 0;  // FakeBuffer id; 0 on the CPU path
-};
-
-View ViewOf(const BucketGrant& g) {
-  View v;
-  auto* shm = static_cast<uint8_t*>(const_cast<ShmBuffer*>(g.buffer)->data());
-  v.header = reinterpret_cast<BucketHeader*>(shm);
-  if (g.device_buffer == nullptr) {
-    v.input = reinterpret_cast<float*>(shm + g.input_offset);
-    v.output = reinterpret_cast<const float*>(shm + g.output_offset);
-    return v;
-  }
-  auto* buffer = const_cast<SharedBuffer*>(g.device_buffer);
-  auto* base = static_cast<uint8_t*>(buffer->data());
-  v.input = reinterpret_cast<float*>(base + g.device_input_offset);
-  v.output = reinterpret_cast<const float*>(base + g.device_output_offset);
-  v.device_buffer = dynamic_cast<fake::FakeBuffer*>(buffer)->id();
-  return v;
+// The FakeBuffer id of a device grant's buffer (0 on the CPU path).
+uint64_t FakeBufferId(const BucketGrant& g) {
+  if (g.device_buffer == nullptr) return 0;
+  return dynamic_cast<const fake::FakeBuffer*>(g.device_buffer)->id();
 }
 
-void MarkReady(DoorbellSegment* bell, BucketHeader* h, uint32_t rank, uint64_t step) {
-  h->ready[rank].value.store(step + 1);
-  bell->ring.fetch_add(1);
-  if (bell->engine_sleeping.load()) FutexWake(&bell->ring);
-}
-
-void WaitPublished(BucketHeader* h, uint64_t step) {
-  h->waiters.fetch_add(1);
-  for (uint32_t cur; (cur = h->published.load()) != static_cast<uint32_t>(step + 1);) {
-    FutexWait(&h->published, cur, 100 * 1000 * 1000);
-  }
-  h->waiters.fetch_sub(1);
+// An engine cluster of `nodes` engines on the fake device: one FakeDevice per node (in
+// `devices`, which must outlive the cluster), its primitives and path, the collective checked.
+EngineClusterOptions OnFakeDevices(int nodes, std::vector<std::unique_ptr<FakeDevice>>* devices) {
+  EngineClusterOptions o;
+  o.nodes = nodes;
+  o.engine.shm_tag = "devtest";
+  o.parts = [devices](int n) {
+    FakeDevice* d = (*devices)[n].get();
+    return NodeParts{d->device_prims(), d->path()};
+  };
+  o.wrap = [devices](int n, std::unique_ptr<Collective> c) {
+    return fake::CheckedCollective(std::move(c), (*devices)[n].get());
+  };
+  return o;
 }
 
 struct RunConfig {
@@ -111,15 +90,9 @@ struct RunConfig {
   int nodes = 2;
   int trainers = 2;
   int steps = 6;
-  std::string dense_fallback = "off";
+  DenseFallback dense_fallback = DenseFallback::kOff;
   bool device = false;
-  // Codecs from a test codec factory (the library's, refusing device primitives): the engine
-  // stages such a codec's steps through host copies on the device path.
-  bool staged = false;
 };
-
-// "staged_<compressor>" names a staged case.
-constexpr char kStagedPrefix[] = "staged_";
 
 // What one run saw: every trainer's output per step and bucket, trainer 0's records.
 struct RunResult {
@@ -130,6 +103,18 @@ struct RunResult {
   std::vector<std::unique_ptr<FakeDevice>> devices;
   std::vector<std::string> errors;
 };
+
+// One engine on `device`.
+EngineClusterOptions OnFakeDevice(FakeDevice* device) {
+  EngineClusterOptions o;
+  o.nodes = 1;
+  o.engine.shm_tag = "devtest";
+  o.parts = [device](int) { return NodeParts{device->device_prims(), device->path()}; };
+  o.wrap = [device](int, std::unique_ptr<Collective> c) {
+    return fake::CheckedCollective(std::move(c), device);
+  };
+  return o;
+}
 
 // N engines (threads as nodes) x L trainers, buckets kSparseBucket (the compressor) and
 // kDenseBucket ("dense"). Trainer 0 exchanges through the Exchange call, the others through
@@ -146,87 +131,57 @@ RunResult RunCluster(const RunConfig& c) {
   r.records.assign(
       N, std::vector<std::vector<ExchangeRecord>>(c.steps, std::vector<ExchangeRecord>(2)));
   r.errors.assign(N * L, "");
-  InProcessHub hub(N, absl::Seconds(20));
-  std::vector<std::unique_ptr<Primitives>> cpu;
-  std::vector<std::unique_ptr<Collective>> colls;
-  std::vector<std::unique_ptr<Engine>> engines;
-  for (int n = 0; n < N; ++n) {
-    EngineOptions o;
-    o.local_trainers = L;
-    o.shm_tag = "devtest";
-    o.dense_fallback = c.dense_fallback;
-    o.probe_steps = 3;
-    o.min_sparse_elements = 0;
-    o.residual_norm_every = 1;
-    if (c.staged) {
-      o.codec_factory = [](const CodecSpec& spec,
-                           Primitives* p) -> absl::StatusOr<std::unique_ptr<Codec>> {
-        if (p->device() != Device::kCpu) {
-          return absl::UnimplementedError("the staged test codecs run on host primitives only");
-        }
-        return MakeCodec(spec, p);
-      };
-    }
-    if (c.device) {
+  EngineClusterOptions o;
+  if (c.device) {
+    for (int n = 0; n < N; ++n) {
       r.devices.push_back(std::make_unique<FakeDevice>(/*ordinal=*/0, /*cpu_threads=*/1));
-      FakeDevice* d = r.devices.back().get();
-      colls.push_back(fake::CheckedCollective(hub.Connect(n), d));
-      engines.push_back(
-          std::make_unique<Engine>(o, colls.back().get(), d->device_prims(), d->path()));
-    } else {
-      cpu.push_back(MakeCpuPrimitives(1));
-      colls.push_back(hub.Connect(n));
-      engines.push_back(std::make_unique<Engine>(o, colls.back().get(), cpu.back().get()));
     }
-    absl::Status started = engines.back()->Start();
-    if (!started.ok()) {
-      r.errors[0] = started.ToString();
-      return r;
-    }
+    o = OnFakeDevices(N, &r.devices);
+  } else {
+    o.nodes = N;
+    o.cpu_primitives = true;
+    o.engine.shm_tag = "devtest";
   }
-  std::vector<std::thread> threads;
-  for (int n = 0; n < N; ++n) {
-    for (int t = 0; t < L; ++t) {
-      threads.emplace_back([&, n, t] {
-        std::string& err = r.errors[n * L + t];
-        Engine& e = *engines[n];
-        auto hello = e.Hello("", t, L, 0, "t");
-        if (!hello.ok()) return void(err = hello.status().ToString());
-        auto* bell = static_cast<DoorbellSegment*>(const_cast<ShmBuffer*>(hello->doorbell)->data());
-        View views[2];
+  o.trainers = L;
+  o.engine.dense_fallback = c.dense_fallback;
+  o.engine.probe_steps = 3;
+  o.engine.min_sparse_elements = 0;
+  o.engine.residual_norm_every = 1;
+  EngineCluster cluster(o);
+  if (!cluster.status().ok()) {
+    r.errors[0] = cluster.status().ToString();
+    return r;
+  }
+  cluster.ForEachTrainer([&](int n, int t) {
+    std::string& err = r.errors[n * L + t];
+    auto tr = Trainer::Open(&cluster.engine(n), t, L);
+    if (!tr.ok()) return void(err = tr.status().ToString());
+    for (int b = 0; b < 2; ++b) {
+      auto g = tr->Register(ids[b], sizes[b], compressors[b], 0.01);
+      if (!g.ok()) return void(err = g.status().ToString());
+      if ((g->device_buffer != nullptr) != c.device) return void(err = "wrong kind of grant");
+    }
+    for (int s = 0; s < c.steps; ++s) {
+      for (int b = 0; b < 2; ++b) {
+        tr->Fill(ids[b], [&](size_t i) { return Value(n, t, ids[b], s, i); });
+      }
+      if (t == 0) {
         for (int b = 0; b < 2; ++b) {
-          auto g = e.RegisterBucket(hello->session_id, ids[b], sizes[b], compressors[b], 0.01);
-          if (!g.ok()) return void(err = g.status().ToString());
-          if ((g->device_buffer != nullptr) != c.device) return void(err = "wrong kind of grant");
-          views[b] = ViewOf(*g);
+          auto rec = tr->Exchange(ids[b], s);
+          if (!rec.ok()) return void(err = rec.status().ToString());
+          r.records[n][s][b] = *rec;
         }
-        for (int s = 0; s < c.steps; ++s) {
-          for (int b = 0; b < 2; ++b) {
-            for (size_t i = 0; i < sizes[b]; ++i) views[b].input[i] = Value(n, t, ids[b], s, i);
-          }
-          if (t == 0) {
-            for (int b = 0; b < 2; ++b) {
-              auto rec = e.Exchange(hello->session_id, ids[b], s, absl::Now() + absl::Seconds(20));
-              if (!rec.ok()) return void(err = rec.status().ToString());
-              r.records[n][s][b] = *rec;
-            }
-          } else {
-            for (int k = 0; k < 2; ++k) MarkReady(bell, views[n % 2 ? 1 - k : k].header, t, s);
-            for (int b = 0; b < 2; ++b) WaitPublished(views[b].header, s);
-            for (int b = 0; b < 2; ++b) {
-              if (views[b].header->status.load() != 0) return void(err = "a step failed");
-            }
-          }
-          for (int b = 0; b < 2; ++b) {
-            r.outputs[n][t][s][b].assign(views[b].output, views[b].output + sizes[b]);
-          }
+      } else {
+        for (int k = 0; k < 2; ++k) tr->MarkReady(ids[n % 2 ? 1 - k : k], s);
+        for (int b = 0; b < 2; ++b) {
+          if (!tr->WaitPublished(ids[b], s).ok()) return void(err = "a step failed");
         }
-      });
+      }
+      for (int b = 0; b < 2; ++b) {
+        r.outputs[n][t][s][b].assign(tr->output(ids[b]), tr->output(ids[b]) + sizes[b]);
+      }
     }
-  }
-  for (auto& th : threads) th.join();
-  for (auto& e : engines) e->RequestStop();
-  engines.clear();
+  });
   return r;
 }
 
@@ -240,11 +195,9 @@ class DevicePathMatchesCpuPath : public testing::TestWithParam<Case> {};
 
 TEST_P(DevicePathMatchesCpuPath, BitForBit) {
   RunConfig c;
-  std::tie(c.compressor, c.nodes, c.dense_fallback) = GetParam();
-  if (c.compressor.rfind(kStagedPrefix, 0) == 0) {
-    c.compressor = c.compressor.substr(sizeof(kStagedPrefix) - 1);
-    c.staged = true;
-  }
+  std::string fallback;
+  std::tie(c.compressor, c.nodes, fallback) = GetParam();
+  c.dense_fallback = fallback == "auto" ? DenseFallback::kAuto : DenseFallback::kOff;
   RunResult cpu = RunCluster(c);
   c.device = true;
   RunResult dev = RunCluster(c);
@@ -281,15 +234,13 @@ TEST_P(DevicePathMatchesCpuPath, BitForBit) {
 
   // What the device path did on the fake device.
   const uint64_t bytes = kSparseElements * sizeof(float);
-  uint64_t to_host = 0, from_host = 0, to_host_bytes = 0, from_host_bytes = 0;
+  uint64_t to_host = 0, from_host = 0;
   uint64_t whole_to_host = 0, whole_from_host = 0;  // copies of a whole sparse bucket
   for (const auto& d : dev.devices) {
     for (const std::string& v : d->violations()) ADD_FAILURE() << v;
     const fake::Staging st = d->staging();
     to_host += st.to_host_calls;
     from_host += st.from_host_calls;
-    to_host_bytes += st.to_host_bytes;
-    from_host_bytes += st.from_host_bytes;
     if (auto it = st.to_host_sizes.find(bytes); it != st.to_host_sizes.end()) {
       whole_to_host += it->second;
     }
@@ -309,23 +260,15 @@ TEST_P(DevicePathMatchesCpuPath, BitForBit) {
   } else {
     EXPECT_GT(sparse_steps, 0);
   }
-  if (c.compressor == "dense" || !c.staged) {
-    ASSERT_TRUE(c.compressor == "dense" || CompressorRunsOnDevice(c.compressor));
-    // The compressor selects from the device's acc and the exchange decodes into the device's
-    // output: only selections, samples, histogram bins, indices and values cross, never a
-    // whole bucket; dense steps (and the dense bucket) copy nothing.
-    EXPECT_EQ(whole_to_host, 0u);
-    EXPECT_EQ(whole_from_host, 0u);
-    if (sparse_steps > 0) {
-      EXPECT_GT(to_host + from_host, 0u);
-    }
-    return;
+  ASSERT_TRUE(c.compressor == "dense" || CompressorRunsOnDevice(c.compressor));
+  // The compressor selects from the device's acc and the exchange decodes into the device's
+  // output: only selections, samples, histogram bins, indices and values cross, never a
+  // whole bucket; dense steps (and the dense bucket) copy nothing.
+  EXPECT_EQ(whole_to_host, 0u);
+  EXPECT_EQ(whole_from_host, 0u);
+  if (sparse_steps > 0) {
+    EXPECT_GT(to_host + from_host, 0u);
   }
-  // The staged sparse steps: acc to the host once, the output and the residual back.
-  EXPECT_EQ(to_host, static_cast<uint64_t>(sparse_steps));
-  EXPECT_EQ(from_host, 2u * sparse_steps);
-  EXPECT_EQ(to_host_bytes, bytes * sparse_steps);
-  EXPECT_EQ(from_host_bytes, 2 * bytes * sparse_steps);
 }
 
 std::string CaseName(const testing::TestParamInfo<Case>& info) {
@@ -335,7 +278,7 @@ std::string CaseName(const testing::TestParamInfo<Case>& info) {
 
 INSTANTIATE_TEST_SUITE_P(Compressors, DevicePathMatchesCpuPath,
                          testing::Combine(testing::Values("dense", "topk", "micro", "dgc",
-                                                          "sidco_e", "staged_sidco_e"),
+                                                          "sidco_e"),
                                           testing::Values(2, 4), testing::Values("off", "auto")),
                          CaseName);
 
@@ -353,10 +296,7 @@ INSTANTIATE_TEST_SUITE_P(DeviceCompressors, DevicePathMatchesCpuPath,
 // the event is recorded and the step is not yet published.
 TEST(DevicePathOrdering, WaitsBeforeReadingRecordsBeforePublishing) {
   const int N = 2, L = 2, steps = 4;
-  InProcessHub hub(N, absl::Seconds(20));
   std::vector<std::unique_ptr<FakeDevice>> devices;
-  std::vector<std::unique_ptr<Collective>> colls;
-  std::vector<std::unique_ptr<Engine>> engines;
   // At record time: the buffer's published counter and a copy of its output.
   struct Seen {
     uint32_t published;
@@ -378,59 +318,47 @@ TEST(DevicePathOrdering, WaitsBeforeReadingRecordsBeforePublishing) {
       const float* out = reinterpret_cast<const float*>(static_cast<uint8_t*>(b.data()) + offset);
       seen[{key, published}] = {published, std::vector<float>(out, out + elements)};
     });
-    colls.push_back(fake::CheckedCollective(hub.Connect(n), d));
-    EngineOptions o;
-    o.local_trainers = L;
-    o.shm_tag = "devtest";
-    o.dense_fallback = "off";
-    o.min_sparse_elements = 0;
-    engines.push_back(
-        std::make_unique<Engine>(o, colls.back().get(), d->device_prims(), d->path()));
-    ASSERT_TRUE(engines.back()->Start().ok());
   }
+  EngineClusterOptions o = OnFakeDevices(N, &devices);
+  o.trainers = L;
+  o.engine.dense_fallback = DenseFallback::kOff;
+  o.engine.min_sparse_elements = 0;
+  EngineCluster cluster(o);
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status();
   std::vector<std::string> errors(N * L);
-  std::vector<std::thread> threads;
-  for (int n = 0; n < N; ++n) {
-    for (int t = 0; t < L; ++t) {
-      threads.emplace_back([&, n, t] {
-        std::string& err = errors[n * L + t];
-        Engine& e = *engines[n];
-        auto hello = e.Hello("", t, L, 0, "t");
-        if (!hello.ok()) return void(err = hello.status().ToString());
-        const uint64_t ids[2] = {kSparseBucket, kDenseBucket};
-        const size_t sizes[2] = {kSparseElements, kDenseElements};
-        View views[2];
-        for (int b = 0; b < 2; ++b) {
-          auto g = e.RegisterBucket(hello->session_id, ids[b], sizes[b], b == 0 ? "topk" : "dense",
-                                    0.01);
-          if (!g.ok()) return void(err = g.status().ToString());
-          views[b] = ViewOf(*g);
-          absl::MutexLock lock(&mu);
-          headers[n * 1000 + views[b].device_buffer] = views[b].header;
-          outputs[n * 1000 + views[b].device_buffer] = {g->device_output_offset, sizes[b]};
-        }
-        for (int s = 0; s < steps; ++s) {
-          for (int b = 0; b < 2; ++b) {
-            for (size_t i = 0; i < sizes[b]; ++i) views[b].input[i] = Value(n, t, ids[b], s, i);
-          }
-          for (int b = 0; b < 2; ++b) {
-            auto rec = e.Exchange(hello->session_id, ids[b], s, absl::Now() + absl::Seconds(20));
-            if (!rec.ok()) return void(err = rec.status().ToString());
-            absl::MutexLock lock(&mu);
-            auto it = seen.find({n * 1000 + views[b].device_buffer, static_cast<uint32_t>(s)});
-            if (it == seen.end()) {
-              return void(err = absl::StrCat("no record before step ", s, " was published"));
-            }
-            if (!std::equal(it->second.output.begin(), it->second.output.end(), views[b].output)) {
-              return void(
-                  err = absl::StrCat("output changed after its event was recorded, step ", s));
-            }
-          }
-        }
-      });
+  cluster.ForEachTrainer([&](int n, int t) {
+    std::string& err = errors[n * L + t];
+    auto tr = Trainer::Open(&cluster.engine(n), t, L);
+    if (!tr.ok()) return void(err = tr.status().ToString());
+    const uint64_t ids[2] = {kSparseBucket, kDenseBucket};
+    const size_t sizes[2] = {kSparseElements, kDenseElements};
+    uint64_t buffers[2];
+    for (int b = 0; b < 2; ++b) {
+      auto g = tr->Register(ids[b], sizes[b], b == 0 ? "topk" : "dense", 0.01);
+      if (!g.ok()) return void(err = g.status().ToString());
+      buffers[b] = FakeBufferId(*g);
+      absl::MutexLock lock(&mu);
+      headers[n * 1000 + buffers[b]] = tr->header(ids[b]);
+      outputs[n * 1000 + buffers[b]] = {g->device_output_offset, sizes[b]};
     }
-  }
-  for (auto& th : threads) th.join();
+    for (int s = 0; s < steps; ++s) {
+      for (int b = 0; b < 2; ++b) {
+        tr->Fill(ids[b], [&](size_t i) { return Value(n, t, ids[b], s, i); });
+      }
+      for (int b = 0; b < 2; ++b) {
+        auto rec = tr->Exchange(ids[b], s);
+        if (!rec.ok()) return void(err = rec.status().ToString());
+        absl::MutexLock lock(&mu);
+        auto it = seen.find({n * 1000 + buffers[b], static_cast<uint32_t>(s)});
+        if (it == seen.end()) {
+          return void(err = absl::StrCat("no record before step ", s, " was published"));
+        }
+        if (!std::equal(it->second.output.begin(), it->second.output.end(), tr->output(ids[b]))) {
+          return void(err = absl::StrCat("output changed after its event was recorded, step ", s));
+        }
+      }
+    }
+  });
   for (const std::string& e : errors) EXPECT_EQ(e, "");
   for (int n = 0; n < N; ++n) {
     for (const std::string& v : devices[n]->violations()) ADD_FAILURE() << v;
@@ -462,7 +390,6 @@ TEST(DevicePathOrdering, WaitsBeforeReadingRecordsBeforePublishing) {
     ASSERT_EQ(exchanges.size(), 2u);
     for (const auto& [buffer, count] : exchanges) EXPECT_EQ(count, steps) << "buffer " << buffer;
   }
-  for (auto& e : engines) e->RequestStop();
 }
 
 // Node 0 cannot wait for its trainer's input event at step 1: both nodes report an error for
@@ -470,43 +397,29 @@ TEST(DevicePathOrdering, WaitsBeforeReadingRecordsBeforePublishing) {
 TEST(DevicePathOrdering, AFailedInputEventFailsTheStepOnEveryNode) {
   const int N = 2, steps = 3;
   const size_t n = 1000;
-  InProcessHub hub(N, absl::Seconds(20));
   std::vector<std::unique_ptr<FakeDevice>> devices;
-  std::vector<std::unique_ptr<Collective>> colls;
-  std::vector<std::unique_ptr<Engine>> engines;
   for (int r = 0; r < N; ++r) {
     devices.push_back(std::make_unique<FakeDevice>());
     if (r == 0) {
       auto waits = std::make_shared<std::atomic<int>>(0);
       devices[r]->SetWaitFailure([waits](const fake::FakeBuffer&, int) { return ++*waits == 2; });
     }
-    colls.push_back(fake::CheckedCollective(hub.Connect(r), devices[r].get()));
-    EngineOptions o;
-    o.shm_tag = "devtest";
-    engines.push_back(std::make_unique<Engine>(o, colls.back().get(), devices[r]->device_prims(),
-                                               devices[r]->path()));
-    ASSERT_TRUE(engines.back()->Start().ok());
   }
+  EngineCluster cluster(OnFakeDevices(N, &devices));
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status();
   std::vector<std::vector<absl::Status>> results(N, std::vector<absl::Status>(steps));
   std::vector<std::vector<float>> step2(N);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < N; ++r) {
-    threads.emplace_back([&, r] {
-      Engine& e = *engines[r];
-      auto hello = e.Hello("", 0, 1, 0, "t");
-      ASSERT_TRUE(hello.ok());
-      auto g = e.RegisterBucket(hello->session_id, 1, n, "dense", 0);
-      ASSERT_TRUE(g.ok()) << g.status();
-      View v = ViewOf(*g);
-      for (int s = 0; s < steps; ++s) {
-        for (size_t i = 0; i < n; ++i) v.input[i] = static_cast<float>(r + 1);
-        results[r][s] =
-            e.Exchange(hello->session_id, 1, s, absl::Now() + absl::Seconds(20)).status();
-      }
-      step2[r].assign(v.output, v.output + n);
-    });
-  }
-  for (auto& th : threads) th.join();
+  cluster.ForEachNode([&](int r) {
+    auto t = Trainer::Open(&cluster.engine(r), 0, 1);
+    ASSERT_TRUE(t.ok());
+    auto g = t->Register(1, n, "dense", 0);
+    ASSERT_TRUE(g.ok()) << g.status();
+    for (int s = 0; s < steps; ++s) {
+      t->Fill(1, [&](size_t) { return static_cast<float>(r + 1); });
+      results[r][s] = t->Exchange(1, s).status();
+    }
+    step2[r].assign(t->output(1), t->output(1) + n);
+  });
   for (int r = 0; r < N; ++r) {
     EXPECT_TRUE(results[r][0].ok()) << results[r][0];
     EXPECT_FALSE(results[r][1].ok());
@@ -520,236 +433,49 @@ TEST(DevicePathOrdering, AFailedInputEventFailsTheStepOnEveryNode) {
   EXPECT_NE(results[1][1].message().find("another node could not read its trainers' inputs"),
             std::string::npos)
       << results[1][1];
-  for (auto& e : engines) e->RequestStop();
-  engines.clear();
 }
 
-// The service's replies on a device engine: Hello says DEVICE_CUDA (and refuses host-buffer
-// trainers), RegisterBucket carries the header in shm and a cuda_ipc device buffer with
-// L + 1 events, DeviceBucketBytes bytes and the GPU ordinal; the client's ResolveBucketView
-// attaches it through an IpcHandleCache to the engine's memory.
-TEST(DeviceService, RegisterBucketReplyCarriesTheDeviceDescriptor) {
-  const uint32_t L = 2;
-  const size_t n = 5000;
-  FakeDevice device(/*ordinal=*/3);
-  InProcessHub hub(1);
-  auto coll = hub.Connect(0);
-  EngineOptions o;
-  o.local_trainers = L;
-  o.shm_tag = "devtest";
-  Engine engine(o, coll.get(), device.device_prims(), device.path());
-  ASSERT_TRUE(engine.Start().ok());
-  EXPECT_TRUE(engine.device_buckets());
-  SpexService service(&engine, "test");
-
-  v1::HelloRequest hello;
-  hello.set_local_size(L);
-  hello.set_device(v1::DEVICE_CPU);
-  v1::HelloResponse hello_resp;
-  grpc::Status refused = service.Hello(nullptr, &hello, &hello_resp);
-  EXPECT_EQ(refused.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
-  EXPECT_NE(refused.error_message().find("--device=cpu"), std::string::npos)
-      << refused.error_message();
-
-  fake::FakeIpcOpener::Log log;
-  IpcHandleCache cache(std::make_unique<fake::FakeIpcOpener>(&log));
-  for (uint32_t rank = 0; rank < L; ++rank) {
-    hello.set_local_rank(rank);
-    hello.set_device(rank == 0 ? v1::DEVICE_CUDA : v1::DEVICE_UNSPECIFIED);
-    hello_resp.Clear();
-    ASSERT_TRUE(service.Hello(nullptr, &hello, &hello_resp).ok());
-    EXPECT_EQ(hello_resp.device(), v1::DEVICE_CUDA);
-
-    v1::RegisterBucketRequest reg;
-    reg.set_session_id(hello_resp.session_id());
-    reg.set_bucket_id(4);
-    reg.set_elements(n);
-    reg.mutable_compressor()->set_name("topk");
-    v1::RegisterBucketResponse resp;
-    grpc::Status st = service.RegisterBucket(nullptr, &reg, &resp);
-    ASSERT_TRUE(st.ok()) << st.error_message();
-    ASSERT_TRUE(resp.buffer().has_shm());
-    EXPECT_EQ(resp.buffer().shm().size(), kPageBytes);  // the header alone
-    EXPECT_EQ(resp.layout().header_offset(), 0u);
-    EXPECT_EQ(resp.layout().elements(), n);
-    ASSERT_TRUE(resp.has_device_buffer());
-    ASSERT_TRUE(resp.device_buffer().has_cuda_ipc());
-    absl::StatusOr<CudaIpcHandles> h = DecodeCudaIpcDescriptor(resp.device_buffer().cuda_ipc());
-    ASSERT_TRUE(h.ok()) << h.status();
-    EXPECT_EQ(h->size, DeviceBucketBytes(n, L));
-    EXPECT_EQ(h->events.size(), L + 1);
-    EXPECT_EQ(h->device, 3);
-    EXPECT_EQ(resp.device_layout().input_offset(), DeviceInputOffset(n, rank));
-    EXPECT_EQ(resp.device_layout().output_offset(), DeviceOutputOffset(n, L));
-    EXPECT_EQ(resp.device_layout().elements(), n);
-
-    auto mapping = ShmMapping::Attach(resp.buffer().shm().name(), resp.buffer().shm().size());
-    ASSERT_TRUE(mapping.ok()) << mapping.status();
-    absl::StatusOr<BucketView> view = ResolveBucketView(resp, n, rank, L, (*mapping)->data(),
-                                                        resp.buffer().shm().size(), true, &cache);
-    ASSERT_TRUE(view.ok()) << view.status();
-    ASSERT_NE(view->device, nullptr);
-    EXPECT_EQ(view->device->events.size(), L + 1);
-    EXPECT_EQ(view->device->device, 3);
-    EXPECT_EQ(view->header->bucket_id, 4u);
-    // The trainer's pointers are the engine's device memory, at the described offsets.
-    EXPECT_TRUE(device.IsDeviceMemory(view->input, n * sizeof(float)));
-    EXPECT_TRUE(device.IsDeviceMemory(view->output, n * sizeof(float)));
-    EXPECT_EQ(reinterpret_cast<const uint8_t*>(view->output) -
-                  reinterpret_cast<const uint8_t*>(view->input),
-              static_cast<ptrdiff_t>(DeviceOutputOffset(n, L) - DeviceInputOffset(n, rank)));
-  }
-  EXPECT_EQ(cache.open_count(), 1u);  // one device buffer, opened once for both trainers here
-  absl::MutexLock lock(&log.mu);
-  EXPECT_EQ(log.memory_opens, 1);
-}
-
-// The unchanged C++ client over gRPC against a device engine: ClientOptions::device =
-// DEVICE_CUDA with the fake IPC opener, both signalling paths, the stream ordering around
-// every exchange, and exact averages on the device buffers.
-TEST(DeviceService, ClientExchangesThroughTheDevicePath) {
-  const uint32_t L = 2;
-  const size_t n = 20000;
-  FakeDevice device(/*ordinal=*/1);
-  InProcessHub hub(1);
-  auto coll = fake::CheckedCollective(hub.Connect(0), &device);
-  EngineOptions o;
-  o.local_trainers = L;
-  o.shm_tag = "devtest";
-  o.min_sparse_elements = 0;
-  o.dense_fallback = "off";
-  Engine engine(o, coll.get(), device.device_prims(), device.path());
-  ASSERT_TRUE(engine.Start().ok());
-  SpexService service(&engine, "test");
-  const std::string socket = absl::StrCat("/tmp/spex-devtest-", getpid(), ".sock");
-  unlink(socket.c_str());
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort("unix:" + socket, grpc::InsecureServerCredentials());
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  ASSERT_NE(server, nullptr);
-
-  // A host-buffer client is refused with what to do.
-  {
-    ClientOptions co;
-    co.socket = socket;
-    co.local_size = L;
-    auto c = Client::Connect(co);
-    ASSERT_FALSE(c.ok());
-    EXPECT_EQ(c.status().code(), absl::StatusCode::kFailedPrecondition);
-    EXPECT_NE(c.status().message().find("serves CUDA buffers"), std::string::npos) << c.status();
-  }
-
-  fake::FakeIpcOpener::Log logs[L];
-  std::vector<std::string> errors(L);
-  std::vector<std::thread> threads;
-  const int steps = 4;
-  for (uint32_t t = 0; t < L; ++t) {
-    threads.emplace_back([&, t] {
-      std::string& err = errors[t];
-      ClientOptions co;
-      co.socket = socket;
-      co.local_rank = t;
-      co.local_size = L;
-      co.device = v1::DEVICE_CUDA;
-      co.ipc_opener = [&logs, t] { return std::make_unique<fake::FakeIpcOpener>(&logs[t]); };
-      auto client = Client::Connect(co);
-      if (!client.ok()) return void(err = client.status().ToString());
-      auto dense = (*client)->RegisterBucket(1, n, {"dense", 0});
-      if (!dense.ok()) return void(err = dense.status().ToString());
-      auto sparse = (*client)->RegisterBucket(2, n, {"topk", 0.01});
-      if (!sparse.ok()) return void(err = sparse.status().ToString());
-      if (!(*dense)->on_device() || (*dense)->cuda_device() != 1) {
-        return void(err = "not a device bucket");
-      }
-      void* stream = reinterpret_cast<void*>(uintptr_t{0x5});
-      for (int s = 0; s < steps; ++s) {
-        const ExchangeMode mode = (s + t) % 2 ? ExchangeMode::kRpc : ExchangeMode::kDoorbell;
-        for (Bucket* b : {*dense, *sparse}) {
-          absl::Span<float> in = b->input();
-          for (size_t i = 0; i < n; ++i) {
-            in[i] = static_cast<float>((i * 7 + t * 13 + s) % 101) - 50;
-          }
-          absl::Status st = (*client)->Exchange(b, mode, stream);
-          if (!st.ok()) return void(err = st.ToString());
-        }
-        absl::Span<const float> out = (*dense)->output();
-        for (size_t i = 0; i < n; ++i) {
-          float sum = 0;
-          for (uint32_t u = 0; u < L; ++u) {
-            sum += static_cast<float>((i * 7 + u * 13 + s) % 101) - 50;
-          }
-          if (out[i] != sum / L) {
-            return void(err = absl::StrCat("step ", s, " element ", i, ": ", out[i]));
-          }
-        }
-        size_t nonzero = 0;
-        for (float x : (*sparse)->output()) nonzero += x != 0;
-        if (nonzero == 0 || nonzero > 2 * n / 100 + 2) {
-          return void(err = absl::StrCat("step ", s, ": sparse output has ", nonzero, " nonzeros"));
-        }
-      }
-    });
-  }
-  for (auto& th : threads) th.join();
-  for (const std::string& e : errors) EXPECT_EQ(e, "");
-  for (uint32_t t = 0; t < L; ++t) {
-    absl::MutexLock lock(&logs[t].mu);
-    // Per exchange: the trainer's input event recorded, then the output event waited on.
-    ASSERT_EQ(logs[t].calls.size(), 2u * 2 * steps);
-    for (size_t i = 0; i < logs[t].calls.size(); i += 2) {
-      EXPECT_EQ(logs[t].calls[i], absl::StrCat("record ", t));
-      EXPECT_EQ(logs[t].calls[i + 1], absl::StrCat("wait ", L));
-    }
-    EXPECT_EQ(logs[t].memory_opens, 2);  // one per bucket, reused every step
-  }
-  for (const std::string& v : device.violations()) ADD_FAILURE() << v;
-  server->Shutdown();
-  unlink(socket.c_str());
-  engine.RequestStop();
+// Starts one engine on `prims` and `path` and returns how Start went.
+absl::Status StartWith(Primitives* prims, DevicePath path) {
+  EngineClusterOptions o;
+  o.nodes = 1;
+  o.engine.shm_tag = "devtest";
+  o.start = false;
+  o.parts = [&](int) { return NodeParts{prims, path}; };
+  EngineCluster cluster(o);
+  return cluster.Start();
 }
 
 TEST(DevicePathSetup, MisconfiguredPathsAreRefusedAtStart) {
-  InProcessHub hub(1);
-  auto coll = hub.Connect(0);
   FakeDevice device;
-  EngineOptions o;
-  o.shm_tag = "devtest";
   {
     DevicePath p = device.path();
     p.ordering = nullptr;
-    Engine e(o, coll.get(), device.device_prims(), p);
-    absl::Status s = e.Start();
+    absl::Status s = StartWith(device.device_prims(), p);
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
     EXPECT_NE(s.message().find("slot ordering"), std::string::npos) << s;
   }
   {
     DevicePath p = device.path();
     p.host_prims = device.device_prims();
-    Engine e(o, coll.get(), device.device_prims(), p);
-    absl::Status s = e.Start();
+    absl::Status s = StartWith(device.device_prims(), p);
     EXPECT_NE(s.message().find("host_prims must be CPU primitives"), std::string::npos) << s;
   }
   {
-    Engine e(o, coll.get(), device.host_prims(), device.path());
-    absl::Status s = e.Start();
+    absl::Status s = StartWith(device.host_prims(), device.path());
     EXPECT_NE(s.message().find("differs from the primitives' device"), std::string::npos) << s;
   }
   {
-    Engine e(o, coll.get(), device.device_prims());
-    absl::Status s = e.Start();
+    absl::Status s = StartWith(device.device_prims(), DevicePath());
     EXPECT_NE(s.message().find("need a device path"), std::string::npos) << s;
   }
 }
 
 TEST(DevicePathSetup, AllocationFailuresNameTheBucket) {
-  InProcessHub hub(1);
-  auto coll = hub.Connect(0);
   FakeDevice device;
-  EngineOptions o;
-  o.shm_tag = "devtest";
-  Engine e(o, coll.get(), device.device_prims(), device.path());
-  ASSERT_TRUE(e.Start().ok());
+  EngineCluster cluster(OnFakeDevice(&device));
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status();
+  Engine& e = cluster.engine(0);
   auto hello = e.Hello("", 0, 1, 0, "t");
   ASSERT_TRUE(hello.ok());
   device.FailAllocations(absl::ResourceExhaustedError("fake cudaMalloc: out of memory"));
@@ -768,5 +494,49 @@ TEST(DevicePathSetup, AllocationFailuresNameTheBucket) {
   EXPECT_EQ(device.live_buffers(), 0);
 }
 
+// The compressor factory gets the bucket's primitives, the device's on the device path. A test
+// factory that runs only on host primitives refuses them: RegisterBucket says so, naming the
+// bucket, keeps no device buffer for it, and the engine keeps serving (a dense bucket, which
+// the factory never sees, registers and exchanges).
+TEST(DevicePathSetup, ACompressorFactoryRefusingDevicePrimitivesFailsRegistration) {
+  FakeDevice device;
+  EngineClusterOptions o = OnFakeDevice(&device);
+  o.engine.min_sparse_elements = 0;
+  o.engine.dense_fallback = DenseFallback::kOff;
+  std::atomic<int> asked{0};
+  o.engine.compressor_factory = [&](const CompressorSpec& spec,
+                                    Primitives* p) -> absl::StatusOr<std::unique_ptr<Compressor>> {
+    ++asked;
+    if (p->device() != Device::kCpu) {
+      return absl::UnimplementedError("the test compressors run on host primitives only");
+    }
+    return MakeCompressor(spec, p);
+  };
+  EngineCluster cluster(o);
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status();
+  auto t = Trainer::Open(&cluster.engine(0), 0, 1);
+  ASSERT_TRUE(t.ok()) << t.status();
+  auto g = t->Register(kSparseBucket, kSparseElements, "sidco_e", 0.01);
+  ASSERT_FALSE(g.ok());
+  EXPECT_EQ(g.status().code(), absl::StatusCode::kUnimplemented) << g.status();
+  EXPECT_NE(g.status().message().find(
+                absl::StrCat("bucket ", kSparseBucket, " (", kSparseElements, " elements)")),
+            std::string::npos)
+      << g.status();
+  EXPECT_NE(g.status().message().find("host primitives only"), std::string::npos) << g.status();
+  EXPECT_EQ(asked.load(), 1);
+  EXPECT_EQ(device.live_buffers(), 0) << "the refused bucket kept its device buffer";
+  ASSERT_TRUE(t->Register(kDenseBucket, kDenseElements, "dense", 0).ok());
+  t->Fill(kDenseBucket, [](size_t i) { return static_cast<float>(i % 7); });
+  auto rec = t->Exchange(kDenseBucket, 0);
+  ASSERT_TRUE(rec.ok()) << rec.status();
+  EXPECT_EQ(rec->pattern, "D");
+  for (size_t i = 0; i < kDenseElements; ++i) {
+    ASSERT_EQ(t->output(kDenseBucket)[i], static_cast<float>(i % 7)) << i;
+  }
+  EXPECT_EQ(asked.load(), 1);
+  for (const std::string& v : device.violations()) ADD_FAILURE() << v;
+}
+
 }  // namespace
-}  // namespace spex
+}  // namespace spex::test

@@ -3,7 +3,7 @@
 // oracle of kernels/reference_cluster.h (A: the exact average over the union; B: the sum of
 // every node's selection over N*L; D: the exact average) fed with the same inputs, and the
 // residual every node keeps (its norm, reported per step) must equal the oracle's: exactly what
-// was not sent.
+// was not sent. The clusters are those of tests/support/engine_cluster.h.
 #include <atomic>
 #include <cmath>
 #include <string>
@@ -11,13 +11,13 @@
 #include <vector>
 
 #include "daemon/engine/engine.h"
-#include "daemon/transport/inproc_collective.h"
 #include "gtest/gtest.h"
 #include "kernels/compressor.h"
 #include "kernels/reference/reference_primitives.h"
 #include "kernels/reference_cluster.h"
+#include "tests/support/engine_cluster.h"
 
-namespace spex {
+namespace spex::test {
 namespace {
 
 // Deterministic, roughly Gaussian-shaped values with a slowly drifting per-position scale, so
@@ -41,11 +41,11 @@ struct Case {
   int nodes;
 };
 
-std::string CaseName(const testing::TestParamInfo<Case>& info) {
+std::string CaseName(const ::testing::TestParamInfo<Case>& info) {
   return info.param.compressor + "_" + std::to_string(info.param.nodes) + "nodes";
 }
 
-class CompressorEngineTest : public testing::TestWithParam<Case> {};
+class CompressorEngineTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(CompressorEngineTest, EveryTrainerGetsTheOracleResult) {
   const Case& c = GetParam();
@@ -83,53 +83,40 @@ TEST_P(CompressorEngineTest, EveryTrainerGetsTheOracleResult) {
     }
   }
 
-  InProcessHub hub(N, absl::Seconds(30));
-  std::vector<std::unique_ptr<Collective>> colls;
-  std::vector<std::unique_ptr<Engine>> engines;
-  for (int r = 0; r < N; ++r) {
-    colls.push_back(hub.Connect(r));
-    EngineOptions o;
-    o.local_trainers = L;
-    o.shm_tag = "comptest";
-    o.dense_fallback = "off";
-    o.min_sparse_elements = 0;
-    o.residual_norm_every = 1;
-    engines.push_back(std::make_unique<Engine>(o, colls.back().get(), prims.get()));
-    ASSERT_TRUE(engines.back()->Start().ok());
-  }
+  EngineClusterOptions o;
+  o.nodes = N;
+  o.trainers = L;
+  o.hub_timeout = absl::Seconds(30);
+  o.engine.shm_tag = "comptest";
+  o.engine.dense_fallback = DenseFallback::kOff;
+  o.engine.min_sparse_elements = 0;
+  o.engine.residual_norm_every = 1;
+  EngineCluster cluster(o);
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status();
   std::atomic<int> wrong{0}, norm_wrong{0}, bad_pattern{0};
   std::vector<std::string> errors(N * L);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < N; ++r) {
-    for (int t = 0; t < L; ++t) {
-      threads.emplace_back([&, r, t] {
-        std::string& err = errors[r * L + t];
-        Engine& e = *engines[r];
-        auto hello = e.Hello("", t, L, 0, "t");
-        if (!hello.ok()) return void(err = hello.status().ToString());
-        auto g = e.RegisterBucket(hello->session_id, 7, n, c.compressor, density);
-        if (!g.ok()) return void(err = g.status().ToString());
-        uint8_t* base = static_cast<uint8_t*>(const_cast<ShmBuffer*>(g->buffer)->data());
-        float* in = reinterpret_cast<float*>(base + g->input_offset);
-        const float* out = reinterpret_cast<const float*>(base + g->output_offset);
-        for (int s = 0; s < steps; ++s) {
-          for (size_t i = 0; i < n; ++i) in[i] = Value(r, t, s, i);
-          auto rec = e.Exchange(hello->session_id, 7, s, absl::Now() + absl::Seconds(30));
-          if (!rec.ok()) return void(err = rec.status().ToString());
-          bad_pattern += rec->pattern != PatternName(*pattern);
-          for (size_t i = 0; i < n; ++i) {
-            const float want = expected[s][i];
-            wrong += !(std::abs(out[i] - want) <= 1e-6f * (1e-3f + std::abs(want)));
-          }
-          if (t == 0 && *pattern != Pattern::kDense) {
-            const double want = expected_norm[s][r];
-            norm_wrong += !(std::abs(rec->residual_norm - want) <= 1e-5 * (1e-6 + want));
-          }
-        }
-      });
+  cluster.ForEachTrainer([&](int r, int t) {
+    std::string& err = errors[r * L + t];
+    auto tr = Trainer::Open(&cluster.engine(r), t, L);
+    if (!tr.ok()) return void(err = tr.status().ToString());
+    auto g = tr->Register(7, n, c.compressor, density);
+    if (!g.ok()) return void(err = g.status().ToString());
+    const float* out = tr->output(7);
+    for (int s = 0; s < steps; ++s) {
+      tr->Fill(7, [&](size_t i) { return Value(r, t, s, i); });
+      auto rec = tr->Exchange(7, s, absl::Seconds(30));
+      if (!rec.ok()) return void(err = rec.status().ToString());
+      bad_pattern += rec->pattern != PatternName(*pattern);
+      for (size_t i = 0; i < n; ++i) {
+        const float want = expected[s][i];
+        wrong += !(std::abs(out[i] - want) <= 1e-6f * (1e-3f + std::abs(want)));
+      }
+      if (t == 0 && *pattern != Pattern::kDense) {
+        const double want = expected_norm[s][r];
+        norm_wrong += !(std::abs(rec->residual_norm - want) <= 1e-5 * (1e-6 + want));
+      }
     }
-  }
-  for (auto& th : threads) th.join();
+  });
   for (const std::string& e : errors) EXPECT_EQ(e, "");
   EXPECT_EQ(wrong.load(), 0) << "elements differing from the oracle's result";
   EXPECT_EQ(norm_wrong.load(), 0) << "residual norms differing from the oracle's residual";
@@ -145,17 +132,17 @@ std::vector<Case> AllCases() {
   return cases;
 }
 
-INSTANTIATE_TEST_SUITE_P(AllCompressors, CompressorEngineTest, testing::ValuesIn(AllCases()),
+INSTANTIATE_TEST_SUITE_P(AllCompressors, CompressorEngineTest, ::testing::ValuesIn(AllCases()),
                          CaseName);
 
 TEST(CompressorEngineErrors, UnknownCompressorAndBadParameterNameWhatToFix) {
-  InProcessHub hub(1, absl::Seconds(5));
-  auto coll = hub.Connect(0);
-  auto prims = MakeReferencePrimitives();
-  EngineOptions o;
-  o.shm_tag = "comptest";
-  Engine e(o, coll.get(), prims.get());
-  ASSERT_TRUE(e.Start().ok());
+  EngineClusterOptions o;
+  o.nodes = 1;
+  o.hub_timeout = absl::Seconds(5);
+  o.engine.shm_tag = "comptest";
+  EngineCluster cluster(o);
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status();
+  Engine& e = cluster.engine(0);
   auto hello = e.Hello("", 0, 1, 0, "t");
   ASSERT_TRUE(hello.ok());
   auto g = e.RegisterBucket(hello->session_id, 1, 100000, "mikro", 0.01);
@@ -175,32 +162,22 @@ TEST(CompressorEngineErrors, UnknownCompressorAndBadParameterNameWhatToFix) {
 }
 
 TEST(CompressorEngineErrors, NodesDisagreeingOnABucketsCompressorGetAClearError) {
-  InProcessHub hub(2, absl::Seconds(10));
-  auto prims = MakeReferencePrimitives();
-  std::vector<std::unique_ptr<Collective>> colls;
-  std::vector<std::unique_ptr<Engine>> engines;
-  for (int r = 0; r < 2; ++r) {
-    colls.push_back(hub.Connect(r));
-    EngineOptions o;
-    o.shm_tag = "comptest";
-    o.dense_fallback = "off";
-    o.min_sparse_elements = 0;
-    engines.push_back(std::make_unique<Engine>(o, colls.back().get(), prims.get()));
-    ASSERT_TRUE(engines.back()->Start().ok());
-  }
+  EngineClusterOptions o;
+  o.nodes = 2;
+  o.hub_timeout = absl::Seconds(10);
+  o.engine.shm_tag = "comptest";
+  o.engine.dense_fallback = DenseFallback::kOff;
+  o.engine.min_sparse_elements = 0;
+  EngineCluster cluster(o);
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status();
   std::vector<absl::Status> results(2);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 2; ++r) {
-    threads.emplace_back([&, r] {
-      Engine& e = *engines[r];
-      auto hello = e.Hello("", 0, 1, 0, "t");
-      ASSERT_TRUE(hello.ok());
-      auto g = e.RegisterBucket(hello->session_id, 3, 50000, r == 0 ? "micro" : "topk", 0.01);
-      ASSERT_TRUE(g.ok()) << g.status();
-      results[r] = e.Exchange(hello->session_id, 3, 0, absl::Now() + absl::Seconds(10)).status();
-    });
-  }
-  for (auto& th : threads) th.join();
+  cluster.ForEachNode([&](int r) {
+    auto t = Trainer::Open(&cluster.engine(r), 0, 1);
+    ASSERT_TRUE(t.ok());
+    auto g = t->Register(3, 50000, r == 0 ? "micro" : "topk", 0.01);
+    ASSERT_TRUE(g.ok()) << g.status();
+    results[r] = t->Exchange(3, 0, absl::Seconds(10)).status();
+  });
   for (int r = 0; r < 2; ++r) {
     EXPECT_EQ(results[r].code(), absl::StatusCode::kFailedPrecondition) << results[r];
     EXPECT_NE(results[r].message().find("same compressor"), std::string::npos) << results[r];
@@ -208,4 +185,4 @@ TEST(CompressorEngineErrors, NodesDisagreeingOnABucketsCompressorGetAClearError)
 }
 
 }  // namespace
-}  // namespace spex
+}  // namespace spex::test

@@ -1,5 +1,6 @@
 // The engine over the in-process collective: N nodes as threads, L trainers per node driving
-// it through both signalling paths (doorbell in the shared header, and the Exchange call).
+// it through both signalling paths (doorbell in the shared header, and the Exchange call), on
+// the fixture of tests/support/engine_cluster.h.
 #include "daemon/engine/engine.h"
 
 #include <sys/stat.h>
@@ -8,44 +9,21 @@
 #include <thread>
 
 #include "daemon/memory/futex.h"
-#include "daemon/transport/inproc_collective.h"
 #include "gtest/gtest.h"
-#include "kernels/reference/reference_primitives.h"
+#include "tests/support/engine_cluster.h"
 
-namespace spex {
+namespace spex::test {
 namespace {
 
-struct Node {
-  std::unique_ptr<Collective> coll;
-  std::unique_ptr<Engine> engine;
-};
-
-class Cluster {
- public:
-  Cluster(int nodes, int trainers, EngineOptions base = {})
-      : hub_(nodes, absl::Seconds(10)), prims_(MakeReferencePrimitives()) {
-    for (int n = 0; n < nodes; ++n) {
-      Node node;
-      node.coll = hub_.Connect(n);
-      EngineOptions o = base;
-      o.local_trainers = trainers;
-      o.shm_tag = "enginetest";
-      node.engine = std::make_unique<Engine>(o, node.coll.get(), prims_.get());
-      EXPECT_TRUE(node.engine->Start().ok());
-      nodes_.push_back(std::move(node));
-    }
-  }
-  ~Cluster() {
-    for (auto& n : nodes_) n.engine->RequestStop();
-  }
-  Engine& engine(int n) { return *nodes_[n].engine; }
-  int size() const { return static_cast<int>(nodes_.size()); }
-
- private:
-  InProcessHub hub_;
-  std::unique_ptr<Primitives> prims_;
-  std::vector<Node> nodes_;
-};
+EngineClusterOptions Shape(int nodes, int trainers, EngineOptions base = {}) {
+  EngineClusterOptions o;
+  o.nodes = nodes;
+  o.trainers = trainers;
+  o.engine = base;
+  o.engine.shm_tag = "enginetest";
+  o.hub_timeout = absl::Seconds(10);
+  return o;
+}
 
 float Value(int node, int trainer, uint64_t bucket, uint64_t step, size_t i) {
   // Integer values: sums are exact in any order, so results can be compared bit for bit.
@@ -56,84 +34,52 @@ float Value(int node, int trainer, uint64_t bucket, uint64_t step, size_t i) {
   return static_cast<float>(static_cast<int>((x ^ (x >> 31)) % 2001) - 1000);
 }
 
-// The doorbell path as a client does it, directly on the shared segments.
-void MarkReady(DoorbellSegment* bell, const BucketGrant& g, uint32_t rank, uint64_t step) {
-  auto* h = static_cast<BucketHeader*>(const_cast<ShmBuffer*>(g.buffer)->data());
-  h->ready[rank].value.store(step + 1);
-  bell->ring.fetch_add(1);
-  if (bell->engine_sleeping.load()) FutexWake(&bell->ring);
-}
-
-void WaitPublished(const BucketGrant& g, uint64_t step) {
-  auto* h = static_cast<BucketHeader*>(const_cast<ShmBuffer*>(g.buffer)->data());
-  h->waiters.fetch_add(1);
-  for (uint32_t cur; (cur = h->published.load()) != static_cast<uint32_t>(step + 1);) {
-    FutexWait(&h->published, cur, 100 * 1000 * 1000);
-  }
-  h->waiters.fetch_sub(1);
-}
-
 TEST(EngineTest, EveryTrainerGetsTheExactAverageOverBothPaths) {
   for (int nodes : {2, 4}) {
     const int L = 2;
-    Cluster cluster(nodes, L);
+    EngineCluster cluster(Shape(nodes, L));
+    ASSERT_TRUE(cluster.status().ok()) << cluster.status();
     const std::vector<uint64_t> sizes = {1, 31, 4099, 70000};
     const int steps = 4;
     std::atomic<int> failures{0};
-    std::vector<std::thread> trainers;
-    for (int n = 0; n < nodes; ++n) {
-      for (int r = 0; r < L; ++r) {
-        trainers.emplace_back([&, n, r] {
-          Engine& e = cluster.engine(n);
-          auto hello = e.Hello("", r, L, 0, "test");
-          ASSERT_TRUE(hello.ok()) << hello.status();
-          std::vector<BucketGrant> grants;
-          for (size_t b = 0; b < sizes.size(); ++b) {
-            auto g = e.RegisterBucket(hello->session_id, b, sizes[b], "", 0);
-            ASSERT_TRUE(g.ok()) << g.status();
-            grants.push_back(*g);
-          }
-          for (int s = 0; s < steps; ++s) {
-            for (size_t b = 0; b < sizes.size(); ++b) {
-              uint8_t* base =
-                  static_cast<uint8_t*>(const_cast<ShmBuffer*>(grants[b].buffer)->data());
-              float* in = reinterpret_cast<float*>(base + grants[b].input_offset);
-              for (size_t i = 0; i < sizes[b]; ++i) in[i] = Value(n, r, b, s, i);
-            }
-            if (r % 2 == 0) {
-              // The blocking RPC path, in canonical order.
-              for (size_t b = 0; b < sizes.size(); ++b) {
-                auto rec = e.Exchange(hello->session_id, b, s, absl::Now() + absl::Seconds(20));
-                ASSERT_TRUE(rec.ok()) << rec.status();
-              }
-            } else {
-              // The doorbell path, marking buckets ready in reverse order (odd nodes) or
-              // in order: the order signals arrive in must not matter.
-              auto* bell =
-                  static_cast<DoorbellSegment*>(const_cast<ShmBuffer*>(hello->doorbell)->data());
-              for (size_t k = 0; k < sizes.size(); ++k) {
-                size_t b = (n % 2) ? sizes.size() - 1 - k : k;
-                MarkReady(bell, grants[b], r, s);
-              }
-              for (size_t b = 0; b < sizes.size(); ++b) WaitPublished(grants[b], s);
-            }
-            for (size_t b = 0; b < sizes.size(); ++b) {
-              const uint8_t* base =
-                  static_cast<const uint8_t*>(const_cast<ShmBuffer*>(grants[b].buffer)->data());
-              const float* out = reinterpret_cast<const float*>(base + grants[b].output_offset);
-              for (size_t i = 0; i < sizes[b]; ++i) {
-                float sum = 0;
-                for (int nn = 0; nn < nodes; ++nn)
-                  for (int rr = 0; rr < L; ++rr) sum += Value(nn, rr, b, s, i);
-                if (out[i] != sum / (nodes * L)) failures++;
-              }
-            }
-          }
-          EXPECT_TRUE(e.Goodbye(hello->session_id).ok());
-        });
+    cluster.ForEachTrainer([&](int n, int r) {
+      auto t = Trainer::Open(&cluster.engine(n), r, L);
+      ASSERT_TRUE(t.ok()) << t.status();
+      for (size_t b = 0; b < sizes.size(); ++b) {
+        auto g = t->Register(b, sizes[b]);
+        ASSERT_TRUE(g.ok()) << g.status();
       }
-    }
-    for (auto& t : trainers) t.join();
+      for (int s = 0; s < steps; ++s) {
+        for (size_t b = 0; b < sizes.size(); ++b) {
+          t->Fill(b, [&](size_t i) { return Value(n, r, b, s, i); });
+        }
+        if (r % 2 == 0) {
+          // The blocking RPC path, in canonical order.
+          for (size_t b = 0; b < sizes.size(); ++b) {
+            auto rec = t->Exchange(b, s);
+            ASSERT_TRUE(rec.ok()) << rec.status();
+          }
+        } else {
+          // The doorbell path, marking buckets ready in reverse order (odd nodes) or
+          // in order: the order signals arrive in must not matter.
+          for (size_t k = 0; k < sizes.size(); ++k) {
+            size_t b = (n % 2) ? sizes.size() - 1 - k : k;
+            t->MarkReady(b, s);
+          }
+          for (size_t b = 0; b < sizes.size(); ++b) EXPECT_TRUE(t->WaitPublished(b, s).ok());
+        }
+        for (size_t b = 0; b < sizes.size(); ++b) {
+          const float* out = t->output(b);
+          for (size_t i = 0; i < sizes[b]; ++i) {
+            float sum = 0;
+            for (int nn = 0; nn < nodes; ++nn)
+              for (int rr = 0; rr < L; ++rr) sum += Value(nn, rr, b, s, i);
+            if (out[i] != sum / (nodes * L)) failures++;
+          }
+        }
+      }
+      EXPECT_TRUE(t->Goodbye().ok());
+    });
     EXPECT_EQ(failures.load(), 0) << nodes << " nodes";
     for (int n = 0; n < nodes; ++n)
       EXPECT_EQ(cluster.engine(n).total_exchanges(), sizes.size() * steps);
@@ -141,41 +87,34 @@ TEST(EngineTest, EveryTrainerGetsTheExactAverageOverBothPaths) {
 }
 
 TEST(EngineTest, DoorbellPathPublishesWithoutTheRpc) {
-  Cluster cluster(2, 1);
-  std::vector<std::thread> threads;
+  EngineCluster cluster(Shape(2, 1));
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status();
   std::atomic<int> bad{0};
-  for (int n = 0; n < 2; ++n) {
-    threads.emplace_back([&, n] {
-      Engine& e = cluster.engine(n);
-      auto hello = e.Hello("", 0, 1, 0, "test");
-      ASSERT_TRUE(hello.ok());
-      auto* bell = static_cast<DoorbellSegment*>(const_cast<ShmBuffer*>(hello->doorbell)->data());
-      auto g = e.RegisterBucket(hello->session_id, 9, 1000, "", 0);
-      ASSERT_TRUE(g.ok());
-      auto* h = static_cast<BucketHeader*>(const_cast<ShmBuffer*>(g->buffer)->data());
-      float* in = reinterpret_cast<float*>(
-          static_cast<uint8_t*>(const_cast<ShmBuffer*>(g->buffer)->data()) + g->input_offset);
-      const float* out = reinterpret_cast<const float*>(
-          static_cast<uint8_t*>(const_cast<ShmBuffer*>(g->buffer)->data()) + g->output_offset);
-      for (int s = 0; s < 20; ++s) {
-        for (int i = 0; i < 1000; ++i) in[i] = static_cast<float>(n + s + i);
-        MarkReady(bell, *g, 0, s);
-        WaitPublished(*g, s);
-        EXPECT_EQ(h->status.load(), 0);
-        for (int i = 0; i < 1000; ++i) {
-          if (out[i] != (static_cast<float>(s + i) + static_cast<float>(1 + s + i)) / 2) bad++;
-        }
+  cluster.ForEachNode([&](int n) {
+    auto t = Trainer::Open(&cluster.engine(n), 0, 1);
+    ASSERT_TRUE(t.ok());
+    ASSERT_TRUE(t->Register(9, 1000).ok());
+    BucketHeader* h = t->header(9);
+    float* in = t->input(9);
+    const float* out = t->output(9);
+    for (int s = 0; s < 20; ++s) {
+      for (int i = 0; i < 1000; ++i) in[i] = static_cast<float>(n + s + i);
+      t->MarkReady(9, s);
+      EXPECT_TRUE(t->WaitPublished(9, s).ok());
+      EXPECT_EQ(h->status.load(), 0);
+      for (int i = 0; i < 1000; ++i) {
+        if (out[i] != (static_cast<float>(s + i) + static_cast<float>(1 + s + i)) / 2) bad++;
       }
-    });
-  }
-  for (auto& t : threads) t.join();
+    }
+  });
   EXPECT_EQ(bad.load(), 0);
 }
 
 TEST(EngineTest, BadRequestsGetClearErrorsAndTheEngineKeepsServing) {
   EngineOptions o;
   o.register_wait = absl::Milliseconds(300);
-  Cluster cluster(1, 2, o);
+  EngineCluster cluster(Shape(1, 2, o));
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status();
   Engine& e = cluster.engine(0);
   auto s0 = e.Hello("", 0, 2, 0, "t0");
   ASSERT_TRUE(s0.ok());
@@ -212,20 +151,16 @@ TEST(EngineTest, BadRequestsGetClearErrorsAndTheEngineKeepsServing) {
 }
 
 TEST(EngineTest, DifferentBucketOrderBetweenNodesIsAnErrorNotAHang) {
-  Cluster cluster(2, 1);
+  EngineCluster cluster(Shape(2, 1));
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status();
   std::vector<absl::Status> results(2);
-  std::vector<std::thread> threads;
-  for (int n = 0; n < 2; ++n) {
-    threads.emplace_back([&, n] {
-      Engine& e = cluster.engine(n);
-      auto hello = e.Hello("", 0, 1, 0, "t");
-      ASSERT_TRUE(hello.ok());
-      // Node 0 registers bucket 5 with 100 elements, node 1 with 200.
-      ASSERT_TRUE(e.RegisterBucket(hello->session_id, 5, n == 0 ? 100 : 200, "", 0).ok());
-      results[n] = e.Exchange(hello->session_id, 5, 0, absl::Now() + absl::Seconds(10)).status();
-    });
-  }
-  for (auto& t : threads) t.join();
+  cluster.ForEachNode([&](int n) {
+    auto t = Trainer::Open(&cluster.engine(n), 0, 1);
+    ASSERT_TRUE(t.ok());
+    // Node 0 registers bucket 5 with 100 elements, node 1 with 200.
+    ASSERT_TRUE(t->Register(5, n == 0 ? 100 : 200).ok());
+    results[n] = t->Exchange(5, 0, absl::Seconds(10)).status();
+  });
   for (int n = 0; n < 2; ++n) {
     EXPECT_EQ(results[n].code(), absl::StatusCode::kFailedPrecondition) << results[n];
     EXPECT_NE(results[n].message().find("order differs"), std::string::npos) << results[n];
@@ -233,21 +168,22 @@ TEST(EngineTest, DifferentBucketOrderBetweenNodesIsAnErrorNotAHang) {
 }
 
 TEST(EngineTest, SegmentsAreUnlinkedOnceEveryTrainerAttached) {
-  Cluster cluster(1, 2);
+  EngineCluster cluster(Shape(1, 2));
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status();
   Engine& e = cluster.engine(0);
-  auto a = e.Hello("", 0, 2, 0, "a");
-  auto b = e.Hello("", 1, 2, 0, "b");
+  auto a = Trainer::Open(&e, 0, 2, "", "a");
+  auto b = Trainer::Open(&e, 1, 2, "", "b");
   ASSERT_TRUE(a.ok() && b.ok());
-  auto ga = e.RegisterBucket(a->session_id, 3, 100, "", 0);
+  auto ga = a->Register(3, 100);
   ASSERT_TRUE(ga.ok());
   const std::string name = ga->buffer->name();
   struct stat st;
   EXPECT_EQ(stat(("/dev/shm" + name).c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0600u);
-  auto gb = e.RegisterBucket(b->session_id, 3, 100, "", 0);
+  auto gb = b->Register(3, 100);
   ASSERT_TRUE(gb.ok());
-  auto* h = static_cast<BucketHeader*>(const_cast<ShmBuffer*>(ga->buffer)->data());
-  auto* bell = static_cast<DoorbellSegment*>(const_cast<ShmBuffer*>(a->doorbell)->data());
+  BucketHeader* h = a->header(3);
+  DoorbellSegment* bell = a->doorbell();
   h->attached[0].store(1);
   h->attached[1].store(1);
   bell->attached[0].store(1);
@@ -260,39 +196,28 @@ TEST(EngineTest, SegmentsAreUnlinkedOnceEveryTrainerAttached) {
   EXPECT_NE(stat(("/dev/shm" + name).c_str(), &st), 0);
 }
 
-}  // namespace
-}  // namespace spex
-
-namespace spex {
-namespace {
-
 // DDP rebuilds its buckets after the first iteration: the old ids are withdrawn and new ids
 // registered; the schedule must move on instead of waiting for the old buckets' next step.
 TEST(EngineTest, UnregisteredBucketsLeaveTheSchedule) {
-  Cluster cluster(2, 1);
-  std::vector<std::thread> threads;
-  for (int n = 0; n < 2; ++n) {
-    threads.emplace_back([&, n] {
-      Engine& e = cluster.engine(n);
-      auto hello = e.Hello("", 0, 1, 0, "t");
-      ASSERT_TRUE(hello.ok());
-      const uint64_t sid = hello->session_id;
-      auto deadline = [] { return absl::Now() + absl::Seconds(10); };
-      ASSERT_TRUE(e.RegisterBucket(sid, 0, 10, "", 0).ok());
-      ASSERT_TRUE(e.RegisterBucket(sid, 1, 10, "", 0).ok());
-      ASSERT_TRUE(e.Exchange(sid, 0, 0, deadline()).ok());
-      ASSERT_TRUE(e.Exchange(sid, 1, 0, deadline()).ok());
-      ASSERT_TRUE(e.UnregisterBucket(sid, 0).ok());
-      EXPECT_EQ(e.UnregisterBucket(sid, 0).code(), absl::StatusCode::kNotFound);
-      ASSERT_TRUE(e.RegisterBucket(sid, 1000, 20, "", 0).ok());
-      // Bucket 0 would come first at step 1; it is gone, so these complete.
-      EXPECT_TRUE(e.Exchange(sid, 1000, 0, deadline()).ok());
-      EXPECT_TRUE(e.Exchange(sid, 1, 1, deadline()).ok());
-      EXPECT_EQ(e.Exchange(sid, 0, 1, deadline()).status().code(), absl::StatusCode::kNotFound);
-    });
-  }
-  for (auto& t : threads) t.join();
+  EngineCluster cluster(Shape(2, 1));
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status();
+  cluster.ForEachNode([&](int n) {
+    auto t = Trainer::Open(&cluster.engine(n), 0, 1);
+    ASSERT_TRUE(t.ok());
+    ASSERT_TRUE(t->Register(0, 10).ok());
+    ASSERT_TRUE(t->Register(1, 10).ok());
+    ASSERT_TRUE(t->Exchange(0, 0, absl::Seconds(10)).ok());
+    ASSERT_TRUE(t->Exchange(1, 0, absl::Seconds(10)).ok());
+    ASSERT_TRUE(t->Unregister(0).ok());
+    EXPECT_EQ(cluster.engine(n).UnregisterBucket(t->session_id(), 0).code(),
+              absl::StatusCode::kNotFound);
+    ASSERT_TRUE(t->Register(1000, 20).ok());
+    // Bucket 0 would come first at step 1; it is gone, so these complete.
+    EXPECT_TRUE(t->Exchange(1000, 0, absl::Seconds(10)).ok());
+    EXPECT_TRUE(t->Exchange(1, 1, absl::Seconds(10)).ok());
+    EXPECT_EQ(t->Exchange(0, 1, absl::Seconds(10)).status().code(), absl::StatusCode::kNotFound);
+  });
 }
 
 }  // namespace
-}  // namespace spex
+}  // namespace spex::test

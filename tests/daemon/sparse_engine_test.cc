@@ -1,58 +1,44 @@
 // The sparse exchange inside the engine, over the in-process collective (N nodes as threads,
-// L trainers per node), with test codecs of both wire patterns. Every trainer's result must
-// equal a reference computed from all inputs with the pattern's semantics, and the residual
-// must carry exactly what was not sent:
+// L trainers per node, the fixture of tests/support/engine_cluster.h), with test compressors of
+// both wire patterns. Every trainer's result must equal a reference computed from all inputs
+// with the pattern's semantics, and the residual must carry exactly what was not sent:
 //   A (index union): out[i] = sum over nodes of acc_node[i] / (N L) on the union, 0 elsewhere;
 //                    every node's residual is zeroed on the whole union.
 //   B (sparse gather): out = sum over nodes of acc_node restricted to its selection / (N L);
 //                    each node's residual is zeroed on its own selection.
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <thread>
 
 #include "daemon/engine/engine.h"
-#include "daemon/memory/futex.h"
-#include "daemon/transport/inproc_collective.h"
 #include "gtest/gtest.h"
+#include "kernels/compressor.h"
 #include "kernels/reference/reference_primitives.h"
+#include "tests/support/engine_cluster.h"
 
-namespace spex {
+namespace spex::test {
 namespace {
 
 // Pattern B: exact top-k of the whole bucket. Pattern A ("partition"): each node takes the
 // top-k of the partition it owns this step (ownership rotates, so node sets are disjoint);
 // ("overlap") each node takes the global top-k, so node sets overlap and the union dedups.
-class TestCodec : public Codec {
+class TestCompressor : public Compressor {
  public:
-  TestCodec(std::string kind, const CodecSpec& spec, Primitives* prims)
-      : kind_(std::move(kind)), spec_(spec), prims_(prims), density_(spec.density) {}
-  WirePattern pattern() const override {
-    return kind_ == "test_topk" ? WirePattern::kSparseGather : WirePattern::kIndexUnion;
-  }
-  absl::Status SetDensity(double d) override {
-    density_ = d;
-    return absl::OkStatus();
-  }
-  absl::Status Select(float* acc, size_t n, uint64_t step, bool zero,
-                      CodecSelection* out) override {
-    SelectInto(kind_, spec_, prims_, density_, acc, n, step, &out->idx, &out->val);
-    if (zero) return prims_->ZeroAt(acc, n, out->idx.data(), out->idx.size());
-    return absl::OkStatus();
-  }
-  absl::Status Update(uint64_t, const std::vector<uint64_t>& counts,
-                      const std::vector<uint32_t>&) override {
-    gathered_counts = counts;
-    return absl::OkStatus();
+  TestCompressor(const CompressorSpec& spec, Primitives* prims)
+      : Compressor(spec, prims), spec_(spec) {}
+  Pattern pattern() const override {
+    return spec_.name == "test_topk" ? Pattern::kSparseGather : Pattern::kIndexUnion;
   }
 
   // The selection rule, shared with the test's reference.
-  static void SelectInto(const std::string& kind, const CodecSpec& spec, Primitives* prims,
-                         double density, const float* acc, size_t n, uint64_t step,
-                         std::vector<uint32_t>* idx, std::vector<float>* val) {
+  static void SelectInto(const CompressorSpec& spec, Primitives* prims, double density,
+                         const float* acc, size_t n, uint64_t step, std::vector<uint32_t>* idx,
+                         std::vector<float>* val) {
     size_t begin = 0, end = n;
-    if (kind == "test_partition") {
+    if (spec.name == "test_partition") {
       const size_t p = (step + spec.node_rank) % spec.node_count;
       begin = n * p / spec.node_count;
       end = n * (p + 1) / spec.node_count;
@@ -64,14 +50,36 @@ class TestCodec : public Codec {
     for (auto& i : *idx) i += static_cast<uint32_t>(begin);
   }
 
-  std::vector<uint64_t> gathered_counts;
+ protected:
+  absl::Status DoSelect(const StepContext& ctx, float* acc, const float* add, bool zero,
+                        Selection* out) override {
+    if (add != nullptr) prims_->Accumulate(acc, add, ctx.n);
+    SelectInto(spec_, prims_, ctx.density, acc, ctx.n, ctx.step, &out->idx, &out->val);
+    if (zero) return prims_->ZeroAt(acc, ctx.n, out->idx.data(), out->idx.size());
+    return absl::OkStatus();
+  }
 
  private:
-  std::string kind_;
-  CodecSpec spec_;
-  Primitives* prims_;
-  double density_;
+  const CompressorSpec spec_;
 };
+
+CompressorFactory TestCompressors() {
+  return FactoryOf([](const CompressorSpec& spec, Primitives* p) {
+    return std::make_unique<TestCompressor>(spec, p);
+  });
+}
+
+// Engines with the test compressors, every bucket sparse.
+EngineClusterOptions SparseCluster(int nodes, int trainers, EngineOptions base = {}) {
+  EngineClusterOptions o;
+  o.nodes = nodes;
+  o.trainers = trainers;
+  o.engine = base;
+  o.engine.shm_tag = "sparsetest";
+  o.engine.min_sparse_elements = 0;
+  o.engine.compressor_factory = TestCompressors();
+  return o;
+}
 
 float Value(int node, int trainer, uint64_t step, size_t i) {
   uint64_t x = (static_cast<uint64_t>(node) << 56) ^ (static_cast<uint64_t>(trainer) << 48) ^
@@ -91,25 +99,12 @@ struct Run {
 
 void ExpectExactSemantics(const Run& run) {
   SCOPED_TRACE(run.codec + " on " + std::to_string(run.nodes) + " nodes");
-  InProcessHub hub(run.nodes, absl::Seconds(20));
   auto prims = MakeReferencePrimitives();
-  std::vector<std::unique_ptr<Collective>> colls;
-  std::vector<std::unique_ptr<Engine>> engines;
-  for (int r = 0; r < run.nodes; ++r) {
-    colls.push_back(hub.Connect(r));
-    EngineOptions o;
-    o.local_trainers = run.trainers;
-    o.shm_tag = "sparsetest";
-    o.dense_fallback = "off";
-    o.min_sparse_elements = 0;
-    o.residual_norm_every = 1;
-    o.codec_factory = [](const CodecSpec& spec,
-                         Primitives* p) -> absl::StatusOr<std::unique_ptr<Codec>> {
-      return std::unique_ptr<Codec>(new TestCodec(spec.name, spec, p));
-    };
-    engines.push_back(std::make_unique<Engine>(o, colls.back().get(), prims.get()));
-    ASSERT_TRUE(engines.back()->Start().ok());
-  }
+  EngineOptions base;
+  base.dense_fallback = DenseFallback::kOff;
+  base.residual_norm_every = 1;
+  EngineCluster cluster(SparseCluster(run.nodes, run.trainers, base));
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status();
   // Reference state: every node's residual.
   const int N = run.nodes, L = run.trainers;
   std::vector<std::vector<float>> residual(N, std::vector<float>(run.n, 0.0f));
@@ -121,10 +116,10 @@ void ExpectExactSemantics(const Run& run) {
     for (int r = 0; r < N; ++r) {
       for (int t = 0; t < L; ++t)
         for (size_t i = 0; i < run.n; ++i) acc[r][i] += Value(r, t, s, i);
-      CodecSpec spec{run.codec, run.density, {}, r, N, run.n};
+      CompressorSpec spec{run.codec, run.density, {}, r, N, run.n};
       std::vector<float> val;
-      TestCodec::SelectInto(run.codec, spec, prims.get(), run.density, acc[r].data(), run.n, s,
-                            &sel[r], &val);
+      TestCompressor::SelectInto(spec, prims.get(), run.density, acc[r].data(), run.n, s, &sel[r],
+                                 &val);
     }
     if (run.codec == "test_topk") {
       for (int r = 0; r < N; ++r) {
@@ -151,34 +146,25 @@ void ExpectExactSemantics(const Run& run) {
     expected_residual[s] = residual;
   }
   std::atomic<int> wrong{0}, norm_wrong{0};
-  std::vector<std::thread> threads;
-  for (int r = 0; r < N; ++r) {
-    for (int t = 0; t < L; ++t) {
-      threads.emplace_back([&, r, t] {
-        Engine& e = *engines[r];
-        auto hello = e.Hello("", t, L, 0, "t");
-        ASSERT_TRUE(hello.ok()) << hello.status();
-        auto g = e.RegisterBucket(hello->session_id, 1, run.n, run.codec, run.density);
-        ASSERT_TRUE(g.ok()) << g.status();
-        uint8_t* base = static_cast<uint8_t*>(const_cast<ShmBuffer*>(g->buffer)->data());
-        float* in = reinterpret_cast<float*>(base + g->input_offset);
-        const float* out = reinterpret_cast<const float*>(base + g->output_offset);
-        for (int s = 0; s < run.steps; ++s) {
-          for (size_t i = 0; i < run.n; ++i) in[i] = Value(r, t, s, i);
-          auto rec = e.Exchange(hello->session_id, 1, s, absl::Now() + absl::Seconds(20));
-          ASSERT_TRUE(rec.ok()) << rec.status();
-          EXPECT_EQ(rec->pattern, run.codec == "test_topk" ? "B" : "A");
-          for (size_t i = 0; i < run.n; ++i) wrong += out[i] != expected[s][i];
-          if (t == 0) {
-            double sq = 0;
-            for (float x : expected_residual[s][r]) sq += static_cast<double>(x) * x;
-            norm_wrong += std::abs(rec->residual_norm - std::sqrt(sq)) > 1e-6 * (1 + std::sqrt(sq));
-          }
-        }
-      });
+  cluster.ForEachTrainer([&](int r, int t) {
+    auto tr = Trainer::Open(&cluster.engine(r), t, L);
+    ASSERT_TRUE(tr.ok()) << tr.status();
+    auto g = tr->Register(1, run.n, run.codec, run.density);
+    ASSERT_TRUE(g.ok()) << g.status();
+    const float* out = tr->output(1);
+    for (int s = 0; s < run.steps; ++s) {
+      tr->Fill(1, [&](size_t i) { return Value(r, t, s, i); });
+      auto rec = tr->Exchange(1, s);
+      ASSERT_TRUE(rec.ok()) << rec.status();
+      EXPECT_EQ(rec->pattern, run.codec == "test_topk" ? "B" : "A");
+      for (size_t i = 0; i < run.n; ++i) wrong += out[i] != expected[s][i];
+      if (t == 0) {
+        double sq = 0;
+        for (float x : expected_residual[s][r]) sq += static_cast<double>(x) * x;
+        norm_wrong += std::abs(rec->residual_norm - std::sqrt(sq)) > 1e-6 * (1 + std::sqrt(sq));
+      }
     }
-  }
-  for (auto& th : threads) th.join();
+  });
   EXPECT_EQ(wrong.load(), 0);
   EXPECT_EQ(norm_wrong.load(), 0) << "residual norms differ from the reference residual";
 }
@@ -195,66 +181,41 @@ TEST(SparseEngineTest, PatternAIsTheExactAverageOverAnOverlappingUnion) {
   for (int nodes : {2, 4}) ExpectExactSemantics({nodes, 2, "test_overlap"});
 }
 
-// Starts `nodes` engines with test codecs and runs `steps` exchanges of one bucket with one
-// trainer per node; `between(step)` runs on node 0's thread before each step.
-struct MiniCluster {
-  MiniCluster(int nodes, EngineOptions base)
-      : hub(nodes, absl::Seconds(20)), prims(MakeReferencePrimitives()) {
-    for (int r = 0; r < nodes; ++r) {
-      colls.push_back(hub.Connect(r));
-      EngineOptions o = base;
-      o.shm_tag = "sparsetest";
-      o.min_sparse_elements = 0;
-      o.codec_factory = [](const CodecSpec& spec,
-                           Primitives* p) -> absl::StatusOr<std::unique_ptr<Codec>> {
-        return std::unique_ptr<Codec>(new TestCodec(spec.name, spec, p));
-      };
-      engines.push_back(std::make_unique<Engine>(o, colls.back().get(), prims.get()));
-      EXPECT_TRUE(engines.back()->Start().ok());
+// Runs `steps` exchanges of one bucket with one trainer per node and returns every node's
+// record per step; `between(step)` runs on node 0's thread before each step.
+std::vector<std::vector<ExchangeRecord>> RunSteps(EngineCluster& cluster, const std::string& codec,
+                                                  size_t n, double density, int steps,
+                                                  std::function<void(int)> between) {
+  const int N = cluster.nodes();
+  std::vector<std::vector<ExchangeRecord>> recs(N, std::vector<ExchangeRecord>(steps));
+  cluster.ForEachNode([&](int r) {
+    auto t = Trainer::Open(&cluster.engine(r), 0, 1);
+    ASSERT_TRUE(t.ok());
+    auto g = t->Register(2, n, codec, density);
+    ASSERT_TRUE(g.ok()) << g.status();
+    for (int s = 0; s < steps; ++s) {
+      if (r == 0 && between) between(s);
+      t->Fill(2, [&](size_t i) { return Value(r, 0, s, i); });
+      auto rec = t->Exchange(2, s);
+      ASSERT_TRUE(rec.ok()) << rec.status();
+      recs[r][s] = *rec;
     }
-  }
-  // Returns every node's record per step.
-  std::vector<std::vector<ExchangeRecord>> Run(const std::string& codec, size_t n, double density,
-                                               int steps, std::function<void(int)> between) {
-    const int N = static_cast<int>(engines.size());
-    std::vector<std::vector<ExchangeRecord>> recs(N, std::vector<ExchangeRecord>(steps));
-    std::vector<std::thread> threads;
-    for (int r = 0; r < N; ++r) {
-      threads.emplace_back([&, r] {
-        Engine& e = *engines[r];
-        auto hello = e.Hello("", 0, 1, 0, "t");
-        ASSERT_TRUE(hello.ok());
-        auto g = e.RegisterBucket(hello->session_id, 2, n, codec, density);
-        ASSERT_TRUE(g.ok()) << g.status();
-        float* in = reinterpret_cast<float*>(
-            static_cast<uint8_t*>(const_cast<ShmBuffer*>(g->buffer)->data()) + g->input_offset);
-        for (int s = 0; s < steps; ++s) {
-          if (r == 0 && between) between(s);
-          for (size_t i = 0; i < n; ++i) in[i] = Value(r, 0, s, i);
-          auto rec = e.Exchange(hello->session_id, 2, s, absl::Now() + absl::Seconds(20));
-          ASSERT_TRUE(rec.ok()) << rec.status();
-          recs[r][s] = *rec;
-        }
-      });
-    }
-    for (auto& t : threads) t.join();
-    return recs;
-  }
-  InProcessHub hub;
-  std::unique_ptr<Primitives> prims;
-  std::vector<std::unique_ptr<Collective>> colls;
-  std::vector<std::unique_ptr<Engine>> engines;
-};
+  });
+  return recs;
+}
 
 TEST(SparseEngineTest, ADensityChangeOnOneNodeTakesEffectAtTheSameStepEverywhere) {
   EngineOptions o;
-  o.dense_fallback = "off";
-  MiniCluster c(3, o);
-  auto recs = c.Run("test_topk", 10000, 0.01, 6, [&](int step) {
-    if (step == 3) EXPECT_TRUE(c.engines[0]->SetDensity(0.002).ok());
+  o.dense_fallback = DenseFallback::kOff;
+  EngineCluster c(SparseCluster(3, 1, o));
+  ASSERT_TRUE(c.status().ok()) << c.status();
+  auto recs = RunSteps(c, "test_topk", 10000, 0.01, 6, [&](int step) {
+    if (step == 3) {
+      EXPECT_TRUE(c.engine(0).SetDensity(0.002).ok());
+    }
   });
-  EXPECT_FALSE(c.engines[0]->SetDensity(0).ok());
-  EXPECT_FALSE(c.engines[0]->SetDensity(1.5).ok());
+  EXPECT_FALSE(c.engine(0).SetDensity(0).ok());
+  EXPECT_FALSE(c.engine(0).SetDensity(1.5).ok());
   for (int r = 0; r < 3; ++r) {
     for (int s = 0; s < 6; ++s) {
       // Node 0 changed it before its step 3; its control all-reduce carries it to all nodes.
@@ -268,10 +229,11 @@ TEST(SparseEngineTest, ADensityChangeOnOneNodeTakesEffectAtTheSameStepEverywhere
 
 TEST(SparseEngineTest, AutoFallbackProbesBothThenAllNodesKeepTheSameChoice) {
   EngineOptions o;
-  o.dense_fallback = "auto";
+  o.dense_fallback = DenseFallback::kAuto;
   o.probe_steps = 2;
-  MiniCluster c(2, o);
-  auto recs = c.Run("test_topk", 50000, 0.01, 8, nullptr);
+  EngineCluster c(SparseCluster(2, 1, o));
+  ASSERT_TRUE(c.status().ok()) << c.status();
+  auto recs = RunSteps(c, "test_topk", 50000, 0.01, 8, nullptr);
   for (int r = 0; r < 2; ++r) {
     // Probe window: sparse, dense, sparse, dense.
     EXPECT_EQ(recs[r][0].pattern, "B");
@@ -323,40 +285,24 @@ class TamperingCollective : public Collective {
 
 void ExpectPeerRejected(const std::string& codec, std::function<void(std::vector<uint8_t>*)> tamper,
                         const std::string& message) {
-  InProcessHub hub(2, absl::Seconds(20));
-  auto prims = MakeReferencePrimitives();
-  std::vector<std::unique_ptr<Collective>> colls;
-  std::vector<std::unique_ptr<Engine>> engines;
-  for (int r = 0; r < 2; ++r) {
-    colls.push_back(r == 1 ? std::make_unique<TamperingCollective>(hub.Connect(r), tamper)
-                           : hub.Connect(r));
-    EngineOptions o;
-    o.shm_tag = "sparsetest";
-    o.dense_fallback = "off";
-    o.min_sparse_elements = 0;
-    o.codec_factory = [](const CodecSpec& spec,
-                         Primitives* p) -> absl::StatusOr<std::unique_ptr<Codec>> {
-      return std::unique_ptr<Codec>(new TestCodec(spec.name, spec, p));
-    };
-    engines.push_back(std::make_unique<Engine>(o, colls.back().get(), prims.get()));
-    ASSERT_TRUE(engines.back()->Start().ok());
-  }
+  EngineOptions base;
+  base.dense_fallback = DenseFallback::kOff;
+  EngineClusterOptions o = SparseCluster(2, 1, base);
+  o.wrap = [&](int r, std::unique_ptr<Collective> c) -> std::unique_ptr<Collective> {
+    if (r != 1) return c;
+    return std::make_unique<TamperingCollective>(std::move(c), tamper);
+  };
+  EngineCluster cluster(o);
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status();
   std::vector<absl::Status> results(2);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 2; ++r) {
-    threads.emplace_back([&, r] {
-      auto hello = engines[r]->Hello("", 0, 1, 0, "t");
-      ASSERT_TRUE(hello.ok());
-      auto g = engines[r]->RegisterBucket(hello->session_id, 4, 1000, codec, 0.05);
-      ASSERT_TRUE(g.ok()) << g.status();
-      float* in = reinterpret_cast<float*>(
-          static_cast<uint8_t*>(const_cast<ShmBuffer*>(g->buffer)->data()) + g->input_offset);
-      for (int i = 0; i < 1000; ++i) in[i] = static_cast<float>(i);
-      results[r] =
-          engines[r]->Exchange(hello->session_id, 4, 0, absl::Now() + absl::Seconds(20)).status();
-    });
-  }
-  for (auto& t : threads) t.join();
+  cluster.ForEachNode([&](int r) {
+    auto t = Trainer::Open(&cluster.engine(r), 0, 1);
+    ASSERT_TRUE(t.ok());
+    auto g = t->Register(4, 1000, codec, 0.05);
+    ASSERT_TRUE(g.ok()) << g.status();
+    t->Fill(4, [](size_t i) { return static_cast<float>(i); });
+    results[r] = t->Exchange(4, 0).status();
+  });
   for (int r = 0; r < 2; ++r) {
     EXPECT_EQ(results[r].code(), absl::StatusCode::kDataLoss) << results[r];
     EXPECT_NE(results[r].message().find("node 1"), std::string::npos) << results[r];
@@ -391,4 +337,4 @@ TEST(SparseEngineTest, AMalformedPeerChunkIsRejected) {
 }
 
 }  // namespace
-}  // namespace spex
+}  // namespace spex::test

@@ -1,0 +1,47 @@
+#include "tests/cuda/device_engine_server.h"
+
+#include "daemon/service/spex_service.h"
+#include "tests/support/engine_cluster.h"
+
+namespace spex::test {
+
+struct DeviceEngineServer::Impl {
+  explicit Impl(EngineClusterOptions o) : cluster(std::move(o)) {}
+  EngineCluster cluster;
+  std::unique_ptr<SpexService> service;
+};
+
+absl::StatusOr<std::unique_ptr<DeviceEngineServer>> DeviceEngineServer::Start(
+    fake::FakeDevice* device, Options options) {
+  EngineClusterOptions o;
+  o.nodes = 1;
+  o.trainers = options.trainers;
+  o.engine.shm_tag = "devtest";
+  if (options.sparse) {
+    o.engine.min_sparse_elements = 0;
+    o.engine.dense_fallback = DenseFallback::kOff;
+  }
+  o.parts = [device](int) { return NodeParts{device->device_prims(), device->path()}; };
+  o.wrap = [device](int, std::unique_ptr<Collective> c) {
+    return fake::CheckedCollective(std::move(c), device);
+  };
+  auto impl = std::make_unique<Impl>(std::move(o));
+  if (!impl->cluster.status().ok()) return impl->cluster.status();
+  impl->service = std::make_unique<SpexService>(&impl->cluster.engine(0), "test");
+  return std::unique_ptr<DeviceEngineServer>(new DeviceEngineServer(std::move(impl)));
+}
+
+DeviceEngineServer::DeviceEngineServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+DeviceEngineServer::~DeviceEngineServer() {
+  // The service goes before the engine it serves.
+  if (impl_ != nullptr) impl_->service.reset();
+}
+
+v1::Spex::Service* DeviceEngineServer::service() { return impl_->service.get(); }
+
+bool DeviceEngineServer::device_buckets() const {
+  return impl_->cluster.engine(0).device_buckets();
+}
+
+}  // namespace spex::test

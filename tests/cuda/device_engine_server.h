@@ -1,0 +1,37 @@
+// One engine on a FakeDevice behind the gRPC service (daemon/service/spex_service.h), for tests
+// that also use the client: this header does not include the engine's, whose spex::Bucket (the
+// engine's bucket) would clash with the client's spex::Bucket in one translation unit.
+#pragma once
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "proto/spex.grpc.pb.h"
+#include "tests/cuda/fake_device.h"
+
+namespace spex::test {
+
+class DeviceEngineServer {
+ public:
+  struct Options {
+    int trainers = 1;
+    // Every bucket but "dense" sparse from the first step (min_sparse_elements 0, no fallback).
+    bool sparse = false;
+  };
+  // Starts the engine on `device` (which must outlive the server), its collective checked.
+  static absl::StatusOr<std::unique_ptr<DeviceEngineServer>> Start(fake::FakeDevice* device,
+                                                                   Options options);
+  ~DeviceEngineServer();
+
+  // The service, to call directly or to register with a grpc::ServerBuilder.
+  v1::Spex::Service* service();
+  // Whether the engine keeps buckets on the device (Engine::device_buckets).
+  bool device_buckets() const;
+
+ private:
+  struct Impl;
+  explicit DeviceEngineServer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace spex::test

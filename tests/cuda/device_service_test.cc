@@ -1,0 +1,205 @@
+// The device path seen through the service and the client, on the fake device of
+// fake_device.h (one engine, device_engine_server.h):
+//  - the RegisterBucket reply carries a cuda_ipc device descriptor that decodes with the right
+//    sizes and events, and the client's ResolveBucketView attaches it through an IpcHandleCache;
+//  - the unchanged client (gRPC, IpcHandleCache) exchanges through it, both signalling paths.
+// (Split from engine_device_test.cc: the client's spex::Bucket and the engine's cannot meet in
+// one translation unit.)
+#include <unistd.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "client/client.h"
+#include "daemon/memory/cuda_ipc_buffer.h"
+#include "daemon/memory/layout.h"
+#include "daemon/memory/shm_buffer.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "proto/spex.pb.h"
+#include "tests/cuda/device_engine_server.h"
+#include "tests/cuda/fake_device.h"
+
+namespace spex::test {
+namespace {
+
+using fake::FakeDevice;
+
+// The service's replies on a device engine: Hello says DEVICE_CUDA (and refuses host-buffer
+// trainers), RegisterBucket carries the header in shm and a cuda_ipc device buffer with
+// L + 1 events, DeviceBucketBytes bytes and the GPU ordinal; the client's ResolveBucketView
+// attaches it through an IpcHandleCache to the engine's memory.
+TEST(DeviceService, RegisterBucketReplyCarriesTheDeviceDescriptor) {
+  const uint32_t L = 2;
+  const size_t n = 5000;
+  FakeDevice device(/*ordinal=*/3);
+  auto server = DeviceEngineServer::Start(&device, {L, false});
+  ASSERT_TRUE(server.ok()) << server.status();
+  EXPECT_TRUE((*server)->device_buckets());
+  v1::Spex::Service& service = *(*server)->service();
+
+  v1::HelloRequest hello;
+  hello.set_local_size(L);
+  hello.set_device(v1::DEVICE_CPU);
+  v1::HelloResponse hello_resp;
+  grpc::Status refused = service.Hello(nullptr, &hello, &hello_resp);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(refused.error_message().find("--device=cpu"), std::string::npos)
+      << refused.error_message();
+
+  fake::FakeIpcOpener::Log log;
+  IpcHandleCache cache(std::make_unique<fake::FakeIpcOpener>(&log));
+  for (uint32_t rank = 0; rank < L; ++rank) {
+    hello.set_local_rank(rank);
+    hello.set_device(rank == 0 ? v1::DEVICE_CUDA : v1::DEVICE_UNSPECIFIED);
+    hello_resp.Clear();
+    ASSERT_TRUE(service.Hello(nullptr, &hello, &hello_resp).ok());
+    EXPECT_EQ(hello_resp.device(), v1::DEVICE_CUDA);
+
+    v1::RegisterBucketRequest reg;
+    reg.set_session_id(hello_resp.session_id());
+    reg.set_bucket_id(4);
+    reg.set_elements(n);
+    reg.mutable_compressor()->set_name("topk");
+    v1::RegisterBucketResponse resp;
+    grpc::Status st = service.RegisterBucket(nullptr, &reg, &resp);
+    ASSERT_TRUE(st.ok()) << st.error_message();
+    ASSERT_TRUE(resp.buffer().has_shm());
+    EXPECT_EQ(resp.buffer().shm().size(), kPageBytes);  // the header alone
+    EXPECT_EQ(resp.layout().header_offset(), 0u);
+    EXPECT_EQ(resp.layout().elements(), n);
+    ASSERT_TRUE(resp.has_device_buffer());
+    ASSERT_TRUE(resp.device_buffer().has_cuda_ipc());
+    absl::StatusOr<CudaIpcHandles> h = DecodeCudaIpcDescriptor(resp.device_buffer().cuda_ipc());
+    ASSERT_TRUE(h.ok()) << h.status();
+    EXPECT_EQ(h->size, DeviceBucketBytes(n, L));
+    EXPECT_EQ(h->events.size(), L + 1);
+    EXPECT_EQ(h->device, 3);
+    EXPECT_EQ(resp.device_layout().input_offset(), DeviceInputOffset(n, rank));
+    EXPECT_EQ(resp.device_layout().output_offset(), DeviceOutputOffset(n, L));
+    EXPECT_EQ(resp.device_layout().elements(), n);
+
+    auto mapping = ShmMapping::Attach(resp.buffer().shm().name(), resp.buffer().shm().size());
+    ASSERT_TRUE(mapping.ok()) << mapping.status();
+    absl::StatusOr<BucketView> view = ResolveBucketView(resp, n, rank, L, (*mapping)->data(),
+                                                        resp.buffer().shm().size(), true, &cache);
+    ASSERT_TRUE(view.ok()) << view.status();
+    ASSERT_NE(view->device, nullptr);
+    EXPECT_EQ(view->device->events.size(), L + 1);
+    EXPECT_EQ(view->device->device, 3);
+    EXPECT_EQ(view->header->bucket_id, 4u);
+    // The trainer's pointers are the engine's device memory, at the described offsets.
+    EXPECT_TRUE(device.IsDeviceMemory(view->input, n * sizeof(float)));
+    EXPECT_TRUE(device.IsDeviceMemory(view->output, n * sizeof(float)));
+    EXPECT_EQ(reinterpret_cast<const uint8_t*>(view->output) -
+                  reinterpret_cast<const uint8_t*>(view->input),
+              static_cast<ptrdiff_t>(DeviceOutputOffset(n, L) - DeviceInputOffset(n, rank)));
+  }
+  EXPECT_EQ(cache.open_count(), 1u);  // one device buffer, opened once for both trainers here
+  absl::MutexLock lock(&log.mu);
+  EXPECT_EQ(log.memory_opens, 1);
+}
+
+// The unchanged C++ client over gRPC against a device engine: ClientOptions::device =
+// DEVICE_CUDA with the fake IPC opener, both signalling paths, the stream ordering around
+// every exchange, and exact averages on the device buffers.
+TEST(DeviceService, ClientExchangesThroughTheDevicePath) {
+  const uint32_t L = 2;
+  const size_t n = 20000;
+  FakeDevice device(/*ordinal=*/1);
+  auto engine = DeviceEngineServer::Start(&device, {L, true});
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  const std::string socket = absl::StrCat("/tmp/spex-devtest-", getpid(), ".sock");
+  unlink(socket.c_str());
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("unix:" + socket, grpc::InsecureServerCredentials());
+  builder.RegisterService((*engine)->service());
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+
+  // A host-buffer client is refused with what to do.
+  {
+    ClientOptions co;
+    co.socket = socket;
+    co.local_size = L;
+    auto c = Client::Connect(co);
+    ASSERT_FALSE(c.ok());
+    EXPECT_EQ(c.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_NE(c.status().message().find("serves CUDA buffers"), std::string::npos) << c.status();
+  }
+
+  fake::FakeIpcOpener::Log logs[L];
+  std::vector<std::string> errors(L);
+  std::vector<std::thread> threads;
+  const int steps = 4;
+  for (uint32_t t = 0; t < L; ++t) {
+    threads.emplace_back([&, t] {
+      std::string& err = errors[t];
+      ClientOptions co;
+      co.socket = socket;
+      co.local_rank = t;
+      co.local_size = L;
+      co.device = v1::DEVICE_CUDA;
+      co.ipc_opener = [&logs, t] { return std::make_unique<fake::FakeIpcOpener>(&logs[t]); };
+      auto client = Client::Connect(co);
+      if (!client.ok()) return void(err = client.status().ToString());
+      auto dense = (*client)->RegisterBucket(1, n, {"dense", 0});
+      if (!dense.ok()) return void(err = dense.status().ToString());
+      auto sparse = (*client)->RegisterBucket(2, n, {"topk", 0.01});
+      if (!sparse.ok()) return void(err = sparse.status().ToString());
+      if (!(*dense)->on_device() || (*dense)->cuda_device() != 1) {
+        return void(err = "not a device bucket");
+      }
+      void* stream = reinterpret_cast<void*>(uintptr_t{0x5});
+      for (int s = 0; s < steps; ++s) {
+        const ExchangeMode mode = (s + t) % 2 ? ExchangeMode::kRpc : ExchangeMode::kDoorbell;
+        for (Bucket* b : {*dense, *sparse}) {
+          absl::Span<float> in = b->input();
+          for (size_t i = 0; i < n; ++i) {
+            in[i] = static_cast<float>((i * 7 + t * 13 + s) % 101) - 50;
+          }
+          absl::Status st = (*client)->Exchange(b, mode, stream);
+          if (!st.ok()) return void(err = st.ToString());
+        }
+        absl::Span<const float> out = (*dense)->output();
+        for (size_t i = 0; i < n; ++i) {
+          float sum = 0;
+          for (uint32_t u = 0; u < L; ++u) {
+            sum += static_cast<float>((i * 7 + u * 13 + s) % 101) - 50;
+          }
+          if (out[i] != sum / L) {
+            return void(err = absl::StrCat("step ", s, " element ", i, ": ", out[i]));
+          }
+        }
+        size_t nonzero = 0;
+        for (float x : (*sparse)->output()) nonzero += x != 0;
+        if (nonzero == 0 || nonzero > 2 * n / 100 + 2) {
+          return void(err = absl::StrCat("step ", s, ": sparse output has ", nonzero, " nonzeros"));
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (const std::string& e : errors) EXPECT_EQ(e, "");
+  for (uint32_t t = 0; t < L; ++t) {
+    absl::MutexLock lock(&logs[t].mu);
+    // Per exchange: the trainer's input event recorded, then the output event waited on.
+    ASSERT_EQ(logs[t].calls.size(), 2u * 2 * steps);
+    for (size_t i = 0; i < logs[t].calls.size(); i += 2) {
+      EXPECT_EQ(logs[t].calls[i], absl::StrCat("record ", t));
+      EXPECT_EQ(logs[t].calls[i + 1], absl::StrCat("wait ", L));
+    }
+    EXPECT_EQ(logs[t].memory_opens, 2);  // one per bucket, reused every step
+  }
+  for (const std::string& v : device.violations()) ADD_FAILURE() << v;
+  server->Shutdown();
+  unlink(socket.c_str());
+}
+
+}  // namespace
+}  // namespace spex::test
