@@ -28,6 +28,7 @@ enum Word {
   kName,
   kNotName,
   kInputsFailed,
+  kDeadTrainer,
   kWords
 };
 
@@ -46,6 +47,16 @@ float DensityOfKey(uint64_t key) {
   return d;
 }
 
+uint64_t DeadTrainerWord(int node, uint32_t local_rank, uint32_t pid) {
+  return (1ull << 63) | (static_cast<uint64_t>(node & 0x7fff) << 48) |
+         (static_cast<uint64_t>(local_rank & 0xffff) << 32) | pid;
+}
+
+std::string DeadTrainerName(uint64_t word) {
+  return absl::StrCat("local trainer ", (word >> 32) & 0xffff, " (pid ", word & 0xffffffffu,
+                      ") of node ", (word >> 48) & 0x7fff);
+}
+
 absl::Status RunControlRound(Collective* coll, const ExchangeKey& key, Control* c) {
   const uint64_t name = NameHash(key.compressor);
   uint64_t v[kWords];
@@ -61,6 +72,7 @@ absl::Status RunControlRound(Collective* coll, const ExchangeKey& key, Control* 
   v[kName] = name;
   v[kNotName] = ~name;
   v[kInputsFailed] = c->inputs_failed ? 1 : 0;
+  v[kDeadTrainer] = c->dead_trainer;
   if (coll->size() > 1) {
     if (absl::Status s = coll->AllReduce(v, kWords, ElemType::kUint64, ReduceOp::kMax); !s.ok()) {
       return s;
@@ -85,6 +97,7 @@ absl::Status RunControlRound(Collective* coll, const ExchangeKey& key, Control* 
   c->sparse_us = v[kSparseUs];
   c->dense_us = v[kDenseUs];
   c->inputs_failed = v[kInputsFailed] != 0;
+  c->dead_trainer = v[kDeadTrainer];
   return absl::OkStatus();
 }
 

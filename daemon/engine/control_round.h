@@ -5,7 +5,8 @@
 //    FAILED_PRECONDITION instead of a hang in mismatched collectives;
 //  - the newest density change any node has seen (`spexctl set-density` on one node);
 //  - the dense-fallback probe timings (the slowest node's count);
-//  - whether any node could not read its trainers' inputs (then every node skips the step).
+//  - whether any node could not read its trainers' inputs (then every node skips the step), and
+//    which trainer died if that is why.
 #pragma once
 
 #include <cstdint>
@@ -30,7 +31,14 @@ struct Control {
   uint64_t sparse_us = 0;    // dense-fallback probe: this bucket's summed sparse timings
   uint64_t dense_us = 0;     // ... and dense timings
   bool inputs_failed = false;
+  // A local trainer of this node died with this step half-done: DeadTrainerWord(node, rank,
+  // pid), else 0. Maxed, so every node names the same one.
+  uint64_t dead_trainer = 0;
 };
+
+uint64_t DeadTrainerWord(int node, uint32_t local_rank, uint32_t pid);
+// "local trainer R (pid P) of node N" for a nonzero word.
+std::string DeadTrainerName(uint64_t word);
 
 // Runs the round over `coll` (no communication with one node). On return `*c` holds the maxed
 // values. FAILED_PRECONDITION when the nodes disagree on the key (saying what differs); the

@@ -120,7 +120,9 @@ void Engine::Run() {
       absl::MutexLock lock(&mu_);
       buckets_.UnlinkAttached();
       doorbell_.UnlinkIfAllAttached(options_.local_trainers);
-      if (!reset_pending_) {
+      ReapDeadTrainersLocked();
+      // After every session left, only the steps dead trainers left half-done still run.
+      if (!reset_pending_ || dead_mask_ != 0) {
         failed = scheduler_->FailedAndReady(buckets_);
         group = scheduler_->NextGroup(buckets_);
         run = !group.empty() && std::all_of(group.begin(), group.end(), [&](const Bucket* b) {
@@ -195,14 +197,27 @@ void Engine::Process(const std::vector<Bucket*>& group) {
     control.sparse_us = b->ex.probe_sparse_ns / 1000;
     control.dense_us = b->ex.probe_dense_ns / 1000;
   }
+  // A local trainer that died left this step without its input: every node fails the step
+  // alike, naming it (the control round carries who).
+  {
+    absl::MutexLock lock(&mu_);
+    const uint64_t dead = dead_mask_ & b->out.registered_mask;
+    if (dead != 0) control.dead_trainer = dead_word_[__builtin_ctzll(dead)];
+  }
   // Device path: the trainers' device writes must be visible before anything reads the inputs.
   // A node that cannot wait for them says so in the control round, so every node skips the
   // step alike; nothing was touched, so the bucket goes on.
-  const absl::Status inputs = WaitInputs(b);
+  const absl::Status inputs = control.dead_trainer != 0 ? absl::OkStatus() : WaitInputs(b);
   lap(Phase::kWaitLocal);
-  control.inputs_failed = !inputs.ok();
+  control.inputs_failed = !inputs.ok() || control.dead_trainer != 0;
   absl::Status status =
       RunControlRound(collective_, {b->id, step, b->elements, b->compressor}, &control);
+  if (status.ok() && control.dead_trainer != 0) {
+    status = absl::AbortedError(absl::StrCat(
+        "bucket ", b->id, " step ", step, ": ", DeadTrainerName(control.dead_trainer),
+        " died, so this step cannot complete; end the job (spexd takes a new one once the other "
+        "trainers of that node have left)"));
+  }
   if (status.ok() && !inputs.ok()) status = inputs;
   if (status.ok() && control.inputs_failed) {
     status =
@@ -365,10 +380,27 @@ void Engine::ApplyDensityLocked(uint64_t key) {
   }
 }
 
+void Engine::ReapDeadTrainersLocked() {
+  const uint64_t now = MonotonicNanos();
+  if (now - last_reap_ns_ < 100 * 1000 * 1000) return;  // every 100 ms at most
+  last_reap_ns_ = now;
+  for (const Session& s : sessions_.Reap()) {
+    SPEX_LOG(ERROR) << "local trainer " << s.local_rank << " (pid " << s.pid
+                    << ") died without Goodbye; its session is closed and every step it left "
+                       "fails on every node";
+    dead_mask_ |= 1ull << s.local_rank;
+    dead_word_[s.local_rank] = DeadTrainerWord(collective_->rank(), s.local_rank, s.pid);
+  }
+  scheduler_->set_dead(dead_mask_);
+  if (sessions_.empty() && !buckets_.empty()) reset_pending_ = true;
+}
+
 void Engine::ResetLocked() {
   SPEX_LOG(INFO) << "new job: dropping the previous job's " << buckets_.size() << " buckets";
   buckets_.Clear();
   reset_pending_ = false;
+  dead_mask_ = 0;
+  scheduler_->set_dead(0);
   published_cv_.SignalAll();
 }
 

@@ -127,6 +127,9 @@ class Engine {
   absl::Status WaitInputs(Bucket* b);
   absl::Status RecordOutput(Bucket* b);
   void ResetLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Notices trainers that died without Goodbye: frees their sessions and marks their local
+  // ranks dead for the rest of the job (the steps they left fail on every node, naming them).
+  void ReapDeadTrainersLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void WakeEverybody();
 
   const EngineOptions options_;
@@ -147,6 +150,9 @@ class Engine {
   uint64_t density_version_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t density_key_ ABSL_GUARDED_BY(mu_) = 0;          // this node's newest change
   uint64_t applied_density_key_ ABSL_GUARDED_BY(mu_) = 0;  // the change in effect
+  uint64_t dead_mask_ ABSL_GUARDED_BY(mu_) = 0;  // local ranks whose trainer died (this job)
+  uint64_t dead_word_[kMaxLocalTrainers] ABSL_GUARDED_BY(mu_) = {};  // DeadTrainerWord per rank
+  uint64_t last_reap_ns_ = 0;                                        // engine thread only
 
   std::atomic<bool> stop_{false};
   absl::Mutex stopped_mu_;

@@ -10,12 +10,19 @@ Scheduler::Scheduler(int local_trainers, std::unique_ptr<Merger> merger)
     : local_trainers_(local_trainers), merger_(std::move(merger)) {}
 
 bool Scheduler::LocallyReady(const Bucket& b) const {
+  bool someone = false;
   for (int r = 0; r < local_trainers_; ++r) {
-    if (b.mem.header->ready[r].value.load(std::memory_order_acquire) <= b.ex.next_step) {
+    const bool signalled =
+        b.mem.header->ready[r].value.load(std::memory_order_acquire) > b.ex.next_step;
+    if (dead_ & (1ull << r)) {
+      someone |= signalled;
+    } else if (!signalled) {
       return false;
+    } else {
+      someone = true;
     }
   }
-  return true;
+  return someone;
 }
 
 std::vector<Bucket*> Scheduler::NextGroup(const BucketTable& table) {

@@ -21,8 +21,12 @@ class Scheduler {
   // The next group in canonical order (empty when no bucket is schedulable). The engine runs
   // it once every member is LocallyReady.
   std::vector<Bucket*> NextGroup(const BucketTable& table);
-  // Every local trainer has signalled the bucket's next step.
+  // Every local trainer has signalled the bucket's next step. With dead trainers (set_dead):
+  // every living trainer has, and some trainer (living or dead) got to that step, so the step
+  // a dead trainer left half-done runs (and fails everywhere) instead of hanging the peers.
   bool LocallyReady(const Bucket& b) const;
+  // Local ranks whose trainer died during this job (bit r).
+  void set_dead(uint64_t mask) { dead_ = mask; }
   // Failed buckets some step of which every local trainer has signalled.
   std::vector<Bucket*> FailedAndReady(const BucketTable& table) const;
 
@@ -30,6 +34,7 @@ class Scheduler {
 
  private:
   const int local_trainers_;
+  uint64_t dead_ = 0;
   std::unique_ptr<Merger> merger_;
   std::vector<Bucket*> order_;              // reused
   std::vector<MergeCandidate> candidates_;  // reused

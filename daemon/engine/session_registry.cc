@@ -1,13 +1,66 @@
 #include "daemon/engine/session_registry.h"
 
+#include <poll.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "daemon/util/log.h"
 
 namespace spex {
 
+namespace {
+
+#ifndef SYS_pidfd_open
+#define SYS_pidfd_open 434
+#endif
+
+// A pidfd for `pid`, or -1 (the pid is 0, gone already, or not visible from this daemon).
+int OpenPidfd(uint32_t pid) {
+  if (pid == 0) return -1;
+  const long fd = syscall(SYS_pidfd_open, static_cast<pid_t>(pid), 0);
+  if (fd < 0) {
+    SPEX_LOG(WARNING) << "cannot watch trainer pid " << pid << " (" << std::strerror(errno)
+                      << "): its death will be noticed only by the exchange timeout (is it in "
+                         "another PID namespace?)";
+    return -1;
+  }
+  return static_cast<int>(fd);
+}
+
+}  // namespace
+
 SessionRegistry::SessionRegistry(int local_trainers, std::string job)
     : local_trainers_(local_trainers), job_(std::move(job)) {}
+
+SessionRegistry::~SessionRegistry() {
+  for (auto& [id, s] : sessions_) {
+    if (s->pidfd >= 0) close(s->pidfd);
+  }
+}
+
+std::vector<Session> SessionRegistry::Reap() {
+  std::vector<Session> dead;
+  for (auto it = sessions_.begin(); it != sessions_.end();) {
+    Session& s = *it->second;
+    if (s.pidfd >= 0) {
+      pollfd p{s.pidfd, POLLIN, 0};
+      if (poll(&p, 1, 0) == 1 && (p.revents & (POLLIN | POLLHUP | POLLERR))) {
+        close(s.pidfd);
+        s.pidfd = -1;
+        dead.push_back(s);
+        it = sessions_.erase(it);
+        continue;
+      }
+    }
+    ++it;
+  }
+  return dead;
+}
 
 absl::StatusOr<Session*> SessionRegistry::Open(const std::string& job, uint32_t local_rank,
                                                uint32_t local_size, uint32_t pid,
@@ -42,6 +95,7 @@ absl::StatusOr<Session*> SessionRegistry::Open(const std::string& job, uint32_t 
   session->pid = pid;
   session->client = client;
   session->opened = absl::Now();
+  session->pidfd = OpenPidfd(pid);
   SPEX_LOG(INFO) << "session " << session->id << " opened: local_rank " << local_rank << " pid "
                  << pid << " (" << client << ")";
   Session* out = session.get();
@@ -53,6 +107,7 @@ absl::Status SessionRegistry::Close(uint64_t id) {
   auto it = sessions_.find(id);
   if (it == sessions_.end()) return absl::NotFoundError(absl::StrCat("no session ", id));
   SPEX_LOG(INFO) << "session " << id << " (local_rank " << it->second->local_rank << ") closed";
+  if (it->second->pidfd >= 0) close(it->second->pidfd);
   sessions_.erase(it);
   return absl::OkStatus();
 }

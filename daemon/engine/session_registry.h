@@ -1,6 +1,9 @@
 // The trainer sessions of one node: who holds which local rank. A session is opened by Hello and
 // closed by Goodbye; the registry checks the job name, the node's trainer count and that each
-// local rank is held once. Not thread-safe: the engine calls it under its lock.
+// local rank is held once. It watches each trainer's process through a pidfd (Linux >= 5.3), so
+// a trainer that dies without Goodbye is noticed (Reap) and its local rank freed. A pid the
+// daemon cannot see (0, or another PID namespace) is not watched. Not thread-safe: the engine
+// calls it under its lock.
 #pragma once
 
 #include <cstdint>
@@ -22,6 +25,7 @@ struct Session {
   std::string client;
   absl::Time opened;
   uint32_t buckets = 0;  // buckets this session registered
+  int pidfd = -1;        // the trainer process (pidfd_open), -1 when it cannot be watched
 };
 
 class SessionRegistry {
@@ -38,7 +42,11 @@ class SessionRegistry {
   // NOT_FOUND ("call Hello first") for an unknown id.
   absl::StatusOr<Session*> Get(uint64_t id);
 
+  // Closes and returns the sessions whose trainer process has exited.
+  std::vector<Session> Reap();
+
   bool empty() const { return sessions_.empty(); }
+  ~SessionRegistry();
   std::vector<SessionSummary> Summaries(absl::Time now) const;
 
  private:
