@@ -336,5 +336,38 @@ TEST(SparseEngineTest, AMalformedPeerChunkIsRejected) {
       "test_partition", [](std::vector<uint8_t>* chunk) { (*chunk)[0] ^= 0xff; }, "malformed");
 }
 
+// The fixture's failure hook: a library compressor failing Select on node 1 at step 1 fails
+// that step on both nodes (the cause on node 1), after a good step 0.
+TEST(SparseEngineTest, AFailingCompressorOnOneNodeFailsTheStepOnEveryNode) {
+  EngineClusterOptions o;
+  o.nodes = 2;
+  o.engine.shm_tag = "sparsetest";
+  o.engine.min_sparse_elements = 0;
+  o.engine.dense_fallback = DenseFallback::kOff;
+  FailingCompressor::Plan plan;
+  plan.node = 1;
+  plan.step = 1;
+  plan.status = absl::InternalError("injected select failure");
+  o.engine.compressor_factory = FailingCompressor::Factory(plan);
+  EngineCluster cluster(o);
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status();
+  std::vector<std::vector<absl::Status>> results(2, std::vector<absl::Status>(2));
+  cluster.ForEachNode([&](int r) {
+    auto t = Trainer::Open(&cluster.engine(r), 0, 1);
+    ASSERT_TRUE(t.ok());
+    ASSERT_TRUE(t->Register(3, 5000, "topk", 0.01).ok());
+    for (int s = 0; s < 2; ++s) {
+      t->Fill(3, [&](size_t i) { return Value(r, 0, s, i); });
+      results[r][s] = t->Exchange(3, s).status();
+    }
+  });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(results[r][0].ok()) << results[r][0];
+    EXPECT_FALSE(results[r][1].ok()) << "node " << r;
+  }
+  EXPECT_NE(results[1][1].message().find("injected select failure"), std::string::npos)
+      << results[1][1];
+}
+
 }  // namespace
 }  // namespace spex::test
