@@ -75,7 +75,7 @@ void EncodeChunk(uint64_t group_id, uint64_t step, uint32_t elements,
   uint8_t* p = out->data() + at;
   std::memcpy(p, &h, sizeof(h));
   p += sizeof(h);
-  std::memcpy(p, idx.data(), idx.size() * 4);
+  if (!idx.empty()) std::memcpy(p, idx.data(), idx.size() * 4);  // no null pointer to memcpy
   p += idx.size() * 4;
   if (fp16) {
     for (size_t i = 0; i < val.size(); ++i) {
@@ -83,7 +83,7 @@ void EncodeChunk(uint64_t group_id, uint64_t step, uint32_t elements,
       std::memcpy(p + 2 * i, &v, 2);
     }
   } else {
-    std::memcpy(p, val.data(), val.size() * 4);
+    if (!val.empty()) std::memcpy(p, val.data(), val.size() * 4);
   }
 }
 
@@ -102,7 +102,7 @@ void EncodeIndexChunk(uint64_t group_id, uint64_t step, uint32_t elements,
   const size_t at = out->size();
   out->resize(at + ChunkBytes(h.count, false, true));
   std::memcpy(out->data() + at, &h, sizeof(h));
-  std::memcpy(out->data() + at + sizeof(h), idx.data(), idx.size() * 4);
+  if (!idx.empty()) std::memcpy(out->data() + at + sizeof(h), idx.data(), idx.size() * 4);
 }
 
 namespace {
@@ -157,7 +157,7 @@ absl::StatusOr<DecodedChunk> Decode(const uint8_t* data, size_t bytes, uint64_t 
       d.values[i] = HalfToFloat(x);
     }
   } else {
-    std::memcpy(d.values.data(), v, 4ull * h.count);
+    if (h.count) std::memcpy(d.values.data(), v, 4ull * h.count);
   }
   return d;
 }

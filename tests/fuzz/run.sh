@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Runs the libFuzzer targets of tests/fuzz (built by build.sh): each first replays its seed
+# corpus (corpus/<target>) and the inputs that once crashed it (regressions/<target>), then
+# fuzzes. One line per target, "fuzz <target>: passed (...)" or "fuzz <target>: FAILED (...)";
+# exits non-zero when any failed. A crash leaves its input in $SPEX_FUZZ_WORK/<target>/
+# (crash-*, leak-*, timeout-*, oom-*): add it to regressions/<target>/ with a unit test in
+# fuzz_regression_test.cc once fixed.
+#   bash tests/fuzz/run.sh                     short run: SPEX_FUZZ_SECONDS (15) per target
+#   bash tests/fuzz/run.sh --long [N]          long run: N executions per target (1000000)
+#   bash tests/fuzz/run.sh [--long N] TARGET..  only these targets
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+ALL=(wire_fuzz compressor_fuzz header_fuzz requests_fuzz)
+SECS=${SPEX_FUZZ_SECONDS:-15}
+RUNS=""
+if [ "${1:-}" = "--long" ]; then
+  shift
+  RUNS=1000000
+  if [[ "${1:-}" =~ ^[0-9]+$ ]]; then RUNS=$1; shift; fi
+fi
+TARGETS=("$@")
+((${#TARGETS[@]})) || TARGETS=("${ALL[@]}")
+WORK=${SPEX_FUZZ_WORK:-$(mktemp -d /tmp/spex-fuzz.XXXXXX)}
+mkdir -p "$WORK"
+
+if ! bash tests/fuzz/build.sh "${TARGETS[@]}"; then
+  for t in "${TARGETS[@]}"; do echo "fuzz $t: FAILED (did not build)"; done
+  exit 1
+fi
+
+failed=0
+for t in "${TARGETS[@]}"; do
+  dir="$WORK/$t"
+  mkdir -p "$dir/corpus"
+  seeds=()
+  for d in "tests/fuzz/corpus/$t" "tests/fuzz/regressions/$t"; do [ -d "$d" ] && seeds+=("$d"); done
+  if [ -n "$RUNS" ]; then limit=(-runs="$RUNS"); else limit=(-max_total_time="$SECS"); fi
+  start=$(date +%s)
+  # New inputs go to the first corpus directory (the work copy), never into the tree.
+  ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1} UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1} \
+    "tests/fuzz/out/$t" "${limit[@]}" -timeout=20 -rss_limit_mb=2560 -print_final_stats=1 \
+    -artifact_prefix="$dir/" "$dir/corpus" "${seeds[@]}" >"$dir/log" 2>&1
+  rc=$?
+  secs=$(($(date +%s) - start))
+  runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$dir/log" | tail -1)
+  rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$dir/log" | tail -1)
+  cov=$(grep -o 'cov: [0-9]*' "$dir/log" | tail -1)
+  artifacts=$(ls "$dir" | grep -E '^(crash|leak|timeout|oom|slow-unit)-' || true)
+  if [ $rc -eq 0 ] && [ -z "$(echo "$artifacts" | grep -v '^slow-unit' || true)" ]; then
+    echo "fuzz $t: passed (${runs:-?} executions in ${secs}s, ${rate:-?}/s, ${cov:-cov ?})"
+  else
+    failed=$((failed + 1))
+    echo "fuzz $t: FAILED (exit $rc after ${runs:-?} executions; log $dir/log; inputs: ${artifacts:-none})"
+    grep -E 'ERROR|runtime error|SUMMARY|deadly signal' "$dir/log" | head -5 | sed 's/^/    /'
+  fi
+done
+exit $((failed > 0))
