@@ -1,16 +1,29 @@
 // spexctl: operator's view of a node's spexd over its control socket.
-//   spexctl [--socket=PATH] health | stats | sessions | set-density D
+//   spexctl [--socket=PATH] health | stats [--json] | sessions | set-density D |
+//           timeline start PATH | timeline stop | watch [--interval_ms=1000] [--count=N]
+#include <limits.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
 #include <condition_variable>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
+#include <map>
 #include <mutex>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_format.h"
 #include "daemon/util/paths.h"
+#include "google/protobuf/util/json_util.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/spex.grpc.pb.h"
@@ -20,6 +33,14 @@ ABSL_FLAG(std::string, socket, "",
 ABSL_FLAG(std::string, job, "",
           "job name for the default socket path (default $SPEX_JOB / $SLURM_JOB_ID / default)");
 ABSL_FLAG(int, timeout_ms, 3000, "RPC deadline in milliseconds");
+ABSL_FLAG(bool, json, false, "stats: print the GetStats answer as JSON (proto3 JSON mapping)");
+ABSL_FLAG(int, interval_ms, 1000, "watch: refresh interval in milliseconds");
+ABSL_FLAG(int, count, 0, "watch: stop after this many refreshes (0: until Ctrl-C)");
+
+constexpr char kUsage[] =
+    "spexctl [--socket=PATH] [--job=NAME] [--timeout_ms=3000] health | stats [--json] | "
+    "sessions | set-density D | timeline start PATH | timeline stop | watch [--interval_ms=1000] "
+    "[--count=N]";
 
 namespace {
 
@@ -76,6 +97,19 @@ int Stats(spex::v1::Spex::Stub* stub, const std::string& socket) {
   grpc::ClientContext ctx;
   grpc::Status s = stub->GetStats(WithDeadline(&ctx), req, &resp);
   if (!s.ok()) return Report(s, socket);
+  if (absl::GetFlag(FLAGS_json)) {
+    // The proto3 JSON mapping (64-bit integers are strings), field names as in spex.proto.
+    google::protobuf::util::JsonPrintOptions options;
+    options.preserve_proto_field_names = true;
+    options.always_print_primitive_fields = true;
+    std::string json;
+    if (!google::protobuf::util::MessageToJsonString(resp, &json, options).ok()) {
+      std::fprintf(stderr, "spexctl: cannot print the stats as JSON\n");
+      return 1;
+    }
+    std::printf("%s\n", json.c_str());
+    return 0;
+  }
   std::printf("node %u/%u  collective %s  exchanges %lu\n", resp.node_rank(), resp.node_count(),
               resp.collective().c_str(), static_cast<unsigned long>(resp.exchanges()));
   std::printf("%8s %12s %-12s %4s %9s %9s %9s %10s %10s %10s %10s  mean phases (ms)\n", "bucket",
@@ -134,17 +168,147 @@ int Sessions(spex::v1::Spex::Stub* stub, const std::string& socket) {
   return 0;
 }
 
+int Timeline(spex::v1::Spex::Stub* stub, const std::string& socket, const std::string& action,
+             const std::string& path) {
+  spex::v1::TimelineResponse resp;
+  grpc::ClientContext ctx;
+  grpc::Status s;
+  if (action == "start") {
+    spex::v1::StartTimelineRequest req;
+    // The daemon writes the file: a relative path is taken from spexctl's directory.
+    std::string absolute = path;
+    if (!path.empty() && path[0] != '/') {
+      char cwd[PATH_MAX];
+      if (getcwd(cwd, sizeof(cwd)) != nullptr) absolute = std::string(cwd) + "/" + path;
+    }
+    req.set_path(absolute);
+    s = stub->StartTimeline(WithDeadline(&ctx), req, &resp);
+    if (!s.ok()) return Report(s, socket);
+    std::printf("recording the timeline to %s (stop with: spexctl timeline stop)\n",
+                resp.path().c_str());
+    return 0;
+  }
+  spex::v1::StopTimelineRequest req;
+  s = stub->StopTimeline(WithDeadline(&ctx), req, &resp);
+  if (!s.ok()) return Report(s, socket);
+  std::printf(
+      "timeline stopped: %lu exchanges in %s (open it in https://ui.perfetto.dev or "
+      "chrome://tracing)\n",
+      static_cast<unsigned long>(resp.exchanges()), resp.path().c_str());
+  return 0;
+}
+
+volatile std::sig_atomic_t g_interrupted = 0;
+void OnInterrupt(int) { g_interrupted = 1; }
+
+// 1234 -> "1.2K", in powers of 1000; "-" for a negative (unknown) value.
+std::string Human(double v) {
+  if (v < 0) return "-";
+  const char* units = " KMGTP";
+  int u = 0;
+  while (v >= 999.5 && u < 5) {
+    v /= 1000;
+    ++u;
+  }
+  return u == 0 ? absl::StrFormat("%.0f", v) : absl::StrFormat("%.1f%c", v, units[u]);
+}
+
+// A live view: per bucket exchanges/s, density, the last exchange's phases and bytes/s (rates
+// over the refresh interval; bytes/s counts the last exchange's bytes per exchange); per node
+// the sessions. Redraws in place on a terminal, prints a block per refresh otherwise. Ends on
+// Ctrl-C (SIGINT) or SIGTERM, or after --count refreshes.
+int Watch(spex::v1::Spex::Stub* stub, const std::string& socket) {
+  struct sigaction sa = {};
+  sa.sa_handler = OnInterrupt;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  const bool tty = isatty(STDOUT_FILENO) == 1;
+  const int interval_ms = std::max(50, absl::GetFlag(FLAGS_interval_ms));
+  const int count = absl::GetFlag(FLAGS_count);
+  std::map<uint64_t, uint64_t> previous;  // bucket -> exchanges at the previous refresh
+  uint64_t previous_total = 0;
+  auto previous_time = std::chrono::steady_clock::now();
+  bool have_previous = false;
+  for (int frame = 0; !g_interrupted && (count <= 0 || frame < count); ++frame) {
+    if (frame > 0) {
+      const auto until = previous_time + std::chrono::milliseconds(interval_ms);
+      while (!g_interrupted && std::chrono::steady_clock::now() < until) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+      if (g_interrupted) break;
+    }
+    spex::v1::GetStatsResponse resp;
+    grpc::ClientContext ctx;
+    const grpc::Status s = stub->GetStats(WithDeadline(&ctx), spex::v1::GetStatsRequest(), &resp);
+    const auto now = std::chrono::steady_clock::now();
+    const double dt = std::chrono::duration<double>(now - previous_time).count();
+    std::string out;
+    if (tty) out += "\x1b[H\x1b[2J";
+    const std::time_t wall = std::time(nullptr);
+    char clock[16];
+    std::strftime(clock, sizeof(clock), "%H:%M:%S", std::localtime(&wall));
+    if (!s.ok()) {
+      out += absl::StrFormat(
+          "%s  %s: %s (retrying every %d ms; Ctrl-C ends)\n", clock,
+          s.error_code() == grpc::StatusCode::UNAVAILABLE ? "no daemon answers" : "error", socket,
+          s.error_message(), interval_ms);
+      have_previous = false;
+    } else {
+      const double total_rate = have_previous ? (resp.exchanges() - previous_total) / dt : -1.0;
+      out += absl::StrFormat(
+          "%s  spexd node %u/%u  collective %s  sessions %u  buckets %d  exchanges %u (%s/s)\n",
+          clock, resp.node_rank(), resp.node_count(), resp.collective(), resp.sessions(),
+          resp.buckets_size(), resp.exchanges(), Human(total_rate));
+      out += absl::StrFormat("%8s %-12s %-11s %3s %8s %9s %9s %8s %8s  %s\n", "bucket",
+                             "compressor", "state", "pat", "exch/s", "target", "achieved", "sent/s",
+                             "recv/s", "last exchange's phases (ms)");
+      std::map<uint64_t, uint64_t> current;
+      for (const auto& b : resp.buckets()) {
+        current[b.bucket_id()] = b.exchanges();
+        double rate = -1;
+        if (have_previous) {
+          auto it = previous.find(b.bucket_id());
+          const uint64_t before = it == previous.end() ? 0 : it->second;
+          rate = b.exchanges() >= before ? (b.exchanges() - before) / dt : 0;
+        }
+        std::string phases;
+        for (const auto& p : b.last().phases()) {
+          if (p.seconds() > 0) phases += absl::StrFormat(" %s=%.3f", p.phase(), p.seconds() * 1e3);
+        }
+        out += absl::StrFormat("%8u %-12s %-11s %3s %8s %9.4g %9.4g %8s %8s %s\n", b.bucket_id(),
+                               b.compressor(), b.state().empty() ? "-" : b.state(),
+                               b.exchanges() ? b.last().pattern() : "-", Human(rate),
+                               b.last().target_density(), b.last().achieved_density(),
+                               Human(rate < 0 ? -1 : rate * b.last().bytes_sent()),
+                               Human(rate < 0 ? -1 : rate * b.last().bytes_received()), phases);
+      }
+      previous.swap(current);
+      previous_total = resp.exchanges();
+      have_previous = true;
+    }
+    previous_time = now;
+    if (!tty) out += "\n";
+    std::fwrite(out.data(), 1, out.size(), stdout);
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("spexctl [--socket=PATH] health|stats|sessions|set-density D");
+  absl::SetProgramUsageMessage(kUsage);
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
-  if (args.size() < 2 || args.size() > 3 ||
-      (args.size() == 3 && std::string(args[1]) != "set-density")) {
-    std::fprintf(stderr, "usage: spexctl [--socket=PATH] health|stats|sessions|set-density D\n");
+  const std::string cmd = args.size() >= 2 ? args[1] : "";
+  const size_t want = cmd == "set-density" ? 3 : cmd == "timeline" ? 0 : 2;
+  const bool timeline_ok =
+      cmd == "timeline" && ((args.size() == 4 && std::string(args[2]) == "start") ||
+                            (args.size() == 3 && std::string(args[2]) == "stop"));
+  if (args.size() < 2 || (cmd == "timeline" ? !timeline_ok : args.size() != want)) {
+    std::fprintf(stderr, "usage: %s\n", kUsage);
     return 2;
   }
-  const std::string cmd = args[1];
   std::string socket = absl::GetFlag(FLAGS_socket);
   if (socket.empty()) {
     std::string job = absl::GetFlag(FLAGS_job);
@@ -156,8 +320,12 @@ int main(int argc, char** argv) {
   if (cmd == "stats") return Stats(stub.get(), socket);
   if (cmd == "sessions") return Sessions(stub.get(), socket);
   if (cmd == "set-density") return SetDensity(stub.get(), socket, args.size() == 3 ? args[2] : "");
+  if (cmd == "timeline")
+    return Timeline(stub.get(), socket, args[2], args.size() == 4 ? args[3] : "");
+  if (cmd == "watch") return Watch(stub.get(), socket);
   std::fprintf(stderr,
-               "spexctl: unknown command '%s'; use health, stats, sessions or set-density D\n",
+               "spexctl: unknown command '%s'; use health, stats [--json], sessions, set-density "
+               "D, timeline start PATH, timeline stop or watch\n",
                cmd.c_str());
   return 2;
 }

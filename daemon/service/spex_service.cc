@@ -134,12 +134,14 @@ grpc::Status SpexService::GetStats(grpc::ServerContext*, const v1::GetStatsReque
   resp->set_node_count(engine_->node_count());
   resp->set_exchanges(engine_->total_exchanges());
   resp->set_collective(engine_->collective_name());
+  resp->set_sessions(engine_->Sessions().size());
   for (const BucketSummary& b : engine_->Buckets()) {
     auto* out = resp->add_buckets();
     out->set_bucket_id(b.bucket_id);
     out->set_elements(b.elements);
     out->set_compressor(b.compressor);
     out->set_exchanges(b.exchanges);
+    out->set_state(b.state);
     if (b.exchanges) ToProto(b.last, out->mutable_last());
     for (int p = 0; p < static_cast<int>(Phase::kCount); ++p) {
       auto* ph = out->add_mean_phases();
@@ -167,6 +169,39 @@ grpc::Status SpexService::ListSessions(grpc::ServerContext*, const v1::ListSessi
 grpc::Status SpexService::Goodbye(grpc::ServerContext*, const v1::GoodbyeRequest* req,
                                   v1::GoodbyeResponse*) {
   return ToGrpc(engine_->Goodbye(req->session_id()));
+}
+
+grpc::Status SpexService::StartTimeline(grpc::ServerContext*, const v1::StartTimelineRequest* req,
+                                        v1::TimelineResponse* resp) {
+  if (timeline_ == nullptr) {
+    return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "this daemon records no timeline");
+  }
+  if (req->path().empty() || req->path()[0] != '/') {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("the timeline path must be absolute (the daemon writes it), "
+                                     "got '",
+                                     req->path(), "'"));
+  }
+  // The RPC never replaces a file: the socket's owner may not be the daemon's user.
+  if (absl::Status s = timeline_->Start(req->path(), /*overwrite=*/false); !s.ok()) {
+    return ToGrpc(s);
+  }
+  resp->set_path(timeline_->path());
+  resp->set_recording(true);
+  return grpc::Status::OK;
+}
+
+grpc::Status SpexService::StopTimeline(grpc::ServerContext*, const v1::StopTimelineRequest*,
+                                       v1::TimelineResponse* resp) {
+  if (timeline_ == nullptr) {
+    return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "this daemon records no timeline");
+  }
+  absl::StatusOr<uint64_t> written = timeline_->Stop();
+  if (!written.ok()) return ToGrpc(written.status());
+  resp->set_path(timeline_->path());
+  resp->set_recording(false);
+  resp->set_exchanges(*written);
+  return grpc::Status::OK;
 }
 
 }  // namespace spex

@@ -5,14 +5,16 @@
 #include <string>
 
 #include "daemon/engine/engine.h"
+#include "daemon/observe/timeline.h"
 #include "proto/spex.grpc.pb.h"
 
 namespace spex {
 
 class SpexService final : public v1::Spex::Service {
  public:
-  SpexService(Engine* engine, std::string version)
-      : engine_(engine), version_(std::move(version)) {}
+  // `timeline` (optional) serves StartTimeline/StopTimeline; without it they are UNIMPLEMENTED.
+  SpexService(Engine* engine, std::string version, Timeline* timeline = nullptr)
+      : engine_(engine), version_(std::move(version)), timeline_(timeline) {}
 
   grpc::Status Hello(grpc::ServerContext* ctx, const v1::HelloRequest* req,
                      v1::HelloResponse* resp) override;
@@ -30,10 +32,15 @@ class SpexService final : public v1::Spex::Service {
                             v1::ListSessionsResponse* resp) override;
   grpc::Status Goodbye(grpc::ServerContext* ctx, const v1::GoodbyeRequest* req,
                        v1::GoodbyeResponse* resp) override;
+  grpc::Status StartTimeline(grpc::ServerContext* ctx, const v1::StartTimelineRequest* req,
+                             v1::TimelineResponse* resp) override;
+  grpc::Status StopTimeline(grpc::ServerContext* ctx, const v1::StopTimelineRequest* req,
+                            v1::TimelineResponse* resp) override;
 
  private:
   Engine* engine_;
   std::string version_;
+  Timeline* timeline_;
 };
 
 grpc::Status ToGrpc(const absl::Status& s);
