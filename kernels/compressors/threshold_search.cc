@@ -84,7 +84,8 @@ std::vector<double> RedSyncCuts(size_t k) { return {k / 2.0, static_cast<double>
 std::vector<double> RedSyncTrimCuts(size_t k) { return {static_cast<double>(k)}; }
 
 std::vector<double> GaussianKCuts(size_t k) {
-  return {2.0 * k / 3.0, static_cast<double>(4 * k / 3 + 1)};
+  // floor(4k / 3) + 1: the integer division is meant.
+  return {2.0 * k / 3.0, static_cast<double>(4 * k / 3 + 1)};  // NOLINT(bugprone-integer-division)
 }
 
 CountBand RedSyncBand(size_t k) { return {k + 1, 2 * k - 1}; }
