@@ -280,8 +280,7 @@ absl::Status Run(const absl::StatusOr<DaemonConfig>& loaded, SdNotifier& notifie
   return ServeUntilStopped(engine, **server, socket, config.shutdown_grace, notice, notifier);
 }
 
-int Main(const absl::StatusOr<DaemonConfig>& config) {
-  SdNotifier notifier(/*unset_environment=*/true);
+int Main(const absl::StatusOr<DaemonConfig>& config, SdNotifier& notifier) {
   if (absl::Status s = Run(config, notifier); !s.ok()) {
     SPEX_LOG(ERROR) << s.message();
     Notify(notifier.Stopping(absl::StrCat("failed: ", s.message())));
@@ -324,6 +323,9 @@ int main(int argc, char** argv) {
       "trainers connect over a unix socket. See README.md.");
   absl::ParseCommandLine(argc, argv);  // a misspelt enumerated flag exits here, naming it
   spex::BlockStopSignals();
+  // systemd's variables are read (and removed, spexd's children must not notify in its name)
+  // before MPI starts threads that may read the environment meanwhile.
+  spex::SdNotifier notifier(/*unset_environment=*/true);
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   if (provided < MPI_THREAD_SERIALIZED) {
@@ -333,7 +335,7 @@ int main(int argc, char** argv) {
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
   const absl::StatusOr<spex::DaemonConfig> config = spex::LoadConfig();
-  const int rc = spex::Main(config);
+  const int rc = spex::Main(config, notifier);
   spex::FinalizeWithin(config.ok() ? config->shutdown_grace : spex::DaemonConfig().shutdown_grace,
                        rc);
   return rc;
