@@ -22,6 +22,10 @@ bool Fits(uint64_t offset, uint64_t bytes, uint64_t size) {
   return offset <= size && bytes <= size - offset;
 }
 
+// Offsets from the daemon must also keep what lies there aligned (the header's futex words,
+// the float slots); found by tests/fuzz/header_fuzz.
+bool Aligned(uint64_t offset, size_t alignment) { return offset % alignment == 0; }
+
 }  // namespace
 
 absl::StatusOr<BucketView> ResolveBucketView(const v1::RegisterBucketResponse& resp,
@@ -31,7 +35,8 @@ absl::StatusOr<BucketView> ResolveBucketView(const v1::RegisterBucketResponse& r
   const auto& layout = resp.layout();
   const uint64_t bytes = static_cast<uint64_t>(elements) * sizeof(float);
   if (layout.elements() != elements ||
-      !Fits(layout.header_offset(), sizeof(BucketHeader), host_size)) {
+      !Fits(layout.header_offset(), sizeof(BucketHeader), host_size) ||
+      !Aligned(layout.header_offset(), alignof(BucketHeader))) {
     return absl::InternalError(
         "RegisterBucket: the daemon described a layout that does not fit its buffer");
   }
@@ -54,7 +59,9 @@ absl::StatusOr<BucketView> ResolveBucketView(const v1::RegisterBucketResponse& r
   }
   if (!device_reply) {
     if (!Fits(layout.input_offset(), bytes, host_size) ||
-        !Fits(layout.output_offset(), bytes, host_size)) {
+        !Fits(layout.output_offset(), bytes, host_size) ||
+        !Aligned(layout.input_offset(), alignof(float)) ||
+        !Aligned(layout.output_offset(), alignof(float))) {
       return absl::InternalError(
           "RegisterBucket: the daemon described a layout that does not fit its buffer");
     }
@@ -72,7 +79,8 @@ absl::StatusOr<BucketView> ResolveBucketView(const v1::RegisterBucketResponse& r
   }
   const IpcMapping* m = *mapping;
   if (dl.elements() != elements || !Fits(dl.input_offset(), bytes, m->size) ||
-      !Fits(dl.output_offset(), bytes, m->size)) {
+      !Fits(dl.output_offset(), bytes, m->size) || !Aligned(dl.input_offset(), alignof(float)) ||
+      !Aligned(dl.output_offset(), alignof(float))) {
     return absl::InternalError(
         "RegisterBucket: the daemon described a device layout that does not fit its buffer");
   }

@@ -8,6 +8,9 @@ PKGS=(
   bazel-bootstrap g++ pkg-config
   # format and lint (tests/format_check.sh, tests/tidy_check.sh)
   clang-format clang-tidy
+  # fuzzing (tests/fuzz: clang++ with libFuzzer from compiler-rt); the sanitizer runtimes of
+  # --config=asan/tsan (libasan8, libubsan1, libtsan2) come with g++
+  clang libclang-rt-14-dev
   # control channel
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc libabsl-dev
   # transport

@@ -79,7 +79,14 @@ absl::Status Compressor::Update(uint64_t step, const Gathered& g) {
                                                    " counts for ", node_count_, " nodes"));
   }
   uint64_t total = 0;
-  for (uint64_t c : g.counts) total += c;
+  for (size_t r = 0; r < g.counts.size(); ++r) {
+    if (g.counts[r] > n_) {  // also keeps the sum from wrapping (found by compressor_fuzz)
+      return absl::InvalidArgumentError(absl::StrCat(name_, ": Update got count ", g.counts[r],
+                                                     " for node ", r, ", more than the ", n_,
+                                                     " elements"));
+    }
+    total += g.counts[r];
+  }
   switch (pattern()) {
     case Pattern::kSparseGather:
       if (g.indices.size() != total) {

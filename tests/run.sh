@@ -4,6 +4,10 @@
 # "N passed, N failed" counting individual test cases (GoogleTest cases, and one per shell or
 # Python test target; a target that failed to build counts as one failure; skipped cases,
 # such as GPU kernel tests on a machine without a GPU, are listed but not counted).
+# The C++ unit and in-process tests run again under AddressSanitizer + UndefinedBehaviorSanitizer
+# (--config=asan) and the in-process engine tests under ThreadSanitizer (--config=tsan), each case
+# counted as "<target> [asan]" / "[tsan]"; the libFuzzer targets of tests/fuzz run briefly
+# (SPEX_FUZZ_SECONDS, 15 s each), one pass or failure per target.
 # Exits non-zero when anything failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -35,14 +39,44 @@ fi
 echo "== tests"
 "${BAZEL[@]}" test "${TEST_FLAGS[@]}" //tests/... 2>&1 | tail -n 60
 
+# Sanitizers: own output trees (--platform_suffix in .bazelrc), so the default build stays.
+# ASan+UBSan: every C++ test (unit and in-process; not the mpirun/shell/Python ones).
+# TSan: the in-process engine tests and the in-process collective (many threads, one process).
+# compressor_conformance_test is left out of ASan (30 s here, over 5 minutes instrumented): every
+# compressor runs instrumented in the per-algorithm tests and in tests/fuzz's compressor_fuzz.
+ASAN_TARGETS=$("${BAZEL[@]}" query 'kind(cc_test, tests(//tests/...)) except //tests/kernels:compressor_conformance_test' 2>/dev/null)
+TSAN_TARGETS=$("${BAZEL[@]}" query 'attr(name, "engine_test$|^step_failure_test$|^inproc_collective_test$", kind(cc_test, tests(//tests/daemon/...)))' 2>/dev/null)
+echo "== tests under ASan+UBSan (--config=asan)"
+# shellcheck disable=SC2086
+"${BAZEL[@]}" test --config=asan "${TEST_FLAGS[@]}" $ASAN_TARGETS 2>&1 | tail -n 40
+echo "== engine tests under TSan (--config=tsan)"
+# shellcheck disable=SC2086
+"${BAZEL[@]}" test --config=tsan "${TEST_FLAGS[@]}" $TSAN_TARGETS 2>&1 | tail -n 20
+
+echo "== fuzz (tests/fuzz/run.sh, ${SPEX_FUZZ_SECONDS:-15} s per target)"
+fuzz_log=$(mktemp)
+bash tests/fuzz/run.sh 2>&1 | tee "$fuzz_log"
+extra_pass=$((extra_pass + $(grep -c '^fuzz .*: passed' "$fuzz_log")))
+extra_fail=$((extra_fail + $(grep -c '^fuzz .*: FAILED' "$fuzz_log")))
+if ! grep -q '^fuzz ' "$fuzz_log"; then extra_fail=$((extra_fail + 1)); fi
+rm -f "$fuzz_log"
+
 targets=$("${BAZEL[@]}" query 'tests(//tests/...)' 2>/dev/null)
 testlogs=$("${BAZEL[@]}" info bazel-testlogs 2>/dev/null)
-/usr/bin/python3 - "$testlogs" "$extra_pass" "$extra_fail" $targets <<'PY'
+asan_logs=$("${BAZEL[@]}" info --config=asan bazel-testlogs 2>/dev/null)
+tsan_logs=$("${BAZEL[@]}" info --config=tsan bazel-testlogs 2>/dev/null)
+# Arguments: "@LOGS=LABEL" switches the testlogs directory (and the label added to names).
+/usr/bin/python3 - "$extra_pass" "$extra_fail" "@$testlogs=" $targets "@$asan_logs=asan" \
+  $ASAN_TARGETS "@$tsan_logs=tsan" $TSAN_TARGETS <<'PY'
 import os, sys, xml.etree.ElementTree as ET
-logs, extra_pass, extra_fail, targets = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
+extra_pass, extra_fail, args = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
 passed, failed = extra_pass, extra_fail
-for t in targets:
+logs, label = "", ""
+for t in args:
+    if t.startswith("@"):
+        logs, label = t[1:].rsplit("=", 1); continue
     path = os.path.join(logs, t.lstrip("/").replace(":", "/"), "test.xml")
+    if label: t = f"{t} [{label}]"
     if not os.path.exists(path):
         print(f"  {t}: no result (did not build or run)"); failed += 1; continue
     cases = ET.parse(path).getroot().iter("testcase")

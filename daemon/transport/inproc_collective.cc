@@ -20,11 +20,11 @@ class InProcessCollective : public Collective {
       for (int r = 0; r < size(); ++r) {
         if (slots[r].bytes != bytes) return SizeMismatch("AllReduce", r, slots[r].bytes, bytes);
       }
-      std::memcpy(result.data(), slots[0].data, bytes);
+      if (bytes) std::memcpy(result.data(), slots[0].data, bytes);  // count 0: no null to memcpy
       for (int r = 1; r < size(); ++r) Combine(result.data(), slots[r].data, count, type, op);
       return absl::OkStatus();
     });
-    if (s.ok()) std::memcpy(data, result.data(), bytes);
+    if (s.ok() && bytes) std::memcpy(data, result.data(), bytes);
     return s;
   }
 
@@ -53,7 +53,7 @@ class InProcessCollective : public Collective {
         if (slots[r].bytes != bytes) return SizeMismatch("AllGather", r, slots[r].bytes, bytes);
       }
       for (int r = 0; r < size(); ++r) {
-        std::memcpy(static_cast<uint8_t*>(recv) + r * bytes, slots[r].data, bytes);
+        if (bytes) std::memcpy(static_cast<uint8_t*>(recv) + r * bytes, slots[r].data, bytes);
       }
       return absl::OkStatus();
     });
@@ -82,10 +82,10 @@ class InProcessCollective : public Collective {
     absl::Status s = Round(data, bytes, [&](const InProcessHub::Slot* slots) -> absl::Status {
       if (slots[root].bytes != bytes)
         return SizeMismatch("Broadcast", root, slots[root].bytes, bytes);
-      std::memcpy(copy.data(), slots[root].data, bytes);
+      if (bytes) std::memcpy(copy.data(), slots[root].data, bytes);
       return absl::OkStatus();
     });
-    if (s.ok() && rank_ != root) std::memcpy(data, copy.data(), bytes);
+    if (s.ok() && rank_ != root && bytes) std::memcpy(data, copy.data(), bytes);
     return s;
   }
 

@@ -57,7 +57,8 @@ class Deft final : public Compressor {
     double k_rem = static_cast<double>(ctx.k);
     for (size_t j : order) {
       double kj = norm_rem > 0 ? std::floor(k_rem * norm[j] / norm_rem) : 0;
-      kj = std::min(std::max(kj, 1.0), static_cast<double>(units_[j].size()));
+      if (!(kj >= 1)) kj = 1;  // also NaN, from an infinite or NaN norm (found by compressor_fuzz)
+      kj = std::min(kj, static_cast<double>(units_[j].size()));
       own_k[j] = static_cast<size_t>(kj);
       k_rem = std::max(0.0, k_rem - kj);
       norm_rem -= norm[j];

@@ -24,7 +24,8 @@ MEMORY=(daemon/memory/shm_buffer.cc daemon/util/log.cc daemon/util/paths.cc)
 CLIENT=(client/client.cc daemon/memory/cuda_ipc_buffer.cc kernels/cuda/cuda_error.cc)
 ENGINE=(daemon/engine/*.cc daemon/transport/agreement.cc daemon/transport/collective.cc
   daemon/transport/inproc_collective.cc daemon/merge/merger.cc daemon/service/spex_service.cc)
-[ -d daemon/observe ] && ENGINE+=(daemon/observe/*.cc)
+# The service serves timelines (daemon/observe/timeline.cc); metrics (prometheus) are not needed.
+[ -f daemon/observe/timeline.cc ] && ENGINE+=(daemon/observe/timeline.cc)
 declare -A SRCS=(
   [wire_fuzz]="tests/fuzz/wire_fuzz.cc ${WIRE[*]}"
   [compressor_fuzz]="tests/fuzz/compressor_fuzz.cc ${KERNELS[*]}"
@@ -72,7 +73,7 @@ if ((${#todo[@]})); then
   printf '%s\n' "${todo[@]}" | xargs -P "$JOBS" -I{} bash -c '
     s={}; o=$0; o=${s#'"$OUT"'/gen/}; o='"$OUT"'/obj/${o%.cc}.o; mkdir -p "$(dirname "$o")"
     extra=-fsanitize=fuzzer-no-link
-    '"$CXX"' '"${CXXFLAGS[*]}"' $extra -MMD -MF "${o%.o}.d" -c "$s" -o "$o" || { rm -f "$o"; exit 255; }'
+    '"$CXX"' '"${CXXFLAGS[*]}"' $extra -MMD -MF "${o%.o}.d" -c "$s" -o "$o" || { rm -f "$o"; exit 1; }'
 fi
 for t in "${TARGETS[@]}"; do
   objs=()

@@ -1,6 +1,6 @@
 // libFuzzer target: the compressor request validator (ValidateCompressor: name, density and
 // parameters, as RegisterBucket passes them) and, for an accepted request, the compressor it
-// builds (MakeCompressor on the reference primitives, 1..4 nodes, 1..4096 elements): a few
+// builds (MakeCompressor on the reference primitives, 1..4 nodes, 1..2048 elements): a few
 // steps of Select with fuzzed gradients (NaN and infinities included) and Update with what
 // the other nodes "gathered" — valid shapes, and fuzzed ones that Update must refuse. A
 // compressor's selection must be ascending, unique and in range, its values the inputs.
@@ -116,7 +116,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   spec.params = params;
   spec.node_count = in.ConsumeIntegralInRange<int>(1, 4);
   spec.node_rank = in.ConsumeIntegralInRange<int>(0, spec.node_count - 1);
-  spec.elements = in.ConsumeIntegralInRange<size_t>(1, 4096);
+  spec.elements = in.ConsumeIntegralInRange<size_t>(1, in.ConsumeBool() ? 256 : 2048);
   static std::unique_ptr<spex::Primitives> prims = spex::MakeReferencePrimitives();
   auto made = spex::MakeCompressor(spec, prims.get());
   if (!made.ok()) {

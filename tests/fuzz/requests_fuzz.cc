@@ -24,6 +24,7 @@
 #include "daemon/memory/shm_buffer.h"
 #include "daemon/service/spex_service.h"
 #include "daemon/transport/inproc_collective.h"
+#include "daemon/util/log.h"
 #include "kernels/compressor.h"
 #include "kernels/reference/reference_primitives.h"
 
@@ -84,13 +85,15 @@ struct Grant {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FuzzedDataProvider in(data, size);
   static std::unique_ptr<spex::Primitives> prims = spex::MakeReferencePrimitives();
+  static const bool quiet = (spex::SetLogLevel(spex::LogLevel::kError), true);  // no session log
+  (void)quiet;
   spex::InProcessHub hub(1, absl::Seconds(5));
   std::unique_ptr<spex::Collective> collective = hub.Connect(0);
   spex::EngineOptions o;
   o.local_trainers = in.ConsumeIntegralInRange<int>(1, 2);
   o.compressor = in.ConsumeBool() ? "dense" : "topk";
   o.density = 0.05;
-  o.register_wait = absl::Milliseconds(50);
+  o.register_wait = absl::Milliseconds(20);
   o.shm_tag = "spexfuzz";
   o.min_sparse_elements = in.ConsumeBool() ? 0 : 64;
   o.dense_fallback = in.ConsumeBool() ? spex::DenseFallback::kOff : spex::DenseFallback::kAuto;
@@ -125,7 +128,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         req.set_local_size(in.ConsumeIntegralInRange<uint32_t>(0, 3));
         req.set_pid(in.ConsumeBool() ? getpid() : in.ConsumeIntegral<uint32_t>());
         req.set_client(in.ConsumeRandomLengthString(300));
-        req.set_device(static_cast<spex::v1::Device>(in.ConsumeIntegralInRange<int>(0, 2)));
+        req.set_device(static_cast<spex::v1::DeviceKind>(in.ConsumeIntegralInRange<int>(0, 2)));
         grpc::Status s = service.Hello(nullptr, &req, &resp);
         CheckCode(s);
         if (s.ok()) sessions.push_back(resp.session_id());
@@ -208,7 +211,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         } else {
           step = in.ConsumeIntegral<uint64_t>();
         }
-        auto rec = engine.Exchange(sid, bucket, step, absl::Now() + absl::Milliseconds(300));
+        auto rec = engine.Exchange(sid, bucket, step, absl::Now() + absl::Milliseconds(100));
         CheckCode(spex::ToGrpc(rec.status()));
         if (rec.ok()) {
           Check(rec->bucket_id == bucket && rec->step == step);
