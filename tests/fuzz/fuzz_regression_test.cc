@@ -75,7 +75,9 @@ TEST(CompressorFuzzRegression, DeftWithInfiniteGradient) {
   ASSERT_TRUE((*c)->Select(0, acc.data(), nullptr, false, &sel).ok());
   for (size_t i = 0; i < sel.idx.size(); ++i) {
     ASSERT_LT(sel.idx[i], 64u);
-    if (i) EXPECT_GT(sel.idx[i], sel.idx[i - 1]);
+    if (i) {
+      EXPECT_GT(sel.idx[i], sel.idx[i - 1]);
+    }
   }
 }
 
