@@ -33,7 +33,7 @@ bool IsLegalTransition(BucketState from, BucketState to) {
   return false;
 }
 
-bool Bucket::MoveTo(BucketState to) {
+bool EngineBucket::MoveTo(BucketState to) {
   if (out.state == to) return true;
   if (!IsLegalTransition(out.state, to)) {
     SPEX_LOG(ERROR) << "bucket " << id << ": illegal state change " << BucketStateName(out.state)
@@ -44,7 +44,7 @@ bool Bucket::MoveTo(BucketState to) {
   return true;
 }
 
-BucketSummary Bucket::Summary() const {
+BucketSummary EngineBucket::Summary() const {
   BucketSummary s;
   s.bucket_id = id;
   s.elements = elements;

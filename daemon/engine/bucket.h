@@ -1,4 +1,5 @@
-// A registered bucket of one node and the states it moves through. Its fields fall under three
+// A registered bucket of one node (EngineBucket; the client library has its own spex::Bucket)
+// and the states it moves through. Its fields fall under three
 // rules, one struct each, so a reader sees which rule applies where:
 //  - Memory: fixed after registration (the shared segment, the device buffer, acc).
 //  - Exchange: the engine thread's alone (compressor, probe timings, next step).
@@ -65,7 +66,7 @@ struct BucketOutcome {
   double density = 0;
 };
 
-struct Bucket {
+struct EngineBucket {
   // Fixed after registration.
   uint64_t id = 0;
   uint64_t elements = 0;

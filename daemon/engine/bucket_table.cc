@@ -8,8 +8,8 @@ BucketTable::BucketTable(const EngineOptions* options, Collective* coll, Primiti
                          DevicePath device)
     : options_(options), coll_(coll), prims_(prims), device_(device) {}
 
-absl::StatusOr<Bucket*> BucketTable::Create(const BucketSpec& spec) {
-  auto b = std::make_unique<Bucket>();
+absl::StatusOr<EngineBucket*> BucketTable::Create(const BucketSpec& spec) {
+  auto b = std::make_unique<EngineBucket>();
   b->id = spec.id;
   b->elements = spec.elements;
   b->compressor = spec.compressor;
@@ -39,13 +39,13 @@ absl::StatusOr<Bucket*> BucketTable::Create(const BucketSpec& spec) {
     return absl::Status(s.code(), absl::StrCat("bucket ", spec.id, " (", spec.elements,
                                                " elements): ", s.message()));
   }
-  Bucket* out = b.get();
+  EngineBucket* out = b.get();
   buckets_[spec.id] = std::move(b);
   return out;
 }
 
 // One shm segment: the header, then the input slots and the output.
-absl::Status BucketTable::AllocateHost(Bucket* b) {
+absl::Status BucketTable::AllocateHost(EngineBucket* b) {
   const uint32_t slots = options_->local_trainers;
   auto shm = ShmBuffer::Create(BucketBytes(b->elements, slots),
                                absl::StrCat(options_->shm_tag, "-b", b->id));
@@ -69,7 +69,7 @@ absl::Status BucketTable::AllocateHost(Bucket* b) {
 
 // The header alone in shm (the doorbell counters stay host memory), the data in the
 // allocator's buffer.
-absl::Status BucketTable::AllocateDevice(Bucket* b) {
+absl::Status BucketTable::AllocateDevice(EngineBucket* b) {
   const uint32_t slots = options_->local_trainers;
   auto shm = ShmBuffer::Create(kPageBytes, absl::StrCat(options_->shm_tag, "-b", b->id));
   if (!shm.ok()) return shm.status();
@@ -103,7 +103,7 @@ absl::Status BucketTable::AllocateDevice(Bucket* b) {
 
 // Sparse buckets get their compressor on the bucket's own primitives (the device's on the
 // device path); "dense", a dense-pattern compressor and small buckets exchange dense.
-absl::Status BucketTable::BuildCompressor(Bucket* b, double density) {
+absl::Status BucketTable::BuildCompressor(EngineBucket* b, double density) {
   if (b->compressor == "dense" || b->elements < options_->min_sparse_elements) {
     return absl::OkStatus();
   }
@@ -126,7 +126,26 @@ absl::Status BucketTable::BuildCompressor(Bucket* b, double density) {
   return absl::OkStatus();
 }
 
-Bucket* BucketTable::Find(uint64_t id) {
+uint64_t BucketTable::ShmBytes(uint64_t elements) const {
+  return device_.allocator != nullptr ? kPageBytes
+                                      : BucketBytes(elements, options_->local_trainers);
+}
+
+uint64_t BucketTable::Footprint(uint64_t elements, bool sparse) const {
+  const uint64_t data = device_.allocator != nullptr
+                            ? DeviceBucketBytes(elements, options_->local_trainers) + kPageBytes
+                            : BucketBytes(elements, options_->local_trainers);
+  const bool acc = options_->local_trainers > 1 || sparse;
+  return data + (acc ? 4 * elements : 0) + (sparse ? 8 * elements : 0);
+}
+
+uint64_t BucketTable::TotalBytes() const {
+  uint64_t total = 0;
+  for (const auto& [id, b] : buckets_) total += Footprint(b->elements, b->ex.sparse != nullptr);
+  return total;
+}
+
+EngineBucket* BucketTable::Find(uint64_t id) {
   auto it = buckets_.find(id);
   return it == buckets_.end() ? nullptr : it->second.get();
 }

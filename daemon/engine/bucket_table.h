@@ -32,29 +32,35 @@ class BucketTable {
   BucketTable(const EngineOptions* options, Collective* coll, Primitives* prims, DevicePath device);
 
   // A new bucket with its memory and compressor (errors name the bucket).
-  absl::StatusOr<Bucket*> Create(const BucketSpec& spec);
-  Bucket* Find(uint64_t id);
+  absl::StatusOr<EngineBucket*> Create(const BucketSpec& spec);
+  // The memory a bucket of `elements` takes on this node (see EngineOptions' limits) and the
+  // part of it in /dev/shm.
+  uint64_t Footprint(uint64_t elements, bool sparse) const;
+  uint64_t ShmBytes(uint64_t elements) const;
+  // Every bucket's footprint.
+  uint64_t TotalBytes() const;
+  EngineBucket* Find(uint64_t id);
   void Erase(uint64_t id);
   void Clear() { buckets_.clear(); }
   bool empty() const { return buckets_.empty(); }
   size_t size() const { return buckets_.size(); }
   // In id order.
-  const std::map<uint64_t, std::unique_ptr<Bucket>>& all() const { return buckets_; }
+  const std::map<uint64_t, std::unique_ptr<EngineBucket>>& all() const { return buckets_; }
 
   // Unlinks the segments of buckets every local trainer has attached.
   void UnlinkAttached();
   std::vector<std::string> LinkedSegments() const;
 
  private:
-  absl::Status AllocateHost(Bucket* b);
-  absl::Status AllocateDevice(Bucket* b);
-  absl::Status BuildCompressor(Bucket* b, double density);
+  absl::Status AllocateHost(EngineBucket* b);
+  absl::Status AllocateDevice(EngineBucket* b);
+  absl::Status BuildCompressor(EngineBucket* b, double density);
 
   const EngineOptions* const options_;
   Collective* const coll_;
   Primitives* const prims_;
   const DevicePath device_;
-  std::map<uint64_t, std::unique_ptr<Bucket>> buckets_;
+  std::map<uint64_t, std::unique_ptr<EngineBucket>> buckets_;
 };
 
 }  // namespace spex

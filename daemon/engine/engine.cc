@@ -46,6 +46,10 @@ Engine::~Engine() {
 
 absl::Status Engine::Start() {
   if (absl::Status s = ValidateEngineOptions(options_); !s.ok()) return s;
+  const uint64_t machine = DefaultMemoryLimit();
+  limits_.daemon = options_.max_daemon_bytes ? options_.max_daemon_bytes : machine;
+  limits_.bucket = options_.max_bucket_bytes ? options_.max_bucket_bytes : limits_.daemon;
+  limits_.session = options_.max_session_bytes ? options_.max_session_bytes : limits_.daemon;
   auto merger = MakeMerger(options_.merger);
   if (!merger.ok()) return merger.status();
   if (device_buckets()) {
@@ -114,7 +118,7 @@ void Engine::Run() {
     }
     DoorbellSegment* bell = doorbell_.segment();
     const uint32_t seen = bell->ring.load();
-    std::vector<Bucket*> group, failed;
+    std::vector<EngineBucket*> group, failed;
     bool run = false;
     {
       absl::MutexLock lock(&mu_);
@@ -125,16 +129,16 @@ void Engine::Run() {
       if (!reset_pending_ || dead_mask_ != 0) {
         failed = scheduler_->FailedAndReady(buckets_);
         group = scheduler_->NextGroup(buckets_);
-        run = !group.empty() && std::all_of(group.begin(), group.end(), [&](const Bucket* b) {
+        run = !group.empty() && std::all_of(group.begin(), group.end(), [&](const EngineBucket* b) {
           return scheduler_->LocallyReady(*b);
         });
       }
       if (run) {
-        for (Bucket* b : group) b->MoveTo(BucketState::kExchanging);
+        for (EngineBucket* b : group) b->MoveTo(BucketState::kExchanging);
       }
       processing_ = run || !failed.empty();
     }
-    for (Bucket* b : failed) PublishFailed(b);
+    for (EngineBucket* b : failed) PublishFailed(b);
     if (run) Process(group);
     if (run || !failed.empty()) {
       absl::MutexLock lock(&mu_);
@@ -170,8 +174,8 @@ void Engine::Idle(DoorbellSegment* bell, uint32_t seen) {
   bell->engine_sleeping.store(0);
 }
 
-void Engine::Process(const std::vector<Bucket*>& group) {
-  Bucket* b = group.front();  // the merger is `none`: one bucket per exchange
+void Engine::Process(const std::vector<EngineBucket*>& group) {
+  EngineBucket* b = group.front();  // the merger is `none`: one bucket per exchange
   const uint64_t step = b->ex.next_step;
   ExchangeRecord rec;
   rec.bucket_id = b->id;
@@ -285,7 +289,7 @@ void Engine::Process(const std::vector<Bucket*>& group) {
 // and dense exchanges for 2 * probe_steps steps, then every node adopts the faster, judged on
 // the slowest node's timings (carried by the control round of the deciding step, so all nodes
 // decide alike).
-bool Engine::UseSparse(Bucket* b, uint64_t step, const Control& control) {
+bool Engine::UseSparse(EngineBucket* b, uint64_t step, const Control& control) {
   using Mode = BucketExchange::Mode;
   if (b->ex.mode == Mode::kSparse) return true;
   if (b->ex.mode == Mode::kDense) return false;
@@ -299,7 +303,7 @@ bool Engine::UseSparse(Bucket* b, uint64_t step, const Control& control) {
   return b->ex.mode == Mode::kSparse;
 }
 
-absl::Status Engine::WaitInputs(Bucket* b) {
+absl::Status Engine::WaitInputs(EngineBucket* b) {
   if (device_.ordering == nullptr || b->mem.data == nullptr) return absl::OkStatus();
   for (int r = 0; r < options_.local_trainers; ++r) {
     if (absl::Status s = device_.ordering->WaitInput(b->mem.data.get(), r); !s.ok()) {
@@ -310,7 +314,7 @@ absl::Status Engine::WaitInputs(Bucket* b) {
   return absl::OkStatus();
 }
 
-absl::Status Engine::RecordOutput(Bucket* b) {
+absl::Status Engine::RecordOutput(EngineBucket* b) {
   if (device_.ordering == nullptr || b->mem.data == nullptr) return absl::OkStatus();
   absl::Status s = device_.ordering->RecordOutput(b->mem.data.get(), options_.local_trainers);
   if (s.ok()) return s;
@@ -318,7 +322,7 @@ absl::Status Engine::RecordOutput(Bucket* b) {
       s.code(), absl::StrCat("bucket ", b->id, ": recording the output event: ", s.message()));
 }
 
-void Engine::PublishFailed(Bucket* b) {
+void Engine::PublishFailed(EngineBucket* b) {
   ExchangeRecord rec;
   rec.bucket_id = b->id;
   rec.step = b->ex.next_step;
@@ -331,7 +335,7 @@ void Engine::PublishFailed(Bucket* b) {
   Publish(b, b->ex.next_step, error, rec, /*terminal=*/true);
 }
 
-void Engine::Publish(Bucket* b, uint64_t step, const absl::Status& status,
+void Engine::Publish(EngineBucket* b, uint64_t step, const absl::Status& status,
                      const ExchangeRecord& rec, bool terminal) {
   const bool first_failure = terminal && b->out.state != BucketState::kFailed;
   if (!status.ok() && (!terminal || first_failure)) {

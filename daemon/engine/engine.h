@@ -115,18 +115,23 @@ class Engine {
   void Run();
   // Waits for the doorbell (spinning first when configured) or the idle timeout.
   void Idle(DoorbellSegment* bell, uint32_t seen);
-  void Process(const std::vector<Bucket*>& group);
+  void Process(const std::vector<EngineBucket*>& group);
   // Publishes the sticky error of a failed bucket for its next step (no communication: every
   // node failed the bucket alike).
-  void PublishFailed(Bucket* b);
-  void Publish(Bucket* b, uint64_t step, const absl::Status& status, const ExchangeRecord& rec,
-               bool terminal);
+  void PublishFailed(EngineBucket* b);
+  void Publish(EngineBucket* b, uint64_t step, const absl::Status& status,
+               const ExchangeRecord& rec, bool terminal);
   void ApplyDensityLocked(uint64_t key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  bool UseSparse(Bucket* b, uint64_t step, const Control& control);
+  bool UseSparse(EngineBucket* b, uint64_t step, const Control& control);
   // Device path: the ordering hooks around a step (no-ops on the CPU path).
-  absl::Status WaitInputs(Bucket* b);
-  absl::Status RecordOutput(Bucket* b);
+  absl::Status WaitInputs(EngineBucket* b);
+  absl::Status RecordOutput(EngineBucket* b);
   void ResetLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The memory and count limits for `session` registering bucket `bucket_id` (`existing` when
+  // another trainer created it already); RESOURCE_EXHAUSTED naming the limit and its flag.
+  absl::Status CheckLimitsLocked(const Session& session, const EngineBucket* existing,
+                                 uint64_t bucket_id, uint64_t elements,
+                                 const std::string& compressor) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Notices trainers that died without Goodbye: frees their sessions and marks their local
   // ranks dead for the rest of the job (the steps they left fail on every node, naming them).
   void ReapDeadTrainersLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -137,6 +142,9 @@ class Engine {
   Primitives* const prims_;  // the buckets' data (device memory on the device path)
   const DevicePath device_;
   StepEnv env_;
+  struct Limits {
+    uint64_t bucket = 0, session = 0, daemon = 0;
+  } limits_;  // resolved at Start()
 
   mutable absl::Mutex mu_;
   absl::CondVar published_cv_;  // signalled after every publish and on stop

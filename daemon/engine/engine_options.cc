@@ -1,5 +1,10 @@
 #include "daemon/engine/engine_options.h"
 
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "daemon/memory/layout.h"
 
@@ -20,7 +25,26 @@ bool AbslParseFlag(absl::string_view text, DenseFallback* out, std::string* erro
 
 std::string AbslUnparseFlag(DenseFallback v) { return v == DenseFallback::kAuto ? "auto" : "off"; }
 
+uint64_t DefaultMemoryLimit() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  uint64_t limit = pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * page / 2 : 8ull << 30;
+  struct statvfs v;
+  if (statvfs("/dev/shm", &v) == 0) {
+    limit = std::min<uint64_t>(limit, static_cast<uint64_t>(v.f_bavail) * v.f_frsize);
+  }
+  return limit;
+}
+
+std::string QuotePrefix(absl::string_view s) {
+  if (s.size() <= kQuotedPrefix) return absl::StrCat("'", s, "'");
+  return absl::StrCat("'", s.substr(0, kQuotedPrefix), "...' (", s.size(), " bytes)");
+}
+
 absl::Status ValidateEngineOptions(const EngineOptions& o) {
+  if (o.max_buckets_per_session < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_buckets_per_session must be >= 1, got ", o.max_buckets_per_session));
+  }
   if (o.local_trainers < 1 || o.local_trainers > static_cast<int>(kMaxLocalTrainers)) {
     return absl::InvalidArgumentError(absl::StrCat("--local_trainers must be in 1..",
                                                    kMaxLocalTrainers, ", got ", o.local_trainers));

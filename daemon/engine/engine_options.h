@@ -48,6 +48,15 @@ struct EngineOptions {
   bool fp16_values = false;                   // pattern B values as float16 on the wire
   int residual_norm_every = 10;               // steps between residual-norm computations (0: never)
   MergerPolicy merger = MergerPolicy::kNone;  // which ready buckets share one exchange
+  // Memory limits, checked at registration before anything is allocated; 0 = derived from the
+  // machine at Start() (DefaultMemoryLimit). A request over one gets RESOURCE_EXHAUSTED naming
+  // the limit and its flag. A bucket's bytes: its shared segment (header, L input slots,
+  // output) plus its accumulator, and for a sparse bucket 2 x 4 bytes per element of selection
+  // and compressor state (an upper estimate).
+  uint64_t max_bucket_bytes = 0;       // --max_bucket_bytes
+  uint64_t max_session_bytes = 0;      // --max_session_bytes: the buckets one trainer registered
+  uint64_t max_daemon_bytes = 0;       // --max_daemon_bytes: every bucket of this node
+  int max_buckets_per_session = 4096;  // --max_buckets_per_session
   // Builds a bucket's compressor; empty = MakeCompressor. Tests plug in theirs.
   CompressorFactory compressor_factory;
   // Out-of-band stop notices between nodes (MPI: PeerNotice). Both optional.
@@ -61,6 +70,17 @@ struct EngineOptions {
   // caller; they outlive the engine.
   std::vector<ExchangeObserver*> observers;
 };
+
+// Half the machine's physical memory, and no more than /dev/shm can hold (its free space now).
+uint64_t DefaultMemoryLimit();
+
+// Request strings (job, client, compressor and parameter names and values) are at most this
+// long; an error quotes at most kQuotedPrefix bytes of a caller's string (QuotePrefix).
+inline constexpr size_t kMaxRequestString = 256;
+inline constexpr size_t kMaxRequestParams = 64;
+inline constexpr size_t kQuotedPrefix = 32;
+// 'abc' for a short string; 'first 32 bytes...' (N bytes) for a long one.
+std::string QuotePrefix(absl::string_view s);
 
 // The checks every engine makes at Start(): InvalidArgument naming the option (as its spexd
 // flag) for a value out of range.

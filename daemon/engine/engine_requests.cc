@@ -1,5 +1,7 @@
 // The engine's requests from the RPC threads: sessions, registration, density changes, the
 // Exchange call, and the stats. Each takes the engine's mutex; none runs a collective.
+#include <sys/statvfs.h>
+
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
@@ -9,11 +11,45 @@
 #include "daemon/util/log.h"
 
 namespace spex {
+namespace {
+
+std::string Bytes(uint64_t b) {
+  if (b >= (1ull << 30)) return absl::StrCat(absl::SixDigits(b / double(1ull << 30)), " GiB");
+  if (b >= (1ull << 20)) return absl::StrCat(absl::SixDigits(b / double(1ull << 20)), " MiB");
+  return absl::StrCat(b, " bytes");
+}
+
+// Every string a request carries is short; errors quote a prefix only.
+absl::Status CheckRequestString(absl::string_view what, absl::string_view s) {
+  if (s.size() <= kMaxRequestString) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(what, " ", QuotePrefix(s), " is longer than ", kMaxRequestString, " bytes"));
+}
+
+absl::Status CheckParams(const std::map<std::string, std::string>& params) {
+  if (params.size() > kMaxRequestParams) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        params.size(), " compressor parameters, at most ", kMaxRequestParams, " are accepted"));
+  }
+  for (const auto& [k, v] : params) {
+    if (absl::Status s = CheckRequestString("compressor parameter name", k); !s.ok()) return s;
+    if (absl::Status s =
+            CheckRequestString(absl::StrCat("parameter ", QuotePrefix(k), "'s value"), v);
+        !s.ok()) {
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 absl::StatusOr<HelloResult> Engine::Hello(const std::string& job, uint32_t local_rank,
                                           uint32_t local_size, uint32_t pid,
                                           const std::string& client) {
   if (stop_) return absl::UnavailableError("spexd is shutting down");
+  if (absl::Status s = CheckRequestString("job", job); !s.ok()) return s;
+  if (absl::Status s = CheckRequestString("client", client); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   absl::StatusOr<Session*> session = sessions_.Open(job, local_rank, local_size, pid, client);
   if (!session.ok()) return session.status();
@@ -38,6 +74,10 @@ absl::StatusOr<BucketGrant> Engine::RegisterBucket(
     uint64_t session_id, uint64_t bucket_id, uint64_t elements, const std::string& compressor_in,
     double density_in, const std::map<std::string, std::string>& params) {
   if (stop_) return absl::UnavailableError("spexd is shutting down");
+  if (absl::Status s = CheckRequestString("compressor", compressor_in); !s.ok()) return s;
+  if (absl::Status s = CheckParams(params); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("bucket ", bucket_id, ": ", s.message()));
+  }
   const std::string compressor = compressor_in.empty() ? options_.compressor : compressor_in;
   const double density = density_in == 0 ? options_.density : density_in;
   if (!options_.compressor_factory || compressor == "dense") {
@@ -59,9 +99,16 @@ absl::StatusOr<BucketGrant> Engine::RegisterBucket(
     while (processing_ && !stop_) published_cv_.Wait(&mu_);
     ResetLocked();
   }
-  Bucket* b = buckets_.Find(bucket_id);
+  EngineBucket* b = buckets_.Find(bucket_id);
+  const uint64_t bit = 1ull << rank;
+  if (b == nullptr || !(b->out.registered_mask & bit)) {
+    if (absl::Status s = CheckLimitsLocked(**session, b, bucket_id, elements, compressor);
+        !s.ok()) {
+      return s;
+    }
+  }
   if (b == nullptr) {
-    absl::StatusOr<Bucket*> created =
+    absl::StatusOr<EngineBucket*> created =
         buckets_.Create({bucket_id, elements, compressor, density, params});
     if (!created.ok()) return created.status();
     b = *created;
@@ -77,7 +124,6 @@ absl::StatusOr<BucketGrant> Engine::RegisterBucket(
         "bucket ", bucket_id, " is registered with compressor ", b->compressor, " at density ",
         b->out.density, "; this request asks for ", compressor, " at ", density));
   }
-  const uint64_t bit = 1ull << rank;
   if (b->mem.shm->unlinked() && !(b->out.registered_mask & bit)) {
     return absl::FailedPreconditionError(absl::StrCat(
         "bucket ", bucket_id,
@@ -87,6 +133,7 @@ absl::StatusOr<BucketGrant> Engine::RegisterBucket(
   if (!(b->out.registered_mask & bit)) {
     b->out.registered_mask |= bit;
     (*session)->buckets++;
+    (*session)->bytes += buckets_.Footprint(b->elements, b->ex.sparse != nullptr);
     if (b->out.registered_mask == (1ull << options_.local_trainers) - 1 &&
         b->out.state == BucketState::kRegistering) {
       b->MoveTo(BucketState::kWaiting);
@@ -110,12 +157,51 @@ absl::StatusOr<BucketGrant> Engine::RegisterBucket(
   return grant;
 }
 
+absl::Status Engine::CheckLimitsLocked(const Session& session, const EngineBucket* existing,
+                                       uint64_t bucket_id, uint64_t elements,
+                                       const std::string& compressor) {
+  if (session.buckets >= static_cast<uint32_t>(options_.max_buckets_per_session)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "bucket ", bucket_id, ": this session already registered ", session.buckets,
+        " buckets, the limit (--max_buckets_per_session) is ", options_.max_buckets_per_session,
+        "; merge small tensors into larger buckets or raise the limit"));
+  }
+  const bool sparse = compressor != "dense" && elements >= options_.min_sparse_elements;
+  const uint64_t need = existing != nullptr
+                            ? buckets_.Footprint(existing->elements, existing->ex.sparse != nullptr)
+                            : buckets_.Footprint(elements, sparse);
+  auto over = [&](const char* what, const char* flag, uint64_t have, uint64_t limit) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "bucket ", bucket_id, " (", elements, " elements) needs ", Bytes(need), "; ", what, " ",
+        have ? absl::StrCat("already holds ", Bytes(have), " and ") : "", "may hold ", Bytes(limit),
+        " (", flag, "). Use smaller buckets or raise ", flag));
+  };
+  if (need > limits_.bucket) return over("a bucket", "--max_bucket_bytes", 0, limits_.bucket);
+  if (session.bytes + need > limits_.session) {
+    return over("this session", "--max_session_bytes", session.bytes, limits_.session);
+  }
+  if (existing != nullptr) return absl::OkStatus();  // its memory exists already
+  const uint64_t total = buckets_.TotalBytes();
+  if (total + need > limits_.daemon) {
+    return over("this daemon", "--max_daemon_bytes", total, limits_.daemon);
+  }
+  struct statvfs v;
+  const uint64_t shm = buckets_.ShmBytes(elements);
+  if (statvfs("/dev/shm", &v) == 0 && shm > static_cast<uint64_t>(v.f_bavail) * v.f_frsize) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "bucket ", bucket_id, " (", elements, " elements) needs ", Bytes(shm),
+        " of shared memory, /dev/shm has ", Bytes(static_cast<uint64_t>(v.f_bavail) * v.f_frsize),
+        " free; free /dev/shm or use smaller buckets"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Engine::UnregisterBucket(uint64_t session_id, uint64_t bucket_id) {
   absl::MutexLock lock(&mu_);
   absl::StatusOr<Session*> session = sessions_.Get(session_id);
   if (!session.ok()) return session.status();
   const uint64_t bit = 1ull << (*session)->local_rank;
-  Bucket* b = buckets_.Find(bucket_id);
+  EngineBucket* b = buckets_.Find(bucket_id);
   if (b == nullptr || !(b->out.registered_mask & bit)) {
     return absl::NotFoundError(
         absl::StrCat("bucket ", bucket_id, " is not registered by this session"));
@@ -124,6 +210,7 @@ absl::Status Engine::UnregisterBucket(uint64_t session_id, uint64_t bucket_id) {
   // holds it any more and the engine is not inside it.
   b->out.registered_mask &= ~bit;
   (*session)->buckets--;
+  (*session)->bytes -= buckets_.Footprint(b->elements, b->ex.sparse != nullptr);
   if (b->out.state == BucketState::kWaiting) b->MoveTo(BucketState::kRegistering);
   if (b->out.registered_mask == 0) {
     while (processing_ && !stop_) published_cv_.Wait(&mu_);
@@ -151,7 +238,7 @@ absl::StatusOr<ExchangeRecord> Engine::Exchange(uint64_t session_id, uint64_t bu
   if (!session.ok()) return session.status();
   const uint32_t rank = (*session)->local_rank;
   const uint64_t bit = 1ull << rank;
-  Bucket* b = buckets_.Find(bucket_id);
+  EngineBucket* b = buckets_.Find(bucket_id);
   if (b == nullptr || !(b->out.registered_mask & bit)) {
     std::vector<uint64_t> known;
     for (const auto& [id, other] : buckets_.all()) {

@@ -9,7 +9,7 @@ namespace spex {
 Scheduler::Scheduler(int local_trainers, std::unique_ptr<Merger> merger)
     : local_trainers_(local_trainers), merger_(std::move(merger)) {}
 
-bool Scheduler::LocallyReady(const Bucket& b) const {
+bool Scheduler::LocallyReady(const EngineBucket& b) const {
   bool someone = false;
   for (int r = 0; r < local_trainers_; ++r) {
     const bool signalled =
@@ -25,17 +25,18 @@ bool Scheduler::LocallyReady(const Bucket& b) const {
   return someone;
 }
 
-std::vector<Bucket*> Scheduler::NextGroup(const BucketTable& table) {
+std::vector<EngineBucket*> Scheduler::NextGroup(const BucketTable& table) {
   order_.clear();
   for (const auto& [id, b] : table.all()) {
     if (b->out.state == BucketState::kWaiting) order_.push_back(b.get());
   }
   if (order_.empty()) return {};
-  std::stable_sort(
-      order_.begin(), order_.end(),  // the table iterates in id order
-      [](const Bucket* a, const Bucket* b) { return a->ex.next_step < b->ex.next_step; });
+  std::stable_sort(order_.begin(), order_.end(),  // the table iterates in id order
+                   [](const EngineBucket* a, const EngineBucket* b) {
+                     return a->ex.next_step < b->ex.next_step;
+                   });
   candidates_.clear();
-  for (const Bucket* b : order_) {
+  for (const EngineBucket* b : order_) {
     candidates_.push_back({b->id, b->ex.next_step, b->elements, LocallyReady(*b)});
   }
   const size_t group = merger_->NextGroup(candidates_);
@@ -47,8 +48,8 @@ std::vector<Bucket*> Scheduler::NextGroup(const BucketTable& table) {
   return {order_.front()};
 }
 
-std::vector<Bucket*> Scheduler::FailedAndReady(const BucketTable& table) const {
-  std::vector<Bucket*> out;
+std::vector<EngineBucket*> Scheduler::FailedAndReady(const BucketTable& table) const {
+  std::vector<EngineBucket*> out;
   for (const auto& [id, b] : table.all()) {
     if (b->out.state == BucketState::kFailed && LocallyReady(*b)) out.push_back(b.get());
   }

@@ -25,6 +25,7 @@ struct Session {
   std::string client;
   absl::Time opened;
   uint32_t buckets = 0;  // buckets this session registered
+  uint64_t bytes = 0;    // their footprint (BucketTable::Footprint)
   int pidfd = -1;        // the trainer process (pidfd_open), -1 when it cannot be watched
 };
 
