@@ -6,16 +6,22 @@
     ping-pong (sleeping and spinning): spexd once with --spin_us=0 and once with spinning.
 (b) Dense exchange of --elements floats (ResNet-50's 25,557,032) across 2 and 4 local daemons
     (1 trainer each), against a plain MPI_Allreduce of the same buffer with the same ranks.
+(c) The cost of observing: the round trip of (a) with spexd's metrics (--metrics_address) and
+    timeline (--timeline) off and on, interleaved over --observe_rounds rounds in the same run;
+    ratios of the p50s (median over rounds) to "off".
+
+--parts picks which run (default: all three); --spexd_args adds flags to every spexd.
 
 Prints a table with ratios and writes bench/results/exchange.json and exchange.csv.
 Run with /usr/bin/python3 from the repository root after `bazel build //...`.
 """
-import argparse, csv, json, os, re, signal, subprocess, sys, tempfile, time
+import argparse, csv, json, os, re, shlex, signal, statistics, subprocess, sys, tempfile, time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
            OMPI_MCA_rmaps_base_oversubscribe="1", OMPI_MCA_btl_tcp_if_include="lo",
            OMPI_MCA_oob_tcp_if_include="lo")
+SPEXD_ARGS = []  # --spexd_args: added to every spexd
 
 
 def bazel_bin():
@@ -33,7 +39,8 @@ class Daemons:
         self.log = open(os.path.join(self.dir, "spexd.log"), "w")
         self.proc = subprocess.Popen(["mpirun", "-np", str(nodes), f"{bin_dir}/daemon/spexd",
                                       f"--socket={self.dir}/node{{rank}}.sock",
-                                      f"--local_trainers={trainers}", "--log_level=warning", *extra],
+                                      f"--local_trainers={trainers}", "--log_level=warning", *SPEXD_ARGS,
+                                      *extra],
                                      env=ENV, stdout=self.log, stderr=subprocess.STDOUT)
         for _ in range(300):
             if all(os.path.exists(self.sock(n)) for n in range(nodes)):
@@ -51,8 +58,8 @@ class Daemons:
         self.proc.wait(timeout=30)
 
 
-def latency(bin_dir, iters, spin):
-    d = Daemons(bin_dir, 1, 1, [f"--spin_us={spin}"])
+def latency(bin_dir, iters, spin, extra=()):
+    d = Daemons(bin_dir, 1, 1, [f"--spin_us={spin}", *extra])
     try:
         out = subprocess.run([f"{bin_dir}/bench/exchange_latency", f"--socket={d.sock(0)}", f"--iters={iters}"],
                              env=ENV, check=True, capture_output=True, text=True).stdout
@@ -95,6 +102,36 @@ def dense(bin_dir, nodes, elements, steps):
             "ratio": p50(fastest) / base["allreduce_p50_ms"]}
 
 
+# (c): what each configuration adds to spexd; {dir} is a fresh directory per run.
+OBSERVE = (("off", []),
+           ("metrics", ["--metrics_address=127.0.0.1:0"]),
+           ("timeline", ["--timeline={dir}/timeline.json"]),
+           ("metrics+timeline", ["--metrics_address=127.0.0.1:0", "--timeline={dir}/timeline.json"]))
+
+
+def observe_cost(bin_dir, iters, spin, rounds):
+    """Round trip p50/p99 per configuration, the configurations interleaved (rotated) per round."""
+    per = {name: [] for name, _ in OBSERVE}
+    for r in range(rounds):
+        order = OBSERVE[r % len(OBSERVE):] + OBSERVE[:r % len(OBSERVE)]
+        for name, flags in order:
+            tmp = tempfile.mkdtemp(prefix="spex-observe.")
+            per[name].append(latency(bin_dir, iters, spin, [f.format(dir=tmp) for f in flags]))
+            timeline = os.path.join(tmp, "timeline.json")
+            if os.path.exists(timeline):  # the daemon closed it: it must be a complete trace
+                with open(timeline) as f:
+                    n = sum(1 for e in json.load(f) if e.get("name") == "exchange")
+                if n < iters:
+                    raise RuntimeError(f"timeline {timeline} has {n} exchanges, expected >= {iters}")
+                os.remove(timeline)
+    out = {}
+    for name, runs in per.items():
+        out[name] = {k: statistics.median(run[k] for run in runs)
+                     for k in ("doorbell_p50_us", "doorbell_p99_us", "rpc_p50_us", "rpc_p99_us")}
+        out[name]["rounds"] = runs
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iters", type=int, default=10000)
@@ -102,9 +139,35 @@ def main():
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--nodes", default="2,4")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "exchange"))
+    ap.add_argument("--parts", default="latency,dense,observe",
+                    help="which parts run: latency (a), dense (b), observe (c)")
+    ap.add_argument("--spexd_args", default="", help="extra flags for every spexd (one string)")
+    ap.add_argument("--observe_rounds", type=int, default=5)
+    ap.add_argument("--observe_spin_us", type=int, default=0, help="spexd --spin_us in part (c)")
     args = ap.parse_args()
+    SPEXD_ARGS.extend(shlex.split(args.spexd_args))
+    parts = set(args.parts.split(","))
     bin_dir = bazel_bin()
     rows = []
+    results = {}
+    if "observe" in parts:
+        obs = observe_cost(bin_dir, args.iters, args.observe_spin_us, args.observe_rounds)
+        results["observe"] = obs
+        off = obs["off"]
+        print(f"observing cost: round trip of an empty exchange, spin {args.observe_spin_us} us, "
+              f"median of {args.observe_rounds} interleaved rounds of {args.iters} iterations")
+        for name, _ in OBSERVE:
+            o = obs[name]
+            for path in ("doorbell", "rpc"):
+                p50, p99 = o[f"{path}_p50_us"], o[f"{path}_p99_us"]
+                ratio = p50 / off[f"{path}_p50_us"]
+                rows.append({"bench": "observe", "config": f"{path}, {name}", "p50_us": p50, "p99_us": p99,
+                             "baseline": "same path, metrics and timeline off",
+                             "baseline_us": off[f"{path}_p50_us"], "ratio": ratio})
+                print(f"{name:17s} {path:9s} p50 {p50:8.1f} us  p99 {p99:8.1f} us  = {ratio:5.3f}x off")
+    if not parts & {"latency", "dense"}:
+        write(args.out, results, rows)
+        return
     lat_sleep = latency(bin_dir, args.iters, 0)
     lat_spin = latency(bin_dir, args.iters, 50)
     floor = lat_sleep["futex_sleep_p50_us"]
@@ -117,7 +180,7 @@ def main():
             rows.append({"bench": "latency", "config": f"{path}, {name}", "p50_us": p50, "p99_us": p99,
                          "baseline": "futex ping-pong p50 (sleeping)", "baseline_us": floor, "ratio": p50 / floor})
             print(f"{path:9s} {name:10s} p50 {p50:8.1f} us  p99 {p99:8.1f} us  = {p50 / floor:5.2f}x the futex floor")
-    for n in [int(x) for x in args.nodes.split(",")]:
+    for n in [int(x) for x in args.nodes.split(",")] if "dense" in parts else []:
         r = dense(bin_dir, n, args.elements, args.steps)
         rows.append({"bench": "dense", "config": f"{n} daemons", "p50_ms": r["spex_dense_p50_ms"],
                      "p50_with_skew_ms": r["spex_dense_with_skew_p50_ms"],
@@ -125,15 +188,20 @@ def main():
         print(f"dense {args.elements} floats, {n} daemons: spex p50 {r['spex_dense_p50_ms']:.1f} ms "
               f"(slowest node, with skew: {r['spex_dense_with_skew_p50_ms']:.1f} ms), "
               f"MPI_Allreduce p50 {r['mpi_allreduce_p50_ms']:.1f} ms  = {r['ratio']:.2f}x")
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out + ".json", "w") as f:
-        json.dump({"latency_no_spin": lat_sleep, "latency_spin": lat_spin, "rows": rows}, f, indent=1)
+    results.update({"latency_no_spin": lat_sleep, "latency_spin": lat_spin})
+    write(args.out, results, rows)
+
+
+def write(out, results, rows):
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with open(out + ".json", "w") as f:
+        json.dump({**results, "rows": rows}, f, indent=1)
     keys = sorted({k for r in rows for k in r})
-    with open(args.out + ".csv", "w", newline="") as f:
+    with open(out + ".csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=keys)
         w.writeheader()
         w.writerows(rows)
-    print(f"wrote {args.out}.json and .csv")
+    print(f"wrote {out}.json and .csv")
 
 
 if __name__ == "__main__":

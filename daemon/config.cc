@@ -12,6 +12,7 @@
 #include "daemon/flags.h"
 #include "daemon/merge/merger.h"
 #include "daemon/util/paths.h"
+#include "daemon/observe/metrics_address.h"
 
 namespace spex {
 namespace {
@@ -103,5 +104,15 @@ int SpinUs(const DaemonConfig& config, int host_count, int cores) {
   if (config.spin_us >= 0) return config.spin_us;
   return cores > (config.engine.local_trainers + 1) * host_count ? 50 : 0;
 }
+  if (const std::string metrics = absl::GetFlag(FLAGS_metrics_address); !metrics.empty()) {
+    absl::StatusOr<MetricsAddress> m =
+        ParseMetricsAddress(metrics, absl::GetFlag(FLAGS_metrics_allow_remote));
+    if (m.ok()) {
+      c.metrics = *m;
+    } else {
+      errors.emplace_back(m.status().message());
+    }
+  }
+  c.timeline = absl::GetFlag(FLAGS_timeline);
 
 }  // namespace spex

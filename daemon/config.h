@@ -6,12 +6,14 @@
 
 #include <sys/types.h>
 
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "daemon/device.h"
 #include "daemon/engine/engine_options.h"
+#include "daemon/observe/metrics_address.h"
 #include "daemon/util/log.h"
 
 namespace spex {
@@ -27,6 +29,9 @@ struct DaemonConfig {
   int spin_us = -1;  // -1: automatic (SpinUs)
   DeviceChoice device = DeviceChoice::kAuto;
   LogLevel log_level = LogLevel::kInfo;
+  // --metrics_address, checked (loopback unless --metrics_allow_remote); unset: metrics off.
+  std::optional<MetricsAddress> metrics;
+  std::string timeline;  // --timeline; empty: off. '{rank}' not replaced yet (TimelinePath)
 };
 
 // Reads and checks every flag. InvalidArgument listing every bad flag, each with what it

@@ -49,3 +49,13 @@ ABSL_FLAG(spex::MergerPolicy, merger, spex::MergerPolicy::kNone,
           "Which ready buckets share one exchange: none (one exchange per bucket; the only policy "
           "so far; fixed, omgs and rgmerge are planned and refused).");
 ABSL_FLAG(spex::LogLevel, log_level, spex::LogLevel::kInfo, "debug|info|warning|error");
+ABSL_FLAG(std::string, metrics_address, "",
+          "Serve Prometheus metrics over HTTP at HOST:PORT (e.g. 127.0.0.1:9400; GET /metrics). "
+          "Empty (default): off. Loopback addresses only unless --metrics_allow_remote; the i-th "
+          "daemon of a host serves PORT + i.");
+ABSL_FLAG(bool, metrics_allow_remote, false,
+          "Allow a --metrics_address that is not loopback (the endpoint has no authentication).");
+ABSL_FLAG(std::string, timeline, "",
+          "Record a Chrome-trace timeline of this node's exchanges into this file from the start "
+          "(overwritten; '{rank}' is replaced by the node rank, else several nodes add .<rank>). "
+          "Empty (default): off; spexctl timeline start|stop records at run time.");

@@ -32,3 +32,6 @@ ABSL_DECLARE_FLAG(bool, fp16_values);
 ABSL_DECLARE_FLAG(int, residual_norm_every);
 ABSL_DECLARE_FLAG(spex::MergerPolicy, merger);
 ABSL_DECLARE_FLAG(spex::LogLevel, log_level);
+ABSL_DECLARE_FLAG(std::string, metrics_address);
+ABSL_DECLARE_FLAG(bool, metrics_allow_remote);
+ABSL_DECLARE_FLAG(std::string, timeline);

@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
@@ -25,6 +26,8 @@
 #include "daemon/device.h"
 #include "daemon/engine/engine.h"
 #include "daemon/memory/cuda_device_memory.h"
+#include "daemon/observe/metrics.h"
+#include "daemon/observe/timeline.h"
 #include "daemon/service/spex_service.h"
 #include "daemon/transport/agreement.h"
 #include "daemon/transport/mpi_collective.h"
@@ -156,6 +159,30 @@ absl::Status SetUpGpuPath(MpiCollective* mpi, const std::vector<int>& gpus, cons
   return absl::OkStatus();
 }
 
+// --metrics_address: the HTTP endpoint (the i-th daemon of a host on port + i); --timeline: the
+// recording from the start (the file overwritten).
+absl::Status StartObservers(const DaemonConfig& config, const World& world, Metrics* metrics,
+                            Timeline* timeline) {
+  if (metrics != nullptr) {
+    const int base = config.metrics->port;
+    const int port = base == 0 ? 0 : base + world.host_index;
+    if (port > 65535) {
+      return absl::InvalidArgumentError(absl::StrCat("--metrics_address: port ", base, " + ",
+                                                     world.host_index, " is beyond 65535"));
+    }
+    SPEX_ASSIGN_OR_RETURN(const int bound, metrics->Serve(config.metrics->Bind(port)));
+    SPEX_LOG(INFO) << "metrics on http://" << config.metrics->Bind(bound) << "/metrics";
+  }
+  if (!config.timeline.empty()) {
+    const std::string path = TimelinePath(config.timeline, world.rank, world.size);
+    if (absl::Status s = timeline->Start(path, /*overwrite=*/true); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("--timeline: ", s.message()));
+    }
+    SPEX_LOG(INFO) << "recording the timeline to " << path;
+  }
+  return absl::OkStatus();
+}
+
 // The gRPC server on the control socket (with the health service and reflection), the socket
 // given `mode`, health SERVING.
 absl::StatusOr<std::unique_ptr<grpc::Server>> Serve(SpexService* service, const std::string& socket,
@@ -178,9 +205,11 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> Serve(SpexService* service, const 
 
 // Serves until a signal (SIGTERM/SIGINT) or a peer node stops the engine, then stops in an order
 // that survives mpirun's escalation. Exits the process at once (status 3) when the engine is
-// still inside a collective after `grace` (a peer left mid-exchange).
+// still inside a collective after `grace` (a peer left mid-exchange). A timeline being recorded
+// is closed (valid JSON) as soon as the stop begins.
 absl::Status ServeUntilStopped(Engine& engine, grpc::Server& server, const std::string& socket,
-                               absl::Duration grace, PeerNotice& notice, SdNotifier& notifier) {
+                               absl::Duration grace, PeerNotice& notice, SdNotifier& notifier,
+                               Timeline& timeline) {
   // Stopping removes every name first, before anything that can block: under mpirun a SIGTERM
   // is followed by SIGKILL after odls_base_sigkill_timeout (1 s by default), and a node whose
   // engine is inside a collective that a stopped peer left never gets through the clean path
@@ -189,8 +218,12 @@ absl::Status ServeUntilStopped(Engine& engine, grpc::Server& server, const std::
     for (const std::string& name : engine.LinkedSegments()) shm_unlink(name.c_str());
     unlink(socket.c_str());
   };
+  // Also before anything that blocks (the SIGKILL above): what was recorded, closed.
+  auto close_timeline = [&timeline] {
+    if (timeline.recording()) timeline.Stop().IgnoreError();
+  };
   // A dedicated thread waits for SIGTERM/SIGINT (blocked everywhere else); SIGUSR2 ends it.
-  std::thread signals([&engine, &unlink_names] {
+  std::thread signals([&engine, &unlink_names, &close_timeline] {
     sigset_t set;
     sigemptyset(&set);
     sigaddset(&set, SIGTERM);
@@ -201,6 +234,7 @@ absl::Status ServeUntilStopped(Engine& engine, grpc::Server& server, const std::
     if (sig == SIGUSR2) return;
     engine.RequestStop();  // first: no new registration creates a segment after this
     unlink_names();
+    close_timeline();
     SPEX_LOG(INFO) << "signal " << sig << ": shutting down";
   });
 
@@ -209,6 +243,7 @@ absl::Status ServeUntilStopped(Engine& engine, grpc::Server& server, const std::
   server.GetHealthCheckService()->SetServingStatus("spex.v1.Spex", false);
   engine.RequestStop();
   unlink_names();
+  close_timeline();
   server.Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   unlink(socket.c_str());
   pthread_kill(signals.native_handle(), SIGUSR2);
@@ -259,12 +294,29 @@ absl::Status Run(const absl::StatusOr<DaemonConfig>& loaded, SdNotifier& notifie
   opts.announce_stop = [&notice] { notice.Announce(); };
   opts.peer_stopped = [&notice](int* who) { return notice.PeerStopped(who); };
   opts.heartbeat = [&notifier] { notifier.Watchdog().IgnoreError(); };
+  // Observers (they outlive the engine). The timeline is always there, so that `spexctl
+  // timeline start` can record at run time; it costs one atomic load per exchange while off.
+  Timeline timeline(world.rank);
+  opts.observers.push_back(&timeline);
+  std::unique_ptr<Metrics> metrics;
+  if (config.metrics.has_value()) {
+    metrics = std::make_unique<Metrics>(world.rank);
+    opts.observers.push_back(metrics.get());
+  }
+  SPEX_RETURN_IF_ERROR(AgreeOnAllNodes(&mpi,
+                                       StartObservers(config, world, metrics.get(), &timeline),
+                                       "the --metrics_address/--timeline set-up"));
   Collective* collective = gpu.nccl != nullptr ? gpu.nccl.get() : &mpi;
   Engine engine(opts, collective, gpu.prims != nullptr ? gpu.prims.get() : host_prims.get(),
                 device_path);
   SPEX_RETURN_IF_ERROR(engine.Start());
+  // Scrapes read the engine's sessions and buckets; detached before the engine goes away.
+  if (metrics != nullptr) metrics->Attach(&engine);
+  absl::Cleanup detach_metrics = [&metrics] {
+    if (metrics != nullptr) metrics->Attach(nullptr);
+  };
 
-  SpexService service(&engine, kVersion);
+  SpexService service(&engine, kVersion, &timeline);
   absl::StatusOr<std::unique_ptr<grpc::Server>> server =
       Serve(&service, socket, config.socket_mode);
   if (!server.ok()) {
@@ -277,7 +329,8 @@ absl::Status Run(const absl::StatusOr<DaemonConfig>& loaded, SdNotifier& notifie
                  << opts.engine_spin_us << " us, " << (gpu.memory != nullptr ? "CUDA" : "host")
                  << " buffers, collective " << collective->name() << ")";
   Notify(notifier.Ready(absl::StrCat("serving on ", socket)));
-  return ServeUntilStopped(engine, **server, socket, config.shutdown_grace, notice, notifier);
+  return ServeUntilStopped(engine, **server, socket, config.shutdown_grace, notice, notifier,
+                           timeline);
 }
 
 int Main(const absl::StatusOr<DaemonConfig>& config, SdNotifier& notifier) {

@@ -6,7 +6,9 @@
 Parses the file with the json module (it must be a complete JSON array) and checks: the process
 and every bucket's track are named; every bucket has one "exchange" event per step 0..steps-1;
 each exchange's phase events lie inside it, in order without overlapping, start with wait_local
-and end with publish, and add up to the exchange's duration; a sparse bucket has compress.
+and end with publish, and add up to the exchange's duration (the engine's phases are contiguous:
+only a preemption between two of them leaves a gap, so at most 1% of the exchanges, and at
+least one, may fall short); a sparse bucket has compress.
 Prints one line per failure and exits 1 if any.
 """
 import argparse
@@ -30,6 +32,7 @@ def main():
     a = ap.parse_args()
     failures = []
     fail = failures.append
+    short = []  # exchanges whose phases do not cover them
     with open(a.file) as f:
         try:
             events = json.load(f)
@@ -93,12 +96,19 @@ def main():
             if ps[0]["ts"] < begin - 1e-3 or ps[-1]["ts"] + ps[-1]["dur"] > end + 1e-3:
                 fail(f"bucket {b} step {s}: phases outside the exchange")
             total = sum(p["dur"] for p in ps)
-            if abs(total - x["dur"]) > max(TOL_US, 0.02 * x["dur"]):
-                fail(f"bucket {b} step {s}: phases add up to {total:.3f} us, exchange {x['dur']:.3f} us")
+            if total > x["dur"] + TOL_US:
+                fail(f"bucket {b} step {s}: phases add up to {total:.3f} us, more than the "
+                     f"exchange's {x['dur']:.3f} us")
+            elif x["dur"] - total > max(TOL_US, 0.02 * x["dur"]):
+                short.append(f"bucket {b} step {s}: phases add up to {total:.3f} us, exchange "
+                             f"{x['dur']:.3f} us")
+    n = sum(len(v) for v in exchanges.values())
+    if len(short) > max(1, n // 100):
+        failures.extend(short)
     for f_ in failures[:50]:
         print("FAIL:", f_)
-    n = sum(len(v) for v in exchanges.values())
-    print(f"timeline {a.file}: {len(events)} events, {n} exchanges, {len(failures)} failure(s)")
+    print(f"timeline {a.file}: {len(events)} events, {n} exchanges, {len(short)} with a gap "
+          f"between phases, {len(failures)} failure(s)")
     return 1 if failures else 0
 
 
