@@ -19,7 +19,12 @@ namespace spex {
 namespace {
 
 // Microseconds with nanosecond precision, as the trace format wants them.
-std::string Micros(uint64_t ns) { return absl::StrFormat("%d.%03d", ns / 1000, ns % 1000); }
+std::string Micros(uint64_t ns) {
+  const uint64_t frac = ns % 1000;
+  char digits[4] = {static_cast<char>('0' + frac / 100), static_cast<char>('0' + frac / 10 % 10),
+                    static_cast<char>('0' + frac % 10), 0};
+  return absl::StrCat(ns / 1000, ".", digits);
+}
 
 }  // namespace
 
@@ -85,6 +90,8 @@ absl::Status Timeline::Start(const std::string& path, bool overwrite) {
   Emit(absl::StrFormat(R"({"name":"process_sort_index","ph":"M","pid":%d,"tid":0,)"
                        R"("args":{"sort_index":%d}})",
                        node_rank_, node_rank_));
+  std::fwrite(buf_.data(), 1, buf_.size(), file_);
+  buf_.clear();
   {
     std::lock_guard<std::mutex> lock(mu_);
     path_ = path;
@@ -173,40 +180,49 @@ void Timeline::WriterLoop() {
 }
 
 void Timeline::Emit(const std::string& event) {
-  if (!first_event_) std::fputs(",\n", file_);
+  if (!first_event_) buf_ += ",\n";
   first_event_ = false;
-  std::fwrite(event.data(), 1, event.size(), file_);
+  buf_ += event;
 }
 
 void Timeline::Write(const std::vector<Entry>& entries) {
   if (entries.empty()) return;
+  // absl::StrAppend (no format parsing): the writer shares the machine with the engine.
+  const std::string pid = absl::StrCat(node_rank_);
+  std::string& out = buf_;
+  out.clear();
   for (const Entry& x : entries) {
+    const std::string tid = absl::StrCat(x.bucket);
     if (named_tracks_.insert(x.bucket).second) {
-      Emit(absl::StrFormat(
-          R"({"name":"thread_name","ph":"M","pid":%d,"tid":%d,"args":{"name":"bucket %d"}})",
-          node_rank_, x.bucket, x.bucket));
-      Emit(absl::StrFormat(
-          R"({"name":"thread_sort_index","ph":"M","pid":%d,"tid":%d,"args":{"sort_index":%d}})",
-          node_rank_, x.bucket, x.bucket));
+      Emit(absl::StrCat(R"({"name":"thread_name","ph":"M","pid":)", pid, R"(,"tid":)", tid,
+                        R"(,"args":{"name":"bucket )", tid, R"("}})"));
+      Emit(absl::StrCat(R"({"name":"thread_sort_index","ph":"M","pid":)", pid, R"(,"tid":)", tid,
+                        R"(,"args":{"sort_index":)", tid, "}}"));
     }
-    const std::string status = absl::StatusCodeToString(static_cast<absl::StatusCode>(x.code));
-    Emit(absl::StrFormat(
-        R"({"name":"exchange","cat":"exchange","ph":"X","pid":%d,"tid":%d,"ts":%s,"dur":%s,)"
-        R"("args":{"step":%d,"compressor":"%s","pattern":"%c","status":"%s","terminal":%s,)"
-        R"("target_density":%.6g,"achieved_density":%.6g,"bytes_sent":%d,"bytes_received":%d,)"
-        R"("gathered_elements":%d}})",
-        node_rank_, x.bucket, Micros(x.begin_ns), Micros(x.end_ns - x.begin_ns), x.step,
-        x.compressor, x.pattern, status, x.terminal ? "true" : "false", x.target_density,
-        x.achieved_density, x.bytes_sent, x.bytes_received, x.gathered));
+    absl::StrAppend(&out, ",\n", R"({"name":"exchange","cat":"exchange","ph":"X","pid":)", pid,
+                    R"(,"tid":)", tid, R"(,"ts":)", Micros(x.begin_ns), R"(,"dur":)",
+                    Micros(x.end_ns - x.begin_ns), R"(,"args":{"step":)", x.step);
+    absl::StrAppend(&out, R"(,"compressor":")", x.compressor, R"(","pattern":")",
+                    absl::string_view(&x.pattern, 1), R"(","status":")",
+                    absl::StatusCodeToString(static_cast<absl::StatusCode>(x.code)),
+                    R"(","terminal":)", x.terminal ? "true" : "false");
+    absl::StrAppend(&out, R"(,"target_density":)", x.target_density, R"(,"achieved_density":)",
+                    x.achieved_density, R"(,"bytes_sent":)", x.bytes_sent, R"(,"bytes_received":)",
+                    x.bytes_received, R"(,"gathered_elements":)", x.gathered, "}}");
     for (int i = 0; i < x.spans; ++i) {
       const PhaseSpan& s = x.span[i];
-      Emit(absl::StrFormat(
-          R"({"name":"%s","cat":"phase","ph":"X","pid":%d,"tid":%d,"ts":%s,"dur":%s,)"
-          R"("args":{"step":%d}})",
-          PhaseName(s.phase), node_rank_, x.bucket, Micros(s.begin_ns),
-          Micros(s.end_ns - s.begin_ns), x.step));
+      absl::StrAppend(&out, ",\n", R"({"name":")", PhaseName(s.phase),
+                      R"(","cat":"phase","ph":"X","pid":)", pid, R"(,"tid":)", tid, R"(,"ts":)",
+                      Micros(s.begin_ns), R"(,"dur":)", Micros(s.end_ns - s.begin_ns));
+      absl::StrAppend(&out, R"(,"args":{"step":)", x.step, "}}");
+    }
+    if (out.size() > (1 << 16)) {
+      std::fwrite(out.data(), 1, out.size(), file_);
+      out.clear();
     }
   }
+  std::fwrite(out.data(), 1, out.size(), file_);
+  out.clear();
   std::lock_guard<std::mutex> lock(mu_);
   written_ += entries.size();
 }

@@ -153,7 +153,16 @@ TEST(MetricsTest, KnownRunPassesPromtoolAndCarriesItsValues) {
   KnownRun(
       {&metrics}, [&](Engine& e) { metrics.Attach(&e); },
       [&](Engine&) {
-        text = metrics.Render();
+        // Observers run right after the trainers are woken: the last exchange may still be on
+        // its way.
+        for (int i = 0; i < 500; ++i) {
+          text = metrics.Render();
+          if (Value(text, "spex_exchanges_total", {{"bucket", "0"}}) == kSteps &&
+              Value(text, "spex_exchanges_total", {{"bucket", "1"}}) == kSteps) {
+            break;
+          }
+          absl::SleepFor(absl::Milliseconds(10));
+        }
         scraped = HttpGet(*port, "/metrics");
       });
   metrics.Attach(nullptr);
@@ -294,6 +303,10 @@ TEST(TimelineTest, KnownRunHasEveryBucketsPhasesInOrder) {
   KnownRun(
       {&timeline}, [](Engine&) {},
       [&](Engine&) {
+        // The last exchange's event may still be on its way; the writer writes every 100 ms.
+        for (int i = 0; i < 500 && timeline.exchanges_written() < 2 * kSteps; ++i) {
+          absl::SleepFor(absl::Milliseconds(10));
+        }
         absl::StatusOr<uint64_t> n = timeline.Stop();
         ASSERT_TRUE(n.ok()) << n.status();
         written = *n;

@@ -42,10 +42,8 @@ rc=$?
 record known_run "$([ $rc = 0 ] || echo "spex_trainer exited $rc: $(tail -3 "$dir/trainer.log")")"
 
 msg=$($PY - "$port" "$dir/metrics.txt" <<'PY'
-import re, sys, urllib.request
+import re, sys, time, urllib.request
 port, out = sys.argv[1], sys.argv[2]
-text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-open(out, "w").write(text)
 def value(name, **labels):
     for line in text.splitlines():
         m = re.match(r"(\w+)(\{(.*)\})? (\S+)$", line)
@@ -53,6 +51,13 @@ def value(name, **labels):
         got = dict(re.findall(r'(\w+)="([^"]*)"', m.group(3) or ""))
         if all(got.get(k) == v for k, v in labels.items()): return float(m.group(4))
     return None
+# The engine tells observers right after waking the trainers: the last exchange may be on its way.
+for _ in range(50):
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    if value("spex_node_exchanges_total", node="0") == 16 and all(
+            value("spex_exchanges_total", bucket=b) == 8 for b in "01"): break
+    time.sleep(0.1)
+open(out, "w").write(text)
 bad = []
 for b in ("0", "1"):
     if value("spex_exchanges_total", bucket=b, node="0") != 8: bad.append(f"exchanges of bucket {b}: {value('spex_exchanges_total', bucket=b)}")
