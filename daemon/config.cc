@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <tuple>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -11,8 +12,8 @@
 #include "absl/strings/str_replace.h"
 #include "daemon/flags.h"
 #include "daemon/merge/merger.h"
-#include "daemon/util/paths.h"
 #include "daemon/observe/metrics_address.h"
+#include "daemon/util/paths.h"
 
 namespace spex {
 namespace {
@@ -52,6 +53,21 @@ absl::StatusOr<DaemonConfig> LoadConfig() {
   }
   e.dense_fallback = absl::GetFlag(FLAGS_dense_fallback);
   e.probe_steps = absl::GetFlag(FLAGS_probe_steps);
+  for (const auto& [flag, value, out] :
+       {std::make_tuple("--max_bucket_bytes", absl::GetFlag(FLAGS_max_bucket_bytes),
+                        &e.max_bucket_bytes),
+        std::make_tuple("--max_session_bytes", absl::GetFlag(FLAGS_max_session_bytes),
+                        &e.max_session_bytes),
+        std::make_tuple("--max_daemon_bytes", absl::GetFlag(FLAGS_max_daemon_bytes),
+                        &e.max_daemon_bytes)}) {
+    if (value < 0) {
+      errors.push_back(
+          absl::StrCat(flag, " must be >= 0 (0: derived from the machine), got ", value));
+    } else {
+      *out = static_cast<uint64_t>(value);
+    }
+  }
+  e.max_buckets_per_session = absl::GetFlag(FLAGS_max_buckets_per_session);
   e.fp16_values = absl::GetFlag(FLAGS_fp16_values);
   e.residual_norm_every = absl::GetFlag(FLAGS_residual_norm_every);
   e.merger = absl::GetFlag(FLAGS_merger);
@@ -88,6 +104,16 @@ absl::StatusOr<DaemonConfig> LoadConfig() {
   }
   c.device = absl::GetFlag(FLAGS_device);
   c.log_level = absl::GetFlag(FLAGS_log_level);
+  if (const std::string metrics = absl::GetFlag(FLAGS_metrics_address); !metrics.empty()) {
+    absl::StatusOr<MetricsAddress> m =
+        ParseMetricsAddress(metrics, absl::GetFlag(FLAGS_metrics_allow_remote));
+    if (m.ok()) {
+      c.metrics = *m;
+    } else {
+      errors.emplace_back(m.status().message());
+    }
+  }
+  c.timeline = absl::GetFlag(FLAGS_timeline);
 
   if (!errors.empty()) return absl::InvalidArgumentError(absl::StrJoin(errors, "; "));
   return c;
@@ -104,15 +130,5 @@ int SpinUs(const DaemonConfig& config, int host_count, int cores) {
   if (config.spin_us >= 0) return config.spin_us;
   return cores > (config.engine.local_trainers + 1) * host_count ? 50 : 0;
 }
-  if (const std::string metrics = absl::GetFlag(FLAGS_metrics_address); !metrics.empty()) {
-    absl::StatusOr<MetricsAddress> m =
-        ParseMetricsAddress(metrics, absl::GetFlag(FLAGS_metrics_allow_remote));
-    if (m.ok()) {
-      c.metrics = *m;
-    } else {
-      errors.emplace_back(m.status().message());
-    }
-  }
-  c.timeline = absl::GetFlag(FLAGS_timeline);
 
 }  // namespace spex

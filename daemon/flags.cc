@@ -42,6 +42,16 @@ ABSL_FLAG(spex::DenseFallback, dense_fallback, spex::DenseFallback::kAuto,
           "steps, then all "
           "nodes keep the faster (never slower than dense); off: always sparse.");
 ABSL_FLAG(int, probe_steps, 3, "Sparse and dense exchanges each timed by --dense_fallback=auto.");
+ABSL_FLAG(int64_t, max_bucket_bytes, 0,
+          "Most memory one bucket may take on this node (its shared segment, accumulator and an "
+          "estimate of its compressor's state); 0 = --max_daemon_bytes. Larger registrations get "
+          "RESOURCE_EXHAUSTED.");
+ABSL_FLAG(int64_t, max_session_bytes, 0,
+          "Most memory the buckets one trainer registered may take; 0 = --max_daemon_bytes.");
+ABSL_FLAG(int64_t, max_daemon_bytes, 0,
+          "Most memory all buckets of this node may take; 0 = half the machine's memory, and no "
+          "more than /dev/shm has free at start.");
+ABSL_FLAG(int, max_buckets_per_session, 4096, "Most buckets one trainer may register.");
 ABSL_FLAG(bool, fp16_values, false, "Send pattern-B values as float16 (indices stay uint32).");
 ABSL_FLAG(int, residual_norm_every, 10,
           "Compute the residual norm for stats every this many steps (0: never).");

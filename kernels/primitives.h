@@ -179,9 +179,6 @@ class Scratch {
   absl::Status status_;
 };
 
-// The engine's name for Scratch, until its rewrite uses the one name.
-using ScratchSlots = Scratch;
-
 // The CPU implementation: Highway with dynamic dispatch, `threads` workers for large inputs
 // (0 = hardware concurrency). Thread-safe for concurrent calls on disjoint data.
 std::unique_ptr<Primitives> MakeCpuPrimitives(int threads = 0);

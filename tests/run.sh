@@ -5,8 +5,7 @@
 # Python test target; a target that failed to build counts as one failure; skipped cases,
 # such as GPU kernel tests on a machine without a GPU, are listed but not counted).
 # The C++ unit and in-process tests run again under AddressSanitizer + UndefinedBehaviorSanitizer
-# (--config=asan) and the in-process engine tests under ThreadSanitizer (--config=tsan), each case
-# counted as "<target> [asan]" / "[tsan]"; the libFuzzer targets of tests/fuzz run briefly
+# (--config=asan), each case counted as "<target> [asan]" (ThreadSanitizer only with SPEX_TSAN=1); the libFuzzer targets of tests/fuzz run briefly
 # (SPEX_FUZZ_SECONDS, 15 s each), one pass or failure per target.
 # Exits non-zero when anything failed.
 set -uo pipefail
@@ -45,14 +44,22 @@ echo "== tests"
 # compressor_conformance_test is left out of ASan (30 s here, over 5 minutes instrumented): every
 # compressor runs instrumented in the per-algorithm tests and in tests/fuzz's compressor_fuzz.
 ASAN_TARGETS=$("${BAZEL[@]}" query 'kind(cc_test, tests(//tests/...)) except //tests/kernels:compressor_conformance_test' 2>/dev/null)
-TSAN_TARGETS=$("${BAZEL[@]}" query 'attr(name, "engine_test$|^step_failure_test$|^inproc_collective_test$", kind(cc_test, tests(//tests/daemon/...)))' 2>/dev/null)
 echo "== tests under ASan+UBSan (--config=asan)"
 # shellcheck disable=SC2086
 "${BAZEL[@]}" test --config=asan "${TEST_FLAGS[@]}" $ASAN_TARGETS 2>&1 | tail -n 40
-echo "== engine tests under TSan (--config=tsan)"
-# shellcheck disable=SC2086
-"${BAZEL[@]}" test --config=tsan "${TEST_FLAGS[@]}" $TSAN_TARGETS 2>&1 | tail -n 20
-
+# TSan is opt-in (SPEX_TSAN=1): Debian's abseil is not built with -fsanitize=thread, so TSan does
+# not see absl::Mutex's synchronisation and reports every mutex-guarded handoff as a race (the
+# engine tests' first report is SessionRegistry::Open under the engine's mutex). A clean TSan run
+# needs abseil built from source with -fsanitize=thread, which this offline build cannot fetch.
+TSAN_TARGETS=""
+if [ "${SPEX_TSAN:-0}" = 1 ]; then
+  TSAN_TARGETS=$("${BAZEL[@]}" query 'attr(name, "engine_test$|^step_failure_test$|^inproc_collective_test$", kind(cc_test, tests(//tests/daemon/...)))' 2>/dev/null)
+  echo "== engine tests under TSan (--config=tsan)"
+  # shellcheck disable=SC2086
+  "${BAZEL[@]}" test --config=tsan "${TEST_FLAGS[@]}" $TSAN_TARGETS 2>&1 | tail -n 20
+else
+  echo "== TSan: off (SPEX_TSAN=1 runs it; see the comment in tests/run.sh for why)"
+fi
 echo "== fuzz (tests/fuzz/run.sh, ${SPEX_FUZZ_SECONDS:-15} s per target)"
 fuzz_log=$(mktemp)
 bash tests/fuzz/run.sh 2>&1 | tee "$fuzz_log"

@@ -41,8 +41,8 @@ struct BucketMemory {
   BucketHeader* header = nullptr;
   std::vector<float> acc_host;  // CPU path: acc's storage
   std::unique_ptr<DeviceArray> acc_device;
-  std::unique_ptr<ScratchSlots> scratch;  // device path
-  BucketData view;                        // what the steps see
+  std::unique_ptr<Scratch> scratch;  // device path
+  BucketData view;                   // what the steps see
 };
 
 struct BucketExchange {

@@ -96,7 +96,7 @@ absl::Status BucketTable::AllocateDevice(EngineBucket* b) {
   }
   b->mem.view.output = reinterpret_cast<float*>(base + DeviceOutputOffset(b->elements, slots));
   b->mem.view.on_device = true;
-  b->mem.scratch = std::make_unique<ScratchSlots>(prims_);
+  b->mem.scratch = std::make_unique<Scratch>(prims_);
   b->mem.view.scratch = b->mem.scratch.get();
   return absl::OkStatus();
 }

@@ -110,6 +110,7 @@ bool Engine::JoinFor(absl::Duration timeout) {
 void Engine::Run() {
   SPEX_LOG(DEBUG) << "engine thread started";
   bool announced = false;
+  std::vector<EngineBucket*> group, failed;  // this iteration's picks (capacity reused)
   while (true) {
     if (options_.heartbeat) options_.heartbeat();
     if (stop_.load()) {
@@ -118,7 +119,8 @@ void Engine::Run() {
     }
     DoorbellSegment* bell = doorbell_.segment();
     const uint32_t seen = bell->ring.load();
-    std::vector<EngineBucket*> group, failed;
+    group.clear();
+    failed.clear();
     bool run = false;
     {
       absl::MutexLock lock(&mu_);
@@ -127,8 +129,10 @@ void Engine::Run() {
       ReapDeadTrainersLocked();
       // After every session left, only the steps dead trainers left half-done still run.
       if (!reset_pending_ || dead_mask_ != 0) {
-        failed = scheduler_->FailedAndReady(buckets_);
-        group = scheduler_->NextGroup(buckets_);
+        const auto& f = scheduler_->FailedAndReady(buckets_);
+        failed.assign(f.begin(), f.end());
+        const auto& g = scheduler_->NextGroup(buckets_);
+        group.assign(g.begin(), g.end());
         run = !group.empty() && std::all_of(group.begin(), group.end(), [&](const EngineBucket* b) {
           return scheduler_->LocallyReady(*b);
         });

@@ -25,12 +25,13 @@ bool Scheduler::LocallyReady(const EngineBucket& b) const {
   return someone;
 }
 
-std::vector<EngineBucket*> Scheduler::NextGroup(const BucketTable& table) {
+const std::vector<EngineBucket*>& Scheduler::NextGroup(const BucketTable& table) {
+  group_.clear();
   order_.clear();
   for (const auto& [id, b] : table.all()) {
     if (b->out.state == BucketState::kWaiting) order_.push_back(b.get());
   }
-  if (order_.empty()) return {};
+  if (order_.empty()) return group_;
   std::stable_sort(order_.begin(), order_.end(),  // the table iterates in id order
                    [](const EngineBucket* a, const EngineBucket* b) {
                      return a->ex.next_step < b->ex.next_step;
@@ -45,11 +46,13 @@ std::vector<EngineBucket*> Scheduler::NextGroup(const BucketTable& table) {
     SPEX_LOG(ERROR) << "merger " << merger_->name() << " returned a group of " << group
                     << " buckets; fused exchanges are not implemented, exchanging one";
   }
-  return {order_.front()};
+  group_.push_back(order_.front());
+  return group_;
 }
 
-std::vector<EngineBucket*> Scheduler::FailedAndReady(const BucketTable& table) const {
-  std::vector<EngineBucket*> out;
+const std::vector<EngineBucket*>& Scheduler::FailedAndReady(const BucketTable& table) {
+  std::vector<EngineBucket*>& out = failed_;
+  out.clear();
   for (const auto& [id, b] : table.all()) {
     if (b->out.state == BucketState::kFailed && LocallyReady(*b)) out.push_back(b.get());
   }

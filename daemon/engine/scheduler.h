@@ -20,7 +20,8 @@ class Scheduler {
 
   // The next group in canonical order (empty when no bucket is schedulable). The engine runs
   // it once every member is LocallyReady.
-  std::vector<EngineBucket*> NextGroup(const BucketTable& table);
+  // The result is the scheduler's own vector (no allocation per pick), valid until the next call.
+  const std::vector<EngineBucket*>& NextGroup(const BucketTable& table);
   // Every local trainer has signalled the bucket's next step. With dead trainers (set_dead):
   // every living trainer has, and some trainer (living or dead) got to that step, so the step
   // a dead trainer left half-done runs (and fails everywhere) instead of hanging the peers.
@@ -28,7 +29,8 @@ class Scheduler {
   // Local ranks whose trainer died during this job (bit r).
   void set_dead(uint64_t mask) { dead_ = mask; }
   // Failed buckets some step of which every local trainer has signalled.
-  std::vector<EngineBucket*> FailedAndReady(const BucketTable& table) const;
+  // Also the scheduler's own vector, valid until the next call.
+  const std::vector<EngineBucket*>& FailedAndReady(const BucketTable& table);
 
   const char* merger_name() const { return merger_->name(); }
 
@@ -36,8 +38,9 @@ class Scheduler {
   const int local_trainers_;
   uint64_t dead_ = 0;
   std::unique_ptr<Merger> merger_;
-  std::vector<EngineBucket*> order_;        // reused
-  std::vector<MergeCandidate> candidates_;  // reused
+  std::vector<EngineBucket*> group_, failed_;  // reused
+  std::vector<EngineBucket*> order_;           // reused
+  std::vector<MergeCandidate> candidates_;     // reused
 };
 
 }  // namespace spex

@@ -51,7 +51,7 @@ struct SparseExchangeArgs {
 // theirs (slots 0 and 1 are used; the union of A stays in slot 0 afterwards).
 struct DeviceSide {
   Primitives* prims = nullptr;
-  ScratchSlots* scratch = nullptr;
+  Scratch* scratch = nullptr;
 };
 
 // Pattern A. `acc` is this node's accumulated buffer (read at the union only).

@@ -43,7 +43,7 @@ struct BucketData {
   float* output = nullptr;
   float* acc = nullptr;  // dense with L > 1: the local sum; sparse: residual + local sum
   bool on_device = false;
-  ScratchSlots* scratch = nullptr;  // device: uploads of indices and values (else null)
+  Scratch* scratch = nullptr;  // device: uploads of indices and values (else null)
 };
 
 // A sparse bucket's state across steps (engine thread only).

@@ -1,6 +1,6 @@
-// The merging seam (docs/design.md#seams): the Merger decides which ready buckets are fused into one exchange.
-// The engine hands it the buckets every local trainer registered, in the canonical order
-// (ascending next step, then bucket id: the same on every node), and exchanges the group it
+// The merging seam (docs/design.md#seams): the Merger decides which ready buckets are fused into
+// one exchange. The engine hands it the buckets every local trainer registered, in the canonical
+// order (ascending next step, then bucket id: the same on every node), and exchanges the group it
 // returns. Implementations:
 //   none      one bucket per exchange (the first candidate).
 // Planned (refused with a clear error until implemented): fixed (Horovod-style tensor fusion),

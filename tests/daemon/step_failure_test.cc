@@ -13,10 +13,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "daemon/engine/engine.h"
-#include "daemon/transport/inproc_collective.h"
 #include "gtest/gtest.h"
 #include "kernels/compressor.h"
 #include "kernels/reference/reference_primitives.h"
+#include "tests/support/engine_cluster.h"
 
 namespace spex {
 namespace {
@@ -179,25 +179,26 @@ TEST_P(StepFailureTest, EveryTrainerOfEveryNodeGetsTheErrorPromptly) {
   const int N = 2, L = 2;
   const size_t n = 20000;
   Injector inj;
-  InProcessHub hub(N, absl::Seconds(20));
   std::vector<std::unique_ptr<Primitives>> prims;
-  std::vector<std::unique_ptr<Collective>> colls;
-  std::vector<std::unique_ptr<Engine>> engines;
   for (int r = 0; r < N; ++r) {
     prims.push_back(std::make_unique<FaultyPrimitives>(&inj, r == kFaultyNode));
-    colls.push_back(std::make_unique<FaultyCollective>(hub.Connect(r), &inj));
-    EngineOptions o;
-    o.local_trainers = L;
-    o.shm_tag = "stepfail";
-    o.dense_fallback = DenseFallback::kOff;
-    o.min_sparse_elements = 0;
-    o.compressor_factory = [&inj](const CompressorSpec& spec,
-                                  Primitives* p) -> absl::StatusOr<std::unique_ptr<Compressor>> {
-      return std::unique_ptr<Compressor>(new FaultyCompressor(spec, p, &inj));
-    };
-    engines.push_back(std::make_unique<Engine>(o, colls.back().get(), prims.back().get()));
-    ASSERT_TRUE(engines.back()->Start().ok());
   }
+  test::EngineClusterOptions o;
+  o.nodes = N;
+  o.trainers = L;
+  o.engine.dense_fallback = DenseFallback::kOff;
+  o.engine.min_sparse_elements = 0;
+  o.engine.compressor_factory = [&inj](
+                                    const CompressorSpec& spec,
+                                    Primitives* p) -> absl::StatusOr<std::unique_ptr<Compressor>> {
+    return std::unique_ptr<Compressor>(new FaultyCompressor(spec, p, &inj));
+  };
+  o.parts = [&](int node) { return test::NodeParts{prims[node].get(), {}}; };
+  o.wrap = [&](int, std::unique_ptr<Collective> c) -> std::unique_ptr<Collective> {
+    return std::make_unique<FaultyCollective>(std::move(c), &inj);
+  };
+  test::EngineCluster cluster(o);
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status();
   // results[node][trainer][step] for bucket 7 (the one that fails at step 1) and bucket 8 (a
   // healthy dense bucket exchanged after it in every step).
   const int steps = 3;
@@ -206,40 +207,30 @@ TEST_P(StepFailureTest, EveryTrainerOfEveryNodeGetsTheErrorPromptly) {
       r8 = r7;
   std::atomic<int> at_barrier{0};
   std::atomic<int> phase{0};
-  std::vector<std::thread> threads;
-  for (int node = 0; node < N; ++node) {
-    for (int t = 0; t < L; ++t) {
-      threads.emplace_back([&, node, t] {
-        Engine& e = *engines[node];
-        auto hello = e.Hello("", t, L, 0, "t");
-        ASSERT_TRUE(hello.ok()) << hello.status();
-        auto g7 = e.RegisterBucket(hello->session_id, 7, n, c.compressor, 0.01);
-        auto g8 = e.RegisterBucket(hello->session_id, 8, 1000, "dense", 0);
-        ASSERT_TRUE(g7.ok()) << g7.status();
-        ASSERT_TRUE(g8.ok()) << g8.status();
-        float* in = reinterpret_cast<float*>(
-            static_cast<uint8_t*>(const_cast<ShmBuffer*>(g7->buffer)->data()) + g7->input_offset);
-        for (int s = 0; s < steps; ++s) {
-          for (size_t i = 0; i < n; ++i) in[i] = static_cast<float>((i * 7 + s + t) % 101) - 50;
-          // Every trainer finishes step s before the fault is armed for step 1.
-          at_barrier++;
-          while (phase.load() < s) std::this_thread::yield();
-          const absl::Time t0 = absl::Now();
-          r7[node][t][s] =
-              e.Exchange(hello->session_id, 7, s, absl::Now() + absl::Seconds(15)).status();
-          EXPECT_LT(absl::Now() - t0, absl::Seconds(5)) << "node " << node << " step " << s;
-          r8[node][t][s] =
-              e.Exchange(hello->session_id, 8, s, absl::Now() + absl::Seconds(15)).status();
-        }
-      });
+  std::thread driver([&] {
+    for (int s = 0; s < steps; ++s) {
+      while (at_barrier.load() < (s + 1) * N * L) std::this_thread::yield();
+      if (s == 1) inj.armed = static_cast<int>(c.fault);
+      phase = s;
     }
-  }
-  for (int s = 0; s < steps; ++s) {
-    while (at_barrier.load() < (s + 1) * N * L) std::this_thread::yield();
-    if (s == 1) inj.armed = static_cast<int>(c.fault);
-    phase = s;
-  }
-  for (auto& th : threads) th.join();
+  });
+  cluster.ForEachTrainer([&](int node, int t) {
+    auto trainer = test::Trainer::Open(&cluster.engine(node), t, L);
+    ASSERT_TRUE(trainer.ok()) << trainer.status();
+    ASSERT_TRUE(trainer->Register(7, n, c.compressor, 0.01).ok());
+    ASSERT_TRUE(trainer->Register(8, 1000, "dense", 0).ok());
+    for (int s = 0; s < steps; ++s) {
+      trainer->Fill(7, [&](size_t i) { return static_cast<float>((i * 7 + s + t) % 101) - 50; });
+      // Every trainer finishes step s before the fault is armed for step 1.
+      at_barrier++;
+      while (phase.load() < s) std::this_thread::yield();
+      const absl::Time t0 = absl::Now();
+      r7[node][t][s] = trainer->Exchange(7, s, absl::Seconds(15)).status();
+      EXPECT_LT(absl::Now() - t0, absl::Seconds(5)) << "node " << node << " step " << s;
+      r8[node][t][s] = trainer->Exchange(8, s, absl::Seconds(15)).status();
+    }
+  });
+  driver.join();
   EXPECT_EQ(inj.armed.load(), -1) << "the fault was never reached";
   for (int node = 0; node < N; ++node) {
     for (int t = 0; t < L; ++t) {
@@ -259,13 +250,11 @@ TEST_P(StepFailureTest, EveryTrainerOfEveryNodeGetsTheErrorPromptly) {
         EXPECT_TRUE(r8[node][t][s].ok()) << s << ": " << r8[node][t][s];
     }
   }
-  for (auto& e : engines) {
-    for (const BucketSummary& b : e->Buckets()) {
+  for (int node = 0; node < N; ++node) {
+    for (const BucketSummary& b : cluster.engine(node).Buckets()) {
       EXPECT_EQ(b.state, b.bucket_id == 7 ? "failed" : "waiting") << b.bucket_id;
     }
   }
-  for (auto& e : engines) e->RequestStop();
-  engines.clear();
 }
 
 INSTANTIATE_TEST_SUITE_P(
