@@ -8,7 +8,8 @@
     (1 trainer each), against a plain MPI_Allreduce of the same buffer with the same ranks.
 (c) The cost of observing: the round trip of (a) with spexd's metrics (--metrics_address) and
     timeline (--timeline) off and on, interleaved over --observe_rounds rounds in the same run;
-    ratios of the p50s (median over rounds) to "off".
+    per round the ratio of each p50 to the same round's "off" (paired: the machine's state drifts
+    between rounds), reported as the median over rounds.
 
 --parts picks which run (default: all three); --spexd_args adds flags to every spexd.
 
@@ -160,11 +161,13 @@ def main():
             o = obs[name]
             for path in ("doorbell", "rpc"):
                 p50, p99 = o[f"{path}_p50_us"], o[f"{path}_p99_us"]
-                ratio = p50 / off[f"{path}_p50_us"]
+                ratio = statistics.median(r[f"{path}_p50_us"] / b[f"{path}_p50_us"]
+                                          for r, b in zip(o["rounds"], off["rounds"]))
                 rows.append({"bench": "observe", "config": f"{path}, {name}", "p50_us": p50, "p99_us": p99,
                              "baseline": "same path, metrics and timeline off",
                              "baseline_us": off[f"{path}_p50_us"], "ratio": ratio})
-                print(f"{name:17s} {path:9s} p50 {p50:8.1f} us  p99 {p99:8.1f} us  = {ratio:5.3f}x off")
+                print(f"{name:17s} {path:9s} p50 {p50:8.1f} us  p99 {p99:8.1f} us  = {ratio:5.3f}x off "
+                      f"(median of per-round ratios)")
     if not parts & {"latency", "dense"}:
         write(args.out, results, rows)
         return
