@@ -3,6 +3,21 @@
 #include "absl/strings/str_cat.h"
 
 namespace spex {
+namespace {
+
+// The header trainers check when they attach (daemon/memory/layout.h), at the segment's start.
+BucketHeader* NewHeader(void* at, uint64_t id, uint64_t elements, uint32_t slots) {
+  auto* h = new (at) BucketHeader();
+  h->magic = kBucketMagic;
+  h->version = kLayoutVersion;
+  h->bucket_id = id;
+  h->elements = elements;
+  h->slots = slots;
+  h->slot_stride = SlotStride(elements);
+  return h;
+}
+
+}  // namespace
 
 BucketTable::BucketTable(const EngineOptions* options, Collective* coll, Primitives* prims,
                          DevicePath device)
@@ -52,18 +67,11 @@ absl::Status BucketTable::AllocateHost(EngineBucket* b) {
   if (!shm.ok()) return shm.status();
   b->mem.shm = std::move(*shm);
   uint8_t* base = static_cast<uint8_t*>(b->mem.shm->data());
-  b->mem.header = new (base) BucketHeader();
+  b->mem.header = NewHeader(base, b->id, b->elements, slots);
   for (uint32_t r = 0; r < slots; ++r) {
     b->mem.view.input[r] = reinterpret_cast<float*>(base + InputOffset(b->elements, r));
   }
   b->mem.view.output = reinterpret_cast<float*>(base + OutputOffset(b->elements, slots));
-  BucketHeader* h = b->mem.header;
-  h->magic = kBucketMagic;
-  h->version = kLayoutVersion;
-  h->bucket_id = b->id;
-  h->elements = b->elements;
-  h->slots = slots;
-  h->slot_stride = SlotStride(b->elements);
   return absl::OkStatus();
 }
 
@@ -74,14 +82,7 @@ absl::Status BucketTable::AllocateDevice(EngineBucket* b) {
   auto shm = ShmBuffer::Create(kPageBytes, absl::StrCat(options_->shm_tag, "-b", b->id));
   if (!shm.ok()) return shm.status();
   b->mem.shm = std::move(*shm);
-  BucketHeader* h = new (b->mem.shm->data()) BucketHeader();
-  b->mem.header = h;
-  h->magic = kBucketMagic;
-  h->version = kLayoutVersion;
-  h->bucket_id = b->id;
-  h->elements = b->elements;
-  h->slots = slots;
-  h->slot_stride = SlotStride(b->elements);
+  b->mem.header = NewHeader(b->mem.shm->data(), b->id, b->elements, slots);
   const size_t bytes = DeviceBucketBytes(b->elements, slots);
   auto data = device_.allocator->AllocateBucket(bytes, slots + 1);
   if (!data.ok()) return data.status();

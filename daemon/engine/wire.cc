@@ -1,10 +1,29 @@
 #include "daemon/engine/wire.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 
 namespace spex {
+
+namespace {
+
+ChunkHeader MakeHeader(uint64_t group_id, uint64_t step, uint32_t elements, size_t count,
+                       uint16_t flags, const float scalars[4]) {
+  ChunkHeader h{};
+  h.magic = kChunkMagic;
+  h.version = kChunkVersion;
+  h.flags = flags;
+  h.group_id = group_id;
+  h.step = step;
+  h.count = static_cast<uint32_t>(count);
+  h.elements = elements;
+  if (scalars) std::memcpy(h.scalars, scalars, sizeof(h.scalars));
+  return h;
+}
+
+}  // namespace
 
 size_t ChunkBytes(uint32_t count, bool fp16, bool index_only) {
   return sizeof(ChunkHeader) + static_cast<size_t>(count) * (4 + (index_only ? 0 : fp16 ? 2 : 4));
@@ -61,15 +80,8 @@ float HalfToFloat(uint16_t h) {
 void EncodeChunk(uint64_t group_id, uint64_t step, uint32_t elements,
                  absl::Span<const uint32_t> idx, absl::Span<const float> val, bool fp16,
                  const float scalars[4], std::vector<uint8_t>* out) {
-  ChunkHeader h{};
-  h.magic = kChunkMagic;
-  h.version = kChunkVersion;
-  h.flags = fp16 ? kChunkFp16 : 0;
-  h.group_id = group_id;
-  h.step = step;
-  h.count = static_cast<uint32_t>(idx.size());
-  h.elements = elements;
-  if (scalars) std::memcpy(h.scalars, scalars, sizeof(h.scalars));
+  const ChunkHeader h =
+      MakeHeader(group_id, step, elements, idx.size(), fp16 ? kChunkFp16 : 0, scalars);
   const size_t at = out->size();
   out->resize(at + ChunkBytes(h.count, fp16));
   uint8_t* p = out->data() + at;
@@ -77,28 +89,22 @@ void EncodeChunk(uint64_t group_id, uint64_t step, uint32_t elements,
   p += sizeof(h);
   if (!idx.empty()) std::memcpy(p, idx.data(), idx.size() * 4);  // no null pointer to memcpy
   p += idx.size() * 4;
+  // The chunk holds idx.size() values: a shorter `val` leaves zeros, a longer one is cut.
+  const size_t nv = std::min(val.size(), idx.size());
   if (fp16) {
-    for (size_t i = 0; i < val.size(); ++i) {
+    for (size_t i = 0; i < nv; ++i) {
       const uint16_t v = FloatToHalf(val[i]);
       std::memcpy(p + 2 * i, &v, 2);
     }
   } else {
-    if (!val.empty()) std::memcpy(p, val.data(), val.size() * 4);
+    if (nv != 0) std::memcpy(p, val.data(), nv * 4);
   }
 }
 
 void EncodeIndexChunk(uint64_t group_id, uint64_t step, uint32_t elements,
                       absl::Span<const uint32_t> idx, const float scalars[4],
                       std::vector<uint8_t>* out) {
-  ChunkHeader h{};
-  h.magic = kChunkMagic;
-  h.version = kChunkVersion;
-  h.flags = kChunkIndexOnly;
-  h.group_id = group_id;
-  h.step = step;
-  h.count = static_cast<uint32_t>(idx.size());
-  h.elements = elements;
-  if (scalars) std::memcpy(h.scalars, scalars, sizeof(h.scalars));
+  const ChunkHeader h = MakeHeader(group_id, step, elements, idx.size(), kChunkIndexOnly, scalars);
   const size_t at = out->size();
   out->resize(at + ChunkBytes(h.count, false, true));
   std::memcpy(out->data() + at, &h, sizeof(h));
@@ -123,6 +129,7 @@ absl::StatusOr<DecodedChunk> Decode(const uint8_t* data, size_t bytes, uint64_t 
     return bad(absl::StrCat("wire version ", h.version, ", this daemon speaks 1"));
   if (h.flags & ~(kChunkFp16 | kChunkIndexOnly))
     return bad(absl::StrCat("unknown flags 0x", absl::Hex(h.flags)));
+  if (index_only && (h.flags & kChunkFp16)) return bad("the fp16 flag on an index-only chunk");
   if (((h.flags & kChunkIndexOnly) != 0) != index_only) {
     return bad(index_only ? "a chunk with values where indices alone were expected"
                           : "an index-only chunk where values were expected");

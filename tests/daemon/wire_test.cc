@@ -91,6 +91,10 @@ TEST(Wire, IndexOnlyChunksHaveTheirOwnDecoder) {
   EXPECT_NE(DecodeIndexChunk(b.data(), b.size(), 5, 2, 10, 1).status().message().find("version"),
             std::string::npos);
   b = chunk;
+  b[offsetof(ChunkHeader, flags)] |= kChunkFp16;
+  EXPECT_NE(DecodeIndexChunk(b.data(), b.size(), 5, 2, 10, 1).status().message().find("fp16"),
+            std::string::npos);
+  b = chunk;
   b.resize(b.size() - 1);
   EXPECT_NE(DecodeIndexChunk(b.data(), b.size(), 5, 2, 10, 1).status().message().find("needs"),
             std::string::npos);
