@@ -3,6 +3,7 @@
 #include "daemon/engine/engine.h"
 
 #include <algorithm>
+#include <cstdio>
 
 #include "absl/strings/str_cat.h"
 #include "daemon/engine/control_round.h"
@@ -189,6 +190,7 @@ void Engine::Process(const std::vector<EngineBucket*>& group) {
   uint64_t t = t0;
   const bool observed = !options_.observers.empty();
   ExchangeEvent event;
+  if (observed) event.spans.reserve(2 * kPhaseCount);
   const Lap lap = [&](Phase p) {
     const uint64_t now = MonotonicNanos();
     rec.phase_seconds[static_cast<int>(p)] += (now - t) * 1e-9;
@@ -268,12 +270,15 @@ void Engine::Process(const std::vector<EngineBucket*>& group) {
   if (ran) {
     // The commit vote: a step that failed on any node after the control round fails on every
     // node, and leaves the bucket's state (residual, compressor) unknown: terminal.
-    status = AgreeOnAllNodes(collective_, status, absl::StrCat("bucket ", b->id, " step ", step));
+    char what[64];  // no allocation per exchange
+    std::snprintf(what, sizeof(what), "bucket %llu step %llu",
+                  static_cast<unsigned long long>(b->id), static_cast<unsigned long long>(step));
+    status = AgreeOnAllNodes(collective_, status, what);
     terminal = !status.ok();
     lap(Phase::kCollective);
   }
   rec.total_seconds = (MonotonicNanos() - t0) * 1e-9;
-  const uint64_t t_publish = MonotonicNanos();
+  const uint64_t t_publish = t;  // the last lap's end: the timeline's phases stay contiguous
   Publish(b, step, status, rec, terminal);
   if (observed) {
     const uint64_t now = MonotonicNanos();
