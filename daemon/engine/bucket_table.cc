@@ -105,9 +105,7 @@ absl::Status BucketTable::AllocateDevice(EngineBucket* b) {
 // Sparse buckets get their compressor on the bucket's own primitives (the device's on the
 // device path); "dense", a dense-pattern compressor and small buckets exchange dense.
 absl::Status BucketTable::BuildCompressor(EngineBucket* b, double density) {
-  if (b->compressor == "dense" || b->elements < options_->min_sparse_elements) {
-    return absl::OkStatus();
-  }
+  if (!SparseCandidate(b->compressor, b->elements)) return absl::OkStatus();
   CompressorSpec spec;
   spec.name = b->compressor;
   spec.density = density;
@@ -138,6 +136,10 @@ uint64_t BucketTable::Footprint(uint64_t elements, bool sparse) const {
                             : BucketBytes(elements, options_->local_trainers);
   const bool acc = options_->local_trainers > 1 || sparse;
   return data + (acc ? 4 * elements : 0) + (sparse ? 8 * elements : 0);
+}
+
+bool BucketTable::SparseCandidate(const std::string& compressor, uint64_t elements) const {
+  return compressor != "dense" && elements >= options_->min_sparse_elements;
 }
 
 uint64_t BucketTable::TotalBytes() const {

@@ -36,6 +36,9 @@ class BucketTable {
   // The memory a bucket of `elements` takes on this node (see EngineOptions' limits) and the
   // part of it in /dev/shm.
   uint64_t Footprint(uint64_t elements, bool sparse) const;
+  // Whether a bucket of this compressor and size gets a compressor (else it exchanges dense;
+  // a compressor whose pattern is dense turns out dense too, once built).
+  bool SparseCandidate(const std::string& compressor, uint64_t elements) const;
   uint64_t ShmBytes(uint64_t elements) const;
   // Every bucket's footprint.
   uint64_t TotalBytes() const;

@@ -7,7 +7,7 @@
 namespace spex {
 namespace {
 
-uint64_t NameHash(const std::string& name) {  // FNV-1a
+uint64_t NameHash(absl::string_view name) {  // FNV-1a
   uint64_t h = 0xcbf29ce484222325ull;
   for (unsigned char ch : name) h = (h ^ ch) * 0x100000001b3ull;
   return h;

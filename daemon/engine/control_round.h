@@ -13,6 +13,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "daemon/transport/collective.h"
 
 namespace spex {
@@ -22,7 +23,7 @@ struct ExchangeKey {
   uint64_t bucket_id = 0;
   uint64_t step = 0;
   uint64_t elements = 0;
-  std::string compressor;
+  absl::string_view compressor;  // borrowed for the call
 };
 
 // What the round carries; each field is maxed over the nodes.

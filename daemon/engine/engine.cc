@@ -201,18 +201,15 @@ void Engine::Process(const std::vector<EngineBucket*>& group) {
   {
     absl::MutexLock lock(&mu_);
     control.density_key = density_key_;
+    // A local trainer that died left this step without its input: every node fails the step
+    // alike, naming it (the control round carries who).
+    const uint64_t dead = dead_mask_ & b->out.registered_mask;
+    if (dead != 0) control.dead_trainer = dead_word_[__builtin_ctzll(dead)];
   }
   if (b->ex.sparse != nullptr && b->ex.mode == BucketExchange::Mode::kProbe &&
       step == 2 * static_cast<uint64_t>(options_.probe_steps)) {
     control.sparse_us = b->ex.probe_sparse_ns / 1000;
     control.dense_us = b->ex.probe_dense_ns / 1000;
-  }
-  // A local trainer that died left this step without its input: every node fails the step
-  // alike, naming it (the control round carries who).
-  {
-    absl::MutexLock lock(&mu_);
-    const uint64_t dead = dead_mask_ & b->out.registered_mask;
-    if (dead != 0) control.dead_trainer = dead_word_[__builtin_ctzll(dead)];
   }
   // Device path: the trainers' device writes must be visible before anything reads the inputs.
   // A node that cannot wait for them says so in the control round, so every node skips the

@@ -166,7 +166,7 @@ absl::Status Engine::CheckLimitsLocked(const Session& session, const EngineBucke
         " buckets, the limit (--max_buckets_per_session) is ", options_.max_buckets_per_session,
         "; merge small tensors into larger buckets or raise the limit"));
   }
-  const bool sparse = compressor != "dense" && elements >= options_.min_sparse_elements;
+  const bool sparse = buckets_.SparseCandidate(compressor, elements);
   const uint64_t need = existing != nullptr
                             ? buckets_.Footprint(existing->elements, existing->ex.sparse != nullptr)
                             : buckets_.Footprint(elements, sparse);
