@@ -76,6 +76,20 @@ def steps_of(rows, what, paired=None, warm=False):
     return by
 
 
+PHASES = ("reduce_local_ms", "compress_ms", "collective_ms", "decode_ms", "publish_ms")
+
+
+def phases(by):
+    """Median over steps of the node-median phase times; `other` is the daemon's time outside
+    the named phases, `trainer_side` the trainer's exchange time beyond the daemon's total."""
+    med = lambda f: statistics.median(statistics.median(x[f] for x in v) for v in by.values())  # noqa: E731
+    out = {f: med(f) for f in PHASES}
+    total, exch = med("daemon_total_ms"), med("exchange_ms")
+    out["other_ms"] = total - sum(out[f] for f in PHASES)
+    out["trainer_side_ms"] = exch - total
+    return out
+
+
 def summarize(rows, compressors, densities):
     out = []
     for c in compressors:
@@ -92,38 +106,26 @@ def summarize(rows, compressors, densities):
                         "sparse_wire_ms": med(sp, "collective_ms"), "dense_wire_ms": med(de, "collective_ms"),
                         "sparse_compute_ms": comp(sp), "dense_compute_ms": comp(de),
                         "compress_ms": med(sp, "compress_ms"),
+                        # Where a step's time goes (node medians of the median step): the daemon's
+                        # phases, the rest of its time (control round: the commit vote), and the
+                        # trainer's side (doorbell to result minus the daemon's total).
+                        "sparse_phases_ms": phases(sp), "dense_phases_ms": phases(de),
+                        "sparse_bytes_sent": med(sp, "bytes_sent"), "dense_bytes_sent": med(de, "bytes_sent"),
                         "achieved_density": statistics.mean(x["achieved_density"] for v in sp.values() for x in v),
                         "pattern": sorted({x["pattern"] for v in sp.values() for x in v})})
     return out
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--hosts", default="2,4")
-    p.add_argument("--rates", default="1gbit", help="comma-separated tc rates, e.g. 100mbit,1gbit,10gbit")
-    p.add_argument("--elements", type=int, default=25557032)
-    p.add_argument("--densities", default="0.001,0.01")
-    p.add_argument("--compressors", default="micro,exdyna,topk,dgc,sidco_e,sage")
-    p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--steps", type=int, default=3)
-    p.add_argument("--auto-steps", type=int, default=10, help="steps of the --dense_fallback=auto run (probe: 6)")
-    p.add_argument("--spexd", default=os.path.join(ROOT, "bazel-bin", "daemon", "spexd"))
-    p.add_argument("--trainer", default=os.path.join(ROOT, "bazel-bin", "bench", "sparse_exchange_trainer"))
-    p.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "network"))
-    args = p.parse_args()
+def measure(args, compressors, densities, ncpu):
+    """Runs every (host count, rate) of args; returns results["configs"]."""
     from spex.emulated import EmulatedCluster
 
-    why = EmulatedCluster.unavailable()
-    if why:
-        sys.exit(f"network_bench: cannot emulate hosts here: {why}")
-    compressors = args.compressors.split(",")
-    densities = [float(x) for x in args.densities.split(",")]
-    ncpu = os.cpu_count() or 1
     base = ["--threads=1", "--min_sparse_elements=0", "--log_level=warning"]
-    results = {"elements": args.elements, "cores": ncpu, "configs": []}
+    configs = []
     for hosts in [int(h) for h in args.hosts.split(",")]:
         for rate in args.rates.split(","):
-            cfg = {"hosts": hosts, "rate": rate, "shared_cores": hosts > ncpu}
+            cfg = {"hosts": hosts, "rate": rate, "shared_cores": hosts > ncpu, "steps": args.steps,
+                   "warmup": args.warmup}
             t0 = time.time()
             c = EmulatedCluster(args.spexd, hosts=hosts, trainers=1, rate=rate, args=base + ["--dense_fallback=off"])
             try:
@@ -134,9 +136,11 @@ def main():
                                                             f"--steps={args.steps}", "--pair_dense=true"])
                 cfg["runs"] = summarize(rows, compressors, densities)
                 for r in cfg["runs"]:
+                    ph = r["sparse_phases_ms"]
                     print(f"  {r['compressor']:>8}@{r['density']:<6g} sparse {r['sparse_ms']:8.1f} ms  dense "
                           f"{r['dense_ms']:8.1f} ms  x{r['speedup']:6.2f}  (compress {r['compress_ms']:.1f} ms, "
-                          f"wire {r['sparse_wire_ms']:.1f} vs {r['dense_wire_ms']:.1f} ms)", flush=True)
+                          f"wire {r['sparse_wire_ms']:.1f} vs {r['dense_wire_ms']:.1f} ms, other "
+                          f"{ph['other_ms']:.1f}, trainer side {ph['trainer_side_ms']:.1f})", flush=True)
                 # --dense_fallback=auto on micro.
                 c.stop()
                 c.args = base + ["--dense_fallback=auto", "--probe_steps=3"]
@@ -152,6 +156,7 @@ def main():
                     ref = next((r for r in cfg["runs"] if r["compressor"] == "micro" and r["density"] == d), None)
                     best = min(ref["sparse_ms"], ref["dense_ms"]) if ref else float("nan")
                     auto.append({"density": d, "auto_ms": t, "chose": chose, "best_ms": best,
+                                 "faster": ("sparse" if ref["sparse_ms"] <= ref["dense_ms"] else "dense") if ref else None,
                                  "vs_best": t / best if best == best else None})
                     print(f"  auto micro@{d:g}: chose {'/'.join(chose)} ({'sparse' if 'D' not in chose else 'dense'}), "
                           f"{t:.1f} ms = {t / best:.2f}x the faster of dense and sparse", flush=True)
@@ -159,8 +164,13 @@ def main():
             finally:
                 c.cleanup()
             cfg["seconds"] = time.time() - t0
-            results["configs"].append(cfg)
-    # Crossover rates and the 'own cores' estimate.
+            configs.append(cfg)
+    return configs
+
+
+def analyze(results):
+    """Crossover rates (extrapolated per run, and measured between rates) and the 'own cores'
+    estimate for configurations whose hosts share cores."""
     alone = {}
     for cfg in results["configs"]:
         if not cfg["shared_cores"]:
@@ -172,21 +182,26 @@ def main():
             dc = r["sparse_compute_ms"] - r["dense_compute_ms"]
             dw = r["dense_wire_ms"] - r["sparse_wire_ms"]
             r["crossover_rate_bits"] = bits * dw / dc if dc > 0 and dw > 0 else None
+            r.pop("own_cores_speedup_estimate", None)
             if cfg["shared_cores"] and (r["compressor"], r["density"]) in alone:
                 sc, dcmp = alone[(r["compressor"], r["density"])]
                 r["own_cores_speedup_estimate"] = (dcmp + r["dense_wire_ms"]) / (sc + r["sparse_wire_ms"])
-    rates = sorted({cfg["rate"] for cfg in results["configs"]}, key=rate_bits)
+    results["measured_crossovers"] = []
+    keys = sorted({(r["compressor"], r["density"]) for c in results["configs"] for r in c["runs"]})
     for hosts in sorted({cfg["hosts"] for cfg in results["configs"]}):
         cf = [c for c in results["configs"] if c["hosts"] == hosts]
-        for comp in compressors:
-            for d in densities:
-                sp = [(rate_bits(c["rate"]), next((r["speedup"] for r in c["runs"] if r["compressor"] == comp
-                                                   and r["density"] == d), None)) for c in cf]
-                sp = sorted((b, s) for b, s in sp if s is not None)
-                for (b1, s1), (b2, s2) in zip(sp, sp[1:]):
-                    if (s1 - 1) * (s2 - 1) < 0:
-                        results.setdefault("measured_crossovers", []).append(
-                            {"hosts": hosts, "compressor": comp, "density": d, "between_bits": [b1, b2]})
+        for comp, d in keys:
+            sp = [(rate_bits(c["rate"]), next((r["speedup"] for r in c["runs"] if r["compressor"] == comp
+                                               and r["density"] == d), None)) for c in cf]
+            sp = sorted((b, s) for b, s in sp if s is not None)
+            for (b1, s1), (b2, s2) in zip(sp, sp[1:]):
+                if (s1 - 1) * (s2 - 1) < 0:
+                    results["measured_crossovers"].append(
+                        {"hosts": hosts, "compressor": comp, "density": d, "between_bits": [b1, b2]})
+
+
+def report(results):
+    ncpu = results["cores"]
     print("\nsummary (speed-up = dense p50 / sparse p50 in the same run; crossover = rate below which sparse "
           "stops winning, extrapolated from the wire and compute phases)")
     for cfg in results["configs"]:
@@ -200,11 +215,14 @@ def main():
                    if r.get("own_cores_speedup_estimate") else "")
             print(f"  {r['compressor']:>8}@{r['density']:<6g} x{r['speedup']:6.2f}, crossover {xs}{own}")
         for a in cfg.get("auto", []):
-            print(f"  auto micro@{a['density']:g}: {a['auto_ms']:.1f} ms, {a['vs_best']:.2f}x the faster one "
-                  f"({'OK' if a['vs_best'] and a['vs_best'] <= 1.05 else 'over the 5% goal'})")
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out + ".json", "w") as f:
-        json.dump(results, f, indent=1)
+            print(f"  auto micro@{a['density']:g}: chose {'/'.join(a['chose'])}, {a['auto_ms']:.1f} ms, "
+                  f"{a['vs_best']:.2f}x the faster one ({'OK' if a['vs_best'] and a['vs_best'] <= 1.05 else 'over the 5% goal'})")
+    for m in results.get("measured_crossovers", []):
+        print(f"measured crossover: {m['hosts']} hosts, {m['compressor']}@{m['density']:g} between "
+              f"{m['between_bits'][0] / 1e9:g} and {m['between_bits'][1] / 1e9:g} Gbit/s")
+
+
+def plot(results, out):
     try:
         import matplotlib
 
@@ -212,22 +230,79 @@ def main():
         import matplotlib.pyplot as plt
     except ImportError:
         print("network_bench: no matplotlib, no plot")
-        return 0
-    cfgs = results["configs"]
-    fig, axes = plt.subplots(1, len(cfgs), figsize=(5.5 * len(cfgs), 4.5), squeeze=False)
-    for ax, cfg in zip(axes[0], cfgs):
-        labels = [f"{r['compressor']}\n{r['density']:g}" for r in cfg["runs"]]
-        ax.bar(range(len(labels)), [r["speedup"] for r in cfg["runs"]], color="tab:blue")
+        return
+    hosts = sorted({c["hosts"] for c in results["configs"]})
+    fig, axes = plt.subplots(1, len(hosts), figsize=(6.5 * len(hosts), 4.8), squeeze=False)
+    for ax, h in zip(axes[0], hosts):
+        cf = sorted((c for c in results["configs"] if c["hosts"] == h), key=lambda c: rate_bits(c["rate"]))
+        keys = sorted({(r["compressor"], r["density"]) for c in cf for r in c["runs"]})
+        for i, (comp, d) in enumerate(keys):
+            pts = [(rate_bits(c["rate"]) / 1e9, r["speedup"]) for c in cf for r in c["runs"]
+                   if r["compressor"] == comp and r["density"] == d]
+            ax.plot([a for a, _ in pts], [b for _, b in pts], marker="o", ls="-" if d == max(k[1] for k in keys) else "--",
+                    color=f"C{sorted({k[0] for k in keys}).index(comp)}", label=f"{comp}@{d:g}", lw=1)
+        for c in cf:
+            for a in c.get("auto", []):
+                ax.scatter([rate_bits(c["rate"]) / 1e9], [a["best_ms"] / a["auto_ms"] * max(1.0, max(
+                    (r["speedup"] for r in c["runs"] if r["compressor"] == "micro" and r["density"] == a["density"]),
+                    default=1.0))], marker="x", color="k", zorder=5)
         ax.axhline(1.0, color="k", lw=0.8)
-        ax.set_xticks(range(len(labels)))
-        ax.set_xticklabels(labels, fontsize=7)
-        ax.set_yscale("log")
-        ax.set_title(f"{cfg['hosts']} hosts @ {cfg['rate']}" + (" (shared cores)" if cfg["shared_cores"] else ""),
-                     fontsize=9)
-        ax.set_ylabel("dense time / sparse time")
-    fig.suptitle(f"exchange of {args.elements:,} floats on the emulated cluster ({ncpu} cores)", fontsize=9)
+        ax.set(xscale="log", yscale="log", xlabel="link rate per host, each way (Gbit/s)",
+               ylabel="dense time / sparse time (same run)",
+               title=f"{h} hosts" + (f" (share {results['cores']} cores)" if cf and cf[0]["shared_cores"] else
+                                     " (a core each)"))
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=6, ncol=2)
+    fig.suptitle(f"exchange of {results['elements']:,} floats on the emulated cluster ({results['cores']} cores); "
+                 f"x: --dense_fallback=auto (micro), dense/auto", fontsize=9)
     fig.tight_layout()
-    fig.savefig(args.out + ".png", dpi=100)
+    fig.savefig(out + ".png", dpi=100)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--hosts", default="2,4")
+    p.add_argument("--rates", default="1gbit", help="comma-separated tc rates, e.g. 100mbit,1gbit,10gbit")
+    p.add_argument("--elements", type=int, default=25557032)
+    p.add_argument("--densities", default="0.001,0.01")
+    p.add_argument("--compressors", default="micro,exdyna,topk,dgc,sidco_e,sage")
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--auto-steps", type=int, default=10, help="steps of the --dense_fallback=auto run (probe: 6)")
+    p.add_argument("--spexd", default=os.path.join(ROOT, "bazel-bin", "daemon", "spexd"))
+    p.add_argument("--trainer", default=os.path.join(ROOT, "bazel-bin", "bench", "sparse_exchange_trainer"))
+    p.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "network"))
+    p.add_argument("--merge", default="",
+                   help="comma-separated JSONs of earlier runs (pieces): merge their configurations into --out "
+                        "(crossovers and estimates recomputed across them) instead of measuring")
+    args = p.parse_args()
+    ncpu = os.cpu_count() or 1
+    if args.merge:
+        results = None
+        for path in args.merge.split(","):
+            with open(path) as f:
+                piece = json.load(f)
+            if results is None:
+                results = {"elements": piece["elements"], "cores": piece["cores"], "configs": []}
+            elif (piece["elements"], piece["cores"]) != (results["elements"], results["cores"]):
+                sys.exit(f"network_bench: --merge: {path} measured {piece['elements']} elements on "
+                         f"{piece['cores']} cores, the first piece {results['elements']} on {results['cores']}")
+            results["configs"] += piece["configs"]
+    else:
+        from spex.emulated import EmulatedCluster
+
+        why = EmulatedCluster.unavailable()
+        if why:
+            sys.exit(f"network_bench: cannot emulate hosts here: {why}")
+        results = {"elements": args.elements, "cores": ncpu,
+                   "configs": measure(args, args.compressors.split(","),
+                                      [float(x) for x in args.densities.split(",")], ncpu)}
+    analyze(results)
+    report(results)
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    with open(args.out + ".json", "w") as f:
+        json.dump(results, f, indent=1)
+    plot(results, args.out)
     print(f"wrote {args.out}.json and {args.out}.png")
     return 0
 
