@@ -17,16 +17,21 @@ several are given; besides, from each run's phases (collective = wire, the rest 
 extrapolated as rate * (dense_wire - sparse_wire) / (sparse_compute - dense_compute), i.e. the wire
 time scaled by 1/rate. Where cores are shared (more hosts than cores), the compute phases include
 the other hosts' work: the output says so and also gives the 'own cores' estimate: per-node
-compute measured on 1 host alone (compressors on a private core) plus the wire time measured on
-the emulated link.
+compute measured in a configuration where every host had a core of its own (the 2-host runs on
+2 cores; for micro and exdyna, whose nodes select from a 1/N share of the bucket, that
+over-states a larger cluster's compute) plus the wire time measured on the emulated link. The
+extrapolated crossover assumes the wire is the limit; where the emulated link is CPU-bound (10
+Gbit/s on 2 cores) it is not.
 
     .venv/bin/python bench/network_bench.py [--hosts 2,4] [--rates 1gbit] [--densities 0.001,0.01]
         [--compressors micro,exdyna,topk,dgc,sidco_e,sage] [--steps 3] [--warmup 1] [--out PREFIX]
+    .venv/bin/python bench/network_bench.py --merge A.json,B.json,... --out PREFIX   # pieces into one
 
 Writes <out>.json and <out>.png (default bench/results/network.*). Needs the spex package (the
 .venv deploy/main_job.sh makes), root (namespaces) and
 the built binaries (bazel build -c opt //daemon:spexd //bench:sparse_exchange_trainer, or
---spexd / --trainer). About 3 minutes per (host count, rate) at 1 Gbit/s with the defaults.
+--spexd / --trainer). About 2-3 minutes per (host count, rate) at 1 and 10 Gbit/s with the defaults,
+8-11 minutes at 100 Mbit/s (dense takes 9-14 s per exchange there).
 """
 import argparse
 import json
