@@ -27,6 +27,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -61,6 +62,10 @@ ABSL_FLAG(bool, ratio, true, "run part 2 (compression-ratio error)");
 ABSL_FLAG(std::string, trace, "/tmp/spex_grad_trace.bin",
           "real gradient trace from bench/make_grad_trace.py (part 2b skipped if missing)");
 ABSL_FLAG(int, ratio_steps, 300, "steps for the compression-ratio error");
+ABSL_FLAG(std::string, input, "heavy",
+          "part 1's input kind: heavy (Student-t, today's), constant, zero, distinct2, distinct3, "
+          "distinct16, ramp, reversed (degenerate inputs that can send a selection down a slow "
+          "path)");
 ABSL_FLAG(int64_t, synthetic_n, 1126410, "floats per gradient of the synthetic sequence");
 
 namespace spex {
@@ -82,6 +87,31 @@ std::vector<float> Gradient(size_t n, uint32_t seed) {
   std::student_t_distribution<float> t(2.5f);
   std::vector<float> x(n);
   for (size_t i = 0; i < n; ++i) x[i] = (gen() % 100) < 5 ? 0.0f : 1e-3f * t(gen);
+  return x;
+}
+
+// Part 1's input of kind `kind` (see --input); nullopt names an unknown kind. The degenerate kinds
+// are the ones where many or all magnitudes tie: a selection that handles ties by copying or
+// sorting everything shows up there as a time far above the heavy-tailed one.
+std::optional<std::vector<float>> Input(const std::string& kind, size_t n, uint32_t seed) {
+  if (kind == "heavy") return Gradient(n, seed);
+  std::vector<float> x(n);
+  if (kind == "constant") {
+    std::fill(x.begin(), x.end(), 1e-3f);
+  } else if (kind == "zero") {
+    std::fill(x.begin(), x.end(), 0.0f);
+  } else if (kind == "distinct2" || kind == "distinct3" || kind == "distinct16") {
+    const uint32_t m = kind == "distinct2" ? 2 : kind == "distinct3" ? 3 : 16;
+    std::mt19937 gen(seed);
+    for (float& v : x) v = 1e-3f * static_cast<float>(1 + gen() % m);
+  } else if (kind == "ramp" || kind == "reversed") {
+    for (size_t i = 0; i < n; ++i) {
+      const size_t j = kind == "ramp" ? i : n - 1 - i;
+      x[i] = 1e-3f * static_cast<float>(j + 1) / static_cast<float>(n);
+    }
+  } else {
+    return std::nullopt;
+  }
   return x;
 }
 
@@ -199,7 +229,15 @@ std::vector<CostRow> RunCost() {
   const std::string only = absl::GetFlag(FLAGS_only);
   for (size_t n : FlagList<size_t>(absl::GetFlag(FLAGS_sizes))) {
     // Each (step, node) gradient is a window of n into a pool of 2n, at its own offset.
-    const std::vector<float> raw = Gradient(2 * n, 1);
+    const std::optional<std::vector<float>> input = Input(absl::GetFlag(FLAGS_input), 2 * n, 1);
+    if (!input) {
+      std::fprintf(stderr,
+                   "--input=%s is not a kind: use heavy, constant, zero, distinct2, distinct3, "
+                   "distinct16, ramp or reversed\n",
+                   absl::GetFlag(FLAGS_input).c_str());
+      std::exit(2);
+    }
+    const std::vector<float>& raw = *input;
     std::vector<float> pool(2 * n), copy_dst(n), mag, plain_acc(n, 0.0f), plain_val;
     std::vector<uint32_t> plain_idx;
     auto grad = [&](uint64_t step, int node) {
@@ -213,15 +251,18 @@ std::vector<CostRow> RunCost() {
       mag.assign(raw.begin(), raw.begin() + n);
       for (float& v : mag) v = std::fabs(v);
       std::nth_element(mag.begin(), mag.begin() + (k - 1), mag.end(), std::greater<float>());
+      // All-zero input: no quantile to match, left as it is.
       const float scale =
-          static_cast<float>(1.0 / (2.0 * std::sqrt(static_cast<double>(k)))) / mag[k - 1];
+          mag[k - 1] == 0.0f
+              ? 1.0f
+              : static_cast<float>(1.0 / (2.0 * std::sqrt(static_cast<double>(k)))) / mag[k - 1];
       for (size_t i = 0; i < 2 * n; ++i) pool[i] = raw[i] * scale;
       for (int threads : FlagList<int>(absl::GetFlag(FLAGS_threads))) {
         std::unique_ptr<Primitives> prims = MakeCpuPrimitives(threads);
         std::printf(
-            "\nn=%zu d=%g threads=%d (rank 0 of %d nodes; ratio = time / memcpy of the "
-            "same buffer, interleaved)\n",
-            n, d, threads, nodes);
+            "\nn=%zu d=%g threads=%d input=%s (rank 0 of %d nodes; ratio = time / memcpy of "
+            "the same buffer, interleaved)\n",
+            n, d, threads, absl::GetFlag(FLAGS_input).c_str(), nodes);
         std::printf("  %-20s %3s %10s %10s %9s %10s\n", "compressor", "pat", "ms", "memcpy ms",
                     "x memcpy", "density");
         for (const Variant& v : Variants()) {
