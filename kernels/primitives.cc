@@ -2,6 +2,7 @@
 #include "kernels/primitives.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 
@@ -36,6 +37,24 @@ absl::Status Primitives::SumScaled(float* y, const float* const* xs, int count, 
   for (int r = 1; r < count; ++r) Accumulate(y, xs[r], n);
   if (a != 1.0f) Scale(y, a, n);
   return Health();
+}
+
+absl::Status Primitives::SumScaledCheckFinite(float* y, const float* const* xs, int count, float a,
+                                              size_t n, size_t* first_bad) {
+  if (device() != Device::kCpu) {
+    return absl::UnimplementedError(
+        "SumScaledCheckFinite: only host-memory primitives have it; this device's primitives "
+        "do not (use --nonfinite with --device=cpu)");
+  }
+  if (absl::Status s = SumScaled(y, xs, count, a, n); !s.ok()) return s;
+  *first_bad = n;
+  for (size_t i = 0; i < n; ++i) {
+    if (!std::isfinite(y[i])) {
+      *first_bad = i;
+      break;
+    }
+  }
+  return absl::OkStatus();
 }
 
 AbsMoments Primitives::AccumulateMoments(float* acc, const float* add, size_t n, float lower_bound,

@@ -62,6 +62,15 @@ class Primitives {
   // of Copy(y, xs[0]), Accumulate of the others in order and Scale(y, a) (skipped for a == 1),
   // in one pass where the implementation fuses it. y must not overlap any input.
   virtual absl::Status SumScaled(float* y, const float* const* xs, int count, float a, size_t n);
+  // SumScaled that also finds the non-finite gradients (issue 16 item 3) in the same pass: sets
+  // *first_bad to the lowest i whose y[i] is NaN or +-Inf, n when every y[i] is finite. y[i] is
+  // non-finite whenever some input xs[r][i] is (and also where a finite sum overflows, which a
+  // dense all-reduce would show alike), so the hot path checks only its output; finding which
+  // input holds it is the caller's cold path. The default runs SumScaled and a host scan of y,
+  // right for host-memory implementations only: on another device it returns Unimplemented (the
+  // CUDA primitives do not fuse it yet).
+  virtual absl::Status SumScaledCheckFinite(float* y, const float* const* xs, int count, float a,
+                                            size_t n, size_t* first_bad);
   // Number of i with |x[i]| >= t.
   virtual size_t CountAbove(const float* x, size_t n, float t) = 0;
 

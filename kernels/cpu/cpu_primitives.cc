@@ -68,6 +68,25 @@ class CpuPrimitives final : public Primitives {
     return absl::OkStatus();
   }
 
+  absl::Status SumScaledCheckFinite(float* y, const float* const* xs, int count, float a, size_t n,
+                                    size_t* first_bad) override {
+    if (count < 1)
+      return absl::InvalidArgumentError("SumScaledCheckFinite needs at least one input");
+    if (count > kMaxSumInputs)
+      return Primitives::SumScaledCheckFinite(y, xs, count, a, n, first_bad);
+    const Split split = Cut(0, n);
+    std::vector<size_t> bad(split.chunks, n);
+    ForChunks(split, [&](size_t c, size_t b, size_t e, int) {
+      const float* shifted[kMaxSumInputs];
+      for (int r = 0; r < count; ++r) shifted[r] = xs[r] + b;
+      const size_t local = simd::SumScaledCheckFinite(y + b, shifted, count, a, e - b);
+      if (local < e - b) bad[c] = b + local;
+    });
+    *first_bad = n;
+    for (size_t v : bad) *first_bad = std::min(*first_bad, v);
+    return absl::OkStatus();
+  }
+
   absl::Status Copy(float* dst, const float* src, size_t n) override {
     if (n == 0) return absl::OkStatus();
     ForChunks(Cut(0, n), [&](size_t, size_t b, size_t e, int) {

@@ -61,6 +61,41 @@ void SumScaledImpl(float* y, const float* const* xs, int count, float a, size_t 
   }
 }
 
+// SumScaledImpl plus a finiteness test of each stored vector: x - x is 0 for a finite x and
+// NaN for NaN and +-Inf, so one subtract and one self-compare per vector, OR-ed into a mask that
+// is looked at once per vector (the branch is almost never taken). The first bad vector's lanes
+// are then scanned for the exact index; later entries are still summed.
+size_t SumScaledCheckFiniteImpl(float* y, const float* const* xs, int count, float a, size_t n) {
+  const hn::ScalableTag<float> d;
+  const size_t N = hn::Lanes(d);
+  const auto av = hn::Set(d, a);
+  const bool scale = a != 1.0f;
+  size_t first_bad = n;
+  size_t i = 0;
+  for (; i + N <= n; i += N) {
+    auto v = hn::LoadU(d, xs[0] + i);
+    for (int r = 1; r < count; ++r) v = hn::Add(v, hn::LoadU(d, xs[r] + i));
+    if (scale) v = hn::Mul(v, av);
+    hn::StoreU(v, d, y + i);
+    const auto z = hn::Sub(v, v);
+    if (HWY_UNLIKELY(first_bad == n && !hn::AllTrue(d, hn::Eq(z, z)))) {
+      for (size_t j = i; j < i + N; ++j) {
+        if (!std::isfinite(y[j])) {
+          first_bad = j;
+          break;
+        }
+      }
+    }
+  }
+  for (; i < n; ++i) {
+    float v = xs[0][i];
+    for (int r = 1; r < count; ++r) v += xs[r][i];
+    y[i] = scale ? v * a : v;
+    if (first_bad == n && !std::isfinite(y[i])) first_bad = i;
+  }
+  return first_bad;
+}
+
 size_t CountAboveImpl(const float* x, size_t n, float t) {
   const hn::ScalableTag<float> d;
   const size_t N = hn::Lanes(d);
@@ -359,6 +394,7 @@ namespace simd {
 HWY_EXPORT(AccumulateImpl);
 HWY_EXPORT(ScaleImpl);
 HWY_EXPORT(SumScaledImpl);
+HWY_EXPORT(SumScaledCheckFiniteImpl);
 HWY_EXPORT(CountAboveImpl);
 HWY_EXPORT(SelectImpl);
 HWY_EXPORT(AddSelectImpl);
@@ -375,6 +411,9 @@ void Accumulate(float* y, const float* x, size_t n) {
 void Scale(float* x, float a, size_t n) { HWY_DYNAMIC_DISPATCH(ScaleImpl)(x, a, n); }
 void SumScaled(float* y, const float* const* xs, int count, float a, size_t n) {
   HWY_DYNAMIC_DISPATCH(SumScaledImpl)(y, xs, count, a, n);
+}
+size_t SumScaledCheckFinite(float* y, const float* const* xs, int count, float a, size_t n) {
+  return HWY_DYNAMIC_DISPATCH(SumScaledCheckFiniteImpl)(y, xs, count, a, n);
 }
 size_t CountAbove(const float* x, size_t n, float t) {
   return HWY_DYNAMIC_DISPATCH(CountAboveImpl)(x, n, t);

@@ -15,6 +15,9 @@ void Accumulate(float* y, const float* x, size_t n);
 void Scale(float* x, float a, size_t n);
 // y = a * (xs[0] + ... + xs[count-1]) summed left to right; a == 1 skips the multiply.
 void SumScaled(float* y, const float* const* xs, int count, float a, size_t n);
+// SumScaled that returns the lowest i whose result y[i] is NaN or +-Inf (n when none), found
+// in the same pass.
+size_t SumScaledCheckFinite(float* y, const float* const* xs, int count, float a, size_t n);
 size_t CountAbove(const float* x, size_t n, float t);
 
 // As Primitives::SelectAbove on [begin, end) (writes at most `capacity`, returns the count).

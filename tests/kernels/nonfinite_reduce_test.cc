@@ -1,0 +1,115 @@
+// The detecting local reduce (Primitives::SumScaledCheckFinite, issue 16 item 3): the same sums
+// as SumScaled bit for bit, and the lowest index whose result is NaN or +-Inf, on the fused CPU
+// path (1 and 2 threads, every position in a SIMD vector and the scalar tail) and the reference's
+// default (SumScaled plus a scan).
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/cpu/cpu_primitives.h"
+#include "kernels/primitives.h"
+#include "kernels/reference/reference_primitives.h"
+
+namespace spex {
+namespace {
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+std::vector<float> Ramp(size_t n, float base) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = base + 0.001f * static_cast<float>(i % 977);
+  return v;
+}
+
+// Runs SumScaledCheckFinite on three inputs with `bad` written at `where` in input `which`,
+// checks the result against SumScaled of the same inputs and returns first_bad.
+size_t Check(Primitives& p, size_t n, int which, size_t where, float bad) {
+  std::vector<std::vector<float>> in = {Ramp(n, 1.0f), Ramp(n, -0.5f), Ramp(n, 0.25f)};
+  if (which >= 0) in[which][where] = bad;
+  const float* xs[3] = {in[0].data(), in[1].data(), in[2].data()};
+  std::vector<float> y(n, 7.0f), want(n, 7.0f);
+  size_t first_bad = 12345;
+  EXPECT_TRUE(p.SumScaledCheckFinite(y.data(), xs, 3, 0.5f, n, &first_bad).ok());
+  EXPECT_TRUE(p.SumScaled(want.data(), xs, 3, 0.5f, n).ok());
+  for (size_t i = 0; i < n; ++i) {
+    const bool same = std::memcmp(&y[i], &want[i], sizeof(float)) == 0 ||
+                      (std::isnan(y[i]) && std::isnan(want[i]));
+    EXPECT_TRUE(same) << "n=" << n << " i=" << i;
+    if (!same) break;
+  }
+  return first_bad;
+}
+
+class NonfiniteReduceTest : public testing::TestWithParam<int> {
+ protected:
+  std::unique_ptr<Primitives> Make() {
+    return GetParam() == 0 ? MakeReferencePrimitives() : MakeCpuPrimitives(GetParam());
+  }
+};
+
+TEST_P(NonfiniteReduceTest, AllFiniteReportsN) {
+  auto p = Make();
+  for (size_t n : {size_t{0}, size_t{1}, size_t{17}, size_t{1000}, size_t{600000}}) {
+    EXPECT_EQ(Check(*p, n, -1, 0, 0.0f), n);
+  }
+}
+
+TEST_P(NonfiniteReduceTest, FindsNaNAndInfAtEveryLanePositionAndTail) {
+  auto p = Make();
+  const size_t n = 1000 + 13;  // a scalar tail for every vector width
+  for (float bad : {kNaN, kInf, -kInf}) {
+    for (size_t where : {size_t{0}, size_t{1}, size_t{3}, size_t{7}, size_t{15}, size_t{16},
+                         size_t{500}, n - 14, n - 1}) {
+      EXPECT_EQ(Check(*p, n, static_cast<int>(where % 3), where, bad), where)
+          << "bad=" << bad << " where=" << where;
+    }
+  }
+}
+
+TEST_P(NonfiniteReduceTest, LowestIndexAcrossThreadChunks) {
+  auto p = Make();
+  const size_t n = 600000;  // above kCpuParallelMinElements: several chunks with 2 threads
+  std::vector<std::vector<float>> in = {Ramp(n, 1.0f), Ramp(n, 2.0f)};
+  in[1][n - 5] = kNaN;
+  in[0][400001] = -kInf;
+  in[1][300007] = kInf;
+  const float* xs[2] = {in[0].data(), in[1].data()};
+  std::vector<float> y(n);
+  size_t first_bad = 0;
+  ASSERT_TRUE(p->SumScaledCheckFinite(y.data(), xs, 2, 1.0f, n, &first_bad).ok());
+  EXPECT_EQ(first_bad, 300007u);
+  EXPECT_TRUE(std::isinf(y[300007]) && std::isinf(y[400001]) && std::isnan(y[n - 5]));
+}
+
+TEST_P(NonfiniteReduceTest, InfMinusInfAndOverflowAreNonFinite) {
+  auto p = Make();
+  std::vector<float> a = {1.0f, kInf, 3e38f, 2.0f};
+  std::vector<float> b = {1.0f, -kInf, 3e38f, 2.0f};
+  const float* xs[2] = {a.data(), b.data()};
+  std::vector<float> y(4);
+  size_t first_bad = 0;
+  ASSERT_TRUE(p->SumScaledCheckFinite(y.data(), xs, 2, 1.0f, 4, &first_bad).ok());
+  EXPECT_EQ(first_bad, 1u);       // +Inf + -Inf is NaN
+  EXPECT_TRUE(std::isinf(y[2]));  // 6e38 overflows, as a dense all-reduce's sum would
+}
+
+TEST_P(NonfiniteReduceTest, RefusesNoInputs) {
+  auto p = Make();
+  float y = 0;
+  size_t first_bad = 0;
+  EXPECT_FALSE(p->SumScaledCheckFinite(&y, nullptr, 0, 1.0f, 1, &first_bad).ok());
+}
+
+INSTANTIATE_TEST_SUITE_P(Threads, NonfiniteReduceTest, testing::Values(0, 1, 2),
+                         [](const testing::TestParamInfo<int>& i) {
+                           return i.param == 0 ? std::string("reference")
+                                               : "cpu" + std::to_string(i.param);
+                         });
+
+}  // namespace
+}  // namespace spex
