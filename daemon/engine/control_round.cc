@@ -29,6 +29,7 @@ enum Word {
   kNotName,
   kInputsFailed,
   kDeadTrainer,
+  kNonfinite,
   kWords
 };
 
@@ -57,6 +58,18 @@ std::string DeadTrainerName(uint64_t word) {
                       ") of node ", (word >> 48) & 0x7fff);
 }
 
+// Node in bits 62..48, local rank 47..32, index 31..0 (bucket indices are uint32): the maximum
+// over nodes is the highest such node, the same on every node.
+uint64_t NonfiniteWord(int node, uint32_t local_rank, uint32_t index) {
+  return (1ull << 63) | (static_cast<uint64_t>(node & 0x7fff) << 48) |
+         (static_cast<uint64_t>(local_rank & 0xffff) << 32) | index;
+}
+
+std::string NonfiniteName(uint64_t word) {
+  return absl::StrCat("local trainer ", (word >> 32) & 0xffff, " of node ", (word >> 48) & 0x7fff,
+                      ", first non-finite value at index ", word & 0xffffffffu);
+}
+
 absl::Status RunControlRound(Collective* coll, const ExchangeKey& key, Control* c) {
   const uint64_t name = NameHash(key.compressor);
   uint64_t v[kWords];
@@ -73,6 +86,7 @@ absl::Status RunControlRound(Collective* coll, const ExchangeKey& key, Control* 
   v[kNotName] = ~name;
   v[kInputsFailed] = c->inputs_failed ? 1 : 0;
   v[kDeadTrainer] = c->dead_trainer;
+  v[kNonfinite] = c->nonfinite;
   if (coll->size() > 1) {
     if (absl::Status s = coll->AllReduce(v, kWords, ElemType::kUint64, ReduceOp::kMax); !s.ok()) {
       return s;
@@ -98,6 +112,7 @@ absl::Status RunControlRound(Collective* coll, const ExchangeKey& key, Control* 
   c->dense_us = v[kDenseUs];
   c->inputs_failed = v[kInputsFailed] != 0;
   c->dead_trainer = v[kDeadTrainer];
+  c->nonfinite = v[kNonfinite];
   return absl::OkStatus();
 }
 

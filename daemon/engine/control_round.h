@@ -35,11 +35,19 @@ struct Control {
   // A local trainer of this node died with this step half-done: DeadTrainerWord(node, rank,
   // pid), else 0. Maxed, so every node names the same one.
   uint64_t dead_trainer = 0;
+  // A local trainer of this node handed in a NaN or +-Inf for this step (the non-finite policy,
+  // issue 16 item 3): NonfiniteWord(node, rank, first bad index), else 0. Maxed, so every node
+  // decides alike and names the same one. The engine does not set it yet.
+  uint64_t nonfinite = 0;
 };
 
 uint64_t DeadTrainerWord(int node, uint32_t local_rank, uint32_t pid);
 // "local trainer R (pid P) of node N" for a nonzero word.
 std::string DeadTrainerName(uint64_t word);
+
+uint64_t NonfiniteWord(int node, uint32_t local_rank, uint32_t index);
+// "local trainer R of node N, first non-finite value at index I" for a nonzero word.
+std::string NonfiniteName(uint64_t word);
 
 // Runs the round over `coll` (no communication with one node). On return `*c` holds the maxed
 // values. FAILED_PRECONDITION when the nodes disagree on the key (saying what differs); the
