@@ -1,5 +1,9 @@
 #include "daemon/transport/collective.h"
 
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
 namespace spex {
 
 size_t ElemSize(ElemType t) {
@@ -14,6 +18,48 @@ size_t ElemSize(ElemType t) {
       return 8;
   }
   return 0;
+}
+
+absl::Status Collective::AllToAllV(const std::vector<std::vector<uint8_t>>& send,
+                                   std::vector<std::vector<uint8_t>>* recv) {
+  const int n = size();
+  if (static_cast<int>(send.size()) != n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("AllToAllV: ", send.size(), " send blocks for ", n, " ranks"));
+  }
+  // This rank's message: n block sizes (uint64), then the blocks in rank order.
+  std::vector<uint8_t> mine(n * sizeof(uint64_t));
+  for (int r = 0; r < n; ++r) {
+    const uint64_t b = send[r].size();
+    std::memcpy(mine.data() + r * sizeof(uint64_t), &b, sizeof(b));
+    mine.insert(mine.end(), send[r].begin(), send[r].end());
+  }
+  std::vector<size_t> counts;
+  std::vector<uint8_t> all;
+  if (absl::Status s = AllGatherV(mine.data(), mine.size(), &counts, &all); !s.ok()) return s;
+  recv->assign(n, {});
+  size_t off = 0;
+  for (int r = 0; r < n; ++r) {
+    // The sizes come from our own collective, not a peer's payload, but check them anyway: a
+    // wrong size here would read past the gathered buffer.
+    if (counts[r] < n * sizeof(uint64_t)) {
+      return absl::DataLossError(absl::StrCat("AllToAllV: rank ", r, "'s message is too short"));
+    }
+    const uint8_t* base = all.data() + off;
+    size_t at = n * sizeof(uint64_t);
+    for (int q = 0; q < n; ++q) {
+      uint64_t b = 0;
+      std::memcpy(&b, base + q * sizeof(uint64_t), sizeof(b));
+      if (b > counts[r] - at) {
+        return absl::DataLossError(
+            absl::StrCat("AllToAllV: rank ", r, "'s block sizes exceed its message"));
+      }
+      if (q == rank()) (*recv)[r].assign(base + at, base + at + b);
+      at += b;
+    }
+    off += counts[r];
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace spex

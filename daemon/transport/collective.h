@@ -43,6 +43,14 @@ class Collective {
   virtual absl::Status AllGatherV(const void* send, size_t send_bytes, std::vector<size_t>* counts,
                                   std::vector<uint8_t>* recv) = 0;
 
+  // Personalised exchange: send[r] goes to rank r (send.size() == size()); recv[r] gets what
+  // rank r sent to this rank. The default is built on AllGatherV (every rank's blocks and their
+  // sizes gathered, each rank keeps its own), so it is correct on every backend but moves
+  // size() times the personalised volume; a backend overrides it with a real all-to-all
+  // (MPI_Alltoallv) where the volume matters.
+  virtual absl::Status AllToAllV(const std::vector<std::vector<uint8_t>>& send,
+                                 std::vector<std::vector<uint8_t>>* recv);
+
   virtual absl::Status Broadcast(void* data, size_t bytes, int root) = 0;
   virtual absl::Status Barrier() = 0;
 };
