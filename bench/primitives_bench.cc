@@ -210,6 +210,24 @@ int Main() {
       topk_rows.push_back({k, threads, Median(topk_ms), Median(nth_ms)});
     }
   }
+  // The non-finite policy's detecting local reduce (issue 16 item 3) against the plain
+  // SumScaled it replaces, 2 trainers' inputs, paired run by run (stdout only, not in the JSON).
+  struct CheckRow {
+    int threads;
+    double check_ms, sum_ms;
+  };
+  std::vector<CheckRow> check_rows;
+  if (std::string("SumScaledCheckFinite").find(absl::GetFlag(FLAGS_only)) != std::string::npos) {
+    const float* xs[2] = {b.x0.data(), b.add.data()};
+    for (int threads : thread_counts) {
+      auto p = MakeCpuPrimitives(threads);
+      size_t first_bad = 0;
+      const Timing t = TimePaired(
+          reps, [&] { (void)p->SumScaledCheckFinite(b.y.data(), xs, 2, 0.5f, n, &first_bad); },
+          [&] { (void)p->SumScaled(b.y.data(), xs, 2, 0.5f, n); });
+      check_rows.push_back({threads, t.ms, t.baseline_ms});
+    }
+  }
   if (absl::GetFlag(FLAGS_reference)) {
     std::vector<Row> ref_rows;
     auto ref = MakeReferencePrimitives();
@@ -225,6 +243,12 @@ int Main() {
   std::printf("CPU primitives, n = %zu floats (%.1f MB), SIMD target %s, median of %d\n", n,
               4.0 * n / 1e6, CpuPrimitivesTarget(), reps);
   std::printf("x memcpy: the primitive's time / memcpy of the same buffer, runs interleaved\n\n");
+  for (const CheckRow& r : check_rows) {
+    std::printf(
+        "SumScaledCheckFinite (2 inputs), %d thread(s): %.2f ms vs SumScaled %.2f ms = %.3fx\n",
+        r.threads, r.check_ms, r.sum_ms, r.check_ms / r.sum_ms);
+  }
+
   std::printf("%-26s %7s %9s %10s %10s %9s %11s\n", "primitive", "threads", "ms", "memcpy ms",
               "x memcpy", "GB/s", "vs scalar");
   for (const Row& r : rows) {
