@@ -8,12 +8,56 @@ namespace {
 class NoMerger : public Merger {
  public:
   const char* name() const override { return "none"; }
+  uint64_t ConfigHash() const override { return Fnv1a(kFnvOffset, "none", 4); }
   size_t NextGroup(absl::Span<const MergeCandidate> candidates) override {
     return candidates.empty() ? 0 : 1;
   }
 };
 
 }  // namespace
+
+uint64_t Fnv1a(uint64_t h, const void* data, size_t n) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < n; ++i) {
+    h ^= p[i];
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+size_t ClampGroup(absl::Span<const MergeCandidate> c, size_t want, const GroupLimits& limits) {
+  if (c.empty()) return 0;
+  // A probing head keeps its own single-bucket exchange (its timings and deciding vote).
+  if (c[0].kind == MergeKind::kProbe || want <= 1) return 1;
+  uint64_t sum = c[0].elements;
+  size_t n = 1;
+  while (n < want && n < c.size()) {
+    const MergeCandidate& next = c[n];
+    if (next.step != c[0].step || next.kind == MergeKind::kProbe) break;
+    if (sum + next.elements > limits.max_group_elements) break;
+    sum += next.elements;
+    ++n;
+  }
+  return n;
+}
+
+size_t ReadyPrefix(absl::Span<const MergeCandidate> c, size_t window) {
+  size_t n = 0;
+  while (n < c.size() && n < window && c[n].ready && c[n].step == c[0].step &&
+         c[n].kind != MergeKind::kProbe) {
+    ++n;
+  }
+  return n;
+}
+
+size_t Merger::Offer(absl::Span<const MergeCandidate> candidates, int64_t /*now_ns*/,
+                     int64_t* /*deadline_ns*/) {
+  return ReadyPrefix(candidates, GroupLimits().window);
+}
+
+std::vector<size_t> Merger::Pack(absl::Span<const MergeCandidate> agreed) {
+  return std::vector<size_t>(agreed.size(), 1);
+}
 
 constexpr struct {
   const char* name;
@@ -44,9 +88,10 @@ std::string AbslUnparseFlag(MergerPolicy v) {
 
 absl::StatusOr<std::unique_ptr<Merger>> MakeMerger(MergerPolicy policy) {
   if (policy == MergerPolicy::kNone) return std::unique_ptr<Merger>(new NoMerger());
-  return absl::UnimplementedError(
-      absl::StrCat("--merger=", AbslUnparseFlag(policy),
-                   " is not implemented yet; the only merger is 'none' (one exchange per bucket)"));
+  return absl::UnimplementedError(absl::StrCat(
+      "--merger=", AbslUnparseFlag(policy),
+      " is not implemented yet in spexd (its grouping logic exists, the engine's agreement round "
+      "and fused exchange do not); the only merger that runs is 'none' (one exchange per bucket)"));
 }
 
 absl::StatusOr<std::unique_ptr<Merger>> MakeMerger(const std::string& name) {

@@ -1,10 +1,21 @@
-// The merging seam (docs/design.md#seams): the Merger decides which ready buckets are fused into
-// one exchange. The engine hands it the buckets every local trainer registered, in the canonical
-// order (ascending next step, then bucket id: the same on every node), and exchanges the group it
-// returns. Implementations:
-//   none      one bucket per exchange (the first candidate).
-// Planned (refused with a clear error until implemented): fixed (Horovod-style tensor fusion),
-// omgs, rgmerge.
+// The merging seam (docs/design.md#seams, MERGING.md 2.2): a Merger decides which buckets are
+// fused into one exchange. The engine hands it the buckets every local trainer registered, in the
+// canonical order (ascending next step, then bucket id: the same on every node).
+//
+// Two families:
+//   static plan  NextGroup(C) returns the length of the plan group that starts at C[0], from ids,
+//                sizes and kinds only (never from `ready`); the engine waits for every member.
+//   agreed       Offer(C, now) returns 0 (linger until *deadline_ns or a doorbell ring) or r >= 1,
+//                how many leading candidates this node offers; the offer MAY depend on local
+//                timing. The agreement round takes the minimum m over nodes and Pack(C[0..m))
+//                splits it into groups as a pure function of ids, sizes, kinds and the
+//                configuration, so every node forms the same groups from the same m.
+// Every group obeys GroupRules: one step, a probing (P) bucket alone, at most max_group_elements
+// unless a single bucket is larger on its own.
+//
+// Implemented here: none (static, one bucket per exchange) and, in mergers.h, the pure grouping
+// logic of fixed, omgs (threshold, count) and rgmerge (ready). The engine does not yet run fused
+// groups, so MakeMerger still refuses fixed/omgs/rgmerge for spexd (Unimplemented).
 #pragma once
 
 #include <cstddef>
@@ -19,28 +30,67 @@
 
 namespace spex {
 
+// A bucket's kind at its step (MERGING.md 2.1), identical on every node.
+enum class MergeKind : uint8_t {
+  kDense = 0,     // D: dense bucket, or sparse bucket in dense mode
+  kPatternA = 1,  // A: sparse, index-union codec
+  kPatternB = 2,  // B: sparse, gather codec
+  kProbe = 3,     // P: sparse bucket still probing; always exchanged alone
+};
+
 struct MergeCandidate {
   uint64_t bucket_id = 0;
   uint64_t step = 0;  // the bucket's next step
   uint64_t elements = 0;
   bool ready = false;  // every local trainer has signalled this step
+  MergeKind kind = MergeKind::kDense;
 };
+
+// Limits shared by every merger; must be identical on all nodes (they enter the config hash).
+struct GroupLimits {
+  uint64_t max_group_elements = uint64_t{16} << 20;  // 16 Mi elements = 64 MiB of fp32
+  size_t window = 64;                                // W: candidates one round may cover
+};
+
+// The longest prefix of `c` no longer than `want` that is a legal group under `limits`: never
+// crosses the head's step, a P bucket only alone, at most max_group_elements (a single bucket
+// larger on its own is allowed). Returns >= 1 for a non-empty `c`, 0 for an empty one.
+size_t ClampGroup(absl::Span<const MergeCandidate> c, size_t want, const GroupLimits& limits);
+
+// How many leading candidates an agreed merger may offer (MERGING.md 2.3 step 2): locally ready,
+// at the head's step, not P, within the first `window`. 0 when the head itself is not offerable.
+size_t ReadyPrefix(absl::Span<const MergeCandidate> c, size_t window);
 
 class Merger {
  public:
   virtual ~Merger() = default;
   virtual const char* name() const = 0;
-  // Candidates in canonical order (non-empty). Returns how many of the first candidates form
-  // the next exchange (>= 1). The engine runs the group once all of its buckets are ready; the
-  // choice may depend only on what every node sees alike (ids, steps, sizes), never on `ready`
-  // timing, or the nodes would disagree.
+  // True for agreed mergers (Offer/Pack), false for static plans (NextGroup).
+  virtual bool agreed() const { return false; }
+  // Hash of the merger's name and every parameter that must match across nodes (carried as
+  // cfg/~cfg in the agreement round so differently configured nodes fail clearly).
+  virtual uint64_t ConfigHash() const = 0;
+
+  // Static plans. Candidates in canonical order (non-empty); returns the plan group's length
+  // (>= 1). Depends only on ids, steps, sizes and kinds, never on `ready`.
   virtual size_t NextGroup(absl::Span<const MergeCandidate> candidates) = 0;
+
+  // Agreed mergers. Default: offer the ready prefix at once / one bucket per group.
+  virtual size_t Offer(absl::Span<const MergeCandidate> candidates, int64_t now_ns,
+                       int64_t* deadline_ns);
+  // Group lengths (each >= 1) that sum to agreed.size(). Pure in its inputs and configuration.
+  virtual std::vector<size_t> Pack(absl::Span<const MergeCandidate> agreed);
 };
 
-// --merger. Only kNone is implemented; the others are refused by MakeMerger (Unimplemented).
+// --merger. Only kNone runs in spexd; the others are refused by MakeMerger (Unimplemented)
+// until the engine's fused exchange lands (their grouping logic is in mergers.h).
 enum class MergerPolicy { kNone, kFixed, kOmgs, kRgmerge };
 bool AbslParseFlag(absl::string_view text, MergerPolicy* out, std::string* error);
 std::string AbslUnparseFlag(MergerPolicy v);
+
+// 64-bit FNV-1a, the hash of group keys and configuration hashes.
+uint64_t Fnv1a(uint64_t h, const void* data, size_t n);
+inline constexpr uint64_t kFnvOffset = 14695981039346656037ull;
 
 // The policy's merger; Unimplemented naming the one that exists for the planned ones.
 absl::StatusOr<std::unique_ptr<Merger>> MakeMerger(MergerPolicy policy);

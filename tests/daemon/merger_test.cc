@@ -1,32 +1,201 @@
 #include "daemon/merge/merger.h"
 
+#include <numeric>
 #include <string>
+#include <vector>
 
+#include "daemon/merge/mergers.h"
 #include "gtest/gtest.h"
 
 namespace spex {
 namespace {
 
+using K = MergeKind;
+
+MergeCandidate Cand(uint64_t id, uint64_t step, uint64_t n, bool ready = true, K kind = K::kDense) {
+  MergeCandidate c;
+  c.bucket_id = id;
+  c.step = step;
+  c.elements = n;
+  c.ready = ready;
+  c.kind = kind;
+  return c;
+}
+
+size_t Sum(const std::vector<size_t>& v) { return std::accumulate(v.begin(), v.end(), size_t{0}); }
+
 TEST(MergerTest, NoneExchangesOneBucketAtATime) {
   auto m = MakeMerger("none");
   ASSERT_TRUE(m.ok()) << m.status();
   EXPECT_STREQ((*m)->name(), "none");
-  MergeCandidate c[3] = {{4, 0, 10, true}, {7, 0, 20, true}, {2, 1, 30, false}};
+  EXPECT_FALSE((*m)->agreed());
+  MergeCandidate c[3] = {Cand(4, 0, 10), Cand(7, 0, 20), Cand(2, 1, 30, false)};
   EXPECT_EQ((*m)->NextGroup(absl::MakeConstSpan(c, 3)), 1u);
   EXPECT_EQ((*m)->NextGroup(absl::MakeConstSpan(c, 1)), 1u);
 }
 
-TEST(MergerTest, PlannedPoliciesAreRefusedClearly) {
+TEST(MergerTest, PlannedPoliciesAreRefusedClearlyBySpexd) {
   for (const char* name : {"fixed", "omgs", "rgmerge"}) {
     auto m = MakeMerger(name);
     ASSERT_FALSE(m.ok()) << name;
     EXPECT_EQ(m.status().code(), absl::StatusCode::kUnimplemented);
     EXPECT_NE(m.status().message().find("not implemented"), std::string::npos) << m.status();
+    EXPECT_NE(m.status().message().find("'none'"), std::string::npos) << m.status();
   }
   auto m = MakeMerger("horovod");
   ASSERT_FALSE(m.ok());
   EXPECT_EQ(m.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(m.status().message().find("accepted: none"), std::string::npos) << m.status();
+}
+
+TEST(GroupRulesTest, NeverCrossAStepNeverGroupAProbeNeverExceedTheLimit) {
+  GroupLimits limits;
+  limits.max_group_elements = 100;
+  std::vector<MergeCandidate> c = {Cand(0, 3, 40), Cand(1, 3, 40), Cand(2, 3, 40), Cand(3, 4, 1)};
+  EXPECT_EQ(ClampGroup(c, 4, limits), 2u);  // 40+40+40 > 100
+  limits.max_group_elements = 1000;
+  EXPECT_EQ(ClampGroup(c, 4, limits), 3u);  // bucket 3 is at step 4
+  c[1].kind = K::kProbe;
+  EXPECT_EQ(ClampGroup(c, 4, limits), 1u);  // a P member ends the group before it
+  c[0].kind = K::kProbe;
+  EXPECT_EQ(ClampGroup(c, 4, limits), 1u);  // a P head is alone
+  // A single bucket larger than the limit still forms a group on its own.
+  limits.max_group_elements = 10;
+  EXPECT_EQ(ClampGroup({Cand(0, 0, 50), Cand(1, 0, 1)}, 2, limits), 1u);
+  EXPECT_EQ(ClampGroup({}, 2, limits), 0u);
+}
+
+TEST(GroupRulesTest, ReadyPrefixStopsAtTheFirstNotReadyOtherStepProbeOrWindow) {
+  std::vector<MergeCandidate> c = {Cand(0, 1, 5), Cand(1, 1, 5), Cand(2, 1, 5, false),
+                                   Cand(3, 1, 5)};
+  EXPECT_EQ(ReadyPrefix(c, 64), 2u);
+  EXPECT_EQ(ReadyPrefix(c, 1), 1u);
+  c[0].ready = false;
+  EXPECT_EQ(ReadyPrefix(c, 64), 0u);
+  c = {Cand(0, 1, 5), Cand(1, 2, 5)};
+  EXPECT_EQ(ReadyPrefix(c, 64), 1u);
+  c = {Cand(0, 1, 5), Cand(1, 1, 5, true, K::kProbe)};
+  EXPECT_EQ(ReadyPrefix(c, 64), 1u);
+}
+
+TEST(FixedMergerTest, LingersForTheCycleThenOffersTheReadyPrefix) {
+  FixedOptions o;
+  o.cycle_ms = 5;
+  auto m = MakeFixedMerger(o);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_TRUE((*m)->agreed());
+  std::vector<MergeCandidate> c = {Cand(0, 0, 8), Cand(1, 0, 8), Cand(2, 0, 8, false)};
+  int64_t deadline = -1;
+  EXPECT_EQ((*m)->Offer(c, 1000, &deadline), 2u);  // first round starts at once
+  EXPECT_EQ((*m)->Offer(c, 1000 + 4999999, &deadline), 0u);
+  EXPECT_EQ(deadline, 1000 + 5000000);
+  EXPECT_EQ((*m)->Offer(c, 1000 + 5000000, &deadline), 2u);
+  // Long past the deadline: at once again.
+  EXPECT_EQ((*m)->Offer(c, 1000 + 50000000, &deadline), 2u);
+}
+
+TEST(FixedMergerTest, PacksGreedilyUnderTheByteThreshold) {
+  FixedOptions o;
+  o.threshold_bytes = 4 * 100;  // 100 elements
+  auto m = MakeFixedMerger(o);
+  ASSERT_TRUE(m.ok());
+  std::vector<MergeCandidate> c = {Cand(0, 0, 60), Cand(1, 0, 40), Cand(2, 0, 1), Cand(3, 0, 500),
+                                   Cand(4, 0, 10)};
+  EXPECT_EQ((*m)->Pack(c), (std::vector<size_t>{2, 1, 1, 1}));  // 500 > T goes alone
+  o.threshold_bytes = 0;  // Horovod's fusion disabled: one bucket per group
+  auto off = MakeFixedMerger(o);
+  ASSERT_TRUE(off.ok());
+  EXPECT_EQ((*off)->Pack(c), (std::vector<size_t>(5, 1)));
+}
+
+TEST(OmgsMergerTest, ThresholdClosesWithTheBucketThatReachesIt) {
+  OmgsOptions o;
+  o.threshold_elements = 100;
+  auto m = MakeOmgsMerger(o);
+  ASSERT_TRUE(m.ok());
+  EXPECT_FALSE((*m)->agreed());
+  std::vector<MergeCandidate> c = {Cand(0, 0, 30, false), Cand(1, 0, 30), Cand(2, 0, 50),
+                                   Cand(3, 0, 10)};
+  EXPECT_EQ((*m)->NextGroup(c), 3u);  // 30+30+50 >= 100, `ready` plays no part
+  EXPECT_EQ((*m)->NextGroup(absl::MakeConstSpan(c).subspan(3)), 1u);  // last group smaller
+}
+
+TEST(OmgsMergerTest, CountGroupsAndRefusals) {
+  OmgsOptions o;
+  o.mode = OmgsMode::kCount;
+  o.count = 2;
+  auto m = MakeOmgsMerger(o);
+  ASSERT_TRUE(m.ok());
+  std::vector<MergeCandidate> c = {Cand(0, 0, 1), Cand(1, 0, 1), Cand(2, 0, 1)};
+  EXPECT_EQ((*m)->NextGroup(c), 2u);
+  o.mode = OmgsMode::kMgs;
+  auto mgs = MakeOmgsMerger(o);
+  ASSERT_FALSE(mgs.ok());
+  EXPECT_EQ(mgs.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(mgs.status().message().find("--omgs_mode"), std::string::npos);
+  o.mode = OmgsMode::kCount;
+  o.count = 0;
+  auto bad = MakeOmgsMerger(o);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("--omgs_count"), std::string::npos);
+  o.count = 2;
+  o.limits.window = 65;
+  bad = MakeOmgsMerger(o);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("--merge_window"), std::string::npos);
+}
+
+TEST(RgmergeReadyTest, OffersTheReadyPrefixAndPacksUnderTheGroupLimit) {
+  RgmergeOptions o;
+  o.limits.max_group_elements = 100;
+  auto m = MakeRgmergeReadyMerger(o);
+  ASSERT_TRUE(m.ok());
+  EXPECT_TRUE((*m)->agreed());
+  std::vector<MergeCandidate> c = {Cand(0, 0, 60), Cand(1, 0, 30), Cand(2, 0, 30),
+                                   Cand(3, 0, 30, false)};
+  int64_t deadline = 0;
+  EXPECT_EQ((*m)->Offer(c, 0, &deadline), 3u);
+  EXPECT_EQ((*m)->Pack(absl::MakeConstSpan(c).first(3)), (std::vector<size_t>{2, 1}));
+}
+
+// Every node forms the same groups from the same agreed prefix, whatever its own offer was: the
+// packs are a function of the candidates only (the property the agreement round relies on).
+TEST(MergerTest, PacksAreIdenticalAcrossInstancesAndCoverThePrefix) {
+  std::vector<MergeCandidate> c;
+  for (uint64_t i = 0; i < 40; ++i) c.push_back(Cand(i, 7, 1 + (i * 37) % 90, i % 3 != 0));
+  FixedOptions fo;
+  fo.threshold_bytes = 4 * 150;
+  RgmergeOptions ro;
+  ro.limits.max_group_elements = 200;
+  auto f1 = MakeFixedMerger(fo), f2 = MakeFixedMerger(fo);
+  auto r1 = MakeRgmergeReadyMerger(ro), r2 = MakeRgmergeReadyMerger(ro);
+  ASSERT_TRUE(f1.ok() && f2.ok() && r1.ok() && r2.ok());
+  int64_t d = 0;
+  (*f1)->Offer(c, 123, &d);  // local timing state must not change the packing
+  for (size_t m = 1; m <= c.size(); ++m) {
+    auto prefix = absl::MakeConstSpan(c).first(m);
+    EXPECT_EQ((*f1)->Pack(prefix), (*f2)->Pack(prefix));
+    EXPECT_EQ(Sum((*f1)->Pack(prefix)), m);
+    EXPECT_EQ((*r1)->Pack(prefix), (*r2)->Pack(prefix));
+    EXPECT_EQ(Sum((*r1)->Pack(prefix)), m);
+  }
+}
+
+TEST(MergerTest, ConfigHashesSeparateDifferentConfigurations) {
+  FixedOptions a, b;
+  b.threshold_bytes = a.threshold_bytes * 2;
+  FixedOptions c = a;
+  c.cycle_ms = 1;  // may differ between nodes
+  auto ma = MakeFixedMerger(a), mb = MakeFixedMerger(b), mc = MakeFixedMerger(c);
+  auto omgs = MakeOmgsMerger(OmgsOptions());
+  auto rg = MakeRgmergeReadyMerger(RgmergeOptions());
+  auto none = MakeMerger("none");
+  ASSERT_TRUE(ma.ok() && mb.ok() && mc.ok() && omgs.ok() && rg.ok() && none.ok());
+  EXPECT_NE((*ma)->ConfigHash(), (*mb)->ConfigHash());
+  EXPECT_EQ((*ma)->ConfigHash(), (*mc)->ConfigHash());
+  EXPECT_NE((*ma)->ConfigHash(), (*omgs)->ConfigHash());
+  EXPECT_NE((*rg)->ConfigHash(), (*omgs)->ConfigHash());
+  EXPECT_NE((*rg)->ConfigHash(), (*none)->ConfigHash());
 }
 
 }  // namespace
