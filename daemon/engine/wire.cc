@@ -1,6 +1,7 @@
 #include "daemon/engine/wire.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -146,7 +147,14 @@ absl::StatusOr<DecodedChunk> Decode(const uint8_t* data, size_t bytes, uint64_t 
   const size_t want = ChunkBytes(h.count, fp16, index_only);
   if (bytes != want)
     return bad(absl::StrCat(bytes, " bytes, but count ", h.count, " needs ", want));
-  d.idx = reinterpret_cast<const uint32_t*>(data + sizeof(ChunkHeader));
+  const uint8_t* raw_idx = data + sizeof(ChunkHeader);
+  if (reinterpret_cast<uintptr_t>(raw_idx) % alignof(uint32_t) == 0) {
+    d.idx = reinterpret_cast<const uint32_t*>(raw_idx);
+  } else {
+    d.idx_copy.resize(h.count);
+    if (h.count) std::memcpy(d.idx_copy.data(), raw_idx, 4ull * h.count);
+    d.idx = d.idx_copy.data();
+  }
   for (uint32_t i = 0; i < h.count; ++i) {
     uint32_t ix;
     std::memcpy(&ix, data + sizeof(ChunkHeader) + 4ull * i, 4);

@@ -46,8 +46,17 @@ void EncodeIndexChunk(uint64_t group_id, uint64_t step, uint32_t elements,
 
 // A decoded view; indices point into the chunk, values are converted when fp16.
 struct DecodedChunk {
+  DecodedChunk() = default;
+  DecodedChunk(DecodedChunk&&) = default;
+  DecodedChunk& operator=(DecodedChunk&&) = default;
+  DecodedChunk(const DecodedChunk&) = delete;
+  DecodedChunk& operator=(const DecodedChunk&) = delete;
+
   ChunkHeader header;
+  // Points into the received bytes when they are 4-byte aligned, else into `idx_copy` (a chunk
+  // after an fp16 one in a gathered buffer starts 2 bytes off); hence move-only.
   const uint32_t* idx = nullptr;
+  std::vector<uint32_t> idx_copy;
   std::vector<float> values;
 };
 

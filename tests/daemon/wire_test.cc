@@ -23,6 +23,25 @@ TEST(Wire, RoundTripFp32AndFp16) {
   }
 }
 
+// In a gathered buffer a chunk that follows an fp16 chunk with an odd count starts 2 bytes off
+// 4-byte alignment; the decoded indices must still be safe to read as uint32_t.
+TEST(Wire, ChunkAtAnOddOffsetDecodesToAlignedIndices) {
+  std::vector<uint32_t> idx = {1, 4, 9};
+  std::vector<float> val = {1.0f, 2.0f, 3.0f};
+  std::vector<uint8_t> chunk;
+  EncodeChunk(7, 3, 10, idx, val, true, nullptr, &chunk);
+  for (size_t shift : {0, 1, 2, 3}) {
+    std::vector<uint8_t> buf(chunk.size() + 4);
+    std::memcpy(buf.data() + shift, chunk.data(), chunk.size());
+    auto d = DecodeChunk(buf.data() + shift, chunk.size(), 7, 3, 10, 0);
+    ASSERT_TRUE(d.ok()) << d.status();
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(d->idx) % alignof(uint32_t), 0u) << "shift " << shift;
+    EXPECT_EQ(std::vector<uint32_t>(d->idx, d->idx + 3), idx);
+    DecodedChunk moved = std::move(*d);  // the copy (when one was made) moves with the chunk
+    EXPECT_EQ(std::vector<uint32_t>(moved.idx, moved.idx + 3), idx);
+  }
+}
+
 TEST(Wire, HalfConversionRoundsToNearest) {
   EXPECT_EQ(HalfToFloat(FloatToHalf(1.0f / 3)), 0.333251953125f);
   EXPECT_EQ(HalfToFloat(FloatToHalf(1e-7f)), 1.1920928955078125e-07f);  // subnormal
