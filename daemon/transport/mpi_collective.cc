@@ -1,5 +1,6 @@
 #include "daemon/transport/mpi_collective.h"
 
+#include <algorithm>
 #include <climits>
 #include <cstring>
 
@@ -124,6 +125,51 @@ absl::Status MpiCollective::AllGatherV(const void* send, size_t send_bytes,
   rc = MPI_Allgatherv(send, mine, MPI_BYTE, recv->data(), counts_.data(), displs_.data(), MPI_BYTE,
                       comm_);
   return Check(rc, "MPI_Allgatherv");
+}
+
+absl::Status MpiCollective::AllToAllV(const std::vector<std::vector<uint8_t>>& send,
+                                      std::vector<std::vector<uint8_t>>* recv) {
+  if (static_cast<int>(send.size()) != size_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("AllToAllV: ", send.size(), " send blocks for ", size_, " ranks"));
+  }
+  send_counts_.resize(size_);
+  send_displs_.resize(size_);
+  size_t total = 0;
+  for (int r = 0; r < size_; ++r) {
+    if (absl::Status s = CheckCount(send[r].size(), "AllToAllV block"); !s.ok()) return s;
+    send_counts_[r] = static_cast<int>(send[r].size());
+    send_displs_[r] = static_cast<int>(std::min<size_t>(total, INT_MAX));
+    total += send[r].size();
+  }
+  if (absl::Status s = CheckCount(total, "AllToAllV send total"); !s.ok()) return s;
+  int rc = MPI_Alltoall(send_counts_.data(), 1, MPI_INT, counts_.data(), 1, MPI_INT, comm_);
+  if (absl::Status s = Check(rc, "MPI_Alltoall(counts)"); !s.ok()) return s;
+  size_t recv_total = 0;
+  for (int r = 0; r < size_; ++r) {
+    if (counts_[r] < 0) {
+      return absl::DataLossError(absl::StrCat("peer ", r, " sent a negative byte count"));
+    }
+    displs_[r] = static_cast<int>(std::min<size_t>(recv_total, INT_MAX));
+    recv_total += counts_[r];
+  }
+  // A receive total over MPI's int displacements fails here on this rank only; its peers'
+  // MPI_Alltoallv then fails or hangs, as any other mismatched collective would.
+  if (absl::Status s = CheckCount(recv_total, "AllToAllV receive total"); !s.ok()) return s;
+  send_buf_.resize(total);
+  for (int r = 0; r < size_; ++r) {
+    if (!send[r].empty())
+      std::memcpy(send_buf_.data() + send_displs_[r], send[r].data(), send[r].size());
+  }
+  recv_buf_.resize(recv_total);
+  rc = MPI_Alltoallv(send_buf_.data(), send_counts_.data(), send_displs_.data(), MPI_BYTE,
+                     recv_buf_.data(), counts_.data(), displs_.data(), MPI_BYTE, comm_);
+  if (absl::Status s = Check(rc, "MPI_Alltoallv"); !s.ok()) return s;
+  recv->resize(size_);
+  for (int r = 0; r < size_; ++r) {
+    (*recv)[r].assign(recv_buf_.begin() + displs_[r], recv_buf_.begin() + displs_[r] + counts_[r]);
+  }
+  return absl::OkStatus();
 }
 
 absl::Status MpiCollective::Broadcast(void* data, size_t bytes, int root) {

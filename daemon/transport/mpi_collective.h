@@ -28,6 +28,10 @@ class MpiCollective : public Collective {
   absl::Status AllGather(const void* send, size_t bytes, void* recv) override;
   absl::Status AllGatherV(const void* send, size_t send_bytes, std::vector<size_t>* counts,
                           std::vector<uint8_t>* recv) override;
+  // MPI_Alltoall of the block sizes, then one MPI_Alltoallv of the blocks: each rank receives
+  // only what is addressed to it (the default moves every rank's blocks to every rank).
+  absl::Status AllToAllV(const std::vector<std::vector<uint8_t>>& send,
+                         std::vector<std::vector<uint8_t>>* recv) override;
   absl::Status Broadcast(void* data, size_t bytes, int root) override;
   absl::Status Barrier() override;
 
@@ -36,7 +40,9 @@ class MpiCollective : public Collective {
   Primitives* scaler_ = nullptr;
   int rank_ = 0;
   int size_ = 1;
-  std::vector<int> counts_, displs_;  // scratch for the v-collectives
+  std::vector<int> counts_, displs_;            // scratch for the v-collectives
+  std::vector<int> send_counts_, send_displs_;  // scratch for AllToAllV's send side
+  std::vector<uint8_t> send_buf_, recv_buf_;    // AllToAllV's contiguous blocks
 };
 
 // Shutdown notices between daemons on their own communicator: a node that stops tells all

@@ -162,6 +162,49 @@ void CheckAllGatherV(Collective* c, size_t n, int shape) {
   EXPECT_EQ(wrong, 0u);
 }
 
+// AllToAllV: the bytes rank `from` sends rank `to` under `shape`: 0 = unequal with zeros (every
+// pair with (from + to) % 3 == 1 sends nothing), 1 = nothing at all, 2 = only the last rank sends
+// (to everyone), 3 = each rank only to itself.
+size_t PairBytes(int shape, int from, int to, int size, size_t n) {
+  switch (shape) {
+    case 0:
+      return (from + to) % 3 == 1 ? 0 : n + 5 * from + 3 * to;
+    case 1:
+      return 0;
+    case 2:
+      return from == size - 1 ? n + to : 0;
+    default:
+      return from == to ? n : 0;
+  }
+}
+
+uint8_t PairByte(int from, int to, size_t i) { return Byte(from, i + 977 * to); }
+
+// The backend's AllToAllV must deliver exactly the addressed blocks, and agree with the
+// Collective default (built on AllGatherV), which every backend inherits.
+void CheckAllToAllV(Collective* c, size_t n, int shape) {
+  const int size = c->size(), me = c->rank();
+  std::vector<std::vector<uint8_t>> send(size);
+  for (int to = 0; to < size; ++to) {
+    send[to].resize(PairBytes(shape, me, to, size, n));
+    for (size_t i = 0; i < send[to].size(); ++i) send[to][i] = PairByte(me, to, i);
+  }
+  // Stale contents of the wrong shape, which the call must replace.
+  std::vector<std::vector<uint8_t>> recv(size + 2, std::vector<uint8_t>(3, 0xEE));
+  ASSERT_TRUE(c->AllToAllV(send, &recv).ok());
+  ASSERT_EQ(recv.size(), static_cast<size_t>(size));
+  for (int from = 0; from < size; ++from) {
+    SCOPED_TRACE(absl::StrCat("from rank ", from));
+    ASSERT_EQ(recv[from].size(), PairBytes(shape, from, me, size, n));
+    size_t wrong = 0;
+    for (size_t i = 0; i < recv[from].size(); ++i) wrong += recv[from][i] != PairByte(from, me, i);
+    EXPECT_EQ(wrong, 0u);
+  }
+  std::vector<std::vector<uint8_t>> by_default;
+  ASSERT_TRUE(c->Collective::AllToAllV(send, &by_default).ok());
+  EXPECT_TRUE(by_default == recv) << "differs from the Collective default's result";
+}
+
 }  // namespace
 
 std::vector<CollectiveWorld*> InProcessWorlds(int lo, int hi) {
@@ -245,6 +288,34 @@ TEST_P(CollectiveConformance, AllGatherVOnlyTheLastRank) {
   Run([n = n()](Collective* c) { CheckAllGatherV(c, n, 2); });
 }
 
+TEST_P(CollectiveConformance, AllToAllVUnequalWithZeros) {
+  Run([n = n()](Collective* c) { CheckAllToAllV(c, n, 0); });
+}
+
+TEST_P(CollectiveConformance, AllToAllVNothingFromAnyone) {
+  Run([n = n()](Collective* c) { CheckAllToAllV(c, n, 1); });
+}
+
+TEST_P(CollectiveConformance, AllToAllVOnlyTheLastRank) {
+  Run([n = n()](Collective* c) { CheckAllToAllV(c, n, 2); });
+}
+
+TEST_P(CollectiveConformance, AllToAllVOnlyToItself) {
+  Run([n = n()](Collective* c) { CheckAllToAllV(c, n, 3); });
+}
+
+TEST_P(CollectiveConformance, AllToAllVWrongBlockCountIsAnError) {
+  Run([n = n()](Collective* c) {
+    for (size_t blocks : {size_t{0}, static_cast<size_t>(c->size()) + 1}) {
+      std::vector<std::vector<uint8_t>> send(blocks, std::vector<uint8_t>(n, 1)), recv;
+      EXPECT_EQ(c->AllToAllV(send, &recv).code(), absl::StatusCode::kInvalidArgument)
+          << blocks << " blocks";
+    }
+    // The world is still usable afterwards.
+    EXPECT_TRUE(c->Barrier().ok());
+  });
+}
+
 TEST_P(CollectiveConformance, BroadcastFromEachRoot) {
   Run([n = n()](Collective* c) {
     for (int root = 0; root < c->size(); ++root) {
@@ -306,6 +377,12 @@ TEST_P(CollectiveConformance, MixedSequence) {
         off += counts[r];
       }
       EXPECT_EQ(all.size(), off);
+      std::vector<std::vector<uint8_t>> to(size), from;
+      for (int r = 0; r < size; ++r) to[r].assign((rank + r + round) % 3, uint8_t(rank * 16 + r));
+      ASSERT_TRUE(c->AllToAllV(to, &from).ok());
+      for (int r = 0; r < size; ++r) {
+        EXPECT_EQ(from[r], std::vector<uint8_t>((r + rank + round) % 3, uint8_t(r * 16 + rank)));
+      }
       const int root = round % size;
       int64_t b = rank == root ? 42 + round : -1;
       ASSERT_TRUE(c->Broadcast(&b, sizeof(b), root).ok());
