@@ -1,14 +1,56 @@
-// Pattern D (see step.h).
+// Pattern D (see step.h), and the local reduces.
+#include <cmath>
+#include <utility>
+
 #include "absl/strings/str_cat.h"
 #include "daemon/engine/step.h"
 
 namespace spex {
+namespace {
+
+bool PowerOfTwo(int x) { return (x & (x - 1)) == 0; }
+
+}  // namespace
 
 absl::Status LocalReduce(const StepEnv& env, const BucketData& b, bool add_to_acc) {
   const size_t n = b.elements;
   if (!add_to_acc) return env.prims->SumScaled(b.acc, b.input, env.local_trainers, 1.0f, n);
   for (int r = 0; r < env.local_trainers; ++r) env.prims->Accumulate(b.acc, b.input[r], n);
   return absl::OkStatus();
+}
+
+absl::Status ReduceLocalChecked(const StepEnv& env, const BucketData& b, bool sparse, bool check,
+                                size_t* first_bad) {
+  const int L = env.local_trainers, N = env.coll->size();
+  const size_t n = b.elements;
+  *first_bad = n;
+  const float* xs[kMaxLocalTrainers + 1];
+  int count = 0;
+  float* y;
+  float scale = 1.0f;
+  if (sparse && b.acc_next != nullptr) {
+    xs[count++] = b.acc;  // the residual first: the rounding of LocalReduce(add_to_acc)
+    y = b.acc_next;
+  } else if (sparse) {
+    y = b.acc;
+  } else {
+    y = b.output;
+    if (PowerOfTwo(N * L)) scale = 1.0f / static_cast<float>(N * L);
+  }
+  for (int r = 0; r < L; ++r) xs[count++] = b.input[r];
+  if (!check) return env.prims->SumScaled(y, xs, count, scale, n);
+  return env.prims->SumScaledCheckFinite(y, xs, count, scale, n, first_bad);
+}
+
+void CommitLocalSum(BucketData* b) {
+  if (b->acc_next != nullptr) std::swap(b->acc, b->acc_next);
+}
+
+int NonfiniteInput(const StepEnv& env, const BucketData& b, size_t index) {
+  for (int r = 0; r < env.local_trainers; ++r) {
+    if (!std::isfinite(b.input[r][index])) return r;
+  }
+  return -1;
 }
 
 void DenseStep(const StepEnv& env, absl::Span<StepItem> group, const Lap& lap) {
@@ -19,11 +61,17 @@ void DenseStep(const StepEnv& env, absl::Span<StepItem> group, const Lap& lap) {
     const float* src = b.input[0];
     float scale = 1.0f / static_cast<float>(N * L);
     absl::Status s;
-    if (item.sparse != nullptr) {
+    if (item.reduced) {
+      // ReduceLocalChecked wrote the local sum (its failure, if any, is item.status): acc for
+      // a sparse bucket (committed), else the output, scaled already when N * L is a power of
+      // two.
+      src = item.sparse != nullptr ? b.acc : b.output;
+      if (item.sparse == nullptr && PowerOfTwo(N * L)) scale = 1.0f;
+    } else if (item.sparse != nullptr) {
       // A sparse bucket going dense this step sends everything, residual included.
       s = LocalReduce(env, b, env.error_feedback);
       src = b.acc;
-    } else if (((N * L) & (N * L - 1)) == 0) {
+    } else if (PowerOfTwo(N * L)) {
       // N * L a power of two: scaling is exact (barring subnormal results), so sum(scale * x)
       // == scale * sum(x) bit for bit. One fused pass writes the scaled local sum into the
       // output, and the collective reduces in place: no separate scaling pass, and no copy of

@@ -29,12 +29,15 @@ void SparseStepOne(const StepEnv& env, StepItem& item, const Lap& lap) {
   Compressor& c = *st.compressor;
   const size_t n = b.elements;
   const uint64_t step = item.step;
-  absl::Status s;  // the first local failure; the collectives are issued regardless
+  // The first local failure (the engine's local reduce's, when it ran it); the collectives are
+  // issued regardless.
+  absl::Status s = item.status;
   auto keep = [&s](absl::Status x) {
     if (s.ok() && !x.ok()) s = std::move(x);
   };
-  // acc = residual + local sum (error feedback), or just the local sum.
-  keep(LocalReduce(env, b, env.error_feedback));
+  // acc = residual + local sum (error feedback), or just the local sum: done by the engine
+  // before the control round on the host path (ReduceLocalChecked, CommitLocalSum).
+  if (!item.reduced) keep(LocalReduce(env, b, env.error_feedback));
   lap(Phase::kReduceLocal);
   const Pattern pattern = c.pattern();
   Selection& sel = st.sel;

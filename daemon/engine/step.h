@@ -42,6 +42,10 @@ struct BucketData {
   float* input[kMaxLocalTrainers] = {};  // the local trainers' input slots
   float* output = nullptr;
   float* acc = nullptr;  // dense with L > 1: the local sum; sparse: residual + local sum
+  // A sparse bucket on the host path with error feedback: where ReduceLocalChecked writes
+  // residual + local sum, so the residual in acc survives a step that is skipped; the two swap
+  // when the step goes ahead (CommitLocalSum). Null otherwise.
+  float* acc_next = nullptr;
   bool on_device = false;
   Scratch* scratch = nullptr;  // device: uploads of indices and values (else null)
 };
@@ -65,6 +69,10 @@ struct StepItem {
   double density = 1.0;
   ExchangeRecord* rec = nullptr;
   absl::Status status;
+  // The engine ran ReduceLocalChecked (and CommitLocalSum) before the step: the step does no
+  // local reduce of its own, and a failure of that reduce comes in as `status` (the step still
+  // issues its collectives, contributing nothing). False on the device path: the step reduces.
+  bool reduced = false;
 };
 
 // Closes the current phase of the exchange (adds the time since the previous lap to it).
@@ -73,6 +81,24 @@ using Lap = std::function<void(Phase)>;
 // acc = sum of the local inputs (+ acc itself when add_to_acc). The order of additions (acc,
 // then input 0, 1, ...) is the same on every path, so results are too.
 absl::Status LocalReduce(const StepEnv& env, const BucketData& b, bool add_to_acc);
+
+// The local reduce the engine runs on the host path once the inputs are ready and BEFORE the
+// control round, so that every node learns of a NaN/+-Inf before any collective of the step (the
+// non-finite policy). It mutates nothing a skipped step must keep, and fuses the finite check
+// into its one pass (Primitives::SumScaledCheckFinite) when `check` is set:
+//  - a sparse bucket (`sparse`): acc_next = acc (the residual) + the inputs with error
+//    feedback, else acc = the inputs' sum;
+//  - a dense-only bucket: output = the inputs' sum, times 1 / (nodes x local trainers) when that
+//    is a power of two (exact; DenseStep then all-reduces the output in place).
+// *first_bad: the lowest index whose sum is NaN or +-Inf; b.elements when none or unchecked.
+absl::Status ReduceLocalChecked(const StepEnv& env, const BucketData& b, bool sparse, bool check,
+                                size_t* first_bad);
+// The step goes ahead: residual + local sum becomes acc (a swap with acc_next, whose memory
+// takes the next step's sum). No-op without acc_next.
+void CommitLocalSum(BucketData* b);
+// The lowest local rank whose input is NaN or +-Inf at `index`, or -1 when all are finite there
+// (their sum overflowed). Host memory only: the cold path after ReduceLocalChecked found one.
+int NonfiniteInput(const StepEnv& env, const BucketData& b, size_t index);
 
 // Pattern D for every item: local sum (with the residual for sparse buckets), sum-all-reduce,
 // scale by 1 / (nodes x local trainers); a sparse bucket's residual is cleared.
