@@ -22,6 +22,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_format.h"
+#include "client/watch_rates.h"
 #include "daemon/util/paths.h"
 #include "google/protobuf/util/json_util.h"
 #include "grpcpp/generic/generic_stub.h"
@@ -213,10 +214,11 @@ std::string Human(double v) {
   return u == 0 ? absl::StrFormat("%.0f", v) : absl::StrFormat("%.1f%c", v, units[u]);
 }
 
-// A live view: per bucket exchanges/s, density, the last exchange's phases and bytes/s (rates
-// over the refresh interval; bytes/s counts the last exchange's bytes per exchange); per node
-// the sessions. Redraws in place on a terminal, prints a block per refresh otherwise. Ends on
-// Ctrl-C (SIGINT) or SIGTERM, or after --count refreshes.
+// A live view: per bucket exchanges/s, bytes sent and received per second (deltas of the
+// daemon's running totals over the refresh interval, client/watch_rates.h), density and the last
+// exchange's phases; per node the sessions. The header gives the interval the rates are over.
+// Redraws in place on a terminal, prints a block per refresh otherwise. Ends on Ctrl-C (SIGINT)
+// or SIGTERM, or after --count refreshes.
 int Watch(spex::v1::Spex::Stub* stub, const std::string& socket) {
   struct sigaction sa = {};
   sa.sa_handler = OnInterrupt;
@@ -226,7 +228,7 @@ int Watch(spex::v1::Spex::Stub* stub, const std::string& socket) {
   const bool tty = isatty(STDOUT_FILENO) == 1;
   const int interval_ms = std::max(50, absl::GetFlag(FLAGS_interval_ms));
   const int count = absl::GetFlag(FLAGS_count);
-  std::map<uint64_t, uint64_t> previous;  // bucket -> exchanges at the previous refresh
+  spex::WatchRates rates;
   uint64_t previous_total = 0;
   auto previous_time = std::chrono::steady_clock::now();
   bool have_previous = false;
@@ -254,36 +256,32 @@ int Watch(spex::v1::Spex::Stub* stub, const std::string& socket) {
           s.error_code() == grpc::StatusCode::UNAVAILABLE ? "no daemon answers" : "error", socket,
           s.error_message(), interval_ms);
       have_previous = false;
+      rates.Forget();
     } else {
-      const double total_rate = have_previous ? (resp.exchanges() - previous_total) / dt : -1.0;
+      const double total_rate = have_previous && resp.exchanges() >= previous_total
+                                    ? (resp.exchanges() - previous_total) / dt
+                                    : -1.0;
       out += absl::StrFormat(
-          "%s  spexd node %u/%u  collective %s  sessions %u  buckets %d  exchanges %u (%s/s)\n",
+          "%s  spexd node %u/%u  collective %s  sessions %u  buckets %d  exchanges %u (%s/s%s)\n",
           clock, resp.node_rank(), resp.node_count(), resp.collective(), resp.sessions(),
-          resp.buckets_size(), resp.exchanges(), Human(total_rate));
+          resp.buckets_size(), resp.exchanges(), Human(total_rate),
+          have_previous ? absl::StrFormat(" over %.3f s", dt) : "");
       out += absl::StrFormat("%8s %-12s %-11s %3s %8s %9s %9s %8s %8s  %s\n", "bucket",
                              "compressor", "state", "pat", "exch/s", "target", "achieved", "sent/s",
                              "recv/s", "last exchange's phases (ms)");
-      std::map<uint64_t, uint64_t> current;
+      const std::map<uint64_t, spex::BucketRates> rate = rates.Update(resp, dt);
       for (const auto& b : resp.buckets()) {
-        current[b.bucket_id()] = b.exchanges();
-        double rate = -1;
-        if (have_previous) {
-          auto it = previous.find(b.bucket_id());
-          const uint64_t before = it == previous.end() ? 0 : it->second;
-          rate = b.exchanges() >= before ? (b.exchanges() - before) / dt : 0;
-        }
+        const spex::BucketRates& r = rate.at(b.bucket_id());
         std::string phases;
         for (const auto& p : b.last().phases()) {
           if (p.seconds() > 0) phases += absl::StrFormat(" %s=%.3f", p.phase(), p.seconds() * 1e3);
         }
         out += absl::StrFormat("%8u %-12s %-11s %3s %8s %9.4g %9.4g %8s %8s %s\n", b.bucket_id(),
                                b.compressor(), b.state().empty() ? "-" : b.state(),
-                               b.exchanges() ? b.last().pattern() : "-", Human(rate),
+                               b.exchanges() ? b.last().pattern() : "-", Human(r.exchanges),
                                b.last().target_density(), b.last().achieved_density(),
-                               Human(rate < 0 ? -1 : rate * b.last().bytes_sent()),
-                               Human(rate < 0 ? -1 : rate * b.last().bytes_received()), phases);
+                               Human(r.bytes_sent), Human(r.bytes_received), phases);
       }
-      previous.swap(current);
       previous_total = resp.exchanges();
       have_previous = true;
     }

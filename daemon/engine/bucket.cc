@@ -44,6 +44,14 @@ bool EngineBucket::MoveTo(BucketState to) {
   return true;
 }
 
+void BucketOutcome::Count(const ExchangeRecord& rec) {
+  last = rec;
+  exchanges++;
+  bytes_sent_total += rec.bytes_sent;
+  bytes_received_total += rec.bytes_received;
+  for (int p = 0; p < kPhaseCount; ++p) phase_sum[p] += rec.phase_seconds[p];
+}
+
 BucketSummary EngineBucket::Summary() const {
   BucketSummary s;
   s.bucket_id = id;
@@ -51,6 +59,8 @@ BucketSummary EngineBucket::Summary() const {
   s.compressor = compressor;
   s.state = BucketStateName(out.state);
   s.exchanges = out.exchanges;
+  s.bytes_sent_total = out.bytes_sent_total;
+  s.bytes_received_total = out.bytes_received_total;
   s.last = out.last;
   for (int p = 0; p < kPhaseCount; ++p) {
     s.mean_phase_seconds[p] = out.exchanges ? out.phase_sum[p] / out.exchanges : 0;

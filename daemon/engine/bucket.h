@@ -39,7 +39,8 @@ struct BucketMemory {
   std::unique_ptr<ShmBuffer> shm;      // the BucketHeader; on the CPU path also the data
   std::unique_ptr<SharedBuffer> data;  // device path: input slots and output
   BucketHeader* header = nullptr;
-  std::vector<float> acc_host;  // CPU path: acc's storage
+  std::vector<float> acc_host;       // CPU path: acc's storage
+  std::vector<float> acc_next_host;  // CPU path, sparse with error feedback: acc_next's
   std::unique_ptr<DeviceArray> acc_device;
   std::unique_ptr<Scratch> scratch;  // device path
   BucketData view;                   // what the steps see
@@ -59,11 +60,16 @@ struct BucketOutcome {
   uint64_t error_step = UINT64_MAX;
   absl::Status error;  // of error_step; for kFailed, of every step from error_step on
   uint64_t exchanges = 0;
+  uint64_t bytes_sent_total = 0;
+  uint64_t bytes_received_total = 0;
   ExchangeRecord last;
   double phase_sum[kPhaseCount] = {};
   // The target density in effect: written by the engine thread under the engine's mutex, so
   // the engine thread may read it without the mutex.
   double density = 0;
+
+  // Counts one published exchange: `last`, the exchange count, the byte totals, the phase sums.
+  void Count(const ExchangeRecord& rec);
 };
 
 struct EngineBucket {

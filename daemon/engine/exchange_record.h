@@ -36,6 +36,10 @@ struct BucketSummary {
   std::string compressor;
   std::string state;  // BucketStateName of its state
   uint64_t exchanges = 0;
+  // Running totals over every exchange since the bucket was registered (they restart with a
+  // new registration of its id): rates are deltas of these between two looks.
+  uint64_t bytes_sent_total = 0;
+  uint64_t bytes_received_total = 0;
   ExchangeRecord last;
   double mean_phase_seconds[kPhaseCount] = {};
 };

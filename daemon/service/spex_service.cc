@@ -141,6 +141,8 @@ grpc::Status SpexService::GetStats(grpc::ServerContext*, const v1::GetStatsReque
     out->set_elements(b.elements);
     out->set_compressor(b.compressor);
     out->set_exchanges(b.exchanges);
+    out->set_bytes_sent_total(b.bytes_sent_total);
+    out->set_bytes_received_total(b.bytes_received_total);
     out->set_state(b.state);
     if (b.exchanges) ToProto(b.last, out->mutable_last());
     for (int p = 0; p < static_cast<int>(Phase::kCount); ++p) {

@@ -93,9 +93,11 @@ std::string HttpGet(int port, const std::string& path) {
 
 // Two in-process nodes x 1 trainer run kSteps of a dense bucket (0) and a topk bucket (1) over
 // the Exchange path; node 0 has the observers. `between` runs after the exchanges, with the
-// sessions still open.
+// sessions still open. `node0_bytes`, if given, gets the sums of the bytes sent and received
+// that node 0's exchange records (the Exchange answers) report, per bucket.
 void KnownRun(std::vector<ExchangeObserver*> observers, const std::function<void(Engine&)>& attach,
-              const std::function<void(Engine&)>& between) {
+              const std::function<void(Engine&)>& between,
+              std::map<uint64_t, std::pair<uint64_t, uint64_t>>* node0_bytes = nullptr) {
   InProcessHub hub(2, absl::Seconds(20));
   std::unique_ptr<Primitives> prims = MakeCpuPrimitives(1);
   std::vector<std::unique_ptr<Collective>> colls;
@@ -132,6 +134,10 @@ void KnownRun(std::vector<ExchangeObserver*> observers, const std::function<void
         for (uint64_t b : {0, 1}) {
           auto rec = e.Exchange(hello->session_id, b, s, absl::Now() + absl::Seconds(20));
           ASSERT_TRUE(rec.ok()) << rec.status();
+          if (n == 0 && node0_bytes != nullptr) {
+            (*node0_bytes)[b].first += rec->bytes_sent;
+            (*node0_bytes)[b].second += rec->bytes_received;
+          }
         }
       }
     });
@@ -227,6 +233,46 @@ TEST(MetricsTest, KnownRunPassesPromtoolAndCarriesItsValues) {
   EXPECT_EQ(Value(text, "spex_node_exchanges_total", {{"node", "0"}}), 2 * kSteps);
   EXPECT_EQ(Value(text, "spex_buckets", {{"state", "waiting"}}), 2);
   EXPECT_EQ(Value(text, "spex_buckets", {{"state", "failed"}}), 0);
+}
+
+// The running totals GetStats reports per bucket (and spexctl watch turns into bytes/s) are the
+// sums of the known run's exchanges: exactly 4 bytes per element each way for the dense bucket
+// of 2 nodes, the records' sums and the Prometheus counters for the topk bucket.
+TEST(MetricsTest, BucketTotalsAreTheKnownRunsBytes) {
+  Metrics metrics(/*node_rank=*/0);
+  std::vector<BucketSummary> buckets;
+  std::string text;
+  std::map<uint64_t, std::pair<uint64_t, uint64_t>> records;
+  KnownRun(
+      {&metrics}, [&](Engine& e) { metrics.Attach(&e); },
+      [&](Engine& e) {
+        buckets = e.Buckets();
+        for (int i = 0; i < 500; ++i) {  // the observers may still be on the last exchange
+          text = metrics.Render();
+          if (Value(text, "spex_exchanges_total", {{"bucket", "0"}}) == kSteps &&
+              Value(text, "spex_exchanges_total", {{"bucket", "1"}}) == kSteps) {
+            break;
+          }
+          absl::SleepFor(absl::Milliseconds(10));
+        }
+      },
+      &records);
+  metrics.Attach(nullptr);
+  ASSERT_EQ(buckets.size(), 2u);
+  for (const BucketSummary& b : buckets) {
+    SCOPED_TRACE(b.bucket_id);
+    EXPECT_EQ(b.exchanges, static_cast<uint64_t>(kSteps));
+    EXPECT_GT(b.bytes_sent_total, 0u);
+    EXPECT_EQ(b.bytes_sent_total, records[b.bucket_id].first);
+    EXPECT_EQ(b.bytes_received_total, records[b.bucket_id].second);
+    const std::map<std::string, std::string> l = {{"bucket", std::to_string(b.bucket_id)}};
+    EXPECT_EQ(Value(text, "spex_sent_bytes_total", l), b.bytes_sent_total);
+    EXPECT_EQ(Value(text, "spex_received_bytes_total", l), b.bytes_received_total);
+    if (b.bucket_id == 0) {  // dense, 2 nodes: 2 * 4n * (N - 1) / N = 4n bytes each way
+      EXPECT_EQ(b.bytes_sent_total, kSteps * kDenseElements * 4);
+      EXPECT_EQ(b.bytes_received_total, kSteps * kDenseElements * 4);
+    }
+  }
 }
 
 TEST(MetricsTest, ErrorsAreCountedByCode) {
