@@ -1,0 +1,435 @@
+// The fused exchange, selection ahead (see fused_step.h). Each member goes through the same
+// operations as in DenseStep / SparseStep (dense_step.cc, sparse_step.cc and the patterns of
+// sparse_exchange.cc), in the same order; only the collectives are shared.
+#include "daemon/engine/fused_step.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/engine/wire.h"
+
+namespace spex {
+namespace {
+
+// One member's part in the fused exchange.
+struct Member {
+  StepItem* item = nullptr;
+  MergeKind kind = MergeKind::kDense;
+  absl::Status s;                // the first local failure; the collectives are issued regardless
+  size_t offset = 0;             // D: in the staging buffer; A: in the values buffer
+  float post_scale = 1.0f;       // D: the scale DenseStep applies after the all-reduce
+  std::vector<DecodedChunk> in;  // A, B: every node's chunk, node order
+  std::vector<uint32_t> union_idx;
+  std::vector<uint64_t> counts;
+  std::vector<uint32_t> gathered_idx;  // A: the union; B: every node's indices, concatenated
+  std::vector<uint32_t> touched;
+  uint64_t bytes_sent = 0;
+  uint64_t bytes_received = 0;
+};
+
+void Keep(absl::Status* s, absl::Status x) {
+  if (s->ok() && !x.ok()) *s = std::move(x);
+}
+
+absl::Status OnDevice(const BucketData& b) {
+  return absl::UnimplementedError(
+      absl::StrCat("bucket ", b.id,
+                   ": the fused exchange runs host-memory buckets only so far (this bucket is "
+                   "device memory)"));
+}
+
+// Splits node `peer`'s message (`data`, `bytes`) into the members' chunks and decodes each
+// against its bucket: one chunk per member, in group order, nothing after the last.
+absl::Status SplitAndDecode(const uint8_t* data, size_t bytes, int peer, uint64_t step,
+                            bool index_only, const std::vector<Member*>& members) {
+  size_t off = 0;
+  for (size_t j = 0; j < members.size(); ++j) {
+    const BucketData& b = *members[j]->item->data;
+    ChunkHeader h;
+    if (bytes - off < sizeof(h)) {
+      return absl::DataLossError(
+          absl::StrCat("malformed fused message from node ", peer, " at step ", step, ": ", bytes,
+                       " bytes end before the chunk of member ", j, " (bucket ", b.id, ")"));
+    }
+    std::memcpy(&h, data + off, sizeof(h));
+    const size_t len = ChunkBytes(h.count, (h.flags & kChunkFp16) != 0, index_only);
+    if (len > bytes - off) {
+      return absl::DataLossError(absl::StrCat("malformed fused message from node ", peer,
+                                              " at step ", step, ": the chunk of member ", j,
+                                              " (bucket ", b.id, ") says ", h.count, " entries, ",
+                                              len, " bytes, but only ", bytes - off, " are left"));
+    }
+    const uint32_t n = static_cast<uint32_t>(b.elements);
+    absl::StatusOr<DecodedChunk> d = index_only
+                                         ? DecodeIndexChunk(data + off, len, b.id, step, n, peer)
+                                         : DecodeChunk(data + off, len, b.id, step, n, peer);
+    if (!d.ok()) return d.status();
+    members[j]->in.push_back(std::move(*d));
+    off += len;
+  }
+  if (off != bytes) {
+    return absl::DataLossError(absl::StrCat("malformed fused message from node ", peer, " at step ",
+                                            step, ": ", bytes - off,
+                                            " bytes after the group's last chunk"));
+  }
+  return absl::OkStatus();
+}
+
+// One AllGatherV of every member's chunk (this node's are in scratch->send, chunk j ending at
+// ends[j]), then every node's message split and decoded. On failure, every member of the
+// sub-exchange gets it (every node saw the same bytes, so every node fails alike).
+bool GatherChunks(const StepEnv& env, uint64_t step, bool index_only,
+                  const std::vector<Member*>& members, const std::vector<size_t>& ends,
+                  FusedScratch* scratch) {
+  Collective* coll = env.coll;
+  const int me = coll->rank();
+  absl::Status s =
+      coll->AllGatherV(scratch->send.data(), scratch->send.size(), &scratch->bytes, &scratch->recv);
+  size_t off = 0;
+  for (int r = 0; s.ok() && r < coll->size(); ++r) {
+    s = SplitAndDecode(scratch->recv.data() + off, scratch->bytes[r], r, step, index_only, members);
+    off += scratch->bytes[r];
+  }
+  if (!s.ok()) {
+    for (Member* m : members) Keep(&m->s, s);
+    return false;
+  }
+  for (size_t j = 0; j < members.size(); ++j) {
+    Member& m = *members[j];
+    m.bytes_sent = ends[j] - (j == 0 ? 0 : ends[j - 1]);
+    m.counts.assign(coll->size(), 0);
+    m.gathered_idx.clear();
+    for (int r = 0; r < coll->size(); ++r) {
+      const DecodedChunk& c = m.in[r];
+      m.counts[r] = c.header.count;
+      m.gathered_idx.insert(m.gathered_idx.end(), c.idx, c.idx + c.header.count);
+      if (r != me)
+        m.bytes_received +=
+            ChunkBytes(c.header.count, (c.header.flags & kChunkFp16) != 0, index_only);
+    }
+  }
+  return true;
+}
+
+// The sorted, deduplicated union of `v` (the same set and order as sparse_exchange.cc's merge).
+void SortedUnique(const std::vector<uint32_t>& v, std::vector<uint32_t>* out) {
+  out->assign(v.begin(), v.end());
+  std::sort(out->begin(), out->end());
+  out->erase(std::unique(out->begin(), out->end()), out->end());
+}
+
+// Local stage of a D member (DenseStep's choice of what to send, into its staging slice).
+void LocalDense(const StepEnv& env, Member& m, float scale, bool pow2, float* slice) {
+  const int L = env.local_trainers;
+  BucketData& b = *m.item->data;
+  const size_t n = b.elements;
+  m.post_scale = scale;
+  if (b.on_device) {
+    m.s = OnDevice(b);
+  } else if (m.item->sparse != nullptr) {
+    // A sparse bucket going dense this step sends everything, residual included.
+    m.s = LocalReduce(env, b, env.error_feedback);
+    if (m.s.ok()) m.s = env.prims->Copy(slice, b.acc, n);
+  } else if (pow2) {
+    // DenseStep's exact pre-scaled path: the scaled local sum, reduced with scale 1.
+    m.s = env.prims->SumScaled(slice, b.input, L, scale, n);
+    m.post_scale = 1.0f;
+  } else if (L > 1) {
+    m.s = LocalReduce(env, b, false);
+    if (m.s.ok()) m.s = env.prims->Copy(slice, b.acc, n);
+  } else {
+    m.s = env.prims->Copy(slice, b.input[0], n);
+  }
+  if (!m.s.ok()) std::fill(slice, slice + n, 0.0f);
+}
+
+// Local stage of an A or B member (SparseStep's, up to the exchange).
+void LocalSparse(const StepEnv& env, Member& m, const Lap& lap) {
+  StepItem& item = *m.item;
+  BucketData& b = *item.data;
+  SparseState& st = *item.sparse;
+  Compressor& c = *st.compressor;
+  Selection& sel = st.sel;
+  if (b.on_device) {
+    m.s = OnDevice(b);
+    sel.idx.clear();
+    sel.val.clear();
+    lap(Phase::kReduceLocal);
+    return;
+  }
+  Keep(&m.s, LocalReduce(env, b, env.error_feedback));
+  lap(Phase::kReduceLocal);
+  const Pattern pattern = c.pattern();
+  if (m.s.ok() && item.density != c.density()) Keep(&m.s, c.SetDensity(item.density));
+  if (m.s.ok()) {
+    Keep(&m.s,
+         c.Select(item.step, b.acc, /*add=*/nullptr, pattern == Pattern::kSparseGather, &sel));
+  }
+  if (!m.s.ok()) {  // contribute nothing; the step fails everywhere at the commit vote
+    sel.idx.clear();
+    sel.val.clear();
+  }
+  lap(Phase::kCompress);
+  // The output holds last step's result: zero only the positions written then.
+  if (st.output_dense) {
+    Keep(&m.s, env.prims->Fill(b.output, 0.0f, b.elements));
+    st.output_dense = false;
+  } else if (!st.touched.empty()) {
+    Keep(&m.s, env.prims->ZeroAt(b.output, b.elements, st.touched.data(), st.touched.size()));
+  }
+}
+
+void DenseSubExchange(const StepEnv& env, const std::vector<Member*>& d, FusedScratch* scratch,
+                      const Lap& lap) {
+  const int N = env.coll->size(), NL = N * env.local_trainers;
+  const float scale = 1.0f / static_cast<float>(NL);
+  const bool pow2 = (NL & (NL - 1)) == 0;
+  size_t total = 0;
+  for (Member* m : d) {
+    m->offset = total;
+    total += m->item->data->elements;
+  }
+  std::vector<float>& staging = scratch->staging;
+  staging.resize(total);
+  for (Member* m : d) {
+    LocalDense(env, *m, scale, pow2, staging.data() + m->offset);
+    lap(Phase::kReduceLocal);
+  }
+  // One scale for the whole message when every member uses the same; otherwise the all-reduce
+  // does not scale and each slice is scaled after it (x * 1 is exact, so either way every
+  // element is sum * its member's scale, rounded once, as in DenseStep).
+  float common = d.front()->post_scale;
+  for (Member* m : d) {
+    if (m->post_scale != common) common = 1.0f;
+  }
+  const absl::Status c = env.coll->AllReduceScaled(staging.data(), staging.data(), total, common);
+  lap(Phase::kCollective);
+  for (Member* m : d) {
+    StepItem& item = *m->item;
+    BucketData& b = *item.data;
+    const size_t n = b.elements;
+    Keep(&m->s, c);
+    if (m->s.ok()) {
+      float* slice = staging.data() + m->offset;
+      if (m->post_scale != common) env.host_prims->Scale(slice, m->post_scale, n);
+      Keep(&m->s, env.prims->Copy(b.output, slice, n));
+    }
+    if (item.sparse != nullptr && !b.on_device) {  // nothing left behind
+      Keep(&m->s, env.prims->Fill(b.acc, 0.0f, n));
+      item.sparse->output_dense = true;
+      item.sparse->touched.clear();
+    }
+    ExchangeRecord& rec = *item.rec;
+    rec.bytes_sent = rec.bytes_received = N > 1 ? 2 * n * sizeof(float) * (N - 1) / N : 0;
+    rec.gathered_elements = rec.selected_elements = n;
+    rec.pattern = "D";
+  }
+}
+
+void IndexUnionSubExchange(const StepEnv& env, uint64_t step, const std::vector<Member*>& a,
+                           FusedScratch* scratch, const Lap& lap) {
+  Primitives* host = env.host_prims;
+  const int N = env.coll->size();
+  std::vector<size_t> ends;
+  scratch->send.clear();
+  for (Member* m : a) {
+    const BucketData& b = *m->item->data;
+    const Selection& sel = m->item->sparse->sel;
+    EncodeIndexChunk(b.id, step, static_cast<uint32_t>(b.elements), sel.idx, sel.scalars,
+                     &scratch->send);
+    ends.push_back(scratch->send.size());
+  }
+  if (!GatherChunks(env, step, /*index_only=*/true, a, ends, scratch)) return;
+  // Per member the union (nodes' sets may overlap), then its acc at the union, back to back.
+  size_t total = 0;
+  for (Member* m : a) {
+    SortedUnique(m->gathered_idx, &m->union_idx);
+    m->offset = total;
+    total += m->union_idx.size();
+  }
+  std::vector<float>& vals = scratch->values;
+  vals.assign(total, 0.0f);
+  for (Member* m : a) {
+    const BucketData& b = *m->item->data;
+    float* v = vals.data() + m->offset;
+    if (m->s.ok() && !m->union_idx.empty()) {
+      absl::Status g = host->Gather(b.acc, b.elements, m->union_idx.data(), m->union_idx.size(), v);
+      if (!g.ok()) {
+        std::fill(v, v + m->union_idx.size(), 0.0f);
+        m->s = g;
+      }
+    }
+  }
+  if (N > 1 && total > 0) {
+    absl::Status s = env.coll->AllReduce(vals.data(), total, ElemType::kFloat32, ReduceOp::kSum);
+    if (!s.ok()) {
+      for (Member* m : a) Keep(&m->s, s);
+      return;
+    }
+  }
+  lap(Phase::kCollective);
+  const float scale = 1.0f / static_cast<float>(N * env.local_trainers);
+  for (Member* m : a) {
+    const BucketData& b = *m->item->data;
+    const size_t u = m->union_idx.size();
+    if (N > 1 && u > 0) {
+      m->bytes_sent += u * 4;
+      m->bytes_received += u * 4;
+    }
+    m->gathered_idx = m->union_idx;
+    if (!m->s.ok()) continue;
+    float* v = vals.data() + m->offset;
+    // out is zero at every position of the union (zeroed in LocalSparse), so adding writes it.
+    host->Scale(v, scale, u);
+    Keep(&m->s, host->ScatterAdd(b.output, b.elements, m->union_idx.data(), v, u));
+    m->touched = m->union_idx;
+  }
+}
+
+void SparseGatherSubExchange(const StepEnv& env, uint64_t step, const std::vector<Member*>& bm,
+                             FusedScratch* scratch, const Lap& lap) {
+  Primitives* host = env.host_prims;
+  std::vector<size_t> ends;
+  scratch->send.clear();
+  for (Member* m : bm) {
+    const BucketData& b = *m->item->data;
+    const Selection& sel = m->item->sparse->sel;
+    EncodeChunk(b.id, step, static_cast<uint32_t>(b.elements), sel.idx, sel.val, env.fp16_values,
+                sel.scalars, &scratch->send);
+    ends.push_back(scratch->send.size());
+  }
+  // Every chunk of every node is validated before anything is written.
+  const bool ok = GatherChunks(env, step, /*index_only=*/false, bm, ends, scratch);
+  lap(Phase::kCollective);
+  if (!ok) return;
+  const float scale = 1.0f / static_cast<float>(env.coll->size() * env.local_trainers);
+  for (Member* m : bm) {
+    const BucketData& b = *m->item->data;
+    if (!m->s.ok()) continue;
+    for (DecodedChunk& c : m->in) {  // node order; the decoded values are this call's copy
+      host->Scale(c.values.data(), scale, c.values.size());
+      Keep(&m->s, host->ScatterAdd(b.output, b.elements, c.idx, c.values.data(), c.values.size()));
+    }
+    SortedUnique(m->gathered_idx, &m->touched);
+  }
+}
+
+// After the sparse sub-exchanges: SparseStep's residual update, Update and record.
+void FinishSparse(const StepEnv& env, Member& m, const Lap& lap) {
+  StepItem& item = *m.item;
+  BucketData& b = *item.data;
+  SparseState& st = *item.sparse;
+  Compressor& c = *st.compressor;
+  const Pattern pattern = c.pattern();
+  const size_t n = b.elements;
+  ExchangeRecord& rec = *item.rec;
+  rec.pattern = PatternName(pattern);
+  rec.target_density = item.density;
+  rec.bytes_sent = m.bytes_sent;
+  rec.bytes_received = m.bytes_received;
+  if (!m.s.ok()) {
+    if (item.status.ok()) item.status = m.s;
+    return;
+  }
+  if (pattern == Pattern::kIndexUnion) {
+    // Every node zeroes its residual at the whole union: all of it was sent.
+    Keep(&m.s, env.prims->ZeroAt(b.acc, n, m.gathered_idx.data(), m.gathered_idx.size()));
+  }
+  if (!env.error_feedback) Keep(&m.s, env.prims->Fill(b.acc, 0.0f, n));
+  if (m.s.ok()) {
+    Gathered g;
+    g.counts = absl::MakeConstSpan(m.counts);
+    g.indices = absl::MakeConstSpan(m.gathered_idx);
+    Keep(&m.s, c.Update(item.step, g));
+  }
+  st.touched = std::move(m.touched);
+  lap(Phase::kDecode);
+  rec.selected_elements = st.sel.idx.size();
+  rec.achieved_density = static_cast<double>(st.sel.idx.size()) / n;
+  rec.gathered_elements =
+      pattern == Pattern::kIndexUnion ? st.touched.size() : m.gathered_idx.size();
+  if (env.residual_norm_every > 0 && item.step % env.residual_norm_every == 0) {
+    st.last_residual_norm = std::sqrt(env.prims->Moments(b.acc, n, -1.0f).sum_sq);
+    st.last_residual_norm_step = item.step;
+  }
+  rec.residual_norm = st.last_residual_norm;
+  rec.residual_norm_step = st.last_residual_norm_step;
+  if (item.status.ok()) item.status = m.s;
+}
+
+// The group's static checks (agreed inputs: every node reaches the same verdict).
+absl::Status CheckGroup(absl::Span<StepItem> group, absl::Span<const MergeKind> kinds) {
+  if (group.empty()) return absl::OkStatus();
+  if (kinds.size() != group.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("fused step: ", group.size(), " members but ", kinds.size(), " kinds"));
+  }
+  for (size_t i = 0; i < group.size(); ++i) {
+    const StepItem& item = group[i];
+    const uint64_t id = item.data->id;
+    if (item.step != group[0].step) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "fused step: bucket ", id, " is at step ", item.step, ", the group's head at step ",
+          group[0].step, "; a group never crosses a step"));
+    }
+    if (kinds[i] == MergeKind::kProbe) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "fused step: bucket ", id,
+          " is probing (kind P); a probing bucket is exchanged alone (DenseStep/SparseStep)"));
+    }
+    if (kinds[i] == MergeKind::kDense) continue;
+    const Pattern want =
+        kinds[i] == MergeKind::kPatternA ? Pattern::kIndexUnion : Pattern::kSparseGather;
+    if (item.sparse == nullptr || item.sparse->compressor->pattern() != want) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "fused step: bucket ", id, " is of kind ", PatternName(want), " but its compressor is ",
+          item.sparse == nullptr
+              ? "none (a dense bucket)"
+              : absl::StrCat(item.sparse->compressor->name(), " (pattern ",
+                             PatternName(item.sparse->compressor->pattern()), ")")));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+void FusedStep(const StepEnv& env, absl::Span<StepItem> group, absl::Span<const MergeKind> kinds,
+               FusedScratch* scratch, const Lap& lap) {
+  if (absl::Status s = CheckGroup(group, kinds); !s.ok()) {
+    for (StepItem& item : group) item.status = s;
+    return;
+  }
+  if (group.empty()) return;
+  const uint64_t step = group[0].step;
+  std::vector<Member> members(group.size());
+  std::vector<Member*> d, a, b;
+  for (size_t i = 0; i < group.size(); ++i) {
+    members[i].item = &group[i];
+    members[i].kind = kinds[i];
+    (kinds[i] == MergeKind::kDense      ? d
+     : kinds[i] == MergeKind::kPatternA ? a
+                                        : b)
+        .push_back(&members[i]);
+  }
+  // Every sparse member selects first, in group order, as unmerged; D members are reduced into
+  // the staging buffer by their sub-exchange.
+  for (Member& m : members) {
+    if (m.kind != MergeKind::kDense) LocalSparse(env, m, lap);
+  }
+  if (!d.empty()) DenseSubExchange(env, d, scratch, lap);
+  if (!a.empty()) IndexUnionSubExchange(env, step, a, scratch, lap);
+  if (!b.empty()) SparseGatherSubExchange(env, step, b, scratch, lap);
+  for (Member& m : members) {
+    if (m.kind == MergeKind::kDense) {
+      if (m.item->status.ok()) m.item->status = m.s;
+    } else {
+      FinishSparse(env, m, lap);
+    }
+  }
+}
+
+}  // namespace spex

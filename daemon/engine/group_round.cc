@@ -1,0 +1,154 @@
+#include "daemon/engine/group_round.h"
+
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+
+namespace spex {
+namespace {
+
+// The wire layout of the round. A value x that must be equal on every node travels as the pair
+// (x, ~x): maxed over nodes, the pair is still (x, ~x) exactly when every node sent the same x.
+enum Word : size_t {
+  kMinOffer,  // W_max - r: its maximum gives the minimum offer
+  kMaxOffer,  // r: its maximum gives the maximum offer (static plans: must equal the minimum)
+  kDensityKey,
+  kInputsFailed,
+  kDeadTrainer,
+  kNonfinite,
+  kNonfiniteMember,  // (node + 1) << 32 | member: maxed alike with kNonfinite (node first)
+  kMergerName,
+  kNotMergerName,
+  kWindow,
+  kNotWindow,
+  kMaxGroupElements,
+  kNotMaxGroupElements,
+  kConfigHash,
+  kNotConfigHash,
+  kKeys,  // kGroupRoundMaxWindow keys, then their complements
+};
+constexpr size_t kWords = kKeys + 2 * kGroupRoundMaxWindow;
+
+uint64_t StringHash(absl::string_view s) { return Fnv1a(kFnvOffset, s.data(), s.size()); }
+
+const char* KindName(MergeKind k) {
+  switch (k) {
+    case MergeKind::kDense:
+      return "D";
+    case MergeKind::kPatternA:
+      return "A";
+    case MergeKind::kPatternB:
+      return "B";
+    case MergeKind::kProbe:
+      return "P";
+  }
+  return "?";
+}
+
+bool Differs(const uint64_t* v, size_t w) { return v[w] != ~v[w + 1]; }
+
+}  // namespace
+
+uint64_t GroupMemberHash(const GroupMemberKey& key) {
+  const uint64_t name = StringHash(key.compressor);
+  const uint64_t words[] = {
+      key.bucket_id,     key.step, key.elements, name, static_cast<uint64_t>(key.kind),
+      key.fp16 ? 1u : 0u};
+  return Fnv1a(kFnvOffset, words, sizeof(words));
+}
+
+absl::Status RunGroupRound(Collective* coll, const GroupRoundInput& in, GroupRoundResult* out) {
+  const MergeConfig& cfg = in.config;
+  const size_t r = in.offer.size();
+  if (cfg.window == 0 || cfg.window > kGroupRoundMaxWindow) {
+    return absl::InvalidArgumentError(absl::StrCat("group round: the merge window must be in [1, ",
+                                                   kGroupRoundMaxWindow, "]; got ", cfg.window));
+  }
+  if (r == 0 || r > cfg.window) {
+    return absl::InvalidArgumentError(absl::StrCat("group round: this node offers ", r,
+                                                   " buckets; an offer holds 1 to ", cfg.window));
+  }
+  std::vector<uint64_t> v(kWords, 0);
+  v[kMinOffer] = kGroupRoundMaxWindow - r;
+  v[kMaxOffer] = r;
+  v[kDensityKey] = in.density_key;
+  v[kInputsFailed] = in.inputs_failed ? 1 : 0;
+  v[kDeadTrainer] = in.dead_trainer;
+  if (in.nonfinite != 0) {
+    v[kNonfinite] = in.nonfinite;
+    v[kNonfiniteMember] = (static_cast<uint64_t>(coll->rank() + 1) << 32) | in.nonfinite_member;
+  }
+  const uint64_t name = StringHash(cfg.merger);
+  const uint64_t pairs[][2] = {{kMergerName, name},
+                               {kWindow, cfg.window},
+                               {kMaxGroupElements, cfg.max_group_elements},
+                               {kConfigHash, cfg.config_hash}};
+  for (const auto& [w, x] : pairs) {
+    v[w] = x;
+    v[w + 1] = ~x;
+  }
+  for (size_t j = 0; j < r; ++j) {
+    const uint64_t h = GroupMemberHash(in.offer[j]);
+    v[kKeys + j] = h;
+    v[kKeys + kGroupRoundMaxWindow + j] = ~h;
+  }
+  if (coll->size() > 1) {
+    if (absl::Status s = coll->AllReduce(v.data(), kWords, ElemType::kUint64, ReduceOp::kMax);
+        !s.ok()) {
+      return s;
+    }
+  }
+  // The configuration first: with a different one, nothing else can be compared.
+  const char* differs = nullptr;
+  std::string mine;
+  if (Differs(v.data(), kMergerName)) {
+    differs = "the merger (--merger)";
+    mine = std::string(cfg.merger);
+  } else if (Differs(v.data(), kWindow)) {
+    differs = "the merge window W";
+    mine = absl::StrCat(cfg.window);
+  } else if (Differs(v.data(), kMaxGroupElements)) {
+    differs = "max_group_elements";
+    mine = absl::StrCat(cfg.max_group_elements);
+  } else if (Differs(v.data(), kConfigHash)) {
+    differs = "the merger's parameters";
+    mine = absl::StrCat(cfg.merger, " with configuration hash ", cfg.config_hash);
+  }
+  if (differs != nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("merger configuration differs between nodes: ", differs,
+                     " is not the same on every node "
+                     "(this node: ",
+                     mine, "). Start every spexd with the same --merger and merger flags"));
+  }
+  const size_t m = kGroupRoundMaxWindow - v[kMinOffer];
+  const size_t max_offer = v[kMaxOffer];
+  if (in.exact && m != max_offer) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "merge plan differs between nodes: the ", cfg.merger, " plan group starting at bucket ",
+        in.offer[0].bucket_id, " step ", in.offer[0].step, " has ", r,
+        " buckets on this node, but between ", m, " and ", max_offer,
+        " over the nodes. Every node must register the same buckets (same ids and sizes)"));
+  }
+  for (size_t j = 0; j < m; ++j) {
+    if (v[kKeys + j] == ~v[kKeys + kGroupRoundMaxWindow + j]) continue;
+    const GroupMemberKey& k = in.offer[j];
+    return absl::FailedPreconditionError(absl::StrCat(
+        "bucket order differs between nodes: member ", j, " of the group is bucket ", k.bucket_id,
+        " step ", k.step, " (", k.elements, " elements, compressor ", k.compressor, ", kind ",
+        KindName(k.kind), k.fp16 ? ", fp16 values" : "",
+        ") on this node but a different bucket, step, size, compressor, kind or value format on "
+        "another node. Every node must register the same buckets (same ids, sizes and "
+        "compressors) and exchange them in the same order"));
+  }
+  out->agreed = m;
+  out->density_key = v[kDensityKey];
+  out->inputs_failed = v[kInputsFailed] != 0;
+  out->dead_trainer = v[kDeadTrainer];
+  out->nonfinite = v[kNonfinite];
+  out->nonfinite_member =
+      v[kNonfinite] != 0 ? static_cast<uint32_t>(v[kNonfiniteMember] & 0xffffffffu) : 0;
+  return absl::OkStatus();
+}
+
+}  // namespace spex

@@ -1,0 +1,558 @@
+// The fused exchange (daemon/engine/fused_step.h) and the group agreement round
+// (daemon/engine/group_round.h) over in-process nodes (MERGING.md 7: M1, M2, M4, M5, M7, M8 at
+// step level; the engine does not call them yet):
+//  - ahead == unmerged: every member's output, residual, touched positions and record equal
+//    DenseStep / SparseStep run per bucket on the same inputs, bit for bit, over several steps
+//    (so the compressors' Update inputs agree too: a difference would change later selections),
+//    for dense (dyadic and normal data), micro, thresh (A), topk, dgc (B) and mixed groups;
+//  - a malformed peer message fails that sub-exchange's members on every node alike, and the
+//    nodes stay in step;
+//  - the round: the minimum offer, the maxed words, configuration / member / plan mismatches
+//    refused on every node;
+//  - the five skewed-readiness schedules: every node forms the same groups, nothing deadlocks,
+//    and the outputs equal the unmerged run.
+#include "daemon/engine/fused_step.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/engine/control_round.h"
+#include "daemon/engine/group_round.h"
+#include "daemon/engine/step.h"
+#include "daemon/merge/mergers.h"
+#include "daemon/transport/inproc_collective.h"
+#include "gtest/gtest.h"
+#include "kernels/compressor.h"
+#include "tests/support/collective_conformance.h"
+
+namespace spex::test {
+
+// The conformance suite comes with Spawn's library; this binary does not run it.
+GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(CollectiveConformance);
+
+namespace {
+
+using K = MergeKind;
+
+// A bucket of the test: compressor "dense" for a dense-only bucket; kind D with a sparse
+// compressor is a sparse bucket exchanged densely this step.
+struct Spec {
+  uint64_t id;
+  size_t n;
+  std::string compressor;
+  K kind;
+};
+
+// One bucket's memory and state on one node.
+struct NodeBucket {
+  Spec spec;
+  std::vector<float> in[2], out, acc;
+  BucketData data;
+  std::unique_ptr<SparseState> sparse;
+  ExchangeRecord rec;
+};
+
+constexpr double kDensity = 0.01;
+
+std::unique_ptr<NodeBucket> MakeBucket(const Spec& spec, int rank, int nodes, Primitives* prims) {
+  auto b = std::make_unique<NodeBucket>();
+  b->spec = spec;
+  for (auto& v : b->in) v.assign(spec.n, 0.0f);
+  b->out.assign(spec.n, 0.0f);
+  b->acc.assign(spec.n, 0.0f);
+  b->data.id = spec.id;
+  b->data.elements = spec.n;
+  b->data.input[0] = b->in[0].data();
+  b->data.input[1] = b->in[1].data();
+  b->data.output = b->out.data();
+  b->data.acc = b->acc.data();
+  if (spec.compressor != "dense") {
+    CompressorSpec cs;
+    cs.name = spec.compressor;
+    cs.density = kDensity;
+    cs.node_rank = rank;
+    cs.node_count = nodes;
+    cs.elements = spec.n;
+    auto c = MakeCompressor(cs, prims);
+    EXPECT_TRUE(c.ok()) << c.status();
+    if (c.ok()) {
+      b->sparse = std::make_unique<SparseState>();
+      b->sparse->compressor = std::move(*c);
+    }
+  }
+  return b;
+}
+
+// The trainers' inputs of a bucket at a step: a function of (node, bucket, step, trainer) only.
+// Dyadic: integers in [-2^12, 2^12] times 2^-8, so every sum is exact.
+void WriteInputs(NodeBucket* b, int rank, uint64_t step, int trainers, bool dyadic) {
+  for (int t = 0; t < trainers; ++t) {
+    std::mt19937 gen(static_cast<uint32_t>(((rank * 131 + b->spec.id) * 1009 + step) * 7 + t));
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::uniform_int_distribution<int> integer(-4096, 4096);
+    for (float& x : b->in[t])
+      x = dyadic ? std::ldexp(static_cast<float>(integer(gen)), -8) : normal(gen);
+  }
+}
+
+bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+const Lap kNoLap = [](Phase) {};
+
+StepEnv Env(Collective* coll, Primitives* prims, int trainers, bool error_feedback) {
+  StepEnv env;
+  env.coll = coll;
+  env.prims = prims;
+  env.host_prims = prims;
+  env.local_trainers = trainers;
+  env.error_feedback = error_feedback;
+  env.residual_norm_every = 1;
+  return env;
+}
+
+StepItem Item(NodeBucket* b, uint64_t step) {
+  StepItem item;
+  item.data = &b->data;
+  item.sparse = b->sparse.get();
+  item.step = step;
+  item.density = kDensity;
+  item.rec = &b->rec;
+  b->rec = ExchangeRecord();
+  return item;
+}
+
+// The unmerged reference: one DenseStep / SparseStep per bucket, in group order.
+void RunUnmerged(const StepEnv& env, const std::vector<NodeBucket*>& group, uint64_t step) {
+  for (NodeBucket* b : group) {
+    StepItem item = Item(b, step);
+    if (b->spec.kind == K::kDense) {
+      DenseStep(env, absl::MakeSpan(&item, 1), kNoLap);
+    } else {
+      SparseStep(env, absl::MakeSpan(&item, 1), kNoLap);
+    }
+    EXPECT_TRUE(item.status.ok()) << "bucket " << b->spec.id << ": " << item.status;
+  }
+}
+
+std::vector<absl::Status> RunFused(const StepEnv& env, const std::vector<NodeBucket*>& group,
+                                   uint64_t step, FusedScratch* scratch) {
+  std::vector<StepItem> items;
+  std::vector<K> kinds;
+  for (NodeBucket* b : group) {
+    items.push_back(Item(b, step));
+    kinds.push_back(b->spec.kind);
+  }
+  FusedStep(env, absl::MakeSpan(items), kinds, scratch, kNoLap);
+  std::vector<absl::Status> status;
+  for (const StepItem& item : items) status.push_back(item.status);
+  return status;
+}
+
+void ExpectSame(const NodeBucket& want, const NodeBucket& got, uint64_t step) {
+  SCOPED_TRACE(absl::StrCat("bucket ", want.spec.id, " (", want.spec.compressor, ", kind ",
+                            static_cast<int>(want.spec.kind), ") step ", step));
+  EXPECT_TRUE(SameBits(want.out, got.out)) << "output differs";
+  EXPECT_TRUE(SameBits(want.acc, got.acc)) << "residual differs";
+  if (want.sparse != nullptr && got.sparse != nullptr) {
+    EXPECT_EQ(want.sparse->touched, got.sparse->touched);
+    EXPECT_EQ(want.sparse->output_dense, got.sparse->output_dense);
+    EXPECT_EQ(want.sparse->sel.idx, got.sparse->sel.idx);
+  }
+  EXPECT_EQ(want.rec.pattern, got.rec.pattern);
+  EXPECT_EQ(want.rec.bytes_sent, got.rec.bytes_sent);
+  EXPECT_EQ(want.rec.bytes_received, got.rec.bytes_received);
+  EXPECT_EQ(want.rec.selected_elements, got.rec.selected_elements);
+  EXPECT_EQ(want.rec.gathered_elements, got.rec.gathered_elements);
+  EXPECT_EQ(want.rec.residual_norm, got.rec.residual_norm);
+  EXPECT_GT(got.rec.gathered_elements, 0u);  // something was exchanged
+}
+
+struct EqualityCase {
+  std::string name;
+  std::vector<Spec> group;
+  bool dyadic = false;
+};
+
+// N nodes with L trainers each: every node runs the group unmerged on one copy of its buckets
+// and fused on another, `steps` times, and compares after every step.
+void RunEquality(const EqualityCase& c, int nodes, int trainers, bool error_feedback, int steps) {
+  SCOPED_TRACE(absl::StrCat(c.name, ": ", nodes, " nodes x ", trainers, " trainers",
+                            error_feedback ? "" : ", no error feedback"));
+  Spawn(nodes, [&](Collective* coll) {
+    auto prims = MakeCpuPrimitives(1);
+    const StepEnv env = Env(coll, prims.get(), trainers, error_feedback);
+    std::vector<std::unique_ptr<NodeBucket>> ref, fused;
+    std::vector<NodeBucket*> ref_group, fused_group;
+    for (const Spec& s : c.group) {
+      ref.push_back(MakeBucket(s, coll->rank(), nodes, prims.get()));
+      fused.push_back(MakeBucket(s, coll->rank(), nodes, prims.get()));
+      ref_group.push_back(ref.back().get());
+      fused_group.push_back(fused.back().get());
+    }
+    FusedScratch scratch;
+    for (int step = 0; step < steps; ++step) {
+      for (size_t i = 0; i < ref.size(); ++i) {
+        WriteInputs(ref[i].get(), coll->rank(), step, trainers, c.dyadic);
+        WriteInputs(fused[i].get(), coll->rank(), step, trainers, c.dyadic);
+      }
+      RunUnmerged(env, ref_group, step);
+      const std::vector<absl::Status> status = RunFused(env, fused_group, step, &scratch);
+      for (size_t i = 0; i < ref.size(); ++i) {
+        EXPECT_TRUE(status[i].ok()) << "bucket " << c.group[i].id << ": " << status[i];
+        ExpectSame(*ref[i], *fused[i], step);
+      }
+    }
+  });
+}
+
+std::vector<EqualityCase> EqualityCases() {
+  return {
+      {"dense, dyadic data",
+       {{3, 1000, "dense", K::kDense}, {5, 37, "dense", K::kDense}, {9, 4096, "dense", K::kDense}},
+       true},
+      {"dense, normal data", {{3, 1000, "dense", K::kDense}, {5, 37, "dense", K::kDense}}, false},
+      {"micro (A)",
+       {{1, 3000, "micro", K::kPatternA},
+        {2, 500, "micro", K::kPatternA},
+        {4, 10, "micro", K::kPatternA}}},
+      {"thresh and micro (A)",
+       {{1, 2000, "thresh", K::kPatternA}, {2, 2000, "micro", K::kPatternA}}},
+      {"topk (B)",
+       {{1, 3000, "topk", K::kPatternB},
+        {2, 700, "topk", K::kPatternB},
+        {6, 10, "topk", K::kPatternB}}},
+      {"dgc (B)", {{1, 5000, "dgc", K::kPatternB}, {2, 2500, "dgc", K::kPatternB}}},
+      // Every kind in one group, interleaved: a dense-only bucket (pre-scaled when N*L is a power
+      // of two) next to a sparse bucket exchanged densely (scaled after the all-reduce).
+      {"mixed D + A + B",
+       {{10, 1500, "topk", K::kPatternB},
+        {11, 800, "dense", K::kDense},
+        {12, 2000, "micro", K::kPatternA},
+        {13, 600, "dgc", K::kDense},
+        {14, 900, "dgc", K::kPatternB},
+        {15, 1200, "thresh", K::kPatternA}}},
+  };
+}
+
+TEST(FusedStepTest, AheadEqualsUnmergedOneToFourNodes) {
+  for (const EqualityCase& c : EqualityCases()) {
+    for (int nodes = 1; nodes <= 4; ++nodes) RunEquality(c, nodes, 1, true, 4);
+  }
+}
+
+TEST(FusedStepTest, AheadEqualsUnmergedWithTwoTrainersAndWithoutErrorFeedback) {
+  for (const EqualityCase& c : EqualityCases()) {
+    RunEquality(c, 2, 2, true, 3);  // N * L = 4: the pre-scaled dense path
+    RunEquality(c, 3, 2, true, 3);  // N * L = 6: scaled after the all-reduce
+    RunEquality(c, 3, 1, false, 3);
+  }
+}
+
+TEST(FusedStepTest, AMemberOfTenElementsStillSendsAtLeastOneEntry) {
+  // MERGING.md R5: a 10-element bucket next to a large one keeps k = max(1, 0.01 * 10) = 1.
+  Spawn(2, [&](Collective* coll) {
+    auto prims = MakeCpuPrimitives(1);
+    const StepEnv env = Env(coll, prims.get(), 1, true);
+    auto small = MakeBucket({1, 10, "topk", K::kPatternB}, coll->rank(), 2, prims.get());
+    auto large = MakeBucket({2, 100000, "topk", K::kPatternB}, coll->rank(), 2, prims.get());
+    WriteInputs(small.get(), coll->rank(), 0, 1, false);
+    WriteInputs(large.get(), coll->rank(), 0, 1, false);
+    FusedScratch scratch;
+    const auto status = RunFused(env, {large.get(), small.get()}, 0, &scratch);
+    EXPECT_TRUE(status[0].ok() && status[1].ok());
+    EXPECT_EQ(small->rec.selected_elements, 1u);
+    EXPECT_EQ(large->rec.selected_elements, 1000u);
+    EXPECT_GE(small->rec.gathered_elements, 2u);  // one from each node
+  });
+}
+
+TEST(FusedStepTest, BadGroupsAreRefusedBeforeAnyCollective) {
+  // One node: a refusal that issued a collective would still pass here, so the hub of 2 below
+  // checks that both nodes return without waiting on each other (1 s timeout).
+  Spawn(
+      2,
+      [&](Collective* coll) {
+        auto prims = MakeCpuPrimitives(1);
+        const StepEnv env = Env(coll, prims.get(), 1, true);
+        auto b = MakeBucket({1, 100, "topk", K::kPatternB}, coll->rank(), 2, prims.get());
+        auto d = MakeBucket({2, 100, "dense", K::kDense}, coll->rank(), 2, prims.get());
+        FusedScratch scratch;
+        b->spec.kind = K::kPatternA;  // topk is pattern B
+        auto s = RunFused(env, {b.get(), d.get()}, 0, &scratch);
+        EXPECT_EQ(s[0].code(), absl::StatusCode::kInvalidArgument);
+        EXPECT_NE(s[0].message().find("topk (pattern B)"), std::string::npos) << s[0];
+        EXPECT_EQ(s[1].code(), absl::StatusCode::kInvalidArgument);
+        b->spec.kind = K::kProbe;
+        s = RunFused(env, {b.get()}, 0, &scratch);
+        EXPECT_NE(s[0].message().find("probing"), std::string::npos) << s[0];
+        d->spec.kind = K::kPatternB;
+        s = RunFused(env, {d.get()}, 0, &scratch);
+        EXPECT_NE(s[0].message().find("dense bucket"), std::string::npos) << s[0];
+        std::vector<StepItem> items = {Item(b.get(), 0), Item(d.get(), 1)};
+        const K kinds[] = {K::kPatternB, K::kDense};
+        FusedStep(env, absl::MakeSpan(items), kinds, &scratch, kNoLap);
+        EXPECT_NE(items[1].status.message().find("never crosses a step"), std::string::npos)
+            << items[1].status;
+      },
+      absl::Seconds(1));
+}
+
+// A Collective that appends junk to this node's all-gather contributions (a peer not following
+// the wire format).
+class TamperingCollective : public Collective {
+ public:
+  explicit TamperingCollective(Collective* inner) : inner_(inner) {}
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  const char* name() const override { return "tampering"; }
+  absl::Status AllReduce(void* data, size_t count, ElemType type, ReduceOp op) override {
+    return inner_->AllReduce(data, count, type, op);
+  }
+  absl::Status AllReduceScaled(const float* send, float* recv, size_t count, float scale) override {
+    return inner_->AllReduceScaled(send, recv, count, scale);
+  }
+  absl::Status AllGather(const void* send, size_t bytes, void* recv) override {
+    return inner_->AllGather(send, bytes, recv);
+  }
+  absl::Status AllGatherV(const void* send, size_t send_bytes, std::vector<size_t>* counts,
+                          std::vector<uint8_t>* recv) override {
+    std::vector<uint8_t> bytes(static_cast<const uint8_t*>(send),
+                               static_cast<const uint8_t*>(send) + send_bytes);
+    bytes.resize(bytes.size() + 4, 0xab);
+    return inner_->AllGatherV(bytes.data(), bytes.size(), counts, recv);
+  }
+  absl::Status Broadcast(void* data, size_t bytes, int root) override {
+    return inner_->Broadcast(data, bytes, root);
+  }
+  absl::Status Barrier() override { return inner_->Barrier(); }
+
+ private:
+  Collective* inner_;
+};
+
+TEST(FusedStepTest, AMalformedPeerMessageFailsItsSubExchangeOnEveryNode) {
+  Spawn(
+      3,
+      [&](Collective* coll) {
+        auto prims = MakeCpuPrimitives(1);
+        TamperingCollective tampering(coll);
+        Collective* mine = coll->rank() == 1 ? static_cast<Collective*>(&tampering) : coll;
+        const StepEnv env = Env(mine, prims.get(), 1, true);
+        std::vector<std::unique_ptr<NodeBucket>> owned;
+        for (const Spec& s : std::vector<Spec>{{1, 500, "dense", K::kDense},
+                                               {2, 900, "micro", K::kPatternA},
+                                               {3, 700, "topk", K::kPatternB}}) {
+          owned.push_back(MakeBucket(s, coll->rank(), 3, prims.get()));
+          WriteInputs(owned.back().get(), coll->rank(), 0, 1, false);
+        }
+        FusedScratch scratch;
+        const auto s = RunFused(env, {owned[0].get(), owned[1].get(), owned[2].get()}, 0, &scratch);
+        EXPECT_TRUE(s[0].ok()) << s[0];  // D has no wire chunks
+        for (int i : {1, 2}) {
+          EXPECT_EQ(s[i].code(), absl::StatusCode::kDataLoss) << s[i];
+          EXPECT_NE(s[i].message().find("from node 1"), std::string::npos) << s[i];
+          EXPECT_NE(s[i].message().find("after the group's last chunk"), std::string::npos) << s[i];
+        }
+        // Every node stopped at the same point: the next collective meets.
+        EXPECT_TRUE(coll->Barrier().ok());
+      },
+      absl::Seconds(5));
+}
+
+// --- The agreement round ---
+
+std::vector<GroupMemberKey> Keys(size_t r, uint64_t step = 7) {
+  std::vector<GroupMemberKey> keys;
+  for (size_t j = 0; j < r; ++j) {
+    keys.push_back({100 + j, step, 1000 + j, j % 2 ? "topk" : "micro",
+                    j % 2 ? K::kPatternB : K::kPatternA, false});
+  }
+  return keys;
+}
+
+MergeConfig Config(const Merger& m, const GroupLimits& limits) {
+  return {m.name(), limits.window, limits.max_group_elements, m.ConfigHash()};
+}
+
+// Runs the round on `nodes` in-process nodes, node r with inputs prepare(r, &in) fills.
+std::vector<std::pair<absl::Status, GroupRoundResult>> Round(
+    int nodes,
+    const std::function<void(int, GroupRoundInput*, std::vector<GroupMemberKey>*)>& prepare) {
+  std::vector<std::pair<absl::Status, GroupRoundResult>> out(nodes);
+  Spawn(
+      nodes,
+      [&](Collective* coll) {
+        const int r = coll->rank();
+        GroupRoundInput in;
+        std::vector<GroupMemberKey> keys;
+        prepare(r, &in, &keys);
+        in.offer = keys;
+        out[r].first = RunGroupRound(coll, in, &out[r].second);
+      },
+      absl::Seconds(5));
+  return out;
+}
+
+TEST(GroupRoundTest, AgreesOnTheMinimumOfferAndMaxesTheControlWords) {
+  auto rg = MakeRgmergeReadyMerger({});
+  ASSERT_TRUE(rg.ok());
+  const MergeConfig cfg = Config(**rg, GroupLimits());
+  const size_t offers[] = {5, 2, 9, 3};
+  auto out = Round(4, [&](int r, GroupRoundInput* in, std::vector<GroupMemberKey>* keys) {
+    in->config = cfg;
+    *keys = Keys(offers[r]);
+    in->density_key = r == 2 ? DensityKey(3, 0.05f) : DensityKey(1, 0.01f);
+    in->inputs_failed = r == 3;
+    in->dead_trainer = r == 1 ? DeadTrainerWord(1, 0, 42) : 0;
+    in->nonfinite = r == 0 ? NonfiniteWord(0, 1, 5) : r == 2 ? NonfiniteWord(2, 0, 9) : 0;
+    in->nonfinite_member = r == 0 ? 4 : 1;
+  });
+  for (int r = 0; r < 4; ++r) {
+    ASSERT_TRUE(out[r].first.ok()) << "node " << r << ": " << out[r].first;
+    const GroupRoundResult& g = out[r].second;
+    EXPECT_EQ(g.agreed, 2u);
+    EXPECT_EQ(g.density_key, DensityKey(3, 0.05f));
+    EXPECT_TRUE(g.inputs_failed);
+    EXPECT_EQ(g.dead_trainer, DeadTrainerWord(1, 0, 42));
+    EXPECT_EQ(g.nonfinite, NonfiniteWord(2, 0, 9));  // the highest node's, with its member
+    EXPECT_EQ(g.nonfinite_member, 1u);
+  }
+  // One node: no collective, m = the offer.
+  out = Round(1, [&](int, GroupRoundInput* in, std::vector<GroupMemberKey>* keys) {
+    in->config = cfg;
+    *keys = Keys(6);
+  });
+  ASSERT_TRUE(out[0].first.ok()) << out[0].first;
+  EXPECT_EQ(out[0].second.agreed, 6u);
+}
+
+void ExpectRefusedEverywhere(const std::vector<std::pair<absl::Status, GroupRoundResult>>& out,
+                             const std::vector<std::string>& phrases) {
+  for (size_t r = 0; r < out.size(); ++r) {
+    EXPECT_EQ(out[r].first.code(), absl::StatusCode::kFailedPrecondition)
+        << "node " << r << ": " << out[r].first;
+    for (const std::string& p : phrases) {
+      EXPECT_NE(out[r].first.message().find(p), std::string::npos)
+          << "node " << r << " lacks '" << p << "': " << out[r].first;
+    }
+  }
+}
+
+TEST(GroupRoundTest, AMergerConfigurationMismatchIsRefusedOnEveryNode) {
+  // MERGING.md M8: a different --fixed_threshold_bytes on one node.
+  FixedOptions a, b;
+  b.threshold_bytes = a.threshold_bytes / 2;
+  auto fa = MakeFixedMerger(a), fb = MakeFixedMerger(b);
+  ASSERT_TRUE(fa.ok() && fb.ok());
+  auto out = Round(3, [&](int r, GroupRoundInput* in, std::vector<GroupMemberKey>* keys) {
+    in->config = Config(r == 1 ? **fb : **fa, a.limits);
+    *keys = Keys(3);
+  });
+  ExpectRefusedEverywhere(out, {"merger configuration differs between nodes",
+                                "the merger's parameters", "fixed with configuration hash"});
+  // A different merger on one node.
+  auto rg = MakeRgmergeReadyMerger({});
+  ASSERT_TRUE(rg.ok());
+  out = Round(3, [&](int r, GroupRoundInput* in, std::vector<GroupMemberKey>* keys) {
+    in->config = Config(r == 2 ? **rg : **fa, a.limits);
+    *keys = Keys(2);
+  });
+  ExpectRefusedEverywhere(out, {"merger configuration differs", "the merger (--merger)"});
+  // A different window (the message has the same size whatever W is) and max_group_elements.
+  GroupLimits small;
+  small.window = 8;
+  out = Round(2, [&](int r, GroupRoundInput* in, std::vector<GroupMemberKey>* keys) {
+    in->config = Config(**rg, r == 0 ? small : GroupLimits());
+    *keys = Keys(2);
+  });
+  ExpectRefusedEverywhere(out, {"the merge window W"});
+  GroupLimits capped;
+  capped.max_group_elements = 1000;
+  out = Round(2, [&](int r, GroupRoundInput* in, std::vector<GroupMemberKey>* keys) {
+    in->config = Config(**rg, r == 1 ? capped : GroupLimits());
+    *keys = Keys(2);
+  });
+  ExpectRefusedEverywhere(out, {"max_group_elements"});
+}
+
+TEST(GroupRoundTest, AMemberMismatchAmongTheAgreedIsRefusedOnEveryNode) {
+  // MERGING.md M7: one node has a different size, compressor or kind at member 1.
+  auto rg = MakeRgmergeReadyMerger({});
+  ASSERT_TRUE(rg.ok());
+  const MergeConfig cfg = Config(**rg, GroupLimits());
+  for (int what = 0; what < 4; ++what) {
+    auto out = Round(3, [&](int r, GroupRoundInput* in, std::vector<GroupMemberKey>* keys) {
+      in->config = cfg;
+      *keys = Keys(3);
+      if (r != 2) return;
+      if (what == 0) (*keys)[1].elements += 1;
+      if (what == 1) (*keys)[1].compressor = "dgc";
+      if (what == 2) (*keys)[1].kind = K::kDense;
+      if (what == 3) (*keys)[1].fp16 = true;
+    });
+    ExpectRefusedEverywhere(out, {"bucket order differs between nodes", "member 1 of the group"});
+  }
+  // Beyond the agreed prefix, nothing is compared: node 1 offers 1, the others differ at 2.
+  auto out = Round(3, [&](int r, GroupRoundInput* in, std::vector<GroupMemberKey>* keys) {
+    in->config = cfg;
+    *keys = Keys(r == 1 ? 1 : 3);
+    if (r == 2) (*keys)[2].elements += 1;
+  });
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_TRUE(out[r].first.ok()) << out[r].first;
+    EXPECT_EQ(out[r].second.agreed, 1u);
+  }
+}
+
+TEST(GroupRoundTest, AStaticPlanGroupOfADifferentLengthIsRefusedOnEveryNode) {
+  OmgsOptions o;
+  auto om = MakeOmgsMerger(o);
+  ASSERT_TRUE(om.ok());
+  auto out = Round(3, [&](int r, GroupRoundInput* in, std::vector<GroupMemberKey>* keys) {
+    in->config = Config(**om, o.limits);
+    in->exact = true;
+    *keys = Keys(r == 0 ? 2 : 3);
+  });
+  ExpectRefusedEverywhere(out, {"merge plan differs between nodes", "omgs plan group"});
+  out = Round(3, [&](int, GroupRoundInput* in, std::vector<GroupMemberKey>* keys) {
+    in->config = Config(**om, o.limits);
+    in->exact = true;
+    *keys = Keys(3);
+  });
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_TRUE(out[r].first.ok()) << out[r].first;
+    EXPECT_EQ(out[r].second.agreed, 3u);
+  }
+}
+
+TEST(GroupRoundTest, BadOffersAreInvalidArgument) {
+  auto rg = MakeRgmergeReadyMerger({});
+  ASSERT_TRUE(rg.ok());
+  Spawn(1, [&](Collective* coll) {
+    GroupRoundInput in;
+    in.config = Config(**rg, GroupLimits());
+    GroupRoundResult res;
+    EXPECT_EQ(RunGroupRound(coll, in, &res).code(), absl::StatusCode::kInvalidArgument);
+    const std::vector<GroupMemberKey> keys = Keys(3);
+    in.offer = keys;
+    in.config.window = 2;
+    EXPECT_EQ(RunGroupRound(coll, in, &res).code(), absl::StatusCode::kInvalidArgument);
+    in.config.window = 65;
+    EXPECT_EQ(RunGroupRound(coll, in, &res).code(), absl::StatusCode::kInvalidArgument);
+  });
+}
+
+}  // namespace
+}  // namespace spex::test
