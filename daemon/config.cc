@@ -53,6 +53,7 @@ absl::StatusOr<DaemonConfig> LoadConfig() {
   }
   e.dense_fallback = absl::GetFlag(FLAGS_dense_fallback);
   e.probe_steps = absl::GetFlag(FLAGS_probe_steps);
+  e.nonfinite = absl::GetFlag(FLAGS_nonfinite);
   for (const auto& [flag, value, out] :
        {std::make_tuple("--max_bucket_bytes", absl::GetFlag(FLAGS_max_bucket_bytes),
                         &e.max_bucket_bytes),

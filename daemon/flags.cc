@@ -42,6 +42,11 @@ ABSL_FLAG(spex::DenseFallback, dense_fallback, spex::DenseFallback::kAuto,
           "steps, then all "
           "nodes keep the faster (never slower than dense); off: always sparse.");
 ABSL_FLAG(int, probe_steps, 3, "Sparse and dense exchanges each timed by --dense_fallback=auto.");
+ABSL_FLAG(spex::NonfinitePolicy, nonfinite, spex::NonfinitePolicy::kPropagate,
+          "propagate|error: a step in which some trainer handed in a NaN or +-Inf gives every "
+          "trainer a non-finite output (propagate; the exchange succeeds) or fails with "
+          "INVALID_ARGUMENT naming the trainer and index (error). Either way the residual and the "
+          "compressor's state stay as before that step. Every node must use the same value.");
 ABSL_FLAG(int64_t, max_bucket_bytes, 0,
           "Most memory one bucket may take on this node (its shared segment, accumulator and an "
           "estimate of its compressor's state); 0 = --max_daemon_bytes. Larger registrations get "

@@ -39,7 +39,8 @@ struct BucketMemory {
   std::unique_ptr<ShmBuffer> shm;      // the BucketHeader; on the CPU path also the data
   std::unique_ptr<SharedBuffer> data;  // device path: input slots and output
   BucketHeader* header = nullptr;
-  std::vector<float> acc_host;  // CPU path: acc's storage
+  std::vector<float> acc_host;       // CPU path: acc's storage
+  std::vector<float> acc_next_host;  // CPU path, sparse with error feedback: acc_next's
   std::unique_ptr<DeviceArray> acc_device;
   std::unique_ptr<Scratch> scratch;  // device path
   BucketData view;                   // what the steps see

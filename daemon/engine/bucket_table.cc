@@ -48,6 +48,11 @@ absl::StatusOr<EngineBucket*> BucketTable::Create(const BucketSpec& spec) {
     } else {
       b->mem.acc_host.assign(spec.elements, 0.0f);
       v.acc = b->mem.acc_host.data();
+      if (b->ex.sparse != nullptr && options_->error_feedback) {
+        // Residual + local sum goes here first, so a skipped step keeps the residual (step.h).
+        b->mem.acc_next_host.assign(spec.elements, 0.0f);
+        v.acc_next = b->mem.acc_next_host.data();
+      }
     }
   }
   if (!s.ok()) {
@@ -135,7 +140,10 @@ uint64_t BucketTable::Footprint(uint64_t elements, bool sparse) const {
                             ? DeviceBucketBytes(elements, options_->local_trainers) + kPageBytes
                             : BucketBytes(elements, options_->local_trainers);
   const bool acc = options_->local_trainers > 1 || sparse;
-  return data + (acc ? 4 * elements : 0) + (sparse ? 8 * elements : 0);
+  // Host path, sparse with error feedback: the second accumulator (BucketData::acc_next).
+  const bool acc_next = sparse && options_->error_feedback && device_.allocator == nullptr;
+  return data + (acc ? 4 * elements : 0) + (acc_next ? 4 * elements : 0) +
+         (sparse ? 8 * elements : 0);
 }
 
 bool BucketTable::SparseCandidate(const std::string& compressor, uint64_t elements) const {

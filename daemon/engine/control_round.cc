@@ -30,6 +30,8 @@ enum Word {
   kInputsFailed,
   kDeadTrainer,
   kNonfinite,
+  kPolicy,
+  kNotPolicy,
   kWords
 };
 
@@ -66,6 +68,11 @@ uint64_t NonfiniteWord(int node, uint32_t local_rank, uint32_t index) {
 }
 
 std::string NonfiniteName(uint64_t word) {
+  if (((word >> 32) & 0xffff) == kNonfiniteSum) {
+    return absl::StrCat("the sum of node ", (word >> 48) & 0x7fff,
+                        "'s local inputs (each finite there) overflowed at index ",
+                        word & 0xffffffffu);
+  }
   return absl::StrCat("local trainer ", (word >> 32) & 0xffff, " of node ", (word >> 48) & 0x7fff,
                       ", first non-finite value at index ", word & 0xffffffffu);
 }
@@ -87,6 +94,9 @@ absl::Status RunControlRound(Collective* coll, const ExchangeKey& key, Control* 
   v[kInputsFailed] = c->inputs_failed ? 1 : 0;
   v[kDeadTrainer] = c->dead_trainer;
   v[kNonfinite] = c->nonfinite;
+  const uint64_t policy = NameHash(key.nonfinite);
+  v[kPolicy] = policy;
+  v[kNotPolicy] = ~policy;
   if (coll->size() > 1) {
     if (absl::Status s = coll->AllReduce(v, kWords, ElemType::kUint64, ReduceOp::kMax); !s.ok()) {
       return s;
@@ -106,6 +116,12 @@ absl::Status RunControlRound(Collective* coll, const ExchangeKey& key, Control* 
         " on this node but another compressor on another node; every node must register a "
         "bucket with the same compressor (check --compressor and the trainers' per-bucket "
         "settings)"));
+  }
+  if (v[kPolicy] != ~v[kNotPolicy]) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "this node runs --nonfinite=", key.nonfinite,
+        " but another node runs another policy; start every spexd of the job with the same "
+        "--nonfinite"));
   }
   c->density_key = v[kDensityKey];
   c->sparse_us = v[kSparseUs];

@@ -24,6 +24,9 @@ struct ExchangeKey {
   uint64_t step = 0;
   uint64_t elements = 0;
   absl::string_view compressor;  // borrowed for the call
+  // The --nonfinite policy (its flag spelling; borrowed): nodes that would decide differently
+  // on a non-finite step must not start one.
+  absl::string_view nonfinite = "propagate";
 };
 
 // What the round carries; each field is maxed over the nodes.
@@ -37,7 +40,7 @@ struct Control {
   uint64_t dead_trainer = 0;
   // A local trainer of this node handed in a NaN or +-Inf for this step (the non-finite policy,
   // issue 16 item 3): NonfiniteWord(node, rank, first bad index), else 0. Maxed, so every node
-  // decides alike and names the same one. The engine does not set it yet.
+  // decides alike and names the same one.
   uint64_t nonfinite = 0;
 };
 
@@ -45,8 +48,12 @@ uint64_t DeadTrainerWord(int node, uint32_t local_rank, uint32_t pid);
 // "local trainer R (pid P) of node N" for a nonzero word.
 std::string DeadTrainerName(uint64_t word);
 
+// The local rank of a word whose node's local sum overflowed at the index while every input
+// there was finite (no single trainer to name).
+inline constexpr uint32_t kNonfiniteSum = 0xffff;
 uint64_t NonfiniteWord(int node, uint32_t local_rank, uint32_t index);
-// "local trainer R of node N, first non-finite value at index I" for a nonzero word.
+// "local trainer R of node N, first non-finite value at index I" for a nonzero word ("the sum
+// of node N's local inputs overflowed at index I" for kNonfiniteSum).
 std::string NonfiniteName(uint64_t word);
 
 // Runs the round over `coll` (no communication with one node). On return `*c` holds the maxed

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "daemon/engine/control_round.h"
@@ -206,8 +207,9 @@ void Engine::Process(const std::vector<EngineBucket*>& group) {
     const uint64_t dead = dead_mask_ & b->out.registered_mask;
     if (dead != 0) control.dead_trainer = dead_word_[__builtin_ctzll(dead)];
   }
+  // From the deciding step on until a step runs (a non-finite step is skipped everywhere).
   if (b->ex.sparse != nullptr && b->ex.mode == BucketExchange::Mode::kProbe &&
-      step == 2 * static_cast<uint64_t>(options_.probe_steps)) {
+      step >= 2 * static_cast<uint64_t>(options_.probe_steps)) {
     control.sparse_us = b->ex.probe_sparse_ns / 1000;
     control.dense_us = b->ex.probe_dense_ns / 1000;
   }
@@ -217,8 +219,32 @@ void Engine::Process(const std::vector<EngineBucket*>& group) {
   const absl::Status inputs = control.dead_trainer != 0 ? absl::OkStatus() : WaitInputs(b);
   lap(Phase::kWaitLocal);
   control.inputs_failed = !inputs.ok() || control.dead_trainer != 0;
+  // Host path: the local reduce runs now, before the control round, with the finite check fused
+  // into its pass. It writes nothing a skipped step must keep (step.h: ReduceLocalChecked), and
+  // the control round's nonfinite word then tells every node, before any collective of the
+  // step, whether some trainer of some node handed in a NaN or +-Inf. A failure of the reduce
+  // itself goes into the step, which fails at the commit vote like any local failure. The device
+  // path reduces inside the step, unchecked (its primitives have no fused check yet).
+  const bool reduce_now = !b->mem.view.on_device && !control.inputs_failed;
+  absl::Status reduced;
+  if (reduce_now) {
+    const bool sparse_bucket = b->ex.sparse != nullptr;
+    // A dense bucket under propagate needs no check: its all-reduce carries NaN/Inf anyway.
+    const bool check = sparse_bucket || options_.nonfinite == NonfinitePolicy::kError;
+    size_t first_bad = b->elements;
+    reduced = ReduceLocalChecked(env_, b->mem.view, sparse_bucket, check, &first_bad);
+    if (reduced.ok() && first_bad < b->elements) {  // rare: find which trainer
+      const int r = NonfiniteInput(env_, b->mem.view, first_bad);
+      control.nonfinite =
+          NonfiniteWord(collective_->rank(), r < 0 ? kNonfiniteSum : static_cast<uint32_t>(r),
+                        static_cast<uint32_t>(first_bad));
+    }
+    lap(Phase::kReduceLocal);
+  }
+  const absl::string_view policy =
+      options_.nonfinite == NonfinitePolicy::kError ? "error" : "propagate";
   absl::Status status =
-      RunControlRound(collective_, {b->id, step, b->elements, b->compressor}, &control);
+      RunControlRound(collective_, {b->id, step, b->elements, b->compressor, policy}, &control);
   if (status.ok() && control.dead_trainer != 0) {
     status = absl::AbortedError(absl::StrCat(
         "bucket ", b->id, " step ", step, ": ", DeadTrainerName(control.dead_trainer),
@@ -233,7 +259,29 @@ void Engine::Process(const std::vector<EngineBucket*>& group) {
                                             "(device event failure); see that node's log"));
   }
   lap(Phase::kCollective);
-  const bool ran = status.ok();
+  // The non-finite policy. The word is the same on every node, so all decide alike before any
+  // collective of the step; a skipped step leaves the residual (acc) and the compressor as they
+  // were, and the bucket goes on.
+  bool skip = false;
+  if (status.ok() && control.nonfinite != 0) {
+    if (options_.nonfinite == NonfinitePolicy::kError) {
+      skip = true;
+      status = absl::InvalidArgumentError(absl::StrCat(
+          "bucket ", b->id, " step ", step, ": non-finite gradient from ",
+          NonfiniteName(control.nonfinite),
+          " (--nonfinite=error: this step is skipped on every node, the residual and the "
+          "compressor's state are as before it, and the next step can go on)"));
+    } else if (b->ex.sparse != nullptr) {
+      // propagate: NaN across the bucket on every trainer of every node (a dense bucket runs
+      // its step: the all-reduce puts the NaN/Inf where an input had one).
+      skip = true;
+      status =
+          prims_->Fill(b->mem.view.output, std::numeric_limits<float>::quiet_NaN(), b->elements);
+      b->ex.sparse->output_dense = true;
+      b->ex.sparse->touched.clear();
+    }
+  }
+  const bool ran = status.ok() && !skip;
   if (ran) {
     double density;
     {
@@ -242,7 +290,8 @@ void Engine::Process(const std::vector<EngineBucket*>& group) {
       density = b->out.density;
     }
     const bool sparse = b->ex.sparse != nullptr && UseSparse(b, step, control);
-    StepItem item{&b->mem.view, b->ex.sparse.get(), step, density, &rec, {}};
+    StepItem item{&b->mem.view, b->ex.sparse.get(), step, density, &rec, reduced, reduce_now};
+    if (reduce_now && reduced.ok()) CommitLocalSum(&b->mem.view);
     const uint64_t t_work = MonotonicNanos();
     if (sparse) {
       SparseStep(env_, absl::MakeSpan(&item, 1), lap);

@@ -25,6 +25,24 @@ bool AbslParseFlag(absl::string_view text, DenseFallback* out, std::string* erro
 
 std::string AbslUnparseFlag(DenseFallback v) { return v == DenseFallback::kAuto ? "auto" : "off"; }
 
+bool AbslParseFlag(absl::string_view text, NonfinitePolicy* out, std::string* error) {
+  if (text == "propagate") {
+    *out = NonfinitePolicy::kPropagate;
+    return true;
+  }
+  if (text == "error") {
+    *out = NonfinitePolicy::kError;
+    return true;
+  }
+  *error = absl::StrCat("'", text.substr(0, 64),
+                        "' is not a non-finite policy; accepted: propagate, error");
+  return false;
+}
+
+std::string AbslUnparseFlag(NonfinitePolicy v) {
+  return v == NonfinitePolicy::kPropagate ? "propagate" : "error";
+}
+
 uint64_t DefaultMemoryLimit() {
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
   uint64_t limit = pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * page / 2 : 8ull << 30;

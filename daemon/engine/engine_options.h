@@ -26,6 +26,17 @@ enum class DenseFallback { kAuto, kOff };
 bool AbslParseFlag(absl::string_view text, DenseFallback* out, std::string* error);
 std::string AbslUnparseFlag(DenseFallback v);
 
+// --nonfinite: what a step does when some trainer of some node handed in a NaN or +-Inf (the
+// fused check of the local reduce finds it; the control round tells every node before any
+// collective of the step). Under both, the residual and the compressor's state stay exactly as
+// before the step. kPropagate: every trainer's output is non-finite (a dense bucket: the
+// all-reduce's NaN/Inf at the positions an input had one; a sparse bucket: NaN across the
+// bucket) and the exchange returns OK, so a loss scaler skips the step. kError: the exchange
+// fails with INVALID_ARGUMENT naming the trainer and the first bad index; the next step works.
+enum class NonfinitePolicy { kPropagate, kError };
+bool AbslParseFlag(absl::string_view text, NonfinitePolicy* out, std::string* error);
+std::string AbslUnparseFlag(NonfinitePolicy v);
+
 // Builds a bucket's compressor on the bucket's primitives (device primitives on the device
 // path). A null result means the bucket exchanges dense. Empty = MakeCompressor (the library).
 using CompressorFactory = std::function<absl::StatusOr<std::unique_ptr<Compressor>>(
@@ -48,11 +59,14 @@ struct EngineOptions {
   bool fp16_values = false;                   // pattern B values as float16 on the wire
   int residual_norm_every = 10;               // steps between residual-norm computations (0: never)
   MergerPolicy merger = MergerPolicy::kNone;  // which ready buckets share one exchange
+  // --nonfinite: what a step does where a trainer handed in a NaN/+-Inf (every bucket alike).
+  NonfinitePolicy nonfinite = NonfinitePolicy::kPropagate;
   // Memory limits, checked at registration before anything is allocated; 0 = derived from the
   // machine at Start() (DefaultMemoryLimit). A request over one gets RESOURCE_EXHAUSTED naming
   // the limit and its flag. A bucket's bytes: its shared segment (header, L input slots,
-  // output) plus its accumulator, and for a sparse bucket 2 x 4 bytes per element of selection
-  // and compressor state (an upper estimate).
+  // output) plus its accumulator (two for a sparse bucket with error feedback on the CPU path:
+  // step.h acc_next), and for a sparse bucket 2 x 4 bytes per element of selection and
+  // compressor state (an upper estimate).
   uint64_t max_bucket_bytes = 0;       // --max_bucket_bytes
   uint64_t max_session_bytes = 0;      // --max_session_bytes: the buckets one trainer registered
   uint64_t max_daemon_bytes = 0;       // --max_daemon_bytes: every bucket of this node

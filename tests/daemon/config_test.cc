@@ -31,6 +31,7 @@ TEST_F(ConfigTest, DefaultsAreValid) {
   EXPECT_EQ(c->engine.compressor, "dense");
   EXPECT_EQ(c->engine.dense_fallback, DenseFallback::kAuto);
   EXPECT_EQ(c->engine.merger, MergerPolicy::kNone);
+  EXPECT_EQ(c->engine.nonfinite, NonfinitePolicy::kPropagate);
   EXPECT_EQ(c->device, DeviceChoice::kAuto);
   EXPECT_EQ(c->log_level, LogLevel::kInfo);
   EXPECT_EQ(c->socket_mode, 0600u);
@@ -55,6 +56,7 @@ TEST_F(ConfigTest, GoodFlagsGiveTypedValues) {
   absl::SetFlag(&FLAGS_min_sparse_elements, int64_t{100});
   absl::SetFlag(&FLAGS_dense_fallback, DenseFallback::kOff);
   absl::SetFlag(&FLAGS_probe_steps, 5);
+  absl::SetFlag(&FLAGS_nonfinite, NonfinitePolicy::kError);
   absl::SetFlag(&FLAGS_fp16_values, true);
   absl::SetFlag(&FLAGS_residual_norm_every, 0);
   absl::SetFlag(&FLAGS_log_level, LogLevel::kWarning);
@@ -79,6 +81,7 @@ TEST_F(ConfigTest, GoodFlagsGiveTypedValues) {
   EXPECT_EQ(e.min_sparse_elements, 100u);
   EXPECT_EQ(e.dense_fallback, DenseFallback::kOff);
   EXPECT_EQ(e.probe_steps, 5);
+  EXPECT_EQ(e.nonfinite, NonfinitePolicy::kError);
   EXPECT_TRUE(e.fp16_values);
   EXPECT_EQ(e.residual_norm_every, 0);
   EXPECT_FALSE(e.shm_tag.empty());
@@ -137,6 +140,7 @@ TEST_F(ConfigTest, EnumeratedFlagsParseTheirSpellings) {
   } kFlags[] = {
       {"device", {"auto", "cpu", "cuda"}, "auto, cpu, cuda"},
       {"dense_fallback", {"auto", "off"}, "auto, off"},
+      {"nonfinite", {"propagate", "error"}, "propagate, error"},
       {"merger", {"none", "fixed", "omgs", "rgmerge"}, "none"},
       {"log_level", {"debug", "info", "warning", "error"}, "debug, info, warning, error"},
   };
@@ -166,6 +170,7 @@ TEST_F(ConfigTest, CommandLineRefusesABadValueNamingTheFlag) {
   } kCases[] = {
       {"--device=gpu", "flag 'device'.*--device must be one of auto, cpu, cuda; got 'gpu'"},
       {"--dense_fallback=on", "flag 'dense_fallback'.*accepted: auto, off"},
+      {"--nonfinite=ignore", "flag 'nonfinite'.*accepted: propagate, error"},
       {"--merger=greedy", "flag 'merger'.*accepted: none"},
       {"--log_level=verbose", "flag 'log_level'.*debug, info, warning, error"},
   };

@@ -1,15 +1,27 @@
-// The non-finite gradient policy (issue 16 item 3), the parts written so far: the control
-// round's nonfinite word, which tells every node which trainer of which node handed in the first
-// NaN/+-Inf, so that all nodes decide alike before anything is mutated. The engine does not set
-// or read the word yet; the multi-node policy tests (dense, micro, topk, both policies) are not
-// written.
+// The non-finite gradient policy (issue 16 item 3). The control round's nonfinite word tells
+// every node which trainer of which node handed in the first NaN/+-Inf, so that all nodes decide
+// alike before anything is mutated; and the engine's policy (--nonfinite) over 2 in-process nodes
+// x 2 trainers, for dense, micro (pattern A) and topk (pattern B) buckets, with a NaN and a +Inf
+// on one trainer of one node: under propagate every trainer's output is non-finite and the step
+// succeeds, under error every trainer gets INVALID_ARGUMENT naming the trainer and the first bad
+// index; then the clean steps must equal, bit for bit, those of a run that never saw the bad
+// step (its compressor told the same step numbers), so the residual and the compressor's state
+// were left exactly as before it.
+#include <cmath>
+#include <cstring>
+#include <limits>
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "daemon/engine/control_round.h"
+#include "daemon/engine/engine.h"
 #include "daemon/transport/inproc_collective.h"
 #include "gtest/gtest.h"
+#include "kernels/compressor.h"
+#include "tests/support/engine_cluster.h"
 
 namespace spex {
 namespace {
@@ -43,6 +55,32 @@ TEST(NonfiniteWordTest, EveryNodeGetsTheSameWord) {
   }
 }
 
+TEST(NonfiniteWordTest, NamesAnOverflowedSum) {
+  EXPECT_EQ(NonfiniteName(NonfiniteWord(1, kNonfiniteSum, 5)),
+            "the sum of node 1's local inputs (each finite there) overflowed at index 5");
+}
+
+// Nodes that would decide differently on a non-finite step refuse to start one.
+TEST(NonfiniteWordTest, NodesWithDifferentPoliciesGetAClearError) {
+  constexpr int kNodes = 2;
+  InProcessHub hub(kNodes);
+  std::vector<absl::Status> status(kNodes);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kNodes; ++r) {
+    threads.emplace_back([&, r] {
+      std::unique_ptr<Collective> coll = hub.Connect(r);
+      Control c;
+      status[r] = RunControlRound(
+          coll.get(), ExchangeKey{1, 2, 100, "micro", r == 0 ? "propagate" : "error"}, &c);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int r = 0; r < kNodes; ++r) {
+    EXPECT_EQ(status[r].code(), absl::StatusCode::kFailedPrecondition) << status[r];
+    EXPECT_NE(status[r].message().find("--nonfinite"), std::string::npos) << status[r];
+  }
+}
+
 TEST(NonfiniteWordTest, ZeroWhenNoNodeSawOne) {
   constexpr int kNodes = 2;
   InProcessHub hub(kNodes);
@@ -56,6 +94,221 @@ TEST(NonfiniteWordTest, ZeroWhenNoNodeSawOne) {
   }
   for (std::thread& t : threads) t.join();
   for (const Control& c : got) EXPECT_EQ(c.nonfinite, 0u);
+}
+
+// --- The engine's policy ---
+
+constexpr int kNodes = 2, kTrainers = 2;
+constexpr size_t kElements = 20000;
+constexpr uint64_t kBadStep = 2;
+constexpr int kSteps = 6;            // run A: steps 0..5, step 2 bad
+constexpr int kBadNode = 1;          // the node whose trainers hand in the bad values:
+constexpr size_t kFirstBad = 777;    // trainer 1 here (the first bad index of the node's sum) ...
+constexpr size_t kLaterBad = 12345;  // ... and trainer 0 here
+
+float Value(int node, int trainer, uint64_t step, size_t i) {
+  uint64_t x = (static_cast<uint64_t>(node) << 56) ^ (static_cast<uint64_t>(trainer) << 48) ^
+               (step << 32) ^ i;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  x ^= x >> 31;
+  const double u = ((x & 0xffffffull) + 0.5) / 16777216.0 - 0.5;
+  const double scale = 1.0 + 4.0 * ((i * 2654435761u) % 97 == 0);
+  return static_cast<float>(u * scale * 1e-3);
+}
+
+// A library compressor told step + 1 for every step from `from` on: the run that never saw the
+// bad step then gives its compressor the same step numbers as the run that skipped it (micro's
+// partition ownership follows the step). shift 0: the library compressor as it is.
+class StepShiftCompressor : public Compressor {
+ public:
+  StepShiftCompressor(const CompressorSpec& spec, Primitives* prims,
+                      std::unique_ptr<Compressor> inner, uint64_t from, uint64_t shift)
+      : Compressor(spec, prims), inner_(std::move(inner)), from_(from), shift_(shift) {}
+  Pattern pattern() const override { return inner_->pattern(); }
+
+ protected:
+  absl::Status DoSelect(const StepContext& ctx, float* acc, const float* add, bool zero,
+                        Selection* out) override {
+    if (inner_->density() != ctx.density) {
+      if (absl::Status s = inner_->SetDensity(ctx.density); !s.ok()) return s;
+    }
+    return inner_->Select(Shifted(ctx.step), acc, add, zero, out);
+  }
+  absl::Status DoUpdate(const StepContext& ctx, const Gathered& g) override {
+    return inner_->Update(Shifted(ctx.step), g);
+  }
+
+ private:
+  uint64_t Shifted(uint64_t step) const { return step >= from_ ? step + shift_ : step; }
+  std::unique_ptr<Compressor> inner_;
+  uint64_t from_, shift_;
+};
+
+struct PolicyCase {
+  const char* compressor;
+  bool nan;  // else +Inf
+  NonfinitePolicy policy;
+};
+
+std::string PolicyCaseName(const testing::TestParamInfo<PolicyCase>& info) {
+  return absl::StrCat(info.param.compressor, info.param.nan ? "_nan_" : "_inf_",
+                      AbslUnparseFlag(info.param.policy));
+}
+
+// What one run gave: per node, trainer and step, the status, the output and the residual norm.
+struct RunResult {
+  std::vector<absl::Status> status;
+  std::vector<std::vector<float>> output;
+  std::vector<double> residual_norm;
+  static size_t At(int node, int trainer, int step) {
+    return (static_cast<size_t>(node) * kTrainers + trainer) * kSteps + step;
+  }
+};
+
+// Run A (`skip_bad` false): steps 0..kSteps-1 with the bad values in step kBadStep. Run B
+// (`skip_bad` true): the same inputs without step kBadStep, so kSteps - 1 steps, its
+// compressor told step + 1 from kBadStep on.
+RunResult Exchange(const PolicyCase& c, bool skip_bad, float bad) {
+  test::EngineClusterOptions o;
+  o.nodes = kNodes;
+  o.trainers = kTrainers;
+  o.cpu_primitives = true;  // the fused CPU check
+  o.engine.shm_tag = skip_bad ? "nonfiniteB" : "nonfiniteA";
+  o.engine.dense_fallback = DenseFallback::kOff;
+  o.engine.min_sparse_elements = 0;
+  o.engine.residual_norm_every = 1;
+  o.engine.nonfinite = c.policy;
+  o.engine.compressor_factory = [skip_bad](
+                                    const CompressorSpec& spec,
+                                    Primitives* p) -> absl::StatusOr<std::unique_ptr<Compressor>> {
+    absl::StatusOr<std::unique_ptr<Compressor>> inner = MakeCompressor(spec, p);
+    if (!inner.ok()) return inner.status();
+    return std::unique_ptr<Compressor>(
+        new StepShiftCompressor(spec, p, std::move(*inner), kBadStep, skip_bad ? 1 : 0));
+  };
+  test::EngineCluster cluster(o);
+  EXPECT_TRUE(cluster.status().ok()) << cluster.status();
+  RunResult run;
+  const size_t slots = static_cast<size_t>(kNodes) * kTrainers * kSteps;
+  run.status.assign(slots, absl::UnknownError("not run"));
+  run.output.assign(slots, {});
+  run.residual_norm.assign(slots, -1);
+  const int steps = skip_bad ? kSteps - 1 : kSteps;
+  cluster.ForEachTrainer([&](int node, int t) {
+    auto tr = test::Trainer::Open(&cluster.engine(node), t, kTrainers);
+    ASSERT_TRUE(tr.ok()) << tr.status();
+    ASSERT_TRUE(tr->Register(7, kElements, c.compressor, 0.01).ok());
+    for (int k = 0; k < steps; ++k) {
+      const uint64_t input_step = skip_bad && k >= static_cast<int>(kBadStep) ? k + 1 : k;
+      tr->Fill(7, [&](size_t i) { return Value(node, t, input_step, i); });
+      if (!skip_bad && input_step == kBadStep && node == kBadNode) {
+        tr->input(7)[t == 1 ? kFirstBad : kLaterBad] = bad;
+      }
+      absl::StatusOr<ExchangeRecord> rec = tr->Exchange(7, k, absl::Seconds(20));
+      const size_t at = RunResult::At(node, t, k);
+      run.status[at] = rec.status();
+      run.output[at].assign(tr->output(7), tr->output(7) + kElements);
+      if (rec.ok()) run.residual_norm[at] = rec->residual_norm;
+    }
+  });
+  return run;
+}
+
+class NonfinitePolicyTest : public testing::TestWithParam<PolicyCase> {};
+
+TEST_P(NonfinitePolicyTest, BadStepThenCleanStepsAsIfItNeverHappened) {
+  const PolicyCase& c = GetParam();
+  const float bad =
+      c.nan ? std::numeric_limits<float>::quiet_NaN() : std::numeric_limits<float>::infinity();
+  const bool dense = std::string(c.compressor) == "dense";
+  const RunResult a = Exchange(c, /*skip_bad=*/false, bad);
+  const RunResult b = Exchange(c, /*skip_bad=*/true, bad);
+  const std::string name = NonfiniteName(NonfiniteWord(kBadNode, 1, kFirstBad));
+  for (int node = 0; node < kNodes; ++node) {
+    for (int t = 0; t < kTrainers; ++t) {
+      for (int s = 0; s < kSteps; ++s) {
+        SCOPED_TRACE(absl::StrCat("node ", node, " trainer ", t, " step ", s));
+        const size_t at = RunResult::At(node, t, s);
+        const std::vector<float>& out = a.output[at];
+        if (s == static_cast<int>(kBadStep)) {
+          if (c.policy == NonfinitePolicy::kError) {
+            EXPECT_EQ(a.status[at].code(), absl::StatusCode::kInvalidArgument) << a.status[at];
+            EXPECT_NE(a.status[at].message().find(name), std::string::npos) << a.status[at];
+            continue;
+          }
+          ASSERT_TRUE(a.status[at].ok()) << a.status[at];
+          if (dense) {  // the all-reduce's NaN/Inf where an input had one, finite elsewhere
+            size_t nonfinite = 0;
+            for (float x : out) nonfinite += !std::isfinite(x);
+            EXPECT_EQ(nonfinite, 2u);
+            for (size_t i : {kFirstBad, kLaterBad}) {
+              EXPECT_TRUE(c.nan ? std::isnan(out[i]) : out[i] == bad) << i << ": " << out[i];
+            }
+          } else {  // NaN across the bucket
+            size_t nan = 0;
+            for (float x : out) nan += std::isnan(x);
+            EXPECT_EQ(nan, kElements);
+          }
+          continue;
+        }
+        ASSERT_TRUE(a.status[at].ok()) << a.status[at];
+        // Run B's step for this one: the same inputs, one step earlier after the bad one.
+        const size_t bt = RunResult::At(node, t, s > static_cast<int>(kBadStep) ? s - 1 : s);
+        ASSERT_TRUE(b.status[bt].ok()) << b.status[bt];
+        EXPECT_EQ(std::memcmp(out.data(), b.output[bt].data(), kElements * sizeof(float)), 0)
+            << "output differs from the run that never saw the bad step";
+        EXPECT_EQ(a.residual_norm[at], b.residual_norm[bt]);
+        size_t nonfinite = 0;
+        for (float x : out) nonfinite += !std::isfinite(x);
+        EXPECT_EQ(nonfinite, 0u);
+      }
+    }
+  }
+}
+
+std::vector<PolicyCase> PolicyCases() {
+  std::vector<PolicyCase> cases;
+  for (const char* compressor : {"dense", "micro", "topk"}) {
+    for (bool nan : {true, false}) {
+      for (NonfinitePolicy p : {NonfinitePolicy::kPropagate, NonfinitePolicy::kError}) {
+        cases.push_back({compressor, nan, p});
+      }
+    }
+  }
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(DenseMicroTopk, NonfinitePolicyTest, testing::ValuesIn(PolicyCases()),
+                         PolicyCaseName);
+
+// Finite inputs whose sum overflows on one node: no trainer to name, the node's sum is named.
+TEST(NonfinitePolicyErrors, AnOverflowingSumIsNamedAsSuch) {
+  test::EngineClusterOptions o;
+  o.nodes = kNodes;
+  o.trainers = kTrainers;
+  o.cpu_primitives = true;
+  o.engine.shm_tag = "nonfiniteO";
+  o.engine.dense_fallback = DenseFallback::kOff;
+  o.engine.min_sparse_elements = 0;
+  o.engine.nonfinite = NonfinitePolicy::kError;
+  test::EngineCluster cluster(o);
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status();
+  std::vector<absl::Status> status(kNodes * kTrainers);
+  cluster.ForEachTrainer([&](int node, int t) {
+    auto tr = test::Trainer::Open(&cluster.engine(node), t, kTrainers);
+    ASSERT_TRUE(tr.ok()) << tr.status();
+    ASSERT_TRUE(tr->Register(3, kElements, "topk", 0.01).ok());
+    tr->Fill(3, [&](size_t i) { return node == 0 && i == 5 ? 3e38f : 1.0f; });
+    status[node * kTrainers + t] = tr->Exchange(3, 0, absl::Seconds(20)).status();
+  });
+  for (const absl::Status& s : status) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(s.message().find("the sum of node 0's local inputs (each finite there) overflowed "
+                               "at index 5"),
+              std::string::npos)
+        << s;
+  }
 }
 
 }  // namespace
