@@ -58,6 +58,12 @@ ABSL_FLAG(int64_t, max_daemon_bytes, 0,
           "more than /dev/shm has free at start.");
 ABSL_FLAG(int, max_buckets_per_session, 4096, "Most buckets one trainer may register.");
 ABSL_FLAG(bool, fp16_values, false, "Send pattern-B values as float16 (indices stay uint32).");
+ABSL_FLAG(spex::SparseAllreduce, sparse_allreduce, spex::SparseAllreduce::kAllGather,
+          "How pattern-B buckets (topk, gtopk, randomk, dgc, gaussiank, redsync, redsync_trim, "
+          "sidco_*, sage) sum their selections: allgather (every node receives every node's "
+          "selection) or oktopk (a sparse reduce-scatter by index region, then an all-gather of "
+          "the reduced entries; the same result; host memory only; other sparse compressors are "
+          "refused). auto is not implemented yet.");
 ABSL_FLAG(int, residual_norm_every, 10,
           "Compute the residual norm for stats every this many steps (0: never).");
 ABSL_FLAG(spex::MergerPolicy, merger, spex::MergerPolicy::kNone,

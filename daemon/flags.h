@@ -34,6 +34,7 @@ ABSL_DECLARE_FLAG(int64_t, max_session_bytes);
 ABSL_DECLARE_FLAG(int64_t, max_daemon_bytes);
 ABSL_DECLARE_FLAG(int, max_buckets_per_session);
 ABSL_DECLARE_FLAG(bool, fp16_values);
+ABSL_DECLARE_FLAG(spex::SparseAllreduce, sparse_allreduce);
 ABSL_DECLARE_FLAG(int, residual_norm_every);
 ABSL_DECLARE_FLAG(spex::MergerPolicy, merger);
 ABSL_DECLARE_FLAG(spex::LogLevel, log_level);

@@ -89,7 +89,19 @@ absl::Status Compressor::Update(uint64_t step, const Gathered& g) {
   }
   switch (pattern()) {
     case Pattern::kSparseGather:
-      if (g.indices.size() != total) {
+      if (g.reduced) {
+        if (g.indices.size() > total) {
+          return absl::InvalidArgumentError(absl::StrCat(name_, ": the reduced entries are ",
+                                                         g.indices.size(),
+                                                         ", more than the counts' sum ", total));
+        }
+        for (size_t i = 1; i < g.indices.size(); ++i) {
+          if (g.indices[i] <= g.indices[i - 1]) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                name_, ": the reduced entries must be sorted and unique (position ", i, ")"));
+          }
+        }
+      } else if (g.indices.size() != total) {
         return absl::InvalidArgumentError(absl::StrCat(name_, ": Update got ", g.indices.size(),
                                                        " indices but the counts sum to ", total));
       }

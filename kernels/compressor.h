@@ -84,6 +84,10 @@ struct Gathered {
   absl::Span<const uint64_t> counts;   // per-node selected counts, node order (size node_count)
   absl::Span<const uint32_t> indices;  // A: sorted unique union; B: all nodes' idx concatenated
                                        // in node order (sum of counts); D: empty
+  // B summed by the Ok-Topk exchange (--sparse_allreduce=oktopk): `indices` are the sorted,
+  // unique positions written (at most the sum of counts), not every node's selection. Only
+  // compressors whose Update reads neither (OkTopkCompressorNames) are given this.
+  bool reduced = false;
 };
 
 class Compressor {
@@ -142,6 +146,14 @@ absl::StatusOr<std::unique_ptr<Compressor>> MakeCompressor(const CompressorSpec&
 // The registered names that run on device primitives, sorted; whether `name` is one of them.
 std::vector<std::string> DeviceCompressorNames();
 bool CompressorRunsOnDevice(const std::string& name);
+
+// The registered names that can exchange over the Ok-Topk sparse all-reduce
+// (--sparse_allreduce=oktopk, docs/algorithms.md#oktopk), sorted: the pattern-B compressors,
+// whose Update reads nothing of the gathered counts and indices, so the owners' counts and the
+// reduced union that exchange reports serve as well as every node's selection. Whether `name`
+// is one of them.
+std::vector<std::string> OkTopkCompressorNames();
+bool CompressorCanUseOkTopk(const std::string& name);
 
 // Checks a name, density and parameters without building (for registration-time errors).
 absl::Status ValidateCompressor(const std::string& name, double density,

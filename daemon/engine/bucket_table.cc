@@ -123,8 +123,13 @@ absl::Status BucketTable::BuildCompressor(EngineBucket* b, double density) {
                                                       : MakeCompressor(spec, prims_);
   if (!c.ok()) return c.status();
   if (*c == nullptr || (*c)->pattern() == Pattern::kDense) return absl::OkStatus();
+  if (absl::Status s = CheckSparseAllreduce(*options_, b->compressor, b->mem.view.on_device);
+      !s.ok()) {
+    return s;
+  }
   b->ex.sparse = std::make_unique<SparseState>();
   b->ex.sparse->compressor = std::move(*c);
+  b->ex.sparse->oktopk = options_->sparse_allreduce == SparseAllreduce::kOkTopk;
   b->ex.mode = options_->dense_fallback == DenseFallback::kAuto ? BucketExchange::Mode::kProbe
                                                                 : BucketExchange::Mode::kSparse;
   return absl::OkStatus();

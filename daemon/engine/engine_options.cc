@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "daemon/memory/layout.h"
 
 namespace spex {
@@ -43,6 +44,46 @@ std::string AbslUnparseFlag(NonfinitePolicy v) {
   return v == NonfinitePolicy::kPropagate ? "propagate" : "error";
 }
 
+bool AbslParseFlag(absl::string_view text, SparseAllreduce* out, std::string* error) {
+  if (text == "allgather") {
+    *out = SparseAllreduce::kAllGather;
+    return true;
+  }
+  if (text == "oktopk") {
+    *out = SparseAllreduce::kOkTopk;
+    return true;
+  }
+  if (text == "auto") {
+    *error =
+        "'auto' (a per-bucket choice from measured cost) is not implemented yet; accepted: "
+        "allgather, oktopk";
+    return false;
+  }
+  *error = absl::StrCat("'", text.substr(0, 64),
+                        "' is not a sparse all-reduce; accepted: allgather, oktopk");
+  return false;
+}
+
+std::string AbslUnparseFlag(SparseAllreduce v) {
+  return v == SparseAllreduce::kOkTopk ? "oktopk" : "allgather";
+}
+
+absl::Status CheckSparseAllreduce(const EngineOptions& o, const std::string& compressor,
+                                  bool on_device) {
+  if (o.sparse_allreduce != SparseAllreduce::kOkTopk) return absl::OkStatus();
+  if (on_device) {
+    return absl::UnimplementedError(
+        "--sparse_allreduce=oktopk runs on host memory only (--device=cpu); device buckets "
+        "need --sparse_allreduce=allgather");
+  }
+  if (CompressorCanUseOkTopk(compressor)) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "compressor ", compressor,
+      " cannot use --sparse_allreduce=oktopk (it sums (index, value) "
+      "selections of pattern-B compressors only); the compressors that can: ",
+      absl::StrJoin(OkTopkCompressorNames(), ", "), "; or use --sparse_allreduce=allgather"));
+}
+
 uint64_t DefaultMemoryLimit() {
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
   uint64_t limit = pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * page / 2 : 8ull << 30;
@@ -78,6 +119,13 @@ absl::Status ValidateEngineOptions(const EngineOptions& o) {
   if (!o.compressor_factory) {
     if (absl::Status s = ValidateCompressor(o.compressor, o.density, {}); !s.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("--compressor/--density: ", s.message()));
+    }
+    // The default compressor must be able to use the chosen exchange (dense never exchanges
+    // sparse); a bucket registering another one is checked at registration.
+    if (o.compressor != "dense") {
+      if (absl::Status s = CheckSparseAllreduce(o, o.compressor, /*on_device=*/false); !s.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat("--compressor: ", s.message()));
+      }
     }
   }
   return absl::OkStatus();

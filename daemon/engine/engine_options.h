@@ -37,6 +37,16 @@ enum class NonfinitePolicy { kPropagate, kError };
 bool AbslParseFlag(absl::string_view text, NonfinitePolicy* out, std::string* error);
 std::string AbslUnparseFlag(NonfinitePolicy v);
 
+// --sparse_allreduce: how a pattern-B bucket's selections are summed over the nodes.
+// kAllGather: every node's (index, value) chunk is all-gathered (pattern B). kOkTopk: the Ok-Topk
+// sparse reduce-scatter by index region and an all-gatherv of the reduced entries
+// (daemon/engine/oktopk_exchange.h, global selection "all": the same result bit for bit), for the
+// compressors of OkTopkCompressorNames(), on host memory. "auto" (a per-bucket choice from
+// measured cost) is not implemented: the parser refuses it.
+enum class SparseAllreduce { kAllGather, kOkTopk };
+bool AbslParseFlag(absl::string_view text, SparseAllreduce* out, std::string* error);
+std::string AbslUnparseFlag(SparseAllreduce v);
+
 // Builds a bucket's compressor on the bucket's primitives (device primitives on the device
 // path). A null result means the bucket exchanges dense. Empty = MakeCompressor (the library).
 using CompressorFactory = std::function<absl::StatusOr<std::unique_ptr<Compressor>>(
@@ -55,8 +65,9 @@ struct EngineOptions {
   bool error_feedback = true;            // keep what a sparse step did not send for later steps
   uint64_t min_sparse_elements = 16384;  // smaller buckets always go dense
   DenseFallback dense_fallback = DenseFallback::kAuto;
-  int probe_steps = 3;                        // kAuto: sparse and dense steps each measured
-  bool fp16_values = false;                   // pattern B values as float16 on the wire
+  int probe_steps = 3;       // kAuto: sparse and dense steps each measured
+  bool fp16_values = false;  // pattern B values as float16 on the wire
+  SparseAllreduce sparse_allreduce = SparseAllreduce::kAllGather;  // pattern B's exchange
   int residual_norm_every = 10;               // steps between residual-norm computations (0: never)
   MergerPolicy merger = MergerPolicy::kNone;  // which ready buckets share one exchange
   // --nonfinite: what a step does where a trainer handed in a NaN/+-Inf (every bucket alike).
@@ -99,5 +110,11 @@ std::string QuotePrefix(absl::string_view s);
 // The checks every engine makes at Start(): InvalidArgument naming the option (as its spexd
 // flag) for a value out of range.
 absl::Status ValidateEngineOptions(const EngineOptions& o);
+
+// Whether a sparse bucket with `compressor` can use o.sparse_allreduce: always with allgather;
+// with oktopk only a compressor of OkTopkCompressorNames() on host memory. InvalidArgument naming
+// the compressors that can, or Unimplemented for a device bucket.
+absl::Status CheckSparseAllreduce(const EngineOptions& o, const std::string& compressor,
+                                  bool on_device);
 
 }  // namespace spex

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "daemon/engine/oktopk_exchange.h"
 #include "daemon/engine/sparse_exchange.h"
 #include "daemon/engine/step.h"
 
@@ -65,11 +66,17 @@ void SparseStepOne(const StepEnv& env, StepItem& item, const Lap& lap) {
   DeviceSide device_side{env.prims, b.scratch};
   const DeviceSide* dev = b.on_device ? &device_side : nullptr;
   SparseExchangeResult res;
-  const absl::Status x =
-      pattern == Pattern::kIndexUnion
-          ? ExchangeIndexUnion(env.coll, env.host_prims, args, sel.idx, b.acc, b.output, &res, dev)
-          : ExchangeSparseGather(env.coll, env.host_prims, args, sel.idx, sel.val, b.output, &res,
-                                 dev);
+  absl::Status x;
+  if (pattern == Pattern::kIndexUnion) {
+    x = ExchangeIndexUnion(env.coll, env.host_prims, args, sel.idx, b.acc, b.output, &res, dev);
+  } else if (st.oktopk) {
+    // Host memory only (registration refuses device buckets); equal static regions. Update then
+    // sees the owners' counts and the reduced union, which no oktopk-capable compressor reads.
+    x = ExchangeOkTopk(env.coll, env.host_prims, args, /*bounds=*/{}, sel.idx, sel.val, b.output,
+                       &res);
+  } else {
+    x = ExchangeSparseGather(env.coll, env.host_prims, args, sel.idx, sel.val, b.output, &res, dev);
+  }
   keep(x);
   lap(Phase::kCollective);
   ExchangeRecord& rec = *item.rec;
@@ -90,6 +97,7 @@ void SparseStepOne(const StepEnv& env, StepItem& item, const Lap& lap) {
     Gathered g;
     g.counts = absl::MakeConstSpan(res.counts);
     g.indices = absl::MakeConstSpan(res.gathered_idx);
+    g.reduced = st.oktopk && pattern == Pattern::kSparseGather;
     keep(c.Update(step, g));
   }
   st.touched = std::move(res.touched);

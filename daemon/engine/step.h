@@ -56,6 +56,7 @@ struct SparseState {
   Selection sel;                  // reused every step
   std::vector<uint32_t> touched;  // output positions the last sparse step wrote
   bool output_dense = true;       // the output holds a dense result: zero it fully first
+  bool oktopk = false;            // pattern B through ExchangeOkTopk (--sparse_allreduce=oktopk)
   double last_residual_norm = 0;
   uint64_t last_residual_norm_step = 0;
 };
@@ -105,7 +106,8 @@ int NonfiniteInput(const StepEnv& env, const BucketData& b, size_t index);
 void DenseStep(const StepEnv& env, absl::Span<StepItem> group, const Lap& lap);
 
 // The sparse exchange for every item: residual + local sum, the compressor's selection, the
-// exchange by its pattern (A or B), the residual update and the compressor's Update.
+// exchange by its pattern (A, or B: all-gather, or Ok-Topk where SparseState::oktopk), the
+// residual update and the compressor's Update.
 void SparseStep(const StepEnv& env, absl::Span<StepItem> group, const Lap& lap);
 
 }  // namespace spex

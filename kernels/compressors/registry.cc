@@ -19,27 +19,33 @@ struct Entry {
   // primitives.h, used as compressors/device_scratch.h says), so nothing it hands the primitives is
   // host memory.
   bool device;
+  // Can exchange over the Ok-Topk sparse all-reduce (--sparse_allreduce=oktopk): a pattern-B
+  // compressor whose Update reads neither the per-node counts nor the per-node indices (none of
+  // them overrides DoUpdate), so the owners' counts and the reduced union it gets there instead
+  // change nothing. Pattern A sends indices only (its values are read at the union afterwards)
+  // and cannot; dense has no selection.
+  bool oktopk;
 };
 
 constexpr Entry kRegistry[] = {
-    {"cltk", Pattern::kIndexUnion, MakeCltk, true},
-    {"deft", Pattern::kIndexUnion, MakeDeft, true},
-    {"dense", Pattern::kDense, MakeDense, false},
-    {"dgc", Pattern::kSparseGather, MakeDgc, true},
-    {"exdyna", Pattern::kIndexUnion, MakeExDyna, true},
-    {"gaussiank", Pattern::kSparseGather, MakeGaussianK, true},
-    {"gtopk", Pattern::kSparseGather, MakeGTopK, true},
-    {"micro", Pattern::kIndexUnion, MakeMicro, true},
-    {"randomk", Pattern::kSparseGather, MakeRandomK, true},
-    {"redsync", Pattern::kSparseGather, MakeRedSync, true},
-    {"redsync_trim", Pattern::kSparseGather, MakeRedSyncTrim, true},
-    {"sage", Pattern::kSparseGather, MakeSage, true},
-    {"sidco_e", Pattern::kSparseGather, MakeSidcoE, true},
-    {"sidco_gp", Pattern::kSparseGather, MakeSidcoGP, true},
-    {"sidco_p", Pattern::kSparseGather, MakeSidcoP, true},
-    {"thresh", Pattern::kIndexUnion, MakeThresh, true},
-    {"topk", Pattern::kSparseGather, MakeTopK, true},
-    {"topk_union", Pattern::kIndexUnion, MakeTopKUnion, true},
+    {"cltk", Pattern::kIndexUnion, MakeCltk, true, false},
+    {"deft", Pattern::kIndexUnion, MakeDeft, true, false},
+    {"dense", Pattern::kDense, MakeDense, false, false},
+    {"dgc", Pattern::kSparseGather, MakeDgc, true, true},
+    {"exdyna", Pattern::kIndexUnion, MakeExDyna, true, false},
+    {"gaussiank", Pattern::kSparseGather, MakeGaussianK, true, true},
+    {"gtopk", Pattern::kSparseGather, MakeGTopK, true, true},
+    {"micro", Pattern::kIndexUnion, MakeMicro, true, false},
+    {"randomk", Pattern::kSparseGather, MakeRandomK, true, true},
+    {"redsync", Pattern::kSparseGather, MakeRedSync, true, true},
+    {"redsync_trim", Pattern::kSparseGather, MakeRedSyncTrim, true, true},
+    {"sage", Pattern::kSparseGather, MakeSage, true, true},
+    {"sidco_e", Pattern::kSparseGather, MakeSidcoE, true, true},
+    {"sidco_gp", Pattern::kSparseGather, MakeSidcoGP, true, true},
+    {"sidco_p", Pattern::kSparseGather, MakeSidcoP, true, true},
+    {"thresh", Pattern::kIndexUnion, MakeThresh, true, false},
+    {"topk", Pattern::kSparseGather, MakeTopK, true, true},
+    {"topk_union", Pattern::kIndexUnion, MakeTopKUnion, true, false},
 };
 
 const Entry* Find(const std::string& name) {
@@ -68,6 +74,20 @@ std::vector<std::string> DeviceCompressorNames() {
 bool CompressorRunsOnDevice(const std::string& name) {
   const Entry* e = Find(name);
   return e != nullptr && e->device;
+}
+
+std::vector<std::string> OkTopkCompressorNames() {
+  std::vector<std::string> names;
+  for (const Entry& e : kRegistry) {
+    if (e.oktopk) names.emplace_back(e.name);
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+bool CompressorCanUseOkTopk(const std::string& name) {
+  const Entry* e = Find(name);
+  return e != nullptr && e->oktopk;
 }
 
 std::vector<std::string> CompressorNames() {

@@ -1,0 +1,292 @@
+// --sparse_allreduce=oktopk inside the engine (in-process nodes, tests/support/engine_cluster.h):
+// every compressor that can use it (OkTopkCompressorNames) gives every trainer the same output,
+// bit for bit, and every node the same residual norm as --sparse_allreduce=allgather over the
+// same inputs, step after step (so the residual and the compressor's state, Update included,
+// stay the same too); fp16 values as well. And the refusals: the flag's spellings ('auto' is not
+// implemented), a compressor that cannot use it (at Start for --compressor, at registration for
+// a bucket's own), device buckets.
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "daemon/engine/engine.h"
+#include "daemon/engine/engine_options.h"
+#include "gtest/gtest.h"
+#include "kernels/compressor.h"
+#include "kernels/primitives.h"
+#include "tests/support/engine_cluster.h"
+
+namespace spex::test {
+namespace {
+
+// Roughly Gaussian per (node, trainer, step, position), with a per-position scale every node
+// shares (a spike every 97th position, a slow drift), so the nodes' selections overlap in part
+// as gradients' do.
+float Value(int node, int trainer, uint64_t step, size_t i) {
+  uint64_t x = (static_cast<uint64_t>(node) << 56) ^ (static_cast<uint64_t>(trainer) << 48) ^
+               (step << 32) ^ i;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  x ^= x >> 31;
+  const double u1 = ((x & 0xffffffull) + 0.5) / 16777216.0,
+               u2 = (((x >> 24) & 0xffffffull) + 0.5) / 16777216.0;
+  const double g = std::sqrt(-2 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+  const double scale =
+      1.0 + 4.0 * ((i * 2654435761u) % 97 == 0) + 0.5 * std::sin(i * 0.001 + step * 0.05);
+  return static_cast<float>(g * scale * 1e-3);
+}
+
+// What one run of a cluster gave: per step, node and trainer the output; per step and node the
+// record of trainer 0.
+struct RunResult {
+  std::vector<std::vector<float>> out;  // [(step * N + node) * L + trainer]
+  std::vector<ExchangeRecord> rec;      // [step * N + node]
+  std::vector<std::string> errors;
+};
+
+RunResult RunCluster(const std::string& compressor, int N, int L, size_t n, int steps,
+                     double density, SparseAllreduce mode, bool fp16) {
+  EngineClusterOptions o;
+  o.nodes = N;
+  o.trainers = L;
+  o.cpu_primitives = true;
+  o.engine.shm_tag = "oktopktest";
+  o.engine.dense_fallback = DenseFallback::kOff;
+  o.engine.min_sparse_elements = 0;
+  o.engine.residual_norm_every = 1;
+  o.engine.fp16_values = fp16;
+  o.engine.sparse_allreduce = mode;
+  o.engine.compressor = compressor;
+  RunResult run;
+  run.out.assign(steps * N * L, {});
+  run.rec.assign(steps * N, {});
+  run.errors.assign(N * L, "");
+  EngineCluster cluster(o);
+  if (!cluster.status().ok()) {
+    run.errors[0] = cluster.status().ToString();
+    return run;
+  }
+  // sage starts at the threshold 1 / (2 sqrt(k)): inputs of that size make it select at once.
+  const float gain = compressor == "sage" ? 100.0f : 1.0f;
+  cluster.ForEachTrainer([&](int r, int t) {
+    std::string& err = run.errors[r * L + t];
+    auto tr = Trainer::Open(&cluster.engine(r), t, L);
+    if (!tr.ok()) return void(err = tr.status().ToString());
+    auto g = tr->Register(3, n, compressor, density);
+    if (!g.ok()) return void(err = g.status().ToString());
+    for (int s = 0; s < steps; ++s) {
+      tr->Fill(3, [&](size_t i) { return gain * Value(r, t, s, i); });
+      auto rec = tr->Exchange(3, s, absl::Seconds(30));
+      if (!rec.ok()) return void(err = rec.status().ToString());
+      const float* out = tr->output(3);
+      run.out[(s * N + r) * L + t].assign(out, out + n);
+      if (t == 0) run.rec[s * N + r] = *rec;
+    }
+  });
+  return run;
+}
+
+struct Case {
+  std::string compressor;
+  int nodes;
+  int trainers;
+  bool fp16;
+};
+
+std::string CaseName(const ::testing::TestParamInfo<Case>& info) {
+  const Case& c = info.param;
+  return absl::StrCat(c.compressor, "_", c.nodes, "nodes_", c.trainers, "trainers",
+                      c.fp16 ? "_fp16" : "");
+}
+
+class OkTopkEngineTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(OkTopkEngineTest, SameOutputsAndResidualsAsAllGather) {
+  const Case& c = GetParam();
+  const int N = c.nodes, L = c.trainers, steps = 5;
+  const size_t n = 20011;
+  const double density = 0.01;
+  const RunResult want =
+      RunCluster(c.compressor, N, L, n, steps, density, SparseAllreduce::kAllGather, c.fp16);
+  const RunResult got =
+      RunCluster(c.compressor, N, L, n, steps, density, SparseAllreduce::kOkTopk, c.fp16);
+  for (int i = 0; i < N * L; ++i) {
+    ASSERT_EQ(want.errors[i], "") << "allgather, node " << i / L << " trainer " << i % L;
+    ASSERT_EQ(got.errors[i], "") << "oktopk, node " << i / L << " trainer " << i % L;
+  }
+  int differing = 0, first = -1;
+  size_t nonzero = 0;
+  for (size_t j = 0; j < want.out.size(); ++j) {
+    ASSERT_EQ(got.out[j].size(), n);
+    if (std::memcmp(got.out[j].data(), want.out[j].data(), n * sizeof(float)) != 0) {
+      if (differing++ == 0) first = static_cast<int>(j);
+    }
+    for (float v : want.out[j]) nonzero += v != 0.0f;
+  }
+  EXPECT_EQ(differing, 0) << "outputs not bit-identical; first at step " << first / (N * L)
+                          << ", node " << first / L % N << ", trainer " << first % L;
+  EXPECT_GT(nonzero, 0u) << "every output was zero: the comparison proves nothing";
+  uint64_t recv_allgather = 0, recv_oktopk = 0, selected = 0;
+  for (int j = 0; j < steps * N; ++j) {
+    SCOPED_TRACE(absl::StrCat("step ", j / N, ", node ", j % N));
+    EXPECT_EQ(got.rec[j].residual_norm, want.rec[j].residual_norm);
+    EXPECT_EQ(got.rec[j].selected_elements, want.rec[j].selected_elements);
+    EXPECT_EQ(got.rec[j].pattern, "B");
+    recv_allgather += want.rec[j].bytes_received;
+    recv_oktopk += got.rec[j].bytes_received;
+    selected += want.rec[j].selected_elements;
+  }
+  EXPECT_GT(selected, 0u);
+  // Not a goal of this test (the in-process hub moves no bytes): what each node would receive.
+  std::printf("%s, %d nodes: bytes received per node per step, oktopk / allgather = %.3f\n",
+              c.compressor.c_str(), N, static_cast<double>(recv_oktopk) / recv_allgather);
+}
+
+std::vector<Case> Cases() {
+  std::vector<Case> cases;
+  for (int nodes = 1; nodes <= 4; ++nodes) {
+    for (bool fp16 : {false, true}) cases.push_back({"topk", nodes, 2, fp16});
+  }
+  for (const std::string& name : OkTopkCompressorNames()) {
+    if (name != "topk") cases.push_back({name, 3, 1, false});
+  }
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(OkTopkCompressors, OkTopkEngineTest, ::testing::ValuesIn(Cases()),
+                         CaseName);
+
+const char kCanUse[] =
+    "dgc, gaussiank, gtopk, randomk, redsync, redsync_trim, sage, sidco_e, sidco_gp, sidco_p, "
+    "topk";
+
+TEST(OkTopkEngineErrors, TheCapableCompressorsAreThePatternBOnes) {
+  EXPECT_EQ(absl::StrJoin(OkTopkCompressorNames(), ", "), kCanUse);
+  for (const std::string& name : CompressorNames()) {
+    auto p = CompressorPattern(name);
+    ASSERT_TRUE(p.ok());
+    EXPECT_EQ(CompressorCanUseOkTopk(name), *p == Pattern::kSparseGather) << name;
+  }
+  EXPECT_FALSE(CompressorCanUseOkTopk("no_such"));
+}
+
+// What Update accepts from the Ok-Topk exchange: every node's selection size and the sorted,
+// unique union written (Gathered::reduced), and nothing malformed.
+TEST(OkTopkEngineErrors, UpdateTakesTheReducedUnion) {
+  auto prims = MakeCpuPrimitives(1);
+  CompressorSpec spec;
+  spec.name = "topk";
+  spec.density = 0.01;
+  spec.node_count = 2;
+  spec.elements = 1000;
+  auto c = MakeCompressor(spec, prims.get());
+  ASSERT_TRUE(c.ok()) << c.status();
+  const std::vector<uint64_t> counts = {3, 2};
+  const std::vector<uint32_t> union_idx = {4, 9, 700}, unsorted = {9, 4, 700},
+                              too_many = {1, 2, 3, 4, 5, 6};
+  Gathered g{counts, union_idx};
+  EXPECT_EQ((*c)->Update(0, g).code(), absl::StatusCode::kInvalidArgument)
+      << "3 indices for counts summing to 5 is not pattern B's all-gather";
+  g.reduced = true;
+  EXPECT_TRUE((*c)->Update(0, g).ok()) << (*c)->Update(0, g);
+  g.indices = unsorted;
+  EXPECT_EQ((*c)->Update(0, g).code(), absl::StatusCode::kInvalidArgument);
+  g.indices = too_many;
+  EXPECT_EQ((*c)->Update(0, g).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(OkTopkEngineErrors, FlagSpellings) {
+  SparseAllreduce v = SparseAllreduce::kOkTopk;
+  std::string error;
+  EXPECT_TRUE(AbslParseFlag("allgather", &v, &error));
+  EXPECT_EQ(v, SparseAllreduce::kAllGather);
+  EXPECT_TRUE(AbslParseFlag("oktopk", &v, &error));
+  EXPECT_EQ(v, SparseAllreduce::kOkTopk);
+  EXPECT_EQ(AbslUnparseFlag(SparseAllreduce::kOkTopk), "oktopk");
+  EXPECT_EQ(AbslUnparseFlag(SparseAllreduce::kAllGather), "allgather");
+  EXPECT_FALSE(AbslParseFlag("auto", &v, &error));
+  EXPECT_NE(error.find("not implemented"), std::string::npos) << error;
+  EXPECT_NE(error.find("accepted: allgather, oktopk"), std::string::npos) << error;
+  error.clear();
+  EXPECT_FALSE(AbslParseFlag("gather", &v, &error));
+  EXPECT_NE(error.find("'gather' is not a sparse all-reduce; accepted: allgather, oktopk"),
+            std::string::npos)
+      << error;
+}
+
+TEST(OkTopkEngineErrors, DefaultCompressorThatCannotUseItFailsAtStart) {
+  EngineOptions o;
+  o.sparse_allreduce = SparseAllreduce::kOkTopk;
+  for (const char* ok : {"dense", "topk", "dgc", "sage"}) {
+    o.compressor = ok;
+    EXPECT_TRUE(ValidateEngineOptions(o).ok()) << ok << ": " << ValidateEngineOptions(o);
+  }
+  for (const char* bad : {"micro", "exdyna", "thresh", "cltk", "deft", "topk_union"}) {
+    o.compressor = bad;
+    const absl::Status s = ValidateEngineOptions(o);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(s.message().find(absl::StrCat("--compressor: compressor ", bad,
+                                            " cannot use --sparse_allreduce=oktopk")),
+              std::string::npos)
+        << s;
+    EXPECT_NE(s.message().find(absl::StrCat("the compressors that can: ", kCanUse)),
+              std::string::npos)
+        << s;
+  }
+  o.compressor = "micro";
+  o.sparse_allreduce = SparseAllreduce::kAllGather;
+  EXPECT_TRUE(ValidateEngineOptions(o).ok());
+}
+
+TEST(OkTopkEngineErrors, DeviceBucketsAreRefused) {
+  EngineOptions o;
+  o.sparse_allreduce = SparseAllreduce::kOkTopk;
+  const absl::Status s = CheckSparseAllreduce(o, "topk", /*on_device=*/true);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(s.message().find("host memory only"), std::string::npos) << s;
+  EXPECT_TRUE(CheckSparseAllreduce(o, "topk", /*on_device=*/false).ok());
+  o.sparse_allreduce = SparseAllreduce::kAllGather;
+  EXPECT_TRUE(CheckSparseAllreduce(o, "micro", /*on_device=*/true).ok());
+}
+
+// A bucket registering its own compressor: refused when it cannot use oktopk (nothing is
+// registered), accepted when it can, and a small bucket (dense anyway) is not refused.
+TEST(OkTopkEngineErrors, RegistrationRefusesABucketsCompressorThatCannotUseIt) {
+  EngineClusterOptions o;
+  o.nodes = 1;
+  o.engine.shm_tag = "oktopkerr";
+  o.engine.min_sparse_elements = 1000;
+  o.engine.sparse_allreduce = SparseAllreduce::kOkTopk;
+  EngineCluster cluster(o);
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status();
+  auto tr = Trainer::Open(&cluster.engine(0), 0, 1);
+  ASSERT_TRUE(tr.ok()) << tr.status();
+  auto bad = tr->Register(1, 5000, "micro", 0.01);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("bucket 1 (5000 elements): compressor micro cannot use "
+                                        "--sparse_allreduce=oktopk"),
+            std::string::npos)
+      << bad.status();
+  EXPECT_NE(bad.status().message().find(absl::StrCat("the compressors that can: ", kCanUse)),
+            std::string::npos)
+      << bad.status();
+  EXPECT_TRUE(tr->Register(2, 5000, "topk", 0.01).ok());
+  EXPECT_TRUE(tr->Register(3, 500, "micro", 0.01).ok()) << "a small bucket goes dense anyway";
+  // The refused bucket id is free: registering it with a capable compressor works.
+  EXPECT_TRUE(tr->Register(1, 5000, "dgc", 0.01).ok());
+  for (uint64_t bucket : {1, 2, 3}) {  // the engine's order: (step, bucket id)
+    tr->Fill(bucket, [](size_t i) { return 0.001f * static_cast<float>(i % 17); });
+    auto rec = tr->Exchange(bucket, 0);
+    ASSERT_TRUE(rec.ok()) << "bucket " << bucket << ": " << rec.status();
+    EXPECT_EQ(rec->pattern, bucket == 3 ? "D" : "B") << "bucket " << bucket;
+  }
+}
+
+}  // namespace
+}  // namespace spex::test
