@@ -14,8 +14,8 @@ std::map<uint64_t, BucketRates> WatchRates::Update(const v1::GetStatsResponse& n
     if (!have_previous_ || !(seconds > 0)) continue;
     Counts before;  // zeros: a bucket registered since the previous answer
     auto it = previous_.find(b.bucket_id());
-    if (it != previous_.end() && it->second.exchanges <= c.exchanges &&
-        it->second.sent <= c.sent && it->second.received <= c.received) {
+    if (it != previous_.end() && it->second.exchanges <= c.exchanges && it->second.sent <= c.sent &&
+        it->second.received <= c.received) {
       before = it->second;
     }
     r.exchanges = (c.exchanges - before.exchanges) / seconds;

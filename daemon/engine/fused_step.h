@@ -1,4 +1,4 @@
-// The fused exchange of a merge group with selection ahead (MERGING.md 2.4): every member is
+// The fused exchange of a merge group with selection ahead (issue 14): every member is
 // reduced locally and, for a sparse member, selected by its own compressor from its own
 // accumulator with its own k, exactly as the unmerged step does; only the transport is fused:
 // at most one dense (D), one pattern-A and one pattern-B sub-exchange per group, always in that
@@ -33,8 +33,8 @@
 //
 // Written and tested as a step (tests/daemon/fused_step_test), NOT yet called by the engine:
 // the scheduler still exchanges one bucket per step call. Host-memory buckets only: a member on
-// a device fails with Unimplemented (in lockstep). `behind` placement (MERGING.md 2.5) is not
-// written.
+// a device fails with Unimplemented (in lockstep). `behind` placement (the group as one virtual
+// bucket) is not written.
 #pragma once
 
 #include <cstdint>

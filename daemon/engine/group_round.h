@@ -1,4 +1,4 @@
-// The agreement round of a merge group (MERGING.md 2.3): one tiny all-reduce (MAX) per group
+// The agreement round of a merge group (issue 14): one tiny all-reduce (MAX) per group
 // instead of one control round per bucket. It carries, for the whole group, what the per-bucket
 // control round carries (the newest density change, whether any node could not read its
 // trainers' inputs, a dead trainer, a non-finite input) and, per member, the key that the

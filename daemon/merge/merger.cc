@@ -90,8 +90,9 @@ absl::StatusOr<std::unique_ptr<Merger>> MakeMerger(MergerPolicy policy) {
   if (policy == MergerPolicy::kNone) return std::unique_ptr<Merger>(new NoMerger());
   return absl::UnimplementedError(absl::StrCat(
       "--merger=", AbslUnparseFlag(policy),
-      " is not implemented yet in spexd (its grouping logic exists, the engine's agreement round "
-      "and fused exchange do not); the only merger that runs is 'none' (one exchange per bucket)"));
+      " is not implemented yet in spexd (its grouping logic, the group agreement round and the "
+      "fused exchange exist, but the engine does not run them yet); the only merger that runs is "
+      "'none' (one exchange per bucket)"));
 }
 
 absl::StatusOr<std::unique_ptr<Merger>> MakeMerger(const std::string& name) {

@@ -14,8 +14,9 @@
 // unless a single bucket is larger on its own.
 //
 // Implemented here: none (static, one bucket per exchange) and, in mergers.h, the pure grouping
-// logic of fixed, omgs (threshold, count) and rgmerge (ready). The engine does not yet run fused
-// groups, so MakeMerger still refuses fixed/omgs/rgmerge for spexd (Unimplemented).
+// logic of fixed, omgs (threshold, count) and rgmerge (ready); the group agreement round and the
+// fused exchange are daemon/engine/group_round.h and fused_step.h. The engine does not yet run
+// fused groups, so MakeMerger still refuses fixed/omgs/rgmerge for spexd (Unimplemented).
 #pragma once
 
 #include <cstddef>

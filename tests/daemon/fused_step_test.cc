@@ -1,6 +1,6 @@
 // The fused exchange (daemon/engine/fused_step.h) and the group agreement round
-// (daemon/engine/group_round.h) over in-process nodes (MERGING.md 7: M1, M2, M4, M5, M7, M8 at
-// step level; the engine does not call them yet):
+// (daemon/engine/group_round.h) over in-process nodes (issue 14; step level: the engine does
+// not call them yet):
 //  - ahead == unmerged: every member's output, residual, touched positions and record equal
 //    DenseStep / SparseStep run per bucket on the same inputs, bit for bit, over several steps
 //    (so the compressors' Update inputs agree too: a difference would change later selections),
@@ -18,6 +18,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <functional>
+#include <iostream>
 #include <memory>
 #include <random>
 #include <string>
@@ -261,7 +263,7 @@ TEST(FusedStepTest, AheadEqualsUnmergedWithTwoTrainersAndWithoutErrorFeedback) {
 }
 
 TEST(FusedStepTest, AMemberOfTenElementsStillSendsAtLeastOneEntry) {
-  // MERGING.md R5: a 10-element bucket next to a large one keeps k = max(1, 0.01 * 10) = 1.
+  // Selection ahead: a 10-element bucket next to a large one keeps k = max(1, 0.01 * 10) = 1.
   Spawn(2, [&](Collective* coll) {
     auto prims = MakeCpuPrimitives(1);
     const StepEnv env = Env(coll, prims.get(), 1, true);
@@ -451,7 +453,7 @@ void ExpectRefusedEverywhere(const std::vector<std::pair<absl::Status, GroupRoun
 }
 
 TEST(GroupRoundTest, AMergerConfigurationMismatchIsRefusedOnEveryNode) {
-  // MERGING.md M8: a different --fixed_threshold_bytes on one node.
+  // A different --fixed_threshold_bytes on one node.
   FixedOptions a, b;
   b.threshold_bytes = a.threshold_bytes / 2;
   auto fa = MakeFixedMerger(a), fb = MakeFixedMerger(b);
@@ -488,7 +490,7 @@ TEST(GroupRoundTest, AMergerConfigurationMismatchIsRefusedOnEveryNode) {
 }
 
 TEST(GroupRoundTest, AMemberMismatchAmongTheAgreedIsRefusedOnEveryNode) {
-  // MERGING.md M7: one node has a different size, compressor or kind at member 1.
+  // One node has a different size, compressor or kind at member 1.
   auto rg = MakeRgmergeReadyMerger({});
   ASSERT_TRUE(rg.ok());
   const MergeConfig cfg = Config(**rg, GroupLimits());
@@ -552,6 +554,287 @@ TEST(GroupRoundTest, BadOffersAreInvalidArgument) {
     in.config.window = 65;
     EXPECT_EQ(RunGroupRound(coll, in, &res).code(), absl::StatusCode::kInvalidArgument);
   });
+}
+
+// --- Skewed readiness ---
+// Per node, a trainer thread writes each bucket's inputs and marks it ready on a schedule, and
+// the node's thread plays the engine: candidates in canonical order, the merger's offer (agreed)
+// or plan group (static), the group round, Pack, and FusedStep per group. Every node must form
+// the same groups, nothing may hang (the hub's timeout turns a hang into errors), and every
+// output must equal the unmerged run on the same inputs.
+
+enum class Schedule { kAtOnce, kReverse, kLate, kJitter, kBlocking };
+
+const char* ScheduleName(Schedule s) {
+  switch (s) {
+    case Schedule::kAtOnce:
+      return "(a) all at once";
+    case Schedule::kReverse:
+      return "(b) node 1 in reverse order";
+    case Schedule::kLate:
+      return "(c) node 1 20 ms late per bucket";
+    case Schedule::kJitter:
+      return "(d) 0-5 ms jitter";
+    case Schedule::kBlocking:
+      return "(e) node 1 awaits each result";
+  }
+  return "?";
+}
+
+const std::vector<Spec>& SimBuckets() {
+  static const std::vector<Spec> specs = {
+      {0, 1200, "topk", K::kPatternB},  {1, 300, "dense", K::kDense},
+      {2, 2000, "micro", K::kPatternA}, {3, 800, "topk", K::kPatternB},
+      {4, 500, "dense", K::kDense},     {5, 1500, "micro", K::kPatternA}};
+  return specs;
+}
+constexpr int kSimSteps = 3;
+
+struct SimBucket {
+  std::unique_ptr<NodeBucket> mem;
+  std::atomic<uint64_t> ready{0};      // steps whose inputs are written
+  std::atomic<uint64_t> published{0};  // steps exchanged
+  uint64_t next_step = 0;              // engine thread only
+  std::vector<std::vector<float>> outputs;
+};
+
+using GroupLog = std::vector<std::tuple<uint64_t, uint64_t, size_t>>;  // (step, first id, length)
+
+void Trainer(int rank, Schedule schedule, std::vector<std::unique_ptr<SimBucket>>* buckets) {
+  std::mt19937 gen(99 + rank);
+  std::uniform_int_distribution<int> jitter_us(0, 5000);
+  const auto until = [](const std::function<bool()>& done) {
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (!done() && std::chrono::steady_clock::now() < give_up) {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  };
+  const size_t nb = buckets->size();
+  for (uint64_t step = 0; step < kSimSteps; ++step) {
+    // The optimizer step: every result of the previous step first.
+    until([&] {
+      for (auto& b : *buckets) {
+        if (b->published.load() < step) return false;
+      }
+      return true;
+    });
+    if (schedule == Schedule::kAtOnce) {
+      for (auto& b : *buckets) WriteInputs(b->mem.get(), rank, step, 1, false);
+      // Highest id first, so the head is the last to turn ready: all at once for the engine.
+      for (size_t i = nb; i-- > 0;) (*buckets)[i]->ready.store(step + 1);
+      continue;
+    }
+    for (size_t j = 0; j < nb; ++j) {
+      const bool skewed = rank == 1;
+      SimBucket& b = *(*buckets)[schedule == Schedule::kReverse && skewed ? nb - 1 - j : j];
+      if (schedule == Schedule::kLate && skewed) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+      if (schedule == Schedule::kJitter) {
+        std::this_thread::sleep_for(std::chrono::microseconds(jitter_us(gen)));
+      }
+      WriteInputs(b.mem.get(), rank, step, 1, false);
+      b.ready.store(step + 1);
+      if (schedule == Schedule::kBlocking && skewed) {
+        until([&] { return b.published.load() > step; });
+      }
+    }
+  }
+}
+
+// One node's engine loop; false after a failure (already reported).
+bool EngineLoop(Collective* coll, Merger* merger, const GroupLimits& limits,
+                std::vector<std::unique_ptr<SimBucket>>* buckets, GroupLog* log) {
+  auto prims = MakeCpuPrimitives(1);
+  const StepEnv env = Env(coll, prims.get(), 1, true);
+  FusedScratch scratch;
+  const MergeConfig cfg{merger->name(), limits.window, limits.max_group_elements,
+                        merger->ConfigHash()};
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (true) {
+    if (std::chrono::steady_clock::now() > give_up) {
+      ADD_FAILURE() << "node " << coll->rank() << " gave up waiting for its trainer";
+      return false;
+    }
+    std::vector<SimBucket*> order;
+    std::vector<MergeCandidate> c;
+    for (auto& b : *buckets) {
+      if (b->next_step < kSimSteps) order.push_back(b.get());
+    }
+    if (order.empty()) return true;
+    std::stable_sort(order.begin(), order.end(), [](const SimBucket* x, const SimBucket* y) {
+      return x->next_step < y->next_step;
+    });
+    for (SimBucket* b : order) {
+      MergeCandidate m;
+      m.bucket_id = b->mem->spec.id;
+      m.step = b->next_step;
+      m.elements = b->mem->spec.n;
+      m.ready = b->ready.load() > b->next_step;
+      m.kind = b->mem->spec.kind;
+      c.push_back(m);
+    }
+    const auto idle = [] { std::this_thread::sleep_for(std::chrono::microseconds(100)); };
+    if (!c[0].ready) {
+      idle();
+      continue;
+    }
+    size_t r;
+    if (merger->agreed()) {
+      int64_t deadline = 0;
+      const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                              std::chrono::steady_clock::now().time_since_epoch())
+                              .count();
+      r = merger->Offer(c, now, &deadline);
+      if (r == 0) {
+        idle();
+        continue;
+      }
+    } else {
+      // A static plan waits until every member of its group is locally ready.
+      r = merger->NextGroup(c);
+      if (!std::all_of(c.begin(), c.begin() + r, [](const MergeCandidate& m) { return m.ready; })) {
+        idle();
+        continue;
+      }
+    }
+    std::vector<GroupMemberKey> keys;
+    for (size_t j = 0; j < r; ++j) {
+      keys.push_back({c[j].bucket_id, c[j].step, c[j].elements, order[j]->mem->spec.compressor,
+                      c[j].kind, false});
+    }
+    GroupRoundInput in;
+    in.config = cfg;
+    in.offer = keys;
+    in.exact = !merger->agreed();
+    GroupRoundResult agreed;
+    if (absl::Status s = RunGroupRound(coll, in, &agreed); !s.ok()) {
+      ADD_FAILURE() << "node " << coll->rank() << ": " << s;
+      return false;
+    }
+    const size_t m = agreed.agreed;
+    const std::vector<size_t> groups =
+        merger->agreed() ? merger->Pack(absl::MakeConstSpan(c.data(), m)) : std::vector<size_t>{m};
+    size_t at = 0;
+    for (size_t len : groups) {
+      std::vector<NodeBucket*> members;
+      for (size_t j = at; j < at + len; ++j) members.push_back(order[j]->mem.get());
+      const uint64_t step = c[at].step;
+      const std::vector<absl::Status> status = RunFused(env, members, step, &scratch);
+      log->emplace_back(step, c[at].bucket_id, len);
+      for (size_t j = at; j < at + len; ++j) {
+        SimBucket& b = *order[j];
+        if (!status[j - at].ok()) {
+          ADD_FAILURE() << "bucket " << c[j].bucket_id << ": " << status[j - at];
+          return false;
+        }
+        b.outputs.push_back(b.mem->out);
+        ++b.next_step;
+        b.published.store(b.next_step);
+      }
+      at += len;
+    }
+  }
+}
+
+// Node-major, then bucket, then step: every output of the unmerged run.
+std::vector<std::vector<std::vector<std::vector<float>>>> UnmergedOutputs(int nodes) {
+  std::vector<std::vector<std::vector<std::vector<float>>>> out(nodes);
+  Spawn(nodes, [&](Collective* coll) {
+    auto prims = MakeCpuPrimitives(1);
+    const StepEnv env = Env(coll, prims.get(), 1, true);
+    std::vector<std::unique_ptr<NodeBucket>> owned;
+    for (const Spec& s : SimBuckets())
+      owned.push_back(MakeBucket(s, coll->rank(), nodes, prims.get()));
+    auto& mine = out[coll->rank()];
+    mine.resize(owned.size());
+    for (uint64_t step = 0; step < kSimSteps; ++step) {
+      for (size_t i = 0; i < owned.size(); ++i) {
+        WriteInputs(owned[i].get(), coll->rank(), step, 1, false);
+        RunUnmerged(env, {owned[i].get()}, step);
+        mine[i].push_back(owned[i]->out);
+      }
+    }
+  });
+  return out;
+}
+
+struct SimMerger {
+  std::string name;
+  std::function<std::unique_ptr<Merger>()> make;
+  GroupLimits limits;
+};
+
+std::vector<SimMerger> SimMergers() {
+  std::vector<SimMerger> m;
+  m.push_back({"rgmerge ready", [] { return *MakeRgmergeReadyMerger({}); }, GroupLimits()});
+  m.push_back({"fixed 64 MiB / 5 ms", [] { return *MakeFixedMerger({}); }, GroupLimits()});
+  m.push_back({"omgs count 2",
+               [] {
+                 OmgsOptions o;
+                 o.mode = OmgsMode::kCount;
+                 o.count = 2;
+                 return *MakeOmgsMerger(o);
+               },
+               GroupLimits()});
+  return m;
+}
+
+TEST(FusedScheduleTest, SkewedReadinessGivesTheSameGroupsOnEveryNodeAndTheUnmergedOutputs) {
+  constexpr int kNodes = 3;
+  const auto want = UnmergedOutputs(kNodes);
+  for (const SimMerger& sm : SimMergers()) {
+    for (Schedule schedule : {Schedule::kAtOnce, Schedule::kReverse, Schedule::kLate,
+                              Schedule::kJitter, Schedule::kBlocking}) {
+      std::unique_ptr<Merger> probe = sm.make();
+      // A static plan cannot serve a trainer that awaits each result before the next bucket
+      // (it stalls by design); the agreed mergers must.
+      if (!probe->agreed() && schedule == Schedule::kBlocking) continue;
+      SCOPED_TRACE(absl::StrCat(sm.name, ", ", ScheduleName(schedule)));
+      std::vector<GroupLog> logs(kNodes);
+      std::vector<std::unique_ptr<Primitives>> prims(kNodes);  // outlive the compressors
+      std::vector<std::vector<std::unique_ptr<SimBucket>>> nodes(kNodes);
+      Spawn(
+          kNodes,
+          [&](Collective* coll) {
+            const int r = coll->rank();
+            prims[r] = MakeCpuPrimitives(1);
+            for (const Spec& s : SimBuckets()) {
+              nodes[r].push_back(std::make_unique<SimBucket>());
+              nodes[r].back()->mem = MakeBucket(s, r, kNodes, prims[r].get());
+            }
+            std::unique_ptr<Merger> merger = sm.make();
+            std::thread trainer(Trainer, r, schedule, &nodes[r]);
+            EngineLoop(coll, merger.get(), sm.limits, &nodes[r], &logs[r]);
+            trainer.join();
+          },
+          absl::Seconds(10));
+      for (int r = 1; r < kNodes; ++r) EXPECT_EQ(logs[r], logs[0]) << "node " << r;
+      size_t exchanged = 0, longest = 0;
+      for (const auto& [step, first, len] : logs[0]) {
+        exchanged += len;
+        longest = std::max(longest, len);
+      }
+      EXPECT_EQ(exchanged, SimBuckets().size() * kSimSteps);
+      std::cout << sm.name << ", " << ScheduleName(schedule) << ": " << logs[0].size()
+                << " fused exchanges for " << exchanged << " bucket steps, longest " << longest
+                << "\n";
+      if (schedule == Schedule::kAtOnce || !probe->agreed()) {
+        // Everything ready at once: the agreed mergers take each step as one group (one round,
+        // one fused exchange); omgs count 2 always pairs.
+        EXPECT_EQ(longest, probe->agreed() ? SimBuckets().size() : 2u);
+      }
+      for (int r = 0; r < kNodes; ++r) {
+        for (size_t i = 0; i < SimBuckets().size(); ++i) {
+          ASSERT_EQ(nodes[r][i]->outputs.size(), static_cast<size_t>(kSimSteps));
+          for (int step = 0; step < kSimSteps; ++step) {
+            EXPECT_TRUE(SameBits(nodes[r][i]->outputs[step], want[r][i][step]))
+                << "node " << r << " bucket " << i << " step " << step;
+          }
+        }
+      }
+    }
+  }
 }
 
 }  // namespace

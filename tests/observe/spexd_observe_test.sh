@@ -5,7 +5,9 @@
 # counts; the --timeline file of that run has every bucket's phases (check_timeline.py);
 # `spexctl timeline start|stop` records a running job; `spexctl stats --json` parses; `spexctl
 # watch` refreshes every second piped and under a pseudo-terminal and ends cleanly on SIGINT; a
-# timeline being recorded when spexd stops is still valid JSON. Every process started by pid.
+# timeline being recorded when spexd stops is still valid JSON; on 2 nodes, the running byte
+# totals of `spexctl stats --json` and watch's bytes/s match a dense bucket's exact 4000 bytes per
+# exchange. Every process started by pid.
 set -uo pipefail
 R="${RUNFILES_DIR:-${TEST_SRCDIR:-$PWD/..}}/spex"
 SPEXD="$R/daemon/spexd"; TRAINER="$R/client/spex_trainer"; SPEXCTL="$R/client/spexctl"
@@ -174,6 +176,71 @@ record timeline_valid_at_exit "$([[ "$out" =~ ^[0-9]+$ ]] && [ "$out" -gt 0 ] ||
 # The long trainer was killed: its "died without Goodbye" is expected.
 errors=$(grep ERROR "$dir/spexd.log" | grep -v "died without Goodbye" | head -3)
 record daemon_log_clean "$errors"
+
+# 5. Two nodes: the running byte totals and watch's bytes/s. A dense bucket of 1000 floats moves
+# exactly 4000 bytes each way per exchange between 2 nodes, so its totals are 4000 x its
+# exchanges in every GetStats answer, and watch's sent/s and recv/s are 4000 x its exch/s.
+mkdir -p "$dir/two"
+mpirun -np 2 "$SPEXD" --socket="$dir/two/node{rank}.sock" --local_trainers=1 --log_level=warning \
+  --dense_fallback=off >"$dir/two.log" 2>&1 &
+mpi=$!
+if wait_sockets "$dir/two" 2; then
+  daemons=$(pgrep -P $mpi -f spexd | tr '\n' ' ')
+  trainers=""
+  for n in 0 1; do
+    "$TRAINER" --socket="$dir/two/node$n.sock" --local_rank=0 --local_size=1 --buckets=1000,70000 \
+      --compressors=dense,topk --density=0.01 --steps=1000000 --quiet >"$dir/two-trainer$n.log" 2>&1 &
+    trainers="$trainers $!"
+  done
+  sleep 1
+  msg=$("$SPEXCTL" --socket="$dir/two/node0.sock" stats --json 2>&1 | $PY -c '
+import json, sys
+s = json.load(sys.stdin)
+bad = []
+b = {int(x["bucket_id"]): x for x in s["buckets"]}
+if sorted(b) != [0, 1]: bad.append("buckets %s" % sorted(b))
+else:
+    n = int(b[0]["exchanges"])
+    for k in ("bytes_sent_total", "bytes_received_total"):
+        if n == 0 or int(b[0].get(k, -1)) != 4000 * n: bad.append("dense %s %s after %d exchanges" % (k, b[0].get(k), n))
+        if int(b[1].get(k, 0)) <= 0: bad.append("topk %s %s" % (k, b[1].get(k)))
+print("; ".join(bad))' 2>&1)
+  record two_nodes_stats_totals "$msg"
+  "$SPEXCTL" --socket="$dir/two/node0.sock" watch --interval_ms=700 --count=3 >"$dir/two-watch.txt" 2>&1
+  rc=$?
+  msg=$($PY - "$dir/two-watch.txt" <<'PY'
+import re, sys
+text = open(sys.argv[1]).read()
+def num(v):
+    m = re.fullmatch(r"([0-9.]+)([KMGTP]?)", v)
+    return float(m.group(1)) * 1000 ** " KMGTP".index(m.group(2) or " ") if m else None
+bad, frames = [], text.split("\n\n")
+frames = [f for f in frames if "spexd node 0/2" in f]
+if len(frames) != 3: bad.append(f"{len(frames)} frames, not 3")
+for i, f in enumerate(frames[1:], 1):
+    if not re.search(r"exchanges \d+ \([0-9.]+[KMGTP]?/s over \d+\.\d{3} s\)", f): bad.append(f"frame {i}: no interval in the header")
+    row = next((l.split() for l in f.splitlines() if re.match(r" +0 dense ", l)), None)
+    if row is None: bad.append(f"frame {i}: no dense bucket row"); continue
+    # bucket compressor state pat exch/s target achieved sent/s recv/s phases...
+    rate, sent, recv = num(row[4]), num(row[7]), num(row[8])
+    if not rate: bad.append(f"frame {i}: exch/s {row[4]}"); continue
+    for what, v in (("sent/s", sent), ("recv/s", recv)):
+        if v is None or abs(v - 4000 * rate) > 0.1 * 4000 * rate:
+            bad.append(f"frame {i}: dense {what} {v} for {rate} exchanges/s (4000 bytes each)")
+print("; ".join(bad))
+PY
+)
+  [ $rc = 0 ] || msg="watch exited $rc; $msg"
+  record two_nodes_watch_bytes_per_second "$msg"
+  [ -n "$msg" ] && cat "$dir/two-watch.txt"
+  for t in $trainers; do kill -TERM $t; done
+  for t in $trainers; do wait $t; done
+  stop_mpirun $mpi $daemons >/dev/null || record two_nodes_stop "spexd did not stop within 15 s"
+  kill_left $daemons
+else
+  record two_nodes_start "no sockets within 20 s: $(tail -5 "$dir/two.log")"
+  kill -9 $mpi; wait $mpi
+fi
 
 write_junit spexd_observe_test
 [ $failures = 0 ] && rm -rf "$dir"

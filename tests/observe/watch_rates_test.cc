@@ -9,8 +9,8 @@
 namespace spex {
 namespace {
 
-v1::BucketStats* AddBucket(v1::GetStatsResponse* r, uint64_t id, uint64_t exchanges,
-                           uint64_t sent, uint64_t received, uint64_t last_sent) {
+v1::BucketStats* AddBucket(v1::GetStatsResponse* r, uint64_t id, uint64_t exchanges, uint64_t sent,
+                           uint64_t received, uint64_t last_sent) {
   v1::BucketStats* b = r->add_buckets();
   b->set_bucket_id(id);
   b->set_exchanges(exchanges);
