@@ -22,6 +22,20 @@ const char* PhaseName(Phase p) {
 
 namespace {
 constexpr int64_t kIdleWaitNs = 50 * 1000 * 1000;  // engine re-checks peers/stop this often
+
+// A local rank whose ready word went back (a write into the shared header no client makes)
+// travels in the control round as a dead trainer with this bit set in the word's rank field
+// (DeadTrainerWord; local ranks are < kMaxLocalTrainers).
+constexpr uint32_t kBrokenRank = 0x8000;
+constexpr uint64_t kBrokenRankBit = static_cast<uint64_t>(kBrokenRank) << 32;
+
+// "local trainer R (pid P) of node N died", or what the broken one did.
+std::string TrainerFault(uint64_t word) {
+  if ((word & kBrokenRankBit) == 0) return absl::StrCat(DeadTrainerName(word), " died");
+  return absl::StrCat(DeadTrainerName(word & ~kBrokenRankBit),
+                      " broke the shared-segment protocol (its ready word went back below the "
+                      "step being exchanged: a trainer of that node wrote into a bucket's header)");
+}
 }  // namespace
 
 Engine::Engine(EngineOptions options, Collective* collective, Primitives* prims, DevicePath device)
@@ -247,8 +261,8 @@ void Engine::Process(const std::vector<EngineBucket*>& group) {
       RunControlRound(collective_, {b->id, step, b->elements, b->compressor, policy}, &control);
   if (status.ok() && control.dead_trainer != 0) {
     status = absl::AbortedError(absl::StrCat(
-        "bucket ", b->id, " step ", step, ": ", DeadTrainerName(control.dead_trainer),
-        " died, so this step cannot complete; end the job (spexd takes a new one once the other "
+        "bucket ", b->id, " step ", step, ": ", TrainerFault(control.dead_trainer),
+        ", so this step cannot complete; end the job (spexd takes a new one once the other "
         "trainers of that node have left)"));
   }
   if (status.ok() && !inputs.ok()) status = inputs;
@@ -447,6 +461,31 @@ void Engine::ReapDeadTrainersLocked() {
                        "fails on every node";
     dead_mask_ |= 1ull << s.local_rank;
     dead_word_[s.local_rank] = DeadTrainerWord(collective_->rank(), s.local_rank, s.pid);
+  }
+  // A client only raises its ready word, by one a step, and never before the previous step was
+  // published, so a live rank's word is at least the bucket's next step. Below it, a trainer of
+  // this node wrote into the shared header: nobody can wait for that rank any more, so it is
+  // broken for the rest of the job like a dead one (every step of its buckets fails on every
+  // node, naming it), instead of every trainer waiting out its exchange timeout.
+  for (const auto& [id, b] : buckets_.all()) {
+    if (b->out.state != BucketState::kWaiting) continue;
+    for (int r = 0; r < options_.local_trainers; ++r) {
+      const uint64_t bit = 1ull << r;
+      if ((dead_mask_ & bit) || !(b->out.registered_mask & bit)) continue;
+      const uint64_t ready = b->mem.header->ready[r].value.load();
+      if (ready >= b->ex.next_step) continue;
+      uint32_t pid = 0;
+      for (const SessionSummary& s : sessions_.Summaries(absl::Now())) {
+        if (s.local_rank == static_cast<uint32_t>(r)) pid = s.pid;
+      }
+      SPEX_LOG(ERROR) << "bucket " << id << ": local trainer " << r << " (pid " << pid
+                      << ")'s ready word is " << ready << ", below the next step "
+                      << b->ex.next_step
+                      << ": a trainer of this node wrote into the shared header; every step of "
+                         "that trainer's buckets fails from now on, on every node";
+      dead_mask_ |= bit;
+      dead_word_[r] = DeadTrainerWord(collective_->rank(), r | kBrokenRank, pid);
+    }
   }
   scheduler_->set_dead(dead_mask_);
   if (sessions_.empty() && !buckets_.empty()) reset_pending_ = true;
