@@ -3,6 +3,11 @@
 // collects those candidates, and only the candidates are ranked (histogram, then nth_element
 // inside the boundary bin). When the sample misjudges, a full 2^16-bin histogram of |x| finds the
 // exact boundary bin instead; the result is exact either way.
+// Tie-heavy inputs (a constant, all zeros, few distinct values: issue 12) never copy or rank the
+// ties: when many samples share the sampled key, one count checks that it is the k-th key, and
+// the first k entries at or above it (one select, stopping its writes at k) plus the higher ones
+// after them are the result; a boundary bin of the histogram path holding more than n/16 entries
+// is resolved by a histogram of its low key bits instead of being copied out.
 #pragma once
 
 #include <cstddef>
@@ -21,8 +26,9 @@ inline constexpr size_t kTopKSampleRun = 16;
 // is never written). Uses SmallTopK below 64K entries, then SampledTopK, then HistogramTopK.
 size_t FastTopK(Primitives& p, const float* x, size_t n, size_t k, uint32_t* idx, float* val);
 
-// The sampled threshold path alone. Returns false (and writes nothing) when the threshold let
-// through fewer than k entries, or k is too large a fraction of n for sampling to pay.
+// The sampled threshold path alone (tied sampled key included). Returns false when the threshold
+// let through fewer than k entries or more than n/4, the tied key was not the k-th, or k is too
+// large a fraction of n for sampling to pay; idx and val may then have been written to.
 bool SampledTopK(Primitives& p, const float* x, size_t n, size_t k, uint32_t* idx, float* val,
                  size_t* written);
 
