@@ -32,6 +32,8 @@ enum Word {
   kNonfinite,
   kPolicy,
   kNotPolicy,
+  kSparseAllreduce,
+  kNotSparseAllreduce,
   kWords
 };
 
@@ -97,6 +99,9 @@ absl::Status RunControlRound(Collective* coll, const ExchangeKey& key, Control* 
   const uint64_t policy = NameHash(key.nonfinite);
   v[kPolicy] = policy;
   v[kNotPolicy] = ~policy;
+  const uint64_t sparse_allreduce = NameHash(key.sparse_allreduce);
+  v[kSparseAllreduce] = sparse_allreduce;
+  v[kNotSparseAllreduce] = ~sparse_allreduce;
   if (coll->size() > 1) {
     if (absl::Status s = coll->AllReduce(v, kWords, ElemType::kUint64, ReduceOp::kMax); !s.ok()) {
       return s;
@@ -122,6 +127,12 @@ absl::Status RunControlRound(Collective* coll, const ExchangeKey& key, Control* 
         "this node runs --nonfinite=", key.nonfinite,
         " but another node runs another policy; start every spexd of the job with the same "
         "--nonfinite"));
+  }
+  if (v[kSparseAllreduce] != ~v[kNotSparseAllreduce]) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "this node runs --sparse_allreduce=", key.sparse_allreduce,
+        " but another node runs another exchange; start every spexd of the job with the same "
+        "--sparse_allreduce"));
   }
   c->density_key = v[kDensityKey];
   c->sparse_us = v[kSparseUs];

@@ -1,7 +1,8 @@
 // The control round: one tiny all-reduce (MAX) before every exchange, in which all nodes check
 // that they are about to exchange the same thing and share the run-time decisions that must take
 // effect at the same step everywhere:
-//  - the order check: (bucket, step, size, compressor) equal on every node, or a clear
+//  - the order check: (bucket, step, size, compressor) and the --nonfinite and
+//    --sparse_allreduce settings equal on every node, or a clear
 //    FAILED_PRECONDITION instead of a hang in mismatched collectives;
 //  - the newest density change any node has seen (`spexctl set-density` on one node);
 //  - the dense-fallback probe timings (the slowest node's count);
@@ -27,6 +28,9 @@ struct ExchangeKey {
   // The --nonfinite policy (its flag spelling; borrowed): nodes that would decide differently
   // on a non-finite step must not start one.
   absl::string_view nonfinite = "propagate";
+  // The --sparse_allreduce exchange (its flag spelling; borrowed): nodes running different ones
+  // would issue mismatched collectives.
+  absl::string_view sparse_allreduce = "allgather";
 };
 
 // What the round carries; each field is maxed over the nodes.

@@ -257,8 +257,10 @@ void Engine::Process(const std::vector<EngineBucket*>& group) {
   }
   const absl::string_view policy =
       options_.nonfinite == NonfinitePolicy::kError ? "error" : "propagate";
-  absl::Status status =
-      RunControlRound(collective_, {b->id, step, b->elements, b->compressor, policy}, &control);
+  const absl::string_view exchange =
+      options_.sparse_allreduce == SparseAllreduce::kOkTopk ? "oktopk" : "allgather";
+  absl::Status status = RunControlRound(
+      collective_, {b->id, step, b->elements, b->compressor, policy, exchange}, &control);
   if (status.ok() && control.dead_trainer != 0) {
     status = absl::AbortedError(absl::StrCat(
         "bucket ", b->id, " step ", step, ": ", TrainerFault(control.dead_trainer),

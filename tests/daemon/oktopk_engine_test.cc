@@ -4,18 +4,21 @@
 // same inputs, step after step (so the residual and the compressor's state, Update included,
 // stay the same too); fp16 values as well. And the refusals: the flag's spellings ('auto' is not
 // implemented), a compressor that cannot use it (at Start for --compressor, at registration for
-// a bucket's own), device buckets.
+// a bucket's own), device buckets, nodes disagreeing on the flag.
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "daemon/engine/control_round.h"
 #include "daemon/engine/engine.h"
 #include "daemon/engine/engine_options.h"
+#include "daemon/transport/inproc_collective.h"
 #include "gtest/gtest.h"
 #include "kernels/compressor.h"
 #include "kernels/primitives.h"
@@ -173,6 +176,32 @@ TEST(OkTopkEngineErrors, TheCapableCompressorsAreThePatternBOnes) {
     EXPECT_EQ(CompressorCanUseOkTopk(name), *p == Pattern::kSparseGather) << name;
   }
   EXPECT_FALSE(CompressorCanUseOkTopk("no_such"));
+}
+
+// Nodes started with different --sparse_allreduce would issue mismatched collectives: the
+// control round before every exchange stops them all with an error naming the flag.
+TEST(OkTopkEngineErrors, NodesDisagreeingOnTheExchangeAreStoppedByTheControlRound) {
+  InProcessHub hub(2, absl::Seconds(10));
+  std::vector<absl::Status> status(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      std::unique_ptr<Collective> coll = hub.Connect(r);
+      ExchangeKey key{1, 0, 20000, "topk"};
+      key.sparse_allreduce = r == 0 ? "oktopk" : "allgather";
+      Control control;
+      status[r] = RunControlRound(coll.get(), key, &control);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(status[r].code(), absl::StatusCode::kFailedPrecondition) << "node " << r;
+    EXPECT_NE(status[r].message().find(absl::StrCat(
+                  "this node runs --sparse_allreduce=", r == 0 ? "oktopk" : "allgather",
+                  " but another node runs another exchange")),
+              std::string::npos)
+        << status[r];
+  }
 }
 
 // What Update accepts from the Ok-Topk exchange: every node's selection size and the sorted,
