@@ -8,6 +8,9 @@
 # the daemon reports. spexd runs with --threads=1 (the trainers' oracle too: same primitives,
 # same thread count, same selections), --dense_fallback=off --min_sparse_elements=0 (every
 # exchange sparse) and --residual_norm_every=1.
+# The same with --sparse_allreduce=oktopk for the compressors that can use it (pattern B over the
+# Ok-Topk exchange, checked against the same oracle), and its refusals: --sparse_allreduce=auto
+# (not implemented) and --compressor=micro with oktopk, each an exit naming what to fix.
 # Then a shutdown case: SIGTERM to mpirun while one node's engine sits in a collective (its
 # peer lacks a trainer) and holds a segment no other trainer attached; mpirun SIGKILLs that
 # daemon after odls_base_sigkill_timeout, and nothing of it may stay in /dev/shm or as a socket.
@@ -23,19 +26,24 @@ COMPRESSORS=$("$TRAINER" --list_compressors | paste -sd, -)
 NC=$(echo "$COMPRESSORS" | tr ',' '\n' | grep -c .)
 echo "compressors ($NC): $COMPRESSORS"
 [ "$NC" -ge 2 ] || case_result "registry" "spex_trainer --list_compressors printed $NC names"
-SIZES=$(for i in $(seq 0 $((NC - 1))); do echo $((20011 + 2503 * i)); done | paste -sd, -)
+sizes_for() {  # compressors -> one bucket size each
+  local nc; nc=$(echo "$1" | tr ',' '\n' | grep -c .)
+  for i in $(seq 0 $((nc - 1))); do echo $((20011 + 2503 * i)); done | paste -sd, -
+}
 
-run_sparse() {  # nodes
+run_sparse() {  # nodes [case prefix, compressors (comma-separated), extra spexd flags...]
   local N=$1 L=2 dir; dir=$(mktemp -d /tmp/spex-sparse.XXXXXX)
-  echo "== $N nodes x $L trainers, every compressor, alternate doorbell/rpc"
+  local P="${2:-${N}nodes}" COMPRESSORS="${3:-$COMPRESSORS}"; shift $(($# < 3 ? $# : 3))
+  local SIZES; SIZES=$(sizes_for "$COMPRESSORS")
+  echo "== $N nodes x $L trainers, $COMPRESSORS, alternate doorbell/rpc ${*:-}"
   local t0=$SECONDS
   mpirun -np "$N" "$SPEXD" --socket="$dir/node{rank}.sock" --local_trainers="$L" --threads=1 \
-    --dense_fallback=off --min_sparse_elements=0 --residual_norm_every=1 --log_level=warning \
+    --dense_fallback=off --min_sparse_elements=0 --residual_norm_every=1 --log_level=warning "$@" \
     >"$dir/mpirun.log" 2>&1 &
   local mpi=$!
   if ! wait_sockets "$dir" "$N"; then
     cat "$dir/mpirun.log"; kill -9 $mpi
-    for c in ${COMPRESSORS//,/ }; do case_result "${N}nodes.$c" "daemons did not start"; done
+    for c in ${COMPRESSORS//,/ }; do case_result "$P.$c" "daemons did not start"; done
     return
   fi
   local daemons; daemons=$(pgrep -f "^$SPEXD --socket=$dir" | tr '\n' ' ')
@@ -60,7 +68,7 @@ run_sparse() {  # nodes
   [ $failed != 0 ] && [ -z "$(grep -h '^spex_trainer.*bucket [0-9]* (' "$dir"/t*.log)" ] && general="$failed trainers failed"
   for c in ${COMPRESSORS//,/ }; do
     local bad; bad=$(grep -h "bucket [0-9]* ($c)" "$dir"/t*.log | head -3)
-    if [ -n "$bad" ]; then case_result "${N}nodes.$c" "$bad"; else case_result "${N}nodes.$c" "$general"; fi
+    if [ -n "$bad" ]; then case_result "$P.$c" "$bad"; else case_result "$P.$c" "$general"; fi
   done
   local msg=""
   stop_mpirun $mpi $daemons || { msg="daemons did not stop within 15 s of SIGTERM to mpirun. "; kill_left $daemons; }
@@ -68,8 +76,8 @@ run_sparse() {  # nodes
   [ -n "$left" ] && msg+="left in /dev/shm: $left. "
   ls "$dir"/node*.sock >/dev/null 2>&1 && msg+="sockets left behind. "
   grep -q "ERROR" "$dir/mpirun.log" && msg+="daemon logged errors: $(grep ERROR "$dir/mpirun.log" | head -3)"
-  case_result "${N}nodes.clean_stop" "$msg"
-  echo "== $N nodes: $((SECONDS - t0)) s"
+  case_result "$P.clean_stop" "$msg"
+  echo "== $P: $((SECONDS - t0)) s"
   rm -rf "$dir"
 }
 
@@ -109,9 +117,37 @@ run_stuck_stop() {
   rm -rf "$dir"
 }
 
+# --sparse_allreduce refusals at start: 'auto' at flag parsing (before MPI), a --compressor that
+# cannot use oktopk once the configuration is read (under mpirun, one rank).
+run_refusals() {
+  local out rc
+  out=$("$SPEXD" --sparse_allreduce=auto 2>&1); rc=$?
+  if [ $rc = 0 ] || ! echo "$out" | grep -q "sparse_allreduce" || ! echo "$out" | grep -q "not implemented"; then
+    case_result "oktopk.auto_refused" "exit $rc, output: $(echo "$out" | head -3)"
+  else
+    case_result "oktopk.auto_refused" ""
+  fi
+  local dir; dir=$(mktemp -d /tmp/spex-sparse.XXXXXX)
+  out=$(timeout 60 mpirun -np 1 "$SPEXD" --socket="$dir/node{rank}.sock" --sparse_allreduce=oktopk --compressor=micro 2>&1); rc=$?
+  if [ $rc = 0 ] || ! echo "$out" | grep -q "compressor micro cannot use --sparse_allreduce=oktopk.*the compressors that can: dgc, "; then
+    case_result "oktopk.micro_refused" "exit $rc, output: $(echo "$out" | head -3)"
+  else
+    case_result "oktopk.micro_refused" ""
+  fi
+  rm -rf "$dir"
+}
+
 T0=$SECONDS
 run_sparse 2
 run_sparse 4
+# --sparse_allreduce=oktopk: every compressor that can use it, against the same (all-gather)
+# oracle, bit for bit as the all-gather exchange.
+OKTOPK=$("$TRAINER" --list_compressors | while read -r c; do
+  case $c in topk|gtopk|randomk|dgc|gaussiank|redsync|redsync_trim|sidco_e|sidco_p|sidco_gp|sage) echo "$c" ;; esac
+done | paste -sd, -)
+run_sparse 2 2nodes.oktopk "$OKTOPK" --sparse_allreduce=oktopk
+run_sparse 4 4nodes.oktopk "$OKTOPK" --sparse_allreduce=oktopk
+run_refusals
 run_stuck_stop
 echo "mpi_sparse: $failures failure(s) in $((SECONDS - T0)) s"
 
