@@ -10,6 +10,10 @@
 //     node is rank 0 of --nodes simulated nodes (pattern A compressors run every node, so the
 //     residual is zeroed at the real union; MiCRO/ExDyna/DEFT/CLT-k select in 1/nodes of it).
 //     The density column is node 0's own count / n. The issue's goals are evaluated at the end.
+//     --input / --inputs pick the input kind(s): heavy (the above) or a tie-heavy one (constant,
+//     zero, distinct2/3/16, ramp, reversed; issue 12 item 4b); with heavy and others, every row
+//     also gets its time as a ratio to heavy's (printed as a table, `vs_heavy` in the JSON, and a
+//     goal line per kind: no compressor over 20x).
 //  2. Compression-ratio error mean |K/k - 1| over --ratio_steps steps of micro and exdyna under
 //     both threshold controls, 4 simulated nodes with error feedback, on (a) a slowly drifting
 //     synthetic gradient sequence and (b) a real gradient trace (bench/make_grad_trace.py), with
@@ -66,6 +70,11 @@ ABSL_FLAG(std::string, input, "heavy",
           "part 1's input kind: heavy (Student-t, today's), constant, zero, distinct2, distinct3, "
           "distinct16, ramp, reversed (degenerate inputs that can send a selection down a slow "
           "path)");
+ABSL_FLAG(std::string, inputs, "",
+          "comma-separated input kinds for part 1 (overrides --input), e.g. "
+          "heavy,constant,zero,distinct2,distinct3,distinct16,ramp,reversed; with heavy among "
+          "them, each row also gets its time as a ratio to heavy (same compressor, size, density "
+          "and threads)");
 ABSL_FLAG(int64_t, synthetic_n, 1126410, "floats per gradient of the synthetic sequence");
 
 namespace spex {
@@ -193,8 +202,17 @@ struct CostRow {
   std::string label;
   std::string pattern;
   double ms, memcpy_ms, vs_memcpy, achieved;
-  double nth_ms = 0;  // topk only
+  double nth_ms = 0;    // topk only
+  std::string input;    // the input kind (--input / --inputs)
+  double vs_heavy = 0;  // ms / the heavy input's ms of the same configuration (0: not measured)
 };
+
+// The input kinds of part 1: --inputs, else --input.
+std::vector<std::string> InputKinds() {
+  const std::string list = absl::GetFlag(FLAGS_inputs);
+  if (list.empty()) return {absl::GetFlag(FLAGS_input)};
+  return absl::StrSplit(list, ',', absl::SkipEmpty());
+}
 
 // The same error-feedback top-k step written plainly: acc += g in a loop, |acc| copied,
 // std::nth_element for the k-th magnitude, one scan collecting k indices and values (ties toward
@@ -227,99 +245,158 @@ std::vector<CostRow> RunCost() {
   const int reps = absl::GetFlag(FLAGS_reps), warm = absl::GetFlag(FLAGS_warmup);
   const int nodes = absl::GetFlag(FLAGS_nodes);
   const std::string only = absl::GetFlag(FLAGS_only);
-  for (size_t n : FlagList<size_t>(absl::GetFlag(FLAGS_sizes))) {
-    // Each (step, node) gradient is a window of n into a pool of 2n, at its own offset.
-    const std::optional<std::vector<float>> input = Input(absl::GetFlag(FLAGS_input), 2 * n, 1);
-    if (!input) {
+  const std::vector<std::string> kinds = InputKinds();
+  for (const std::string& kind : kinds) {
+    if (!Input(kind, 1, 1)) {
       std::fprintf(stderr,
-                   "--input=%s is not a kind: use heavy, constant, zero, distinct2, distinct3, "
-                   "distinct16, ramp or reversed\n",
-                   absl::GetFlag(FLAGS_input).c_str());
+                   "input kind '%s' (--input / --inputs) is not a kind: use heavy, constant, "
+                   "zero, distinct2, distinct3, distinct16, ramp or reversed\n",
+                   kind.c_str());
       std::exit(2);
     }
-    const std::vector<float>& raw = *input;
-    std::vector<float> pool(2 * n), copy_dst(n), mag, plain_acc(n, 0.0f), plain_val;
-    std::vector<uint32_t> plain_idx;
-    auto grad = [&](uint64_t step, int node) {
-      return pool.data() + (step * 1000003u + static_cast<uint64_t>(node) * 7777777u) % n;
-    };
-    auto memcpy_fn = [&] { std::memcpy(copy_dst.data(), pool.data(), n * sizeof(float)); };
-    for (double d : FlagList<double>(absl::GetFlag(FLAGS_densities))) {
-      // Scale so that 1 / (2 sqrt(k)), where the threshold controllers (micro/exdyna reference,
-      // thresh, sage) start, is the target quantile of |gradient|.
-      const size_t k = std::max<size_t>(1, static_cast<size_t>(d * n));
-      mag.assign(raw.begin(), raw.begin() + n);
-      for (float& v : mag) v = std::fabs(v);
-      std::nth_element(mag.begin(), mag.begin() + (k - 1), mag.end(), std::greater<float>());
-      // All-zero input: no quantile to match, left as it is.
-      const float scale =
-          mag[k - 1] == 0.0f
-              ? 1.0f
-              : static_cast<float>(1.0 / (2.0 * std::sqrt(static_cast<double>(k)))) / mag[k - 1];
-      for (size_t i = 0; i < 2 * n; ++i) pool[i] = raw[i] * scale;
-      for (int threads : FlagList<int>(absl::GetFlag(FLAGS_threads))) {
-        std::unique_ptr<Primitives> prims = MakeCpuPrimitives(threads);
-        std::printf(
-            "\nn=%zu d=%g threads=%d input=%s (rank 0 of %d nodes; ratio = time / memcpy of "
-            "the same buffer, interleaved)\n",
-            n, d, threads, absl::GetFlag(FLAGS_input).c_str(), nodes);
-        std::printf("  %-20s %3s %10s %10s %9s %10s\n", "compressor", "pat", "ms", "memcpy ms",
-                    "x memcpy", "density");
-        for (const Variant& v : Variants()) {
-          if (!only.empty() && v.label.find(only) == std::string::npos) continue;
-          Nodes node;
-          node.nodes = nodes;
-          const bool all_nodes = *CompressorPattern(v.name) == Pattern::kIndexUnion;
-          for (int r = 0; r < (all_nodes ? nodes : 1); ++r) {
-            auto made = MakeCompressor({v.name, d, v.params, r, nodes, n}, prims.get());
-            if (!made.ok()) {
-              std::fprintf(stderr, "%s: %s\n", v.label.c_str(), made.status().ToString().c_str());
-              std::exit(1);
+  }
+  for (size_t n : FlagList<size_t>(absl::GetFlag(FLAGS_sizes))) {
+    for (const std::string& kind : kinds) {
+      // Each (step, node) gradient is a window of n into a pool of 2n, at its own offset.
+      const std::optional<std::vector<float>> input = Input(kind, 2 * n, 1);
+      const std::vector<float>& raw = *input;
+      std::vector<float> pool(2 * n), copy_dst(n), mag, plain_acc(n, 0.0f), plain_val;
+      std::vector<uint32_t> plain_idx;
+      auto grad = [&](uint64_t step, int node) {
+        return pool.data() + (step * 1000003u + static_cast<uint64_t>(node) * 7777777u) % n;
+      };
+      auto memcpy_fn = [&] { std::memcpy(copy_dst.data(), pool.data(), n * sizeof(float)); };
+      for (double d : FlagList<double>(absl::GetFlag(FLAGS_densities))) {
+        // Scale so that 1 / (2 sqrt(k)), where the threshold controllers (micro/exdyna reference,
+        // thresh, sage) start, is the target quantile of |gradient|.
+        const size_t k = std::max<size_t>(1, static_cast<size_t>(d * n));
+        mag.assign(raw.begin(), raw.begin() + n);
+        for (float& v : mag) v = std::fabs(v);
+        std::nth_element(mag.begin(), mag.begin() + (k - 1), mag.end(), std::greater<float>());
+        // All-zero input: no quantile to match, left as it is.
+        const float scale =
+            mag[k - 1] == 0.0f
+                ? 1.0f
+                : static_cast<float>(1.0 / (2.0 * std::sqrt(static_cast<double>(k)))) / mag[k - 1];
+        for (size_t i = 0; i < 2 * n; ++i) pool[i] = raw[i] * scale;
+        for (int threads : FlagList<int>(absl::GetFlag(FLAGS_threads))) {
+          std::unique_ptr<Primitives> prims = MakeCpuPrimitives(threads);
+          std::printf(
+              "\nn=%zu d=%g threads=%d input=%s (rank 0 of %d nodes; ratio = time / memcpy of "
+              "the same buffer, interleaved)\n",
+              n, d, threads, kind.c_str(), nodes);
+          std::printf("  %-20s %3s %10s %10s %9s %10s\n", "compressor", "pat", "ms", "memcpy ms",
+                      "x memcpy", "density");
+          for (const Variant& v : Variants()) {
+            if (!only.empty() && v.label.find(only) == std::string::npos) continue;
+            Nodes node;
+            node.nodes = nodes;
+            const bool all_nodes = *CompressorPattern(v.name) == Pattern::kIndexUnion;
+            for (int r = 0; r < (all_nodes ? nodes : 1); ++r) {
+              auto made = MakeCompressor({v.name, d, v.params, r, nodes, n}, prims.get());
+              if (!made.ok()) {
+                std::fprintf(stderr, "%s: %s\n", v.label.c_str(), made.status().ToString().c_str());
+                std::exit(1);
+              }
+              node.c.push_back(std::move(*made));
+              node.ef.push_back(std::make_unique<ErrorFeedback>(prims.get(), n));
             }
-            node.c.push_back(std::move(*made));
-            node.ef.push_back(std::make_unique<ErrorFeedback>(prims.get(), n));
-          }
-          node.sel.resize(node.c.size());
-          node.counts.assign(nodes, 0);
-          uint64_t step = 0;
-          for (int w = 0; w < warm; ++w, ++step) node.Step(step, grad);
-          std::vector<double> t, tb, tn;
-          double achieved = 0;
-          const bool topk = v.name == "topk";
-          for (int r = 0; r < reps; ++r, ++step) {
-            tb.push_back(Ms(memcpy_fn));
-            t.push_back(node.Step(step, grad));
-            achieved += static_cast<double>(node.sel[0].count()) / n / reps;
+            node.sel.resize(node.c.size());
+            node.counts.assign(nodes, 0);
+            uint64_t step = 0;
+            for (int w = 0; w < warm; ++w, ++step) node.Step(step, grad);
+            std::vector<double> t, tb, tn;
+            double achieved = 0;
+            const bool topk = v.name == "topk";
+            for (int r = 0; r < reps; ++r, ++step) {
+              tb.push_back(Ms(memcpy_fn));
+              t.push_back(node.Step(step, grad));
+              achieved += static_cast<double>(node.sel[0].count()) / n / reps;
+              if (topk) {
+                const float* g = grad(step, 0);
+                tn.push_back(Ms([&] {
+                  PlainTopKStep(plain_acc.data(), g, n, k, &mag, &plain_idx, &plain_val);
+                }));
+              }
+            }
+            CostRow row{n,
+                        d,
+                        threads,
+                        v.label,
+                        PatternName(node.c[0]->pattern()),
+                        Median(t),
+                        Median(tb),
+                        Median(t) / Median(tb),
+                        achieved,
+                        0,
+                        kind};
+            if (topk) row.nth_ms = Median(tn);
+            std::printf("  %-20s %3s %10.3f %10.3f %9.3f %10.5f", v.label.c_str(),
+                        row.pattern.c_str(), row.ms, row.memcpy_ms, row.vs_memcpy, row.achieved);
             if (topk) {
-              const float* g = grad(step, 0);
-              tn.push_back(Ms(
-                  [&] { PlainTopKStep(plain_acc.data(), g, n, k, &mag, &plain_idx, &plain_val); }));
+              std::printf("   plain nth_element top-k %.2f ms: topk %.1fx faster", row.nth_ms,
+                          row.nth_ms / row.ms);
             }
+            std::printf("\n");
+            std::fflush(stdout);
+            rows.push_back(row);
           }
-          CostRow row{n,
-                      d,
-                      threads,
-                      v.label,
-                      PatternName(node.c[0]->pattern()),
-                      Median(t),
-                      Median(tb),
-                      Median(t) / Median(tb),
-                      achieved};
-          if (topk) row.nth_ms = Median(tn);
-          std::printf("  %-20s %3s %10.3f %10.3f %9.3f %10.5f", v.label.c_str(),
-                      row.pattern.c_str(), row.ms, row.memcpy_ms, row.vs_memcpy, row.achieved);
-          if (topk) {
-            std::printf("   plain nth_element top-k %.2f ms: topk %.1fx faster", row.nth_ms,
-                        row.nth_ms / row.ms);
-          }
-          std::printf("\n");
-          std::fflush(stdout);
-          rows.push_back(row);
         }
       }
     }
   }
+  // Ratios to the heavy-tailed input's time, same configuration.
+  for (CostRow& r : rows) {
+    for (const CostRow& h : rows) {
+      if (h.input == "heavy" && h.n == r.n && h.density == r.density && h.threads == r.threads &&
+          h.label == r.label && h.ms > 0) {
+        r.vs_heavy = r.ms / h.ms;
+      }
+    }
+  }
   return rows;
+}
+
+// With several input kinds including heavy: per configuration, each kind's time / heavy's.
+void PrintHeavyRatios(const std::vector<CostRow>& rows) {
+  std::vector<std::string> kinds;
+  for (const std::string& k : InputKinds()) {
+    if (k != "heavy") kinds.push_back(k);
+  }
+  bool any = false;
+  for (const CostRow& r : rows) any |= r.input != "heavy" && r.vs_heavy > 0;
+  if (!any) return;
+  std::vector<const CostRow*> heavy;
+  for (const CostRow& r : rows) {
+    if (r.input == "heavy") heavy.push_back(&r);
+  }
+  std::printf("\ntime / time on heavy-tailed input (same compressor, n, d, threads)\n");
+  std::string last;
+  for (const CostRow* h : heavy) {
+    const std::string at = absl::StrFormat("n=%d d=%g threads=%d", h->n, h->density, h->threads);
+    if (at != last) {
+      std::printf("  %-20s %9s", at.c_str(), "heavy ms");
+      for (const std::string& k : kinds) std::printf(" %10s", k.c_str());
+      std::printf("\n");
+      last = at;
+    }
+    std::printf("  %-20s %9.2f", h->label.c_str(), h->ms);
+    for (const std::string& k : kinds) {
+      double v = 0;
+      for (const CostRow& r : rows) {
+        if (r.input == k && r.n == h->n && r.density == h->density && r.threads == h->threads &&
+            r.label == h->label) {
+          v = r.vs_heavy;
+        }
+      }
+      if (v > 0) {
+        std::printf(" %9.2fx", v);
+      } else {
+        std::printf(" %10s", "-");
+      }
+    }
+    std::printf("\n");
+  }
 }
 
 // ---- Part 2: compression-ratio error ----
@@ -535,18 +612,19 @@ std::vector<RatioRow> RunRatio(GradSource* src, int nodes) {
 
 std::string Json(const std::vector<CostRow>& cost, const std::vector<RatioRow>& ratio,
                  const std::vector<std::string>& goals) {
-  std::string j =
-      absl::StrCat("{\n  \"simd_target\": \"", CpuPrimitivesTarget(),
-                   "\",\n  \"reps\": ", absl::GetFlag(FLAGS_reps),
-                   ",\n  \"nodes_simulated\": ", absl::GetFlag(FLAGS_nodes), ",\n  \"cost\": [\n");
+  std::string j = absl::StrCat(
+      "{\n  \"simd_target\": \"", CpuPrimitivesTarget(), "\",\n  \"inputs\": [\"",
+      absl::StrJoin(InputKinds(), "\", \""), "\"],\n  \"reps\": ", absl::GetFlag(FLAGS_reps),
+      ",\n  \"nodes_simulated\": ", absl::GetFlag(FLAGS_nodes), ",\n  \"cost\": [\n");
   for (size_t i = 0; i < cost.size(); ++i) {
     const CostRow& r = cost[i];
-    absl::StrAppend(&j, absl::StrFormat("    {\"n\": %d, \"density\": %g, \"threads\": %d, "
-                                        "\"compressor\": \"%s\", \"pattern\": "
+    absl::StrAppend(&j, absl::StrFormat("    {\"input\": \"%s\", \"n\": %d, \"density\": %g, "
+                                        "\"threads\": %d, \"compressor\": \"%s\", \"pattern\": "
                                         "\"%s\", \"ms\": %.4f, \"memcpy_ms\": %.4f, \"vs_memcpy\": "
                                         "%.4f, \"achieved_density\": %.6f",
-                                        r.n, r.density, r.threads, r.label, r.pattern, r.ms,
-                                        r.memcpy_ms, r.vs_memcpy, r.achieved));
+                                        r.input, r.n, r.density, r.threads, r.label, r.pattern,
+                                        r.ms, r.memcpy_ms, r.vs_memcpy, r.achieved));
+    if (r.vs_heavy > 0) absl::StrAppend(&j, absl::StrFormat(", \"vs_heavy\": %.3f", r.vs_heavy));
     if (r.nth_ms > 0) {
       absl::StrAppend(
           &j, absl::StrFormat(
@@ -584,7 +662,8 @@ std::vector<std::string> Goals(const std::vector<CostRow>& cost,
   };
   auto base = [](const std::string& label) { return label.substr(0, label.find(':')); };
   for (const CostRow& r : cost) {
-    const std::string at = absl::StrFormat("n=%d d=%g threads=%d", r.n, r.density, r.threads);
+    const std::string at =
+        absl::StrFormat("input=%s n=%d d=%g threads=%d", r.input, r.n, r.density, r.threads);
     const std::string b = base(r.label);
     if (r.threads == 1 && (r.label == "micro:reference" || r.label == "exdyna:reference" ||
                            r.label == "thresh" || r.label == "sage")) {
@@ -600,6 +679,19 @@ std::vector<std::string> Goals(const std::vector<CostRow>& cost,
       add(r.vs_memcpy <= 3.0,
           absl::StrFormat("%s <= 3x memcpy (%s): %.2fx", r.label, at, r.vs_memcpy));
     }
+  }
+  // Issue 12 item 4b: no input kind sends a compressor down a path 20x slower than heavy's.
+  std::map<std::string, const CostRow*> worst;  // per kind and configuration
+  for (const CostRow& r : cost) {
+    if (r.input == "heavy" || r.vs_heavy <= 0) continue;
+    const std::string key =
+        absl::StrFormat("%s n=%d d=%g threads=%d", r.input, r.n, r.density, r.threads);
+    if (worst[key] == nullptr || r.vs_heavy > worst[key]->vs_heavy) worst[key] = &r;
+  }
+  for (const auto& [key, r] : worst) {
+    add(r->vs_heavy <= 20, absl::StrFormat("every compressor <= 20x its heavy-input time on %s: "
+                                           "worst %s %.2fx",
+                                           key, r->label, r->vs_heavy));
   }
   for (const RatioRow& h : ratio) {
     if (h.control != "histogram" || h.input != "real_trace_mlp_digits") continue;
@@ -624,7 +716,10 @@ int Main() {
   std::vector<CostRow> cost;
   std::vector<RatioRow> ratio;
   std::printf("CPU primitives on %s\n", CpuPrimitivesTarget());
-  if (absl::GetFlag(FLAGS_cost)) cost = RunCost();
+  if (absl::GetFlag(FLAGS_cost)) {
+    cost = RunCost();
+    PrintHeavyRatios(cost);
+  }
   if (absl::GetFlag(FLAGS_ratio)) {
     const int nodes = 4, steps = absl::GetFlag(FLAGS_ratio_steps);
     std::vector<std::unique_ptr<GradSource>> sources;
