@@ -128,20 +128,27 @@ void LocalDense(const StepEnv& env, Member& m, float scale, bool pow2, float* sl
   const size_t n = b.elements;
   m.post_scale = scale;
   if (b.on_device) {
-    m.s = OnDevice(b);
+    Keep(&m.s, OnDevice(b));
+  } else if (m.item->reduced) {
+    // ReduceLocalChecked wrote the local sum (its failure, if any, came in as the item's
+    // status): acc for a sparse bucket (committed), else the output, scaled already when
+    // N * L is a power of two.
+    const bool sparse = m.item->sparse != nullptr;
+    if (!sparse && pow2) m.post_scale = 1.0f;
+    if (m.s.ok()) m.s = env.prims->Copy(slice, sparse ? b.acc : b.output, n);
   } else if (m.item->sparse != nullptr) {
     // A sparse bucket going dense this step sends everything, residual included.
-    m.s = LocalReduce(env, b, env.error_feedback);
+    Keep(&m.s, LocalReduce(env, b, env.error_feedback));
     if (m.s.ok()) m.s = env.prims->Copy(slice, b.acc, n);
   } else if (pow2) {
     // DenseStep's exact pre-scaled path: the scaled local sum, reduced with scale 1.
-    m.s = env.prims->SumScaled(slice, b.input, L, scale, n);
+    Keep(&m.s, env.prims->SumScaled(slice, b.input, L, scale, n));
     m.post_scale = 1.0f;
   } else if (L > 1) {
-    m.s = LocalReduce(env, b, false);
+    Keep(&m.s, LocalReduce(env, b, false));
     if (m.s.ok()) m.s = env.prims->Copy(slice, b.acc, n);
   } else {
-    m.s = env.prims->Copy(slice, b.input[0], n);
+    Keep(&m.s, env.prims->Copy(slice, b.input[0], n));
   }
   if (!m.s.ok()) std::fill(slice, slice + n, 0.0f);
 }
@@ -154,13 +161,13 @@ void LocalSparse(const StepEnv& env, Member& m, const Lap& lap) {
   Compressor& c = *st.compressor;
   Selection& sel = st.sel;
   if (b.on_device) {
-    m.s = OnDevice(b);
+    Keep(&m.s, OnDevice(b));
     sel.idx.clear();
     sel.val.clear();
     lap(Phase::kReduceLocal);
     return;
   }
-  Keep(&m.s, LocalReduce(env, b, env.error_feedback));
+  if (!item.reduced) Keep(&m.s, LocalReduce(env, b, env.error_feedback));
   lap(Phase::kReduceLocal);
   const Pattern pattern = c.pattern();
   if (m.s.ok() && item.density != c.density()) Keep(&m.s, c.SetDensity(item.density));
@@ -381,6 +388,12 @@ absl::Status CheckGroup(absl::Span<StepItem> group, absl::Span<const MergeKind> 
           " is probing (kind P); a probing bucket is exchanged alone (DenseStep/SparseStep)"));
     }
     if (kinds[i] == MergeKind::kDense) continue;
+    if (item.sparse != nullptr && item.sparse->oktopk) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "fused step: bucket ", id,
+          " exchanges through Ok-Topk (--sparse_allreduce=oktopk); the fused B sub-exchange is "
+          "the all-gather only"));
+    }
     const Pattern want =
         kinds[i] == MergeKind::kPatternA ? Pattern::kIndexUnion : Pattern::kSparseGather;
     if (item.sparse == nullptr || item.sparse->compressor->pattern() != want) {
@@ -410,6 +423,7 @@ void FusedStep(const StepEnv& env, absl::Span<StepItem> group, absl::Span<const 
   for (size_t i = 0; i < group.size(); ++i) {
     members[i].item = &group[i];
     members[i].kind = kinds[i];
+    members[i].s = group[i].status;  // a failure of the engine's local reduce (reduced)
     (kinds[i] == MergeKind::kDense      ? d
      : kinds[i] == MergeKind::kPatternA ? a
                                         : b)

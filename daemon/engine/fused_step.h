@@ -24,6 +24,11 @@
 // implementation's, so results can differ in the last bits there (exactly summable data, e.g.
 // dyadic, matches anyway).
 //
+// The local reduce is the step's own, or the engine's (StepItem::reduced: ReduceLocalChecked and
+// CommitLocalSum ran before the round, and a failure of theirs comes in as the item's status),
+// as in DenseStep / SparseStep. B members go through the all-gather: a member whose bucket uses
+// Ok-Topk (SparseState::oktopk) is refused.
+//
 // Lockstep: kinds are agreed by the group round, so every node issues the same sub-exchanges.
 // A local failure of one member (a failing Select, a bucket on a device) still takes part in
 // every collective with an empty or zero contribution and is recorded in that member's status;
@@ -59,9 +64,10 @@ struct FusedScratch {
 // The fused exchange of `group` (in group order). kinds[i] is member i's kind at this step,
 // identical on every node: D for a dense bucket or a sparse bucket exchanged densely this step
 // (its residual is sent and cleared, as DenseStep does), A or B for a sparse bucket whose
-// compressor has that pattern. A probing (P) member, a size mismatch between `group` and `kinds`
-// or an A/B member without that compressor fails every member with InvalidArgument before any
-// collective (agreed inputs: every node fails alike). Each member's record and status are
+// compressor has that pattern. A probing (P) member, a size mismatch between `group` and `kinds`,
+// members at different steps, an A/B member without that compressor or one using Ok-Topk fails
+// every member with InvalidArgument before any collective (agreed inputs: every node fails
+// alike). Each member's record and status are
 // filled as DenseStep / SparseStep fill them.
 void FusedStep(const StepEnv& env, absl::Span<StepItem> group, absl::Span<const MergeKind> kinds,
                FusedScratch* scratch, const Lap& lap);
