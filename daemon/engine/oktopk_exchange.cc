@@ -1,6 +1,9 @@
 #include "daemon/engine/oktopk_exchange.h"
 
 #include <algorithm>
+#include <cstring>
+#include <iterator>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "daemon/engine/wire.h"
@@ -19,6 +22,8 @@ std::vector<uint32_t> EqualRegions(uint32_t elements, int nodes) {
 
 namespace {
 
+constexpr int kRadixBins = 256;  // 4 rounds of 8 bits find a float magnitude exactly
+
 // The owner of `i` under `bounds` (bounds sorted, i < bounds.back()).
 int OwnerOf(absl::Span<const uint32_t> bounds, uint32_t i) {
   auto it = std::upper_bound(bounds.begin(), bounds.end(), i);
@@ -34,58 +39,213 @@ absl::Status CheckBounds(absl::Span<const uint32_t> bounds, int n, uint32_t elem
   return absl::OkStatus();
 }
 
+absl::Status CheckOptions(const OkTopkOptions& o) {
+  if (o.global != OkTopkGlobal::kTopk) return absl::OkStatus();
+  if (o.k == 0) {
+    return absl::InvalidArgumentError(
+        "oktopk: global selection topk needs k > 0 (the entries kept per exchange)");
+  }
+  if (o.recompute_every == 0) {
+    return absl::InvalidArgumentError(
+        "oktopk: recompute_every must be >= 1 (1 = an exact selection every exchange)");
+  }
+  if (!(o.global_factor > 1.0f)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("oktopk: global_factor must be > 1, not ", o.global_factor));
+  }
+  return absl::OkStatus();
+}
+
+// |v| as an unsigned key: for non-negative floats the bit patterns order as the values do
+// (NaN above +inf), so the magnitude order is the key order.
+uint32_t MagnitudeKey(float v) {
+  uint32_t b;
+  std::memcpy(&b, &v, sizeof(b));
+  return b & 0x7fffffffu;
+}
+
+float KeyToFloat(uint32_t key) {
+  float f;
+  std::memcpy(&f, &key, sizeof(f));
+  return f;
+}
+
+// Phase 0: the regions re-agreed from every node's selection. Each node offers the P-1
+// quantiles of its sorted selection (the equal split if it selected fewer than P); all nodes
+// gather every offer, validate it (naming the node) and take the mean per boundary. Means of
+// non-decreasing sequences are non-decreasing, so the regions are valid; empty ones are allowed.
+absl::Status Rebalance(Collective* coll, uint32_t elements, absl::Span<const uint32_t> my_idx,
+                       std::vector<uint32_t>* bounds, uint64_t* control_bytes) {
+  const int n = coll->size();
+  std::vector<uint32_t> sorted(my_idx.begin(), my_idx.end());
+  std::sort(sorted.begin(), sorted.end());
+  std::vector<uint32_t> offer(n - 1);
+  for (int j = 1; j < n; ++j) {
+    offer[j - 1] = sorted.size() >= static_cast<size_t>(n)
+                       ? sorted[j * (sorted.size() / n)]
+                       : static_cast<uint32_t>(uint64_t{elements} * j / n);
+  }
+  std::vector<uint32_t> all(static_cast<size_t>(n) * (n - 1));
+  const size_t bytes = offer.size() * sizeof(uint32_t);
+  if (absl::Status s = coll->AllGather(offer.data(), bytes, all.data()); !s.ok()) return s;
+  *control_bytes += bytes * (n - 1);
+  std::vector<uint64_t> sum(n - 1, 0);
+  for (int r = 0; r < n; ++r) {
+    const uint32_t* q = all.data() + static_cast<size_t>(r) * (n - 1);
+    for (int j = 0; j < n - 1; ++j) {
+      if (q[j] > elements || (j > 0 && q[j] < q[j - 1])) {
+        return absl::DataLossError(absl::StrCat(
+            "oktopk: node ", r, " offered region boundaries that are not sorted positions <= ",
+            elements, "; nothing written"));
+      }
+      sum[j] += q[j];
+    }
+  }
+  bounds->assign(n + 1, 0);
+  for (int j = 1; j < n; ++j) (*bounds)[j] = static_cast<uint32_t>(sum[j - 1] / n);
+  (*bounds)[n] = elements;
+  return absl::OkStatus();
+}
+
+// The exact global top-`k` of the owners' reduced entries by magnitude, ties to the smaller
+// index: a radix search of the k-th largest key over all owners (4 sum all-reduces of 256-bin
+// histograms), then an all-gather of every owner's count at that key, so the ties are taken in
+// owner (= index) order. Fills `keep` (1 per entry of `keys`), `tie_share` (per owner: entries at
+// the key it keeps), *kth (the key) and *total (entries kept over all owners). No entry moves.
+absl::Status ExactTopK(Collective* coll, uint64_t k, const std::vector<uint32_t>& keys,
+                       std::vector<uint8_t>* keep, std::vector<uint64_t>* tie_share, uint32_t* kth,
+                       uint64_t* total, uint64_t* control_bytes) {
+  const int n = coll->size();
+  const int me = coll->rank();
+  keep->assign(keys.size(), 0);
+  tie_share->assign(n, 0);
+  *total = 0;
+  uint32_t prefix = 0;
+  uint64_t need = 0, in_bin = 0;
+  for (int round = 0; round < 4; ++round) {
+    const int shift = 24 - 8 * round;
+    std::vector<uint64_t> h(kRadixBins, 0);
+    for (uint32_t key : keys) {
+      if (round == 0 || (key >> (shift + 8)) == prefix) ++h[(key >> shift) & 0xff];
+    }
+    if (absl::Status s = coll->AllReduce(h.data(), h.size(), ElemType::kUint64, ReduceOp::kSum);
+        !s.ok()) {
+      return s;
+    }
+    *control_bytes += h.size() * sizeof(uint64_t);
+    uint64_t sum = 0;
+    for (uint64_t c : h) sum += c;
+    if (round == 0) {
+      if (sum == 0) return absl::OkStatus();  // nothing reduced anywhere: nothing kept
+      need = std::min<uint64_t>(k, sum);
+      *total = need;
+    } else if (sum != in_bin) {
+      return absl::DataLossError(absl::StrCat(
+          "oktopk: the owners' magnitude histograms disagree (round ", round, " counts ", sum,
+          " entries, the previous round ", in_bin, "): a node sent wrong counts; nothing written"));
+    }
+    uint64_t above = 0;
+    int b = kRadixBins - 1;
+    for (; b >= 0 && above + h[b] < need; --b) above += h[b];
+    if (b < 0) {  // only reachable when the sums above were inconsistent
+      return absl::DataLossError("oktopk: the owners' magnitude histograms are inconsistent");
+    }
+    need -= above;
+    in_bin = h[b];
+    prefix = (prefix << 8) | static_cast<uint32_t>(b);
+  }
+  *kth = prefix;
+  // `need` entries at the k-th key are kept, in owner order then index order.
+  uint64_t mine = 0;
+  for (uint32_t key : keys) mine += key == prefix ? 1 : 0;
+  std::vector<uint64_t> ties(n, 0);
+  if (absl::Status s = coll->AllGather(&mine, sizeof(mine), ties.data()); !s.ok()) return s;
+  *control_bytes += sizeof(mine) * (n - 1);
+  uint64_t sum = 0;
+  for (int r = 0; r < n; ++r) {
+    (*tie_share)[r] = std::min(ties[r], need - std::min(need, sum));
+    sum += ties[r];
+  }
+  if (sum != in_bin) {
+    return absl::DataLossError(absl::StrCat("oktopk: the owners count ", sum,
+                                            " entries at the k-th magnitude, their histograms ",
+                                            in_bin, ": a node sent wrong counts; nothing written"));
+  }
+  uint64_t take = (*tie_share)[me];
+  for (size_t j = 0; j < keys.size(); ++j) {
+    if (keys[j] > prefix) {
+      (*keep)[j] = 1;
+    } else if (keys[j] == prefix && take > 0) {
+      (*keep)[j] = 1;
+      --take;
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status ExchangeOkTopk(Collective* coll, Primitives* prims, const SparseExchangeArgs& args,
-                            absl::Span<const uint32_t> bounds_in, absl::Span<const uint32_t> my_idx,
-                            absl::Span<const float> my_val, float* out, SparseExchangeResult* res) {
+                            const OkTopkOptions& opts, OkTopkState* state,
+                            absl::Span<const uint32_t> my_idx, absl::Span<const float> my_val,
+                            float* out, OkTopkResult* res) {
   const int n = coll->size();
   const int me = coll->rank();
-  std::vector<uint32_t> equal;
-  if (bounds_in.empty()) equal = EqualRegions(args.elements, n);
-  absl::Span<const uint32_t> bounds = bounds_in.empty() ? absl::MakeConstSpan(equal) : bounds_in;
+  if (absl::Status s = CheckOptions(opts); !s.ok()) return s;
+  std::vector<uint32_t> bounds =
+      state->bounds.empty() ? EqualRegions(args.elements, n) : state->bounds;
   if (absl::Status s = CheckBounds(bounds, n, args.elements); !s.ok()) return s;
   if (my_idx.size() != my_val.size()) {
     return absl::InvalidArgumentError("oktopk: the selection's indices and values differ in size");
+  }
+  for (uint32_t i : my_idx) {
+    if (i >= args.elements) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("oktopk: local index ", i, " >= bucket elements ", args.elements));
+    }
+  }
+  const uint64_t c = state->exchanges;
+  const bool topk = opts.global == OkTopkGlobal::kTopk;
+  OkTopkResult r;
+  r.exact = topk && c % opts.recompute_every == 0;
+  // Phase 0: the regions, re-agreed from this exchange's selections every rebalance_every.
+  if (opts.rebalance_every > 0 && c % opts.rebalance_every == 0 && n > 1) {
+    absl::Status s = Rebalance(coll, args.elements, my_idx, &bounds, &r.control_bytes);
+    if (!s.ok()) return s;
+    r.rebalanced = true;
   }
   // Phase 1: split the selection by owner, keeping its order within each part.
   std::vector<std::vector<uint32_t>> part_idx(n);
   std::vector<std::vector<float>> part_val(n);
   for (size_t j = 0; j < my_idx.size(); ++j) {
-    if (my_idx[j] >= args.elements) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("oktopk: local index ", my_idx[j], " >= bucket elements ", args.elements));
-    }
     const int o = OwnerOf(bounds, my_idx[j]);
     part_idx[o].push_back(my_idx[j]);
     part_val[o].push_back(my_val[j]);
   }
   std::vector<std::vector<uint8_t>> send(n), recv;
-  res->bytes_sent = 0;
-  for (int r = 0; r < n; ++r) {
-    EncodeChunk(args.group_id, args.step, args.elements, part_idx[r], part_val[r], args.fp16,
-                args.scalars, &send[r]);
-    if (r != me) res->bytes_sent += send[r].size();
+  for (int q = 0; q < n; ++q) {
+    EncodeChunk(args.group_id, args.step, args.elements, part_idx[q], part_val[q], args.fp16,
+                args.scalars, &send[q]);
+    if (q != me) r.bytes_sent += send[q].size();
   }
   if (absl::Status s = coll->AllToAllV(send, &recv); !s.ok()) return s;
-  res->bytes_received = 0;
-  for (int r = 0; r < n; ++r) {
-    if (r != me) res->bytes_received += recv[r].size();
+  for (int q = 0; q < n; ++q) {
+    if (q != me) r.bytes_received += recv[q].size();
   }
   // Validate every part (the wire checks, then: inside my region) before reducing anything.
   const uint32_t lo = bounds[me], hi = bounds[me + 1];
   std::vector<DecodedChunk> parts;
   absl::Status bad;
-  for (int r = 0; r < n && bad.ok(); ++r) {
+  for (int q = 0; q < n && bad.ok(); ++q) {
     auto d =
-        DecodeChunk(recv[r].data(), recv[r].size(), args.group_id, args.step, args.elements, r);
+        DecodeChunk(recv[q].data(), recv[q].size(), args.group_id, args.step, args.elements, q);
     if (!d.ok()) {
       bad = d.status();
       break;
     }
     for (uint32_t j = 0; j < d->header.count; ++j) {
       if (d->idx[j] < lo || d->idx[j] >= hi) {
-        bad = absl::DataLossError(absl::StrCat("oktopk: node ", r, " sent index ", d->idx[j],
+        bad = absl::DataLossError(absl::StrCat("oktopk: node ", q, " sent index ", d->idx[j],
                                                " outside node ", me, "'s region [", lo, ", ", hi,
                                                ")"));
         break;
@@ -93,73 +253,154 @@ absl::Status ExchangeOkTopk(Collective* coll, Primitives* prims, const SparseExc
     }
     parts.push_back(std::move(*d));
   }
-  // Every node learns whether any refused its input, so all stop before the next collective.
-  int64_t flag = bad.ok() ? 0 : 1;
-  if (absl::Status s = coll->AllReduce(&flag, 1, ElemType::kInt64, ReduceOp::kMax); !s.ok()) {
+  // Every node learns whether any refused its input (slot 0), so all stop before the next
+  // collective, and every node's selection size (slot 1 + node).
+  std::vector<int64_t> flags(n + 1, 0);
+  flags[0] = bad.ok() ? 0 : 1;
+  flags[1 + me] = static_cast<int64_t>(my_idx.size());
+  if (absl::Status s =
+          coll->AllReduce(flags.data(), flags.size(), ElemType::kInt64, ReduceOp::kSum);
+      !s.ok()) {
     return s;
   }
+  r.control_bytes += flags.size() * sizeof(int64_t);
   if (!bad.ok()) return bad;
-  if (flag != 0) {
+  if (flags[0] != 0) {
     return absl::DataLossError(absl::StrCat("oktopk: another node refused malformed data from ",
                                             "a peer (see that node's log); nothing written"));
   }
+  r.counts.assign(n, 0);
+  for (int q = 0; q < n; ++q) r.counts[q] = static_cast<uint64_t>(flags[1 + q]);
   // Phase 2: reduce my region in node order, values scaled first (as ExchangeSparseGather).
   std::vector<float> acc(hi - lo, 0.0f);
   std::vector<uint8_t> seen(hi - lo, 0);
   std::vector<uint32_t> mine_idx;
-  for (DecodedChunk& c : parts) {
-    prims->Scale(c.values.data(), args.scale, c.values.size());
-    for (uint32_t j = 0; j < c.header.count; ++j) {
-      const uint32_t k = c.idx[j] - lo;
-      acc[k] += c.values[j];
-      if (!seen[k]) {
-        seen[k] = 1;
-        mine_idx.push_back(c.idx[j]);
+  for (int q = 0; q < n; ++q) {
+    DecodedChunk& part = parts[q];
+    r.rs_pairs += part.header.count;
+    if (q != me) r.rs_received += part.header.count;
+    prims->Scale(part.values.data(), args.scale, part.values.size());
+    for (uint32_t j = 0; j < part.header.count; ++j) {
+      const uint32_t at = part.idx[j] - lo;
+      acc[at] += part.values[j];
+      if (!seen[at]) {
+        seen[at] = 1;
+        mine_idx.push_back(part.idx[j]);
       }
     }
   }
   std::sort(mine_idx.begin(), mine_idx.end());
-  std::vector<float> mine_val(mine_idx.size());
-  for (size_t j = 0; j < mine_idx.size(); ++j) mine_val[j] = acc[mine_idx[j] - lo];
-  // Phase 3: all-gather the reduced entries (fp32: they are final values, not a selection).
+  // Phase 3: the global selection among my reduced entries.
+  float threshold = state->threshold;
+  std::vector<uint32_t> keys(mine_idx.size());
+  for (size_t j = 0; j < mine_idx.size(); ++j) keys[j] = MagnitudeKey(acc[mine_idx[j] - lo]);
+  std::vector<uint8_t> keep(mine_idx.size(), 1);  // "all"
+  std::vector<uint64_t> tie_share;
+  uint32_t kth = 0;
+  uint64_t exact_total = 0;
+  if (r.exact) {
+    absl::Status s =
+        ExactTopK(coll, opts.k, keys, &keep, &tie_share, &kth, &exact_total, &r.control_bytes);
+    if (!s.ok()) return s;
+    if (exact_total > 0) threshold = KeyToFloat(kth);
+  } else if (topk) {
+    const uint32_t above = MagnitudeKey(threshold);
+    for (size_t j = 0; j < keys.size(); ++j) keep[j] = keys[j] > above ? 1 : 0;
+  }
+  std::vector<uint32_t> kept_idx;
+  std::vector<float> kept_val;
+  for (size_t j = 0; j < mine_idx.size(); ++j) {
+    if (!keep[j]) continue;
+    kept_idx.push_back(mine_idx[j]);
+    kept_val.push_back(acc[mine_idx[j] - lo]);
+  }
+  // Phase 4: all-gather the kept entries (fp32: they are final values, not a selection).
   std::vector<uint8_t> reduced;
-  EncodeChunk(args.group_id, args.step, args.elements, mine_idx, mine_val, /*fp16=*/false,
+  EncodeChunk(args.group_id, args.step, args.elements, kept_idx, kept_val, /*fp16=*/false,
               args.scalars, &reduced);
   std::vector<size_t> bytes;
   std::vector<uint8_t> all;
   if (absl::Status s = coll->AllGatherV(reduced.data(), reduced.size(), &bytes, &all); !s.ok()) {
     return s;
   }
-  res->bytes_sent += reduced.size();
-  res->bytes_received += all.size() - reduced.size();
+  r.bytes_sent += reduced.size();
+  r.bytes_received += all.size() - reduced.size();
+  // Every node received the same bytes: all refuse alike, before anything is written.
   std::vector<DecodedChunk> owners;
+  uint64_t kept_total = 0;
+  const uint32_t above = MagnitudeKey(state->threshold);
   size_t off = 0;
-  for (int r = 0; r < n; ++r) {
-    auto d = DecodeChunk(all.data() + off, bytes[r], args.group_id, args.step, args.elements, r);
-    if (!d.ok()) return d.status();  // every node received the same bytes: all refuse alike
+  for (int q = 0; q < n; ++q) {
+    auto d = DecodeChunk(all.data() + off, bytes[q], args.group_id, args.step, args.elements, q);
+    if (!d.ok()) return d.status();
+    uint64_t at_kth = 0;
     for (uint32_t j = 0; j < d->header.count; ++j) {
-      if (d->idx[j] < bounds[r] || d->idx[j] >= bounds[r + 1] ||
+      if (d->idx[j] < bounds[q] || d->idx[j] >= bounds[q + 1] ||
           (j > 0 && d->idx[j] <= d->idx[j - 1])) {
-        return absl::DataLossError(absl::StrCat("oktopk: node ", r,
+        return absl::DataLossError(absl::StrCat("oktopk: node ", q,
                                                 "'s reduced entries are not sorted, unique and "
                                                 "inside its region; nothing written"));
       }
+      const uint32_t key = MagnitudeKey(d->values[j]);
+      if ((r.exact && key < kth) || (topk && !r.exact && key <= above)) {
+        return absl::DataLossError(absl::StrCat("oktopk: node ", q, " kept index ", d->idx[j],
+                                                " below the global threshold; nothing written"));
+      }
+      at_kth += r.exact && key == kth ? 1 : 0;
     }
+    if (r.exact && at_kth != tie_share[q]) {
+      return absl::DataLossError(absl::StrCat("oktopk: node ", q, " kept ", at_kth,
+                                              " entries at the k-th magnitude, not its share ",
+                                              tie_share[q], "; nothing written"));
+    }
+    kept_total += d->header.count;
     owners.push_back(std::move(*d));
-    off += bytes[r];
+    off += bytes[q];
   }
-  res->counts.assign(n, 0);
-  res->gathered_idx.clear();
-  for (int r = 0; r < n; ++r) {
-    const DecodedChunk& c = owners[r];
-    res->counts[r] = c.header.count;
-    res->gathered_idx.insert(res->gathered_idx.end(), c.idx, c.idx + c.header.count);
-    absl::Status s = prims->ScatterAdd(out, args.elements, c.idx, c.values.data(), c.header.count);
+  if (r.exact && kept_total != exact_total) {
+    return absl::DataLossError(absl::StrCat("oktopk: the owners kept ", kept_total,
+                                            " entries in an exact selection of ", exact_total,
+                                            ": a node's counts are wrong; nothing written"));
+  }
+  r.owner_kept.assign(n, 0);
+  for (int q = 0; q < n; ++q) {
+    const DecodedChunk& d = owners[q];
+    r.owner_kept[q] = d.header.count;
+    if (q != me) r.ag_received += d.header.count;
+    r.gathered_idx.insert(r.gathered_idx.end(), d.idx, d.idx + d.header.count);
+    absl::Status s = prims->ScatterAdd(out, args.elements, d.idx, d.values.data(), d.header.count);
     if (!s.ok()) return s;
   }
   // Owners' regions are disjoint and ascending and each run is sorted: already the union.
-  res->touched = res->gathered_idx;
+  r.touched = r.gathered_idx;
+  // Error feedback: my selected indices that were kept (the caller zeroes its residual there).
+  std::vector<uint32_t> sel(my_idx.begin(), my_idx.end());
+  std::sort(sel.begin(), sel.end());
+  sel.erase(std::unique(sel.begin(), sel.end()), sel.end());
+  std::set_intersection(sel.begin(), sel.end(), r.touched.begin(), r.touched.end(),
+                        std::back_inserter(r.my_kept));
+  // Between exact selections the threshold follows the kept count into [2k/3, 4k/3].
+  if (topk && !r.exact) {
+    if (3 * kept_total < 2 * opts.k) threshold /= opts.global_factor;
+    if (3 * kept_total > 4 * opts.k) threshold *= opts.global_factor;
+  }
+  state->exchanges = c + 1;
+  state->threshold = threshold;
+  if (r.rebalanced) state->bounds = bounds;
+  *res = std::move(r);
   return absl::OkStatus();
+}
+
+absl::Status ExchangeOkTopk(Collective* coll, Primitives* prims, const SparseExchangeArgs& args,
+                            absl::Span<const uint32_t> bounds, absl::Span<const uint32_t> my_idx,
+                            absl::Span<const float> my_val, float* out, SparseExchangeResult* res) {
+  OkTopkState state;
+  state.bounds.assign(bounds.begin(), bounds.end());
+  OkTopkResult r;
+  absl::Status s =
+      ExchangeOkTopk(coll, prims, args, OkTopkOptions{}, &state, my_idx, my_val, out, &r);
+  if (s.ok()) *res = std::move(static_cast<SparseExchangeResult&>(r));
+  return s;
 }
 
 }  // namespace spex
