@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "daemon/engine/sparse_exchange.h"
 #include "daemon/engine/wire.h"
 
 namespace spex {
@@ -444,6 +445,157 @@ void FusedStep(const StepEnv& env, absl::Span<StepItem> group, absl::Span<const 
       FinishSparse(env, m, lap);
     }
   }
+}
+
+absl::StatusOr<std::unique_ptr<BehindGroup>> MakeBehindGroup(
+    absl::Span<const BucketData* const> members, CompressorSpec spec, Primitives* prims) {
+  if (members.empty()) return absl::InvalidArgumentError("behind group: no members");
+  auto g = std::make_unique<BehindGroup>();
+  g->group_id = (uint64_t{1} << 63) | members[0]->id;
+  for (const BucketData* m : members) {
+    g->ids.push_back(m->id);
+    g->offsets.push_back(g->elements);
+    g->elements += m->elements;
+  }
+  g->offsets.push_back(g->elements);
+  if (g->elements > 0xffffffffu) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "behind group starting at bucket ", members[0]->id, ": ", g->elements,
+        " elements; a group exchanged as one bucket holds fewer than 2^32 (the wire's field)"));
+  }
+  spec.elements = g->elements;
+  absl::StatusOr<std::unique_ptr<Compressor>> c = MakeCompressor(spec, prims);
+  if (!c.ok()) return c.status();
+  g->sparse.compressor = std::move(*c);
+  g->acc.assign(g->elements, 0.0f);
+  g->out.assign(g->elements, 0.0f);
+  return g;
+}
+
+void FusedBehindStep(const StepEnv& env, BehindGroup* g, absl::Span<StepItem> group,
+                     const Lap& lap) {
+  // The static checks (agreed inputs: every node reaches the same verdict).
+  absl::Status bad;
+  if (group.size() != g->ids.size()) {
+    bad = absl::InvalidArgumentError(
+        absl::StrCat("behind step: ", group.size(), " items for a group of ", g->ids.size()));
+  }
+  for (size_t i = 0; bad.ok() && i < group.size(); ++i) {
+    const StepItem& item = group[i];
+    const BucketData& b = *item.data;
+    if (b.id != g->ids[i] || b.elements != g->offsets[i + 1] - g->offsets[i]) {
+      bad = absl::InvalidArgumentError(absl::StrCat(
+          "behind step: item ", i, " is bucket ", b.id, " (", b.elements,
+          " elements), but the group's member there is bucket ", g->ids[i], " (",
+          g->offsets[i + 1] - g->offsets[i], " elements); a behind group's plan never changes"));
+    } else if (item.step != group[0].step) {
+      bad = absl::InvalidArgumentError(absl::StrCat("behind step: bucket ", b.id, " is at step ",
+                                                    item.step, ", the group's head at step ",
+                                                    group[0].step));
+    } else if (b.on_device || item.reduced || g->sparse.oktopk) {
+      bad = absl::InvalidArgumentError(absl::StrCat(
+          "behind step: bucket ", b.id,
+          b.on_device    ? " is device memory; behind groups are host memory only"
+          : item.reduced ? " was reduced by the engine; a behind group reduces into its own "
+                           "accumulator"
+                         : ": behind groups exchange through the all-gather, not Ok-Topk"));
+    }
+  }
+  if (!bad.ok()) {
+    for (StepItem& item : group) item.status = bad;
+    return;
+  }
+  if (group.empty()) return;
+  const int L = env.local_trainers, N = env.coll->size();
+  const uint64_t step = group[0].step;
+  SparseState& st = g->sparse;
+  Compressor& c = *st.compressor;
+  const size_t n = g->elements;
+  absl::Status s;  // the first local failure; the collectives are issued regardless
+  for (StepItem& item : group) Keep(&s, item.status);
+  // acc slice = residual + the member's local sum (error feedback), or just the local sum.
+  for (size_t i = 0; i < group.size(); ++i) {
+    BucketData slice = *group[i].data;
+    slice.acc = g->acc.data() + g->offsets[i];
+    Keep(&s, LocalReduce(env, slice, env.error_feedback));
+  }
+  lap(Phase::kReduceLocal);
+  const Pattern pattern = c.pattern();
+  Selection& sel = st.sel;
+  if (s.ok() && group[0].density != c.density()) Keep(&s, c.SetDensity(group[0].density));
+  if (s.ok()) {
+    Keep(&s,
+         c.Select(step, g->acc.data(), /*add=*/nullptr, pattern == Pattern::kSparseGather, &sel));
+  }
+  if (!s.ok()) {
+    sel.idx.clear();
+    sel.val.clear();
+  }
+  lap(Phase::kCompress);
+  if (st.output_dense) {
+    Keep(&s, env.host_prims->Fill(g->out.data(), 0.0f, n));
+    st.output_dense = false;
+  } else if (!st.touched.empty()) {
+    Keep(&s, env.host_prims->ZeroAt(g->out.data(), n, st.touched.data(), st.touched.size()));
+  }
+  SparseExchangeArgs args;
+  args.group_id = g->group_id;
+  args.step = step;
+  args.elements = static_cast<uint32_t>(n);
+  args.scale = 1.0f / static_cast<float>(N * L);
+  args.fp16 = env.fp16_values;
+  std::memcpy(args.scalars, sel.scalars, sizeof(args.scalars));
+  SparseExchangeResult res;
+  Keep(&s, pattern == Pattern::kIndexUnion
+               ? ExchangeIndexUnion(env.coll, env.host_prims, args, sel.idx, g->acc.data(),
+                                    g->out.data(), &res)
+               : ExchangeSparseGather(env.coll, env.host_prims, args, sel.idx, sel.val,
+                                      g->out.data(), &res));
+  lap(Phase::kCollective);
+  if (s.ok() && pattern == Pattern::kIndexUnion) {
+    // Every node zeroes its residual at the whole union: all of it was sent.
+    Keep(&s, env.host_prims->ZeroAt(g->acc.data(), n, res.gathered_idx.data(),
+                                    res.gathered_idx.size()));
+  }
+  if (s.ok() && !env.error_feedback) Keep(&s, env.host_prims->Fill(g->acc.data(), 0.0f, n));
+  if (s.ok()) {
+    Gathered gathered;
+    gathered.counts = absl::MakeConstSpan(res.counts);
+    gathered.indices = absl::MakeConstSpan(res.gathered_idx);
+    Keep(&s, c.Update(step, gathered));
+  }
+  st.touched = std::move(res.touched);
+  // Split: each member's output is its slice of the group's result.
+  const bool norm = env.residual_norm_every > 0 && step % env.residual_norm_every == 0;
+  for (size_t i = 0; i < group.size(); ++i) {
+    StepItem& item = group[i];
+    BucketData& b = *item.data;
+    const size_t lo = g->offsets[i], hi = g->offsets[i + 1];
+    if (s.ok()) Keep(&s, env.prims->Copy(b.output, g->out.data() + lo, hi - lo));
+    ExchangeRecord& rec = *item.rec;
+    rec.pattern = PatternName(pattern);
+    rec.target_density = item.density;
+    rec.bytes_sent = i == 0 ? res.bytes_sent : 0;
+    rec.bytes_received = i == 0 ? res.bytes_received : 0;
+    const auto in_slice = [lo, hi](const std::vector<uint32_t>& v) {
+      return static_cast<size_t>(std::lower_bound(v.begin(), v.end(), hi) -
+                                 std::lower_bound(v.begin(), v.end(), lo));
+    };
+    rec.selected_elements = in_slice(sel.idx);
+    rec.achieved_density = static_cast<double>(rec.selected_elements) / (hi - lo);
+    rec.gathered_elements = in_slice(st.touched);
+    if (norm && s.ok() && item.sparse != nullptr) {
+      item.sparse->last_residual_norm =
+          std::sqrt(env.host_prims->Moments(g->acc.data() + lo, hi - lo, -1.0f).sum_sq);
+      item.sparse->last_residual_norm_step = step;
+    }
+    if (item.sparse != nullptr) {
+      rec.residual_norm = item.sparse->last_residual_norm;
+      rec.residual_norm_step = item.sparse->last_residual_norm_step;
+    }
+  }
+  lap(Phase::kDecode);
+  for (StepItem& item : group) item.status = s;
 }
 
 }  // namespace spex

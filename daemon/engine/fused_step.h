@@ -38,13 +38,14 @@
 //
 // Written and tested as a step (tests/daemon/fused_step_test), NOT yet called by the engine:
 // the scheduler still exchanges one bucket per step call. Host-memory buckets only: a member on
-// a device fails with Unimplemented (in lockstep). `behind` placement (the group as one virtual
-// bucket) is not written.
+// a device fails with Unimplemented (in lockstep). Selection behind: FusedBehindStep below.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "daemon/engine/step.h"
 #include "daemon/merge/merger.h"
@@ -71,5 +72,37 @@ struct FusedScratch {
 // filled as DenseStep / SparseStep fill them.
 void FusedStep(const StepEnv& env, absl::Span<StepItem> group, absl::Span<const MergeKind> kinds,
                FusedScratch* scratch, const Lap& lap);
+
+// Selection behind (static plans only): the group is one virtual bucket for one compressor, with
+// k = the compressor's count over the sum of the members' sizes. The group keeps one contiguous
+// accumulator whose slices are the members' residual + local sum (the members' own acc is not
+// used), so residuals never move between groups: the plan must stay fixed once sparse steps have
+// run. A small member in a large group may get no entry at all (the difference to ahead).
+struct BehindGroup {
+  uint64_t group_id = 0;        // 1 << 63 | the first member's id (the wire's group_id)
+  size_t elements = 0;          // the sum of the members' sizes (< 2^32: the wire's field)
+  std::vector<uint64_t> ids;    // the members, in plan order
+  std::vector<size_t> offsets;  // member i's slice starts here; offsets.back() == elements
+  std::vector<float> acc, out;  // host: the group's accumulator and result
+  SparseState sparse;           // one compressor over `elements`
+};
+
+// The group state for `members` (ids and sizes, in plan order), with one compressor built from
+// `spec` (its `elements` is set here to the sum). InvalidArgument: no members, a sum of 2^32 or
+// more, or the compressor's own errors.
+absl::StatusOr<std::unique_ptr<BehindGroup>> MakeBehindGroup(
+    absl::Span<const BucketData* const> members, CompressorSpec spec, Primitives* prims);
+
+// One exchange of the group, selection behind: each member's local sum is added into its slice
+// of the group's accumulator (the residual), one Select over the whole of it, one exchange by the
+// compressor's pattern (A or B, group_id = g->group_id), the residual update and Update on the
+// group, and the group's result copied back into each member's output. Every item must be the
+// group's member at its position (same id and size), at one step, on the host, reduced by the
+// step itself (StepItem::reduced false) and not through Ok-Topk; otherwise every item fails with
+// InvalidArgument before any collective. Records: each member's own selected and gathered
+// counts and residual norm (of its slice); the group's wire bytes are attributed to its first
+// member (one chunk carries them all).
+void FusedBehindStep(const StepEnv& env, BehindGroup* g, absl::Span<StepItem> group,
+                     const Lap& lap);
 
 }  // namespace spex

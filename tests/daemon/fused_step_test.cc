@@ -406,6 +406,137 @@ TEST(FusedStepTest, AMalformedPeerMessageFailsItsSubExchangeOnEveryNode) {
       absl::Seconds(5));
 }
 
+// --- Selection behind: the group is one bucket of the summed size ---
+
+// Every member's output and the group's residual equal one bucket of sum(n) elements exchanged
+// by SparseStep with the members' inputs concatenated (the reference for `behind`).
+void RunBehind(const std::string& compressor, K kind, const std::vector<size_t>& sizes, int nodes,
+               int trainers, bool error_feedback, int steps) {
+  SCOPED_TRACE(absl::StrCat("behind ", compressor, ": ", nodes, " nodes x ", trainers, " trainers",
+                            error_feedback ? "" : ", no error feedback"));
+  Spawn(nodes, [&](Collective* coll) {
+    const int r = coll->rank();
+    auto prims = MakeCpuPrimitives(1);
+    const StepEnv env = Env(coll, prims.get(), trainers, error_feedback);
+    std::vector<std::unique_ptr<NodeBucket>> members;
+    std::vector<const BucketData*> data;
+    size_t total = 0;
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      members.push_back(MakeBucket({20 + i, sizes[i], "dense", K::kDense}, r, nodes, prims.get()));
+      data.push_back(&members.back()->data);
+      total += sizes[i];
+    }
+    auto ref = MakeBucket({77, total, compressor, kind}, r, nodes, prims.get());
+    CompressorSpec spec;
+    spec.name = compressor;
+    spec.density = kDensity;
+    spec.node_rank = r;
+    spec.node_count = nodes;
+    absl::StatusOr<std::unique_ptr<BehindGroup>> g = MakeBehindGroup(data, spec, prims.get());
+    ASSERT_TRUE(g.ok()) << g.status();
+    EXPECT_EQ((*g)->group_id, (uint64_t{1} << 63) | 20);
+    for (int step = 0; step < steps; ++step) {
+      size_t at = 0;
+      for (auto& m : members) {
+        WriteInputs(m.get(), r, step, trainers, false);
+        for (int t = 0; t < trainers; ++t) {
+          std::copy(m->in[t].begin(), m->in[t].end(), ref->in[t].begin() + at);
+        }
+        at += m->spec.n;
+      }
+      RunUnmerged(env, {ref.get()}, step);
+      std::vector<StepItem> items;
+      for (auto& m : members) items.push_back(Item(m.get(), step));
+      FusedBehindStep(env, g->get(), absl::MakeSpan(items), kNoLap);
+      size_t selected = 0;
+      for (size_t i = 0; i < members.size(); ++i) {
+        EXPECT_TRUE(items[i].status.ok()) << items[i].status;
+        const size_t lo = (*g)->offsets[i];
+        EXPECT_EQ(
+            0, std::memcmp(members[i]->out.data(), ref->out.data() + lo, sizes[i] * sizeof(float)))
+            << "member " << i << " output differs at step " << step;
+        selected += members[i]->rec.selected_elements;
+      }
+      EXPECT_TRUE(SameBits((*g)->acc, ref->acc)) << "residual differs at step " << step;
+      EXPECT_EQ(selected, ref->rec.selected_elements);
+      EXPECT_EQ(members[0]->rec.bytes_sent, ref->rec.bytes_sent);
+      EXPECT_GT(ref->rec.gathered_elements, 0u);
+    }
+  });
+}
+
+TEST(FusedBehindTest, EqualsOneBucketOfTheSummedSize) {
+  const std::vector<size_t> sizes = {700, 10, 1300, 333};
+  for (int nodes = 1; nodes <= 3; ++nodes) {
+    RunBehind("topk", K::kPatternB, sizes, nodes, 1, true, 4);
+    RunBehind("dgc", K::kPatternB, sizes, nodes, 2, true, 4);
+    RunBehind("micro", K::kPatternA, sizes, nodes, 1, true, 4);
+    RunBehind("thresh", K::kPatternA, sizes, nodes, 2, false, 3);
+  }
+}
+
+TEST(FusedBehindTest, ASmallMemberMayGetNoEntryBehindButAlwaysOneAhead) {
+  // The difference between the placements, shown: a 10-element bucket of small values next to a
+  // 100000-element one at density 0.01. Ahead it keeps max(1, 0.1) = 1 entry per node; behind,
+  // the group's top 1000 are all in the large one.
+  Spawn(2, [&](Collective* coll) {
+    const int r = coll->rank();
+    auto prims = MakeCpuPrimitives(1);
+    const StepEnv env = Env(coll, prims.get(), 1, true);
+    auto small = MakeBucket({1, 10, "topk", K::kPatternB}, r, 2, prims.get());
+    auto large = MakeBucket({2, 100000, "topk", K::kPatternB}, r, 2, prims.get());
+    WriteInputs(small.get(), r, 0, 1, false);
+    WriteInputs(large.get(), r, 0, 1, false);
+    for (float& x : small->in[0]) x *= 1e-3f;
+    FusedScratch scratch;
+    EXPECT_TRUE(RunFused(env, {large.get(), small.get()}, 0, &scratch)[1].ok());
+    EXPECT_EQ(small->rec.selected_elements, 1u);
+    // The same inputs behind (the ahead step above left the residual in the members' own acc,
+    // which a behind group does not use).
+    CompressorSpec spec;
+    spec.name = "topk";
+    spec.density = kDensity;
+    spec.node_rank = r;
+    spec.node_count = 2;
+    const BucketData* data[] = {&large->data, &small->data};
+    auto g = MakeBehindGroup(data, spec, prims.get());
+    ASSERT_TRUE(g.ok()) << g.status();
+    std::vector<StepItem> items = {Item(large.get(), 0), Item(small.get(), 0)};
+    FusedBehindStep(env, g->get(), absl::MakeSpan(items), kNoLap);
+    EXPECT_TRUE(items[1].status.ok()) << items[1].status;
+    EXPECT_EQ(large->rec.selected_elements, 1000u);
+    EXPECT_EQ(small->rec.selected_elements, 0u);
+  });
+}
+
+TEST(FusedBehindTest, BadGroupsAreRefused) {
+  Spawn(1, [&](Collective* coll) {
+    auto prims = MakeCpuPrimitives(1);
+    const StepEnv env = Env(coll, prims.get(), 1, true);
+    auto a = MakeBucket({1, 100, "dense", K::kDense}, 0, 1, prims.get());
+    auto b = MakeBucket({2, 50, "dense", K::kDense}, 0, 1, prims.get());
+    CompressorSpec spec;
+    spec.name = "topk";
+    const BucketData* data[] = {&a->data, &b->data};
+    auto g = MakeBehindGroup(data, spec, prims.get());
+    ASSERT_TRUE(g.ok()) << g.status();
+    EXPECT_EQ((*g)->elements, 150u);
+    std::vector<StepItem> items = {Item(b.get(), 0), Item(a.get(), 0)};  // out of plan order
+    FusedBehindStep(env, g->get(), absl::MakeSpan(items), kNoLap);
+    EXPECT_NE(items[0].status.message().find("plan never changes"), std::string::npos)
+        << items[0].status;
+    items = {Item(a.get(), 0, /*reduced=*/true), Item(b.get(), 0)};
+    FusedBehindStep(env, g->get(), absl::MakeSpan(items), kNoLap);
+    EXPECT_NE(items[0].status.message().find("reduced by the engine"), std::string::npos)
+        << items[0].status;
+    EXPECT_EQ(MakeBehindGroup({}, spec, prims.get()).status().code(),
+              absl::StatusCode::kInvalidArgument);
+    spec.name = "nope";
+    EXPECT_EQ(MakeBehindGroup(data, spec, prims.get()).status().code(),
+              absl::StatusCode::kInvalidArgument);
+  });
+}
+
 // --- The agreement round ---
 
 std::vector<GroupMemberKey> Keys(size_t r, uint64_t step = 7) {
