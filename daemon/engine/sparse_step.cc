@@ -71,7 +71,8 @@ void SparseStepOne(const StepEnv& env, StepItem& item, const Lap& lap) {
     x = ExchangeIndexUnion(env.coll, env.host_prims, args, sel.idx, b.acc, b.output, &res, dev);
   } else if (st.oktopk) {
     // Host memory only (registration refuses device buckets); equal static regions. Update then
-    // sees the owners' counts and the reduced union, which no oktopk-capable compressor reads.
+    // gets Gathered::reduced (counts and the sorted union written), which no compressor of
+    // OkTopkCompressorNames reads; the stats' gathered elements are that union.
     x = ExchangeOkTopk(env.coll, env.host_prims, args, /*bounds=*/{}, sel.idx, sel.val, b.output,
                        &res);
   } else {
