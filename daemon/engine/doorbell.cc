@@ -1,5 +1,7 @@
 #include "daemon/engine/doorbell.h"
 
+#include <algorithm>
+
 #include "daemon/memory/futex.h"
 
 namespace spex {
@@ -53,6 +55,16 @@ void Doorbell::UnlinkIfAllAttached(int local_trainers) {
     if (seg->attached[r].load() == 0) return;
   }
   bell->Unlink().IgnoreError();
+}
+
+void Doorbell::DropOld(const DoorbellSegment* in_use) {
+  if (generations_.size() <= 2) return;
+  const auto end = generations_.end() - 2;
+  generations_.erase(std::remove_if(generations_.begin(), end,
+                                    [&](const std::unique_ptr<ShmBuffer>& g) {
+                                      return g->unlinked() && g->data() != in_use;
+                                    }),
+                     end);
 }
 
 std::vector<std::string> Doorbell::LinkedSegments() const {

@@ -32,6 +32,12 @@ class Doorbell {
   // Marks every generation shut down and wakes everyone sleeping on one.
   void ShutdownAll();
   void UnlinkIfAllAttached(int local_trainers);
+  // Frees the generations before the newest two that are unlinked (every local trainer attached
+  // them, so nobody needs the name) and that the engine thread is not waiting on (`in_use`).
+  // Without it every job kept its generation mapped for the daemon's life (4 KiB and a mapping
+  // each). A trainer keeps its own mapping of a freed one; only the shutdown flag no longer
+  // reaches a trainer still on it (one that outlived two newer generations).
+  void DropOld(const DoorbellSegment* in_use);
   std::vector<std::string> LinkedSegments() const;
 
  private:

@@ -142,6 +142,7 @@ void Engine::Run() {
       absl::MutexLock lock(&mu_);
       buckets_.UnlinkAttached();
       doorbell_.UnlinkIfAllAttached(options_.local_trainers);
+      doorbell_.DropOld(bell);
       ReapDeadTrainersLocked();
       // After every session left, only the steps dead trainers left half-done still run.
       if (!reset_pending_ || dead_mask_ != 0) {
