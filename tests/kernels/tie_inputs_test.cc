@@ -233,5 +233,35 @@ TEST(TieInputsTest, EveryCompressorGivesAValidSelection) {
   }
 }
 
+// A tie-heavy input makes a threshold compressor's union a large share of the bucket: Update
+// still finds and names a bad index anywhere in it (near the start, past 4096, the last), a
+// duplicate as well as a descent, and a valid union of most of the bucket passes.
+TEST(TieInputsTest, UpdateFindsABadIndexAnywhereInALargeUnion) {
+  auto cpu = MakeCpuPrimitives(1);
+  const size_t n = kLarge;
+  auto c = MustMake("thresh", 0.01, n, cpu.get());
+  ASSERT_NE(c, nullptr);
+  std::vector<uint32_t> all(n - 10);
+  std::iota(all.begin(), all.end(), 5u);
+  const std::vector<uint64_t> counts = {all.size()};
+  ASSERT_TRUE(c->Update(0, {counts, all}).ok());
+  for (size_t at : {size_t{1}, size_t{4095}, size_t{4096}, size_t{70001}, all.size() - 1}) {
+    std::vector<uint32_t> dup = all, low = all, out = all;
+    dup[at] = dup[at - 1];
+    low[at] = low[at - 1] - 1;
+    out[at] = static_cast<uint32_t>(n);  // (still ascending when it is the last)
+    const absl::Status d = c->Update(0, {counts, dup}), l = c->Update(0, {counts, low});
+    EXPECT_FALSE(d.ok()) << "duplicate at " << at;
+    EXPECT_NE(d.message().find(absl::StrCat("position ", at, ")")), std::string::npos) << d;
+    EXPECT_FALSE(l.ok()) << "descent at " << at;
+    EXPECT_NE(l.message().find(absl::StrCat("position ", at, ")")), std::string::npos) << l;
+    if (at == all.size() - 1) {
+      const absl::Status o = c->Update(0, {counts, out});
+      EXPECT_FALSE(o.ok());
+      EXPECT_NE(o.message().find("out of range"), std::string::npos) << o;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace spex
