@@ -412,11 +412,14 @@ TEST(OkTopk, GlobalTopkTiesGoToTheSmallerIndexAcrossOwners) {
 // received volume (its reduce-scatter share plus the kept entries) stays near
 // (kl + k)(P-1)/P pairs instead of the all-gather's kl(P-1).
 TEST(OkTopk, SkewedSelectionsAreBalancedAfterRebalancing) {
-  for (int nodes : {4, 8}) {
+  // 200 selected on 16 nodes: the quantiles must not round every step down (S[j * floor(200/16)]
+  // would leave 20 of each node's 200 in the last region, 1.6 shares).
+  for (auto [nodes, kl] : {std::pair<int, size_t>{4, 400}, {8, 400}, {16, 200}}) {
     for (uint32_t rebalance : {0u, 1u}) {
-      SCOPED_TRACE(testing::Message() << nodes << " nodes, rebalance every " << rebalance);
+      SCOPED_TRACE(testing::Message()
+                   << nodes << " nodes, " << kl << " selected, rebalance every " << rebalance);
       const uint32_t elements = 64000;
-      const size_t kl = 400, k = 400;
+      const size_t k = kl;
       Spawn(nodes, [&](Collective* coll) {
         auto prims = MakeCpuPrimitives(1);
         const int n = coll->size();
