@@ -1,0 +1,208 @@
+// The cost of the non-finite check in the sparse step (issue 16 item 3): one node's sparse step
+// (local reduce, the compressor's selection, the exchange over a one-node collective, the
+// residual update) on --n floats from --trainers local trainers, the way the engine runs it
+// now (ReduceLocalChecked before the control round: residual + inputs into the second
+// accumulator with the fused finite check, then the swap) against the way it ran before and the
+// device path still runs it (the in-step LocalReduce, in place, unchecked). Both paths run in one
+// process on the same inputs, interleaved rep by rep (the order alternating), each with its own
+// bucket state; their outputs and residuals are compared bit for bit after every rep. With one
+// node the step has no network time, so the ratio is the check's largest relative cost.
+//
+//   bazel build //bench:nonfinite_step_bench && bazel-bin/bench/nonfinite_step_bench --trainers=2
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "bench/bench_util.h"
+#include "daemon/engine/step.h"
+#include "daemon/transport/inproc_collective.h"
+#include "kernels/compressor.h"
+#include "kernels/primitives.h"
+
+ABSL_FLAG(int64_t, n, 25557032, "floats per bucket (ResNet-50's gradient by default)");
+ABSL_FLAG(int, trainers, 2, "local trainers (input slots) of the node");
+ABSL_FLAG(std::string, compressor, "micro", "the bucket's compressor");
+ABSL_FLAG(double, density, 0.01, "target density");
+ABSL_FLAG(int, reps, 9, "timed steps per path (after one untimed warm-up step each)");
+ABSL_FLAG(int, threads, 1, "CPU primitives' worker threads");
+
+namespace spex {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// One bucket's memory and state, host memory.
+struct Bucket {
+  std::vector<float> output, acc, acc_next;
+  BucketData data;
+  SparseState state;
+};
+
+int Main() {
+  const size_t n = static_cast<size_t>(absl::GetFlag(FLAGS_n));
+  const int L = absl::GetFlag(FLAGS_trainers);
+  const int reps = absl::GetFlag(FLAGS_reps);
+  if (n == 0 || n > (1ull << 32) || L < 1 || L > static_cast<int>(kMaxLocalTrainers) || reps < 1) {
+    std::fprintf(stderr, "need 0 < --n <= 2^32, 1 <= --trainers <= %u, --reps >= 1\n",
+                 kMaxLocalTrainers);
+    return 2;
+  }
+  std::unique_ptr<Primitives> prims = MakeCpuPrimitives(absl::GetFlag(FLAGS_threads));
+  InProcessHub hub(1);
+  std::unique_ptr<Collective> coll = hub.Connect(0);
+  StepEnv env;
+  env.coll = coll.get();
+  env.prims = prims.get();
+  env.host_prims = prims.get();
+  env.local_trainers = L;
+  env.error_feedback = true;
+  env.residual_norm_every = 0;
+
+  // Gradient-like inputs: a persistent per-position scale times uniform noise, in a pool a bit
+  // longer than the bucket; each step reads it from another offset (fresh values per position
+  // without regenerating 25M floats per trainer per step).
+  constexpr size_t kSlack = 4096;
+  std::vector<std::vector<float>> pool(L, std::vector<float>(n + kSlack));
+  uint32_t x = 12345;
+  for (int r = 0; r < L; ++r) {
+    for (size_t i = 0; i < n + kSlack; ++i) {
+      x ^= x << 13;
+      x ^= x >> 17;
+      x ^= x << 5;
+      const float scale = (i * 2654435761u) % 97 == 0 ? 5e-3f : 1e-3f;
+      pool[r][i] = scale * (static_cast<float>(x >> 8) * (1.0f / 16777216.0f) - 0.5f);
+    }
+  }
+  Bucket paths[2];  // 0: before (in-step, unchecked), 1: now (checked, before the round)
+  for (int p = 0; p < 2; ++p) {
+    Bucket& b = paths[p];
+    b.output.assign(n, 0.0f);
+    b.acc.assign(n, 0.0f);
+    b.data.id = 1;
+    b.data.elements = n;
+    b.data.output = b.output.data();
+    b.data.acc = b.acc.data();
+    if (p == 1) {
+      b.acc_next.assign(n, 0.0f);
+      b.data.acc_next = b.acc_next.data();
+    }
+    CompressorSpec spec;
+    spec.name = absl::GetFlag(FLAGS_compressor);
+    spec.density = absl::GetFlag(FLAGS_density);
+    spec.elements = n;
+    absl::StatusOr<std::unique_ptr<Compressor>> c = MakeCompressor(spec, prims.get());
+    if (!c.ok()) {
+      std::fprintf(stderr, "%s\n", c.status().ToString().c_str());
+      return 2;
+    }
+    if ((*c)->pattern() == Pattern::kDense) {
+      std::fprintf(stderr, "--compressor=%s exchanges dense; pick a sparse one\n",
+                   spec.name.c_str());
+      return 2;
+    }
+    b.state.compressor = std::move(*c);
+  }
+  // Per path, per timed step: the milliseconds of each phase (the reduce, the selection, the
+  // exchange, the residual update) as the step's laps close them.
+  std::vector<double> phase_ms[2][kPhaseCount];
+  Clock::time_point last;
+  int cur = 0;
+  bool timed = false;
+  const Lap lap = [&](Phase ph) {
+    const Clock::time_point now = Clock::now();
+    if (timed) {
+      phase_ms[cur][static_cast<int>(ph)].push_back(
+          std::chrono::duration<double, std::milli>(now - last).count());
+    }
+    last = now;
+  };
+  auto step = [&](int p, uint64_t s) -> double {
+    Bucket& b = paths[p];
+    ExchangeRecord rec;
+    StepItem item{&b.data, &b.state, s, absl::GetFlag(FLAGS_density), &rec, {}, false};
+    cur = p;
+    timed = s > 0;
+    const auto t0 = Clock::now();
+    last = t0;
+    if (p == 1) {
+      size_t first_bad = n;
+      item.status = ReduceLocalChecked(env, b.data, /*sparse=*/true, /*check=*/true, &first_bad);
+      if (first_bad < n) std::fprintf(stderr, "unexpected non-finite value at %zu\n", first_bad);
+      CommitLocalSum(&b.data);
+      item.reduced = true;
+      lap(Phase::kReduceLocal);  // the step's own reduce lap then adds ~0
+    }
+    SparseStep(env, absl::MakeSpan(&item, 1), lap);
+    const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+    if (!item.status.ok()) {
+      std::fprintf(stderr, "step %llu: %s\n", static_cast<unsigned long long>(s),
+                   item.status.ToString().c_str());
+      std::exit(1);
+    }
+    return ms;
+  };
+  std::vector<double> before, now;
+  for (int s = 0; s <= reps; ++s) {
+    for (int r = 0; r < L; ++r) {
+      const float* in = pool[r].data() + (static_cast<size_t>(s) * 131 + r * 977) % kSlack;
+      for (Bucket& b : paths) b.data.input[r] = const_cast<float*>(in);
+    }
+    double t[2];
+    const int first = s % 2;  // alternate which path runs first
+    t[first] = step(first, s);
+    t[1 - first] = step(1 - first, s);
+    if (std::memcmp(paths[0].output.data(), paths[1].output.data(), n * sizeof(float)) != 0 ||
+        std::memcmp(paths[0].data.acc, paths[1].data.acc, n * sizeof(float)) != 0) {
+      std::fprintf(stderr, "step %d: the two paths' outputs or residuals differ\n", s);
+      return 1;
+    }
+    if (s == 0) continue;  // warm-up
+    before.push_back(t[0]);
+    now.push_back(t[1]);
+  }
+  const double b = bench::Median(before), c = bench::Median(now);
+  // Both paths do the same work at the same step (same data, same selections), so the ratio of
+  // the pair is the least noisy figure on a shared machine: its median over the steps.
+  std::vector<double> ratio;
+  for (size_t j = 0; j < now.size(); ++j) ratio.push_back(now[j] / before[j]);
+  std::sort(ratio.begin(), ratio.end());
+  std::printf(
+      "sparse step, %s @ %g, n = %zu, %d local trainers, %d thread(s), %d reps:\n"
+      "  before (in-step reduce, unchecked)        %9.2f ms (median)\n"
+      "  now (checked reduce into acc_next, swap)  %9.2f ms (median)\n"
+      "  ratio now / before, paired by step        %9.3f (median; quartiles %.3f-%.3f)\n"
+      "outputs and residuals bit-identical every step\n",
+      absl::GetFlag(FLAGS_compressor).c_str(), absl::GetFlag(FLAGS_density), n, L,
+      absl::GetFlag(FLAGS_threads), reps, b, c, bench::Median(ratio), ratio[ratio.size() / 4],
+      ratio[3 * ratio.size() / 4]);
+  std::printf("phases (median ms)       before       now\n");
+  for (Phase ph : {Phase::kReduceLocal, Phase::kCompress, Phase::kCollective, Phase::kDecode}) {
+    const int i = static_cast<int>(ph);
+    // The new path laps kReduceLocal twice (its own reduce, then the step's empty one): sum
+    // them per step.
+    std::vector<double> now_ms = phase_ms[1][i];
+    if (ph == Phase::kReduceLocal && now_ms.size() == 2 * phase_ms[0][i].size()) {
+      std::vector<double> summed;
+      for (size_t j = 0; j + 1 < now_ms.size(); j += 2) summed.push_back(now_ms[j] + now_ms[j + 1]);
+      now_ms = summed;
+    }
+    std::printf("  %-20s %9.2f %9.2f\n", PhaseName(ph), bench::Median(phase_ms[0][i]),
+                bench::Median(now_ms));
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace spex
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return spex::Main();
+}
