@@ -208,13 +208,14 @@ struct EqualityCase {
 // N nodes with L trainers each: every node runs the group unmerged on one copy of its buckets
 // and fused on another, `steps` times, and compares after every step.
 void RunEquality(const EqualityCase& c, int nodes, int trainers, bool error_feedback, int steps,
-                 bool reduced = false) {
+                 bool reduced = false, bool fp16 = false) {
   SCOPED_TRACE(absl::StrCat(c.name, ": ", nodes, " nodes x ", trainers, " trainers",
                             error_feedback ? "" : ", no error feedback",
-                            reduced ? ", reduced by the engine" : ""));
+                            reduced ? ", reduced by the engine" : "", fp16 ? ", fp16 values" : ""));
   Spawn(nodes, [&](Collective* coll) {
     auto prims = MakeCpuPrimitives(1);
-    const StepEnv env = Env(coll, prims.get(), trainers, error_feedback);
+    StepEnv env = Env(coll, prims.get(), trainers, error_feedback);
+    env.fp16_values = fp16;
     std::vector<std::unique_ptr<NodeBucket>> ref, fused;
     std::vector<NodeBucket*> ref_group, fused_group;
     for (const Spec& s : c.group) {
@@ -280,6 +281,62 @@ TEST(FusedStepTest, AheadEqualsUnmergedWithTwoTrainersAndWithoutErrorFeedback) {
     RunEquality(c, 3, 2, true, 3);  // N * L = 6: scaled after the all-reduce
     RunEquality(c, 3, 1, false, 3);
   }
+}
+
+TEST(FusedStepTest, AheadEqualsUnmergedWithFp16Values) {
+  // B chunks with float16 values: a chunk after one with an odd count starts 2 bytes off in the
+  // fused message (sizes 10, 333 and 1001 at density 0.01 give counts 1, 3 and 10).
+  const EqualityCase odd = {"topk, odd counts",
+                            {{1, 10, "topk", K::kPatternB},
+                             {2, 333, "topk", K::kPatternB},
+                             {3, 1001, "dgc", K::kPatternB},
+                             {4, 500, "micro", K::kPatternA}}};
+  for (int nodes = 1; nodes <= 4; ++nodes) {
+    RunEquality(odd, nodes, 1, true, 3, false, /*fp16=*/true);
+  }
+  for (const EqualityCase& c : EqualityCases()) RunEquality(c, 3, 2, true, 2, false, true);
+}
+
+TEST(FusedStepTest, OneNodesLocalFailureFailsOnlyThatMemberThereAndKeepsTheNodesInStep) {
+  // Node 1's topk member gets an invalid density: its SetDensity fails, so it contributes an
+  // empty selection; every node still issues every sub-exchange, the other members complete
+  // everywhere, and the next collective meets.
+  Spawn(
+      3,
+      [&](Collective* coll) {
+        const int r = coll->rank();
+        auto prims = MakeCpuPrimitives(1);
+        const StepEnv env = Env(coll, prims.get(), 1, true);
+        std::vector<std::unique_ptr<NodeBucket>> owned;
+        for (const Spec& s : std::vector<Spec>{{1, 500, "dense", K::kDense},
+                                               {2, 900, "micro", K::kPatternA},
+                                               {3, 700, "topk", K::kPatternB},
+                                               {4, 800, "dgc", K::kPatternB}}) {
+          owned.push_back(MakeBucket(s, r, 3, prims.get()));
+          WriteInputs(owned.back().get(), r, 0, 1, false);
+        }
+        std::vector<StepItem> items;
+        std::vector<K> kinds;
+        for (auto& b : owned) {
+          items.push_back(Item(b.get(), 0));
+          kinds.push_back(b->spec.kind);
+        }
+        if (r == 1) items[2].density = 5.0;
+        FusedScratch scratch;
+        FusedStep(env, absl::MakeSpan(items), kinds, &scratch, kNoLap);
+        for (size_t i = 0; i < items.size(); ++i) {
+          if (r == 1 && i == 2) {
+            EXPECT_EQ(items[i].status.code(), absl::StatusCode::kInvalidArgument)
+                << items[i].status;
+          } else {
+            EXPECT_TRUE(items[i].status.ok()) << "member " << i << ": " << items[i].status;
+          }
+        }
+        // Node 1 sent nothing for bucket 3: the others gathered only their own two selections.
+        if (r != 1) EXPECT_EQ(owned[2]->rec.gathered_elements, 2 * 7u);
+        EXPECT_TRUE(coll->Barrier().ok());
+      },
+      absl::Seconds(5));
 }
 
 TEST(FusedStepTest, AheadEqualsUnmergedWhenTheEngineReducedLocally) {
