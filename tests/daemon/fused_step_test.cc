@@ -401,14 +401,14 @@ TEST(FusedStepTest, BadGroupsAreRefusedBeforeAnyCollective) {
       absl::Seconds(1));
 }
 
-// A Collective that appends junk to this node's all-gather contributions (a peer not following
-// the wire format).
-class TamperingCollective : public Collective {
+// Forwards every call to another Collective (a base for the two below).
+class ForwardingCollective : public Collective {
  public:
-  explicit TamperingCollective(Collective* inner) : inner_(inner) {}
+  explicit ForwardingCollective(Collective* inner) : inner_(inner) {}
+  Collective* inner() const { return inner_; }
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
-  const char* name() const override { return "tampering"; }
+  const char* name() const override { return "forwarding"; }
   absl::Status AllReduce(void* data, size_t count, ElemType type, ReduceOp op) override {
     return inner_->AllReduce(data, count, type, op);
   }
@@ -420,10 +420,7 @@ class TamperingCollective : public Collective {
   }
   absl::Status AllGatherV(const void* send, size_t send_bytes, std::vector<size_t>* counts,
                           std::vector<uint8_t>* recv) override {
-    std::vector<uint8_t> bytes(static_cast<const uint8_t*>(send),
-                               static_cast<const uint8_t*>(send) + send_bytes);
-    bytes.resize(bytes.size() + 4, 0xab);
-    return inner_->AllGatherV(bytes.data(), bytes.size(), counts, recv);
+    return inner_->AllGatherV(send, send_bytes, counts, recv);
   }
   absl::Status Broadcast(void* data, size_t bytes, int root) override {
     return inner_->Broadcast(data, bytes, root);
@@ -433,6 +430,72 @@ class TamperingCollective : public Collective {
  private:
   Collective* inner_;
 };
+
+// Appends junk to this node's all-gather contributions (a peer not following the wire format).
+class TamperingCollective : public ForwardingCollective {
+ public:
+  using ForwardingCollective::ForwardingCollective;
+  absl::Status AllGatherV(const void* send, size_t send_bytes, std::vector<size_t>* counts,
+                          std::vector<uint8_t>* recv) override {
+    std::vector<uint8_t> bytes(static_cast<const uint8_t*>(send),
+                               static_cast<const uint8_t*>(send) + send_bytes);
+    bytes.resize(bytes.size() + 4, 0xab);
+    return inner()->AllGatherV(bytes.data(), bytes.size(), counts, recv);
+  }
+};
+
+// Counts the collectives issued through it.
+class CountingCollective : public ForwardingCollective {
+ public:
+  using ForwardingCollective::ForwardingCollective;
+  absl::Status AllReduce(void* data, size_t count, ElemType type, ReduceOp op) override {
+    ++all_reduce;
+    return inner()->AllReduce(data, count, type, op);
+  }
+  absl::Status AllReduceScaled(const float* send, float* recv, size_t count, float scale) override {
+    ++all_reduce_scaled;
+    return inner()->AllReduceScaled(send, recv, count, scale);
+  }
+  absl::Status AllGatherV(const void* send, size_t send_bytes, std::vector<size_t>* counts,
+                          std::vector<uint8_t>* recv) override {
+    ++all_gather_v;
+    return inner()->AllGatherV(send, send_bytes, counts, recv);
+  }
+  int all_reduce = 0, all_reduce_scaled = 0, all_gather_v = 0;
+};
+
+TEST(FusedStepTest, AGroupIssuesAtMostOneDenseOneAAndOneBSubExchange) {
+  // The mixed group of six (2 D, 2 A, 2 B): unmerged, 2 dense all-reduces, 2 x (index
+  // all-gather + value all-reduce) and 2 all-gathers, 8 collectives; fused, 1 + 2 + 1 = 4.
+  const EqualityCase mixed = EqualityCases().back();
+  ASSERT_EQ(mixed.name, "mixed D + A + B");
+  Spawn(3, [&](Collective* coll) {
+    auto prims = MakeCpuPrimitives(1);
+    CountingCollective unmerged(coll), fused(coll);
+    std::vector<std::unique_ptr<NodeBucket>> ref, mine;
+    std::vector<NodeBucket*> ref_group, fused_group;
+    for (const Spec& s : mixed.group) {
+      ref.push_back(MakeBucket(s, coll->rank(), 3, prims.get()));
+      mine.push_back(MakeBucket(s, coll->rank(), 3, prims.get()));
+      WriteInputs(ref.back().get(), coll->rank(), 0, 1, false);
+      WriteInputs(mine.back().get(), coll->rank(), 0, 1, false);
+      ref_group.push_back(ref.back().get());
+      fused_group.push_back(mine.back().get());
+    }
+    RunUnmerged(Env(&unmerged, prims.get(), 1, true), ref_group, 0);
+    FusedScratch scratch;
+    RunFused(Env(&fused, prims.get(), 1, true), fused_group, 0, &scratch);
+    EXPECT_EQ(unmerged.all_reduce_scaled + unmerged.all_reduce + unmerged.all_gather_v, 8);
+    EXPECT_EQ(fused.all_reduce_scaled, 1);
+    EXPECT_EQ(fused.all_gather_v, 2);
+    EXPECT_EQ(fused.all_reduce, 1);
+    // A dense-only group: one all-reduce, no gathers.
+    CountingCollective dense(coll);
+    RunFused(Env(&dense, prims.get(), 1, true), {mine[1].get()}, 1, &scratch);
+    EXPECT_EQ(dense.all_reduce_scaled, 1);
+    EXPECT_EQ(dense.all_gather_v + dense.all_reduce, 0);
+  });
+}
 
 TEST(FusedStepTest, AMalformedPeerMessageFailsItsSubExchangeOnEveryNode) {
   Spawn(
