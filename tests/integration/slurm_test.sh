@@ -181,10 +181,17 @@ CONF
     "${IN_HOST[@]}" slurmd -D >"$S/log/slurmd-${h:-local}.out" 2>&1 &
     PIDS+=($!)
   done
-  sleep 0.2
-  for i in "${PIDS[@]}"; do  # each pid must be the daemon itself
-    case "$(cat "/proc/$i/comm" 2>/dev/null)" in munged | slurmctld | slurmd) ;;
-      *) echo "pid $i is '$(cat "/proc/$i/comm" 2>/dev/null)', not a daemon"; return 1 ;;
+  # Each pid must become the daemon itself (the host wrappers exec it; on a loaded machine that
+  # can take more than a moment).
+  local comm
+  for i in "${PIDS[@]}"; do
+    for _ in $(seq 50); do
+      comm=$(cat "/proc/$i/comm" 2>/dev/null)
+      case "$comm" in munged | slurmctld | slurmd) break ;; esac
+      sleep 0.1
+    done
+    case "$comm" in munged | slurmctld | slurmd) ;;
+      *) echo "pid $i is '$comm' after 5 s, not a daemon"; return 1 ;;
     esac
   done
   for i in $(seq 150); do
