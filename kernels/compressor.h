@@ -20,7 +20,8 @@
 //      kDense       (D): dense all-reduce of acc. sel.all is set; sel.val holds acc (copied);
 //                   with zero_selected the compressor clears acc.
 //   3. Update(step, gathered): per-node counts and the gathered indices (A: the union, B: every
-//      node's indices in node order), identical on every node, so controllers (MiCRO's threshold,
+//      node's indices in node order, or over the Ok-Topk exchange the union written with
+//      Gathered::reduced), identical on every node, so controllers (MiCRO's threshold,
 //      ExDyna's block allocation, DEFT's bins) advance with no extra communication.
 //
 // Determinism: the same spec (including `seed`), ranks and inputs give bit-identical selections
