@@ -27,8 +27,9 @@
 // names the node), nothing written to `out` and the state unchanged. Everything else (offered
 // quantiles, histograms, tie counts, kept entries) reaches every node alike, so all refuse alike.
 //
-// Not here: device memory (host buffers only), the engine flag (the caller owns the state),
-// a real all-to-all on every backend (Collective::AllToAllV's default is built on AllGatherV).
+// Not here: device memory (host buffers only) and the engine's use of "topk" (the caller owns
+// the options and the state). The volume bound needs a real all-to-all: MPI has one; the
+// in-process and NCCL collectives use Collective::AllToAllV's default built on AllGatherV.
 #pragma once
 
 #include <cstdint>
