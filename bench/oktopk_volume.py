@@ -16,7 +16,7 @@ mean over nodes, p50 over exchanges; and separately the busiest node's) is below
         [--elements 200000] [--warmup 200] [--steps 64] [--out bench/results/oktopk]
 
 Writes <out>.json and <out>.png. Needs bazel build //bench:oktopk_volume_sim (or --sim).
-About 10 minutes with the defaults on 2 shared cores (64 threads per 64-node configuration).
+About 5 minutes with the defaults on 2 shared cores (64 threads for the 64-node configuration).
 """
 import argparse
 import json
