@@ -97,7 +97,8 @@ absl::StatusOr<BucketGrant> Engine::RegisterBucket(
   // new job once the engine is between exchanges.
   if (reset_pending_) {
     while (processing_ && !stop_) published_cv_.Wait(&mu_);
-    ResetLocked();
+    // Another trainer's registration may have reset (and registered) while this one waited.
+    if (reset_pending_) ResetLocked();
   }
   EngineBucket* b = buckets_.Find(bucket_id);
   const uint64_t bit = 1ull << rank;
