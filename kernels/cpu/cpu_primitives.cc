@@ -40,6 +40,8 @@ absl::Status CheckIndices(const uint32_t* idx, size_t m, size_t n, const char* o
 
 // SumScaled reads at most this many inputs in one pass (more fall back to Accumulate passes).
 constexpr int kMaxSumInputs = 16;
+// SumScaledCheckFinite streams its output past this size (32 MiB, a server L3's order).
+constexpr size_t kStreamBytes = size_t{32} << 20;
 
 class CpuPrimitives final : public Primitives {
  public:
@@ -76,10 +78,15 @@ class CpuPrimitives final : public Primitives {
       return Primitives::SumScaledCheckFinite(y, xs, count, a, n, first_bad);
     const Split split = Cut(0, n);
     std::vector<size_t> bad(split.chunks, n);
+    // A y larger than this (the engine's second accumulator of a large sparse bucket) is written
+    // with non-temporal stores: it cannot stay cached for the next pass anyway, and a plain store
+    // would first read every line of it (the write-allocate), a third more traffic than the
+    // in-place sum it replaced.
+    const bool stream = n * sizeof(float) > kStreamBytes;
     ForChunks(split, [&](size_t c, size_t b, size_t e, int) {
       const float* shifted[kMaxSumInputs];
       for (int r = 0; r < count; ++r) shifted[r] = xs[r] + b;
-      const size_t local = simd::SumScaledCheckFinite(y + b, shifted, count, a, e - b);
+      const size_t local = simd::SumScaledCheckFinite(y + b, shifted, count, a, e - b, stream);
       if (local < e - b) bad[c] = b + local;
     });
     *first_bad = n;

@@ -4,11 +4,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/cpu/simd_kernels.cc"
+#include "hwy/cache_control.h"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
 
@@ -64,35 +66,50 @@ void SumScaledImpl(float* y, const float* const* xs, int count, float a, size_t 
 // SumScaledImpl plus a finiteness test of each stored vector: x - x is 0 for a finite x and
 // NaN for NaN and +-Inf, so one subtract and one self-compare per vector, OR-ed into a mask that
 // is looked at once per vector (the branch is almost never taken). The first bad vector's lanes
-// are then scanned for the exact index; later entries are still summed.
-size_t SumScaledCheckFiniteImpl(float* y, const float* const* xs, int count, float a, size_t n) {
+// are then scanned for the exact index; later entries are still summed. `stream`: y is written
+// with non-temporal stores (after a scalar head up to y's first vector-aligned entry), which
+// saves the read-for-ownership of every line of y that a plain store costs: for a y much larger
+// than the caches that nothing reads back soon, as many bytes move as in an in-place sum.
+size_t SumScaledCheckFiniteImpl(float* y, const float* const* xs, int count, float a, size_t n,
+                                bool stream) {
   const hn::ScalableTag<float> d;
   const size_t N = hn::Lanes(d);
   const auto av = hn::Set(d, a);
   const bool scale = a != 1.0f;
   size_t first_bad = n;
   size_t i = 0;
+  auto scalar = [&](size_t at) {
+    float v = xs[0][at];
+    for (int r = 1; r < count; ++r) v += xs[r][at];
+    y[at] = scale ? v * a : v;
+    if (first_bad == n && !std::isfinite(y[at])) first_bad = at;
+  };
+  if (stream) {
+    for (; i < n && reinterpret_cast<uintptr_t>(y + i) % (N * sizeof(float)) != 0; ++i) scalar(i);
+  }
+  HWY_ALIGN float lanes[hn::MaxLanes(d)];
   for (; i + N <= n; i += N) {
     auto v = hn::LoadU(d, xs[0] + i);
     for (int r = 1; r < count; ++r) v = hn::Add(v, hn::LoadU(d, xs[r] + i));
     if (scale) v = hn::Mul(v, av);
-    hn::StoreU(v, d, y + i);
+    if (stream) {
+      hn::Stream(v, d, y + i);
+    } else {
+      hn::StoreU(v, d, y + i);
+    }
     const auto z = hn::Sub(v, v);
     if (HWY_UNLIKELY(first_bad == n && !hn::AllTrue(d, hn::Eq(z, z)))) {
-      for (size_t j = i; j < i + N; ++j) {
-        if (!std::isfinite(y[j])) {
-          first_bad = j;
+      hn::Store(v, d, lanes);  // not y: a streamed line is not read back
+      for (size_t j = 0; j < N; ++j) {
+        if (!std::isfinite(lanes[j])) {
+          first_bad = i + j;
           break;
         }
       }
     }
   }
-  for (; i < n; ++i) {
-    float v = xs[0][i];
-    for (int r = 1; r < count; ++r) v += xs[r][i];
-    y[i] = scale ? v * a : v;
-    if (first_bad == n && !std::isfinite(y[i])) first_bad = i;
-  }
+  if (stream) hwy::FlushStream();
+  for (; i < n; ++i) scalar(i);
   return first_bad;
 }
 
@@ -412,8 +429,9 @@ void Scale(float* x, float a, size_t n) { HWY_DYNAMIC_DISPATCH(ScaleImpl)(x, a, 
 void SumScaled(float* y, const float* const* xs, int count, float a, size_t n) {
   HWY_DYNAMIC_DISPATCH(SumScaledImpl)(y, xs, count, a, n);
 }
-size_t SumScaledCheckFinite(float* y, const float* const* xs, int count, float a, size_t n) {
-  return HWY_DYNAMIC_DISPATCH(SumScaledCheckFiniteImpl)(y, xs, count, a, n);
+size_t SumScaledCheckFinite(float* y, const float* const* xs, int count, float a, size_t n,
+                            bool stream) {
+  return HWY_DYNAMIC_DISPATCH(SumScaledCheckFiniteImpl)(y, xs, count, a, n, stream);
 }
 size_t CountAbove(const float* x, size_t n, float t) {
   return HWY_DYNAMIC_DISPATCH(CountAboveImpl)(x, n, t);

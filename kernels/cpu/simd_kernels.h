@@ -16,8 +16,10 @@ void Scale(float* x, float a, size_t n);
 // y = a * (xs[0] + ... + xs[count-1]) summed left to right; a == 1 skips the multiply.
 void SumScaled(float* y, const float* const* xs, int count, float a, size_t n);
 // SumScaled that returns the lowest i whose result y[i] is NaN or +-Inf (n when none), found
-// in the same pass.
-size_t SumScaledCheckFinite(float* y, const float* const* xs, int count, float a, size_t n);
+// in the same pass. `stream`: y is written with non-temporal stores (for a y far larger than
+// the caches: no read-for-ownership of y's lines); the same values either way.
+size_t SumScaledCheckFinite(float* y, const float* const* xs, int count, float a, size_t n,
+                            bool stream = false);
 size_t CountAbove(const float* x, size_t n, float t);
 
 // As Primitives::SelectAbove on [begin, end) (writes at most `capacity`, returns the count).

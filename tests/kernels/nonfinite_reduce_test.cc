@@ -1,7 +1,7 @@
 // The detecting local reduce (Primitives::SumScaledCheckFinite, issue 16 item 3): the same sums
 // as SumScaled bit for bit, and the lowest index whose result is NaN or +-Inf, on the fused CPU
-// path (1 and 2 threads, every position in a SIMD vector and the scalar tail) and the reference's
-// default (SumScaled plus a scan).
+// path (1 and 2 threads, every position in a SIMD vector and the scalar tail, and large outputs
+// written with streaming stores) and the reference's default (SumScaled plus a scan).
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -96,6 +96,30 @@ TEST_P(NonfiniteReduceTest, InfMinusInfAndOverflowAreNonFinite) {
   ASSERT_TRUE(p->SumScaledCheckFinite(y.data(), xs, 2, 1.0f, 4, &first_bad).ok());
   EXPECT_EQ(first_bad, 1u);       // +Inf + -Inf is NaN
   EXPECT_TRUE(std::isinf(y[2]));  // 6e38 overflows, as a dense all-reduce's sum would
+}
+
+// Past 32 MiB of output the CPU path streams it (non-temporal stores after a scalar head up to
+// the first vector-aligned entry, per thread chunk): the same sums, and the same first index
+// whether the bad value lands in a head, a body or the tail.
+TEST_P(NonfiniteReduceTest, LargeStreamedOutputsGiveTheSameSumsAndIndex) {
+  if (GetParam() == 0) GTEST_SKIP() << "the reference does not stream";
+  auto p = Make();
+  const size_t n = (size_t{32} << 20) / sizeof(float) + 4099;
+  std::vector<std::vector<float>> in = {Ramp(n, 1.0f), Ramp(n, -0.5f)};
+  const float* xs[2] = {in[0].data(), in[1].data()};
+  std::vector<float> y(n, 7.0f), want(n, 7.0f);
+  size_t first_bad = 0;
+  ASSERT_TRUE(p->SumScaledCheckFinite(y.data(), xs, 2, 0.5f, n, &first_bad).ok());
+  ASSERT_TRUE(p->SumScaled(want.data(), xs, 2, 0.5f, n).ok());
+  EXPECT_EQ(first_bad, n);
+  EXPECT_EQ(std::memcmp(y.data(), want.data(), n * sizeof(float)), 0);
+  for (size_t where : {size_t{1}, n / 2 + 3, n - 2}) {
+    const float keep = in[1][where];
+    in[1][where] = where % 2 ? kNaN : -kInf;
+    ASSERT_TRUE(p->SumScaledCheckFinite(y.data(), xs, 2, 0.5f, n, &first_bad).ok());
+    EXPECT_EQ(first_bad, where);
+    in[1][where] = keep;
+  }
 }
 
 TEST_P(NonfiniteReduceTest, RefusesNoInputs) {
