@@ -182,7 +182,7 @@ int Main() {
       absl::GetFlag(FLAGS_compressor).c_str(), absl::GetFlag(FLAGS_density), n, L,
       absl::GetFlag(FLAGS_threads), reps, b, c, bench::Median(ratio), ratio[ratio.size() / 4],
       ratio[3 * ratio.size() / 4]);
-  std::printf("phases (median ms)       before       now\n");
+  std::printf("phases (ms)          median: before       now    min: before       now\n");
   for (Phase ph : {Phase::kReduceLocal, Phase::kCompress, Phase::kCollective, Phase::kDecode}) {
     const int i = static_cast<int>(ph);
     // The new path laps kReduceLocal twice (its own reduce, then the step's empty one): sum
@@ -193,8 +193,10 @@ int Main() {
       for (size_t j = 0; j + 1 < now_ms.size(); j += 2) summed.push_back(now_ms[j] + now_ms[j + 1]);
       now_ms = summed;
     }
-    std::printf("  %-20s %9.2f %9.2f\n", PhaseName(ph), bench::Median(phase_ms[0][i]),
-                bench::Median(now_ms));
+    std::printf("  %-20s      %9.2f %9.2f       %9.2f %9.2f\n", PhaseName(ph),
+                bench::Median(phase_ms[0][i]), bench::Median(now_ms),
+                *std::min_element(phase_ms[0][i].begin(), phase_ms[0][i].end()),
+                *std::min_element(now_ms.begin(), now_ms.end()));
   }
   return 0;
 }
