@@ -28,7 +28,7 @@ within --abort_within seconds.
 
 Run from the repository root with /usr/bin/python3; it builds spexd and spex_trainer with bazel
 (or takes them from --bin_dir) and copies them aside so concurrent rebuilds do not change what runs.
-A program, not a test: about 25 ms per step on a 2-core machine (10,000 steps: ~50 minutes).
+A program, not a test: 10,000 steps took 26 minutes on a loaded 2-core machine (job start-ups included).
 """
 import argparse, json, os, random, re, shutil, signal, statistics, subprocess, sys, tempfile, threading, time
 
