@@ -60,42 +60,33 @@ absl::Status UnknownName(const std::string& name) {
       "unknown compressor '", name, "'; accepted: ", absl::StrJoin(CompressorNames(), ", ")));
 }
 
-}  // namespace
-
-std::vector<std::string> DeviceCompressorNames() {
+// The registry's names, sorted; with `flag`, only the entries that have it set.
+std::vector<std::string> SortedNames(bool Entry::*flag = nullptr) {
   std::vector<std::string> names;
   for (const Entry& e : kRegistry) {
-    if (e.device) names.emplace_back(e.name);
+    if (flag == nullptr || e.*flag) names.emplace_back(e.name);
   }
   std::sort(names.begin(), names.end());
   return names;
 }
+
+}  // namespace
+
+std::vector<std::string> DeviceCompressorNames() { return SortedNames(&Entry::device); }
 
 bool CompressorRunsOnDevice(const std::string& name) {
   const Entry* e = Find(name);
   return e != nullptr && e->device;
 }
 
-std::vector<std::string> OkTopkCompressorNames() {
-  std::vector<std::string> names;
-  for (const Entry& e : kRegistry) {
-    if (e.oktopk) names.emplace_back(e.name);
-  }
-  std::sort(names.begin(), names.end());
-  return names;
-}
+std::vector<std::string> OkTopkCompressorNames() { return SortedNames(&Entry::oktopk); }
 
 bool CompressorCanUseOkTopk(const std::string& name) {
   const Entry* e = Find(name);
   return e != nullptr && e->oktopk;
 }
 
-std::vector<std::string> CompressorNames() {
-  std::vector<std::string> names;
-  for (const Entry& e : kRegistry) names.emplace_back(e.name);
-  std::sort(names.begin(), names.end());
-  return names;
-}
+std::vector<std::string> CompressorNames() { return SortedNames(); }
 
 absl::StatusOr<Pattern> CompressorPattern(const std::string& name) {
   const Entry* e = Find(name);
