@@ -53,6 +53,14 @@ int NonfiniteInput(const StepEnv& env, const BucketData& b, size_t index) {
   return -1;
 }
 
+void RecordDense(size_t n, int nodes, ExchangeRecord* rec) {
+  // A ring all-reduce's traffic per node: 2 (N - 1) / N of the buffer each way.
+  rec->bytes_sent = rec->bytes_received =
+      nodes > 1 ? 2 * n * sizeof(float) * (nodes - 1) / nodes : 0;
+  rec->gathered_elements = rec->selected_elements = n;
+  rec->pattern = "D";
+}
+
 void DenseStep(const StepEnv& env, absl::Span<StepItem> group, const Lap& lap) {
   const int L = env.local_trainers, N = env.coll->size();
   for (StepItem& item : group) {
@@ -93,10 +101,7 @@ void DenseStep(const StepEnv& env, absl::Span<StepItem> group, const Lap& lap) {
       item.sparse->output_dense = true;
       item.sparse->touched.clear();
     }
-    ExchangeRecord& rec = *item.rec;
-    rec.bytes_sent = rec.bytes_received = N > 1 ? 2 * n * sizeof(float) * (N - 1) / N : 0;
-    rec.gathered_elements = rec.selected_elements = n;
-    rec.pattern = "D";
+    RecordDense(n, N, item.rec);
     if (item.status.ok()) item.status = s;
   }
 }

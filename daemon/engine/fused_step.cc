@@ -230,10 +230,7 @@ void DenseSubExchange(const StepEnv& env, const std::vector<Member*>& d, FusedSc
       item.sparse->output_dense = true;
       item.sparse->touched.clear();
     }
-    ExchangeRecord& rec = *item.rec;
-    rec.bytes_sent = rec.bytes_received = N > 1 ? 2 * n * sizeof(float) * (N - 1) / N : 0;
-    rec.gathered_elements = rec.selected_elements = n;
-    rec.pattern = "D";
+    RecordDense(n, N, item.rec);
   }
 }
 

@@ -101,6 +101,9 @@ void CommitLocalSum(BucketData* b);
 // (their sum overflowed). Host memory only: the cold path after ReduceLocalChecked found one.
 int NonfiniteInput(const StepEnv& env, const BucketData& b, size_t index);
 
+// A pattern-D exchange's record of n elements on `nodes` nodes (bytes, counts, pattern).
+void RecordDense(size_t n, int nodes, ExchangeRecord* rec);
+
 // Pattern D for every item: local sum (with the residual for sparse buckets), sum-all-reduce,
 // scale by 1 / (nodes x local trainers); a sparse bucket's residual is cleared.
 void DenseStep(const StepEnv& env, absl::Span<StepItem> group, const Lap& lap);
