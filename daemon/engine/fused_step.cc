@@ -322,47 +322,16 @@ void SparseGatherSubExchange(const StepEnv& env, uint64_t step, const std::vecto
   }
 }
 
-// After the sparse sub-exchanges: SparseStep's residual update, Update and record.
+// After the sparse sub-exchanges: SparseStep's residual update, Update and record. The member's
+// status holds the item's incoming status (its first failure), so it replaces it.
 void FinishSparse(const StepEnv& env, Member& m, const Lap& lap) {
-  StepItem& item = *m.item;
-  BucketData& b = *item.data;
-  SparseState& st = *item.sparse;
-  Compressor& c = *st.compressor;
-  const Pattern pattern = c.pattern();
-  const size_t n = b.elements;
-  ExchangeRecord& rec = *item.rec;
-  rec.pattern = PatternName(pattern);
-  rec.target_density = item.density;
-  rec.bytes_sent = m.bytes_sent;
-  rec.bytes_received = m.bytes_received;
-  if (!m.s.ok()) {
-    if (item.status.ok()) item.status = m.s;
-    return;
-  }
-  if (pattern == Pattern::kIndexUnion) {
-    // Every node zeroes its residual at the whole union: all of it was sent.
-    Keep(&m.s, env.prims->ZeroAt(b.acc, n, m.gathered_idx.data(), m.gathered_idx.size()));
-  }
-  if (!env.error_feedback) Keep(&m.s, env.prims->Fill(b.acc, 0.0f, n));
-  if (m.s.ok()) {
-    Gathered g;
-    g.counts = absl::MakeConstSpan(m.counts);
-    g.indices = absl::MakeConstSpan(m.gathered_idx);
-    Keep(&m.s, c.Update(item.step, g));
-  }
-  st.touched = std::move(m.touched);
-  lap(Phase::kDecode);
-  rec.selected_elements = st.sel.idx.size();
-  rec.achieved_density = static_cast<double>(st.sel.idx.size()) / n;
-  rec.gathered_elements =
-      pattern == Pattern::kIndexUnion ? st.touched.size() : m.gathered_idx.size();
-  if (env.residual_norm_every > 0 && item.step % env.residual_norm_every == 0) {
-    st.last_residual_norm = std::sqrt(env.prims->Moments(b.acc, n, -1.0f).sum_sq);
-    st.last_residual_norm_step = item.step;
-  }
-  rec.residual_norm = st.last_residual_norm;
-  rec.residual_norm_step = st.last_residual_norm_step;
-  if (item.status.ok()) item.status = m.s;
+  SparseExchangeResult res;
+  res.touched = std::move(m.touched);
+  res.counts = std::move(m.counts);
+  res.gathered_idx = std::move(m.gathered_idx);
+  res.bytes_sent = m.bytes_sent;
+  res.bytes_received = m.bytes_received;
+  FinishSparseExchange(env, *m.item, std::move(m.s), &res, lap);
 }
 
 // The group's static checks (agreed inputs: every node reaches the same verdict).

@@ -80,43 +80,57 @@ void SparseStepOne(const StepEnv& env, StepItem& item, const Lap& lap) {
   }
   keep(x);
   lap(Phase::kCollective);
+  FinishSparseExchange(env, item, std::move(s), &res, lap);
+}
+
+}  // namespace
+
+void FinishSparseExchange(const StepEnv& env, StepItem& item, absl::Status s,
+                          SparseExchangeResult* res, const Lap& lap) {
+  auto keep = [&s](absl::Status x) {
+    if (s.ok() && !x.ok()) s = std::move(x);
+  };
+  BucketData& b = *item.data;
+  SparseState& st = *item.sparse;
+  Compressor& c = *st.compressor;
+  const Pattern pattern = c.pattern();
+  const size_t n = b.elements;
+  const uint64_t step = item.step;
   ExchangeRecord& rec = *item.rec;
   rec.pattern = PatternName(pattern);
   rec.target_density = item.density;
-  rec.bytes_sent = res.bytes_sent;
-  rec.bytes_received = res.bytes_received;
+  rec.bytes_sent = res->bytes_sent;
+  rec.bytes_received = res->bytes_received;
   if (!s.ok()) {
-    item.status = s;
+    item.status = std::move(s);
     return;
   }
   if (pattern == Pattern::kIndexUnion) {
     // Every node zeroes its residual at the whole union: all of it was sent.
-    keep(ZeroAt(env, b, b.acc, res.gathered_idx));
+    keep(ZeroAt(env, b, b.acc, res->gathered_idx));
   }
   if (!env.error_feedback) keep(env.prims->Fill(b.acc, 0.0f, n));
   if (s.ok()) {
     Gathered g;
-    g.counts = absl::MakeConstSpan(res.counts);
-    g.indices = absl::MakeConstSpan(res.gathered_idx);
+    g.counts = absl::MakeConstSpan(res->counts);
+    g.indices = absl::MakeConstSpan(res->gathered_idx);
     g.reduced = st.oktopk && pattern == Pattern::kSparseGather;
     keep(c.Update(step, g));
   }
-  st.touched = std::move(res.touched);
+  st.touched = std::move(res->touched);
   lap(Phase::kDecode);
-  rec.selected_elements = sel.idx.size();
-  rec.achieved_density = static_cast<double>(sel.idx.size()) / n;
+  rec.selected_elements = st.sel.idx.size();
+  rec.achieved_density = static_cast<double>(st.sel.idx.size()) / n;
   rec.gathered_elements =
-      pattern == Pattern::kIndexUnion ? st.touched.size() : res.gathered_idx.size();
+      pattern == Pattern::kIndexUnion ? st.touched.size() : res->gathered_idx.size();
   if (env.residual_norm_every > 0 && step % env.residual_norm_every == 0) {
     st.last_residual_norm = std::sqrt(env.prims->Moments(b.acc, n, -1.0f).sum_sq);
     st.last_residual_norm_step = step;
   }
   rec.residual_norm = st.last_residual_norm;
   rec.residual_norm_step = st.last_residual_norm_step;
-  item.status = s;
+  item.status = std::move(s);
 }
-
-}  // namespace
 
 void SparseStep(const StepEnv& env, absl::Span<StepItem> group, const Lap& lap) {
   for (StepItem& item : group) SparseStepOne(env, item, lap);

@@ -104,6 +104,14 @@ int NonfiniteInput(const StepEnv& env, const BucketData& b, size_t index);
 // A pattern-D exchange's record of n elements on `nodes` nodes (bytes, counts, pattern).
 void RecordDense(size_t n, int nodes, ExchangeRecord* rec);
 
+// After a bucket's sparse exchange (SparseStep's, or a sparse member's of the fused step): the
+// record, the residual cleared at the union (pattern A) or wholly without error feedback, the
+// compressor's Update, the touched positions and the residual norm. `s` is the item's first
+// failure so far (its incoming status included); the item's status becomes it.
+struct SparseExchangeResult;
+void FinishSparseExchange(const StepEnv& env, StepItem& item, absl::Status s,
+                          SparseExchangeResult* res, const Lap& lap);
+
 // Pattern D for every item: local sum (with the residual for sparse buckets), sum-all-reduce,
 // scale by 1 / (nodes x local trainers); a sparse bucket's residual is cleared.
 void DenseStep(const StepEnv& env, absl::Span<StepItem> group, const Lap& lap);
