@@ -11,10 +11,12 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <set>
 #include <memory>
 #include <string>
 #include <vector>
@@ -30,9 +32,13 @@
 
 namespace {
 
-void Check(bool ok) {
-  if (!ok) std::abort();
+// A failed check names itself on stderr before aborting, so a CI log shows which one it was.
+void CheckAt(bool ok, const char* what, int line) {
+  if (ok) return;
+  std::fprintf(stderr, "requests_fuzz.cc:%d: check failed: %s\n", line, what);
+  std::abort();
 }
+#define Check(cond) CheckAt((cond), #cond, __LINE__)
 
 // A status the service may answer with; anything else (UNKNOWN, INTERNAL, ...) is a bug.
 void CheckCode(const grpc::Status& s) {
@@ -51,6 +57,8 @@ void CheckCode(const grpc::Status& s) {
     case grpc::StatusCode::ABORTED:
       break;
     default:
+      std::fprintf(stderr, "requests_fuzz: unexpected status %d: %s\n",
+                   static_cast<int>(s.error_code()), s.error_message().c_str());
       std::abort();
   }
   if (!s.ok()) Check(!s.error_message().empty());
@@ -110,6 +118,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
   std::vector<uint64_t> sessions;
   std::vector<Grant> grants;
+  // Buckets whose header a trainer scribbled on (case 7): the daemon writes a header once, when
+  // it creates the bucket, so a later grant of that bucket maps what the scribbler left (the
+  // client's header reader refuses it: header_fuzz), and the checks of the header's words below
+  // do not apply to it.
+  std::set<uint64_t> scribbled;
   auto session = [&]() -> uint64_t {
     if (!sessions.empty() && in.ConsumeIntegralInRange<int>(0, 7)) {
       return sessions[in.ConsumeIntegralInRange<size_t>(0, sessions.size() - 1)];
@@ -168,7 +181,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
             Check(g.input_offset + 4 * g.elements <= g.map->size());
             Check(resp.layout().output_offset() + 4 * g.elements <= g.map->size());
             const auto* h = static_cast<const spex::BucketHeader*>(g.map->data());
-            Check(h->magic == spex::kBucketMagic && h->elements == g.elements);
+            if (!scribbled.count(g.bucket)) {
+              Check(h->magic == spex::kBucketMagic && h->elements == g.elements);
+            }
           }
           for (const auto& e : engine.Sessions()) {
             if (e.session_id == g.session) g.rank = e.local_rank;
@@ -230,6 +245,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           h->ready[g.rank].value.store(in.ConsumeBool() ? g.next_step + 1
                                                         : in.ConsumeIntegral<uint64_t>());
         } else {
+          scribbled.insert(g.bucket);
           const size_t at = in.ConsumeIntegralInRange<size_t>(0, sizeof(spex::BucketHeader) - 8);
           const uint64_t v = in.ConsumeIntegral<uint64_t>();
           std::memcpy(reinterpret_cast<uint8_t*>(h) + at, &v, 8);

@@ -51,7 +51,20 @@ for t in "${TARGETS[@]}"; do
   else
     failed=$((failed + 1))
     echo "fuzz $t: FAILED (exit $rc after ${runs:-?} executions; log $dir/log; inputs: ${artifacts:-none})"
-    grep -E 'ERROR|runtime error|SUMMARY|deadly signal' "$dir/log" | head -5 | sed 's/^/    /'
+    grep -E 'ERROR|runtime error|SUMMARY|deadly signal|check failed|unexpected status' "$dir/log" |
+      head -5 | sed 's/^/    /'
+    # The first stack trace (the log lives in /tmp, which a CI machine does not keep).
+    awk '/ERROR: |runtime error|check failed/{on=1} on&&/^ *#[0-9]+ /{print; if(++n==30) exit}' \
+      "$dir/log" | sed 's/^/    /'
+    # The crashing input itself, as hex, so it can be replayed from the CI log alone.
+    for a in $artifacts; do
+      case $a in crash-*|timeout-*|leak-*|oom-*) ;; *) continue ;; esac
+      if [ "$(stat -c %s "$dir/$a")" -le 4096 ]; then
+        echo "    input $a, hex (replay: python3 -c 'import sys; sys.stdout.buffer.write(" \
+          "bytes.fromhex(sys.stdin.read()))' < hex > f && tests/fuzz/out/$t f):"
+        od -An -v -tx1 "$dir/$a" | tr -d ' ' | sed 's/^/      /'
+      fi
+    done
   fi
 done
 exit $((failed > 0))
