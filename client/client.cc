@@ -232,7 +232,12 @@ absl::Status Client::Exchange(Bucket* b, ExchangeMode mode, void* stream) {
       s = ExchangeRpc(b, step);  // fetches the message
   }
   if (s.ok()) s = AwaitDeviceOutput(ipc_cache_.get(), b->view_, options_.local_size, stream);
-  if (s.ok()) b->next_step_ = step + 1;
+  // A published step is consumed even when it failed (a non-finite step under nonfinite=error
+  // goes on with the next one); one never published (a timeout, a shutdown) is retried as the
+  // same step.
+  if (s.ok() || b->view_.header->published.load() == static_cast<uint32_t>(step + 1)) {
+    b->next_step_ = step + 1;
+  }
   return s;
 }
 

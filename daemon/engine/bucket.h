@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "daemon/engine/engine_options.h"
 #include "daemon/engine/exchange_record.h"
 #include "daemon/engine/step.h"
 #include "daemon/memory/device_memory.h"
@@ -77,7 +78,8 @@ struct EngineBucket {
   uint64_t id = 0;
   uint64_t elements = 0;
   std::string compressor;
-  std::map<std::string, std::string> params;
+  std::map<std::string, std::string> params;  // the compressor's
+  BucketPolicy policy;  // per-bucket engine options (RegisterBucket's nonfinite=...)
   BucketMemory mem;
   // Engine thread only.
   BucketExchange ex;

@@ -29,6 +29,7 @@ absl::StatusOr<EngineBucket*> BucketTable::Create(const BucketSpec& spec) {
   b->elements = spec.elements;
   b->compressor = spec.compressor;
   b->params = spec.params;
+  b->policy = spec.policy;
   b->out.density = spec.density;
   BucketData& v = b->mem.view;
   v.id = spec.id;

@@ -23,7 +23,8 @@ struct BucketSpec {
   uint64_t elements = 0;
   std::string compressor;
   double density = 0;
-  std::map<std::string, std::string> params;
+  std::map<std::string, std::string> params;  // the compressor's
+  BucketPolicy policy;                         // the bucket's engine options
 };
 
 class BucketTable {

@@ -124,9 +124,10 @@ absl::Status RunControlRound(Collective* coll, const ExchangeKey& key, Control* 
   }
   if (v[kPolicy] != ~v[kNotPolicy]) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "this node runs --nonfinite=", key.nonfinite,
-        " but another node runs another policy; start every spexd of the job with the same "
-        "--nonfinite"));
+        "bucket ", key.bucket_id, " runs nonfinite=", key.nonfinite,
+        " on this node but another policy on another node; start every spexd of the job with "
+        "the same --nonfinite, and register the bucket with the same nonfinite parameter (if "
+        "any) on every node"));
   }
   if (v[kSparseAllreduce] != ~v[kNotSparseAllreduce]) {
     return absl::FailedPreconditionError(absl::StrCat(

@@ -245,7 +245,7 @@ void Engine::Process(const std::vector<EngineBucket*>& group) {
   if (reduce_now) {
     const bool sparse_bucket = b->ex.sparse != nullptr;
     // A dense bucket under propagate needs no check: its all-reduce carries NaN/Inf anyway.
-    const bool check = sparse_bucket || options_.nonfinite == NonfinitePolicy::kError;
+    const bool check = sparse_bucket || b->policy.nonfinite == NonfinitePolicy::kError;
     size_t first_bad = b->elements;
     reduced = ReduceLocalChecked(env_, b->mem.view, sparse_bucket, check, &first_bad);
     if (reduced.ok() && first_bad < b->elements) {  // rare: find which trainer
@@ -257,7 +257,7 @@ void Engine::Process(const std::vector<EngineBucket*>& group) {
     lap(Phase::kReduceLocal);
   }
   const absl::string_view policy =
-      options_.nonfinite == NonfinitePolicy::kError ? "error" : "propagate";
+      b->policy.nonfinite == NonfinitePolicy::kError ? "error" : "propagate";
   const absl::string_view exchange =
       options_.sparse_allreduce == SparseAllreduce::kOkTopk ? "oktopk" : "allgather";
   absl::Status status = RunControlRound(
@@ -281,12 +281,12 @@ void Engine::Process(const std::vector<EngineBucket*>& group) {
   // were, and the bucket goes on.
   bool skip = false;
   if (status.ok() && control.nonfinite != 0) {
-    if (options_.nonfinite == NonfinitePolicy::kError) {
+    if (b->policy.nonfinite == NonfinitePolicy::kError) {
       skip = true;
       status = absl::InvalidArgumentError(absl::StrCat(
           "bucket ", b->id, " step ", step, ": non-finite gradient from ",
           NonfiniteName(control.nonfinite),
-          " (--nonfinite=error: this step is skipped on every node, the residual and the "
+          " (nonfinite=error: this step is skipped on every node, the residual and the "
           "compressor's state are as before it, and the next step can go on)"));
     } else if (b->ex.sparse != nullptr) {
       // propagate: NaN across the bucket on every trainer of every node (a dense bucket runs

@@ -131,4 +131,25 @@ absl::Status ValidateEngineOptions(const EngineOptions& o) {
   return absl::OkStatus();
 }
 
+absl::Status SplitBucketParams(const EngineOptions& o,
+                               const std::map<std::string, std::string>& params,
+                               std::map<std::string, std::string>* compressor_params,
+                               BucketPolicy* policy) {
+  policy->nonfinite = o.nonfinite;
+  compressor_params->clear();
+  for (const auto& [key, value] : params) {
+    if (key != kBucketParamNonfinite) {
+      compressor_params->emplace(key, value);
+      continue;
+    }
+    std::string error;
+    if (!AbslParseFlag(value, &policy->nonfinite, &error)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "parameter ", kBucketParamNonfinite, "=", QuotePrefix(value),
+          ": accepted values propagate, error (it overrides spexd --nonfinite for this bucket)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace spex

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -116,5 +117,21 @@ absl::Status ValidateEngineOptions(const EngineOptions& o);
 // the compressors that can, or Unimplemented for a device bucket.
 absl::Status CheckSparseAllreduce(const EngineOptions& o, const std::string& compressor,
                                   bool on_device);
+
+// Per-bucket engine options a trainer may set among RegisterBucket's compressor parameters; they
+// override the daemon's flag for that bucket and are not handed to the compressor.
+//   nonfinite = propagate | error    (spexd --nonfinite)
+inline constexpr char kBucketParamNonfinite[] = "nonfinite";
+struct BucketPolicy {
+  NonfinitePolicy nonfinite = NonfinitePolicy::kPropagate;
+};
+
+// Splits a request's parameters into the compressor's (`compressor_params`) and the bucket's
+// engine options (`policy`, starting from the daemon's flags in `o`). InvalidArgument naming the
+// parameter and its accepted values for a bad value.
+absl::Status SplitBucketParams(const EngineOptions& o,
+                               const std::map<std::string, std::string>& params,
+                               std::map<std::string, std::string>* compressor_params,
+                               BucketPolicy* policy);
 
 }  // namespace spex

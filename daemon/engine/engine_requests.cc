@@ -78,10 +78,16 @@ absl::StatusOr<BucketGrant> Engine::RegisterBucket(
   if (absl::Status s = CheckParams(params); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("bucket ", bucket_id, ": ", s.message()));
   }
+  // The bucket's engine options (nonfinite=...) travel among the compressor's parameters.
+  std::map<std::string, std::string> cparams;
+  BucketPolicy policy;
+  if (absl::Status s = SplitBucketParams(options_, params, &cparams, &policy); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("bucket ", bucket_id, ": ", s.message()));
+  }
   const std::string compressor = compressor_in.empty() ? options_.compressor : compressor_in;
   const double density = density_in == 0 ? options_.density : density_in;
   if (!options_.compressor_factory || compressor == "dense") {
-    if (absl::Status s = ValidateCompressor(compressor, density, params); !s.ok()) {
+    if (absl::Status s = ValidateCompressor(compressor, density, cparams); !s.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("bucket ", bucket_id, ": ", s.message()));
     }
   }
@@ -110,7 +116,7 @@ absl::StatusOr<BucketGrant> Engine::RegisterBucket(
   }
   if (b == nullptr) {
     absl::StatusOr<EngineBucket*> created =
-        buckets_.Create({bucket_id, elements, compressor, density, params});
+        buckets_.Create({bucket_id, elements, compressor, density, cparams, policy});
     if (!created.ok()) return created.status();
     b = *created;
   }
@@ -120,10 +126,17 @@ absl::StatusOr<BucketGrant> Engine::RegisterBucket(
         elements, ". Every trainer must register a bucket id with the same size"));
   }
   if ((!compressor_in.empty() && compressor != b->compressor) ||
-      (density_in != 0 && density != b->out.density) || (!params.empty() && params != b->params)) {
+      (density_in != 0 && density != b->out.density)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "bucket ", bucket_id, " is registered with compressor ", b->compressor, " at density ",
         b->out.density, "; this request asks for ", compressor, " at ", density));
+  }
+  if (!params.empty() && (cparams != b->params || policy.nonfinite != b->policy.nonfinite)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "bucket ", bucket_id, " is registered with other parameters than this request's (",
+        kBucketParamNonfinite, "=", AbslUnparseFlag(b->policy.nonfinite), " there, ",
+        AbslUnparseFlag(policy.nonfinite),
+        " here, or a compressor parameter): every trainer must register a bucket alike"));
   }
   if (b->mem.shm->unlinked() && !(b->out.registered_mask & bit)) {
     return absl::FailedPreconditionError(absl::StrCat(

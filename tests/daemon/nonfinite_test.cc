@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -308,6 +309,128 @@ TEST(NonfinitePolicyErrors, AnOverflowingSumIsNamedAsSuch) {
                                "at index 5"),
               std::string::npos)
         << s;
+  }
+}
+
+// --- Per bucket: RegisterBucket's nonfinite parameter overrides the daemon's --nonfinite ---
+
+test::EngineClusterOptions PerBucketOptions(NonfinitePolicy daemon, const char* tag) {
+  test::EngineClusterOptions o;
+  o.nodes = kNodes;
+  o.trainers = kTrainers;
+  o.cpu_primitives = true;
+  o.engine.shm_tag = tag;
+  o.engine.dense_fallback = DenseFallback::kOff;
+  o.engine.min_sparse_elements = 0;
+  o.engine.nonfinite = daemon;
+  return o;
+}
+
+// Two buckets of one job, one with the daemon's policy and one with the other, both handed a NaN
+// by trainer 1 of node 1 at step 0: each follows its own policy; step 1 (clean) works for both.
+TEST(NonfinitePerBucket, EachBucketFollowsItsOwnPolicy) {
+  for (NonfinitePolicy daemon : {NonfinitePolicy::kPropagate, NonfinitePolicy::kError}) {
+    const NonfinitePolicy other = daemon == NonfinitePolicy::kPropagate
+                                      ? NonfinitePolicy::kError
+                                      : NonfinitePolicy::kPropagate;
+    SCOPED_TRACE(absl::StrCat("--nonfinite=", AbslUnparseFlag(daemon)));
+    test::EngineCluster cluster(PerBucketOptions(daemon, "nonfiniteP"));
+    ASSERT_TRUE(cluster.status().ok()) << cluster.status();
+    // [node][trainer][bucket 0 = default, 1 = override][step]
+    absl::Status status[kNodes][kTrainers][2][2];
+    size_t nan[kNodes][kTrainers][2][2] = {};
+    cluster.ForEachTrainer([&](int node, int t) {
+      auto tr = test::Trainer::Open(&cluster.engine(node), t, kTrainers);
+      ASSERT_TRUE(tr.ok()) << tr.status();
+      ASSERT_TRUE(tr->Register(10, kElements, "topk", 0.01).ok());
+      auto grant = tr->Register(11, kElements, "topk", 0.01, {{"nonfinite", AbslUnparseFlag(other)}});
+      ASSERT_TRUE(grant.ok()) << grant.status();
+      for (int step = 0; step < 2; ++step) {
+        for (int k = 0; k < 2; ++k) {
+          const uint64_t id = 10 + k;
+          tr->Fill(id, [&](size_t i) { return Value(node, t, step, i); });
+          if (step == 0 && node == kBadNode && t == 1) {
+            tr->input(id)[kFirstBad] = std::numeric_limits<float>::quiet_NaN();
+          }
+          status[node][t][k][step] = tr->Exchange(id, step, absl::Seconds(20)).status();
+          for (size_t i = 0; i < kElements; ++i) nan[node][t][k][step] += std::isnan(tr->output(id)[i]);
+        }
+      }
+    });
+    const std::string name = NonfiniteName(NonfiniteWord(kBadNode, 1, kFirstBad));
+    for (int node = 0; node < kNodes; ++node) {
+      for (int t = 0; t < kTrainers; ++t) {
+        for (int k = 0; k < 2; ++k) {
+          SCOPED_TRACE(absl::StrCat("node ", node, " trainer ", t, " bucket ", 10 + k));
+          const NonfinitePolicy p = k == 0 ? daemon : other;
+          const absl::Status& bad = status[node][t][k][0];
+          if (p == NonfinitePolicy::kError) {
+            EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument) << bad;
+            EXPECT_NE(bad.message().find(name), std::string::npos) << bad;
+          } else {
+            EXPECT_TRUE(bad.ok()) << bad;
+            EXPECT_EQ(nan[node][t][k][0], kElements);  // NaN across a sparse bucket
+          }
+          EXPECT_TRUE(status[node][t][k][1].ok()) << status[node][t][k][1];
+          EXPECT_EQ(nan[node][t][k][1], 0u);
+        }
+      }
+    }
+  }
+}
+
+TEST(NonfinitePerBucket, AnUnknownValueIsRefusedNamingTheAcceptedOnes) {
+  test::EngineClusterOptions o = PerBucketOptions(NonfinitePolicy::kPropagate, "nonfiniteV");
+  o.nodes = 1;
+  o.trainers = 1;
+  test::EngineCluster cluster(o);
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status();
+  auto tr = test::Trainer::Open(&cluster.engine(0), 0, 1);
+  ASSERT_TRUE(tr.ok()) << tr.status();
+  auto grant = tr->Register(1, 100, "topk", 0.01, {{"nonfinite", "ignore"}});
+  ASSERT_EQ(grant.status().code(), absl::StatusCode::kInvalidArgument) << grant.status();
+  EXPECT_NE(grant.status().message().find("nonfinite='ignore': accepted values propagate, error"),
+            std::string::npos)
+      << grant.status();
+  // The parameter is the engine's: the compressor never sees it, on a dense bucket too.
+  EXPECT_TRUE(tr->Register(2, 100, "dense", 0, {{"nonfinite", "error"}}).ok());
+  EXPECT_TRUE(tr->Register(3, 100, "micro", 0.01, {{"nonfinite", "propagate"}}).ok());
+}
+
+TEST(NonfinitePerBucket, TrainersOfOneNodeMustAgree) {
+  test::EngineClusterOptions o = PerBucketOptions(NonfinitePolicy::kPropagate, "nonfiniteT");
+  o.nodes = 1;
+  test::EngineCluster cluster(o);
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status();
+  auto t0 = test::Trainer::Open(&cluster.engine(0), 0, kTrainers);
+  auto t1 = test::Trainer::Open(&cluster.engine(0), 1, kTrainers);
+  ASSERT_TRUE(t0.ok() && t1.ok());
+  ASSERT_TRUE(t0->Register(5, 100, "topk", 0.01, {{"nonfinite", "error"}}).ok());
+  auto grant = t1->Register(5, 100, "topk", 0.01, {{"nonfinite", "propagate"}});
+  ASSERT_EQ(grant.status().code(), absl::StatusCode::kInvalidArgument) << grant.status();
+  EXPECT_NE(grant.status().message().find("nonfinite=error there, propagate here"),
+            std::string::npos)
+      << grant.status();
+}
+
+// Node 0 registers the bucket with nonfinite=error, node 1 keeps the daemon's propagate: the
+// control round refuses the step on both nodes, naming the bucket, before any collective.
+TEST(NonfinitePerBucket, NodesMustAgree) {
+  test::EngineCluster cluster(PerBucketOptions(NonfinitePolicy::kPropagate, "nonfiniteN"));
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status();
+  std::vector<absl::Status> status(kNodes * kTrainers);
+  cluster.ForEachTrainer([&](int node, int t) {
+    auto tr = test::Trainer::Open(&cluster.engine(node), t, kTrainers);
+    ASSERT_TRUE(tr.ok()) << tr.status();
+    std::map<std::string, std::string> params;
+    if (node == 0) params["nonfinite"] = "error";
+    ASSERT_TRUE(tr->Register(6, 1000, "topk", 0.01, params).ok());
+    tr->Fill(6, [&](size_t i) { return Value(node, t, 0, i); });
+    status[node * kTrainers + t] = tr->Exchange(6, 0, absl::Seconds(20)).status();
+  });
+  for (const absl::Status& s : status) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+    EXPECT_NE(s.message().find("bucket 6 runs nonfinite="), std::string::npos) << s;
   }
 }
 

@@ -331,6 +331,36 @@ class SparseExchangeTest(ClusterTestCase):
             self.assertAlmostEqual(b.last_rpc_stats.target_density, 0.05, places=6)
             self.assertAlmostEqual(b.last_rpc_stats.achieved_density, 0.05, places=3)
 
+    def test_per_bucket_nonfinite_policy(self):
+        """RegisterBucket's nonfinite parameter overrides spexd --nonfinite (propagate) for one
+        bucket: its NaN step fails naming the trainer, the other bucket's gives NaN, and the
+        next clean step works for both."""
+        cl = self.start_cluster(1, 1, "--dense_fallback=off", "--min_sparse_elements=0")
+        with spex.Client(cl.socket(0)) as c:
+            c.validate_compressor("topk", 0.01, {"nonfinite": "error"})
+            with self.assertRaisesRegex(spex.SpexValueError, "accepted values propagate, error"):
+                c.validate_compressor("topk", 0.01, {"nonfinite": "skip"})
+            x = np.random.default_rng(1).standard_normal(5000).astype(np.float32)
+            bad = x.copy()
+            bad[123] = np.nan
+            for mode in ("rpc", "doorbell"):
+                with self.subTest(mode=mode):
+                    base = 10 if mode == "rpc" else 20
+                    strict = c.register_bucket(base, 5000, compressor="topk", density=0.01,
+                                               params={"nonfinite": "error"})
+                    loose = c.register_bucket(base + 1, 5000, compressor="topk", density=0.01)
+                    with self.assertRaisesRegex(spex.SpexError,
+                                                "non-finite gradient from local trainer 0 .*index 123"):
+                        c.exchange(strict, bad, mode=mode)
+                    out = c.exchange(loose, bad, mode=mode)
+                    self.assertTrue(np.all(np.isnan(out)))
+                    # The failed step is consumed: the next exchange is step 1, and it works.
+                    for b in (strict, loose):
+                        self.assertEqual(b.next_step, 1)
+                        out = c.exchange(b, x, mode=mode)
+                        self.assertTrue(np.all(np.isfinite(out)))
+                        self.assertGreater(np.count_nonzero(out), 0)
+
     def test_validate_compressor_lists_accepted_names_and_registers_nothing(self):
         cl = self.start_cluster(1, 1)
         with spex.Client(cl.socket(0)) as c:

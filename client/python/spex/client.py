@@ -619,7 +619,15 @@ class Client:
         if mode == "rpc":
             step = bucket.next_step
             self.record_input(bucket, stream)
-            self.exchange_rpc(bucket, step)
+            try:
+                self.exchange_rpc(bucket, step)
+            except SpexError:
+                # A published step is consumed even when it failed (a non-finite step under
+                # nonfinite=error goes on with the next one); one never published (a timeout, a
+                # shutdown) is retried as the same step.
+                if _native.load32(bucket.header, L.BUCKET_PUBLISHED_OFFSET) == (step + 1) & 0xFFFFFFFF:
+                    bucket.next_step = step + 1
+                raise
             bucket.next_step = step + 1
             self.wait_output(bucket, stream)
         else:
@@ -696,6 +704,7 @@ class Client:
             self._probe(f"waiting for bucket {bucket.id} step {step}")
         status = _native.load32(bucket.header, L.BUCKET_STATUS_OFFSET)
         if status != 0:
+            bucket.next_step = step + 1  # published, with an error: the next exchange is the next step
             self.exchange_rpc(bucket, step)  # raises the daemon's message for this step
             raise SpexError(f"bucket {bucket.id} step {step}: the daemon published error status {status} but "
                             f"the Exchange RPC reported success")
