@@ -71,6 +71,9 @@ absl::StatusOr<DaemonConfig> LoadConfig() {
   e.max_buckets_per_session = absl::GetFlag(FLAGS_max_buckets_per_session);
   e.fp16_values = absl::GetFlag(FLAGS_fp16_values);
   e.sparse_allreduce = absl::GetFlag(FLAGS_sparse_allreduce);
+  e.oktopk_global = absl::GetFlag(FLAGS_oktopk_global);
+  e.oktopk_recompute_every = absl::GetFlag(FLAGS_oktopk_recompute_every);
+  e.oktopk_rebalance_every = absl::GetFlag(FLAGS_oktopk_rebalance_every);
   e.residual_norm_every = absl::GetFlag(FLAGS_residual_norm_every);
   e.merger = absl::GetFlag(FLAGS_merger);
   if (absl::Status s = ValidateEngineOptions(e); !s.ok()) errors.emplace_back(s.message());

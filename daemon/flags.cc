@@ -62,8 +62,18 @@ ABSL_FLAG(spex::SparseAllreduce, sparse_allreduce, spex::SparseAllreduce::kAllGa
           "How pattern-B buckets (topk, gtopk, randomk, dgc, gaussiank, redsync, redsync_trim, "
           "sidco_*, sage) sum their selections: allgather (every node receives every node's "
           "selection) or oktopk (a sparse reduce-scatter by index region, then an all-gather of "
-          "the reduced entries; the same result; host memory only; other sparse compressors are "
-          "refused). auto is not implemented yet.");
+          "the reduced entries; host memory only; other sparse compressors are refused; see "
+          "--oktopk_global). auto is not implemented yet.");
+ABSL_FLAG(spex::OkTopkSelect, oktopk_global, spex::OkTopkSelect::kTopk,
+          "With --sparse_allreduce=oktopk: topk (keep about density x elements of the summed "
+          "entries; what a node selected and was not kept stays in its residual; about 2k pairs "
+          "received per node) or all (keep every summed entry: the allgather result bit for bit).");
+ABSL_FLAG(int, oktopk_recompute_every, 32,
+          "With --oktopk_global=topk: the exact global top-k every this many exchanges, a "
+          "threshold in between (>= 1).");
+ABSL_FLAG(int, oktopk_rebalance_every, 64,
+          "With --sparse_allreduce=oktopk: the index regions are re-agreed from the selections "
+          "every this many exchanges (0: never, equal regions).");
 ABSL_FLAG(int, residual_norm_every, 10,
           "Compute the residual norm for stats every this many steps (0: never).");
 ABSL_FLAG(spex::MergerPolicy, merger, spex::MergerPolicy::kNone,

@@ -133,7 +133,7 @@ absl::Status RunControlRound(Collective* coll, const ExchangeKey& key, Control* 
     return absl::FailedPreconditionError(absl::StrCat(
         "this node runs --sparse_allreduce=", key.sparse_allreduce,
         " but another node runs another exchange; start every spexd of the job with the same "
-        "--sparse_allreduce"));
+        "--sparse_allreduce (and --oktopk_* flags)"));
   }
   c->density_key = v[kDensityKey];
   c->sparse_us = v[kSparseUs];

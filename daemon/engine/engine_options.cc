@@ -64,6 +64,22 @@ bool AbslParseFlag(absl::string_view text, SparseAllreduce* out, std::string* er
   return false;
 }
 
+bool AbslParseFlag(absl::string_view text, OkTopkSelect* out, std::string* error) {
+  if (text == "topk") {
+    *out = OkTopkSelect::kTopk;
+    return true;
+  }
+  if (text == "all") {
+    *out = OkTopkSelect::kAll;
+    return true;
+  }
+  *error = absl::StrCat("'", text.substr(0, 64),
+                        "' is not an Ok-Topk global selection; accepted: topk, all");
+  return false;
+}
+
+std::string AbslUnparseFlag(OkTopkSelect v) { return v == OkTopkSelect::kTopk ? "topk" : "all"; }
+
 std::string AbslUnparseFlag(SparseAllreduce v) {
   return v == SparseAllreduce::kOkTopk ? "oktopk" : "allgather";
 }
@@ -115,6 +131,14 @@ absl::Status ValidateEngineOptions(const EngineOptions& o) {
   if (o.residual_norm_every < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("--residual_norm_every must be >= 0, got ", o.residual_norm_every));
+  }
+  if (o.oktopk_recompute_every < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--oktopk_recompute_every must be >= 1, got ",
+                                                   o.oktopk_recompute_every));
+  }
+  if (o.oktopk_rebalance_every < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--oktopk_rebalance_every must be >= 0 (0: never), got ", o.oktopk_rebalance_every));
   }
   if (!o.compressor_factory) {
     if (absl::Status s = ValidateCompressor(o.compressor, o.density, {}); !s.ok()) {

@@ -48,6 +48,16 @@ enum class SparseAllreduce { kAllGather, kOkTopk };
 bool AbslParseFlag(absl::string_view text, SparseAllreduce* out, std::string* error);
 std::string AbslUnparseFlag(SparseAllreduce v);
 
+// --oktopk_global: Ok-Topk's global selection (with --sparse_allreduce=oktopk). kTopk (default):
+// about k = max(1, floor(density x elements)) of the summed entries are kept (exactly the k
+// largest |sum| every --oktopk_recompute_every exchanges, a threshold in between), the entries a
+// node selected that were not kept stay in its residual: a node receives about 2k(P-1)/P pairs.
+// kAll: every summed entry is kept, the result is the all-gather exchange's bit for bit (a check
+// mode; it receives more than the all-gather).
+enum class OkTopkSelect { kTopk, kAll };
+bool AbslParseFlag(absl::string_view text, OkTopkSelect* out, std::string* error);
+std::string AbslUnparseFlag(OkTopkSelect v);
+
 // Builds a bucket's compressor on the bucket's primitives (device primitives on the device
 // path). A null result means the bucket exchanges dense. Empty = MakeCompressor (the library).
 using CompressorFactory = std::function<absl::StatusOr<std::unique_ptr<Compressor>>(
@@ -69,6 +79,9 @@ struct EngineOptions {
   int probe_steps = 3;       // kAuto: sparse and dense steps each measured
   bool fp16_values = false;  // pattern B values as float16 on the wire
   SparseAllreduce sparse_allreduce = SparseAllreduce::kAllGather;  // pattern B's exchange
+  OkTopkSelect oktopk_global = OkTopkSelect::kTopk;  // --oktopk_global
+  int oktopk_recompute_every = 32;  // exact global top-k every this many exchanges (tau_g)
+  int oktopk_rebalance_every = 64;  // regions re-agreed every this many exchanges (tau_r); 0 never
   int residual_norm_every = 10;               // steps between residual-norm computations (0: never)
   MergerPolicy merger = MergerPolicy::kNone;  // which ready buckets share one exchange
   // --nonfinite: what a step does where a trainer handed in a NaN/+-Inf (every bucket alike).

@@ -3,6 +3,7 @@
 // device path the compressor selects from the device's acc (copying back only its selection)
 // and the exchange reads acc at the union and adds into the output on the device (uploading
 // indices and values through the bucket's scratch slots): no whole-bucket copy.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -43,7 +44,10 @@ void SparseStepOne(const StepEnv& env, StepItem& item, const Lap& lap) {
   const Pattern pattern = c.pattern();
   Selection& sel = st.sel;
   if (s.ok() && item.density != c.density()) keep(c.SetDensity(item.density));
-  if (s.ok()) keep(c.Select(step, b.acc, /*add=*/nullptr, pattern == Pattern::kSparseGather, &sel));
+  // Pattern B zeroes the residual at the selection as it selects; through Ok-Topk only what the
+  // global selection kept is zeroed, after the exchange (the rest stays in the residual).
+  const bool zero_selected = pattern == Pattern::kSparseGather && !st.oktopk;
+  if (s.ok()) keep(c.Select(step, b.acc, /*add=*/nullptr, zero_selected, &sel));
   if (!s.ok()) {  // contribute nothing; the step fails everywhere at the commit vote
     sel.idx.clear();
     sel.val.clear();
@@ -70,11 +74,18 @@ void SparseStepOne(const StepEnv& env, StepItem& item, const Lap& lap) {
   if (pattern == Pattern::kIndexUnion) {
     x = ExchangeIndexUnion(env.coll, env.host_prims, args, sel.idx, b.acc, b.output, &res, dev);
   } else if (st.oktopk) {
-    // Host memory only (registration refuses device buckets); equal static regions. Update then
-    // gets Gathered::reduced (counts and the sorted union written), which no compressor of
-    // OkTopkCompressorNames reads; the stats' gathered elements are that union.
-    x = ExchangeOkTopk(env.coll, env.host_prims, args, /*bounds=*/{}, sel.idx, sel.val, b.output,
-                       &res);
+    // Host memory only (registration refuses device buckets). Update then gets
+    // Gathered::reduced (counts and the sorted kept indices), which no compressor of
+    // OkTopkCompressorNames reads; the stats' gathered elements are the kept entries.
+    OkTopkOptions o = st.oktopk_options;
+    o.k = std::max<uint64_t>(1, static_cast<uint64_t>(item.density * static_cast<double>(n)));
+    OkTopkResult ok;
+    x = ExchangeOkTopk(env.coll, env.host_prims, args, o, &st.oktopk_state, sel.idx, sel.val,
+                       b.output, &ok);
+    // Error feedback: the residual is zeroed where this node's selection was kept globally
+    // (with global "all", its whole selection); the rest of what it sent stays.
+    if (x.ok() && s.ok()) x = env.prims->ZeroAt(b.acc, n, ok.my_kept.data(), ok.my_kept.size());
+    res = std::move(ok);
   } else {
     x = ExchangeSparseGather(env.coll, env.host_prims, args, sel.idx, sel.val, b.output, &res, dev);
   }

@@ -18,6 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "daemon/engine/exchange_record.h"
+#include "daemon/engine/oktopk_exchange.h"
 #include "daemon/memory/layout.h"
 #include "daemon/transport/collective.h"
 #include "kernels/compressor.h"
@@ -57,6 +58,8 @@ struct SparseState {
   std::vector<uint32_t> touched;  // output positions the last sparse step wrote
   bool output_dense = true;       // the output holds a dense result: zero it fully first
   bool oktopk = false;            // pattern B through ExchangeOkTopk (--sparse_allreduce=oktopk)
+  OkTopkOptions oktopk_options;   // identical on every node; k is set per step from the density
+  OkTopkState oktopk_state;       // threshold, regions, exchange count (identical on every node)
   double last_residual_norm = 0;
   uint64_t last_residual_norm_step = 0;
 };

@@ -5,6 +5,7 @@
 // stay the same too); fp16 values as well. And the refusals: the flag's spellings ('auto' is not
 // implemented), a compressor that cannot use it (at Start for --compressor, at registration for
 // a bucket's own), device buckets, nodes disagreeing on the flag.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -53,7 +54,9 @@ struct RunResult {
 };
 
 RunResult RunCluster(const std::string& compressor, int N, int L, size_t n, int steps,
-                     double density, SparseAllreduce mode, bool fp16) {
+                     double density, SparseAllreduce mode, bool fp16,
+                     OkTopkSelect global = OkTopkSelect::kAll, int recompute_every = 32,
+                     int rebalance_every = 64) {
   EngineClusterOptions o;
   o.nodes = N;
   o.trainers = L;
@@ -64,6 +67,9 @@ RunResult RunCluster(const std::string& compressor, int N, int L, size_t n, int 
   o.engine.residual_norm_every = 1;
   o.engine.fp16_values = fp16;
   o.engine.sparse_allreduce = mode;
+  o.engine.oktopk_global = global;
+  o.engine.oktopk_recompute_every = recompute_every;
+  o.engine.oktopk_rebalance_every = rebalance_every;
   o.engine.compressor = compressor;
   RunResult run;
   run.out.assign(steps * N * L, {});
@@ -163,6 +169,141 @@ std::vector<Case> Cases() {
 
 INSTANTIATE_TEST_SUITE_P(OkTopkCompressors, OkTopkEngineTest, ::testing::ValuesIn(Cases()),
                          CaseName);
+
+// --oktopk_global=topk (Ok-Topk proper) against a model of the algorithm: with an exact global
+// selection every exchange (--oktopk_recompute_every=1), each node selects its local top-k of
+// residual + local sum, the selections are summed (scaled, in node order), the k largest |sum|
+// are kept (k = floor(density x n)), every trainer gets them, and each node's residual keeps
+// what it selected that was not kept. Regions are re-agreed every 2 exchanges. Float sums may
+// differ from the model's in the last bit (the local reduce's order), so values are compared to
+// 1e-5 and the kept set exactly (no near-ties in these inputs at the k-th magnitude).
+TEST(OkTopkGlobalTopk, MatchesTheAlgorithmsModelStepAfterStep) {
+  const int N = 4, L = 2, steps = 6;
+  const size_t n = 20011;
+  const double density = 0.01;
+  const size_t k = static_cast<size_t>(std::floor(density * n));
+  const RunResult got = RunCluster("topk", N, L, n, steps, density, SparseAllreduce::kOkTopk,
+                                   false, OkTopkSelect::kTopk, /*recompute_every=*/1,
+                                   /*rebalance_every=*/2);
+  for (int i = 0; i < N * L; ++i) ASSERT_EQ(got.errors[i], "") << "node " << i / L;
+  std::vector<std::vector<float>> res(N, std::vector<float>(n, 0.0f));
+  const float scale = 1.0f / (N * L);
+  size_t dropped_total = 0;
+  for (int s = 0; s < steps; ++s) {
+    SCOPED_TRACE(absl::StrCat("step ", s));
+    std::vector<std::vector<float>> acc(N, std::vector<float>(n));
+    std::vector<std::vector<uint32_t>> sel(N);
+    std::vector<float> sum(n, 0.0f);
+    std::vector<char> touched(n, 0);
+    for (int r = 0; r < N; ++r) {
+      for (size_t i = 0; i < n; ++i) {
+        float x = 0;
+        for (int t = 0; t < L; ++t) x += Value(r, t, s, i);
+        acc[r][i] = res[r][i] + x;
+      }
+      std::vector<uint32_t> idx(n);
+      for (size_t i = 0; i < n; ++i) idx[i] = static_cast<uint32_t>(i);
+      std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](uint32_t a, uint32_t b) {
+        const float fa = std::fabs(acc[r][a]), fb = std::fabs(acc[r][b]);
+        return fa != fb ? fa > fb : a < b;
+      });
+      sel[r].assign(idx.begin(), idx.begin() + k);
+    }
+    for (int r = 0; r < N; ++r) {
+      for (uint32_t j : sel[r]) {
+        sum[j] += acc[r][j] * scale;
+        touched[j] = 1;
+      }
+    }
+    std::vector<uint32_t> cand;
+    for (size_t j = 0; j < n; ++j) {
+      if (touched[j]) cand.push_back(static_cast<uint32_t>(j));
+    }
+    ASSERT_GT(cand.size(), k) << "the nodes' selections coincide: the global top-k keeps all";
+    std::partial_sort(cand.begin(), cand.begin() + k, cand.end(), [&](uint32_t a, uint32_t b) {
+      const float fa = std::fabs(sum[a]), fb = std::fabs(sum[b]);
+      return fa != fb ? fa > fb : a < b;
+    });
+    std::vector<char> kept(n, 0);
+    for (size_t q = 0; q < k; ++q) kept[cand[q]] = 1;
+    for (int r = 0; r < N; ++r) {
+      for (int t = 0; t < L; ++t) {
+        SCOPED_TRACE(absl::StrCat("node ", r, " trainer ", t));
+        const std::vector<float>& out = got.out[(s * N + r) * L + t];
+        ASSERT_EQ(out.size(), n);
+        size_t wrong_support = 0, wrong_value = 0;
+        for (size_t j = 0; j < n; ++j) {
+          if (kept[j] != (out[j] != 0.0f)) ++wrong_support;
+          if (kept[j] && std::fabs(out[j] - sum[j]) > 1e-5f * std::fabs(sum[j])) ++wrong_value;
+        }
+        EXPECT_EQ(wrong_support, 0u) << "positions kept differ from the model's global top-" << k;
+        EXPECT_EQ(wrong_value, 0u);
+      }
+    }
+    // Error feedback: zero where the node's selection was kept, everything else stays.
+    for (int r = 0; r < N; ++r) {
+      res[r] = acc[r];
+      for (uint32_t j : sel[r]) {
+        if (kept[j]) {
+          res[r][j] = 0.0f;
+        } else {
+          ++dropped_total;
+        }
+      }
+      double norm = 0;
+      for (float v : res[r]) norm += static_cast<double>(v) * v;
+      norm = std::sqrt(norm);
+      const ExchangeRecord& rec = got.rec[s * N + r];
+      EXPECT_NEAR(rec.residual_norm, norm, 1e-4 * norm) << "node " << r;
+      EXPECT_EQ(rec.selected_elements, k);
+      EXPECT_EQ(rec.gathered_elements, k) << "node " << r << ": the kept entries";
+    }
+  }
+  EXPECT_GT(dropped_total, 0u) << "no selected entry was ever dropped: the residual path is untested";
+}
+
+// The threshold steps (--oktopk_recompute_every=32: exact at exchange 0, then the threshold): every
+// trainer of every node gets the same output, the first step keeps exactly k, and later steps
+// keep a number near k (the threshold's band is [2k/3, 4k/3], approached by 0.8% per step).
+TEST(OkTopkGlobalTopk, ThresholdStepsAgreeOnEveryNode) {
+  const int N = 3, L = 1, steps = 8;
+  const size_t n = 20011;
+  const double density = 0.01;
+  const size_t k = static_cast<size_t>(std::floor(density * n));
+  const RunResult got = RunCluster("dgc", N, L, n, steps, density, SparseAllreduce::kOkTopk,
+                                   false, OkTopkSelect::kTopk, 32, 64);
+  for (int i = 0; i < N * L; ++i) ASSERT_EQ(got.errors[i], "") << "node " << i / L;
+  for (int s = 0; s < steps; ++s) {
+    const std::vector<float>& first = got.out[s * N * L];
+    size_t nonzero = 0;
+    for (float v : first) nonzero += v != 0.0f;
+    if (s == 0) {
+      EXPECT_EQ(nonzero, k);
+    } else {
+      EXPECT_GT(nonzero, k / 3) << "step " << s;
+      EXPECT_LT(nonzero, 3 * k) << "step " << s;
+    }
+    for (int j = 1; j < N * L; ++j) {
+      EXPECT_EQ(std::memcmp(got.out[s * N * L + j].data(), first.data(), n * sizeof(float)), 0)
+          << "step " << s << ": node " << j / L << " differs from node 0";
+    }
+  }
+}
+
+TEST(OkTopkGlobalTopk, FlagSpellings) {
+  OkTopkSelect v = OkTopkSelect::kAll;
+  std::string error;
+  EXPECT_TRUE(AbslParseFlag("topk", &v, &error));
+  EXPECT_EQ(v, OkTopkSelect::kTopk);
+  EXPECT_TRUE(AbslParseFlag("all", &v, &error));
+  EXPECT_EQ(v, OkTopkSelect::kAll);
+  EXPECT_FALSE(AbslParseFlag("some", &v, &error));
+  EXPECT_NE(error.find("accepted: topk, all"), std::string::npos) << error;
+  EngineOptions o;
+  o.oktopk_recompute_every = 0;
+  EXPECT_NE(ValidateEngineOptions(o).message().find("--oktopk_recompute_every must be >= 1"),
+            std::string::npos);
+}
 
 const char kCanUse[] =
     "dgc, gaussiank, gtopk, randomk, redsync, redsync_trim, sage, sidco_e, sidco_gp, sidco_p, "
