@@ -124,13 +124,15 @@ absl::Status BucketTable::BuildCompressor(EngineBucket* b, double density) {
                                                       : MakeCompressor(spec, prims_);
   if (!c.ok()) return c.status();
   if (*c == nullptr || (*c)->pattern() == Pattern::kDense) return absl::OkStatus();
-  if (absl::Status s = CheckSparseAllreduce(*options_, b->compressor, b->mem.view.on_device);
+  if (absl::Status s =
+          CheckSparseAllreduce(b->policy.sparse_allreduce, b->policy.sparse_allreduce_param,
+                               b->compressor, b->mem.view.on_device);
       !s.ok()) {
     return s;
   }
   b->ex.sparse = std::make_unique<SparseState>();
   b->ex.sparse->compressor = std::move(*c);
-  b->ex.sparse->oktopk = options_->sparse_allreduce == SparseAllreduce::kOkTopk;
+  b->ex.sparse->oktopk = b->policy.sparse_allreduce == SparseAllreduce::kOkTopk;
   OkTopkOptions& ok = b->ex.sparse->oktopk_options;
   ok.global = options_->oktopk_global == OkTopkSelect::kAll ? OkTopkGlobal::kAll : OkTopkGlobal::kTopk;
   ok.recompute_every = static_cast<uint32_t>(options_->oktopk_recompute_every);

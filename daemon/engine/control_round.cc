@@ -131,9 +131,10 @@ absl::Status RunControlRound(Collective* coll, const ExchangeKey& key, Control* 
   }
   if (v[kSparseAllreduce] != ~v[kNotSparseAllreduce]) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "this node runs --sparse_allreduce=", key.sparse_allreduce,
+        "bucket ", key.bucket_id, ": this node runs --sparse_allreduce=", key.sparse_allreduce,
         " but another node runs another exchange; start every spexd of the job with the same "
-        "--sparse_allreduce (and --oktopk_* flags)"));
+        "--sparse_allreduce (and --oktopk_* flags), and register the bucket with the same "
+        "sparse_allreduce parameter (if any) on every node"));
   }
   c->density_key = v[kDensityKey];
   c->sparse_us = v[kSparseUs];

@@ -53,13 +53,11 @@ Engine::Engine(EngineOptions options, Collective* collective, Primitives* prims,
   env_.error_feedback = options_.error_feedback;
   env_.fp16_values = options_.fp16_values;
   env_.residual_norm_every = options_.residual_norm_every;
-  // The pattern-B exchange as the control round compares it across nodes: with Ok-Topk, its
-  // global selection and schedule too.
-  exchange_key_ = options_.sparse_allreduce != SparseAllreduce::kOkTopk
-                      ? "allgather"
-                      : absl::StrCat("oktopk --oktopk_global=", AbslUnparseFlag(options_.oktopk_global),
-                                     " --oktopk_recompute_every=", options_.oktopk_recompute_every,
-                                     " --oktopk_rebalance_every=", options_.oktopk_rebalance_every);
+  // Ok-Topk as the control round compares a bucket's exchange across nodes: with its global
+  // selection and schedule.
+  oktopk_key_ = absl::StrCat("oktopk --oktopk_global=", AbslUnparseFlag(options_.oktopk_global),
+                             " --oktopk_recompute_every=", options_.oktopk_recompute_every,
+                             " --oktopk_rebalance_every=", options_.oktopk_rebalance_every);
 }
 
 Engine::~Engine() {
@@ -265,7 +263,9 @@ void Engine::Process(const std::vector<EngineBucket*>& group) {
   }
   const absl::string_view policy =
       b->policy.nonfinite == NonfinitePolicy::kError ? "error" : "propagate";
-  const absl::string_view exchange = exchange_key_;
+  const absl::string_view exchange = b->policy.sparse_allreduce == SparseAllreduce::kOkTopk
+                                         ? absl::string_view(oktopk_key_)
+                                         : absl::string_view("allgather");
   absl::Status status = RunControlRound(
       collective_, {b->id, step, b->elements, b->compressor, policy, exchange}, &control);
   if (status.ok() && control.dead_trainer != 0) {

@@ -138,7 +138,7 @@ class Engine {
   void WakeEverybody();
 
   const EngineOptions options_;
-  std::string exchange_key_;  // the control round's pattern-B exchange (constructor)
+  std::string oktopk_key_;  // the control round's name of Ok-Topk with its flags (constructor)
   Collective* const collective_;
   Primitives* const prims_;  // the buckets' data (device memory on the device path)
   const DevicePath device_;

@@ -86,18 +86,26 @@ std::string AbslUnparseFlag(SparseAllreduce v) {
 
 absl::Status CheckSparseAllreduce(const EngineOptions& o, const std::string& compressor,
                                   bool on_device) {
-  if (o.sparse_allreduce != SparseAllreduce::kOkTopk) return absl::OkStatus();
+  return CheckSparseAllreduce(o.sparse_allreduce, /*from_param=*/false, compressor, on_device);
+}
+
+absl::Status CheckSparseAllreduce(SparseAllreduce mode, bool from_param,
+                                  const std::string& compressor, bool on_device) {
+  if (mode != SparseAllreduce::kOkTopk) return absl::OkStatus();
+  const absl::string_view what = from_param ? "the bucket parameter sparse_allreduce=oktopk"
+                                            : "--sparse_allreduce=oktopk";
+  const absl::string_view instead =
+      from_param ? "sparse_allreduce=allgather" : "--sparse_allreduce=allgather";
   if (on_device) {
-    return absl::UnimplementedError(
-        "--sparse_allreduce=oktopk runs on host memory only (--device=cpu); device buckets "
-        "need --sparse_allreduce=allgather");
+    return absl::UnimplementedError(absl::StrCat(
+        what, " runs on host memory only (--device=cpu); device buckets need ", instead));
   }
   if (CompressorCanUseOkTopk(compressor)) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(
-      "compressor ", compressor,
-      " cannot use --sparse_allreduce=oktopk (it sums (index, value) "
-      "selections of pattern-B compressors only); the compressors that can: ",
-      absl::StrJoin(OkTopkCompressorNames(), ", "), "; or use --sparse_allreduce=allgather"));
+      "compressor ", compressor, " cannot use ", what,
+      " (it sums (index, value) selections of pattern-B compressors only); the compressors that "
+      "can: ",
+      absl::StrJoin(OkTopkCompressorNames(), ", "), "; or use ", instead));
 }
 
 uint64_t DefaultMemoryLimit() {
@@ -160,17 +168,27 @@ absl::Status SplitBucketParams(const EngineOptions& o,
                                std::map<std::string, std::string>* compressor_params,
                                BucketPolicy* policy) {
   policy->nonfinite = o.nonfinite;
+  policy->sparse_allreduce = o.sparse_allreduce;
+  policy->sparse_allreduce_param = false;
   compressor_params->clear();
   for (const auto& [key, value] : params) {
-    if (key != kBucketParamNonfinite) {
-      compressor_params->emplace(key, value);
-      continue;
-    }
     std::string error;
-    if (!AbslParseFlag(value, &policy->nonfinite, &error)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "parameter ", kBucketParamNonfinite, "=", QuotePrefix(value),
-          ": accepted values propagate, error (it overrides spexd --nonfinite for this bucket)"));
+    if (key == kBucketParamNonfinite) {
+      if (!AbslParseFlag(value, &policy->nonfinite, &error)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "parameter ", kBucketParamNonfinite, "=", QuotePrefix(value),
+            ": accepted values propagate, error (it overrides spexd --nonfinite for this bucket)"));
+      }
+    } else if (key == kBucketParamSparseAllreduce) {
+      if (!AbslParseFlag(value, &policy->sparse_allreduce, &error)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("parameter ", kBucketParamSparseAllreduce, "=", QuotePrefix(value),
+                         ": accepted values allgather, oktopk (it overrides spexd "
+                         "--sparse_allreduce for this bucket)"));
+      }
+      policy->sparse_allreduce_param = true;
+    } else {
+      compressor_params->emplace(key, value);
     }
   }
   return absl::OkStatus();

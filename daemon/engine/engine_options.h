@@ -130,13 +130,25 @@ absl::Status ValidateEngineOptions(const EngineOptions& o);
 // the compressors that can, or Unimplemented for a device bucket.
 absl::Status CheckSparseAllreduce(const EngineOptions& o, const std::string& compressor,
                                   bool on_device);
+// The same for one bucket's choice (`from_param`: its sparse_allreduce parameter set it).
+absl::Status CheckSparseAllreduce(SparseAllreduce mode, bool from_param,
+                                  const std::string& compressor, bool on_device);
 
 // Per-bucket engine options a trainer may set among RegisterBucket's compressor parameters; they
 // override the daemon's flag for that bucket and are not handed to the compressor.
-//   nonfinite = propagate | error    (spexd --nonfinite)
+//   nonfinite = propagate | error              (spexd --nonfinite)
+//   sparse_allreduce = allgather | oktopk      (spexd --sparse_allreduce; oktopk with the
+//                                              daemon's --oktopk_* flags)
 inline constexpr char kBucketParamNonfinite[] = "nonfinite";
+inline constexpr char kBucketParamSparseAllreduce[] = "sparse_allreduce";
 struct BucketPolicy {
   NonfinitePolicy nonfinite = NonfinitePolicy::kPropagate;
+  SparseAllreduce sparse_allreduce = SparseAllreduce::kAllGather;
+  bool sparse_allreduce_param = false;  // set by the bucket's parameter (else the flag's)
+  bool operator==(const BucketPolicy& o) const {
+    return nonfinite == o.nonfinite && sparse_allreduce == o.sparse_allreduce;
+  }
+  bool operator!=(const BucketPolicy& o) const { return !(*this == o); }
 };
 
 // Splits a request's parameters into the compressor's (`compressor_params`) and the bucket's

@@ -131,11 +131,13 @@ absl::StatusOr<BucketGrant> Engine::RegisterBucket(
         "bucket ", bucket_id, " is registered with compressor ", b->compressor, " at density ",
         b->out.density, "; this request asks for ", compressor, " at ", density));
   }
-  if (!params.empty() && (cparams != b->params || policy.nonfinite != b->policy.nonfinite)) {
+  if (!params.empty() && (cparams != b->params || policy != b->policy)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "bucket ", bucket_id, " is registered with other parameters than this request's (",
-        kBucketParamNonfinite, "=", AbslUnparseFlag(b->policy.nonfinite), " there, ",
-        AbslUnparseFlag(policy.nonfinite),
+        kBucketParamNonfinite, "=", AbslUnparseFlag(b->policy.nonfinite), " ",
+        kBucketParamSparseAllreduce, "=", AbslUnparseFlag(b->policy.sparse_allreduce), " there, ",
+        kBucketParamNonfinite, "=", AbslUnparseFlag(policy.nonfinite), " ",
+        kBucketParamSparseAllreduce, "=", AbslUnparseFlag(policy.sparse_allreduce),
         " here, or a compressor parameter): every trainer must register a bucket alike"));
   }
   if (b->mem.shm->unlinked() && !(b->out.registered_mask & bit)) {

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <string>
 #include <thread>
 #include <vector>
@@ -287,6 +288,105 @@ TEST(OkTopkGlobalTopk, ThresholdStepsAgreeOnEveryNode) {
       EXPECT_EQ(std::memcmp(got.out[s * N * L + j].data(), first.data(), n * sizeof(float)), 0)
           << "step " << s << ": node " << j / L << " differs from node 0";
     }
+  }
+}
+
+// Per bucket: the sparse_allreduce parameter at registration overrides the daemon's flag. Two
+// buckets with the same inputs on 3 nodes, one through Ok-Topk (global "all": the all-gather's
+// result) and one through the all-gather: the same outputs bit for bit, different messages.
+TEST(OkTopkPerBucket, TheParameterOverridesTheFlag) {
+  const int N = 3;
+  const size_t n = 20011;
+  EngineClusterOptions o;
+  o.nodes = N;
+  o.cpu_primitives = true;
+  o.engine.shm_tag = "oktopkpb";
+  o.engine.dense_fallback = DenseFallback::kOff;
+  o.engine.min_sparse_elements = 0;
+  o.engine.sparse_allreduce = SparseAllreduce::kAllGather;
+  o.engine.oktopk_global = OkTopkSelect::kAll;
+  EngineCluster cluster(o);
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status();
+  std::vector<std::vector<float>> out(2 * N);
+  std::vector<ExchangeRecord> rec(2 * N);
+  std::vector<std::string> errors(N);
+  cluster.ForEachTrainer([&](int r, int t) {
+    auto tr = Trainer::Open(&cluster.engine(r), t, 1);
+    if (!tr.ok()) return void(errors[r] = tr.status().ToString());
+    for (uint64_t id : {3, 4}) {
+      std::map<std::string, std::string> params;
+      if (id == 3) params["sparse_allreduce"] = "oktopk";
+      auto g = tr->Register(id, n, "topk", 0.01, params);
+      if (!g.ok()) return void(errors[r] = g.status().ToString());
+    }
+    for (int s = 0; s < 3; ++s) {
+      for (uint64_t id : {3, 4}) {
+        tr->Fill(id, [&](size_t i) { return Value(r, 0, s, i); });
+        auto x = tr->Exchange(id, s, absl::Seconds(30));
+        if (!x.ok()) return void(errors[r] = x.status().ToString());
+        out[r * 2 + (id - 3)].assign(tr->output(id), tr->output(id) + n);
+        rec[r * 2 + (id - 3)] = *x;
+      }
+    }
+  });
+  for (int r = 0; r < N; ++r) {
+    ASSERT_EQ(errors[r], "") << "node " << r;
+    EXPECT_EQ(std::memcmp(out[r * 2].data(), out[r * 2 + 1].data(), n * sizeof(float)), 0)
+        << "node " << r << ": the Ok-Topk bucket's output differs from the all-gather one's";
+    // The all-gather bucket gathers every node's selection; the Ok-Topk one writes their union.
+    EXPECT_LT(rec[r * 2].gathered_elements, rec[r * 2 + 1].gathered_elements) << "node " << r;
+    EXPECT_NE(rec[r * 2].bytes_received, rec[r * 2 + 1].bytes_received) << "node " << r;
+  }
+}
+
+TEST(OkTopkPerBucket, RefusalsNameTheParameter) {
+  EngineClusterOptions o;
+  o.nodes = 1;
+  o.engine.shm_tag = "oktopkpr";
+  o.engine.min_sparse_elements = 0;
+  EngineCluster cluster(o);
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status();
+  auto tr = Trainer::Open(&cluster.engine(0), 0, 1);
+  ASSERT_TRUE(tr.ok()) << tr.status();
+  auto bad = tr->Register(1, 5000, "micro", 0.01, {{"sparse_allreduce", "oktopk"}});
+  ASSERT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << bad.status();
+  EXPECT_NE(bad.status().message().find(
+                "compressor micro cannot use the bucket parameter sparse_allreduce=oktopk"),
+            std::string::npos)
+      << bad.status();
+  auto spelled = tr->Register(2, 5000, "topk", 0.01, {{"sparse_allreduce", "auto"}});
+  ASSERT_EQ(spelled.status().code(), absl::StatusCode::kInvalidArgument) << spelled.status();
+  EXPECT_NE(spelled.status().message().find("accepted values allgather, oktopk"),
+            std::string::npos)
+      << spelled.status();
+  EXPECT_TRUE(tr->Register(3, 5000, "topk", 0.01, {{"sparse_allreduce", "oktopk"}}).ok());
+  EXPECT_TRUE(tr->Register(4, 5000, "micro", 0.01, {{"sparse_allreduce", "allgather"}}).ok());
+}
+
+// Node 0 registers the bucket through Ok-Topk, node 1 through the all-gather: the control round
+// refuses the exchange on both, naming the bucket, before any mismatched collective.
+TEST(OkTopkPerBucket, NodesMustAgree) {
+  EngineClusterOptions o;
+  o.nodes = 2;
+  o.engine.shm_tag = "oktopkpn";
+  o.engine.dense_fallback = DenseFallback::kOff;
+  o.engine.min_sparse_elements = 0;
+  EngineCluster cluster(o);
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status();
+  std::vector<absl::Status> status(2);
+  cluster.ForEachTrainer([&](int r, int t) {
+    auto tr = Trainer::Open(&cluster.engine(r), t, 1);
+    ASSERT_TRUE(tr.ok()) << tr.status();
+    std::map<std::string, std::string> params;
+    if (r == 0) params["sparse_allreduce"] = "oktopk";
+    ASSERT_TRUE(tr->Register(5, 5000, "topk", 0.01, params).ok());
+    tr->Fill(5, [&](size_t i) { return Value(r, 0, 0, i); });
+    status[r] = tr->Exchange(5, 0, absl::Seconds(30)).status();
+  });
+  for (const absl::Status& s : status) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+    EXPECT_NE(s.message().find("bucket 5: this node runs --sparse_allreduce="), std::string::npos)
+        << s;
   }
 }
 
