@@ -71,8 +71,11 @@ const char* const kKeys[] = {"seed",           "threshold_control",
                              "threshold",      "sample_ratio",
                              "units_per_node", "stages",
                              "trim",           "refine",
+                             "nonfinite",      "sparse_allreduce",
                              "bogus"};
-const char* const kValues[] = {"0", "1", "7", "-1", "1e-3", "nan", "true", "band", "", "99999"};
+const char* const kValues[] = {"0",     "1",         "7",      "-1",        "1e-3",
+                               "nan",   "true",      "band",   "",          "99999",
+                               "error", "propagate", "oktopk", "allgather"};
 
 template <size_t N>
 std::string Pick(FuzzedDataProvider& in, const char* const (&list)[N]) {
