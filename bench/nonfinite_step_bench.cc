@@ -3,10 +3,13 @@
 // residual update) on --n floats from --trainers local trainers, the way the engine runs it
 // now (ReduceLocalChecked before the control round: residual + inputs into the second
 // accumulator with the fused finite check, then the swap) against the way it ran before and the
-// device path still runs it (the in-step LocalReduce, in place, unchecked). Both paths run in one
-// process on the same inputs, interleaved rep by rep (the order alternating), each with its own
-// bucket state; their outputs and residuals are compared bit for bit after every rep. With one
-// node the step has no network time, so the ratio is the check's largest relative cost.
+// device path still runs it (the in-step LocalReduce, in place, unchecked), and against the
+// engine's path with the check turned off (the same reduce into acc_next, unchecked: what the
+// check itself costs). The three paths run in one process on the same inputs, interleaved rep by
+// rep (the order rotating), each with its own bucket state; their outputs and residuals are
+// compared bit for bit after every rep. With one node the step has no network time, so the
+// ratios are the check's largest relative cost. --json writes every step's times and ratios
+// (bench/nonfinite_step_bench.py runs it pinned and plots them).
 //
 //   bazel build //bench:nonfinite_step_bench && bazel-bin/bench/nonfinite_step_bench --trainers=2
 #include <algorithm>
@@ -30,8 +33,9 @@ ABSL_FLAG(int64_t, n, 25557032, "floats per bucket (ResNet-50's gradient by defa
 ABSL_FLAG(int, trainers, 2, "local trainers (input slots) of the node");
 ABSL_FLAG(std::string, compressor, "micro", "the bucket's compressor");
 ABSL_FLAG(double, density, 0.01, "target density");
-ABSL_FLAG(int, reps, 9, "timed steps per path (after one untimed warm-up step each)");
+ABSL_FLAG(int, reps, 41, "timed steps per path (after one untimed warm-up step each)");
 ABSL_FLAG(int, threads, 1, "CPU primitives' worker threads");
+ABSL_FLAG(std::string, json, "", "if set, write the per-step times and ratios to this file");
 
 namespace spex {
 namespace {
@@ -80,8 +84,11 @@ int Main() {
       pool[r][i] = scale * (static_cast<float>(x >> 8) * (1.0f / 16777216.0f) - 0.5f);
     }
   }
-  Bucket paths[2];  // 0: before (in-step, unchecked), 1: now (checked, before the round)
-  for (int p = 0; p < 2; ++p) {
+  // 0: before (in-step, unchecked), 1: now (checked, before the round), 2: now with the check
+  // off (the same reduce into acc_next, before the round, unchecked).
+  constexpr int kPaths = 3;
+  Bucket paths[kPaths];
+  for (int p = 0; p < kPaths; ++p) {
     Bucket& b = paths[p];
     b.output.assign(n, 0.0f);
     b.acc.assign(n, 0.0f);
@@ -89,7 +96,7 @@ int Main() {
     b.data.elements = n;
     b.data.output = b.output.data();
     b.data.acc = b.acc.data();
-    if (p == 1) {
+    if (p >= 1) {
       b.acc_next.assign(n, 0.0f);
       b.data.acc_next = b.acc_next.data();
     }
@@ -111,7 +118,7 @@ int Main() {
   }
   // Per path, per timed step: the milliseconds of each phase (the reduce, the selection, the
   // exchange, the residual update) as the step's laps close them.
-  std::vector<double> phase_ms[2][kPhaseCount];
+  std::vector<double> phase_ms[kPaths][kPhaseCount];
   Clock::time_point last;
   int cur = 0;
   bool timed = false;
@@ -131,9 +138,9 @@ int Main() {
     timed = s > 0;
     const auto t0 = Clock::now();
     last = t0;
-    if (p == 1) {
+    if (p >= 1) {
       size_t first_bad = n;
-      item.status = ReduceLocalChecked(env, b.data, /*sparse=*/true, /*check=*/true, &first_bad);
+      item.status = ReduceLocalChecked(env, b.data, /*sparse=*/true, /*check=*/p == 1, &first_bad);
       if (first_bad < n) std::fprintf(stderr, "unexpected non-finite value at %zu\n", first_bad);
       CommitLocalSum(&b.data);
       item.reduced = true;
@@ -148,55 +155,109 @@ int Main() {
     }
     return ms;
   };
-  std::vector<double> before, now;
+  std::vector<double> ms[kPaths];
   for (int s = 0; s <= reps; ++s) {
     for (int r = 0; r < L; ++r) {
       const float* in = pool[r].data() + (static_cast<size_t>(s) * 131 + r * 977) % kSlack;
       for (Bucket& b : paths) b.data.input[r] = const_cast<float*>(in);
     }
-    double t[2];
-    const int first = s % 2;  // alternate which path runs first
-    t[first] = step(first, s);
-    t[1 - first] = step(1 - first, s);
-    if (std::memcmp(paths[0].output.data(), paths[1].output.data(), n * sizeof(float)) != 0 ||
-        std::memcmp(paths[0].data.acc, paths[1].data.acc, n * sizeof(float)) != 0) {
-      std::fprintf(stderr, "step %d: the two paths' outputs or residuals differ\n", s);
-      return 1;
+    double t[kPaths];
+    for (int k = 0; k < kPaths; ++k) {  // rotate which path runs first
+      const int p = (s + k) % kPaths;
+      t[p] = step(p, s);
+    }
+    for (int p = 1; p < kPaths; ++p) {
+      if (std::memcmp(paths[0].output.data(), paths[p].output.data(), n * sizeof(float)) != 0 ||
+          std::memcmp(paths[0].data.acc, paths[p].data.acc, n * sizeof(float)) != 0) {
+        std::fprintf(stderr, "step %d: path %d's output or residual differs from path 0's\n", s,
+                     p);
+        return 1;
+      }
     }
     if (s == 0) continue;  // warm-up
-    before.push_back(t[0]);
-    now.push_back(t[1]);
+    for (int p = 0; p < kPaths; ++p) ms[p].push_back(t[p]);
   }
-  const double b = bench::Median(before), c = bench::Median(now);
-  // Both paths do the same work at the same step (same data, same selections), so the ratio of
-  // the pair is the least noisy figure on a shared machine: its median over the steps.
-  std::vector<double> ratio;
-  for (size_t j = 0; j < now.size(); ++j) ratio.push_back(now[j] / before[j]);
-  std::sort(ratio.begin(), ratio.end());
+  // All paths do the same work at the same step (same data, same selections), so the ratio of
+  // a pair is the least noisy figure on a shared machine: its median and quartiles over the steps.
+  struct Quartiles {
+    double q1, median, q3;
+  };
+  auto quartiles = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return Quartiles{v[v.size() / 4], v[v.size() / 2], v[(3 * v.size()) / 4]};
+  };
+  auto ratios = [&](int num, int den) {
+    std::vector<double> r;
+    for (size_t j = 0; j < ms[num].size(); ++j) r.push_back(ms[num][j] / ms[den][j]);
+    return r;
+  };
+  const std::vector<double> vs_before = ratios(1, 0), vs_off = ratios(1, 2);
+  const Quartiles qb = quartiles(vs_before), qo = quartiles(vs_off);
   std::printf(
       "sparse step, %s @ %g, n = %zu, %d local trainers, %d thread(s), %d reps:\n"
-      "  before (in-step reduce, unchecked)        %9.2f ms (median)\n"
-      "  now (checked reduce into acc_next, swap)  %9.2f ms (median)\n"
-      "  ratio now / before, paired by step        %9.3f (median; quartiles %.3f-%.3f)\n"
+      "  before (in-step reduce, unchecked)          %9.2f ms (median)\n"
+      "  now (checked reduce into acc_next, swap)    %9.2f ms (median)\n"
+      "  now, check off (same reduce, unchecked)     %9.2f ms (median)\n"
+      "  time ratio now / before, paired by step     %9.3f (median; quartiles %.3f-%.3f)\n"
+      "  time ratio now / check off, paired by step  %9.3f (median; quartiles %.3f-%.3f)\n"
       "outputs and residuals bit-identical every step\n",
       absl::GetFlag(FLAGS_compressor).c_str(), absl::GetFlag(FLAGS_density), n, L,
-      absl::GetFlag(FLAGS_threads), reps, b, c, bench::Median(ratio), ratio[ratio.size() / 4],
-      ratio[3 * ratio.size() / 4]);
-  std::printf("phases (ms)          median: before       now    min: before       now\n");
-  for (Phase ph : {Phase::kReduceLocal, Phase::kCompress, Phase::kCollective, Phase::kDecode}) {
-    const int i = static_cast<int>(ph);
-    // The new path laps kReduceLocal twice (its own reduce, then the step's empty one): sum
-    // them per step.
-    std::vector<double> now_ms = phase_ms[1][i];
-    if (ph == Phase::kReduceLocal && now_ms.size() == 2 * phase_ms[0][i].size()) {
+      absl::GetFlag(FLAGS_threads), reps, bench::Median(ms[0]), bench::Median(ms[1]),
+      bench::Median(ms[2]), qb.median, qb.q1, qb.q3, qo.median, qo.q1, qo.q3);
+  std::printf("phases (ms)      median: before   now  check off     min: before   now  check off\n");
+  // The engine-style paths lap kReduceLocal twice (their own reduce, then the step's empty one):
+  // summed per step.
+  std::vector<double> phases[kPaths][kPhaseCount];
+  for (int p = 0; p < kPaths; ++p) {
+    for (int i = 0; i < kPhaseCount; ++i) phases[p][i] = phase_ms[p][i];
+    std::vector<double>& red = phases[p][static_cast<int>(Phase::kReduceLocal)];
+    if (red.size() == 2 * ms[p].size()) {
       std::vector<double> summed;
-      for (size_t j = 0; j + 1 < now_ms.size(); j += 2) summed.push_back(now_ms[j] + now_ms[j + 1]);
-      now_ms = summed;
+      for (size_t j = 0; j + 1 < red.size(); j += 2) summed.push_back(red[j] + red[j + 1]);
+      red = summed;
     }
-    std::printf("  %-20s      %9.2f %9.2f       %9.2f %9.2f\n", PhaseName(ph),
-                bench::Median(phase_ms[0][i]), bench::Median(now_ms),
-                *std::min_element(phase_ms[0][i].begin(), phase_ms[0][i].end()),
-                *std::min_element(now_ms.begin(), now_ms.end()));
+  }
+  const Phase kShown[] = {Phase::kReduceLocal, Phase::kCompress, Phase::kCollective,
+                          Phase::kDecode};
+  for (Phase ph : kShown) {
+    const int i = static_cast<int>(ph);
+    std::printf("  %-20s %9.2f %9.2f %9.2f    %9.2f %9.2f %9.2f\n", PhaseName(ph),
+                bench::Median(phases[0][i]), bench::Median(phases[1][i]),
+                bench::Median(phases[2][i]),
+                *std::min_element(phases[0][i].begin(), phases[0][i].end()),
+                *std::min_element(phases[1][i].begin(), phases[1][i].end()),
+                *std::min_element(phases[2][i].begin(), phases[2][i].end()));
+  }
+  const std::string json = absl::GetFlag(FLAGS_json);
+  if (!json.empty()) {
+    FILE* f = std::fopen(json.c_str(), "w");
+    if (f == nullptr) {
+      std::fprintf(stderr, "cannot write --json=%s\n", json.c_str());
+      return 2;
+    }
+    auto list = [&](const std::vector<double>& v) {
+      std::string out = "[";
+      for (size_t j = 0; j < v.size(); ++j) {
+        char buf[32];
+        std::snprintf(buf, sizeof(buf), "%s%.4f", j ? ", " : "", v[j]);
+        out += buf;
+      }
+      return out + "]";
+    };
+    const int red = static_cast<int>(Phase::kReduceLocal);
+    std::fprintf(f,
+                 "{\"compressor\": \"%s\", \"density\": %g, \"n\": %zu, \"trainers\": %d, "
+                 "\"threads\": %d, \"reps\": %d,\n"
+                 " \"step_ms\": {\"before\": %s,\n  \"checked\": %s,\n  \"check_off\": %s},\n"
+                 " \"reduce_ms\": {\"before\": %s,\n  \"checked\": %s,\n  \"check_off\": %s},\n"
+                 " \"ratio_checked_vs_before\": {\"q1\": %.4f, \"median\": %.4f, \"q3\": %.4f},\n"
+                 " \"ratio_checked_vs_check_off\": {\"q1\": %.4f, \"median\": %.4f, \"q3\": "
+                 "%.4f}}\n",
+                 absl::GetFlag(FLAGS_compressor).c_str(), absl::GetFlag(FLAGS_density), n, L,
+                 absl::GetFlag(FLAGS_threads), reps, list(ms[0]).c_str(), list(ms[1]).c_str(),
+                 list(ms[2]).c_str(), list(phases[0][red]).c_str(), list(phases[1][red]).c_str(),
+                 list(phases[2][red]).c_str(), qb.q1, qb.median, qb.q3, qo.q1, qo.median, qo.q3);
+    std::fclose(f);
   }
   return 0;
 }
