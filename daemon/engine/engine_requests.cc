@@ -91,6 +91,19 @@ absl::StatusOr<BucketGrant> Engine::RegisterBucket(
       return absl::InvalidArgumentError(absl::StrCat("bucket ", bucket_id, ": ", s.message()));
     }
   }
+  // A bucket that asks for Ok-Topk itself is checked here, before the size, so that a
+  // validation request (0 elements, the clients' validate_compressor) gets the refusal too;
+  // the daemon-wide flag is checked when the compressor is built (small buckets go dense).
+  if (policy.sparse_allreduce_param) {
+    absl::StatusOr<Pattern> pattern = CompressorPattern(compressor);
+    if (pattern.ok() && *pattern != Pattern::kDense) {
+      if (absl::Status s = CheckSparseAllreduce(policy.sparse_allreduce, /*from_param=*/true,
+                                                compressor, device_buckets());
+          !s.ok()) {
+        return absl::Status(s.code(), absl::StrCat("bucket ", bucket_id, ": ", s.message()));
+      }
+    }
+  }
   if (elements == 0 || elements >= (1ull << 32)) {
     return absl::InvalidArgumentError(
         absl::StrCat("bucket ", bucket_id, ": elements must be in 1..2^32-1, got ", elements));

@@ -361,6 +361,65 @@ class SparseExchangeTest(ClusterTestCase):
                         self.assertTrue(np.all(np.isfinite(out)))
                         self.assertGreater(np.count_nonzero(out), 0)
 
+    def test_per_bucket_sparse_allreduce(self):
+        """RegisterBucket's sparse_allreduce parameter (the client's params, as the DDP hook
+        passes them) overrides spexd --sparse_allreduce for one bucket. 2 nodes, two topk buckets
+        fed the same inputs, one through Ok-Topk: with --oktopk_global=all its outputs equal the
+        all-gather bucket's bit for bit, and it gathers fewer pairs (the union of the nodes'
+        selections, not all of them). validate_compressor refuses a compressor that cannot use
+        it (naming those that can) and an unknown value, as registration does."""
+        cl = self.start_cluster(2, 1, "--dense_fallback=off", "--min_sparse_elements=0",
+                                "--oktopk_global=all")
+        n, steps = 20000, 3
+        ok_param = {"sparse_allreduce": "oktopk"}
+
+        def node(rank):
+            refusals = []
+            with spex.Client(cl.socket(rank), local_rank=0, local_size=1, exchange_timeout=30) as c:
+                c.validate_compressor("topk", 0.01, ok_param)
+                c.validate_compressor("micro", 0.01, {"sparse_allreduce": "allgather"})
+                for comp, params in (("micro", ok_param), ("topk", {"sparse_allreduce": "auto"})):
+                    try:
+                        c.validate_compressor(comp, 0.01, params)
+                        refusals.append(None)
+                    except spex.SpexValueError as e:
+                        refusals.append(str(e))
+                buckets = (c.register_bucket(0, n, compressor="topk", density=0.01, params=ok_param),
+                           c.register_bucket(1, n, compressor="topk", density=0.01))
+                rows = []
+                for step in range(steps):
+                    common = np.random.default_rng(step).standard_normal(n)
+                    own = np.random.default_rng(100 + 10 * step + rank).standard_normal(n)
+                    x = (common + 0.3 * own).astype(np.float32)
+                    row = []
+                    for b in buckets:
+                        b.write(x)
+                        st = c.exchange_rpc(b, step)
+                        b.next_step = step + 1
+                        row.append((np.array(b.output), st.pattern, st.gathered_elements))
+                    rows.append(row)
+            return refusals, rows
+
+        res = run_threads([lambda r=r: node(r) for r in range(2)])
+        for r in res:
+            if isinstance(r, BaseException):
+                raise r
+        for rank, (refusals, rows) in enumerate(res):
+            micro, spelled = refusals
+            self.assertIsNotNone(micro, "micro with sparse_allreduce=oktopk was accepted")
+            self.assertIn("compressor micro cannot use the bucket parameter sparse_allreduce=oktopk", micro)
+            self.assertRegex(micro, r"the compressors that can: dgc, .*topk; or use sparse_allreduce=allgather")
+            self.assertIsNotNone(spelled, "sparse_allreduce=auto was accepted")
+            self.assertIn("accepted values allgather, oktopk", spelled)
+            for step, ((out_ok, pat_ok, got_ok), (out_ag, pat_ag, got_ag)) in enumerate(rows):
+                where = f"node {rank} step {step}"
+                self.assertEqual((pat_ok, pat_ag), ("B", "B"), where)
+                self.assertTrue(np.array_equal(out_ok, out_ag), f"{where}: Ok-Topk output differs from the all-gather's")
+                self.assertGreater(np.count_nonzero(out_ok), 0, where)
+                self.assertEqual(got_ag, 2 * (n // 100), where)  # both nodes' k pairs
+                self.assertLess(got_ok, got_ag, where)  # the union: the selections overlap
+                self.assertGreaterEqual(got_ok, n // 100, where)
+
     def test_validate_compressor_lists_accepted_names_and_registers_nothing(self):
         cl = self.start_cluster(1, 1)
         with spex.Client(cl.socket(0)) as c:
