@@ -76,8 +76,16 @@ absl::StatusOr<DaemonConfig> LoadConfig() {
   e.oktopk_rebalance_every = absl::GetFlag(FLAGS_oktopk_rebalance_every);
   e.residual_norm_every = absl::GetFlag(FLAGS_residual_norm_every);
   e.merger = absl::GetFlag(FLAGS_merger);
+  e.merge.limits.window = static_cast<size_t>(absl::GetFlag(FLAGS_merge_window));
+  e.merge.limits.max_group_elements = absl::GetFlag(FLAGS_max_group_elements);
+  e.merge.fixed_threshold_bytes = absl::GetFlag(FLAGS_fixed_threshold_bytes);
+  e.merge.fixed_cycle_ms = absl::GetFlag(FLAGS_fixed_cycle_ms);
+  e.merge.omgs_threshold_elements = absl::GetFlag(FLAGS_omgs_threshold_elements);
+  e.merge.omgs_count = absl::GetFlag(FLAGS_omgs_count);
+  e.merge.omgs_count_mode = e.merge.omgs_count > 0;
+  if (e.merge.omgs_count == 0) e.merge.omgs_count = 10;  // unused in threshold mode
   if (absl::Status s = ValidateEngineOptions(e); !s.ok()) errors.emplace_back(s.message());
-  if (absl::StatusOr<std::unique_ptr<Merger>> m = MakeMerger(e.merger); !m.ok()) {
+  if (absl::StatusOr<std::unique_ptr<Merger>> m = MakeMerger(e.merger, e.merge); !m.ok()) {
     errors.emplace_back(m.status().message());
   }
   if (e.register_wait <= absl::ZeroDuration()) {

@@ -77,8 +77,25 @@ ABSL_FLAG(int, oktopk_rebalance_every, 64,
 ABSL_FLAG(int, residual_norm_every, 10,
           "Compute the residual norm for stats every this many steps (0: never).");
 ABSL_FLAG(spex::MergerPolicy, merger, spex::MergerPolicy::kNone,
-          "Which ready buckets share one exchange: none (one exchange per bucket; the only policy "
-          "so far; fixed, omgs and rgmerge are planned and refused).");
+          "Which buckets share one exchange: none (one exchange per bucket), fixed (Horovod "
+          "tensor fusion: the ready buckets every --fixed_cycle_ms, groups up to "
+          "--fixed_threshold_bytes), omgs (a static plan: groups closing at "
+          "--omgs_threshold_elements, or every --omgs_count buckets), rgmerge (what became ready "
+          "on every node while the previous exchange ran). Every node must use the same.");
+ABSL_FLAG(uint64_t, merge_window, 64,
+          "--merger: at most this many buckets (1..64) are considered for one group round.");
+ABSL_FLAG(uint64_t, max_group_elements, uint64_t{16} << 20,
+          "--merger: a group holds at most this many elements (a larger bucket goes alone).");
+ABSL_FLAG(uint64_t, fixed_threshold_bytes, uint64_t{64} << 20,
+          "--merger=fixed: a group's fp32 bytes stay within this (0: no fusion).");
+ABSL_FLAG(int64_t, fixed_cycle_ms, 5,
+          "--merger=fixed: the cycle time, milliseconds between group rounds (may differ "
+          "between nodes).");
+ABSL_FLAG(uint64_t, omgs_threshold_elements, 8192,
+          "--merger=omgs: a plan group closes with the bucket that brings it to this many "
+          "elements (threshold mode, the default).");
+ABSL_FLAG(uint64_t, omgs_count, 0,
+          "--merger=omgs: > 0 selects count mode, a plan group of this many buckets.");
 ABSL_FLAG(spex::LogLevel, log_level, spex::LogLevel::kInfo, "debug|info|warning|error");
 ABSL_FLAG(std::string, metrics_address, "",
           "Serve Prometheus metrics over HTTP at HOST:PORT (e.g. 127.0.0.1:9400; GET /metrics). "

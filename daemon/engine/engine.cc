@@ -8,6 +8,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "daemon/engine/control_round.h"
+#include "daemon/engine/fused_step.h"
+#include "daemon/engine/group_round.h"
 #include "daemon/memory/futex.h"
 #include "daemon/transport/agreement.h"
 #include "daemon/util/log.h"
@@ -71,8 +73,13 @@ absl::Status Engine::Start() {
   limits_.daemon = options_.max_daemon_bytes ? options_.max_daemon_bytes : machine;
   limits_.bucket = options_.max_bucket_bytes ? options_.max_bucket_bytes : limits_.daemon;
   limits_.session = options_.max_session_bytes ? options_.max_session_bytes : limits_.daemon;
-  auto merger = MakeMerger(options_.merger);
+  auto merger = MakeMerger(options_.merger, options_.merge);
   if (!merger.ok()) return merger.status();
+  if (device_buckets() && options_.merger != MergerPolicy::kNone) {
+    return absl::UnimplementedError(
+        "--merger: fused exchanges run on host-memory buckets only; use --merger=none with a "
+        "--device");
+  }
   if (device_buckets()) {
     if (device_.ordering == nullptr || device_.host_prims == nullptr) {
       return absl::InvalidArgumentError(
@@ -132,6 +139,8 @@ void Engine::Run() {
   SPEX_LOG(DEBUG) << "engine thread started";
   bool announced = false;
   std::vector<EngineBucket*> group, failed;  // this iteration's picks (capacity reused)
+  std::vector<MergeCandidate> candidates;     // the group's, with --merger
+  Scheduler::Pick pick;
   while (true) {
     if (options_.heartbeat) options_.heartbeat();
     if (stop_.load()) {
@@ -142,7 +151,7 @@ void Engine::Run() {
     const uint32_t seen = bell->ring.load();
     group.clear();
     failed.clear();
-    bool run = false;
+    bool run = false, waiting = false;
     {
       absl::MutexLock lock(&mu_);
       buckets_.UnlinkAttached();
@@ -153,11 +162,20 @@ void Engine::Run() {
       if (!reset_pending_ || dead_mask_ != 0) {
         const auto& f = scheduler_->FailedAndReady(buckets_);
         failed.assign(f.begin(), f.end());
-        const auto& g = scheduler_->NextGroup(buckets_);
+        const auto& g = scheduler_->NextGroup(buckets_, static_cast<int64_t>(MonotonicNanos()));
         group.assign(g.begin(), g.end());
+        pick = scheduler_->pick();
+        if (!pick.alone) {
+          const auto& c = scheduler_->group_candidates();
+          candidates.assign(c.begin(), c.end());
+        }
         run = !group.empty() && std::all_of(group.begin(), group.end(), [&](const EngineBucket* b) {
           return scheduler_->LocallyReady(*b);
         });
+        waiting = !run && group.size() > 1 &&
+                  std::any_of(group.begin(), group.end(), [&](const EngineBucket* b) {
+                    return scheduler_->LocallyReady(*b);
+                  });
       }
       if (run) {
         for (EngineBucket* b : group) b->MoveTo(BucketState::kExchanging);
@@ -165,14 +183,19 @@ void Engine::Run() {
       processing_ = run || !failed.empty();
     }
     for (EngineBucket* b : failed) PublishFailed(b);
-    if (run) Process(group);
+    if (run && !pick.alone) {
+      ProcessGroup(group, candidates, pick.agreed);
+    } else if (run) {
+      Process(group);
+    }
+    WarnSlowGroup(group, waiting);
     if (run || !failed.empty()) {
       absl::MutexLock lock(&mu_);
       processing_ = false;
       published_cv_.SignalAll();
       continue;
     }
-    Idle(bell, seen);
+    Idle(bell, seen, pick.linger_until_ns);
     int who = -1;
     if (options_.peer_stopped && options_.peer_stopped(&who)) {
       SPEX_LOG(INFO) << "node " << who << " is stopping; stopping this node too";
@@ -188,7 +211,7 @@ void Engine::Run() {
   SPEX_LOG(DEBUG) << "engine thread stopped";
 }
 
-void Engine::Idle(DoorbellSegment* bell, uint32_t seen) {
+void Engine::Idle(DoorbellSegment* bell, uint32_t seen, int64_t linger_until_ns) {
   const uint64_t spin_until =
       MonotonicNanos() + static_cast<uint64_t>(options_.engine_spin_us) * 1000;
   while (options_.engine_spin_us > 0 && MonotonicNanos() < spin_until) {
@@ -196,7 +219,12 @@ void Engine::Idle(DoorbellSegment* bell, uint32_t seen) {
     CpuRelax();
   }
   bell->engine_sleeping.store(1);
-  if (bell->ring.load() == seen && !stop_.load()) FutexWait(&bell->ring, seen, kIdleWaitNs);
+  int64_t wait_ns = kIdleWaitNs;
+  if (linger_until_ns > 0) {  // an agreed merger lingers until then (or a doorbell ring)
+    const int64_t left = linger_until_ns - static_cast<int64_t>(MonotonicNanos());
+    wait_ns = std::max<int64_t>(1, std::min<int64_t>(wait_ns, left));
+  }
+  if (bell->ring.load() == seen && !stop_.load()) FutexWait(&bell->ring, seen, wait_ns);
   bell->engine_sleeping.store(0);
 }
 
@@ -360,6 +388,237 @@ void Engine::Process(const std::vector<EngineBucket*>& group) {
     event.begin_ns = t0;
     event.end_ns = now;
     for (ExchangeObserver* o : options_.observers) o->OnExchange(event);
+  }
+}
+
+void Engine::WarnSlowGroup(const std::vector<EngineBucket*>& group, bool waiting) {
+  if (!waiting) {
+    slow_since_ns_ = 0;
+    slow_warned_ = false;
+    return;
+  }
+  const uint64_t now = MonotonicNanos();
+  const EngineBucket* head = group.front();
+  if (slow_since_ns_ == 0 || slow_head_ != head->id || slow_step_ != head->ex.next_step) {
+    slow_since_ns_ = now;
+    slow_head_ = head->id;
+    slow_step_ = head->ex.next_step;
+    slow_warned_ = false;
+    return;
+  }
+  if (slow_warned_ || now - slow_since_ns_ < uint64_t{10} * 1000 * 1000 * 1000) return;
+  slow_warned_ = true;
+  std::string missing;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const EngineBucket* b : group) {
+      if (!scheduler_->LocallyReady(*b)) absl::StrAppend(&missing, missing.empty() ? "" : ", ", b->id);
+    }
+  }
+  SPEX_LOG(WARNING) << "--merger=" << scheduler_->merger_name() << ": the group starting at bucket "
+                    << head->id << " step " << head->ex.next_step << " has waited more than 10 s "
+                    << "for bucket(s) " << missing
+                    << " while its other members were ready. A trainer that waits for bucket b's "
+                       "result before writing bucket b+1 deadlocks under a static plan (omgs); "
+                       "use --merger=rgmerge or fixed, or none";
+}
+
+void Engine::ProcessGroup(const std::vector<EngineBucket*>& group,
+                          const std::vector<MergeCandidate>& candidates, bool agreed) {
+  const uint64_t t0 = MonotonicNanos();
+  uint64_t t = t0;
+  double phase[kPhaseCount] = {};
+  const Lap lap = [&](Phase p) {
+    const uint64_t now = MonotonicNanos();
+    phase[static_cast<int>(p)] += (now - t) * 1e-9;
+    t = now;
+  };
+  const size_t window = std::min<size_t>(options_.merge.limits.window, kGroupRoundMaxWindow);
+  size_t offered = std::min(group.size(), window);
+  GroupRoundInput in;
+  {
+    absl::MutexLock lock(&mu_);
+    in.density_key = density_key_;
+    for (size_t i = 0; i < offered && in.dead_trainer == 0; ++i) {
+      const uint64_t dead = dead_mask_ & group[i]->out.registered_mask;
+      if (dead != 0) in.dead_trainer = dead_word_[__builtin_ctzll(dead)];
+    }
+  }
+  in.inputs_failed = in.dead_trainer != 0;
+  lap(Phase::kWaitLocal);
+  // The local reduce with the finite check, before the round (as on the per-bucket path). An
+  // agreed merger offers only up to the first member with a non-finite input, and that member
+  // only as the head, alone: so a non-finite word in the round always means the group's head
+  // (m is then 1), alike on every node. A static plan offers its whole group; a non-finite input
+  // anywhere in it applies the policy to every member.
+  std::vector<absl::Status> reduced(offered);
+  if (!in.inputs_failed) {
+    for (size_t i = 0; i < offered; ++i) {
+      EngineBucket* b = group[i];
+      const bool sparse_bucket = b->ex.sparse != nullptr;
+      const bool check = sparse_bucket || b->policy.nonfinite == NonfinitePolicy::kError;
+      size_t first_bad = b->elements;
+      reduced[i] = ReduceLocalChecked(env_, b->mem.view, sparse_bucket, check, &first_bad);
+      if (!reduced[i].ok() || first_bad >= b->elements) continue;
+      if (agreed && i > 0) {  // deferred: it heads a later group
+        offered = i;
+        break;
+      }
+      if (in.nonfinite == 0) {
+        const int r = NonfiniteInput(env_, b->mem.view, first_bad);
+        in.nonfinite =
+            NonfiniteWord(collective_->rank(), r < 0 ? kNonfiniteSum : static_cast<uint32_t>(r),
+                          static_cast<uint32_t>(first_bad));
+        in.nonfinite_member = static_cast<uint32_t>(i);
+      }
+      if (agreed) {
+        offered = 1;
+        break;
+      }
+    }
+    lap(Phase::kReduceLocal);
+  }
+  std::vector<GroupMemberKey> keys(offered);
+  for (size_t i = 0; i < offered; ++i) {
+    const EngineBucket* b = group[i];
+    keys[i] = {b->id, b->ex.next_step, b->elements, b->compressor, candidates[i].kind,
+               options_.fp16_values && candidates[i].kind == MergeKind::kPatternB};
+  }
+  Merger* merger = scheduler_->merger();
+  in.config = {merger->name(), options_.merge.limits.window,
+               options_.merge.limits.max_group_elements, merger->ConfigHash()};
+  in.offer = keys;
+  in.exact = !agreed;
+  GroupRoundResult res;
+  absl::Status status = RunGroupRound(collective_, in, &res);
+  lap(Phase::kCollective);
+  size_t m = status.ok() ? std::min(res.agreed, offered) : offered;
+  if (status.ok() && res.dead_trainer != 0) {
+    status = absl::AbortedError(absl::StrCat(
+        "merge group starting at bucket ", group[0]->id, " step ", group[0]->ex.next_step, ": ",
+        TrainerFault(res.dead_trainer),
+        ", so this step cannot complete; end the job (spexd takes a new one once the other "
+        "trainers of that node have left)"));
+  }
+  if (status.ok() && res.inputs_failed) {
+    status = absl::UnavailableError(
+        absl::StrCat("merge group starting at bucket ", group[0]->id, " step ",
+                     group[0]->ex.next_step, ": another node could not read its trainers' inputs"));
+  }
+  // Members offered past the agreed m go back to waiting (their reduce is redone next time).
+  if (m < group.size()) {
+    absl::MutexLock lock(&mu_);
+    for (size_t i = m; i < group.size(); ++i) {
+      EngineBucket* b = group[i];
+      if (b->out.state == BucketState::kExchanging) {
+        const bool full = b->out.registered_mask == (1ull << options_.local_trainers) - 1;
+        b->MoveTo(full ? BucketState::kWaiting : BucketState::kRegistering);
+      }
+    }
+  }
+  // Per member: skipped (non-finite policy) or run.
+  std::vector<absl::Status> st(m, status);
+  std::vector<bool> run(m, status.ok());
+  if (status.ok() && res.nonfinite != 0) {
+    for (size_t i = 0; i < m; ++i) {
+      EngineBucket* b = group[i];
+      if (b->policy.nonfinite == NonfinitePolicy::kError) {
+        run[i] = false;
+        st[i] = absl::InvalidArgumentError(absl::StrCat(
+            "bucket ", b->id, " step ", b->ex.next_step, ": non-finite gradient from ",
+            NonfiniteName(res.nonfinite), agreed ? "" : " in its merge group",
+            " (nonfinite=error: this step is skipped on every node, the residual and the "
+            "compressor's state are as before it, and the next step can go on)"));
+      } else if (b->ex.sparse != nullptr) {
+        run[i] = false;
+        st[i] = prims_->Fill(b->mem.view.output, std::numeric_limits<float>::quiet_NaN(),
+                             b->elements);
+        b->ex.sparse->output_dense = true;
+        b->ex.sparse->touched.clear();
+      }
+    }
+  }
+  std::vector<ExchangeRecord> recs(m);
+  std::vector<bool> terminal(m, false);
+  std::vector<uint32_t> group_of(m, 0);
+  if (status.ok()) {
+    std::vector<double> density(m);
+    {
+      absl::MutexLock lock(&mu_);
+      ApplyDensityLocked(res.density_key);
+      for (size_t i = 0; i < m; ++i) density[i] = group[i]->out.density;
+    }
+    std::vector<size_t> packs = agreed ? merger->Pack(absl::MakeConstSpan(candidates.data(), m))
+                                       : std::vector<size_t>{m};
+    size_t first = 0;
+    std::vector<StepItem> items;
+    std::vector<MergeKind> kinds;
+    std::vector<size_t> at;
+    for (size_t len : packs) {
+      items.clear();
+      kinds.clear();
+      at.clear();
+      for (size_t i = first; i < first + len && i < m; ++i) {
+        group_of[i] = static_cast<uint32_t>(first);
+        EngineBucket* b = group[i];
+        ExchangeRecord& rec = recs[i];
+        rec.bucket_id = b->id;
+        rec.step = b->ex.next_step;
+        rec.compressor = b->compressor;
+        if (!run[i]) continue;
+        if (reduced[i].ok()) CommitLocalSum(&b->mem.view);
+        items.push_back({&b->mem.view, b->ex.sparse.get(), b->ex.next_step, density[i], &rec,
+                         reduced[i], true});
+        kinds.push_back(candidates[i].kind);
+        at.push_back(i);
+        rec.fell_back_to_dense = b->ex.sparse != nullptr && candidates[i].kind == MergeKind::kDense;
+      }
+      absl::Status vote;
+      if (!items.empty()) {
+        FusedStep(env_, absl::MakeSpan(items), kinds, &fused_scratch_, lap);
+        for (const StepItem& item : items) {
+          if (vote.ok() && !item.status.ok()) vote = item.status;
+        }
+        char what[96];
+        std::snprintf(what, sizeof(what), "merge group starting at bucket %llu step %llu",
+                      static_cast<unsigned long long>(group[at[0]]->id),
+                      static_cast<unsigned long long>(group[at[0]]->ex.next_step));
+        vote = AgreeOnAllNodes(collective_, vote, what);
+        lap(Phase::kCollective);
+        for (size_t j = 0; j < at.size(); ++j) {
+          st[at[j]] = vote;
+          terminal[at[j]] = !vote.ok();
+        }
+      }
+      first += len;
+    }
+  }
+  const uint64_t end = MonotonicNanos();
+  for (size_t i = 0; i < m; ++i) {
+    EngineBucket* b = group[i];
+    ExchangeRecord& rec = recs[i];
+    rec.bucket_id = b->id;
+    rec.step = b->ex.next_step;
+    rec.compressor = b->compressor;
+    for (int p = 0; p < kPhaseCount; ++p) rec.phase_seconds[p] = phase[p];
+    rec.total_seconds = (end - t0) * 1e-9;
+    const uint64_t step = b->ex.next_step;
+    Publish(b, step, st[i], rec, terminal[i]);
+    if (!options_.observers.empty()) {
+      ExchangeEvent event;
+      event.record = &rec;
+      event.code = st[i].code();
+      event.terminal = terminal[i];
+      event.elements = b->elements;
+      event.begin_ns = t0;
+      event.end_ns = MonotonicNanos();
+      event.group_first = group[group_of[i]]->id;
+      size_t n = 0;
+      for (size_t j = group_of[i]; j < m && group_of[j] == group_of[i]; ++j) ++n;
+      event.group_size = static_cast<uint32_t>(n);
+      event.spans.push_back({Phase::kPublish, end, event.end_ns});
+      for (ExchangeObserver* o : options_.observers) o->OnExchange(event);
+    }
   }
 }
 

@@ -35,6 +35,7 @@
 #include "daemon/engine/doorbell.h"
 #include "daemon/engine/engine_options.h"
 #include "daemon/engine/exchange_record.h"
+#include "daemon/engine/fused_step.h"
 #include "daemon/engine/scheduler.h"
 #include "daemon/engine/session_registry.h"
 #include "daemon/memory/device_memory.h"
@@ -114,8 +115,18 @@ class Engine {
  private:
   void Run();
   // Waits for the doorbell (spinning first when configured) or the idle timeout.
-  void Idle(DoorbellSegment* bell, uint32_t seen);
+  // `linger_until_ns` (> 0): an agreed merger lingers until then at most.
+  void Idle(DoorbellSegment* bell, uint32_t seen, int64_t linger_until_ns = 0);
+  // One bucket (group.front()) on the per-bucket path: control round, DenseStep / SparseStep.
   void Process(const std::vector<EngineBucket*>& group);
+  // A merge group (--merger other than none): per-member local reduce and finite check, one
+  // group round, FusedStep per packed group, one commit vote per group. `group` is the plan
+  // group (static plan) or this node's offer (`agreed`), `candidates` its candidates.
+  void ProcessGroup(const std::vector<EngineBucket*>& group,
+                    const std::vector<MergeCandidate>& candidates, bool agreed);
+  // Logs a WARNING once per episode when a group has waited more than 10 s for a member while
+  // others were ready (`waiting`).
+  void WarnSlowGroup(const std::vector<EngineBucket*>& group, bool waiting);
   // Publishes the sticky error of a failed bucket for its next step (no communication: every
   // node failed the bucket alike).
   void PublishFailed(EngineBucket* b);
@@ -162,6 +173,9 @@ class Engine {
   uint64_t dead_mask_ ABSL_GUARDED_BY(mu_) = 0;  // local ranks whose trainer died (this job)
   uint64_t dead_word_[kMaxLocalTrainers] ABSL_GUARDED_BY(mu_) = {};  // DeadTrainerWord per rank
   uint64_t last_reap_ns_ = 0;                                        // engine thread only
+  FusedScratch fused_scratch_;                                       // engine thread only
+  uint64_t slow_since_ns_ = 0, slow_head_ = 0, slow_step_ = 0;       // engine thread only
+  bool slow_warned_ = false;                                         // engine thread only
 
   std::atomic<bool> stop_{false};
   absl::Mutex stopped_mu_;

@@ -84,6 +84,7 @@ struct EngineOptions {
   int oktopk_rebalance_every = 64;  // regions re-agreed every this many exchanges (tau_r); 0 never
   int residual_norm_every = 10;               // steps between residual-norm computations (0: never)
   MergerPolicy merger = MergerPolicy::kNone;  // which ready buckets share one exchange
+  MergeParams merge;                          // the merger's parameters (--merge_window, ...)
   // --nonfinite: what a step does where a trainer handed in a NaN/+-Inf (every bucket alike).
   NonfinitePolicy nonfinite = NonfinitePolicy::kPropagate;
   // Memory limits, checked at registration before anything is allocated; 0 = derived from the

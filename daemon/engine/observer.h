@@ -26,6 +26,10 @@ struct ExchangeEvent {
   uint64_t elements = 0;  // the bucket's size
   uint64_t begin_ns = 0;  // the exchange's start and end (publish done)
   uint64_t end_ns = 0;
+  // The merge group this exchange ran in (--merger): its first bucket and its size (the bucket
+  // itself and 1 when exchanged alone).
+  uint64_t group_first = 0;
+  uint32_t group_size = 1;
   std::vector<PhaseSpan> spans;  // in order; a phase may appear more than once
 };
 

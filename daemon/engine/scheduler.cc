@@ -2,9 +2,16 @@
 
 #include <algorithm>
 
+#include <string_view>
+
+#include "kernels/compressor.h"
+
 #include "daemon/util/log.h"
 
 namespace spex {
+namespace {
+constexpr size_t kMaxCandidates = 64;  // the group round's key capacity (kGroupRoundMaxWindow)
+}  // namespace
 
 Scheduler::Scheduler(int local_trainers, std::unique_ptr<Merger> merger)
     : local_trainers_(local_trainers), merger_(std::move(merger)) {}
@@ -25,9 +32,26 @@ bool Scheduler::LocallyReady(const EngineBucket& b) const {
   return someone;
 }
 
-const std::vector<EngineBucket*>& Scheduler::NextGroup(const BucketTable& table) {
+MergeKind Scheduler::KindOf(const EngineBucket& b) {
+  if (b.ex.sparse == nullptr) return MergeKind::kDense;
+  if (b.policy.sparse_allreduce == SparseAllreduce::kOkTopk) return MergeKind::kProbe;
+  switch (b.ex.mode) {
+    case BucketExchange::Mode::kProbe:
+      return MergeKind::kProbe;
+    case BucketExchange::Mode::kDense:
+      return MergeKind::kDense;
+    case BucketExchange::Mode::kSparse:
+      break;
+  }
+  return b.ex.sparse->compressor->pattern() == Pattern::kIndexUnion ? MergeKind::kPatternA
+                                                                     : MergeKind::kPatternB;
+}
+
+const std::vector<EngineBucket*>& Scheduler::NextGroup(const BucketTable& table, int64_t now_ns) {
   group_.clear();
   order_.clear();
+  group_candidates_.clear();
+  pick_ = Pick();
   for (const auto& [id, b] : table.all()) {
     if (b->out.state == BucketState::kWaiting) order_.push_back(b.get());
   }
@@ -36,17 +60,33 @@ const std::vector<EngineBucket*>& Scheduler::NextGroup(const BucketTable& table)
                    [](const EngineBucket* a, const EngineBucket* b) {
                      return a->ex.next_step < b->ex.next_step;
                    });
+  const bool none = std::string_view(merger_->name()) == "none";
+  const size_t window = none ? 1 : std::min(order_.size(), kMaxCandidates);
   candidates_.clear();
-  for (const EngineBucket* b : order_) {
-    candidates_.push_back({b->id, b->ex.next_step, b->elements, LocallyReady(*b)});
+  for (size_t i = 0; i < window; ++i) {
+    const EngineBucket* b = order_[i];
+    candidates_.push_back({b->id, b->ex.next_step, b->elements, LocallyReady(*b), KindOf(*b)});
   }
-  const size_t group = merger_->NextGroup(candidates_);
-  if (group != 1) {
-    // Fused exchanges need the merging step; only `none` exists so far.
-    SPEX_LOG(ERROR) << "merger " << merger_->name() << " returned a group of " << group
-                    << " buckets; fused exchanges are not implemented, exchanging one";
+  size_t n = 1;
+  if (!none && candidates_.front().kind != MergeKind::kProbe) {
+    pick_.alone = false;
+    if (merger_->agreed()) {
+      pick_.agreed = true;
+      int64_t deadline = 0;
+      n = merger_->Offer(candidates_, now_ns, &deadline);
+      if (n == 0) {
+        pick_.linger_until_ns = deadline;
+        return group_;
+      }
+    } else {
+      n = merger_->NextGroup(candidates_);
+    }
+    n = std::max<size_t>(1, std::min(n, candidates_.size()));
   }
-  group_.push_back(order_.front());
+  for (size_t i = 0; i < n; ++i) {
+    group_.push_back(order_[i]);
+    group_candidates_.push_back(candidates_[i]);
+  }
   return group_;
 }
 

@@ -18,10 +18,24 @@ class Scheduler {
  public:
   Scheduler(int local_trainers, std::unique_ptr<Merger> merger);
 
-  // The next group in canonical order (empty when no bucket is schedulable). The engine runs
-  // it once every member is LocallyReady.
+  // How the engine runs the last NextGroup's pick.
+  struct Pick {
+    bool alone = true;   // one bucket on the per-bucket path (control round): `none`, a probing
+                         // (P) head, a bucket exchanged through Ok-Topk
+    bool agreed = false;  // the group is this node's offer; the group round's m cuts it
+    int64_t linger_until_ns = 0;  // an agreed merger lingers (empty group) until then, or 0
+  };
+  // The next group in canonical order (empty when no bucket is schedulable, or while an agreed
+  // merger lingers). The engine runs it once every member is LocallyReady (an offer is).
   // The result is the scheduler's own vector (no allocation per pick), valid until the next call.
-  const std::vector<EngineBucket*>& NextGroup(const BucketTable& table);
+  const std::vector<EngineBucket*>& NextGroup(const BucketTable& table, int64_t now_ns = 0);
+  const Pick& pick() const { return pick_; }
+  // The candidates of the picked group, kinds filled in (canonical order, same length).
+  const std::vector<MergeCandidate>& group_candidates() const { return group_candidates_; }
+  Merger* merger() { return merger_.get(); }
+  // A bucket's kind at its next step (identical on every node; MERGING.md 2.1). P for a
+  // probing bucket and for one exchanged through Ok-Topk (both go alone).
+  static MergeKind KindOf(const EngineBucket& b);
   // Every local trainer has signalled the bucket's next step. With dead trainers (set_dead):
   // every living trainer has, and some trainer (living or dead) got to that step, so the step
   // a dead trainer left half-done runs (and fails everywhere) instead of hanging the peers.
@@ -41,6 +55,8 @@ class Scheduler {
   std::vector<EngineBucket*> group_, failed_;  // reused
   std::vector<EngineBucket*> order_;           // reused
   std::vector<MergeCandidate> candidates_;     // reused
+  std::vector<MergeCandidate> group_candidates_;  // reused
+  Pick pick_;
 };
 
 }  // namespace spex

@@ -86,13 +86,10 @@ std::string AbslUnparseFlag(MergerPolicy v) {
   return "none";
 }
 
+std::unique_ptr<Merger> MakeNoMerger() { return std::unique_ptr<Merger>(new NoMerger()); }
+
 absl::StatusOr<std::unique_ptr<Merger>> MakeMerger(MergerPolicy policy) {
-  if (policy == MergerPolicy::kNone) return std::unique_ptr<Merger>(new NoMerger());
-  return absl::UnimplementedError(absl::StrCat(
-      "--merger=", AbslUnparseFlag(policy),
-      " is not implemented yet in spexd (its grouping logic, the group agreement round and the "
-      "fused exchange exist, but the engine does not run them yet); the only merger that runs is "
-      "'none' (one exchange per bucket)"));
+  return MakeMerger(policy, MergeParams());
 }
 
 absl::StatusOr<std::unique_ptr<Merger>> MakeMerger(const std::string& name) {

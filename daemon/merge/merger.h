@@ -15,8 +15,8 @@
 //
 // Implemented here: none (static, one bucket per exchange) and, in mergers.h, the pure grouping
 // logic of fixed, omgs (threshold, count) and rgmerge (ready); the group agreement round and the
-// fused exchange are daemon/engine/group_round.h and fused_step.h. The engine does not yet run
-// fused groups, so MakeMerger still refuses fixed/omgs/rgmerge for spexd (Unimplemented).
+// fused exchange are daemon/engine/group_round.h and fused_step.h, and the engine runs the groups
+// (engine.cc, Engine::ProcessGroup).
 #pragma once
 
 #include <cstddef>
@@ -83,9 +83,19 @@ class Merger {
   virtual std::vector<size_t> Pack(absl::Span<const MergeCandidate> agreed);
 };
 
-// --merger. Only kNone runs in spexd; the others are refused by MakeMerger (Unimplemented)
-// until the engine's fused exchange lands (their grouping logic is in mergers.h).
+// --merger (the mergers are in mergers.h; the engine runs their groups, engine.cc).
 enum class MergerPolicy { kNone, kFixed, kOmgs, kRgmerge };
+
+// Every merger's parameters in one place (spexd's flags; MakeMerger validates them, naming the
+// flag). Only the chosen merger's fields are used.
+struct MergeParams {
+  GroupLimits limits;                             // --merge_window, --max_group_elements
+  uint64_t fixed_threshold_bytes = uint64_t{64} << 20;  // --fixed_threshold_bytes
+  int64_t fixed_cycle_ms = 5;                     // --fixed_cycle_ms
+  bool omgs_count_mode = false;                   // --omgs_count > 0 selects count mode
+  uint64_t omgs_threshold_elements = 8192;        // --omgs_threshold_elements
+  uint64_t omgs_count = 10;                       // --omgs_count
+};
 bool AbslParseFlag(absl::string_view text, MergerPolicy* out, std::string* error);
 std::string AbslUnparseFlag(MergerPolicy v);
 
@@ -93,7 +103,12 @@ std::string AbslUnparseFlag(MergerPolicy v);
 uint64_t Fnv1a(uint64_t h, const void* data, size_t n);
 inline constexpr uint64_t kFnvOffset = 14695981039346656037ull;
 
-// The policy's merger; Unimplemented naming the one that exists for the planned ones.
+// The policy's merger with `params` (mergers.cc); InvalidArgument naming the flag for a bad one.
+absl::StatusOr<std::unique_ptr<Merger>> MakeMerger(MergerPolicy policy,
+                                                   const MergeParams& params);
+// `none`: one bucket per exchange.
+std::unique_ptr<Merger> MakeNoMerger();
+// With the default parameters.
 absl::StatusOr<std::unique_ptr<Merger>> MakeMerger(MergerPolicy policy);
 // By name (the flag spelling); InvalidArgument naming the accepted names for an unknown one.
 absl::StatusOr<std::unique_ptr<Merger>> MakeMerger(const std::string& name);

@@ -167,4 +167,33 @@ absl::StatusOr<std::unique_ptr<Merger>> MakeRgmergeReadyMerger(const RgmergeOpti
   return std::unique_ptr<Merger>(new RgmergeReadyMerger(options));
 }
 
+absl::StatusOr<std::unique_ptr<Merger>> MakeMerger(MergerPolicy policy,
+                                                   const MergeParams& params) {
+  switch (policy) {
+    case MergerPolicy::kNone:
+      return MakeNoMerger();
+    case MergerPolicy::kFixed: {
+      FixedOptions o;
+      o.threshold_bytes = params.fixed_threshold_bytes;
+      o.cycle_ms = params.fixed_cycle_ms;
+      o.limits = params.limits;
+      return MakeFixedMerger(o);
+    }
+    case MergerPolicy::kOmgs: {
+      OmgsOptions o;
+      o.mode = params.omgs_count_mode ? OmgsMode::kCount : OmgsMode::kThreshold;
+      o.threshold_elements = params.omgs_threshold_elements;
+      o.count = params.omgs_count;
+      o.limits = params.limits;
+      return MakeOmgsMerger(o);
+    }
+    case MergerPolicy::kRgmerge: {
+      RgmergeOptions o;
+      o.limits = params.limits;
+      return MakeRgmergeReadyMerger(o);
+    }
+  }
+  return absl::InvalidArgumentError("--merger: unknown policy");
+}
+
 }  // namespace spex
