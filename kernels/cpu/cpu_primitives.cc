@@ -40,7 +40,8 @@ absl::Status CheckIndices(const uint32_t* idx, size_t m, size_t n, const char* o
 
 // SumScaled reads at most this many inputs in one pass (more fall back to Accumulate passes).
 constexpr int kMaxSumInputs = 16;
-// SumScaledCheckFinite streams its output past this size (32 MiB, a server L3's order).
+// SumScaled and SumScaledCheckFinite stream their output past this size (32 MiB, a server L3's
+// order).
 constexpr size_t kStreamBytes = size_t{32} << 20;
 
 class CpuPrimitives final : public Primitives {
@@ -62,10 +63,13 @@ class CpuPrimitives final : public Primitives {
     if (count < 1) return absl::InvalidArgumentError("SumScaled needs at least one input");
     // Rare: more local trainers than one pass reads; the unfused passes (same rounding).
     if (count > kMaxSumInputs) return Primitives::SumScaled(y, xs, count, a, n);
+    // Streamed past kStreamBytes as SumScaledCheckFinite is (the same stores with or without
+    // the check, so the check is all that differs between the two).
+    const bool stream = n * sizeof(float) > kStreamBytes;
     ForChunks(Cut(0, n), [&](size_t, size_t b, size_t e, int) {
       const float* shifted[kMaxSumInputs];
       for (int r = 0; r < count; ++r) shifted[r] = xs[r] + b;
-      simd::SumScaled(y + b, shifted, count, a, e - b);
+      simd::SumScaled(y + b, shifted, count, a, e - b, stream);
     });
     return absl::OkStatus();
   }

@@ -44,73 +44,83 @@ void ScaleImpl(float* x, float a, size_t n) {
   for (; i < n; ++i) x[i] *= a;
 }
 
-void SumScaledImpl(float* y, const float* const* xs, int count, float a, size_t n) {
+// y = a * (xs[0] + ... + xs[count-1]), and with kCheck the lowest i whose y[i] is NaN or +-Inf
+// (n when none) found in the same pass. The check costs one subtract and one add per vector:
+// x - x is 0 for a finite x and NaN for NaN and +-Inf, and a NaN stays NaN through a sum, so the
+// differences of a block of kCheckBlock vectors are summed into one vector that is tested once
+// per block (a branch that is almost never taken). Only a block that holds a bad value is
+// summed again, vector by vector, for the exact index (the cold path reads the inputs, not y: a
+// streamed line is not read back); later blocks are still summed. `stream`: y is written with
+// non-temporal stores (after a scalar head up to y's first vector-aligned entry), which saves
+// the read-for-ownership of every line of y that a plain store costs: for a y much larger than
+// the caches that nothing reads back soon, as many bytes move as in an in-place sum.
+template <bool kCheck>
+size_t SumScaledLoop(float* y, const float* const* xs, int count, float a, size_t n, bool stream) {
   const hn::ScalableTag<float> d;
   const size_t N = hn::Lanes(d);
-  const auto av = hn::Set(d, a);
-  const bool scale = a != 1.0f;
-  size_t i = 0;
-  for (; i + N <= n; i += N) {
-    auto v = hn::LoadU(d, xs[0] + i);
-    for (int r = 1; r < count; ++r) v = hn::Add(v, hn::LoadU(d, xs[r] + i));
-    if (scale) v = hn::Mul(v, av);
-    hn::StoreU(v, d, y + i);
-  }
-  for (; i < n; ++i) {
-    float v = xs[0][i];
-    for (int r = 1; r < count; ++r) v += xs[r][i];
-    y[i] = scale ? v * a : v;
-  }
-}
-
-// SumScaledImpl plus a finiteness test of each stored vector: x - x is 0 for a finite x and
-// NaN for NaN and +-Inf, so one subtract and one self-compare per vector, OR-ed into a mask that
-// is looked at once per vector (the branch is almost never taken). The first bad vector's lanes
-// are then scanned for the exact index; later entries are still summed. `stream`: y is written
-// with non-temporal stores (after a scalar head up to y's first vector-aligned entry), which
-// saves the read-for-ownership of every line of y that a plain store costs: for a y much larger
-// than the caches that nothing reads back soon, as many bytes move as in an in-place sum.
-size_t SumScaledCheckFiniteImpl(float* y, const float* const* xs, int count, float a, size_t n,
-                                bool stream) {
-  const hn::ScalableTag<float> d;
-  const size_t N = hn::Lanes(d);
+  constexpr size_t kCheckBlock = 8;
   const auto av = hn::Set(d, a);
   const bool scale = a != 1.0f;
   size_t first_bad = n;
   size_t i = 0;
+  auto sum = [&](size_t at) {
+    auto v = hn::LoadU(d, xs[0] + at);
+    for (int r = 1; r < count; ++r) v = hn::Add(v, hn::LoadU(d, xs[r] + at));
+    if (scale) v = hn::Mul(v, av);
+    return v;
+  };
+  auto store = [&](decltype(sum(0)) v, size_t at) {
+    if (stream) {
+      hn::Stream(v, d, y + at);
+    } else {
+      hn::StoreU(v, d, y + at);
+    }
+  };
   auto scalar = [&](size_t at) {
     float v = xs[0][at];
     for (int r = 1; r < count; ++r) v += xs[r][at];
     y[at] = scale ? v * a : v;
-    if (first_bad == n && !std::isfinite(y[at])) first_bad = at;
+    if (kCheck && first_bad == n && !std::isfinite(y[at])) first_bad = at;
   };
   if (stream) {
     for (; i < n && reinterpret_cast<uintptr_t>(y + i) % (N * sizeof(float)) != 0; ++i) scalar(i);
   }
-  HWY_ALIGN float lanes[hn::MaxLanes(d)];
-  for (; i + N <= n; i += N) {
-    auto v = hn::LoadU(d, xs[0] + i);
-    for (int r = 1; r < count; ++r) v = hn::Add(v, hn::LoadU(d, xs[r] + i));
-    if (scale) v = hn::Mul(v, av);
-    if (stream) {
-      hn::Stream(v, d, y + i);
-    } else {
-      hn::StoreU(v, d, y + i);
-    }
-    const auto z = hn::Sub(v, v);
-    if (HWY_UNLIKELY(first_bad == n && !hn::AllTrue(d, hn::Eq(z, z)))) {
-      hn::Store(v, d, lanes);  // not y: a streamed line is not read back
-      for (size_t j = 0; j < N; ++j) {
-        if (!std::isfinite(lanes[j])) {
-          first_bad = i + j;
-          break;
+  if (kCheck) {
+    HWY_ALIGN float lanes[hn::MaxLanes(d)];
+    for (; i + kCheckBlock * N <= n; i += kCheckBlock * N) {
+      auto bad = hn::Zero(d);
+      for (size_t k = 0; k < kCheckBlock; ++k) {
+        const auto v = sum(i + k * N);
+        store(v, i + k * N);
+        bad = hn::Add(bad, hn::Sub(v, v));
+      }
+      if (HWY_UNLIKELY(first_bad == n && !hn::AllTrue(d, hn::Eq(bad, bad)))) {
+        for (size_t k = 0; k < kCheckBlock * N && first_bad == n; k += N) {
+          hn::Store(sum(i + k), d, lanes);  // the same sum as stored, recomputed
+          for (size_t j = 0; j < N; ++j) {
+            if (!std::isfinite(lanes[j])) {
+              first_bad = i + k + j;
+              break;
+            }
+          }
         }
       }
     }
+  } else {
+    for (; i + N <= n; i += N) store(sum(i), i);
   }
   if (stream) hwy::FlushStream();
   for (; i < n; ++i) scalar(i);
   return first_bad;
+}
+
+void SumScaledImpl(float* y, const float* const* xs, int count, float a, size_t n, bool stream) {
+  SumScaledLoop<false>(y, xs, count, a, n, stream);
+}
+
+size_t SumScaledCheckFiniteImpl(float* y, const float* const* xs, int count, float a, size_t n,
+                                bool stream) {
+  return SumScaledLoop<true>(y, xs, count, a, n, stream);
 }
 
 size_t CountAboveImpl(const float* x, size_t n, float t) {
@@ -426,8 +436,8 @@ void Accumulate(float* y, const float* x, size_t n) {
   HWY_DYNAMIC_DISPATCH(AccumulateImpl)(y, x, n);
 }
 void Scale(float* x, float a, size_t n) { HWY_DYNAMIC_DISPATCH(ScaleImpl)(x, a, n); }
-void SumScaled(float* y, const float* const* xs, int count, float a, size_t n) {
-  HWY_DYNAMIC_DISPATCH(SumScaledImpl)(y, xs, count, a, n);
+void SumScaled(float* y, const float* const* xs, int count, float a, size_t n, bool stream) {
+  HWY_DYNAMIC_DISPATCH(SumScaledImpl)(y, xs, count, a, n, stream);
 }
 size_t SumScaledCheckFinite(float* y, const float* const* xs, int count, float a, size_t n,
                             bool stream) {

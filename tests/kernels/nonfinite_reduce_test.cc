@@ -86,6 +86,27 @@ TEST_P(NonfiniteReduceTest, LowestIndexAcrossThreadChunks) {
   EXPECT_TRUE(std::isinf(y[300007]) && std::isinf(y[400001]) && std::isnan(y[n - 5]));
 }
 
+// The CPU loop tests a whole block of vectors at once and rescans a bad block: the lowest index
+// when a block holds several bad values in different vectors and lanes, and a later bad block
+// does not replace it.
+TEST_P(NonfiniteReduceTest, LowestOfSeveralInOneBlock) {
+  auto p = Make();
+  const size_t n = 4096 + 5;
+  std::vector<std::vector<float>> in = {Ramp(n, 1.0f), Ramp(n, 2.0f)};
+  in[0][2100] = kNaN;  // same block as the two below at every vector width
+  in[1][2053] = kInf;
+  in[0][2051] = -kInf;
+  in[1][3000] = kNaN;
+  const float* xs[2] = {in[0].data(), in[1].data()};
+  std::vector<float> y(n);
+  size_t first_bad = 0;
+  ASSERT_TRUE(p->SumScaledCheckFinite(y.data(), xs, 2, 1.0f, n, &first_bad).ok());
+  EXPECT_EQ(first_bad, 2051u);
+  EXPECT_TRUE(std::isinf(y[2051]) && std::isinf(y[2053]) && std::isnan(y[2100]) &&
+              std::isnan(y[3000]));
+  EXPECT_EQ(y[2052], in[0][2052] + in[1][2052]);
+}
+
 TEST_P(NonfiniteReduceTest, InfMinusInfAndOverflowAreNonFinite) {
   auto p = Make();
   std::vector<float> a = {1.0f, kInf, 3e38f, 2.0f};
@@ -113,6 +134,10 @@ TEST_P(NonfiniteReduceTest, LargeStreamedOutputsGiveTheSameSumsAndIndex) {
   ASSERT_TRUE(p->SumScaled(want.data(), xs, 2, 0.5f, n).ok());
   EXPECT_EQ(first_bad, n);
   EXPECT_EQ(std::memcmp(y.data(), want.data(), n * sizeof(float)), 0);
+  // SumScaled streams past 32 MiB as well: the same sums as the reference's plain loop.
+  std::vector<float> ref(n, 7.0f);
+  ASSERT_TRUE(MakeReferencePrimitives()->SumScaled(ref.data(), xs, 2, 0.5f, n).ok());
+  EXPECT_EQ(std::memcmp(ref.data(), want.data(), n * sizeof(float)), 0);
   for (size_t where : {size_t{1}, n / 2 + 3, n - 2}) {
     const float keep = in[1][where];
     in[1][where] = where % 2 ? kNaN : -kInf;
