@@ -184,7 +184,10 @@ absl::Status SplitBucketParams(const EngineOptions& o,
         return absl::InvalidArgumentError(
             absl::StrCat("parameter ", kBucketParamSparseAllreduce, "=", QuotePrefix(value),
                          ": accepted values allgather, oktopk (it overrides spexd "
-                         "--sparse_allreduce for this bucket)"));
+                         "--sparse_allreduce for this bucket)",
+                         value == "auto" ? "; auto (a per-bucket choice from measured cost) is "
+                                           "not implemented yet"
+                                         : ""));
       }
       policy->sparse_allreduce_param = true;
     } else {
