@@ -35,6 +35,8 @@ ABSL_FLAG(std::string, compressor, "micro", "the bucket's compressor");
 ABSL_FLAG(double, density, 0.01, "target density");
 ABSL_FLAG(int, reps, 41, "timed steps per path (after one untimed warm-up step each)");
 ABSL_FLAG(int, threads, 1, "CPU primitives' worker threads");
+ABSL_FLAG(int, reduce_reps, 200,
+          "then this many paired runs of the reduce alone (checked, check off), order alternating");
 ABSL_FLAG(std::string, json, "", "if set, write the per-step times and ratios to this file");
 
 namespace spex {
@@ -193,6 +195,26 @@ int Main() {
   };
   const std::vector<double> vs_before = ratios(1, 0), vs_off = ratios(1, 2);
   const Quartiles qb = quartiles(vs_before), qo = quartiles(vs_off);
+  // The reduce alone, the check's cost without the rest of the step's noise: the engine's
+  // reduce into acc_next (written, never committed here) with and without the check, paired.
+  std::vector<double> reduce_ratio;
+  for (int j = 0; j < absl::GetFlag(FLAGS_reduce_reps); ++j) {
+    double t[2];
+    for (int k = 0; k < 2; ++k) {
+      const int c = (j + k) % 2;  // 0: checked, 1: check off
+      size_t first_bad = n;
+      const auto t0 = Clock::now();
+      const absl::Status st = ReduceLocalChecked(env, paths[1 + c].data, /*sparse=*/true,
+                                                 /*check=*/c == 0, &first_bad);
+      t[c] = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+      if (!st.ok() || first_bad < n) {
+        std::fprintf(stderr, "reduce: %s, first bad %zu\n", st.ToString().c_str(), first_bad);
+        return 1;
+      }
+    }
+    reduce_ratio.push_back(t[0] / t[1]);
+  }
+  const Quartiles qr = reduce_ratio.empty() ? Quartiles{0, 0, 0} : quartiles(reduce_ratio);
   std::printf(
       "sparse step, %s @ %g, n = %zu, %d local trainers, %d thread(s), %d reps:\n"
       "  before (in-step reduce, unchecked)          %9.2f ms (median)\n"
@@ -200,10 +222,13 @@ int Main() {
       "  now, check off (same reduce, unchecked)     %9.2f ms (median)\n"
       "  time ratio now / before, paired by step     %9.3f (median; quartiles %.3f-%.3f)\n"
       "  time ratio now / check off, paired by step  %9.3f (median; quartiles %.3f-%.3f)\n"
+      "  reduce alone, checked / check off, paired   %9.3f (median; quartiles %.3f-%.3f; %zu "
+      "pairs)\n"
       "outputs and residuals bit-identical every step\n",
       absl::GetFlag(FLAGS_compressor).c_str(), absl::GetFlag(FLAGS_density), n, L,
       absl::GetFlag(FLAGS_threads), reps, bench::Median(ms[0]), bench::Median(ms[1]),
-      bench::Median(ms[2]), qb.median, qb.q1, qb.q3, qo.median, qo.q1, qo.q3);
+      bench::Median(ms[2]), qb.median, qb.q1, qb.q3, qo.median, qo.q1, qo.q3, qr.median, qr.q1,
+      qr.q3, reduce_ratio.size());
   std::printf("phases (ms)      median: before   now  check off     min: before   now  check off\n");
   // The engine-style paths lap kReduceLocal twice (their own reduce, then the step's empty one):
   // summed per step.
@@ -252,11 +277,12 @@ int Main() {
                  " \"reduce_ms\": {\"before\": %s,\n  \"checked\": %s,\n  \"check_off\": %s},\n"
                  " \"ratio_checked_vs_before\": {\"q1\": %.4f, \"median\": %.4f, \"q3\": %.4f},\n"
                  " \"ratio_checked_vs_check_off\": {\"q1\": %.4f, \"median\": %.4f, \"q3\": "
-                 "%.4f}}\n",
+                 "%.4f},\n \"reduce_ratio_checked_vs_check_off\": %s}\n",
                  absl::GetFlag(FLAGS_compressor).c_str(), absl::GetFlag(FLAGS_density), n, L,
                  absl::GetFlag(FLAGS_threads), reps, list(ms[0]).c_str(), list(ms[1]).c_str(),
                  list(ms[2]).c_str(), list(phases[0][red]).c_str(), list(phases[1][red]).c_str(),
-                 list(phases[2][red]).c_str(), qb.q1, qb.median, qb.q3, qo.q1, qo.median, qo.q3);
+                 list(phases[2][red]).c_str(), qb.q1, qb.median, qb.q3, qo.q1, qo.median, qo.q3,
+                 list(reduce_ratio).c_str());
     std::fclose(f);
   }
   return 0;

@@ -43,6 +43,7 @@ def main():
     results = []
     for trainers in [int(t) for t in a.trainers.split(",") if t]:
         steps = {"before": [], "checked": [], "check_off": []}
+        reduce_ratio = []
         for run in range(a.runs):
             with tempfile.NamedTemporaryFile(suffix=".json") as tmp:
                 cmd = (["taskset", "-c", a.cpu] if a.cpu else []) + [
@@ -57,18 +58,22 @@ def main():
                     r = json.load(f)
             for k in steps:
                 steps[k] += r["step_ms"][k]
+            reduce_ratio += r["reduce_ratio_checked_vs_check_off"]
         vs_before = [c / b for c, b in zip(steps["checked"], steps["before"])]
         vs_off = [c / o for c, o in zip(steps["checked"], steps["check_off"])]
-        qb, qo = quartiles(vs_before), quartiles(vs_off)
+        qb, qo, qr = quartiles(vs_before), quartiles(vs_off), quartiles(reduce_ratio)
         results.append({
             "trainers": trainers, "steps": len(vs_before), "step_ms": steps,
             "median_step_ms": {k: statistics.median(v) for k, v in steps.items()},
             "ratio_checked_vs_before": dict(zip(("q1", "median", "q3"), qb)),
             "ratio_checked_vs_check_off": dict(zip(("q1", "median", "q3"), qo)),
+            "reduce_ratio_checked_vs_check_off": reduce_ratio,
+            "reduce_ratio_quartiles": dict(zip(("q1", "median", "q3"), qr)),
         })
         print(f"{trainers} trainer(s), {len(vs_before)} paired steps: checked/before "
               f"{qb[1]:.3f} (IQR {qb[0]:.3f}-{qb[2]:.3f}), checked/check-off {qo[1]:.3f} "
-              f"(IQR {qo[0]:.3f}-{qo[2]:.3f})")
+              f"(IQR {qo[0]:.3f}-{qo[2]:.3f}); reduce alone checked/check-off {qr[1]:.3f} "
+              f"(IQR {qr[0]:.3f}-{qr[2]:.3f}, {len(reduce_ratio)} pairs)")
     try:
         with open("/proc/loadavg") as f:
             load = f.read().split()[:3]
@@ -86,7 +91,7 @@ def main():
     except ImportError:
         print("nonfinite_step_bench: no matplotlib, no plot", file=sys.stderr)
         return
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = plt.subplots(figsize=(9, 4))
     data, labels = [], []
     for r in results:
         s = r["step_ms"]
@@ -94,7 +99,10 @@ def main():
         labels.append(f"{r['trainers']} tr.\nchecked / before")
         data.append([c / o for c, o in zip(s["checked"], s["check_off"])])
         labels.append(f"{r['trainers']} tr.\nchecked / check off")
+        data.append(r["reduce_ratio_checked_vs_check_off"])
+        labels.append(f"{r['trainers']} tr. reduce\nchecked / check off")
     ax.boxplot(data, labels=labels, whis=(5, 95), showfliers=False)
+    ax.tick_params(axis="x", labelsize=7)
     ax.axhspan(0.97, 1.03, color="green", alpha=0.15, label="within 3%")
     ax.axhline(1.0, color="gray", lw=0.8)
     ax.set_ylabel("step time ratio, paired by step")
