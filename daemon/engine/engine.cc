@@ -492,7 +492,10 @@ void Engine::ProcessGroup(const std::vector<EngineBucket*>& group,
   GroupRoundResult res;
   absl::Status status = RunGroupRound(collective_, in, &res);
   lap(Phase::kCollective);
-  size_t m = status.ok() ? std::min(res.agreed, offered) : offered;
+  // A failed round (nodes configured differently, a different bucket order) fails the head
+  // only, as the per-bucket control round does: the offers' lengths may differ between nodes, so
+  // every node goes on with one round per bucket, in step.
+  const size_t m = status.ok() ? std::min(res.agreed, offered) : 1;
   if (status.ok() && res.dead_trainer != 0) {
     status = absl::AbortedError(absl::StrCat(
         "merge group starting at bucket ", group[0]->id, " step ", group[0]->ex.next_step, ": ",

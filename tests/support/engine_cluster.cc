@@ -26,8 +26,10 @@ EngineCluster::EngineCluster(EngineClusterOptions options)
     }
     node.collective = hub_.Connect(n);
     if (options_.wrap) node.collective = options_.wrap(n, std::move(node.collective));
-    node.engine = std::make_unique<Engine>(options_.engine, node.collective.get(), node.parts.prims,
-                                           node.parts.device);
+    EngineOptions engine = options_.engine;
+    if (options_.node_options) options_.node_options(n, &engine);
+    node.engine = std::make_unique<Engine>(std::move(engine), node.collective.get(),
+                                           node.parts.prims, node.parts.device);
   }
   if (options_.start) status_ = Start();
 }

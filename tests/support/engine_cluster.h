@@ -51,6 +51,8 @@ struct EngineClusterOptions {
   std::function<NodeParts(int node)> parts;
   // Wraps node r's collective (a tampering, checking or failing one); default: as it is.
   std::function<std::unique_ptr<Collective>(int node, std::unique_ptr<Collective>)> wrap;
+  // Edits node r's copy of `engine` (e.g. a per-node observer or a differing flag).
+  std::function<void(int node, EngineOptions* options)> node_options;
   // Starts every engine in the constructor (status() says how that went); false: call Start().
   bool start = true;
 };
