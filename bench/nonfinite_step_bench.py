@@ -105,7 +105,7 @@ def main():
     ax.tick_params(axis="x", labelsize=7)
     ax.axhspan(0.97, 1.03, color="green", alpha=0.15, label="within 3%")
     ax.axhline(1.0, color="gray", lw=0.8)
-    ax.set_ylabel("step time ratio, paired by step")
+    ax.set_ylabel("time ratio, paired (step or reduce alone)")
     ax.set_title(f"--nonfinite check cost: {a.compressor}@{a.density}, n={a.n}, "
                  f"pinned cpu {a.cpu or '-'}", fontsize=9)
     ax.legend(fontsize=8)
