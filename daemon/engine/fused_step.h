@@ -36,9 +36,11 @@
 // with DATA_LOSS before its next collective. The engine's commit vote then fails the group
 // everywhere alike.
 //
-// Written and tested as a step (tests/daemon/fused_step_test), NOT yet called by the engine:
-// the scheduler still exchanges one bucket per step call. Host-memory buckets only: a member on
-// a device fails with Unimplemented (in lockstep). Selection behind: FusedBehindStep below.
+// Tested as a step (tests/daemon/fused_step_test) and called by the engine for every packed
+// group with --merger other than `none` (Engine::ProcessGroup; tests/daemon/merge_engine_test).
+// Host-memory buckets only: a member on a device fails with Unimplemented (in lockstep; the
+// engine refuses a merger with device buckets at Start). Selection behind: FusedBehindStep
+// below, not called by the engine yet.
 #pragma once
 
 #include <cstdint>

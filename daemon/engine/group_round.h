@@ -16,8 +16,8 @@
 // The message has a fixed size (kGroupRoundMaxWindow keys), whatever W is, so that a node with a
 // different W takes part in the same all-reduce and fails clearly. Every check is made on the
 // maxed words, which are the same on every node, so every node returns the same verdict (the
-// message names this node's view). Not wired into the engine yet: spexd still runs one control
-// round per bucket (MakeMerger refuses every merger but `none`).
+// message names this node's view). The engine runs one per group with --merger other than
+// `none` (Engine::ProcessGroup); `none` keeps one control round per bucket.
 #pragma once
 
 #include <cstddef>

@@ -1,6 +1,6 @@
 // Grouping logic of the mergers of MERGING.md 3-5.1, as pure objects behind the Merger seam.
-// They are tested on their own (tests/daemon/merger_test); spexd does not run them yet because
-// the engine's agreement round and fused exchange are not written (MakeMerger refuses them).
+// They are tested on their own (tests/daemon/merger_test) and run by the engine (--merger,
+// MakeMerger(policy, MergeParams); tests/daemon/merge_engine_test).
 #pragma once
 
 #include <cstdint>
