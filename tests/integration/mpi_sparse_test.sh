@@ -148,6 +148,11 @@ OKTOPK=$("$TRAINER" --list_compressors | while read -r c; do
 done | paste -sd, -)
 run_sparse 2 2nodes.oktopk "$OKTOPK" --sparse_allreduce=oktopk --oktopk_global=all
 run_sparse 4 4nodes.oktopk "$OKTOPK" --sparse_allreduce=oktopk --oktopk_global=all
+# --merger (issue 14): the group path (group round, FusedStep, one commit vote per group) under
+# MPI against the same oracle. spex_trainer exchanges its buckets one after another, so the groups
+# here hold one bucket (merge_engine_test covers groups of several, in-process).
+run_sparse 2 2nodes.rgmerge "dense,topk,micro,thresh" --merger=rgmerge
+run_sparse 2 2nodes.fixed "dense,topk,micro" --merger=fixed --fixed_cycle_ms=1
 run_refusals
 run_stuck_stop
 echo "mpi_sparse: $failures failure(s) in $((SECONDS - T0)) s"
