@@ -151,6 +151,7 @@ void Engine::Run() {
     const uint32_t seen = bell->ring.load();
     group.clear();
     failed.clear();
+    pick = Scheduler::Pick();
     bool run = false, waiting = false;
     {
       absl::MutexLock lock(&mu_);
