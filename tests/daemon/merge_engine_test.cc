@@ -7,6 +7,7 @@
 // (recorded by an observer) and no schedule deadlocks (a deadlock fails WaitPublished's
 // deadline). And nodes with different --merger are refused with FAILED_PRECONDITION naming it.
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -219,6 +220,64 @@ TEST(MergeEngineMismatch, DifferentMergersAreRefusedNamingTheMerger) {
       // The doorbell path's WaitPublished names the published code: 9 = FAILED_PRECONDITION.
       EXPECT_NE(got.errors[i].find("published error status 9"), std::string::npos)
           << AbslUnparseFlag(other) << " trainer " << i << ": " << got.errors[i];
+    }
+  }
+}
+
+// --nonfinite=error under a merger: a NaN from one trainer of one node in bucket 2 at step 1
+// skips that step on every node. rgmerge (agreed): bucket 2 alone (the offer stops before it, and
+// it heads a later group alone); omgs (static plan): its whole plan group. Every other bucket
+// and step completes, and the step after goes on.
+TEST(MergeEngineNonfinite, ErrorPolicySkipsTheBucketOrItsPlanGroupOnEveryNode) {
+  for (MergerPolicy merger : {MergerPolicy::kRgmerge, MergerPolicy::kOmgs}) {
+    SCOPED_TRACE(AbslUnparseFlag(merger));
+    const int N = 2, L = 2, steps = 3;
+    EngineClusterOptions o;
+    o.nodes = N;
+    o.trainers = L;
+    o.cpu_primitives = true;
+    o.engine.shm_tag = "mergetest";
+    o.engine.dense_fallback = DenseFallback::kOff;
+    o.engine.min_sparse_elements = 0;
+    o.engine.compressor = "topk";
+    o.engine.merger = merger;
+    o.engine.nonfinite = NonfinitePolicy::kError;
+    o.engine.merge.omgs_threshold_elements = 5000;  // plan groups {0,1,2}, {3,4,5}
+    EngineCluster cluster(o);
+    ASSERT_TRUE(cluster.status().ok()) << cluster.status();
+    std::vector<std::string> failed(N * L);  // "bucket@step " per failure
+    std::vector<std::string> errors(N * L);
+    cluster.ForEachTrainer([&](int r, int t) {
+      auto tr = Trainer::Open(&cluster.engine(r), t, L);
+      if (!tr.ok()) return void(errors[r * L + t] = tr.status().ToString());
+      for (int b = 0; b < kBuckets; ++b) {
+        auto g = tr->Register(b, kSizes[b], "topk", 0.05);
+        if (!g.ok()) return void(errors[r * L + t] = g.status().ToString());
+      }
+      for (int s = 0; s < steps; ++s) {
+        for (int b = 0; b < kBuckets; ++b) {
+          tr->Fill(b, [&](size_t i) {
+            if (r == 1 && t == 0 && b == 2 && s == 1 && i == 7) return std::nanf("");
+            return Value(r, t, s, b, i);
+          });
+          tr->MarkReady(b, s);
+        }
+        for (int b = 0; b < kBuckets; ++b) {
+          absl::Status st = tr->WaitPublished(b, s, absl::Seconds(20));
+          if (st.ok()) continue;
+          if (st.message().find("status 3") == std::string::npos) {
+            errors[r * L + t] = st.ToString();
+            return;
+          }
+          absl::StrAppend(&failed[r * L + t], b, "@", s, " ");
+        }
+      }
+    });
+    const std::string want =
+        merger == MergerPolicy::kRgmerge ? "2@1 " : "0@1 1@1 2@1 ";
+    for (int i = 0; i < N * L; ++i) {
+      EXPECT_EQ(errors[i], "") << "trainer " << i;
+      EXPECT_EQ(failed[i], want) << "trainer " << i;
     }
   }
 }
