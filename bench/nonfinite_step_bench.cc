@@ -171,8 +171,7 @@ int Main() {
     for (int p = 1; p < kPaths; ++p) {
       if (std::memcmp(paths[0].output.data(), paths[p].output.data(), n * sizeof(float)) != 0 ||
           std::memcmp(paths[0].data.acc, paths[p].data.acc, n * sizeof(float)) != 0) {
-        std::fprintf(stderr, "step %d: path %d's output or residual differs from path 0's\n", s,
-                     p);
+        std::fprintf(stderr, "step %d: path %d's output or residual differs from path 0's\n", s, p);
         return 1;
       }
     }
@@ -229,7 +228,8 @@ int Main() {
       absl::GetFlag(FLAGS_threads), reps, bench::Median(ms[0]), bench::Median(ms[1]),
       bench::Median(ms[2]), qb.median, qb.q1, qb.q3, qo.median, qo.q1, qo.q3, qr.median, qr.q1,
       qr.q3, reduce_ratio.size());
-  std::printf("phases (ms)      median: before   now  check off     min: before   now  check off\n");
+  std::printf(
+      "phases (ms)      median: before   now  check off     min: before   now  check off\n");
   // The engine-style paths lap kReduceLocal twice (their own reduce, then the step's empty one):
   // summed per step.
   std::vector<double> phases[kPaths][kPhaseCount];

@@ -134,7 +134,8 @@ absl::Status BucketTable::BuildCompressor(EngineBucket* b, double density) {
   b->ex.sparse->compressor = std::move(*c);
   b->ex.sparse->oktopk = b->policy.sparse_allreduce == SparseAllreduce::kOkTopk;
   OkTopkOptions& ok = b->ex.sparse->oktopk_options;
-  ok.global = options_->oktopk_global == OkTopkSelect::kAll ? OkTopkGlobal::kAll : OkTopkGlobal::kTopk;
+  ok.global =
+      options_->oktopk_global == OkTopkSelect::kAll ? OkTopkGlobal::kAll : OkTopkGlobal::kTopk;
   ok.recompute_every = static_cast<uint32_t>(options_->oktopk_recompute_every);
   ok.rebalance_every = static_cast<uint32_t>(options_->oktopk_rebalance_every);
   b->ex.mode = options_->dense_fallback == DenseFallback::kAuto ? BucketExchange::Mode::kProbe

@@ -24,7 +24,7 @@ struct BucketSpec {
   std::string compressor;
   double density = 0;
   std::map<std::string, std::string> params;  // the compressor's
-  BucketPolicy policy;                         // the bucket's engine options
+  BucketPolicy policy;                        // the bucket's engine options
 };
 
 class BucketTable {

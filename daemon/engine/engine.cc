@@ -139,7 +139,7 @@ void Engine::Run() {
   SPEX_LOG(DEBUG) << "engine thread started";
   bool announced = false;
   std::vector<EngineBucket*> group, failed;  // this iteration's picks (capacity reused)
-  std::vector<MergeCandidate> candidates;     // the group's, with --merger
+  std::vector<MergeCandidate> candidates;    // the group's, with --merger
   Scheduler::Pick pick;
   while (true) {
     if (options_.heartbeat) options_.heartbeat();
@@ -174,9 +174,8 @@ void Engine::Run() {
           return scheduler_->LocallyReady(*b);
         });
         waiting = !run && group.size() > 1 &&
-                  std::any_of(group.begin(), group.end(), [&](const EngineBucket* b) {
-                    return scheduler_->LocallyReady(*b);
-                  });
+                  std::any_of(group.begin(), group.end(),
+                              [&](const EngineBucket* b) { return scheduler_->LocallyReady(*b); });
       }
       if (run) {
         for (EngineBucket* b : group) b->MoveTo(BucketState::kExchanging);
@@ -413,7 +412,8 @@ void Engine::WarnSlowGroup(const std::vector<EngineBucket*>& group, bool waiting
   {
     absl::MutexLock lock(&mu_);
     for (const EngineBucket* b : group) {
-      if (!scheduler_->LocallyReady(*b)) absl::StrAppend(&missing, missing.empty() ? "" : ", ", b->id);
+      if (!scheduler_->LocallyReady(*b))
+        absl::StrAppend(&missing, missing.empty() ? "" : ", ", b->id);
     }
   }
   SPEX_LOG(WARNING) << "--merger=" << scheduler_->merger_name() << ": the group starting at bucket "
@@ -482,7 +482,11 @@ void Engine::ProcessGroup(const std::vector<EngineBucket*>& group,
   std::vector<GroupMemberKey> keys(offered);
   for (size_t i = 0; i < offered; ++i) {
     const EngineBucket* b = group[i];
-    keys[i] = {b->id, b->ex.next_step, b->elements, b->compressor, candidates[i].kind,
+    keys[i] = {b->id,
+               b->ex.next_step,
+               b->elements,
+               b->compressor,
+               candidates[i].kind,
                options_.fp16_values && candidates[i].kind == MergeKind::kPatternB};
   }
   Merger* merger = scheduler_->merger();
@@ -535,8 +539,8 @@ void Engine::ProcessGroup(const std::vector<EngineBucket*>& group,
             "compressor's state are as before it, and the next step can go on)"));
       } else if (b->ex.sparse != nullptr) {
         run[i] = false;
-        st[i] = prims_->Fill(b->mem.view.output, std::numeric_limits<float>::quiet_NaN(),
-                             b->elements);
+        st[i] =
+            prims_->Fill(b->mem.view.output, std::numeric_limits<float>::quiet_NaN(), b->elements);
         b->ex.sparse->output_dense = true;
         b->ex.sparse->touched.clear();
       }
@@ -552,8 +556,8 @@ void Engine::ProcessGroup(const std::vector<EngineBucket*>& group,
       ApplyDensityLocked(res.density_key);
       for (size_t i = 0; i < m; ++i) density[i] = group[i]->out.density;
     }
-    std::vector<size_t> packs = agreed ? merger->Pack(absl::MakeConstSpan(candidates.data(), m))
-                                       : std::vector<size_t>{m};
+    std::vector<size_t> packs =
+        agreed ? merger->Pack(absl::MakeConstSpan(candidates.data(), m)) : std::vector<size_t>{m};
     size_t first = 0;
     std::vector<StepItem> items;
     std::vector<MergeKind> kinds;

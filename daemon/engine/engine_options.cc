@@ -92,8 +92,8 @@ absl::Status CheckSparseAllreduce(const EngineOptions& o, const std::string& com
 absl::Status CheckSparseAllreduce(SparseAllreduce mode, bool from_param,
                                   const std::string& compressor, bool on_device) {
   if (mode != SparseAllreduce::kOkTopk) return absl::OkStatus();
-  const absl::string_view what = from_param ? "the bucket parameter sparse_allreduce=oktopk"
-                                            : "--sparse_allreduce=oktopk";
+  const absl::string_view what =
+      from_param ? "the bucket parameter sparse_allreduce=oktopk" : "--sparse_allreduce=oktopk";
   const absl::string_view instead =
       from_param ? "sparse_allreduce=allgather" : "--sparse_allreduce=allgather";
   if (on_device) {
@@ -141,8 +141,8 @@ absl::Status ValidateEngineOptions(const EngineOptions& o) {
         absl::StrCat("--residual_norm_every must be >= 0, got ", o.residual_norm_every));
   }
   if (o.oktopk_recompute_every < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("--oktopk_recompute_every must be >= 1, got ",
-                                                   o.oktopk_recompute_every));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--oktopk_recompute_every must be >= 1, got ", o.oktopk_recompute_every));
   }
   if (o.oktopk_rebalance_every < 0) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -79,10 +79,10 @@ struct EngineOptions {
   int probe_steps = 3;       // kAuto: sparse and dense steps each measured
   bool fp16_values = false;  // pattern B values as float16 on the wire
   SparseAllreduce sparse_allreduce = SparseAllreduce::kAllGather;  // pattern B's exchange
-  OkTopkSelect oktopk_global = OkTopkSelect::kTopk;  // --oktopk_global
+  OkTopkSelect oktopk_global = OkTopkSelect::kTopk;                // --oktopk_global
   int oktopk_recompute_every = 32;  // exact global top-k every this many exchanges (tau_g)
   int oktopk_rebalance_every = 64;  // regions re-agreed every this many exchanges (tau_r); 0 never
-  int residual_norm_every = 10;               // steps between residual-norm computations (0: never)
+  int residual_norm_every = 10;     // steps between residual-norm computations (0: never)
   MergerPolicy merger = MergerPolicy::kNone;  // which ready buckets share one exchange
   MergeParams merge;                          // the merger's parameters (--merge_window, ...)
   // --nonfinite: what a step does where a trainer handed in a NaN/+-Inf (every bucket alike).

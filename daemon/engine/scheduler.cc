@@ -1,12 +1,10 @@
 #include "daemon/engine/scheduler.h"
 
 #include <algorithm>
-
 #include <string_view>
 
-#include "kernels/compressor.h"
-
 #include "daemon/util/log.h"
+#include "kernels/compressor.h"
 
 namespace spex {
 namespace {
@@ -44,7 +42,7 @@ MergeKind Scheduler::KindOf(const EngineBucket& b) {
       break;
   }
   return b.ex.sparse->compressor->pattern() == Pattern::kIndexUnion ? MergeKind::kPatternA
-                                                                     : MergeKind::kPatternB;
+                                                                    : MergeKind::kPatternB;
 }
 
 const std::vector<EngineBucket*>& Scheduler::NextGroup(const BucketTable& table, int64_t now_ns) {

@@ -20,8 +20,8 @@ class Scheduler {
 
   // How the engine runs the last NextGroup's pick.
   struct Pick {
-    bool alone = true;   // one bucket on the per-bucket path (control round): `none`, a probing
-                         // (P) head, a bucket exchanged through Ok-Topk
+    bool alone = true;    // one bucket on the per-bucket path (control round): `none`, a probing
+                          // (P) head, a bucket exchanged through Ok-Topk
     bool agreed = false;  // the group is this node's offer; the group round's m cuts it
     int64_t linger_until_ns = 0;  // an agreed merger lingers (empty group) until then, or 0
   };
@@ -52,9 +52,9 @@ class Scheduler {
   const int local_trainers_;
   uint64_t dead_ = 0;
   std::unique_ptr<Merger> merger_;
-  std::vector<EngineBucket*> group_, failed_;  // reused
-  std::vector<EngineBucket*> order_;           // reused
-  std::vector<MergeCandidate> candidates_;     // reused
+  std::vector<EngineBucket*> group_, failed_;     // reused
+  std::vector<EngineBucket*> order_;              // reused
+  std::vector<MergeCandidate> candidates_;        // reused
   std::vector<MergeCandidate> group_candidates_;  // reused
   Pick pick_;
 };

@@ -89,12 +89,12 @@ enum class MergerPolicy { kNone, kFixed, kOmgs, kRgmerge };
 // Every merger's parameters in one place (spexd's flags; MakeMerger validates them, naming the
 // flag). Only the chosen merger's fields are used.
 struct MergeParams {
-  GroupLimits limits;                             // --merge_window, --max_group_elements
+  GroupLimits limits;                                   // --merge_window, --max_group_elements
   uint64_t fixed_threshold_bytes = uint64_t{64} << 20;  // --fixed_threshold_bytes
-  int64_t fixed_cycle_ms = 5;                     // --fixed_cycle_ms
-  bool omgs_count_mode = false;                   // --omgs_count > 0 selects count mode
-  uint64_t omgs_threshold_elements = 8192;        // --omgs_threshold_elements
-  uint64_t omgs_count = 10;                       // --omgs_count
+  int64_t fixed_cycle_ms = 5;                           // --fixed_cycle_ms
+  bool omgs_count_mode = false;                         // --omgs_count > 0 selects count mode
+  uint64_t omgs_threshold_elements = 8192;              // --omgs_threshold_elements
+  uint64_t omgs_count = 10;                             // --omgs_count
 };
 bool AbslParseFlag(absl::string_view text, MergerPolicy* out, std::string* error);
 std::string AbslUnparseFlag(MergerPolicy v);
@@ -104,8 +104,7 @@ uint64_t Fnv1a(uint64_t h, const void* data, size_t n);
 inline constexpr uint64_t kFnvOffset = 14695981039346656037ull;
 
 // The policy's merger with `params` (mergers.cc); InvalidArgument naming the flag for a bad one.
-absl::StatusOr<std::unique_ptr<Merger>> MakeMerger(MergerPolicy policy,
-                                                   const MergeParams& params);
+absl::StatusOr<std::unique_ptr<Merger>> MakeMerger(MergerPolicy policy, const MergeParams& params);
 // `none`: one bucket per exchange.
 std::unique_ptr<Merger> MakeNoMerger();
 // With the default parameters.

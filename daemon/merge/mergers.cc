@@ -167,8 +167,7 @@ absl::StatusOr<std::unique_ptr<Merger>> MakeRgmergeReadyMerger(const RgmergeOpti
   return std::unique_ptr<Merger>(new RgmergeReadyMerger(options));
 }
 
-absl::StatusOr<std::unique_ptr<Merger>> MakeMerger(MergerPolicy policy,
-                                                   const MergeParams& params) {
+absl::StatusOr<std::unique_ptr<Merger>> MakeMerger(MergerPolicy policy, const MergeParams& params) {
   switch (policy) {
     case MergerPolicy::kNone:
       return MakeNoMerger();

@@ -16,8 +16,7 @@ void Scale(float* x, float a, size_t n);
 // y = a * (xs[0] + ... + xs[count-1]) summed left to right; a == 1 skips the multiply.
 // `stream`: y is written with non-temporal stores (for a y far larger than the caches: no
 // read-for-ownership of y's lines); the same values either way.
-void SumScaled(float* y, const float* const* xs, int count, float a, size_t n,
-               bool stream = false);
+void SumScaled(float* y, const float* const* xs, int count, float a, size_t n, bool stream = false);
 // SumScaled that returns the lowest i whose result y[i] is NaN or +-Inf (n when none), found
 // in the same pass (the same values as SumScaled).
 size_t SumScaledCheckFinite(float* y, const float* const* xs, int count, float a, size_t n,

@@ -31,8 +31,8 @@ constexpr size_t kSizes[kBuckets] = {3001, 517, 4099, 64, 2048, 1500};
 
 // Dyadic, small: every sum of them is exact in fp32 whatever the order.
 float Value(int node, int trainer, int step, int bucket, size_t i) {
-  const uint64_t x = (i * 2654435761u) ^ (node * 40503u) ^ (trainer * 9973u) ^ (step * 7919u) ^
-                     (bucket * 104729u);
+  const uint64_t x =
+      (i * 2654435761u) ^ (node * 40503u) ^ (trainer * 9973u) ^ (step * 7919u) ^ (bucket * 104729u);
   return static_cast<float>(static_cast<int>(x % 33) - 16) * 0.125f;
 }
 
@@ -86,8 +86,8 @@ struct RunResult {
 };
 
 RunResult RunCluster(MergerPolicy merger, const std::string& compressor, int N, int L, int steps,
-              int schedule, MergerPolicy node1_merger = MergerPolicy::kNone,
-              bool differ = false) {
+                     int schedule, MergerPolicy node1_merger = MergerPolicy::kNone,
+                     bool differ = false) {
   EngineClusterOptions o;
   o.nodes = N;
   o.trainers = L;
@@ -180,9 +180,8 @@ TEST_P(MergeEngineTest, SameAsUnmergedUnderEverySchedule) {
     for (int i = 0; i < N * L; ++i) ASSERT_EQ(got.errors[i], "") << "trainer " << i;
     for (size_t j = 0; j < want.out.size(); ++j) {
       ASSERT_EQ(got.out[j].size(), want.out[j].size()) << j;
-      ASSERT_EQ(std::memcmp(got.out[j].data(), want.out[j].data(),
-                            want.out[j].size() * sizeof(float)),
-                0)
+      ASSERT_EQ(
+          std::memcmp(got.out[j].data(), want.out[j].data(), want.out[j].size() * sizeof(float)), 0)
           << "output " << j << " (step, node, trainer, bucket) differs from --merger=none";
     }
     for (size_t j = 0; j < want.residual.size(); ++j) {
@@ -198,18 +197,17 @@ TEST_P(MergeEngineTest, SameAsUnmergedUnderEverySchedule) {
   EXPECT_GT(fused, 1);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Mergers, MergeEngineTest,
-    ::testing::Values(Case{MergerPolicy::kRgmerge, "dense", 2, 2},
-                      Case{MergerPolicy::kRgmerge, "topk", 3, 2},
-                      Case{MergerPolicy::kRgmerge, "micro", 2, 3},
-                      Case{MergerPolicy::kFixed, "dense", 3, 2},
-                      Case{MergerPolicy::kFixed, "topk", 2, 2},
-                      Case{MergerPolicy::kFixed, "micro", 2, 2},
-                      Case{MergerPolicy::kOmgs, "dense", 2, 2},
-                      Case{MergerPolicy::kOmgs, "topk", 4, 2},
-                      Case{MergerPolicy::kOmgs, "micro", 2, 2}),
-    CaseName);
+INSTANTIATE_TEST_SUITE_P(Mergers, MergeEngineTest,
+                         ::testing::Values(Case{MergerPolicy::kRgmerge, "dense", 2, 2},
+                                           Case{MergerPolicy::kRgmerge, "topk", 3, 2},
+                                           Case{MergerPolicy::kRgmerge, "micro", 2, 3},
+                                           Case{MergerPolicy::kFixed, "dense", 3, 2},
+                                           Case{MergerPolicy::kFixed, "topk", 2, 2},
+                                           Case{MergerPolicy::kFixed, "micro", 2, 2},
+                                           Case{MergerPolicy::kOmgs, "dense", 2, 2},
+                                           Case{MergerPolicy::kOmgs, "topk", 4, 2},
+                                           Case{MergerPolicy::kOmgs, "micro", 2, 2}),
+                         CaseName);
 
 TEST(MergeEngineMismatch, DifferentMergersAreRefusedNamingTheMerger) {
   for (MergerPolicy other : {MergerPolicy::kFixed, MergerPolicy::kOmgs}) {
@@ -273,8 +271,7 @@ TEST(MergeEngineNonfinite, ErrorPolicySkipsTheBucketOrItsPlanGroupOnEveryNode) {
         }
       }
     });
-    const std::string want =
-        merger == MergerPolicy::kRgmerge ? "2@1 " : "0@1 1@1 2@1 ";
+    const std::string want = merger == MergerPolicy::kRgmerge ? "2@1 " : "0@1 1@1 2@1 ";
     for (int i = 0; i < N * L; ++i) {
       EXPECT_EQ(errors[i], "") << "trainer " << i;
       EXPECT_EQ(failed[i], want) << "trainer " << i;

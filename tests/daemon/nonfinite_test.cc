@@ -343,7 +343,8 @@ TEST(NonfinitePerBucket, EachBucketFollowsItsOwnPolicy) {
       auto tr = test::Trainer::Open(&cluster.engine(node), t, kTrainers);
       ASSERT_TRUE(tr.ok()) << tr.status();
       ASSERT_TRUE(tr->Register(10, kElements, "topk", 0.01).ok());
-      auto grant = tr->Register(11, kElements, "topk", 0.01, {{"nonfinite", AbslUnparseFlag(other)}});
+      auto grant =
+          tr->Register(11, kElements, "topk", 0.01, {{"nonfinite", AbslUnparseFlag(other)}});
       ASSERT_TRUE(grant.ok()) << grant.status();
       for (int step = 0; step < 2; ++step) {
         for (int k = 0; k < 2; ++k) {
@@ -353,7 +354,8 @@ TEST(NonfinitePerBucket, EachBucketFollowsItsOwnPolicy) {
             tr->input(id)[kFirstBad] = std::numeric_limits<float>::quiet_NaN();
           }
           status[node][t][k][step] = tr->Exchange(id, step, absl::Seconds(20)).status();
-          for (size_t i = 0; i < kElements; ++i) nan[node][t][k][step] += std::isnan(tr->output(id)[i]);
+          for (size_t i = 0; i < kElements; ++i)
+            nan[node][t][k][step] += std::isnan(tr->output(id)[i]);
         }
       }
     });
@@ -408,7 +410,8 @@ TEST(NonfinitePerBucket, TrainersOfOneNodeMustAgree) {
   ASSERT_TRUE(t0->Register(5, 100, "topk", 0.01, {{"nonfinite", "error"}}).ok());
   auto grant = t1->Register(5, 100, "topk", 0.01, {{"nonfinite", "propagate"}});
   ASSERT_EQ(grant.status().code(), absl::StatusCode::kInvalidArgument) << grant.status();
-  EXPECT_NE(grant.status().message().find("nonfinite=error sparse_allreduce=allgather there, nonfinite=propagate sparse_allreduce=allgather here"),
+  EXPECT_NE(grant.status().message().find("nonfinite=error sparse_allreduce=allgather there, "
+                                          "nonfinite=propagate sparse_allreduce=allgather here"),
             std::string::npos)
       << grant.status();
 }

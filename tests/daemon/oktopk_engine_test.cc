@@ -183,8 +183,8 @@ TEST(OkTopkGlobalTopk, MatchesTheAlgorithmsModelStepAfterStep) {
   const size_t n = 20011;
   const double density = 0.01;
   const size_t k = static_cast<size_t>(std::floor(density * n));
-  const RunResult got = RunCluster("topk", N, L, n, steps, density, SparseAllreduce::kOkTopk,
-                                   false, OkTopkSelect::kTopk, /*recompute_every=*/1,
+  const RunResult got = RunCluster("topk", N, L, n, steps, density, SparseAllreduce::kOkTopk, false,
+                                   OkTopkSelect::kTopk, /*recompute_every=*/1,
                                    /*rebalance_every=*/2);
   for (int i = 0; i < N * L; ++i) ASSERT_EQ(got.errors[i], "") << "node " << i / L;
   std::vector<std::vector<float>> res(N, std::vector<float>(n, 0.0f));
@@ -260,7 +260,8 @@ TEST(OkTopkGlobalTopk, MatchesTheAlgorithmsModelStepAfterStep) {
       EXPECT_EQ(rec.gathered_elements, k) << "node " << r << ": the kept entries";
     }
   }
-  EXPECT_GT(dropped_total, 0u) << "no selected entry was ever dropped: the residual path is untested";
+  EXPECT_GT(dropped_total, 0u)
+      << "no selected entry was ever dropped: the residual path is untested";
 }
 
 // The threshold steps (--oktopk_recompute_every=32: exact at exchange 0, then the threshold): every
@@ -271,8 +272,8 @@ TEST(OkTopkGlobalTopk, ThresholdStepsAgreeOnEveryNode) {
   const size_t n = 20011;
   const double density = 0.01;
   const size_t k = static_cast<size_t>(std::floor(density * n));
-  const RunResult got = RunCluster("dgc", N, L, n, steps, density, SparseAllreduce::kOkTopk,
-                                   false, OkTopkSelect::kTopk, 32, 64);
+  const RunResult got = RunCluster("dgc", N, L, n, steps, density, SparseAllreduce::kOkTopk, false,
+                                   OkTopkSelect::kTopk, 32, 64);
   for (int i = 0; i < N * L; ++i) ASSERT_EQ(got.errors[i], "") << "node " << i / L;
   for (int s = 0; s < steps; ++s) {
     const std::vector<float>& first = got.out[s * N * L];
@@ -356,8 +357,7 @@ TEST(OkTopkPerBucket, RefusalsNameTheParameter) {
       << bad.status();
   auto spelled = tr->Register(2, 5000, "topk", 0.01, {{"sparse_allreduce", "auto"}});
   ASSERT_EQ(spelled.status().code(), absl::StatusCode::kInvalidArgument) << spelled.status();
-  EXPECT_NE(spelled.status().message().find("accepted values allgather, oktopk"),
-            std::string::npos)
+  EXPECT_NE(spelled.status().message().find("accepted values allgather, oktopk"), std::string::npos)
       << spelled.status();
   EXPECT_TRUE(tr->Register(3, 5000, "topk", 0.01, {{"sparse_allreduce", "oktopk"}}).ok());
   EXPECT_TRUE(tr->Register(4, 5000, "micro", 0.01, {{"sparse_allreduce", "allgather"}}).ok());

@@ -11,13 +11,13 @@
 #include <unistd.h>
 
 #include <cmath>
-#include <cstdio>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
-#include <set>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -73,9 +73,8 @@ const char* const kKeys[] = {"seed",           "threshold_control",
                              "trim",           "refine",
                              "nonfinite",      "sparse_allreduce",
                              "bogus"};
-const char* const kValues[] = {"0",     "1",         "7",      "-1",        "1e-3",
-                               "nan",   "true",      "band",   "",          "99999",
-                               "error", "propagate", "oktopk", "allgather"};
+const char* const kValues[] = {"0",    "1", "7",     "-1",    "1e-3",      "nan",    "true",
+                               "band", "",  "99999", "error", "propagate", "oktopk", "allgather"};
 
 template <size_t N>
 std::string Pick(FuzzedDataProvider& in, const char* const (&list)[N]) {
