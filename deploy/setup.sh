@@ -45,3 +45,6 @@ if ((${#missing[@]})); then
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 echo "setup: all ${#PKGS[@]} packages present"
+# abseil's source for --config=tsan (ThreadSanitizer needs abseil compiled with it).
+bash "$(dirname "$0")/fetch_abseil_source.sh" ||
+  echo "setup: WARNING: abseil's source could not be fetched; the TSan tests of tests/run.sh will fail"
