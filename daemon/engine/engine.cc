@@ -12,6 +12,7 @@
 #include "daemon/engine/group_round.h"
 #include "daemon/memory/futex.h"
 #include "daemon/transport/agreement.h"
+#include "daemon/util/heap.h"
 #include "daemon/util/log.h"
 
 namespace spex {
@@ -138,6 +139,7 @@ bool Engine::JoinFor(absl::Duration timeout) {
 void Engine::Run() {
   SPEX_LOG(DEBUG) << "engine thread started";
   bool announced = false;
+  bool had_sessions = false;  // whether the last iteration saw a session (a job running)
   std::vector<EngineBucket*> group, failed;  // this iteration's picks (capacity reused)
   std::vector<MergeCandidate> candidates;    // the group's, with --merger
   Scheduler::Pick pick;
@@ -152,13 +154,15 @@ void Engine::Run() {
     group.clear();
     failed.clear();
     pick = Scheduler::Pick();
-    bool run = false, waiting = false;
+    bool run = false, waiting = false, fell_idle = false;
     {
       absl::MutexLock lock(&mu_);
       buckets_.UnlinkAttached();
       doorbell_.UnlinkIfAllAttached(options_.local_trainers);
       doorbell_.DropOld(bell);
       ReapDeadTrainersLocked();
+      fell_idle = had_sessions && sessions_.empty();
+      had_sessions = !sessions_.empty();
       // After every session left, only the steps dead trainers left half-done still run.
       if (!reset_pending_ || dead_mask_ != 0) {
         const auto& f = scheduler_->FailedAndReady(buckets_);
@@ -181,6 +185,11 @@ void Engine::Run() {
         for (EngineBucket* b : group) b->MoveTo(BucketState::kExchanging);
       }
       processing_ = run || !failed.empty();
+    }
+    if (fell_idle) {
+      // The job's last trainer has gone (Goodbye or death): hand the heap's free pages back.
+      const int64_t released = ReleaseFreeHeap();
+      SPEX_LOG(DEBUG) << "node idle: released " << released / 1024 << " KiB of free heap";
     }
     for (EngineBucket* b : failed) PublishFailed(b);
     if (run && !pick.alone) {

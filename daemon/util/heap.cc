@@ -1,0 +1,38 @@
+#include "daemon/util/heap.h"
+
+#include <cstdio>
+#include <cstring>
+
+#include <unistd.h>
+
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
+namespace spex {
+namespace {
+
+// This process's resident size in bytes, from /proc/self/statm (pages); 0 if unreadable.
+int64_t ResidentBytes() {
+  FILE* f = std::fopen("/proc/self/statm", "r");
+  if (f == nullptr) return 0;
+  long long size = 0, resident = 0;
+  const int n = std::fscanf(f, "%lld %lld", &size, &resident);
+  std::fclose(f);
+  return n == 2 ? resident * static_cast<int64_t>(sysconf(_SC_PAGESIZE)) : 0;
+}
+
+}  // namespace
+
+int64_t ReleaseFreeHeap() {
+#if defined(__GLIBC__)
+  const int64_t before = ResidentBytes();
+  malloc_trim(0);
+  const int64_t after = ResidentBytes();
+  return before > after ? before - after : 0;
+#else
+  return 0;
+#endif
+}
+
+}  // namespace spex
