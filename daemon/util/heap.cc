@@ -1,9 +1,9 @@
 #include "daemon/util/heap.h"
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstring>
-
-#include <unistd.h>
 
 #if defined(__GLIBC__)
 #include <malloc.h>
