@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "daemon/engine/control_round.h"
 #include "daemon/engine/fused_step.h"
 #include "daemon/engine/group_round.h"
@@ -415,22 +416,28 @@ void Engine::WarnSlowGroup(const std::vector<EngineBucket*>& group, bool waiting
     slow_warned_ = false;
     return;
   }
-  if (slow_warned_ || now - slow_since_ns_ < uint64_t{10} * 1000 * 1000 * 1000) return;
+  const uint64_t limit_ns = static_cast<uint64_t>(
+      std::max<int64_t>(0, absl::ToInt64Nanoseconds(options_.slow_group_warning)));
+  if (slow_warned_ || now - slow_since_ns_ < limit_ns) return;
   slow_warned_ = true;
-  std::string missing;
+  SlowGroupEvent event;
+  event.head = head->id;
+  event.step = head->ex.next_step;
+  event.waited_ns = now - slow_since_ns_;
   {
     absl::MutexLock lock(&mu_);
     for (const EngineBucket* b : group) {
-      if (!scheduler_->LocallyReady(*b))
-        absl::StrAppend(&missing, missing.empty() ? "" : ", ", b->id);
+      if (!scheduler_->LocallyReady(*b)) event.missing.push_back(b->id);
     }
   }
   SPEX_LOG(WARNING) << "--merger=" << scheduler_->merger_name() << ": the group starting at bucket "
-                    << head->id << " step " << head->ex.next_step << " has waited more than 10 s "
-                    << "for bucket(s) " << missing
+                    << head->id << " step " << head->ex.next_step << " has waited more than "
+                    << absl::FormatDuration(options_.slow_group_warning) << " for bucket(s) "
+                    << absl::StrJoin(event.missing, ", ")
                     << " while its other members were ready. A trainer that waits for bucket b's "
                        "result before writing bucket b+1 deadlocks under a static plan (omgs); "
                        "use --merger=rgmerge or fixed, or none";
+  for (ExchangeObserver* o : options_.observers) o->OnSlowGroup(event);
 }
 
 void Engine::ProcessGroup(const std::vector<EngineBucket*>& group,

@@ -85,6 +85,9 @@ struct EngineOptions {
   int residual_norm_every = 10;     // steps between residual-norm computations (0: never)
   MergerPolicy merger = MergerPolicy::kNone;  // which ready buckets share one exchange
   MergeParams merge;                          // the merger's parameters (--merge_window, ...)
+  // A merge group whose other members are ready and that still waits for one this long gets a
+  // WARNING in the log (once per group and step) and ExchangeObserver::OnSlowGroup.
+  absl::Duration slow_group_warning = absl::Seconds(10);
   // --nonfinite: what a step does where a trainer handed in a NaN/+-Inf (every bucket alike).
   NonfinitePolicy nonfinite = NonfinitePolicy::kPropagate;
   // Memory limits, checked at registration before anything is allocated; 0 = derived from the

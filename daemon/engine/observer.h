@@ -33,10 +33,20 @@ struct ExchangeEvent {
   std::vector<PhaseSpan> spans;  // in order; a phase may appear more than once
 };
 
+// A merge group that has waited EngineOptions::slow_group_warning for members while its others
+// were ready (the engine logs a WARNING too).
+struct SlowGroupEvent {
+  uint64_t head = 0;              // the group's first bucket
+  uint64_t step = 0;              // and its step
+  uint64_t waited_ns = 0;         // how long the group has waited so far
+  std::vector<uint64_t> missing;  // the members not ready yet
+};
+
 class ExchangeObserver {
  public:
   virtual ~ExchangeObserver() = default;
   virtual void OnExchange(const ExchangeEvent& event) = 0;
+  virtual void OnSlowGroup(const SlowGroupEvent& event) {}
 };
 
 }  // namespace spex

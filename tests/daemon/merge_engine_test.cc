@@ -279,5 +279,75 @@ TEST(MergeEngineNonfinite, ErrorPolicySkipsTheBucketOrItsPlanGroupOnEveryNode) {
   }
 }
 
+struct SlowLog : ExchangeObserver {
+  absl::Mutex mu;
+  std::vector<SlowGroupEvent> events;
+  void OnExchange(const ExchangeEvent&) override {}
+  void OnSlowGroup(const SlowGroupEvent& e) override {
+    absl::MutexLock lock(&mu);
+    events.push_back(e);
+  }
+};
+
+// The trainer pattern a static plan deadlocks: a trainer that waits for bucket 0's result before
+// it writes bucket 1, under omgs with plan group {0,1,2}. The group waits; once it has waited
+// slow_group_warning (100 ms here, 10 s by default) the engine warns once, naming the group's
+// head, step and the missing buckets; bucket 0's result never comes until the trainer writes
+// the others, and then every bucket completes.
+TEST(MergeEngineSlowGroup, AStaticGroupWaitingForAMemberIsReportedOnce) {
+  EngineClusterOptions o;
+  o.nodes = 1;
+  o.trainers = 1;
+  o.cpu_primitives = true;
+  o.engine.shm_tag = "mergetest";
+  o.engine.dense_fallback = DenseFallback::kOff;
+  o.engine.min_sparse_elements = 0;
+  o.engine.compressor = "dense";
+  o.engine.merger = MergerPolicy::kOmgs;
+  o.engine.merge.omgs_threshold_elements = 5000;  // plan groups {0,1,2}, {3,4,5}
+  o.engine.slow_group_warning = absl::Milliseconds(100);
+  SlowLog log;
+  o.node_options = [&](int, EngineOptions* e) { e->observers = {&log}; };
+  EngineCluster cluster(o);
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status();
+  std::string error;
+  absl::Status first_wait;
+  cluster.ForEachTrainer([&](int r, int t) {
+    auto tr = Trainer::Open(&cluster.engine(r), t, 1);
+    if (!tr.ok()) return void(error = tr.status().ToString());
+    for (int b = 0; b < kBuckets; ++b) {
+      auto g = tr->Register(b, kSizes[b], "dense", 0);
+      if (!g.ok()) return void(error = g.status().ToString());
+    }
+    tr->Fill(0, [&](size_t i) { return Value(r, t, 0, 0, i); });
+    tr->MarkReady(0, 0);
+    first_wait = tr->WaitPublished(0, 0, absl::Milliseconds(600));  // the deadlocking pattern
+    for (int b = 1; b < kBuckets; ++b) {
+      tr->Fill(b, [&](size_t i) { return Value(r, t, 0, b, i); });
+      tr->MarkReady(b, 0);
+    }
+    for (int b = 0; b < kBuckets; ++b) {
+      if (absl::Status st = tr->WaitPublished(b, 0, absl::Seconds(20)); !st.ok()) {
+        return void(error = absl::StrCat("bucket ", b, ": ", st.ToString()));
+      }
+      const float* out = tr->output(b);
+      for (size_t i = 0; i < kSizes[b]; ++i) {
+        if (out[i] != Value(r, t, 0, b, i)) {
+          return void(error = absl::StrCat("bucket ", b, " element ", i, ": ", out[i]));
+        }
+      }
+    }
+  });
+  cluster.Stop();
+  EXPECT_EQ(error, "");
+  EXPECT_FALSE(first_wait.ok()) << "bucket 0 was published before its plan group was complete";
+  absl::MutexLock lock(&log.mu);
+  ASSERT_EQ(log.events.size(), 1u);
+  EXPECT_EQ(log.events[0].head, 0u);
+  EXPECT_EQ(log.events[0].step, 0u);
+  EXPECT_GE(log.events[0].waited_ns, 100u * 1000 * 1000);
+  EXPECT_EQ(log.events[0].missing, (std::vector<uint64_t>{1, 2}));
+}
+
 }  // namespace
 }  // namespace spex::test
