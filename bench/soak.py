@@ -248,6 +248,9 @@ class Soak:
                 kill = a.kill_every > 0 and index % a.kill_every == a.kill_every - 1
                 steps = min(a.steps_per_job, a.steps - self.steps_done) if not kill else a.steps_per_job
                 self.run_job(index, steps, kill)
+                # Let the daemons notice that the job's trainers have gone (a death is reaped within
+                # 100 ms, the engine wakes every 50 ms) and return to idle, where they trim their heap.
+                time.sleep(0.3)
                 s = self.sample("between")
                 if s and index % 5 == 0:
                     d = s["daemons"]
