@@ -218,25 +218,63 @@ absl::StatusOr<Bucket*> Client::RegisterBucket(uint64_t id, size_t elements,
 }
 
 absl::Status Client::Exchange(Bucket* b, ExchangeMode mode, void* stream) {
+  if (mode == ExchangeMode::kDoorbell) {
+    // A step started before (by Start, or by an Exchange whose wait timed out) is waited for
+    // again, not marked ready twice.
+    if (!b->started_) {
+      if (absl::Status s = Start(b, stream); !s.ok()) return s;
+    }
+    return Wait(b, stream);
+  }
+  if (b->started_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("bucket ", b->id_, ": step ", b->next_step_, " was started; Wait for it"));
+  }
   const uint64_t step = b->next_step_;
   absl::Status s = MarkDeviceInputWritten(ipc_cache_.get(), b->view_, options_.local_rank, stream);
-  if (!s.ok()) return s;
-  if (mode == ExchangeMode::kRpc) {
-    s = ExchangeRpc(b, step);
-  } else {
-    b->view_.header->ready[options_.local_rank].value.store(step + 1, std::memory_order_seq_cst);
-    doorbell_->ring.fetch_add(1);
-    if (doorbell_->engine_sleeping.load()) FutexWake(&doorbell_->ring);
-    s = WaitPublished(b, step);
-    if (s.ok() && b->view_.header->status.load() != 0)
-      s = ExchangeRpc(b, step);  // fetches the message
-  }
+  if (s.ok()) s = ExchangeRpc(b, step);
   if (s.ok()) s = AwaitDeviceOutput(ipc_cache_.get(), b->view_, options_.local_size, stream);
   // A published step is consumed even when it failed (a non-finite step under nonfinite=error
   // goes on with the next one); one never published (a timeout, a shutdown) is retried as the
   // same step.
   if (s.ok() || b->view_.header->published.load() == static_cast<uint32_t>(step + 1)) {
     b->next_step_ = step + 1;
+  }
+  return s;
+}
+
+absl::Status Client::Start(Bucket* b, void* stream) {
+  if (b->started_) {
+    return absl::FailedPreconditionError(absl::StrCat("bucket ", b->id_, ": step ", b->next_step_,
+                                                      " was already started; Wait for it first"));
+  }
+  const uint64_t step = b->next_step_;
+  if (absl::Status s =
+          MarkDeviceInputWritten(ipc_cache_.get(), b->view_, options_.local_rank, stream);
+      !s.ok()) {
+    return s;
+  }
+  b->view_.header->ready[options_.local_rank].value.store(step + 1, std::memory_order_seq_cst);
+  doorbell_->ring.fetch_add(1);
+  if (doorbell_->engine_sleeping.load()) FutexWake(&doorbell_->ring);
+  b->started_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status Client::Wait(Bucket* b, void* stream) {
+  if (!b->started_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("bucket ", b->id_, ": step ", b->next_step_, " was not started; Start it"));
+  }
+  const uint64_t step = b->next_step_;
+  absl::Status s = WaitPublished(b, step);
+  if (s.ok() && b->view_.header->status.load() != 0) s = ExchangeRpc(b, step);  // the message
+  if (s.ok()) s = AwaitDeviceOutput(ipc_cache_.get(), b->view_, options_.local_size, stream);
+  // As in Exchange: a published step is consumed even when it failed; one never published (a
+  // timeout, a shutdown) stays started, so a later Wait waits for it again.
+  if (s.ok() || b->view_.header->published.load() == static_cast<uint32_t>(step + 1)) {
+    b->next_step_ = step + 1;
+    b->started_ = false;
   }
   return s;
 }

@@ -106,6 +106,7 @@ class Bucket {
   std::unique_ptr<ShmMapping> mapping_;
   BucketView view_;
   uint64_t next_step_ = 0;
+  bool started_ = false;  // Start was called for next_step_ and Wait not yet
   std::string compressor_;
   double density_ = 0;
   v1::ExchangeStats last_stats_;
@@ -123,6 +124,14 @@ class Client {
   // the top of this file; host buckets ignore it.
   absl::Status Exchange(Bucket* bucket, ExchangeMode mode = ExchangeMode::kDoorbell,
                         void* stream = nullptr);
+  // The doorbell exchange in two halves, for a trainer that hands over its buckets as they become
+  // ready and collects the results later (as PyTorch DDP's hook does; what lets --merger fuse
+  // several buckets into one exchange): Start marks this trainer's input of the bucket's next
+  // step ready and returns at once; Wait waits for that step's result (Exchange(kDoorbell) is
+  // Start then Wait). Start on a bucket already started, or Wait on one not started, is
+  // FailedPrecondition. Device buckets: `stream` as for Exchange.
+  absl::Status Start(Bucket* bucket, void* stream = nullptr);
+  absl::Status Wait(Bucket* bucket, void* stream = nullptr);
 
   absl::StatusOr<v1::GetStatsResponse> Stats();
   absl::Status Goodbye();

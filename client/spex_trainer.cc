@@ -58,7 +58,9 @@ ABSL_FLAG(int, local_size, 1, "trainers on this node");
 ABSL_FLAG(std::string, buckets, "1000,65536,1048576", "comma-separated bucket sizes (elements)");
 ABSL_FLAG(int, steps, 10, "steps to run");
 ABSL_FLAG(std::string, mode, "doorbell",
-          "doorbell|rpc|alternate (alternate switches every step and bucket)");
+          "doorbell|rpc|alternate|overlap (alternate switches every step and bucket; overlap "
+          "starts every bucket of a step on the doorbell path, then waits for them all, as "
+          "PyTorch DDP's hook does)");
 ABSL_FLAG(bool, verify, false,
           "check every result: dense buckets exactly (integer data), sparse buckets against a "
           "single-process oracle of the whole cluster (see the header of client/spex_trainer.cc)");
@@ -136,8 +138,8 @@ int main(int argc, char** argv) {
   opts.local_size = absl::GetFlag(FLAGS_local_size);
   opts.client_name = "spex_trainer";
   const std::string mode = absl::GetFlag(FLAGS_mode);
-  if (mode != "doorbell" && mode != "rpc" && mode != "alternate") {
-    std::fprintf(stderr, "spex_trainer: --mode must be doorbell|rpc|alternate, got '%s'\n",
+  if (mode != "doorbell" && mode != "rpc" && mode != "alternate" && mode != "overlap") {
+    std::fprintf(stderr, "spex_trainer: --mode must be doorbell|rpc|alternate|overlap, got '%s'\n",
                  mode.c_str());
     return 2;
   }
@@ -248,9 +250,18 @@ int main(int argc, char** argv) {
     for (size_t b = 0; b < buckets.size(); ++b) {
       const bool rpc = mode == "rpc" || (mode == "alternate" && (step + b) % 2 == 1);
       via_rpc[b] = rpc;
-      absl::Status s =
-          c.Exchange(buckets[b], rpc ? spex::ExchangeMode::kRpc : spex::ExchangeMode::kDoorbell);
+      absl::Status s = mode == "overlap"
+                           ? c.Start(buckets[b])
+                           : c.Exchange(buckets[b], rpc ? spex::ExchangeMode::kRpc
+                                                        : spex::ExchangeMode::kDoorbell);
       if (!s.ok()) {
+        std::fprintf(stderr, "spex_trainer[node %u trainer %u]: step %d: %s\n", node, me, step,
+                     s.ToString().c_str());
+        return 1;
+      }
+    }
+    for (size_t b = 0; mode == "overlap" && b < buckets.size(); ++b) {
+      if (absl::Status s = c.Wait(buckets[b]); !s.ok()) {
         std::fprintf(stderr, "spex_trainer[node %u trainer %u]: step %d: %s\n", node, me, step,
                      s.ToString().c_str());
         return 1;

@@ -644,6 +644,8 @@ void Engine::ProcessGroup(const std::vector<EngineBucket*>& group,
       for (ExchangeObserver* o : options_.observers) o->OnExchange(event);
     }
   }
+  SPEX_LOG(DEBUG) << "merge group of " << m << " bucket(s) starting at bucket " << group[0]->id
+                  << " (step " << recs[0].step << ")";
 }
 
 // Dense-fallback policy ("never slower than dense"): a sparse bucket first alternates sparse

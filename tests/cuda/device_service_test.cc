@@ -201,5 +201,89 @@ TEST(DeviceService, ClientExchangesThroughTheDevicePath) {
   unlink(socket.c_str());
 }
 
+// Client::Start and Client::Wait, the doorbell exchange in two halves (what a DDP-like trainer
+// and --merger need): every trainer starts both buckets of a step, then waits for both; the
+// averages are exact. Wait before Start, and Start twice, are FailedPrecondition and change
+// nothing.
+TEST(DeviceService, ClientStartsEveryBucketThenWaits) {
+  const uint32_t L = 2;
+  const size_t n = 3000;
+  FakeDevice device(/*ordinal=*/0);
+  auto engine = DeviceEngineServer::Start(&device, {L, true});
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  const std::string socket = absl::StrCat("/tmp/spex-devtest-sw-", getpid(), ".sock");
+  unlink(socket.c_str());
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("unix:" + socket, grpc::InsecureServerCredentials());
+  builder.RegisterService((*engine)->service());
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  fake::FakeIpcOpener::Log logs[L];
+  std::vector<std::string> errors(L);
+  std::vector<std::thread> threads;
+  const int steps = 3;
+  auto value = [](size_t i, uint32_t t, int s, int b) {
+    return static_cast<float>((i * 5 + t * 11 + s * 3 + b * 17) % 97) - 48;
+  };
+  for (uint32_t t = 0; t < L; ++t) {
+    threads.emplace_back([&, t] {
+      std::string& err = errors[t];
+      ClientOptions co;
+      co.socket = socket;
+      co.local_rank = t;
+      co.local_size = L;
+      co.device = v1::DEVICE_CUDA;
+      co.ipc_opener = [&logs, t] { return std::make_unique<fake::FakeIpcOpener>(&logs[t]); };
+      auto client = Client::Connect(co);
+      if (!client.ok()) return void(err = client.status().ToString());
+      std::vector<Bucket*> buckets;
+      for (uint64_t id : {1, 2}) {
+        auto b = (*client)->RegisterBucket(id, n, {"dense", 0});
+        if (!b.ok()) return void(err = b.status().ToString());
+        buckets.push_back(*b);
+      }
+      absl::Status early = (*client)->Wait(buckets[0]);
+      if (early.code() != absl::StatusCode::kFailedPrecondition) {
+        return void(err = absl::StrCat("Wait before Start: ", early.ToString()));
+      }
+      for (int s = 0; s < steps; ++s) {
+        for (int b = 0; b < 2; ++b) {
+          absl::Span<float> in = buckets[b]->input();
+          for (size_t i = 0; i < n; ++i) in[i] = value(i, t, s, b);
+          if (absl::Status st = (*client)->Start(buckets[b]); !st.ok()) {
+            return void(err = st.ToString());
+          }
+        }
+        absl::Status twice = (*client)->Start(buckets[1]);
+        if (twice.code() != absl::StatusCode::kFailedPrecondition) {
+          return void(err = absl::StrCat("Start twice: ", twice.ToString()));
+        }
+        for (int b = 0; b < 2; ++b) {
+          if (absl::Status st = (*client)->Wait(buckets[b]); !st.ok()) {
+            return void(err = st.ToString());
+          }
+          if (buckets[b]->next_step() != static_cast<uint64_t>(s + 1)) {
+            return void(err = absl::StrCat("bucket ", b, " next_step ", buckets[b]->next_step()));
+          }
+          absl::Span<const float> out = buckets[b]->output();
+          for (size_t i = 0; i < n; ++i) {
+            float sum = 0;
+            for (uint32_t u = 0; u < L; ++u) sum += value(i, u, s, b);
+            if (out[i] != sum / L) {
+              return void(err = absl::StrCat("step ", s, " bucket ", b, " element ", i, ": ",
+                                             out[i], " want ", sum / L));
+            }
+          }
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (const std::string& e : errors) EXPECT_EQ(e, "");
+  for (const std::string& v : device.violations()) ADD_FAILURE() << v;
+  server->Shutdown();
+  unlink(socket.c_str());
+}
+
 }  // namespace
 }  // namespace spex::test

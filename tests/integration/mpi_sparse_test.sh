@@ -51,7 +51,7 @@ run_sparse() {  # nodes [case prefix, compressors (comma-separated), extra spexd
   for n in $(seq 0 $((N - 1))); do
     for l in $(seq 0 $((L - 1))); do
       "$TRAINER" --socket="$dir/node$n.sock" --local_rank="$l" --local_size="$L" --verify --quiet --threads=1 \
-        --buckets="$SIZES" --compressors="$COMPRESSORS" --density=0.01 --steps=5 --mode=alternate \
+        --buckets="$SIZES" --compressors="$COMPRESSORS" --density=0.01 --steps=5 --mode="${TRAINER_MODE:-alternate}" \
         >"$dir/t$n.$l.log" 2>&1 &
       pids+=($!)
     done
@@ -77,6 +77,15 @@ run_sparse() {  # nodes [case prefix, compressors (comma-separated), extra spexd
   ls "$dir"/node*.sock >/dev/null 2>&1 && msg+="sockets left behind. "
   grep -q "ERROR" "$dir/mpirun.log" && msg+="daemon logged errors: $(grep ERROR "$dir/mpirun.log" | head -3)"
   case_result "$P.clean_stop" "$msg"
+  if [ -n "${WANT_GROUPS:-}" ]; then  # --log_level=debug: the engine logs every merge group's size
+    local sizes; sizes=$(grep -o "merge group of [0-9]*" "$dir/mpirun.log" | awk '{print $4}' | sort -n | uniq -c | tr -s ' ' | paste -sd, -)
+    echo "merge group sizes (count size): $sizes"
+    if grep -q "merge group of [2-9]" "$dir/mpirun.log"; then
+      case_result "$P.groups" ""
+    else
+      case_result "$P.groups" "no merge group of more than one bucket formed (sizes: ${sizes:-none logged})"
+    fi
+  fi
   echo "== $P: $((SECONDS - t0)) s"
   rm -rf "$dir"
 }
@@ -149,10 +158,16 @@ done | paste -sd, -)
 run_sparse 2 2nodes.oktopk "$OKTOPK" --sparse_allreduce=oktopk --oktopk_global=all
 run_sparse 4 4nodes.oktopk "$OKTOPK" --sparse_allreduce=oktopk --oktopk_global=all
 # --merger (issue 14): the group path (group round, FusedStep, one commit vote per group) under
-# MPI against the same oracle. spex_trainer exchanges its buckets one after another, so the groups
-# here hold one bucket (merge_engine_test covers groups of several, in-process).
+# MPI against the same oracle. With --mode=alternate spex_trainer exchanges its buckets one after
+# another, so those groups hold one bucket; with --mode=overlap it starts every bucket of a step
+# and then waits for them all (as DDP's hook does), so groups of several form, and the case
+# checks that at least one did (spexd's debug log names every group's size).
 run_sparse 2 2nodes.rgmerge "dense,topk,micro,thresh" --merger=rgmerge
 run_sparse 2 2nodes.fixed "dense,topk,micro" --merger=fixed --fixed_cycle_ms=1
+TRAINER_MODE=overlap WANT_GROUPS=1 run_sparse 2 2nodes.rgmerge.overlap "dense,topk,micro,thresh" \
+  --merger=rgmerge --log_level=debug
+TRAINER_MODE=overlap WANT_GROUPS=1 run_sparse 2 2nodes.omgs.overlap "dense,topk,micro,thresh" \
+  --merger=omgs --omgs_threshold_elements=50000 --log_level=debug
 run_refusals
 run_stuck_stop
 echo "mpi_sparse: $failures failure(s) in $((SECONDS - T0)) s"
