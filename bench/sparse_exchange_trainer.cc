@@ -55,6 +55,10 @@ ABSL_FLAG(int, parties, 1, "trainer processes on the barrier (= nodes)");
 ABSL_FLAG(
     bool, pair_dense, true,
     "register a dense bucket beside each compressor's and exchange both every step (dense first)");
+ABSL_FLAG(std::string, sparse_allreduces, "",
+          "comma-separated RegisterBucket sparse_allreduce= values (allgather, oktopk): each "
+          "compressor runs once per value, its bucket registered with it; empty: one run with "
+          "the daemon's --sparse_allreduce");
 ABSL_FLAG(bool, list_compressors, false,
           "print the registered compressor names (one a line) and exit");
 
@@ -150,87 +154,97 @@ int main(int argc, char** argv) {
     const size_t k = std::max<size_t>(1, static_cast<size_t>(d * n));
     const float kth = quantile(1.0 - static_cast<double>(k) / n);
     const float scale = static_cast<float>(1.0 / (2.0 * std::sqrt(static_cast<double>(k)))) / kth;
+    std::vector<std::string> modes = FlagList<std::string>(absl::GetFlag(FLAGS_sparse_allreduces));
+    if (modes.empty()) modes.push_back("");
     for (const std::string& name : FlagList<std::string>(absl::GetFlag(FLAGS_compressors))) {
-      Wait(barrier, parties);  // every node's previous session is gone
-      auto client = spex::Client::Connect(opts);
-      if (!client.ok()) {
-        std::fprintf(stderr, "sparse_exchange_trainer: %s\n", client.status().ToString().c_str());
-        return 1;
-      }
-      // With --pair_dense, a dense bucket (lower id: exchanged first in each step) runs beside
-      // the compressor's, so every step times dense and the compressor back to back.
-      std::vector<std::pair<std::string, spex::Bucket*>> runs;
-      for (const std::string& which : {std::string("dense"), name}) {
-        if (which == "dense" && (name == "dense" || !absl::GetFlag(FLAGS_pair_dense))) continue;
-        auto bucket = (*client)->RegisterBucket(bucket_id++, n, {which, d});
-        if (!bucket.ok()) {
-          std::fprintf(stderr, "sparse_exchange_trainer: %s: %s\n", which.c_str(),
-                       bucket.status().ToString().c_str());
+      for (const std::string& mode : modes) {
+        Wait(barrier, parties);  // every node's previous session is gone
+        auto client = spex::Client::Connect(opts);
+        if (!client.ok()) {
+          std::fprintf(stderr, "sparse_exchange_trainer: %s\n", client.status().ToString().c_str());
           return 1;
         }
-        runs.emplace_back(which, *bucket);
-      }
-      for (int step = 0; step < warmup + steps; ++step) {
-        for (size_t b = 0; b < runs.size(); ++b) {
-          spex::Bucket* bucket = runs[b].second;
-          const std::string& what = runs[b].first;
-          float* in = bucket->input().data();
-          const float* z = pool.data() + offset(step);
-          for (size_t i = 0; i < n; ++i) in[i] = scale * sigma[i] * z[i];
-          Wait(barrier, parties);
-          const auto t0 = std::chrono::steady_clock::now();
-          absl::Status s = (*client)->Exchange(bucket);
-          const double ms =
-              std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
-                  .count();
-          if (!s.ok()) {
-            std::fprintf(stderr, "sparse_exchange_trainer[node %u] %s step %d: %s\n", node,
-                         name.c_str(), step, s.ToString().c_str());
+        // With --pair_dense, a dense bucket (lower id: exchanged first in each step) runs beside
+        // the compressor's, so every step times dense and the compressor back to back.
+        std::vector<std::pair<std::string, spex::Bucket*>> runs;
+        for (const std::string& which : {std::string("dense"), name}) {
+          if (which == "dense" && (name == "dense" || !absl::GetFlag(FLAGS_pair_dense))) continue;
+          spex::CompressorChoice choice{which, d, {}};
+          if (which != "dense" && !mode.empty()) choice.params["sparse_allreduce"] = mode;
+          auto bucket = (*client)->RegisterBucket(bucket_id++, n, choice);
+          if (!bucket.ok()) {
+            std::fprintf(stderr, "sparse_exchange_trainer: %s: %s\n", which.c_str(),
+                         bucket.status().ToString().c_str());
             return 1;
           }
-          // The daemon wakes the trainer before it files the step's record: ask until it is there.
-          auto stats = (*client)->Stats();
-          for (int tries = 0; tries < 2000 && stats.ok() &&
-                              stats->buckets_size() == static_cast<int>(runs.size()) &&
-                              (stats->buckets(b).exchanges() <= static_cast<uint64_t>(step) ||
-                               stats->buckets(b).last().step() != static_cast<uint64_t>(step));
-               ++tries) {
-            usleep(500);
-            stats = (*client)->Stats();
-          }
-          if (!stats.ok() || stats->buckets_size() != static_cast<int>(runs.size()) ||
-              stats->buckets(b).last().step() != static_cast<uint64_t>(step)) {
-            std::fprintf(stderr, "sparse_exchange_trainer: GetStats: %s\n",
-                         stats.status().ToString().c_str());
-            return 1;
-          }
-          const spex::v1::ExchangeStats& e = stats->buckets(b).last();
-          std::printf(
-              "{\"node\":%u,\"nodes\":%u,\"elements\":%zu,\"density\":%g,\"compressor\":\"%s\","
-              "\"step\":%d,"
-              "\"warmup\":%s,\"exchange_ms\":%.4f,\"daemon_total_ms\":%.4f,\"collective_ms\":%.4f,"
-              "\"reduce_local_ms\":%.4f,\"compress_ms\":%.4f,\"decode_ms\":%.4f,\"publish_ms\":%."
-              "4f,"
-              "\"paired_with\":\"%s\",\"pattern\":\"%s\",\"achieved_density\":%.7f,\"selected\":%"
-              "llu,\"gathered\":%llu,"
-              "\"bytes_sent\":%llu,\"bytes_received\":%llu,\"fell_back_to_dense\":%s,\"stats_"
-              "step\":%llu}\n",
-              node, nodes, n, d, what.c_str(), step, step < warmup ? "true" : "false", ms,
-              e.total_seconds() * 1e3, Seconds(e, "collective") * 1e3,
-              Seconds(e, "reduce_local") * 1e3, Seconds(e, "compress") * 1e3,
-              Seconds(e, "decode") * 1e3, Seconds(e, "publish") * 1e3, name.c_str(),
-              e.pattern().c_str(), e.achieved_density(),
-              static_cast<unsigned long long>(e.selected_elements()),
-              static_cast<unsigned long long>(e.gathered_elements()),
-              static_cast<unsigned long long>(e.bytes_sent()),
-              static_cast<unsigned long long>(e.bytes_received()),
-              e.fell_back_to_dense() ? "true" : "false", static_cast<unsigned long long>(e.step()));
-          std::fflush(stdout);
+          runs.emplace_back(which, *bucket);
         }
-      }
-      if (absl::Status s = (*client)->Goodbye(); !s.ok()) {
-        std::fprintf(stderr, "sparse_exchange_trainer: Goodbye: %s\n", s.ToString().c_str());
-        return 1;
+        for (int step = 0; step < warmup + steps; ++step) {
+          for (size_t b = 0; b < runs.size(); ++b) {
+            spex::Bucket* bucket = runs[b].second;
+            const std::string& what = runs[b].first;
+            float* in = bucket->input().data();
+            const float* z = pool.data() + offset(step);
+            for (size_t i = 0; i < n; ++i) in[i] = scale * sigma[i] * z[i];
+            Wait(barrier, parties);
+            const auto t0 = std::chrono::steady_clock::now();
+            absl::Status s = (*client)->Exchange(bucket);
+            const double ms =
+                std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                    .count();
+            if (!s.ok()) {
+              std::fprintf(stderr, "sparse_exchange_trainer[node %u] %s step %d: %s\n", node,
+                           name.c_str(), step, s.ToString().c_str());
+              return 1;
+            }
+            // The daemon wakes the trainer before it files the step's record: ask until it is
+            // there.
+            auto stats = (*client)->Stats();
+            for (int tries = 0; tries < 2000 && stats.ok() &&
+                                stats->buckets_size() == static_cast<int>(runs.size()) &&
+                                (stats->buckets(b).exchanges() <= static_cast<uint64_t>(step) ||
+                                 stats->buckets(b).last().step() != static_cast<uint64_t>(step));
+                 ++tries) {
+              usleep(500);
+              stats = (*client)->Stats();
+            }
+            if (!stats.ok() || stats->buckets_size() != static_cast<int>(runs.size()) ||
+                stats->buckets(b).last().step() != static_cast<uint64_t>(step)) {
+              std::fprintf(stderr, "sparse_exchange_trainer: GetStats: %s\n",
+                           stats.status().ToString().c_str());
+              return 1;
+            }
+            const spex::v1::ExchangeStats& e = stats->buckets(b).last();
+            std::printf(
+                "{\"node\":%u,\"nodes\":%u,\"elements\":%zu,\"density\":%g,\"compressor\":\"%s\","
+                "\"step\":%d,"
+                "\"warmup\":%s,\"exchange_ms\":%.4f,\"daemon_total_ms\":%.4f,\"collective_ms\":%."
+                "4f,"
+                "\"reduce_local_ms\":%.4f,\"compress_ms\":%.4f,\"decode_ms\":%.4f,\"publish_ms\":%."
+                "4f,"
+                "\"paired_with\":\"%s\",\"pattern\":\"%s\",\"achieved_density\":%.7f,\"selected\":%"
+                "llu,\"gathered\":%llu,"
+                "\"bytes_sent\":%llu,\"bytes_received\":%llu,\"fell_back_to_dense\":%s,\"stats_"
+                "step\":%llu,\"sparse_allreduce\":\"%s\",\"bucket\":%llu}\n",
+                node, nodes, n, d, what.c_str(), step, step < warmup ? "true" : "false", ms,
+                e.total_seconds() * 1e3, Seconds(e, "collective") * 1e3,
+                Seconds(e, "reduce_local") * 1e3, Seconds(e, "compress") * 1e3,
+                Seconds(e, "decode") * 1e3, Seconds(e, "publish") * 1e3, name.c_str(),
+                e.pattern().c_str(), e.achieved_density(),
+                static_cast<unsigned long long>(e.selected_elements()),
+                static_cast<unsigned long long>(e.gathered_elements()),
+                static_cast<unsigned long long>(e.bytes_sent()),
+                static_cast<unsigned long long>(e.bytes_received()),
+                e.fell_back_to_dense() ? "true" : "false",
+                static_cast<unsigned long long>(e.step()), what == "dense" ? "" : mode.c_str(),
+                static_cast<unsigned long long>(bucket->id()));
+            std::fflush(stdout);
+          }
+        }
+        if (absl::Status s = (*client)->Goodbye(); !s.ok()) {
+          std::fprintf(stderr, "sparse_exchange_trainer: Goodbye: %s\n", s.ToString().c_str());
+          return 1;
+        }
       }
     }
   }

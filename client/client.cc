@@ -188,6 +188,8 @@ absl::StatusOr<Bucket*> Client::RegisterBucket(uint64_t id, size_t elements,
   req.set_dtype(v1::DTYPE_FLOAT32);
   req.mutable_compressor()->set_name(choice.name);
   req.mutable_compressor()->set_density(choice.density);
+  for (const auto& [key, value] : choice.params)
+    (*req.mutable_compressor()->mutable_params())[key] = value;
   v1::RegisterBucketResponse resp;
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() +

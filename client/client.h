@@ -79,6 +79,9 @@ enum class ExchangeMode { kDoorbell, kRpc };
 struct CompressorChoice {
   std::string name;    // empty: daemon default
   double density = 0;  // 0: daemon default
+  // The compressor's parameters and the bucket's engine options (nonfinite=propagate|error,
+  // sparse_allreduce=allgather|oktopk, ...; README "RegisterBucket parameters").
+  std::map<std::string, std::string> params;
 };
 
 class Client;
