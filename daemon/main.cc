@@ -32,6 +32,7 @@
 #include "daemon/transport/agreement.h"
 #include "daemon/transport/mpi_collective.h"
 #include "daemon/transport/nccl_collective.h"
+#include "daemon/util/heap.h"
 #include "daemon/util/log.h"
 #include "daemon/util/paths.h"
 #include "daemon/util/sd_notify.h"
@@ -371,6 +372,7 @@ void FinalizeWithin(absl::Duration grace, int rc) {
 }  // namespace spex
 
 int main(int argc, char** argv) {
+  spex::UseOneMallocArena();  // before any thread starts (daemon/util/heap.h says why)
   absl::SetProgramUsageMessage(
       "spexd: per-node sparse gradient exchange daemon. Start one per node under mpirun/srun; "
       "trainers connect over a unix socket. See README.md.");

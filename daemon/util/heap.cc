@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #if defined(__GLIBC__)
@@ -32,6 +33,15 @@ int64_t ReleaseFreeHeap() {
   return before > after ? before - after : 0;
 #else
   return 0;
+#endif
+}
+
+bool UseOneMallocArena() {
+#if defined(__GLIBC__)
+  if (std::getenv("MALLOC_ARENA_MAX") != nullptr) return false;
+  return mallopt(M_ARENA_MAX, 1) == 1;
+#else
+  return false;
 #endif
 }
 
