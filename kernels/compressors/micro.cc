@@ -62,7 +62,7 @@ class Micro final : public Compressor {
       if (add) prims_->Accumulate(acc, add, ctx.n);
       used =
           HistogramQuotaSelect(prims_, acc, r.begin, r.end, EvenShare(ctx.k, ctx.node_count, part),
-                               trim_, &bins_, out, &scratch_);
+                               trim_, &bins_, out, &scratch_, &edge_hint_);
     }
     out->scalars[0] = used;
     out->scalars[1] = static_cast<float>(part);
@@ -81,6 +81,7 @@ class Micro final : public Compressor {
   float th_ = 0;
   uint64_t k_prev_ = 1;
   std::vector<uint32_t> bins_;
+  uint32_t edge_hint_ = 0;  // the last histogram edge bin (HistogramQuotaSelect's hint)
   Scratch scratch_;
 };
 

@@ -79,21 +79,36 @@ bool SingleMagnitudeEdge(Primitives* p, float* acc, size_t begin, size_t end, fl
 }  // namespace
 
 float HistogramQuotaSelect(Primitives* p, const float* acc, size_t begin, size_t end, size_t quota,
-                           bool trim, std::vector<uint32_t>* bins, Selection* out,
-                           Scratch* scratch) {
+                           bool trim, std::vector<uint32_t>* bins, Selection* out, Scratch* scratch,
+                           uint32_t* edge_hint) {
   constexpr float kNone = std::numeric_limits<float>::infinity();
   if (quota == 0 || end <= begin) return kNone;
-  bins->assign(Primitives::kHistogramBins, 0);
-  (void)HistogramToHost(p, acc, begin, end, 0, bins->data(), scratch);  // a failure: in scratch
   // Bins above 0xFF00 (+Inf's bin) hold NaNs, which are never selected; bin 0 holds zeros (and
   // the tiniest denormals), which are never worth sending.
   constexpr uint32_t kTop = 0xFF00;
+  // How far below the hint counting starts: 32 of the 128 bins per power of two (7 mantissa bits
+  // per bin), a factor 2^(1/4) ~ 1.19 in magnitude. Between steps the edge moves by a bin or two
+  // on gradients (bench/histogram_select_bench); a wider margin counts more entries one by one.
+  constexpr uint32_t kMargin = 32;
+  // Counts the bins from `first` on (all of them for 0) and finds the edge: the highest bin b
+  // where the bins from b up hold at least `quota` entries. False when the counted bins hold
+  // fewer (then only a full count can say where the edge is).
   uint64_t cum = 0;
   uint32_t b = kTop;
-  for (; b >= 1; --b) {
-    cum += (*bins)[b];
-    if (cum >= quota) break;
-  }
+  auto count_from = [&](uint32_t first) {
+    bins->assign(Primitives::kHistogramBins, 0);
+    (void)HistogramToHost(p, acc, begin, end, first, bins->data(), scratch);  // failure: scratch
+    cum = 0;
+    for (b = kTop; b >= std::max<uint32_t>(first, 1); --b) {
+      cum += (*bins)[b];
+      if (cum >= quota) return true;
+    }
+    return false;
+  };
+  const uint32_t first =
+      edge_hint != nullptr && *edge_hint > kMargin ? std::min(*edge_hint, kTop) - kMargin : 0;
+  if (first == 0 || !count_from(first)) count_from(0);
+  if (edge_hint != nullptr) *edge_hint = std::max<uint32_t>(b, 1);
   if (b == 0) b = 1;  // fewer non-zero entries than the quota: take them all
   if (cum == 0) return kNone;
   const uint32_t bits = b << 15;

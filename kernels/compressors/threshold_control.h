@@ -38,8 +38,14 @@ size_t EvenShare(size_t k, int parts, int part);
 // scratch (resized to 2^16). Returns the threshold actually applied (the bin edge, or the
 // smallest kept magnitude after trimming); +Inf when nothing is selected. `scratch`: see
 // device_scratch.h (device primitives).
+//
+// `edge_hint` (optional): the edge bin of this compressor's previous selection, updated here.
+// With a hint the histogram first counts only the bins from a little below it (most entries
+// are below and cost no increment: a compare-only pass); only when those bins hold fewer than
+// `quota` entries is the full histogram taken. The selection is the same either way: it reads
+// only the bins from its edge up, and those are counted exactly in both.
 float HistogramQuotaSelect(Primitives* p, const float* acc, size_t begin, size_t end, size_t quota,
                            bool trim, std::vector<uint32_t>* bins, Selection* out,
-                           Scratch* scratch = nullptr);
+                           Scratch* scratch = nullptr, uint32_t* edge_hint = nullptr);
 
 }  // namespace spex

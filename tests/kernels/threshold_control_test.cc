@@ -141,5 +141,40 @@ TEST(HistogramQuotaSelect, RampsHaveManyMagnitudesPerBin) {
   ExpectTop(down, 0, kN, 2000, 1);
 }
 
+// The edge hint (what micro and exdyna pass: the previous selection's edge bin) changes nothing
+// but the work: with a hint at the edge, far above it (the counted bins hold fewer than the
+// quota: the full histogram is taken), far below it, and 0, the selection and the applied
+// threshold equal the hint-less ones, and the hint comes back as the edge bin.
+TEST(HistogramQuotaSelect, EdgeHintChangesNothingButTheWork) {
+  const std::vector<float> x = Laplace(kN, 9);
+  auto prims = MakeCpuPrimitives(1);
+  for (size_t quota : {1u, 200u, 2000u, 50000u}) {
+    SCOPED_TRACE(quota);
+    std::vector<uint32_t> bins;
+    Selection want;
+    const float t =
+        HistogramQuotaSelect(prims.get(), x.data(), 10, kN - 10, quota, true, &bins, &want);
+    uint32_t edge = 0;
+    Selection first;
+    EXPECT_EQ(HistogramQuotaSelect(prims.get(), x.data(), 10, kN - 10, quota, true, &bins, &first,
+                                   nullptr, &edge),
+              t);
+    EXPECT_EQ(first.idx, want.idx);
+    ASSERT_GT(edge, 128u);  // so that every hint below is above the margin or 1
+    const uint32_t returned = edge;
+    for (uint32_t hint : {returned, returned + 1000, 0xFF00u, returned - 100, 200u, 1u}) {
+      SCOPED_TRACE(hint);
+      uint32_t h = hint;
+      Selection got;
+      EXPECT_EQ(HistogramQuotaSelect(prims.get(), x.data(), 10, kN - 10, quota, true, &bins, &got,
+                                     nullptr, &h),
+                t);
+      EXPECT_EQ(got.idx, want.idx);
+      EXPECT_EQ(got.val, want.val);
+      EXPECT_EQ(h, returned);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace spex
