@@ -18,9 +18,8 @@ int64_t ReleaseFreeHeap();
 // environment already sets MALLOC_ARENA_MAX. spexd's per-job objects are allocated by whichever
 // gRPC thread handles the request, so with one arena per thread each job's leftovers pin pages
 // in a different arena and the resident size creeps up job after job (bench/soak.py: +708 KiB
-// of anonymous memory over 50 jobs with per-thread arenas, +172 KiB with one). The engine's
-// step allocates nothing on its hot path, so the shared arena's lock costs it nothing
-// measurable. Returns whether it set the limit.
+// of anonymous memory over 50 jobs with per-thread arenas, +172 KiB with one). What the shared
+// arena's lock costs the step was not measured. Returns whether it set the limit.
 bool UseOneMallocArena();
 
 }  // namespace spex
