@@ -17,7 +17,7 @@ int64_t ReleaseFreeHeap();
 // Makes every thread allocate from glibc's one main arena (mallopt M_ARENA_MAX = 1) unless the
 // environment already sets MALLOC_ARENA_MAX. spexd's per-job objects are allocated by whichever
 // gRPC thread handles the request, so with one arena per thread each job's leftovers pin pages
-// in a different arena and the resident size creeps up job after job (bench/soak.py: +708 KiB
+// in a different arena and the resident size creeps up job after job (50 short jobs: +708 KiB
 // of anonymous memory over 50 jobs with per-thread arenas, +172 KiB with one). What the shared
 // arena's lock costs the step was not measured. Returns whether it set the limit.
 bool UseOneMallocArena();
