@@ -105,6 +105,53 @@ TEST(DeviceService, RegisterBucketReplyCarriesTheDeviceDescriptor) {
   EXPECT_EQ(log.memory_opens, 1);
 }
 
+// A device engine served over gRPC on a unix socket of this process, stopped and unlinked when
+// it goes out of scope.
+class ServedDeviceEngine {
+ public:
+  ServedDeviceEngine(FakeDevice* device, uint32_t trainers, const std::string& tag)
+      : socket_(absl::StrCat("/tmp/spex-devtest-", tag, "-", getpid(), ".sock")) {
+    unlink(socket_.c_str());
+    auto engine = DeviceEngineServer::Start(device, {trainers, true});
+    if (!engine.ok()) {
+      status_ = engine.status();
+      return;
+    }
+    engine_ = std::move(*engine);
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("unix:" + socket_, grpc::InsecureServerCredentials());
+    builder.RegisterService(engine_->service());
+    server_ = builder.BuildAndStart();
+    if (server_ == nullptr) status_ = absl::InternalError("the gRPC server did not start");
+  }
+  ~ServedDeviceEngine() {
+    if (server_ != nullptr) server_->Shutdown();
+    unlink(socket_.c_str());
+  }
+  const absl::Status& status() const { return status_; }
+  const std::string& socket() const { return socket_; }
+
+ private:
+  std::string socket_;
+  absl::Status status_;
+  std::unique_ptr<DeviceEngineServer> engine_;
+  std::unique_ptr<grpc::Server> server_;
+};
+
+// Trainer `rank` of `size` asking for device buckets through the fake IPC opener, which logs
+// into `log`.
+absl::StatusOr<std::unique_ptr<Client>> ConnectDeviceTrainer(const std::string& socket,
+                                                             uint32_t rank, uint32_t size,
+                                                             fake::FakeIpcOpener::Log* log) {
+  ClientOptions co;
+  co.socket = socket;
+  co.local_rank = rank;
+  co.local_size = size;
+  co.device = v1::DEVICE_CUDA;
+  co.ipc_opener = [log] { return std::make_unique<fake::FakeIpcOpener>(log); };
+  return Client::Connect(co);
+}
+
 // The unchanged C++ client over gRPC against a device engine: ClientOptions::device =
 // DEVICE_CUDA with the fake IPC opener, both signalling paths, the stream ordering around
 // every exchange, and exact averages on the device buffers.
@@ -112,15 +159,9 @@ TEST(DeviceService, ClientExchangesThroughTheDevicePath) {
   const uint32_t L = 2;
   const size_t n = 20000;
   FakeDevice device(/*ordinal=*/1);
-  auto engine = DeviceEngineServer::Start(&device, {L, true});
-  ASSERT_TRUE(engine.ok()) << engine.status();
-  const std::string socket = absl::StrCat("/tmp/spex-devtest-", getpid(), ".sock");
-  unlink(socket.c_str());
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort("unix:" + socket, grpc::InsecureServerCredentials());
-  builder.RegisterService((*engine)->service());
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  ASSERT_NE(server, nullptr);
+  ServedDeviceEngine served(&device, L, "exchange");
+  ASSERT_TRUE(served.status().ok()) << served.status();
+  const std::string& socket = served.socket();
 
   // A host-buffer client is refused with what to do.
   {
@@ -140,13 +181,7 @@ TEST(DeviceService, ClientExchangesThroughTheDevicePath) {
   for (uint32_t t = 0; t < L; ++t) {
     threads.emplace_back([&, t] {
       std::string& err = errors[t];
-      ClientOptions co;
-      co.socket = socket;
-      co.local_rank = t;
-      co.local_size = L;
-      co.device = v1::DEVICE_CUDA;
-      co.ipc_opener = [&logs, t] { return std::make_unique<fake::FakeIpcOpener>(&logs[t]); };
-      auto client = Client::Connect(co);
+      auto client = ConnectDeviceTrainer(socket, t, L, &logs[t]);
       if (!client.ok()) return void(err = client.status().ToString());
       auto dense = (*client)->RegisterBucket(1, n, {"dense", 0});
       if (!dense.ok()) return void(err = dense.status().ToString());
@@ -197,8 +232,6 @@ TEST(DeviceService, ClientExchangesThroughTheDevicePath) {
     EXPECT_EQ(logs[t].memory_opens, 2);  // one per bucket, reused every step
   }
   for (const std::string& v : device.violations()) ADD_FAILURE() << v;
-  server->Shutdown();
-  unlink(socket.c_str());
 }
 
 // Client::Start and Client::Wait, the doorbell exchange in two halves (what a DDP-like trainer
@@ -209,15 +242,9 @@ TEST(DeviceService, ClientStartsEveryBucketThenWaits) {
   const uint32_t L = 2;
   const size_t n = 3000;
   FakeDevice device(/*ordinal=*/0);
-  auto engine = DeviceEngineServer::Start(&device, {L, true});
-  ASSERT_TRUE(engine.ok()) << engine.status();
-  const std::string socket = absl::StrCat("/tmp/spex-devtest-sw-", getpid(), ".sock");
-  unlink(socket.c_str());
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort("unix:" + socket, grpc::InsecureServerCredentials());
-  builder.RegisterService((*engine)->service());
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  ASSERT_NE(server, nullptr);
+  ServedDeviceEngine served(&device, L, "startwait");
+  ASSERT_TRUE(served.status().ok()) << served.status();
+  const std::string& socket = served.socket();
   fake::FakeIpcOpener::Log logs[L];
   std::vector<std::string> errors(L);
   std::vector<std::thread> threads;
@@ -228,13 +255,7 @@ TEST(DeviceService, ClientStartsEveryBucketThenWaits) {
   for (uint32_t t = 0; t < L; ++t) {
     threads.emplace_back([&, t] {
       std::string& err = errors[t];
-      ClientOptions co;
-      co.socket = socket;
-      co.local_rank = t;
-      co.local_size = L;
-      co.device = v1::DEVICE_CUDA;
-      co.ipc_opener = [&logs, t] { return std::make_unique<fake::FakeIpcOpener>(&logs[t]); };
-      auto client = Client::Connect(co);
+      auto client = ConnectDeviceTrainer(socket, t, L, &logs[t]);
       if (!client.ok()) return void(err = client.status().ToString());
       std::vector<Bucket*> buckets;
       for (uint64_t id : {1, 2}) {
@@ -281,8 +302,6 @@ TEST(DeviceService, ClientStartsEveryBucketThenWaits) {
   for (auto& th : threads) th.join();
   for (const std::string& e : errors) EXPECT_EQ(e, "");
   for (const std::string& v : device.violations()) ADD_FAILURE() << v;
-  server->Shutdown();
-  unlink(socket.c_str());
 }
 
 }  // namespace
