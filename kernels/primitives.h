@@ -67,8 +67,9 @@ class Primitives {
   // non-finite whenever some input xs[r][i] is (and also where a finite sum overflows, which a
   // dense all-reduce would show alike), so the hot path checks only its output; finding which
   // input holds it is the caller's cold path. The default runs SumScaled and a host scan of y,
-  // right for host-memory implementations only: on another device it returns Unimplemented (the
-  // CUDA primitives do not fuse it yet).
+  // right for host-memory implementations only: on another device it returns Unimplemented. The
+  // CPU primitives fuse the check into the sum's pass; the CUDA primitives run SumScaled, then a
+  // kernel that finds the first bad index, and read 8 bytes back.
   virtual absl::Status SumScaledCheckFinite(float* y, const float* const* xs, int count, float a,
                                             size_t n, size_t* first_bad);
   // Number of i with |x[i]| >= t.

@@ -43,8 +43,9 @@ struct BucketMemory {
   std::vector<float> acc_host;       // CPU path: acc's storage
   std::vector<float> acc_next_host;  // CPU path, sparse with error feedback: acc_next's
   std::unique_ptr<DeviceArray> acc_device;
-  std::unique_ptr<Scratch> scratch;  // device path
-  BucketData view;                   // what the steps see
+  std::unique_ptr<DeviceArray> acc_next_device;  // device path, sparse with error feedback
+  std::unique_ptr<Scratch> scratch;              // device path
+  BucketData view;                               // what the steps see
 };
 
 struct BucketExchange {

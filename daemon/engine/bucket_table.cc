@@ -46,6 +46,16 @@ absl::StatusOr<EngineBucket*> BucketTable::Create(const BucketSpec& spec) {
       } else {
         s = acc.status();
       }
+      if (s.ok() && b->ex.sparse != nullptr && options_->error_feedback) {
+        // As on the CPU path: residual + local sum goes here first (step.h).
+        auto next = device_.allocator->AllocateScratch(spec.elements * sizeof(float));
+        if (next.ok()) {
+          b->mem.acc_next_device = std::move(*next);
+          v.acc_next = static_cast<float*>(b->mem.acc_next_device->data());
+        } else {
+          s = next.status();
+        }
+      }
     } else {
       b->mem.acc_host.assign(spec.elements, 0.0f);
       v.acc = b->mem.acc_host.data();
@@ -153,8 +163,8 @@ uint64_t BucketTable::Footprint(uint64_t elements, bool sparse) const {
                             ? DeviceBucketBytes(elements, options_->local_trainers) + kPageBytes
                             : BucketBytes(elements, options_->local_trainers);
   const bool acc = options_->local_trainers > 1 || sparse;
-  // Host path, sparse with error feedback: the second accumulator (BucketData::acc_next).
-  const bool acc_next = sparse && options_->error_feedback && device_.allocator == nullptr;
+  // Sparse with error feedback: the second accumulator (BucketData::acc_next).
+  const bool acc_next = sparse && options_->error_feedback;
   return data + (acc ? 4 * elements : 0) + (acc_next ? 4 * elements : 0) +
          (sparse ? 8 * elements : 0);
 }

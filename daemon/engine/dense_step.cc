@@ -48,7 +48,13 @@ void CommitLocalSum(BucketData* b) {
 
 int NonfiniteInput(const StepEnv& env, const BucketData& b, size_t index) {
   for (int r = 0; r < env.local_trainers; ++r) {
-    if (!std::isfinite(b.input[r][index])) return r;
+    float v = 0;
+    if (b.on_device) {  // one float from the trainer's device slot
+      if (!env.prims->CopyToHost(&v, b.input[r] + index, sizeof(v)).ok()) return -1;
+    } else {
+      v = b.input[r][index];
+    }
+    if (!std::isfinite(v)) return r;
   }
   return -1;
 }

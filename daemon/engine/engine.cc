@@ -277,13 +277,13 @@ void Engine::Process(const std::vector<EngineBucket*>& group) {
   const absl::Status inputs = control.dead_trainer != 0 ? absl::OkStatus() : WaitInputs(b);
   lap(Phase::kWaitLocal);
   control.inputs_failed = !inputs.ok() || control.dead_trainer != 0;
-  // Host path: the local reduce runs now, before the control round, with the finite check fused
-  // into its pass. It writes nothing a skipped step must keep (step.h: ReduceLocalChecked), and
-  // the control round's nonfinite word then tells every node, before any collective of the
-  // step, whether some trainer of some node handed in a NaN or +-Inf. A failure of the reduce
-  // itself goes into the step, which fails at the commit vote like any local failure. The device
-  // path reduces inside the step, unchecked (its primitives have no fused check yet).
-  const bool reduce_now = !b->mem.view.on_device && !control.inputs_failed;
+  // The local reduce runs now, before the control round, with the finite check (fused into its
+  // pass on the CPU; a second pass over the sum and an 8-byte read-back on a GPU). It writes
+  // nothing a skipped step must keep (step.h: ReduceLocalChecked), and the control round's
+  // nonfinite word then tells every node, before any collective of the step, whether some
+  // trainer of some node handed in a NaN or +-Inf. A failure of the reduce itself goes into the
+  // step, which fails at the commit vote like any local failure.
+  const bool reduce_now = !control.inputs_failed;
   absl::Status reduced;
   if (reduce_now) {
     const bool sparse_bucket = b->ex.sparse != nullptr;

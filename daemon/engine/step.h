@@ -101,7 +101,8 @@ absl::Status ReduceLocalChecked(const StepEnv& env, const BucketData& b, bool sp
 // takes the next step's sum). No-op without acc_next.
 void CommitLocalSum(BucketData* b);
 // The lowest local rank whose input is NaN or +-Inf at `index`, or -1 when all are finite there
-// (their sum overflowed). Host memory only: the cold path after ReduceLocalChecked found one.
+// (their sum overflowed). The cold path after ReduceLocalChecked found one; on the device path
+// it reads one float per trainer back to the host.
 int NonfiniteInput(const StepEnv& env, const BucketData& b, size_t index);
 
 // A pattern-D exchange's record of n elements on `nodes` nodes (bytes, counts, pattern).

@@ -100,6 +100,8 @@ class CudaPrimitives final : public Primitives {
 
   void Accumulate(float* y, const float* x, size_t n) override;
   void Scale(float* x, float a, size_t n) override;
+  absl::Status SumScaledCheckFinite(float* y, const float* const* xs, int count, float a, size_t n,
+                                    size_t* first_bad) override;
   size_t CountAbove(const float* x, size_t n, float t) override;
   size_t SelectAbove(float* x, size_t begin, size_t end, float t, bool zero, uint32_t* idx,
                      float* val, size_t capacity) override;
@@ -288,6 +290,25 @@ void CudaPrimitives::Scale(float* x, float a, size_t n) {
   absl::Status s = CudaStatus(gpu::LaunchScale(launch_, x, a, n), "Scale");
   if (s.ok()) s = Finish("Scale");
   Keep(s);
+}
+
+// The sum as SumScaled computes it (Copy, Accumulate, Scale: the CPU path's rounding), then one
+// read of y on the device for the lowest non-finite index and an 8-byte read-back. Not fused into
+// the sum as on the CPU: one extra pass over y at device bandwidth.
+absl::Status CudaPrimitives::SumScaledCheckFinite(float* y, const float* const* xs, int count,
+                                                  float a, size_t n, size_t* first_bad) {
+  *first_bad = n;
+  if (absl::Status s = SumScaled(y, xs, count, a, n); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  DeviceGuard guard(device_);
+  if (n == 0) return absl::OkStatus();
+  const char* op = "SumScaledCheckFinite";
+  unsigned long long* first = readback_.at<unsigned long long>(offsetof(Readback, first_bad));
+  SPEX_CUDA_RETURN_IF_ERROR(gpu::LaunchFirstNonfinite(launch_, y, n, first), op);
+  absl::StatusOr<Readback> r = ReadBack(op);
+  if (!r.ok()) return r.status();
+  if (r->first_bad != ~0ull) *first_bad = static_cast<size_t>(r->first_bad);
+  return absl::OkStatus();
 }
 
 size_t CudaPrimitives::CountAbove(const float* x, size_t n, float t) {

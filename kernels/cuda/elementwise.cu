@@ -67,6 +67,13 @@ __global__ void FirstBadIndexKernel(const uint32_t* __restrict__ idx, size_t m, 
   }
 }
 
+__global__ void FirstNonfiniteKernel(const float* __restrict__ y, size_t n,
+                                     unsigned long long* first_bad) {
+  for (size_t i = ThreadIndex(); i < n; i += GridStride()) {
+    if (!isfinite(y[i])) atomicMin(first_bad, static_cast<unsigned long long>(i));
+  }
+}
+
 __global__ void ScatterAddKernel(float* y, const uint32_t* __restrict__ idx,
                                  const float* __restrict__ val, size_t m) {
   for (size_t j = ThreadIndex(); j < m; j += GridStride()) atomicAdd(&y[idx[j]], val[j]);
@@ -179,6 +186,14 @@ cudaError_t LaunchFirstBadIndex(const Launch& l, const uint32_t* idx, size_t m, 
   cudaError_t e = cudaMemsetAsync(first_bad, 0xff, sizeof(*first_bad), l.stream);
   if (e != cudaSuccess || m == 0) return e;
   FirstBadIndexKernel<<<Blocks(l, m), kBlock, 0, l.stream>>>(idx, m, n, first_bad);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchFirstNonfinite(const Launch& l, const float* y, size_t n,
+                                 unsigned long long* first_bad) {
+  cudaError_t e = cudaMemsetAsync(first_bad, 0xff, sizeof(*first_bad), l.stream);
+  if (e != cudaSuccess || n == 0) return e;
+  FirstNonfiniteKernel<<<Blocks(l, n), kBlock, 0, l.stream>>>(y, n, first_bad);
   return cudaGetLastError();
 }
 

@@ -30,6 +30,9 @@ cudaError_t LaunchAccumulate(const Launch& l, float* y, const float* x, size_t n
 cudaError_t LaunchScale(const Launch& l, float* x, float a, size_t n);
 cudaError_t LaunchSample(const Launch& l, const float* x, size_t n, size_t m, uint64_t seed,
                          float* out);
+// *first_bad = the lowest i < n with y[i] NaN or +-Inf, or ~0 when there is none.
+cudaError_t LaunchFirstNonfinite(const Launch& l, const float* y, size_t n,
+                                 unsigned long long* first_bad);
 // *first_bad = the lowest j < m with idx[j] >= n, or ~0 when there is none.
 cudaError_t LaunchFirstBadIndex(const Launch& l, const uint32_t* idx, size_t m, uint64_t n,
                                 unsigned long long* first_bad);

@@ -21,6 +21,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <memory>
 #include <string>
@@ -290,6 +291,109 @@ INSTANTIATE_TEST_SUITE_P(DeviceCompressors, DevicePathMatchesCpuPath,
                                                           "sidco_p", "sidco_gp"),
                                           testing::Values(2, 4), testing::Values("off")),
                          CaseName);
+
+// A NaN or +Inf from one trainer of one node (issue 16 item 3) on the device path: the engine
+// reduces before the control round with the device primitives' SumScaledCheckFinite and decides
+// from the round's word, as on the CPU path. Every trainer's status and output at every step
+// equal the CPU path's bit for bit (whose clean steps tests/daemon/nonfinite_test shows equal a
+// run that never saw the bad step): under error the bad step fails on every trainer naming the
+// trainer and index, under propagate the sparse bucket is NaN across and the dense one carries
+// the value where an input had it; the steps after it are finite.
+struct NonfiniteRun {
+  std::vector<std::string> status;  // [((n * L + t) * steps + s) * 2 + b]
+  std::vector<std::vector<float>> output;
+  std::vector<std::unique_ptr<FakeDevice>> devices;
+};
+
+NonfiniteRun RunNonfinite(bool device, const std::string& compressor, NonfinitePolicy policy,
+                          float bad) {
+  constexpr int N = 2, L = 2, kSteps = 4, kBad = 1;
+  const uint64_t ids[2] = {kSparseBucket, kDenseBucket};
+  const size_t sizes[2] = {kSparseElements, kDenseElements};
+  NonfiniteRun r;
+  r.status.assign(N * L * kSteps * 2, "not run");
+  r.output.assign(N * L * kSteps * 2, {});
+  EngineClusterOptions o;
+  if (device) {
+    for (int n = 0; n < N; ++n) {
+      r.devices.push_back(std::make_unique<FakeDevice>(/*ordinal=*/0, /*cpu_threads=*/1));
+    }
+    o = OnFakeDevices(N, &r.devices);
+  } else {
+    o.nodes = N;
+    o.cpu_primitives = true;
+    o.engine.shm_tag = "devtest";
+  }
+  o.trainers = L;
+  o.engine.dense_fallback = DenseFallback::kOff;
+  o.engine.min_sparse_elements = 0;
+  o.engine.nonfinite = policy;
+  EngineCluster cluster(o);
+  if (!cluster.status().ok()) {
+    r.status[0] = cluster.status().ToString();
+    return r;
+  }
+  cluster.ForEachTrainer([&](int n, int t) {
+    auto tr = Trainer::Open(&cluster.engine(n), t, L);
+    if (!tr.ok()) return void(r.status[(n * L + t) * kSteps * 2] = tr.status().ToString());
+    for (int b = 0; b < 2; ++b) {
+      auto g = tr->Register(ids[b], sizes[b], b == 0 ? compressor : "dense", 0.01);
+      if (!g.ok()) return void(r.status[(n * L + t) * kSteps * 2] = g.status().ToString());
+    }
+    for (int s = 0; s < kSteps; ++s) {
+      for (int b = 0; b < 2; ++b) {
+        tr->Fill(ids[b], [&](size_t i) { return Value(n, t, ids[b], s, i); });
+        if (s == kBad && n == 1 && t == 1) tr->input(ids[b])[777] = bad;
+        const size_t at = ((n * L + t) * kSteps + s) * 2 + b;
+        absl::StatusOr<ExchangeRecord> rec = tr->Exchange(ids[b], s);
+        r.status[at] = rec.ok() ? "OK" : rec.status().ToString();
+        r.output[at].assign(tr->output(ids[b]), tr->output(ids[b]) + sizes[b]);
+      }
+    }
+  });
+  return r;
+}
+
+TEST(DevicePathNonfinite, SameStatusesAndOutputsAsTheCpuPath) {
+  for (const std::string compressor : {"topk", "micro"}) {
+    for (NonfinitePolicy policy : {NonfinitePolicy::kError, NonfinitePolicy::kPropagate}) {
+      for (float bad :
+           {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+        SCOPED_TRACE(absl::StrCat(compressor, " ", AbslUnparseFlag(policy), " ", bad));
+        const NonfiniteRun cpu = RunNonfinite(false, compressor, policy, bad);
+        const NonfiniteRun dev = RunNonfinite(true, compressor, policy, bad);
+        ASSERT_EQ(cpu.status, dev.status);
+        for (size_t at = 0; at < cpu.output.size(); ++at) {
+          EXPECT_TRUE(SameBits(cpu.output[at], dev.output[at])) << "slot " << at;
+        }
+        for (const auto& d : dev.devices) {
+          for (const std::string& v : d->violations()) ADD_FAILURE() << v;
+        }
+        // The bad step (1) of trainer 0 of node 0, both buckets, then the step after it.
+        for (int b = 0; b < 2; ++b) {
+          const size_t bad_at = (0 * 4 + 1) * 2 + b, next_at = (0 * 4 + 2) * 2 + b;
+          if (policy == NonfinitePolicy::kError) {
+            EXPECT_NE(dev.status[bad_at].find("local trainer 1 of node 1, first non-finite value "
+                                              "at index 777"),
+                      std::string::npos)
+                << dev.status[bad_at];
+          } else {
+            EXPECT_EQ(dev.status[bad_at], "OK");
+            const std::vector<float>& out = dev.output[bad_at];
+            if (b == 0) {
+              for (float x : out) ASSERT_TRUE(std::isnan(x));
+            } else {
+              EXPECT_FALSE(std::isfinite(out[777]));
+              EXPECT_TRUE(std::isfinite(out[776]));
+            }
+          }
+          EXPECT_EQ(dev.status[next_at], "OK");
+          for (float x : dev.output[next_at]) ASSERT_TRUE(std::isfinite(x));
+        }
+      }
+    }
+  }
+}
 
 // Per exchange on every node: wait for input event 0..L-1 of the bucket's buffer, then the
 // engine's device work on that buffer, then the output event L; the output is complete when

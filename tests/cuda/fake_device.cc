@@ -63,6 +63,12 @@ class CheckedPrimitives final : public Primitives {
     Mine(x, n * 4, "Scale");
     cpu_->Scale(x, a, n);
   }
+  absl::Status SumScaledCheckFinite(float* y, const float* const* xs, int count, float a, size_t n,
+                                    size_t* first_bad) override {
+    Mine(y, n * 4, "SumScaledCheckFinite y");
+    for (int r = 0; r < count; ++r) Mine(xs[r], n * 4, "SumScaledCheckFinite x");
+    return cpu_->SumScaledCheckFinite(y, xs, count, a, n, first_bad);
+  }
   size_t CountAbove(const float* x, size_t n, float t) override {
     Mine(x, n * 4, "CountAbove");
     return cpu_->CountAbove(x, n, t);
