@@ -61,9 +61,11 @@ ABSL_FLAG(bool, fp16_values, false, "Send pattern-B values as float16 (indices s
 ABSL_FLAG(spex::SparseAllreduce, sparse_allreduce, spex::SparseAllreduce::kAllGather,
           "How pattern-B buckets (topk, gtopk, randomk, dgc, gaussiank, redsync, redsync_trim, "
           "sidco_*, sage) sum their selections: allgather (every node receives every node's "
-          "selection) or oktopk (a sparse reduce-scatter by index region, then an all-gather of "
-          "the reduced entries; host memory only; other sparse compressors are refused; see "
-          "--oktopk_global). auto is not implemented yet.");
+          "selection), oktopk (a sparse reduce-scatter by index region, then an all-gather of "
+          "the reduced entries; other sparse compressors are refused; see --oktopk_global) or "
+          "auto (a bucket's first 2 x --probe_steps sparse exchanges alternate the two, then "
+          "every node keeps the faster on the slowest node; other sparse compressors keep their "
+          "own exchange).");
 ABSL_FLAG(spex::OkTopkSelect, oktopk_global, spex::OkTopkSelect::kTopk,
           "With --sparse_allreduce=oktopk: topk (keep about density x elements of the summed "
           "entries; what a node selected and was not kept stays in its residual; about 2k pairs "

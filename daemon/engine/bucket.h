@@ -52,6 +52,11 @@ struct BucketExchange {
   std::unique_ptr<SparseState> sparse;  // null: the bucket always exchanges dense
   enum class Mode { kProbe, kSparse, kDense } mode = Mode::kProbe;
   uint64_t probe_sparse_ns = 0, probe_dense_ns = 0;
+  // --sparse_allreduce=auto on a bucket whose compressor can use Ok-Topk: true while the choice
+  // is open; its sparse exchanges so far and their summed times per exchange.
+  bool allreduce_probe = false;
+  uint64_t allreduce_probed = 0;
+  uint64_t probe_allgather_ns = 0, probe_oktopk_ns = 0;
   uint64_t next_step = 0;
 };
 

@@ -134,15 +134,16 @@ absl::Status BucketTable::BuildCompressor(EngineBucket* b, double density) {
                                                       : MakeCompressor(spec, prims_);
   if (!c.ok()) return c.status();
   if (*c == nullptr || (*c)->pattern() == Pattern::kDense) return absl::OkStatus();
-  if (absl::Status s =
-          CheckSparseAllreduce(b->policy.sparse_allreduce, b->policy.sparse_allreduce_param,
-                               b->compressor, b->mem.view.on_device);
+  if (absl::Status s = CheckSparseAllreduce(b->policy.sparse_allreduce,
+                                            b->policy.sparse_allreduce_param, b->compressor);
       !s.ok()) {
     return s;
   }
   b->ex.sparse = std::make_unique<SparseState>();
   b->ex.sparse->compressor = std::move(*c);
   b->ex.sparse->oktopk = b->policy.sparse_allreduce == SparseAllreduce::kOkTopk;
+  b->ex.allreduce_probe =
+      b->policy.sparse_allreduce == SparseAllreduce::kAuto && CompressorCanUseOkTopk(b->compressor);
   OkTopkOptions& ok = b->ex.sparse->oktopk_options;
   ok.global =
       options_->oktopk_global == OkTopkSelect::kAll ? OkTopkGlobal::kAll : OkTopkGlobal::kTopk;

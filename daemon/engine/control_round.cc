@@ -34,6 +34,8 @@ enum Word {
   kNotPolicy,
   kSparseAllreduce,
   kNotSparseAllreduce,
+  kAllgatherUs,
+  kOktopkUs,
   kWords
 };
 
@@ -102,6 +104,8 @@ absl::Status RunControlRound(Collective* coll, const ExchangeKey& key, Control* 
   const uint64_t sparse_allreduce = NameHash(key.sparse_allreduce);
   v[kSparseAllreduce] = sparse_allreduce;
   v[kNotSparseAllreduce] = ~sparse_allreduce;
+  v[kAllgatherUs] = c->allgather_us;
+  v[kOktopkUs] = c->oktopk_us;
   if (coll->size() > 1) {
     if (absl::Status s = coll->AllReduce(v, kWords, ElemType::kUint64, ReduceOp::kMax); !s.ok()) {
       return s;
@@ -139,6 +143,8 @@ absl::Status RunControlRound(Collective* coll, const ExchangeKey& key, Control* 
   c->density_key = v[kDensityKey];
   c->sparse_us = v[kSparseUs];
   c->dense_us = v[kDenseUs];
+  c->allgather_us = v[kAllgatherUs];
+  c->oktopk_us = v[kOktopkUs];
   c->inputs_failed = v[kInputsFailed] != 0;
   c->dead_trainer = v[kDeadTrainer];
   c->nonfinite = v[kNonfinite];

@@ -5,7 +5,7 @@
 //    --sparse_allreduce settings equal on every node, or a clear
 //    FAILED_PRECONDITION instead of a hang in mismatched collectives;
 //  - the newest density change any node has seen (`spexctl set-density` on one node);
-//  - the dense-fallback probe timings (the slowest node's count);
+//  - the dense-fallback and --sparse_allreduce=auto probe timings (the slowest node's count);
 //  - whether any node could not read its trainers' inputs (then every node skips the step), and
 //    which trainer died if that is why.
 #pragma once
@@ -35,9 +35,11 @@ struct ExchangeKey {
 
 // What the round carries; each field is maxed over the nodes.
 struct Control {
-  uint64_t density_key = 0;  // (change number << 32) | float bits of the density
-  uint64_t sparse_us = 0;    // dense-fallback probe: this bucket's summed sparse timings
-  uint64_t dense_us = 0;     // ... and dense timings
+  uint64_t density_key = 0;   // (change number << 32) | float bits of the density
+  uint64_t sparse_us = 0;     // dense-fallback probe: this bucket's summed sparse timings
+  uint64_t dense_us = 0;      // ... and dense timings
+  uint64_t allgather_us = 0;  // --sparse_allreduce=auto probe: the all-gather's summed timings
+  uint64_t oktopk_us = 0;     // ... and Ok-Topk's
   bool inputs_failed = false;
   // A local trainer of this node died with this step half-done: DeadTrainerWord(node, rank,
   // pid), else 0. Maxed, so every node names the same one.

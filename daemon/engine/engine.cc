@@ -62,6 +62,7 @@ Engine::Engine(EngineOptions options, Collective* collective, Primitives* prims,
   oktopk_key_ = absl::StrCat("oktopk --oktopk_global=", AbslUnparseFlag(options_.oktopk_global),
                              " --oktopk_recompute_every=", options_.oktopk_recompute_every,
                              " --oktopk_rebalance_every=", options_.oktopk_rebalance_every);
+  auto_key_ = absl::StrCat("auto ", oktopk_key_);
 }
 
 Engine::~Engine() {
@@ -271,6 +272,12 @@ void Engine::Process(const std::vector<EngineBucket*>& group) {
     control.sparse_us = b->ex.probe_sparse_ns / 1000;
     control.dense_us = b->ex.probe_dense_ns / 1000;
   }
+  // The same for --sparse_allreduce=auto, counted in the bucket's sparse exchanges.
+  if (b->ex.allreduce_probe &&
+      b->ex.allreduce_probed >= 2 * static_cast<uint64_t>(options_.probe_steps)) {
+    control.allgather_us = b->ex.probe_allgather_ns / 1000;
+    control.oktopk_us = b->ex.probe_oktopk_ns / 1000;
+  }
   // Device path: the trainers' device writes must be visible before anything reads the inputs.
   // A node that cannot wait for them says so in the control round, so every node skips the
   // step alike; nothing was touched, so the bucket goes on.
@@ -301,9 +308,9 @@ void Engine::Process(const std::vector<EngineBucket*>& group) {
   }
   const absl::string_view policy =
       b->policy.nonfinite == NonfinitePolicy::kError ? "error" : "propagate";
-  const absl::string_view exchange = b->policy.sparse_allreduce == SparseAllreduce::kOkTopk
-                                         ? absl::string_view(oktopk_key_)
-                                         : absl::string_view("allgather");
+  absl::string_view exchange = "allgather";
+  if (b->policy.sparse_allreduce == SparseAllreduce::kOkTopk) exchange = oktopk_key_;
+  if (b->policy.sparse_allreduce == SparseAllreduce::kAuto) exchange = auto_key_;
   absl::Status status = RunControlRound(
       collective_, {b->id, step, b->elements, b->compressor, policy, exchange}, &control);
   if (status.ok() && control.dead_trainer != 0) {
@@ -351,6 +358,7 @@ void Engine::Process(const std::vector<EngineBucket*>& group) {
       density = b->out.density;
     }
     const bool sparse = b->ex.sparse != nullptr && UseSparse(b, step, control);
+    if (sparse && b->ex.allreduce_probe) ChooseSparseAllreduce(b, control);
     StepItem item{&b->mem.view, b->ex.sparse.get(), step, density, &rec, reduced, reduce_now};
     if (reduce_now && reduced.ok()) CommitLocalSum(&b->mem.view);
     const uint64_t t_work = MonotonicNanos();
@@ -359,8 +367,13 @@ void Engine::Process(const std::vector<EngineBucket*>& group) {
     } else {
       DenseStep(env_, absl::MakeSpan(&item, 1), lap);
     }
+    const uint64_t work_ns = MonotonicNanos() - t_work;
     if (b->ex.mode == BucketExchange::Mode::kProbe) {
-      (sparse ? b->ex.probe_sparse_ns : b->ex.probe_dense_ns) += MonotonicNanos() - t_work;
+      (sparse ? b->ex.probe_sparse_ns : b->ex.probe_dense_ns) += work_ns;
+    }
+    if (sparse && b->ex.allreduce_probe) {
+      (b->ex.sparse->oktopk ? b->ex.probe_oktopk_ns : b->ex.probe_allgather_ns) += work_ns;
+      ++b->ex.allreduce_probed;
     }
     rec.fell_back_to_dense = b->ex.sparse != nullptr && !sparse;
     status = item.status;
@@ -664,6 +677,26 @@ bool Engine::UseSparse(EngineBucket* b, uint64_t step, const Control& control) {
                  << control.dense_us / options_.probe_steps << " us: going "
                  << (b->ex.mode == Mode::kSparse ? "sparse" : "dense");
   return b->ex.mode == Mode::kSparse;
+}
+
+// --sparse_allreduce=auto, the same policy for the two sparse exchanges of a pattern-B bucket:
+// its first 2 * probe_steps sparse exchanges alternate the all-gather (even) and Ok-Topk (odd),
+// then every node adopts the faster, judged on the slowest node's timings (the control round of
+// the deciding step carries them; every node has run the same sparse exchanges, so all decide
+// alike). Ok-Topk's state (threshold, regions) only advances on its own exchanges.
+void Engine::ChooseSparseAllreduce(EngineBucket* b, const Control& control) {
+  const uint64_t window = 2 * static_cast<uint64_t>(options_.probe_steps);
+  SparseState& st = *b->ex.sparse;
+  if (b->ex.allreduce_probed < window) {
+    st.oktopk = b->ex.allreduce_probed % 2 == 1;
+    return;
+  }
+  b->ex.allreduce_probe = false;
+  st.oktopk = control.oktopk_us < control.allgather_us;
+  SPEX_LOG(INFO) << "bucket " << b->id << ": " << b->compressor << " through the all-gather took "
+                 << control.allgather_us / options_.probe_steps << " us per exchange, through "
+                 << "Ok-Topk " << control.oktopk_us / options_.probe_steps << " us: going "
+                 << (st.oktopk ? "oktopk" : "allgather");
 }
 
 absl::Status Engine::WaitInputs(EngineBucket* b) {

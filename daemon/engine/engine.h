@@ -134,6 +134,9 @@ class Engine {
                const ExchangeRecord& rec, bool terminal);
   void ApplyDensityLocked(uint64_t key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool UseSparse(EngineBucket* b, uint64_t step, const Control& control);
+  // --sparse_allreduce=auto: sets the bucket's exchange for this sparse step (the probe's
+  // alternation, or the choice once the probe is done).
+  void ChooseSparseAllreduce(EngineBucket* b, const Control& control);
   // Device path: the ordering hooks around a step (no-ops on the CPU path).
   absl::Status WaitInputs(EngineBucket* b);
   absl::Status RecordOutput(EngineBucket* b);
@@ -150,6 +153,7 @@ class Engine {
 
   const EngineOptions options_;
   std::string oktopk_key_;  // the control round's name of Ok-Topk with its flags (constructor)
+  std::string auto_key_;    // ... and of auto ("auto " + oktopk_key_)
   Collective* const collective_;
   Primitives* const prims_;  // the buckets' data (device memory on the device path)
   const DevicePath device_;

@@ -54,13 +54,11 @@ bool AbslParseFlag(absl::string_view text, SparseAllreduce* out, std::string* er
     return true;
   }
   if (text == "auto") {
-    *error =
-        "'auto' (a per-bucket choice from measured cost) is not implemented yet; accepted: "
-        "allgather, oktopk";
-    return false;
+    *out = SparseAllreduce::kAuto;
+    return true;
   }
   *error = absl::StrCat("'", text.substr(0, 64),
-                        "' is not a sparse all-reduce; accepted: allgather, oktopk");
+                        "' is not a sparse all-reduce; accepted: allgather, oktopk, auto");
   return false;
 }
 
@@ -81,25 +79,28 @@ bool AbslParseFlag(absl::string_view text, OkTopkSelect* out, std::string* error
 std::string AbslUnparseFlag(OkTopkSelect v) { return v == OkTopkSelect::kTopk ? "topk" : "all"; }
 
 std::string AbslUnparseFlag(SparseAllreduce v) {
-  return v == SparseAllreduce::kOkTopk ? "oktopk" : "allgather";
+  switch (v) {
+    case SparseAllreduce::kOkTopk:
+      return "oktopk";
+    case SparseAllreduce::kAuto:
+      return "auto";
+    case SparseAllreduce::kAllGather:
+      break;
+  }
+  return "allgather";
 }
 
-absl::Status CheckSparseAllreduce(const EngineOptions& o, const std::string& compressor,
-                                  bool on_device) {
-  return CheckSparseAllreduce(o.sparse_allreduce, /*from_param=*/false, compressor, on_device);
+absl::Status CheckSparseAllreduce(const EngineOptions& o, const std::string& compressor) {
+  return CheckSparseAllreduce(o.sparse_allreduce, /*from_param=*/false, compressor);
 }
 
 absl::Status CheckSparseAllreduce(SparseAllreduce mode, bool from_param,
-                                  const std::string& compressor, bool on_device) {
+                                  const std::string& compressor) {
   if (mode != SparseAllreduce::kOkTopk) return absl::OkStatus();
   const absl::string_view what =
       from_param ? "the bucket parameter sparse_allreduce=oktopk" : "--sparse_allreduce=oktopk";
   const absl::string_view instead =
-      from_param ? "sparse_allreduce=allgather" : "--sparse_allreduce=allgather";
-  if (on_device) {
-    return absl::UnimplementedError(absl::StrCat(
-        what, " runs on host memory only (--device=cpu); device buckets need ", instead));
-  }
+      from_param ? "sparse_allreduce=allgather or auto" : "--sparse_allreduce=allgather or auto";
   if (CompressorCanUseOkTopk(compressor)) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(
       "compressor ", compressor, " cannot use ", what,
@@ -155,7 +156,7 @@ absl::Status ValidateEngineOptions(const EngineOptions& o) {
     // The default compressor must be able to use the chosen exchange (dense never exchanges
     // sparse); a bucket registering another one is checked at registration.
     if (o.compressor != "dense") {
-      if (absl::Status s = CheckSparseAllreduce(o, o.compressor, /*on_device=*/false); !s.ok()) {
+      if (absl::Status s = CheckSparseAllreduce(o, o.compressor); !s.ok()) {
         return absl::InvalidArgumentError(absl::StrCat("--compressor: ", s.message()));
       }
     }
@@ -183,11 +184,8 @@ absl::Status SplitBucketParams(const EngineOptions& o,
       if (!AbslParseFlag(value, &policy->sparse_allreduce, &error)) {
         return absl::InvalidArgumentError(
             absl::StrCat("parameter ", kBucketParamSparseAllreduce, "=", QuotePrefix(value),
-                         ": accepted values allgather, oktopk (it overrides spexd "
-                         "--sparse_allreduce for this bucket)",
-                         value == "auto" ? "; auto (a per-bucket choice from measured cost) is "
-                                           "not implemented yet"
-                                         : ""));
+                         ": accepted values allgather, oktopk, auto (it overrides spexd "
+                         "--sparse_allreduce for this bucket)"));
       }
       policy->sparse_allreduce_param = true;
     } else {

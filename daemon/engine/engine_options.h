@@ -42,9 +42,10 @@ std::string AbslUnparseFlag(NonfinitePolicy v);
 // kAllGather: every node's (index, value) chunk is all-gathered (pattern B). kOkTopk: the Ok-Topk
 // sparse reduce-scatter by index region and an all-gatherv of the reduced entries
 // (daemon/engine/oktopk_exchange.h, global selection "all": the same result bit for bit), for the
-// compressors of OkTopkCompressorNames(), on host memory. "auto" (a per-bucket choice from
-// measured cost) is not implemented: the parser refuses it.
-enum class SparseAllreduce { kAllGather, kOkTopk };
+// compressors of OkTopkCompressorNames(). kAuto: such a bucket's first 2 x probe_steps sparse
+// exchanges alternate the two, and every node then keeps the one the slowest node found faster
+// (Engine::ChooseSparseAllreduce); buckets of the other sparse compressors keep their exchange.
+enum class SparseAllreduce { kAllGather, kOkTopk, kAuto };
 bool AbslParseFlag(absl::string_view text, SparseAllreduce* out, std::string* error);
 std::string AbslUnparseFlag(SparseAllreduce v);
 
@@ -129,14 +130,13 @@ std::string QuotePrefix(absl::string_view s);
 // flag) for a value out of range.
 absl::Status ValidateEngineOptions(const EngineOptions& o);
 
-// Whether a sparse bucket with `compressor` can use o.sparse_allreduce: always with allgather;
-// with oktopk only a compressor of OkTopkCompressorNames() on host memory. InvalidArgument naming
-// the compressors that can, or Unimplemented for a device bucket.
-absl::Status CheckSparseAllreduce(const EngineOptions& o, const std::string& compressor,
-                                  bool on_device);
+// Whether a sparse bucket with `compressor` can use o.sparse_allreduce: always with allgather
+// and auto (a compressor that cannot use Ok-Topk keeps its own exchange); with oktopk only a
+// compressor of OkTopkCompressorNames(). InvalidArgument naming the compressors that can.
+absl::Status CheckSparseAllreduce(const EngineOptions& o, const std::string& compressor);
 // The same for one bucket's choice (`from_param`: its sparse_allreduce parameter set it).
 absl::Status CheckSparseAllreduce(SparseAllreduce mode, bool from_param,
-                                  const std::string& compressor, bool on_device);
+                                  const std::string& compressor);
 
 // Per-bucket engine options a trainer may set among RegisterBucket's compressor parameters; they
 // override the daemon's flag for that bucket and are not handed to the compressor.

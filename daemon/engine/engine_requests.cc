@@ -97,8 +97,8 @@ absl::StatusOr<BucketGrant> Engine::RegisterBucket(
   if (policy.sparse_allreduce_param) {
     absl::StatusOr<Pattern> pattern = CompressorPattern(compressor);
     if (pattern.ok() && *pattern != Pattern::kDense) {
-      if (absl::Status s = CheckSparseAllreduce(policy.sparse_allreduce, /*from_param=*/true,
-                                                compressor, device_buckets());
+      if (absl::Status s =
+              CheckSparseAllreduce(policy.sparse_allreduce, /*from_param=*/true, compressor);
           !s.ok()) {
         return absl::Status(s.code(), absl::StrCat("bucket ", bucket_id, ": ", s.message()));
       }

@@ -26,6 +26,8 @@ struct ExchangeRecord {
   uint64_t gathered_elements = 0;
   uint64_t selected_elements = 0;
   std::string pattern = "D";
+  // Pattern B: "allgather" or "oktopk", how this step summed the selections; else empty.
+  std::string sparse_allreduce;
   bool fell_back_to_dense = false;
   uint64_t residual_norm_step = 0;
 };

@@ -540,6 +540,7 @@ void FusedBehindStep(const StepEnv& env, BehindGroup* g, absl::Span<StepItem> gr
     if (s.ok()) Keep(&s, env.prims->Copy(b.output, g->out.data() + lo, hi - lo));
     ExchangeRecord& rec = *item.rec;
     rec.pattern = PatternName(pattern);
+    if (pattern == Pattern::kSparseGather) rec.sparse_allreduce = "allgather";
     rec.target_density = item.density;
     rec.bytes_sent = i == 0 ? res.bytes_sent : 0;
     rec.bytes_received = i == 0 ? res.bytes_received : 0;

@@ -190,7 +190,7 @@ absl::Status ExactTopK(Collective* coll, uint64_t k, const std::vector<uint32_t>
 absl::Status ExchangeOkTopk(Collective* coll, Primitives* prims, const SparseExchangeArgs& args,
                             const OkTopkOptions& opts, OkTopkState* state,
                             absl::Span<const uint32_t> my_idx, absl::Span<const float> my_val,
-                            float* out, OkTopkResult* res) {
+                            float* out, OkTopkResult* res, const DeviceSide* device) {
   const int n = coll->size();
   const int me = coll->rank();
   if (absl::Status s = CheckOptions(opts); !s.ok()) return s;
@@ -365,12 +365,30 @@ absl::Status ExchangeOkTopk(Collective* coll, Primitives* prims, const SparseExc
                                             ": a node's counts are wrong; nothing written"));
   }
   r.owner_kept.assign(n, 0);
+  std::vector<float> values;  // device: every owner's kept values, in gathered_idx's order
+  if (device != nullptr) values.reserve(kept_total);
   for (int q = 0; q < n; ++q) {
     const DecodedChunk& d = owners[q];
     r.owner_kept[q] = d.header.count;
     if (q != me) r.ag_received += d.header.count;
     r.gathered_idx.insert(r.gathered_idx.end(), d.idx, d.idx + d.header.count);
+    if (device != nullptr) {
+      values.insert(values.end(), d.values.begin(), d.values.begin() + d.header.count);
+      continue;
+    }
     absl::Status s = prims->ScatterAdd(out, args.elements, d.idx, d.values.data(), d.header.count);
+    if (!s.ok()) return s;
+  }
+  if (device != nullptr && !values.empty()) {
+    // The owners' regions are disjoint: one upload and one scatter-add write what the host's
+    // per-owner scatter-adds would, bit for bit.
+    absl::StatusOr<void*> di = device->scratch->Upload(0, r.gathered_idx.data(), values.size() * 4);
+    if (!di.ok()) return di.status();
+    absl::StatusOr<void*> dv = device->scratch->Upload(1, values.data(), values.size() * 4);
+    if (!dv.ok()) return dv.status();
+    absl::Status s =
+        device->prims->ScatterAdd(out, args.elements, static_cast<const uint32_t*>(*di),
+                                  static_cast<const float*>(*dv), values.size());
     if (!s.ok()) return s;
   }
   // Owners' regions are disjoint and ascending and each run is sorted: already the union.

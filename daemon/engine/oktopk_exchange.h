@@ -27,8 +27,9 @@
 // names the node), nothing written to `out` and the state unchanged. Everything else (offered
 // quantiles, histograms, tie counts, kept entries) reaches every node alike, so all refuse alike.
 //
-// Not here: device memory (host buffers only) and the engine's use of "topk" (the caller owns
-// the options and the state). The volume bound needs a real all-to-all: MPI has one; the
+// Not here: the engine's use of "topk" (the caller owns the options and the state). Device
+// buckets: only the output is device memory (the selection arrives on the host, as for
+// ExchangeSparseGather). The volume bound needs a real all-to-all: MPI has one; the
 // in-process and NCCL collectives use Collective::AllToAllV's default built on AllGatherV.
 #pragma once
 
@@ -85,11 +86,13 @@ struct OkTopkResult : SparseExchangeResult {
 
 // The exchange. `out` must be zero at every position written (as for ExchangeSparseGather).
 // Bad options, state or selection are INVALID_ARGUMENT naming what to fix; malformed peer data
-// is DATA_LOSS. On success `state` is advanced (exchanges + 1, threshold, bounds).
+// is DATA_LOSS. On success `state` is advanced (exchanges + 1, threshold, bounds). With a
+// DeviceSide, `out` is that device's memory: the kept entries go up in one upload (scratch
+// slots 0 and 1) and one scatter-add; everything else stays on the host (`prims`).
 absl::Status ExchangeOkTopk(Collective* coll, Primitives* prims, const SparseExchangeArgs& args,
                             const OkTopkOptions& opts, OkTopkState* state,
                             absl::Span<const uint32_t> my_idx, absl::Span<const float> my_val,
-                            float* out, OkTopkResult* res);
+                            float* out, OkTopkResult* res, const DeviceSide* device = nullptr);
 
 // The first version's call: global "all" with fixed regions `bounds` (every node must pass the
 // same; EqualRegions if empty). res->touched and res->gathered_idx hold the positions written,

@@ -32,7 +32,8 @@ bool Scheduler::LocallyReady(const EngineBucket& b) const {
 
 MergeKind Scheduler::KindOf(const EngineBucket& b) {
   if (b.ex.sparse == nullptr) return MergeKind::kDense;
-  if (b.policy.sparse_allreduce == SparseAllreduce::kOkTopk) return MergeKind::kProbe;
+  // Ok-Topk, and --sparse_allreduce=auto until it has chosen, exchange alone.
+  if (b.ex.sparse->oktopk || b.ex.allreduce_probe) return MergeKind::kProbe;
   switch (b.ex.mode) {
     case BucketExchange::Mode::kProbe:
       return MergeKind::kProbe;

@@ -74,17 +74,18 @@ void SparseStepOne(const StepEnv& env, StepItem& item, const Lap& lap) {
   if (pattern == Pattern::kIndexUnion) {
     x = ExchangeIndexUnion(env.coll, env.host_prims, args, sel.idx, b.acc, b.output, &res, dev);
   } else if (st.oktopk) {
-    // Host memory only (registration refuses device buckets). Update then gets
-    // Gathered::reduced (counts and the sorted kept indices), which no compressor of
+    // The selection and the exchange are host memory; on the device path only the kept
+    // entries go up (into the output) and the kept indices (into the residual). Update then
+    // gets Gathered::reduced (counts and the sorted kept indices), which no compressor of
     // OkTopkCompressorNames reads; the stats' gathered elements are the kept entries.
     OkTopkOptions o = st.oktopk_options;
     o.k = std::max<uint64_t>(1, static_cast<uint64_t>(item.density * static_cast<double>(n)));
     OkTopkResult ok;
     x = ExchangeOkTopk(env.coll, env.host_prims, args, o, &st.oktopk_state, sel.idx, sel.val,
-                       b.output, &ok);
+                       b.output, &ok, dev);
     // Error feedback: the residual is zeroed where this node's selection was kept globally
     // (with global "all", its whole selection); the rest of what it sent stays.
-    if (x.ok() && s.ok()) x = env.prims->ZeroAt(b.acc, n, ok.my_kept.data(), ok.my_kept.size());
+    if (x.ok() && s.ok()) x = ZeroAt(env, b, b.acc, ok.my_kept);
     res = std::move(ok);
   } else {
     x = ExchangeSparseGather(env.coll, env.host_prims, args, sel.idx, sel.val, b.output, &res, dev);
@@ -109,6 +110,7 @@ void FinishSparseExchange(const StepEnv& env, StepItem& item, absl::Status s,
   const uint64_t step = item.step;
   ExchangeRecord& rec = *item.rec;
   rec.pattern = PatternName(pattern);
+  if (pattern == Pattern::kSparseGather) rec.sparse_allreduce = st.oktopk ? "oktopk" : "allgather";
   rec.target_density = item.density;
   rec.bytes_sent = res->bytes_sent;
   rec.bytes_received = res->bytes_received;

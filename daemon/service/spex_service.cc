@@ -25,6 +25,7 @@ void ToProto(const ExchangeRecord& rec, v1::ExchangeStats* out) {
   out->set_gathered_elements(rec.gathered_elements);
   out->set_selected_elements(rec.selected_elements);
   out->set_pattern(rec.pattern);
+  out->set_sparse_allreduce(rec.sparse_allreduce);
   out->set_fell_back_to_dense(rec.fell_back_to_dense);
   out->set_residual_norm_step(rec.residual_norm_step);
   for (int p = 0; p < static_cast<int>(Phase::kCount); ++p) {

@@ -92,6 +92,10 @@ struct RunConfig {
   int trainers = 2;
   int steps = 6;
   DenseFallback dense_fallback = DenseFallback::kOff;
+  SparseAllreduce sparse_allreduce = SparseAllreduce::kAllGather;
+  // auto's choice follows measured times, which differ between the two runs: with "all" both
+  // exchanges give the same result, so the runs compare whatever each chose.
+  OkTopkSelect oktopk_global = OkTopkSelect::kTopk;
   bool device = false;
 };
 
@@ -145,6 +149,8 @@ RunResult RunCluster(const RunConfig& c) {
   }
   o.trainers = L;
   o.engine.dense_fallback = c.dense_fallback;
+  o.engine.sparse_allreduce = c.sparse_allreduce;
+  o.engine.oktopk_global = c.oktopk_global;
   o.engine.probe_steps = 3;
   o.engine.min_sparse_elements = 0;
   o.engine.residual_norm_every = 1;
@@ -190,15 +196,23 @@ bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
-using Case = std::tuple<std::string, int, std::string>;  // compressor, nodes, dense_fallback
+// compressor, nodes, dense_fallback, sparse_allreduce
+using Case = std::tuple<std::string, int, std::string, std::string>;
 
 class DevicePathMatchesCpuPath : public testing::TestWithParam<Case> {};
 
 TEST_P(DevicePathMatchesCpuPath, BitForBit) {
   RunConfig c;
   std::string fallback;
-  std::tie(c.compressor, c.nodes, fallback) = GetParam();
+  std::string sparse_allreduce;
+  std::tie(c.compressor, c.nodes, fallback, sparse_allreduce) = GetParam();
   c.dense_fallback = fallback == "auto" ? DenseFallback::kAuto : DenseFallback::kOff;
+  std::string error;
+  ASSERT_TRUE(AbslParseFlag(sparse_allreduce, &c.sparse_allreduce, &error)) << error;
+  if (c.sparse_allreduce == SparseAllreduce::kAuto) {
+    c.oktopk_global = OkTopkSelect::kAll;
+    c.steps = 9;  // the probe's 6 sparse exchanges, then the choice
+  }
   RunResult cpu = RunCluster(c);
   c.device = true;
   RunResult dev = RunCluster(c);
@@ -222,9 +236,14 @@ TEST_P(DevicePathMatchesCpuPath, BitForBit) {
         const ExchangeRecord& y = dev.records[n][s][b];
         EXPECT_EQ(x.pattern, y.pattern) << "node " << n << " step " << s;
         EXPECT_EQ(x.selected_elements, y.selected_elements);
-        EXPECT_EQ(x.gathered_elements, y.gathered_elements);
-        EXPECT_EQ(x.bytes_sent, y.bytes_sent);
-        EXPECT_EQ(x.bytes_received, y.bytes_received);
+        // auto's choice after the probe may differ between the runs (measured times): then
+        // what moved differs, the results do not.
+        if (c.sparse_allreduce != SparseAllreduce::kAuto || s < 6) {
+          EXPECT_EQ(x.sparse_allreduce, y.sparse_allreduce) << "node " << n << " step " << s;
+          EXPECT_EQ(x.gathered_elements, y.gathered_elements);
+          EXPECT_EQ(x.bytes_sent, y.bytes_sent);
+          EXPECT_EQ(x.bytes_received, y.bytes_received);
+        }
         EXPECT_EQ(x.residual_norm, y.residual_norm) << "node " << n << " step " << s;
         EXPECT_EQ(x.fell_back_to_dense, y.fell_back_to_dense);
       }
@@ -273,14 +292,17 @@ TEST_P(DevicePathMatchesCpuPath, BitForBit) {
 }
 
 std::string CaseName(const testing::TestParamInfo<Case>& info) {
+  const std::string& sparse_allreduce = std::get<3>(info.param);
   return absl::StrCat(std::get<0>(info.param), "_", std::get<1>(info.param), "nodes_fallback_",
-                      std::get<2>(info.param));
+                      std::get<2>(info.param),
+                      sparse_allreduce == "allgather" ? "" : "_" + sparse_allreduce);
 }
 
 INSTANTIATE_TEST_SUITE_P(Compressors, DevicePathMatchesCpuPath,
                          testing::Combine(testing::Values("dense", "topk", "micro", "dgc",
                                                           "sidco_e"),
-                                          testing::Values(2, 4), testing::Values("off", "auto")),
+                                          testing::Values(2, 4), testing::Values("off", "auto"),
+                                          testing::Values("allgather")),
                          CaseName);
 
 // The other compressors that run on device primitives (no dense fallback).
@@ -289,7 +311,17 @@ INSTANTIATE_TEST_SUITE_P(DeviceCompressors, DevicePathMatchesCpuPath,
                                                           "thresh", "exdyna", "gaussiank",
                                                           "redsync", "redsync_trim", "sage", "deft",
                                                           "sidco_p", "sidco_gp"),
-                                          testing::Values(2, 4), testing::Values("off")),
+                                          testing::Values(2, 4), testing::Values("off"),
+                                          testing::Values("allgather")),
+                         CaseName);
+
+// Ok-Topk on device buckets: the selection and the exchange on the host, the kept entries
+// uploaded into the device's output and the residual zeroed there (--sparse_allreduce=oktopk,
+// global topk); and auto's probe (global all, so that either choice gives the same result).
+INSTANTIATE_TEST_SUITE_P(OkTopk, DevicePathMatchesCpuPath,
+                         testing::Combine(testing::Values("topk", "dgc", "sidco_e"),
+                                          testing::Values(2, 4), testing::Values("off"),
+                                          testing::Values("oktopk", "auto")),
                          CaseName);
 
 // A NaN or +Inf from one trainer of one node (issue 16 item 3) on the device path: the engine

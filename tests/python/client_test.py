@@ -367,7 +367,8 @@ class SparseExchangeTest(ClusterTestCase):
         fed the same inputs, one through Ok-Topk: with --oktopk_global=all its outputs equal the
         all-gather bucket's bit for bit, and it gathers fewer pairs (the union of the nodes'
         selections, not all of them). validate_compressor refuses a compressor that cannot use
-        it (naming those that can) and an unknown value, as registration does."""
+        it (naming those that can) and an unknown value, as registration does; auto is accepted
+        for every compressor."""
         cl = self.start_cluster(2, 1, "--dense_fallback=off", "--min_sparse_elements=0",
                                 "--oktopk_global=all")
         n, steps = 20000, 3
@@ -378,7 +379,9 @@ class SparseExchangeTest(ClusterTestCase):
             with spex.Client(cl.socket(rank), local_rank=0, local_size=1, exchange_timeout=30) as c:
                 c.validate_compressor("topk", 0.01, ok_param)
                 c.validate_compressor("micro", 0.01, {"sparse_allreduce": "allgather"})
-                for comp, params in (("micro", ok_param), ("topk", {"sparse_allreduce": "auto"})):
+                c.validate_compressor("topk", 0.01, {"sparse_allreduce": "auto"})
+                c.validate_compressor("micro", 0.01, {"sparse_allreduce": "auto"})
+                for comp, params in (("micro", ok_param), ("topk", {"sparse_allreduce": "okay"})):
                     try:
                         c.validate_compressor(comp, 0.01, params)
                         refusals.append(None)
@@ -408,10 +411,9 @@ class SparseExchangeTest(ClusterTestCase):
             micro, spelled = refusals
             self.assertIsNotNone(micro, "micro with sparse_allreduce=oktopk was accepted")
             self.assertIn("compressor micro cannot use the bucket parameter sparse_allreduce=oktopk", micro)
-            self.assertRegex(micro, r"the compressors that can: dgc, .*topk; or use sparse_allreduce=allgather")
-            self.assertIsNotNone(spelled, "sparse_allreduce=auto was accepted")
-            self.assertIn("accepted values allgather, oktopk", spelled)
-            self.assertIn("auto (a per-bucket choice from measured cost) is not implemented yet", spelled)
+            self.assertRegex(micro, r"the compressors that can: dgc, .*topk; or use sparse_allreduce=allgather or auto")
+            self.assertIsNotNone(spelled, "sparse_allreduce=okay was accepted")
+            self.assertIn("accepted values allgather, oktopk, auto", spelled)
             for step, ((out_ok, pat_ok, got_ok), (out_ag, pat_ag, got_ag)) in enumerate(rows):
                 where = f"node {rank} step {step}"
                 self.assertEqual((pat_ok, pat_ag), ("B", "B"), where)
