@@ -19,13 +19,15 @@
 // density so that 1 / (2 sqrt(k)) is the k-th largest |g| (where thresh, SAGE and the published
 // MiCRO/ExDyna controller start), as bench/compressors_bench does.
 #include <fcntl.h>
-#include <sched.h>
+#include <linux/futex.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <random>
@@ -77,15 +79,25 @@ Barrier* MapBarrier(const std::string& path) {
   return p == MAP_FAILED ? nullptr : static_cast<Barrier*>(p);
 }
 
+// A futex on the shared generation word (not FUTEX_PRIVATE: the processes map the same file).
+long Futex(std::atomic<uint32_t>* word, int op, uint32_t value) {
+  return syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), op, value, nullptr, nullptr, 0);
+}
+
+// The waiters sleep in the kernel: with more processes than cores (4 emulated hosts on 2), a
+// waiter that spun or yielded would take the core from the daemons and from the trainer still
+// writing its input, and every step would pay for it.
 void Wait(Barrier* b, int parties) {
   if (b == nullptr || parties <= 1) return;
   const uint32_t gen = b->generation.load();
   if (b->count.fetch_add(1) + 1 == static_cast<uint32_t>(parties)) {
     b->count.store(0);
     b->generation.fetch_add(1);
+    Futex(&b->generation, FUTEX_WAKE, INT32_MAX);
     return;
   }
-  while (b->generation.load() == gen) sched_yield();  // 2 cores, 4+ processes: never spin hard
+  // FUTEX_WAIT returns at once if the word has moved on (the last party came in between).
+  while (b->generation.load() == gen) Futex(&b->generation, FUTEX_WAIT, gen);
 }
 
 double Seconds(const spex::v1::ExchangeStats& s, const std::string& phase) {

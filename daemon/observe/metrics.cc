@@ -148,6 +148,14 @@ Metrics::Metrics(int node_rank)
                              "compress, collective, decode, publish).");
   exchange_seconds_ =
       histogram("spex_exchange_seconds", "Time of a whole exchange, from start to published.");
+  groups_ = &counter("spex_merge_groups_total",
+                     "Exchanges the engine ran: one per merge group (--merger), one per bucket "
+                     "exchanged alone.")
+                 ->Add({});
+  group_seconds_ = &counter("spex_merge_group_seconds_total",
+                            "Time the engine spent in those exchanges, from a group's start to its "
+                            "first member published.")
+                        ->Add({});
 }
 
 Metrics::~Metrics() { StopServing(); }
@@ -222,6 +230,10 @@ void Metrics::OnExchange(const ExchangeEvent& e) {
   s.residual_norm->Set(rec.residual_norm);
   for (int p = 0; p < kPhaseCount; ++p) s.phase[p]->Observe(rec.phase_seconds[p]);
   s.exchange->Observe((e.end_ns - e.begin_ns) * 1e-9);
+  if (e.group_size <= 1 || rec.bucket_id == e.group_first) {
+    groups_->Increment();
+    group_seconds_->Increment((e.end_ns - e.begin_ns) * 1e-9);
+  }
 }
 
 }  // namespace spex

@@ -82,6 +82,9 @@ class Metrics final : public ExchangeObserver {
   prometheus::Family<prometheus::Gauge>* elements_;
   prometheus::Family<prometheus::Histogram>* phase_seconds_;
   prometheus::Family<prometheus::Histogram>* exchange_seconds_;
+  // Node-wide: one per exchange the engine ran (a merge group, or a bucket exchanged alone).
+  prometheus::Counter* groups_;
+  prometheus::Counter* group_seconds_;
 
   // The engine thread's only.
   std::unordered_map<uint64_t, std::unique_ptr<BucketSeries>> buckets_;

@@ -20,6 +20,7 @@
 #include "daemon/engine/engine.h"
 #include "daemon/engine/engine_options.h"
 #include "daemon/engine/observer.h"
+#include "daemon/observe/metrics.h"
 #include "gtest/gtest.h"
 #include "tests/support/engine_cluster.h"
 
@@ -87,7 +88,7 @@ struct RunResult {
 
 RunResult RunCluster(MergerPolicy merger, const std::string& compressor, int N, int L, int steps,
                      int schedule, MergerPolicy node1_merger = MergerPolicy::kNone,
-                     bool differ = false) {
+                     bool differ = false, ExchangeObserver* node0_observer = nullptr) {
   EngineClusterOptions o;
   o.nodes = N;
   o.trainers = L;
@@ -104,6 +105,7 @@ RunResult RunCluster(MergerPolicy merger, const std::string& compressor, int N, 
   std::vector<GroupLog> logs(N);
   o.node_options = [&](int r, EngineOptions* e) {
     e->observers = {&logs[r]};
+    if (r == 0 && node0_observer != nullptr) e->observers.push_back(node0_observer);
     if (differ && r == 1) e->merger = node1_merger;
   };
   RunResult run;
@@ -208,6 +210,30 @@ INSTANTIATE_TEST_SUITE_P(Mergers, MergeEngineTest,
                                            Case{MergerPolicy::kOmgs, "topk", 4, 2},
                                            Case{MergerPolicy::kOmgs, "micro", 2, 2}),
                          CaseName);
+
+// spexd's metrics count one exchange per merge group (spex_merge_groups_total), not per member:
+// node 0's counter equals the groups its observer saw.
+TEST(MergeEngineMetrics, OneExchangeCountedPerGroup) {
+  for (MergerPolicy merger : {MergerPolicy::kOmgs, MergerPolicy::kRgmerge, MergerPolicy::kNone}) {
+    SCOPED_TRACE(AbslUnparseFlag(merger));
+    Metrics metrics(/*node_rank=*/0);
+    const RunResult run =
+        RunCluster(merger, "topk", 2, 1, 3, 0, MergerPolicy::kNone, false, &metrics);
+    for (const std::string& e : run.errors) ASSERT_EQ(e, "");
+    int groups = 0;
+    for (const std::string& e : run.groups[0]) {  // "bucket@step:first+size"
+      const std::string id = e.substr(0, e.find('@'));
+      const std::string first = e.substr(e.find(':') + 1, e.find('+') - e.find(':') - 1);
+      groups += e.substr(e.find('+') + 1) == "1" || id == first;
+    }
+    if (merger == MergerPolicy::kOmgs) EXPECT_LT(groups, static_cast<int>(run.groups[0].size()));
+    const std::string text = metrics.Render();
+    const std::string name = "spex_merge_groups_total{node=\"0\"} ";
+    const size_t at = text.find(name);
+    ASSERT_NE(at, std::string::npos) << text;
+    EXPECT_EQ(std::stod(text.substr(at + name.size())), groups);
+  }
+}
 
 TEST(MergeEngineMismatch, DifferentMergersAreRefusedNamingTheMerger) {
   for (MergerPolicy other : {MergerPolicy::kFixed, MergerPolicy::kOmgs}) {
