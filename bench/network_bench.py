@@ -39,6 +39,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -55,17 +56,26 @@ def run_trainers(cluster, trainer, args, extra):
     barrier = os.path.join(cluster.dir, "barrier")
     with open(barrier, "wb") as f:
         f.write(b"\0" * 4096)
-    procs = []
+    # Each trainer writes into its own files, not a pipe: the trainers wait for each other at
+    # every step, so one blocked on a full pipe that nobody reads yet would stall them all.
+    procs, files = [], []
     for n in range(cluster.nodes):
         cmd = [trainer, f"--socket={cluster.socket(n)}", f"--elements={args.elements}", f"--barrier={barrier}",
                f"--parties={cluster.nodes}", *extra]
-        procs.append(cluster.popen(n, cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        out = tempfile.TemporaryFile(mode="w+")
+        err = tempfile.TemporaryFile(mode="w+")
+        files.append((out, err))
+        procs.append(cluster.popen(n, cmd, stdout=out, stderr=err, text=True))
     rows = []
-    for p in procs:
-        out, err = p.communicate()
+    for p, (out, err) in zip(procs, files):
+        p.wait()
+        out.seek(0)
+        err.seek(0)
         if p.returncode != 0:
-            raise RuntimeError(f"trainer failed ({p.returncode}): {err[-2000:]}")
-        rows += [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+            raise RuntimeError(f"trainer failed ({p.returncode}): {err.read()[-2000:]}")
+        rows += [json.loads(line) for line in out.read().splitlines() if line.startswith("{")]
+        out.close()
+        err.close()
     return rows
 
 

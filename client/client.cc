@@ -236,13 +236,18 @@ absl::Status Client::Exchange(Bucket* b, ExchangeMode mode, void* stream) {
   absl::Status s = MarkDeviceInputWritten(ipc_cache_.get(), b->view_, options_.local_rank, stream);
   if (s.ok()) s = ExchangeRpc(b, step);
   if (s.ok()) s = AwaitDeviceOutput(ipc_cache_.get(), b->view_, options_.local_size, stream);
+  FinishStep(b, step, s);
+  return s;
+}
+
+void Client::FinishStep(Bucket* b, uint64_t step, const absl::Status& s) {
   // A published step is consumed even when it failed (a non-finite step under nonfinite=error
   // goes on with the next one); one never published (a timeout, a shutdown) is retried as the
-  // same step.
+  // same step, and one started stays started, so a later Wait waits for it again.
   if (s.ok() || b->view_.header->published.load() == static_cast<uint32_t>(step + 1)) {
     b->next_step_ = step + 1;
+    b->started_ = false;
   }
-  return s;
 }
 
 absl::Status Client::Start(Bucket* b, void* stream) {
@@ -272,12 +277,7 @@ absl::Status Client::Wait(Bucket* b, void* stream) {
   absl::Status s = WaitPublished(b, step);
   if (s.ok() && b->view_.header->status.load() != 0) s = ExchangeRpc(b, step);  // the message
   if (s.ok()) s = AwaitDeviceOutput(ipc_cache_.get(), b->view_, options_.local_size, stream);
-  // As in Exchange: a published step is consumed even when it failed; one never published (a
-  // timeout, a shutdown) stays started, so a later Wait waits for it again.
-  if (s.ok() || b->view_.header->published.load() == static_cast<uint32_t>(step + 1)) {
-    b->next_step_ = step + 1;
-    b->started_ = false;
-  }
+  FinishStep(b, step, s);
   return s;
 }
 

@@ -148,6 +148,9 @@ class Client {
  private:
   Client() = default;
   absl::Status ExchangeRpc(Bucket* b, uint64_t step);
+  // After step `step` of `b` ended with `s` (Exchange's RPC path, Wait): consumes the step if it
+  // succeeded or was published anyway.
+  void FinishStep(Bucket* b, uint64_t step, const absl::Status& s);
   absl::Status WaitPublished(Bucket* b, uint64_t step);
 
   ClientOptions options_;

@@ -36,6 +36,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <thread>
@@ -81,7 +82,20 @@ ABSL_FLAG(
     "register this many extra buckets (ids after --buckets', 1000 elements each) and never "
     "exchange "
     "them: with one trainer doing it, their segments stay linked on the daemon (shutdown tests)");
-ABSL_FLAG(std::string, csv, "", "write per-step timings to this CSV file");
+ABSL_FLAG(std::string, arrival_us, "",
+          "--mode=overlap: when each bucket's input is handed in, in microseconds from the step's "
+          "start, one value per bucket (comma-separated, or @FILE with the values separated by "
+          "commas or newlines), as backprop produces gradients; the trainer sleeps until then. "
+          "Empty: every bucket at once");
+ABSL_FLAG(int64_t, late_us, 0,
+          "--arrival_us: added to every arrival of this trainer (a slow node, for skew)");
+ABSL_FLAG(std::string, inputs, "constant",
+          "without --verify: constant (every element node * local_size + rank + 1) or gradient "
+          "(a gradient-like, heavy-tailed input, written once before the first step and kept)");
+ABSL_FLAG(std::string, csv, "",
+          "write per-step timings to this CSV file: node, local_rank, step, exchange_ms (the "
+          "step: from its start to every result), last_start_ms (when the last bucket was "
+          "handed in), start_ns (the step's start, CLOCK_MONOTONIC)");
 ABSL_FLAG(bool, quiet, false, "print only the summary");
 
 namespace {
@@ -154,6 +168,41 @@ int main(int argc, char** argv) {
     }
     sizes.push_back(n);
   }
+  // --arrival_us: the offsets, checked against the buckets.
+  std::vector<int64_t> arrival_us;
+  {
+    std::string text = absl::GetFlag(FLAGS_arrival_us);
+    if (!text.empty() && text[0] == '@') {
+      std::ifstream f(text.substr(1));
+      if (!f) {
+        std::fprintf(stderr, "spex_trainer: --arrival_us: cannot read %s\n", text.c_str() + 1);
+        return 2;
+      }
+      text.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+    }
+    for (absl::string_view part : absl::StrSplit(text, absl::ByAnyChar(",\n"), absl::SkipEmpty())) {
+      int64_t us = 0;
+      if (!absl::SimpleAtoi(part, &us) || us < 0) {
+        std::fprintf(stderr, "spex_trainer: bad offset '%s' in --arrival_us (microseconds >= 0)\n",
+                     std::string(part).c_str());
+        return 2;
+      }
+      arrival_us.push_back(us);
+    }
+    if (!arrival_us.empty() && (arrival_us.size() != sizes.size() || mode != "overlap")) {
+      std::fprintf(stderr,
+                   "spex_trainer: --arrival_us needs --mode=overlap and one offset per bucket "
+                   "(%zu given for %zu buckets)\n",
+                   arrival_us.size(), sizes.size());
+      return 2;
+    }
+  }
+  const std::string inputs = absl::GetFlag(FLAGS_inputs);
+  if (inputs != "constant" && inputs != "gradient") {
+    std::fprintf(stderr, "spex_trainer: --inputs must be constant|gradient, got '%s'\n",
+                 inputs.c_str());
+    return 2;
+  }
   std::vector<std::string> compressors =
       absl::StrSplit(absl::GetFlag(FLAGS_compressors), ',', absl::SkipEmpty());
   if (compressors.empty()) compressors.push_back(absl::GetFlag(FLAGS_compressor));
@@ -225,7 +274,7 @@ int main(int argc, char** argv) {
   std::ofstream csv;
   if (!absl::GetFlag(FLAGS_csv).empty()) {
     csv.open(absl::GetFlag(FLAGS_csv));
-    csv << "node,local_rank,step,exchange_ms\n";
+    csv << "node,local_rank,step,exchange_ms,last_start_ms,start_ns\n";
   }
   auto report = [&](const char* fmt, auto... args) {
     if (mismatches++ < 8) {
@@ -241,13 +290,23 @@ int main(int argc, char** argv) {
         for (size_t i = 0; i < in.size(); ++i) in[i] = GradValue(node, me, b, step, i);
       } else if (verify) {
         for (size_t i = 0; i < in.size(); ++i) in[i] = Value(node, me, b, step, i);
+      } else if (inputs == "gradient") {
+        if (step == 0) {
+          for (size_t i = 0; i < in.size(); ++i) in[i] = GradValue(node, me, b, 0, i);
+        }
       } else {
         std::fill(in.begin(), in.end(), static_cast<float>(node * L + me + 1));
       }
     }
     std::vector<bool> via_rpc(buckets.size());
     const auto t0 = std::chrono::steady_clock::now();
+    auto last_start = t0;
     for (size_t b = 0; b < buckets.size(); ++b) {
+      if (!arrival_us.empty()) {
+        std::this_thread::sleep_until(
+            t0 + std::chrono::microseconds(arrival_us[b] + absl::GetFlag(FLAGS_late_us)));
+      }
+      last_start = std::chrono::steady_clock::now();
       const bool rpc = mode == "rpc" || (mode == "alternate" && (step + b) % 2 == 1);
       via_rpc[b] = rpc;
       absl::Status s = mode == "overlap"
@@ -270,7 +329,12 @@ int main(int argc, char** argv) {
     const double ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     step_ms.push_back(ms);
-    if (csv.is_open()) csv << node << "," << me << "," << step << "," << ms << "\n";
+    if (csv.is_open()) {
+      csv << node << "," << me << "," << step << "," << ms << ","
+          << std::chrono::duration<double, std::milli>(last_start - t0).count() << ","
+          << std::chrono::duration_cast<std::chrono::nanoseconds>(t0.time_since_epoch()).count()
+          << "\n";
+    }
     if (verify) {
       // The daemon's record of this step for every sparse bucket: the RPC reply, or GetStats
       // (polled: the record is stored just after the result is published).

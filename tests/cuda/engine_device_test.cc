@@ -86,6 +86,25 @@ EngineClusterOptions OnFakeDevices(int nodes, std::vector<std::unique_ptr<FakeDe
   return o;
 }
 
+// `nodes` engines x `trainers`: on the fake device (one FakeDevice per node, created into
+// `devices`, which must outlive the cluster) or, with device false, on the CPU primitives.
+EngineClusterOptions DeviceOrCpu(bool device, int nodes, int trainers,
+                                 std::vector<std::unique_ptr<FakeDevice>>* devices) {
+  EngineClusterOptions o;
+  if (device) {
+    for (int n = 0; n < nodes; ++n) {
+      devices->push_back(std::make_unique<FakeDevice>(/*ordinal=*/0, /*cpu_threads=*/1));
+    }
+    o = OnFakeDevices(nodes, devices);
+  } else {
+    o.nodes = nodes;
+    o.cpu_primitives = true;
+    o.engine.shm_tag = "devtest";
+  }
+  o.trainers = trainers;
+  return o;
+}
+
 struct RunConfig {
   std::string compressor = "topk";
   int nodes = 2;
@@ -136,18 +155,7 @@ RunResult RunCluster(const RunConfig& c) {
   r.records.assign(
       N, std::vector<std::vector<ExchangeRecord>>(c.steps, std::vector<ExchangeRecord>(2)));
   r.errors.assign(N * L, "");
-  EngineClusterOptions o;
-  if (c.device) {
-    for (int n = 0; n < N; ++n) {
-      r.devices.push_back(std::make_unique<FakeDevice>(/*ordinal=*/0, /*cpu_threads=*/1));
-    }
-    o = OnFakeDevices(N, &r.devices);
-  } else {
-    o.nodes = N;
-    o.cpu_primitives = true;
-    o.engine.shm_tag = "devtest";
-  }
-  o.trainers = L;
+  EngineClusterOptions o = DeviceOrCpu(c.device, N, L, &r.devices);
   o.engine.dense_fallback = c.dense_fallback;
   o.engine.sparse_allreduce = c.sparse_allreduce;
   o.engine.oktopk_global = c.oktopk_global;
@@ -345,18 +353,7 @@ NonfiniteRun RunNonfinite(bool device, const std::string& compressor, NonfiniteP
   NonfiniteRun r;
   r.status.assign(N * L * kSteps * 2, "not run");
   r.output.assign(N * L * kSteps * 2, {});
-  EngineClusterOptions o;
-  if (device) {
-    for (int n = 0; n < N; ++n) {
-      r.devices.push_back(std::make_unique<FakeDevice>(/*ordinal=*/0, /*cpu_threads=*/1));
-    }
-    o = OnFakeDevices(N, &r.devices);
-  } else {
-    o.nodes = N;
-    o.cpu_primitives = true;
-    o.engine.shm_tag = "devtest";
-  }
-  o.trainers = L;
+  EngineClusterOptions o = DeviceOrCpu(device, N, L, &r.devices);
   o.engine.dense_fallback = DenseFallback::kOff;
   o.engine.min_sparse_elements = 0;
   o.engine.nonfinite = policy;

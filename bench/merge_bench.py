@@ -1,0 +1,273 @@
+#!/usr/bin/python3
+"""Gradient merging: one training step of ResNet-50's layers on real daemons, per merger
+(a program, not a test; issue 14 item 7).
+
+The step: every node's trainer (client/spex_trainer --mode=overlap) has one bucket per ResNet-50
+parameter tensor (161 buckets, 25,557,032 floats; ids in the order backprop produces them) and
+hands each in at the moment a backprop profile says its gradient is ready, then waits for every
+result, as PyTorch DDP's communication hook does. The profile is
+bench/results/resnet50_backward.json (bench/resnet50_profile.py: each tensor's ready time as a
+fraction of a backward pass of PyTorch's own autograd on a hand-written ResNet-50); the step is a
+--forward_ms forward pass (no buckets) and a --backward_ms backward pass scaled from it, both
+slept, not computed, so they take no core from the daemons. Inputs are gradient-like (written
+once, kept). `--nodes` spexd under one mpirun per run (--threads=1, --dense_fallback=off, every
+other flag at its default: tensors under --min_sparse_elements, the batch norms and biases, go
+dense), --compressor at --density.
+
+Per merger of --mergers (none, fixed, omgs, rgmerge, each at its defaults), two arrival
+schedules: `even` (every node's trainer on the profile) and `skewed` (node N-1's trainer
+--late_ms late on every bucket). Runs go in the order given, then again reversed (ABBA), and
+both halves' steps are pooled. Per (schedule, merger), over the steps after --warmup:
+  step_ms      the step from its start to every result, the slowest node per step (p50)
+  tail_ms      from a node's last bucket handed in to its last result: the communication backprop
+               did not hide (p50, on the node that handed in last, i.e. the late one when skewed)
+  wait_ms      what the other nodes' tail adds to that: waiting for the slowest node (p50)
+  exchanges    exchanges per step of node 0's engine (spex_merge_groups_total: one per merge
+               group or bucket exchanged alone; counted over every step, warm-up included)
+  busy_ms      the engine's time in those exchanges per step (spex_merge_group_seconds_total)
+  overlap      1 - tail_ms / busy_ms, clamped to [0, 1]: the share of the engine's exchange time
+               hidden behind the backward pass
+and each merger's step time over none's (the same run's). Goals (issue 14): rgmerge's step time
+below each of none, fixed and omgs under skew, and no worse than the best of them when even.
+
+    /usr/bin/python3 bench/merge_bench.py [--nodes 4] [--mergers none,fixed,omgs,rgmerge]
+        [--compressor topk] [--density 0.01] [--forward_ms 60] [--backward_ms 120] [--late_ms 30]
+        [--warmup 5] [--steps 20] [--scale 1] [--skip_build] [--out bench/results/merge]
+
+Not here: rgmerge's `model` plan (not written yet), selection behind. On this 2-core machine the
+daemons' compression of every node shares two cores (4 nodes: each node's selection over 25.6M
+floats waits for the others'), so the exchanges take longer than on a cluster with a core per
+node, and the link is loopback (no bandwidth to save): the figures compare the mergers with each
+other under the same handicap, and say nothing of a real network. Writes <out>.json and <out>.png.
+"""
+import argparse
+import csv
+import json
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+           OMPI_MCA_rmaps_base_oversubscribe="1")
+
+
+def build():
+    subprocess.run(["bazel", "build", "//daemon:spexd", "//client:spex_trainer"], cwd=ROOT, check=True)
+
+
+def metric(port, name):
+    """The value of a node-wide sample `name` from spexd's /metrics on 127.0.0.1:port."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    for line in text.splitlines():
+        m = re.match(rf"^{name}(\{{[^}}]*\}})? (\S+)$", line)
+        if m:
+            return float(m.group(2))
+    raise RuntimeError(f"{name} not in the metrics of port {port}")
+
+
+def free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_once(args, merger, sizes, arrival_file, late_us):
+    """One mpirun of the daemons with --merger=merger, one trainer per node; returns the per-step
+    rows of every node and node 0's engine counters."""
+    d = tempfile.mkdtemp(prefix="spex-merge.")
+    port = free_port()
+    log = open(os.path.join(d, "spexd.log"), "w")
+    daemons = subprocess.Popen(
+        ["mpirun", "-np", str(args.nodes), os.path.join(ROOT, "bazel-bin/daemon/spexd"),
+         f"--socket={d}/node{{rank}}.sock", "--local_trainers=1", "--threads=1", "--dense_fallback=off",
+         "--log_level=warning", f"--merger={merger}", f"--metrics_address=127.0.0.1:{port}"],
+        env=ENV, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        for _ in range(600):
+            if all(os.path.exists(f"{d}/node{n}.sock") for n in range(args.nodes)):
+                break
+            if daemons.poll() is not None:
+                raise RuntimeError(open(log.name).read())
+            time.sleep(0.1)
+        else:
+            raise RuntimeError("daemons did not start")
+        trainers = []
+        for n in range(args.nodes):
+            cmd = [os.path.join(ROOT, "bazel-bin/client/spex_trainer"), f"--socket={d}/node{n}.sock",
+                   "--mode=overlap", f"--buckets={','.join(map(str, sizes))}", f"--arrival_us=@{arrival_file}",
+                   f"--late_us={late_us if n == args.nodes - 1 else 0}", "--inputs=gradient",
+                   f"--compressor={args.compressor}", f"--density={args.density}",
+                   f"--steps={args.warmup + args.steps}", "--quiet", f"--csv={d}/steps{n}.csv"]
+            trainers.append(subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL,
+                                             stderr=open(f"{d}/trainer{n}.err", "w")))
+        for t in trainers:
+            t.wait()
+        for n, t in enumerate(trainers):
+            if t.returncode != 0:
+                raise RuntimeError(f"trainer {n} failed: {open(f'{d}/trainer{n}.err').read()[-2000:]}")
+        # The metrics of node 0 (the first daemon of the host serves on `port`).
+        groups = metric(port, "spex_merge_groups_total")
+        busy = metric(port, "spex_merge_group_seconds_total")
+        rows = []
+        for n in range(args.nodes):
+            with open(f"{d}/steps{n}.csv") as f:
+                rows += [dict(r, node=n) for r in csv.DictReader(f)]
+        return rows, groups, busy
+    finally:
+        if daemons.poll() is None:
+            daemons.send_signal(signal.SIGTERM)
+            try:
+                daemons.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                daemons.kill()
+                daemons.wait()
+        log.close()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def summarize(args, runs):
+    """runs: [(rows, groups, busy)] of one (schedule, merger), pooled."""
+    step, tail, wait = [], [], []
+    groups = busy = 0.0
+    total_steps = 0
+    for rows, g, b in runs:
+        groups += g
+        busy += b
+        total_steps += args.warmup + args.steps
+        by_step = {}
+        for r in rows:
+            s = int(r["step"])
+            if s >= args.warmup:
+                by_step.setdefault(s, []).append(r)
+        for s, rs in by_step.items():
+            if len(rs) != args.nodes:
+                continue
+            ms = [float(r["exchange_ms"]) for r in rs]
+            tails = [float(r["exchange_ms"]) - float(r["last_start_ms"]) for r in rs]
+            # The node that handed in last (largest last-start on the shared monotonic clock).
+            ends = [int(r["start_ns"]) / 1e6 + float(r["last_start_ms"]) for r in rs]
+            last = max(range(len(rs)), key=lambda i: ends[i])
+            step.append(max(ms))
+            tail.append(tails[last])
+            others = [tails[i] for i in range(len(rs)) if i != last]
+            wait.append(statistics.median(others) - tails[last] if others else 0.0)
+    busy_ms = busy / total_steps * 1e3
+    t = statistics.median(tail)
+    return {
+        "step_ms": statistics.median(step),
+        "step_ms_p90": sorted(step)[int(0.9 * (len(step) - 1))],
+        "tail_ms": t,
+        "wait_ms": statistics.median(wait),
+        "exchanges_per_step": groups / total_steps,
+        "busy_ms": busy_ms,
+        "overlap": max(0.0, min(1.0, 1.0 - t / busy_ms)) if busy_ms > 0 else 0.0,
+        "steps": len(step),
+    }
+
+
+def plot(result, out):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib missing: no plot")
+        return
+    schedules = list(result["schedules"])
+    mergers = result["mergers"]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, key, label in ((axes[0], "step_ms", "step time, p50 (ms)"), (axes[1], "exchanges_per_step", "exchanges per step")):
+        w = 0.8 / len(mergers)
+        for i, m in enumerate(mergers):
+            ax.bar([j + i * w for j in range(len(schedules))], [result["schedules"][s][m][key] for s in schedules],
+                   w, label=m)
+        ax.set_xticks([j + 0.4 - w / 2 for j in range(len(schedules))])
+        ax.set_xticklabels(schedules)
+        ax.set_ylabel(label)
+    axes[0].legend()
+    fig.suptitle(f"ResNet-50 step on {result['nodes']} daemons (loopback, 2 cores): "
+                 f"{result['compressor']}@{result['density']}, backward {result['backward_ms']} ms")
+    fig.tight_layout()
+    fig.savefig(out + ".png", dpi=100)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--nodes", type=int, default=4)
+    ap.add_argument("--mergers", default="none,fixed,omgs,rgmerge")
+    ap.add_argument("--compressor", default="topk")
+    ap.add_argument("--density", type=float, default=0.01)
+    ap.add_argument("--forward_ms", type=float, default=60)
+    ap.add_argument("--backward_ms", type=float, default=120)
+    ap.add_argument("--late_ms", type=float, default=30)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--scale", type=float, default=1.0, help="multiply every tensor's size (a smaller model)")
+    ap.add_argument("--profile", default=os.path.join(ROOT, "bench/results/resnet50_backward.json"))
+    ap.add_argument("--skip_build", action="store_true")
+    ap.add_argument("--out", default=os.path.join(ROOT, "bench/results/merge"))
+    args = ap.parse_args()
+    if not args.skip_build:
+        build()
+    profile = json.load(open(args.profile))
+    sizes = [max(1, int(t["elements"] * args.scale)) for t in profile["ready"]]
+    arrival = [int((args.forward_ms + t["fraction"] * args.backward_ms) * 1e3) for t in profile["ready"]]
+    mergers = args.mergers.split(",")
+    fd, arrival_file = tempfile.mkstemp(prefix="spex-arrival.")
+    with os.fdopen(fd, "w") as f:
+        f.write(",".join(map(str, arrival)))
+    schedules = {"even": 0, "skewed": int(args.late_ms * 1e3)}
+    raw = {s: {m: [] for m in mergers} for s in schedules}
+    t0 = time.time()
+    try:
+        for order in (mergers, mergers[::-1]):
+            for s, late in schedules.items():
+                for m in order:
+                    raw[s][m].append(run_once(args, m, sizes, arrival_file, late))
+                    print(f"  {s:6} {m:8} done ({time.time() - t0:.0f} s)", flush=True)
+    finally:
+        os.unlink(arrival_file)
+    result = {"nodes": args.nodes, "compressor": args.compressor, "density": args.density,
+              "forward_ms": args.forward_ms, "backward_ms": args.backward_ms, "late_ms": args.late_ms,
+              "buckets": len(sizes), "elements": sum(sizes), "warmup": args.warmup, "steps": args.steps,
+              "cores": os.cpu_count(), "mergers": mergers, "profile": os.path.relpath(args.profile, ROOT),
+              "seconds": time.time() - t0, "schedules": {}}
+    for s in schedules:
+        result["schedules"][s] = {m: summarize(args, raw[s][m]) for m in mergers}
+        base = result["schedules"][s].get("none")
+        print(f"{s} arrival ({len(sizes)} buckets, {sum(sizes):,} floats, {args.nodes} daemons"
+              f"{', node %d %g ms late' % (args.nodes - 1, args.late_ms) if schedules[s] else ''}):")
+        print(f"  {'merger':8} {'step ms':>8} {'/none':>6} {'tail ms':>8} {'wait ms':>8} {'exch/step':>9} "
+              f"{'busy ms':>8} {'overlap':>7}")
+        for m in mergers:
+            r = result["schedules"][s][m]
+            if base:
+                r["step_vs_none"] = r["step_ms"] / base["step_ms"]
+            print(f"  {m:8} {r['step_ms']:8.1f} {r.get('step_vs_none', float('nan')):6.3f} {r['tail_ms']:8.1f} "
+                  f"{r['wait_ms']:8.1f} {r['exchanges_per_step']:9.1f} {r['busy_ms']:8.1f} {r['overlap']:7.2f}")
+    if "rgmerge" in mergers:
+        for s in schedules:
+            rs = result["schedules"][s]
+            others = [m for m in mergers if m != "rgmerge"]
+            best = min(rs[m]["step_ms"] for m in others) if others else float("nan")
+            result[f"rgmerge_vs_best_other_{s}"] = rs["rgmerge"]["step_ms"] / best
+            print(f"{s}: rgmerge / best of {','.join(others)} = {rs['rgmerge']['step_ms'] / best:.3f}")
+    print("(2 cores shared by every daemon's compression, loopback links: see the header)")
+    with open(args.out + ".json", "w") as f:
+        json.dump(result, f, indent=1)
+    plot(result, args.out)
+    print(f"wrote {args.out}.json and {args.out}.png")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
