@@ -274,28 +274,41 @@ absl::Status ExchangeOkTopk(Collective* coll, Primitives* prims, const SparseExc
   r.counts.assign(n, 0);
   for (int q = 0; q < n; ++q) r.counts[q] = static_cast<uint64_t>(flags[1 + q]);
   // Phase 2: reduce my region in node order, values scaled first (as ExchangeSparseGather).
-  std::vector<float> acc(hi - lo, 0.0f);
-  std::vector<uint8_t> seen(hi - lo, 0);
-  std::vector<uint32_t> mine_idx;
+  // O(pairs received), not O(region): the pairs, concatenated in node order, are stably sorted
+  // by index, and each index's run is summed from 0 in that order, which is what adding them
+  // into a zeroed dense buffer does, bit for bit. (A region-sized buffer per exchange cost
+  // 12.7M floats of fresh pages per node at 2 nodes and 25.6M elements: ~0.4 s of page faults
+  // on this machine.)
+  std::vector<std::pair<uint32_t, float>> pairs;
+  {
+    size_t total = 0;
+    for (const DecodedChunk& part : parts) total += part.header.count;
+    pairs.reserve(total);
+  }
   for (int q = 0; q < n; ++q) {
     DecodedChunk& part = parts[q];
     r.rs_pairs += part.header.count;
     if (q != me) r.rs_received += part.header.count;
     prims->Scale(part.values.data(), args.scale, part.values.size());
-    for (uint32_t j = 0; j < part.header.count; ++j) {
-      const uint32_t at = part.idx[j] - lo;
-      acc[at] += part.values[j];
-      if (!seen[at]) {
-        seen[at] = 1;
-        mine_idx.push_back(part.idx[j]);
-      }
-    }
+    for (uint32_t j = 0; j < part.header.count; ++j)
+      pairs.emplace_back(part.idx[j], part.values[j]);
   }
-  std::sort(mine_idx.begin(), mine_idx.end());
+  std::stable_sort(pairs.begin(), pairs.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<uint32_t> mine_idx;  // my reduced entries: sorted, unique indices ...
+  std::vector<float> mine_val;     // ... and their sums
+  for (size_t j = 0; j < pairs.size();) {
+    float sum = 0.0f;
+    size_t e = j;
+    for (; e < pairs.size() && pairs[e].first == pairs[j].first; ++e) sum += pairs[e].second;
+    mine_idx.push_back(pairs[j].first);
+    mine_val.push_back(sum);
+    j = e;
+  }
   // Phase 3: the global selection among my reduced entries.
   float threshold = state->threshold;
   std::vector<uint32_t> keys(mine_idx.size());
-  for (size_t j = 0; j < mine_idx.size(); ++j) keys[j] = MagnitudeKey(acc[mine_idx[j] - lo]);
+  for (size_t j = 0; j < mine_idx.size(); ++j) keys[j] = MagnitudeKey(mine_val[j]);
   std::vector<uint8_t> keep(mine_idx.size(), 1);  // "all"
   std::vector<uint64_t> tie_share;
   uint32_t kth = 0;
@@ -314,7 +327,7 @@ absl::Status ExchangeOkTopk(Collective* coll, Primitives* prims, const SparseExc
   for (size_t j = 0; j < mine_idx.size(); ++j) {
     if (!keep[j]) continue;
     kept_idx.push_back(mine_idx[j]);
-    kept_val.push_back(acc[mine_idx[j] - lo]);
+    kept_val.push_back(mine_val[j]);
   }
   // Phase 4: all-gather the kept entries (fp32: they are final values, not a selection).
   std::vector<uint8_t> reduced;
