@@ -129,6 +129,7 @@ def main():
     results = {"elements": args.elements, "rate": args.rate, "cores": ncpu, "warmup": args.warmup,
                "steps": args.steps, "configs": []}
     base = ["--threads=1", "--min_sparse_elements=0", "--dense_fallback=off", "--log_level=warning"]
+    all_rows = []
     for hosts in [int(h) for h in args.hosts.split(",")]:
         t0 = time.time()
         c = EmulatedCluster(args.spexd, hosts=hosts, trainers=1, rate=args.rate, args=base)
@@ -142,9 +143,9 @@ def main():
         finally:
             c.cleanup()
         runs = summarize(rows, hosts, compressors, densities, args.elements)
-        cfg = {"hosts": hosts, "shared_cores": hosts > ncpu, "seconds": round(time.time() - t0, 1), "runs": runs,
-               "rows": rows}
+        cfg = {"hosts": hosts, "shared_cores": hosts > ncpu, "seconds": round(time.time() - t0, 1), "runs": runs}
         results["configs"].append(cfg)
+        all_rows += [dict(r, hosts=hosts) for r in rows]
         for r in runs:
             a, o = r["allgather"], r["oktopk"]
             print(f"  {r['compressor']:>5}@{r['density']:<6g} exchange allgather {a['exchange_ms']:7.1f} ms, "
@@ -157,8 +158,12 @@ def main():
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out + ".json", "w") as f:
         json.dump(results, f, indent=1)
+    # Every node's row of every exchange (warm-up included), for a closer look; large.
+    with open(args.out + ".rows.jsonl", "w") as f:
+        for r in all_rows:
+            f.write(json.dumps(r) + "\n")
     plot(results, args.out)
-    print(f"wrote {args.out}.json and {args.out}.png")
+    print(f"wrote {args.out}.json, {args.out}.rows.jsonl and {args.out}.png")
     return 0
 
 
