@@ -36,6 +36,7 @@
 #include "gtest/gtest.h"
 #include "kernels/compressor.h"
 #include "tests/support/collective_conformance.h"
+#include "tests/support/forwarding_collective.h"
 
 namespace spex::test {
 
@@ -400,36 +401,6 @@ TEST(FusedStepTest, BadGroupsAreRefusedBeforeAnyCollective) {
       },
       absl::Seconds(1));
 }
-
-// Forwards every call to another Collective (a base for the two below).
-class ForwardingCollective : public Collective {
- public:
-  explicit ForwardingCollective(Collective* inner) : inner_(inner) {}
-  Collective* inner() const { return inner_; }
-  int rank() const override { return inner_->rank(); }
-  int size() const override { return inner_->size(); }
-  const char* name() const override { return "forwarding"; }
-  absl::Status AllReduce(void* data, size_t count, ElemType type, ReduceOp op) override {
-    return inner_->AllReduce(data, count, type, op);
-  }
-  absl::Status AllReduceScaled(const float* send, float* recv, size_t count, float scale) override {
-    return inner_->AllReduceScaled(send, recv, count, scale);
-  }
-  absl::Status AllGather(const void* send, size_t bytes, void* recv) override {
-    return inner_->AllGather(send, bytes, recv);
-  }
-  absl::Status AllGatherV(const void* send, size_t send_bytes, std::vector<size_t>* counts,
-                          std::vector<uint8_t>* recv) override {
-    return inner_->AllGatherV(send, send_bytes, counts, recv);
-  }
-  absl::Status Broadcast(void* data, size_t bytes, int root) override {
-    return inner_->Broadcast(data, bytes, root);
-  }
-  absl::Status Barrier() override { return inner_->Barrier(); }
-
- private:
-  Collective* inner_;
-};
 
 // Appends junk to this node's all-gather contributions (a peer not following the wire format).
 class TamperingCollective : public ForwardingCollective {

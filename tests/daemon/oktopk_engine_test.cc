@@ -29,6 +29,7 @@
 #include "kernels/compressor.h"
 #include "kernels/primitives.h"
 #include "tests/support/engine_cluster.h"
+#include "tests/support/forwarding_collective.h"
 
 namespace spex::test {
 namespace {
@@ -561,25 +562,14 @@ TEST(OkTopkEngineErrors, RegistrationRefusesABucketsCompressorThatCannotUseIt) {
 // Makes the links slow, for one of the two exchanges or by volume: sleeps `per_alltoall` in
 // every AllToAllV (only Ok-Topk's reduce-scatter uses it), and `per_byte` for every byte
 // received from other nodes through AllGatherV and AllToAllV.
-class SlowLink : public Collective {
+class SlowLink : public ForwardingCollective {
  public:
   SlowLink(std::unique_ptr<Collective> inner, absl::Duration per_alltoall, absl::Duration per_byte)
-      : inner_(std::move(inner)), per_alltoall_(per_alltoall), per_byte_(per_byte) {}
-  int rank() const override { return inner_->rank(); }
-  int size() const override { return inner_->size(); }
+      : ForwardingCollective(std::move(inner)), per_alltoall_(per_alltoall), per_byte_(per_byte) {}
   const char* name() const override { return "slow link"; }
-  absl::Status AllReduce(void* data, size_t count, ElemType type, ReduceOp op) override {
-    return inner_->AllReduce(data, count, type, op);
-  }
-  absl::Status AllReduceScaled(const float* send, float* recv, size_t count, float scale) override {
-    return inner_->AllReduceScaled(send, recv, count, scale);
-  }
-  absl::Status AllGather(const void* send, size_t bytes, void* recv) override {
-    return inner_->AllGather(send, bytes, recv);
-  }
   absl::Status AllGatherV(const void* send, size_t send_bytes, std::vector<size_t>* counts,
                           std::vector<uint8_t>* recv) override {
-    absl::Status s = inner_->AllGatherV(send, send_bytes, counts, recv);
+    absl::Status s = inner()->AllGatherV(send, send_bytes, counts, recv);
     size_t others = 0;
     for (size_t r = 0; r < counts->size(); ++r) others += r == size_t(rank()) ? 0 : (*counts)[r];
     absl::SleepFor(per_byte_ * static_cast<double>(others));
@@ -587,19 +577,14 @@ class SlowLink : public Collective {
   }
   absl::Status AllToAllV(const std::vector<std::vector<uint8_t>>& send,
                          std::vector<std::vector<uint8_t>>* recv) override {
-    absl::Status s = inner_->AllToAllV(send, recv);
+    absl::Status s = inner()->AllToAllV(send, recv);
     size_t others = 0;
     for (size_t r = 0; r < recv->size(); ++r) others += r == size_t(rank()) ? 0 : (*recv)[r].size();
     absl::SleepFor(per_alltoall_ + per_byte_ * static_cast<double>(others));
     return s;
   }
-  absl::Status Broadcast(void* data, size_t bytes, int root) override {
-    return inner_->Broadcast(data, bytes, root);
-  }
-  absl::Status Barrier() override { return inner_->Barrier(); }
 
  private:
-  std::unique_ptr<Collective> inner_;
   const absl::Duration per_alltoall_, per_byte_;
 };
 

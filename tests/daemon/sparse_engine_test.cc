@@ -18,6 +18,7 @@
 #include "kernels/compressor.h"
 #include "kernels/reference/reference_primitives.h"
 #include "tests/support/engine_cluster.h"
+#include "tests/support/forwarding_collective.h"
 
 namespace spex::test {
 namespace {
@@ -249,37 +250,21 @@ TEST(SparseEngineTest, AutoFallbackProbesBothThenAllNodesKeepTheSameChoice) {
 }
 
 // A node whose AllGatherV contribution is tampered with, as a bad peer would send it.
-class TamperingCollective : public Collective {
+class TamperingCollective : public ForwardingCollective {
  public:
   TamperingCollective(std::unique_ptr<Collective> inner,
                       std::function<void(std::vector<uint8_t>*)> tamper)
-      : inner_(std::move(inner)), tamper_(std::move(tamper)) {}
-  int rank() const override { return inner_->rank(); }
-  int size() const override { return inner_->size(); }
+      : ForwardingCollective(std::move(inner)), tamper_(std::move(tamper)) {}
   const char* name() const override { return "tampering"; }
-  absl::Status AllReduce(void* d, size_t c, ElemType t, ReduceOp o) override {
-    return inner_->AllReduce(d, c, t, o);
-  }
-  absl::Status AllReduceScaled(const float* s, float* r, size_t c, float k) override {
-    return inner_->AllReduceScaled(s, r, c, k);
-  }
-  absl::Status AllGather(const void* s, size_t b, void* r) override {
-    return inner_->AllGather(s, b, r);
-  }
   absl::Status AllGatherV(const void* send, size_t bytes, std::vector<size_t>* counts,
                           std::vector<uint8_t>* recv) override {
     std::vector<uint8_t> mine(static_cast<const uint8_t*>(send),
                               static_cast<const uint8_t*>(send) + bytes);
     tamper_(&mine);
-    return inner_->AllGatherV(mine.data(), mine.size(), counts, recv);
+    return inner()->AllGatherV(mine.data(), mine.size(), counts, recv);
   }
-  absl::Status Broadcast(void* d, size_t b, int root) override {
-    return inner_->Broadcast(d, b, root);
-  }
-  absl::Status Barrier() override { return inner_->Barrier(); }
 
  private:
-  std::unique_ptr<Collective> inner_;
   std::function<void(std::vector<uint8_t>*)> tamper_;
 };
 
