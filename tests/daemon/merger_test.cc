@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "daemon/merge/mergers.h"
+#include "daemon/merge/rgmerge_model.h"
 #include "gtest/gtest.h"
 
 namespace spex {
@@ -204,6 +205,96 @@ TEST(MergerTest, ConfigHashesSeparateDifferentConfigurations) {
   EXPECT_NE((*ma)->ConfigHash(), (*omgs)->ConfigHash());
   EXPECT_NE((*rg)->ConfigHash(), (*omgs)->ConfigHash());
   EXPECT_NE((*rg)->ConfigHash(), (*none)->ConfigHash());
+}
+
+// --- rgmerge's model generator (MERGING.md 5.2, R4): small integer profiles, groups worked out
+// by hand. comm(x) = alpha + beta * 8 * floor(d x) * (N - 1) with beta = 125 ps/B, N = 2 and
+// d = 1: alpha + x ns.
+RgmergeModelInputs Profile(std::vector<uint64_t> n, std::vector<int64_t> w, int64_t alpha) {
+  RgmergeModelInputs in;
+  in.elements = std::move(n);
+  in.gap_ns = std::move(w);
+  in.select_ns.assign(in.elements.size(), 0);
+  in.alpha_ns = alpha;
+  in.beta_ps_per_byte = 125;
+  in.density = 1.0;
+  in.nodes = 2;
+  return in;
+}
+
+TEST(RgmergeModelPlan, CommIsTheAllGatherOfThePairs) {
+  RgmergeModelInputs in = Profile({}, {}, 10);
+  EXPECT_EQ(RgmergeModelComm(in, 7), 17);
+  in.nodes = 5;  // 4 peers' pairs, 8 bytes each at 0.125 ns/B
+  EXPECT_EQ(RgmergeModelComm(in, 7), 10 + 4 * 7);
+  in.density = 0.5;  // floor(3.5) = 3 pairs
+  EXPECT_EQ(RgmergeModelComm(in, 7), 10 + 4 * 3);
+}
+
+// Step 1 closes {0,1} (gap 2 < alpha 10); the rest never pays (gaps 30, 50: waiting costs more
+// than the start-ups saved) and stays one group; step 2 cannot merge them (the second group's
+// W + C = 91 exceeds the first's M = comm(2) + 2 = 14); step 3 never cuts (comm of every prefix
+// <= R = 91).
+TEST(RgmergeModelPlan, PairsThenALeftover) {
+  RgmergeModelInputs in = Profile({1, 1, 1, 1, 1, 1}, {0, 2, 3, 30, 4, 50}, 10);
+  in.select_ns.assign(6, 1);
+  EXPECT_EQ(RgmergeModelPlan(in), (std::vector<size_t>{2, 4}));
+}
+
+// Twenty buckets, gap 4 each: step 1 makes ten pairs (gap 8 < 10). The first two pairs are 2
+// elements (M = 12), the others 2000 (M = 2010). Step 2: pairs 1 and 2 go alone (the budget 12
+// holds one pair's W + C = 8, not two), then pair 2's budget 2010 takes the seven others: 2, 2,
+// 2, 14. Step 3: R = 9 x 8 = 72; the prefix through group 2 (2004 elements) costs 2014 > 72, so
+// the rest (14 buckets) is cut: group 2 holds 2 (< 3), so into floor(14 / 3) = 4 until half the
+// buckets are assigned (6 + 4 = 10 of 20), then the remaining 10.
+TEST(RgmergeModelPlan, OverlapMergingAndTheEqualTail) {
+  std::vector<uint64_t> n(20, 1000);
+  for (int b = 0; b < 4; ++b) n[b] = 1;
+  RgmergeModelInputs in = Profile(n, std::vector<int64_t>(20, 4), 10);
+  EXPECT_EQ(RgmergeModelPlan(in), (std::vector<size_t>{2, 2, 2, 4, 10}));
+  in.equal_tail = false;  // the rest as one group
+  EXPECT_EQ(RgmergeModelPlan(in), (std::vector<size_t>{2, 2, 2, 14}));
+}
+
+// Sixteen buckets of 200 elements at gap 4: eight pairs (M = comm(400) = 410, W + C = 8). Step 2
+// with the accumulator restarting at each emission: pair 0, then pairs 1-7 fit its budget
+// (7 x 8 = 56 <= 410): 2, 14. Step 3: R = 56, the first prefix already costs 410 > 56 (i = 0:
+// no equal split), the rest is one group.
+TEST(RgmergeModelPlan, FirstGroupThenTheRest) {
+  RgmergeModelInputs in = Profile(std::vector<uint64_t>(16, 200), std::vector<int64_t>(16, 4), 10);
+  EXPECT_EQ(RgmergeModelPlan(in), (std::vector<size_t>{2, 14}));
+}
+
+// The slack lets a pair close whose gaps (24) exceed one start-up (10): without it nothing ever
+// closes and the four buckets are one group.
+TEST(RgmergeModelPlan, Slack) {
+  RgmergeModelInputs in = Profile({1, 1, 1, 1}, {12, 12, 12, 12}, 10);
+  EXPECT_EQ(RgmergeModelPlan(in), (std::vector<size_t>{4}));
+  in.slack_ns = 15;
+  EXPECT_EQ(RgmergeModelPlan(in), (std::vector<size_t>{2, 2}));
+}
+
+TEST(RgmergeModelPlan, EdgeCases) {
+  EXPECT_TRUE(RgmergeModelPlan(Profile({}, {}, 10)).empty());
+  EXPECT_EQ(RgmergeModelPlan(Profile({5}, {0}, 10)), (std::vector<size_t>{1}));
+  // Inputs that do not fit: one group per bucket.
+  EXPECT_EQ(RgmergeModelPlan(Profile({5, 5}, {0}, 10)), (std::vector<size_t>{1, 1}));
+  EXPECT_EQ(RgmergeModelPlan(Profile({5, 5}, {0, -1}, 10)), (std::vector<size_t>{1, 1}));
+  // Every plan covers every bucket once.
+  for (int L : {1, 2, 3, 7, 40, 161}) {
+    std::vector<uint64_t> n(L);
+    std::vector<int64_t> w(L);
+    for (int b = 0; b < L; ++b) {
+      n[b] = 1 + (b * 7919) % 100000;
+      w[b] = (b * 104729) % 5000000;
+    }
+    RgmergeModelInputs in = Profile(n, w, 3780956);
+    in.density = 0.01;
+    in.nodes = 8;
+    const std::vector<size_t> plan = RgmergeModelPlan(in);
+    EXPECT_EQ(std::accumulate(plan.begin(), plan.end(), size_t{0}), static_cast<size_t>(L)) << L;
+    for (size_t len : plan) EXPECT_GE(len, 1u) << L;
+  }
 }
 
 }  // namespace
