@@ -392,16 +392,11 @@ absl::Status ExchangeOkTopk(Collective* coll, Primitives* prims, const SparseExc
     absl::Status s = prims->ScatterAdd(out, args.elements, d.idx, d.values.data(), d.header.count);
     if (!s.ok()) return s;
   }
-  if (device != nullptr && !values.empty()) {
-    // The owners' regions are disjoint: one upload and one scatter-add write what the host's
+  if (device != nullptr) {
+    // The owners' regions are disjoint: one scatter-add of them all writes what the host's
     // per-owner scatter-adds would, bit for bit.
-    absl::StatusOr<void*> di = device->scratch->Upload(0, r.gathered_idx.data(), values.size() * 4);
-    if (!di.ok()) return di.status();
-    absl::StatusOr<void*> dv = device->scratch->Upload(1, values.data(), values.size() * 4);
-    if (!dv.ok()) return dv.status();
     absl::Status s =
-        device->prims->ScatterAdd(out, args.elements, static_cast<const uint32_t*>(*di),
-                                  static_cast<const float*>(*dv), values.size());
+        ScatterAddOnDevice(*device, out, args.elements, r.gathered_idx, values, {0, values.size()});
     if (!s.ok()) return s;
   }
   // Owners' regions are disjoint and ascending and each run is sorted: already the union.

@@ -163,25 +163,33 @@ absl::Status ExchangeSparseGather(Collective* coll, Primitives* prims,
     absl::Status s = prims->ScatterAdd(out, args.elements, c.idx, c.values.data(), c.values.size());
     if (!s.ok()) return s;
   }
-  if (device != nullptr && !values.empty()) {
-    // One upload of all pairs, then one scatter-add per node in node order, as on the host.
-    absl::StatusOr<void*> di =
-        device->scratch->Upload(0, res->gathered_idx.data(), values.size() * 4);
-    if (!di.ok()) return di.status();
-    absl::StatusOr<void*> dv = device->scratch->Upload(1, values.data(), values.size() * 4);
-    if (!dv.ok()) return dv.status();
-    const auto* idx = static_cast<const uint32_t*>(*di);
-    const auto* val = static_cast<const float*>(*dv);
-    for (int r = 0; r < n; ++r) {
-      const size_t m = runs[r + 1] - runs[r];
-      if (m == 0) continue;
-      absl::Status s =
-          device->prims->ScatterAdd(out, args.elements, idx + runs[r], val + runs[r], m);
-      if (!s.ok()) return s;
-    }
+  if (device != nullptr) {
+    // One scatter-add per node in node order, as on the host.
+    absl::Status s =
+        ScatterAddOnDevice(*device, out, args.elements, res->gathered_idx, values, runs);
+    if (!s.ok()) return s;
   }
   std::vector<uint32_t> scratch;
   SortedUnion(res->gathered_idx, runs, &res->touched, &scratch);
+  return absl::OkStatus();
+}
+
+absl::Status ScatterAddOnDevice(const DeviceSide& device, float* out, uint32_t elements,
+                                const std::vector<uint32_t>& idx, const std::vector<float>& val,
+                                const std::vector<size_t>& runs) {
+  if (val.empty()) return absl::OkStatus();
+  absl::StatusOr<void*> di = device.scratch->Upload(0, idx.data(), val.size() * 4);
+  if (!di.ok()) return di.status();
+  absl::StatusOr<void*> dv = device.scratch->Upload(1, val.data(), val.size() * 4);
+  if (!dv.ok()) return dv.status();
+  const auto* d_idx = static_cast<const uint32_t*>(*di);
+  const auto* d_val = static_cast<const float*>(*dv);
+  for (size_t r = 0; r + 1 < runs.size(); ++r) {
+    const size_t m = runs[r + 1] - runs[r];
+    if (m == 0) continue;
+    absl::Status s = device.prims->ScatterAdd(out, elements, d_idx + runs[r], d_val + runs[r], m);
+    if (!s.ok()) return s;
+  }
   return absl::OkStatus();
 }
 

@@ -54,6 +54,13 @@ struct DeviceSide {
   Scratch* scratch = nullptr;
 };
 
+// out[idx[j]] += val[j] on the device: the pairs go up in one upload each (slots 0 and 1), then
+// one scatter-add per run [runs[r], runs[r+1]) in order, as the host's per-run scatter-adds
+// would add them (bit for bit). idx and val are the same length; runs starts at 0 and ends at it.
+absl::Status ScatterAddOnDevice(const DeviceSide& device, float* out, uint32_t elements,
+                                const std::vector<uint32_t>& idx, const std::vector<float>& val,
+                                const std::vector<size_t>& runs);
+
 // Pattern A. `acc` is this node's accumulated buffer (read at the union only).
 absl::Status ExchangeIndexUnion(Collective* coll, Primitives* prims, const SparseExchangeArgs& args,
                                 absl::Span<const uint32_t> my_idx, const float* acc, float* out,
