@@ -197,6 +197,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  const int64_t late_us = absl::GetFlag(FLAGS_late_us);
   const std::string inputs = absl::GetFlag(FLAGS_inputs);
   if (inputs != "constant" && inputs != "gradient") {
     std::fprintf(stderr, "spex_trainer: --inputs must be constant|gradient, got '%s'\n",
@@ -303,8 +304,7 @@ int main(int argc, char** argv) {
     auto last_start = t0;
     for (size_t b = 0; b < buckets.size(); ++b) {
       if (!arrival_us.empty()) {
-        std::this_thread::sleep_until(
-            t0 + std::chrono::microseconds(arrival_us[b] + absl::GetFlag(FLAGS_late_us)));
+        std::this_thread::sleep_until(t0 + std::chrono::microseconds(arrival_us[b] + late_us));
       }
       last_start = std::chrono::steady_clock::now();
       const bool rpc = mode == "rpc" || (mode == "alternate" && (step + b) % 2 == 1);
