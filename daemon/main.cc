@@ -373,6 +373,7 @@ void FinalizeWithin(absl::Duration grace, int rc) {
 
 int main(int argc, char** argv) {
   spex::UseOneMallocArena();  // before any thread starts (daemon/util/heap.h says why)
+  spex::KeepLargeBlocksInHeap();
   absl::SetProgramUsageMessage(
       "spexd: per-node sparse gradient exchange daemon. Start one per node under mpirun/srun; "
       "trainers connect over a unix socket. See README.md.");

@@ -213,7 +213,11 @@ cmd_mpirun() {
   export OMPI_MCA_coll_tuned_allreduce_algorithm=${OMPI_MCA_coll_tuned_allreduce_algorithm:-4}
   # A daemon shares its host's core(s) with the trainers: yield instead of busy-polling.
   export OMPI_MCA_mpi_yield_when_idle=1
-  exec_in login mpirun --host "$hostlist" -np "$HOSTS" "$@"
+  # --bind-to none: each spexd keeps the CPU set of its host (exec_in's taskset, inherited through
+  # the rsh agent and orted). Open MPI's default binding would otherwise pin every rank to the
+  # first core of what it takes for a node of its own (core 0 at 2 ranks), so all the daemons
+  # shared core 0 with host 1's trainers.
+  exec_in login mpirun --bind-to none --host "$hostlist" -np "$HOSTS" "$@"
 }
 
 kill_pids() {  # pids...: SIGTERM, up to 5 s, SIGKILL; then their /dev/shm/spex-<pid>-* segments

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 
 #if defined(__GLIBC__)
 #include <malloc.h>
@@ -40,6 +41,20 @@ bool UseOneMallocArena() {
 #if defined(__GLIBC__)
   if (std::getenv("MALLOC_ARENA_MAX") != nullptr) return false;
   return mallopt(M_ARENA_MAX, 1) == 1;
+#else
+  return false;
+#endif
+}
+
+bool KeepLargeBlocksInHeap() {
+#if defined(__GLIBC__)
+  if (std::getenv("MALLOC_MMAP_MAX_") != nullptr ||
+      std::getenv("MALLOC_TRIM_THRESHOLD_") != nullptr) {
+    return false;
+  }
+  const bool mmap_off = mallopt(M_MMAP_MAX, 0) == 1;
+  const bool trim_off = mallopt(M_TRIM_THRESHOLD, std::numeric_limits<int>::max()) == 1;  // 2 GiB
+  return mmap_off && trim_off;
 #else
   return false;
 #endif

@@ -22,6 +22,19 @@ int64_t ReleaseFreeHeap();
 // arena's lock costs the step was not measured. Returns whether it set the limit.
 bool UseOneMallocArena();
 
+// Keeps large freed blocks in the heap instead of handing each back to the kernel on free()
+// (mallopt M_MMAP_MAX = 0: no block gets a mapping of its own; M_TRIM_THRESHOLD = 2 GiB: free()
+// does not trim the heap's top), unless the environment sets MALLOC_MMAP_MAX_ or
+// MALLOC_TRIM_THRESHOLD_. Open MPI's ring all-reduce mallocs and frees segment buffers of half a
+// bucket in every call; by default glibc maps each of them on its own and unmaps it on free, so
+// every dense exchange of a 100 MB bucket faulted in 25,000+ fresh pages, and the unmapping also
+// slowed the next pass over the buckets' own memory (on these VMs' shadow paging: the sparse
+// bucket's local reduce after a dense exchange took 26.5 ms instead of 10-12 ms, and the dense
+// exchange itself 1,095 ms instead of 885 ms; bench/network_bench.py, 2 hosts at 1 Gbit/s).
+// Memory a job freed is still returned once the job has gone (ReleaseFreeHeap). Returns whether
+// it set both limits.
+bool KeepLargeBlocksInHeap();
+
 }  // namespace spex
 
 #endif  // SPEX_DAEMON_UTIL_HEAP_H_

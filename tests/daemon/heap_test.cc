@@ -1,6 +1,9 @@
 // ReleaseFreeHeap (daemon/util/heap.h): what spexd calls when a job's last trainer has gone.
 #include "daemon/util/heap.h"
 
+#include <unistd.h>
+
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -9,6 +12,15 @@
 
 namespace spex {
 namespace {
+
+int64_t ResidentBytesForTest() {
+  FILE* f = std::fopen("/proc/self/statm", "r");
+  if (f == nullptr) return 0;
+  long long size = 0, resident = 0;
+  const int n = std::fscanf(f, "%lld %lld", &size, &resident);
+  std::fclose(f);
+  return n == 2 ? resident * static_cast<int64_t>(sysconf(_SC_PAGESIZE)) : 0;
+}
 
 TEST(ReleaseFreeHeap, HandsFreedChunksInsideTheHeapBackToTheKernel) {
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
@@ -30,6 +42,39 @@ TEST(ReleaseFreeHeap, HandsFreedChunksInsideTheHeapBackToTheKernel) {
   std::free(blocks.back());
   EXPECT_GE(released, static_cast<int64_t>(kBlock * (kBlocks - 1) / 2))
       << "released " << released << " bytes of " << kBlock * (kBlocks - 1) << " freed";
+#endif
+}
+
+// mallopt is process-wide: this test sets the limits and checks their effect on a 64 MiB block
+// (above glibc's largest mmap threshold, so by default mapped on its own and unmapped by free()).
+// It runs after the test above, which relies on glibc's defaults only for 64 KiB blocks.
+TEST(KeepLargeBlocksInHeap, FreeKeepsALargeBlockResidentForTheNextAllocation) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "the sanitizers' allocators ignore glibc's mallopt";
+#else
+  if (std::getenv("MALLOC_MMAP_MAX_") != nullptr ||
+      std::getenv("MALLOC_TRIM_THRESHOLD_") != nullptr) {
+    GTEST_SKIP() << "the environment sets glibc's limits itself";
+  }
+  ASSERT_TRUE(KeepLargeBlocksInHeap());
+  constexpr size_t kBytes = 64 << 20;
+  char* p = static_cast<char*>(std::malloc(kBytes));
+  ASSERT_NE(p, nullptr);
+  std::memset(p, 1, kBytes);
+  const int64_t touched = ResidentBytesForTest();
+  std::free(p);
+  const int64_t after_free = ResidentBytesForTest();
+  // Unmapped by free(), the block would take 64 MiB of resident memory with it.
+  EXPECT_GT(after_free, touched - static_cast<int64_t>(kBytes / 2))
+      << "free() returned the block to the kernel: resident " << touched << " -> " << after_free;
+  char* q = static_cast<char*>(std::malloc(kBytes));
+  ASSERT_NE(q, nullptr);
+  std::memset(q, 2, kBytes);
+  EXPECT_LT(ResidentBytesForTest(), touched + static_cast<int64_t>(kBytes / 2))
+      << "the second block was not the first one's memory";
+  std::free(q);
+  // What a job freed still goes back when the job has gone.
+  EXPECT_GE(ReleaseFreeHeap(), static_cast<int64_t>(kBytes / 2));
 #endif
 }
 
