@@ -29,7 +29,9 @@ ABSL_FLAG(
     int, spin_us, -1,
     "Microseconds the engine and trainers spin before sleeping on a futex; -1 = auto (50 when "
     "the host has more cores than its daemons x (local trainers + 1), else 0).");
-ABSL_FLAG(int, threads, 0, "Worker threads for local reduction and compression (0 = all cores).");
+ABSL_FLAG(int, threads, 0,
+          "Worker threads for local reduction and compression (0 = the CPUs of spexd's affinity "
+          "mask).");
 ABSL_FLAG(spex::DeviceChoice, device, spex::DeviceChoice::kAuto,
           "auto|cpu|cuda: where buckets live (cuda needs a --config=cuda build and a GPU).");
 ABSL_FLAG(bool, error_feedback, true,

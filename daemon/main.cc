@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
@@ -289,9 +290,20 @@ absl::Status Run(const absl::StatusOr<DaemonConfig>& loaded, SdNotifier& notifie
     device_path = {gpu.memory.get(), gpu.memory.get(), host_prims.get()};
   }
 
+  // The CPUs spexd may use are those of its affinity mask, not the machine's: under mpirun's
+  // default binding (a core per rank at 2 ranks or fewer) a spexd on a 64-core node gets one.
+  const int cpus = UsableCpus();
+  const int machine_cpus = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (cpus < machine_cpus && config.threads == 0) {
+    SPEX_LOG(WARNING) << "spexd may run on " << cpus << " of this machine's " << machine_cpus
+                      << " CPUs (its affinity mask), so its local reduce and compression use "
+                      << cpus << " thread" << (cpus == 1 ? "" : "s")
+                      << "; if that binding is not meant (mpirun binds each rank to a core by "
+                         "default when there are 2 ranks or fewer), start spexd with `mpirun "
+                         "--bind-to none` or `srun --cpu-bind=none`";
+  }
   EngineOptions opts = config.engine;
-  opts.engine_spin_us = opts.client_spin_us =
-      SpinUs(config, world.host_count, static_cast<int>(std::thread::hardware_concurrency()));
+  opts.engine_spin_us = opts.client_spin_us = SpinUs(config, world.host_count, cpus);
   opts.announce_stop = [&notice] { notice.Announce(); };
   opts.peer_stopped = [&notice](int* who) { return notice.PeerStopped(who); };
   opts.heartbeat = [&notifier] { notifier.Watchdog().IgnoreError(); };

@@ -190,8 +190,13 @@ class Scratch {
 };
 
 // The CPU implementation: Highway with dynamic dispatch, `threads` workers for large inputs
-// (0 = hardware concurrency). Thread-safe for concurrent calls on disjoint data.
+// (0 = UsableCpus()). Thread-safe for concurrent calls on disjoint data.
 std::unique_ptr<Primitives> MakeCpuPrimitives(int threads = 0);
+
+// The CPUs this process may run on: its affinity mask (what mpirun's or srun's binding, taskset
+// or a cgroup cpuset left it), or the hardware concurrency where the mask cannot be read.
+// At least 1.
+int UsableCpus();
 
 // The CUDA implementation; returns an error where CUDA is not compiled in or no GPU is usable.
 // (Defined in kernels/cuda when built with --config=cuda, otherwise in kernels/cuda_stub.cc.)

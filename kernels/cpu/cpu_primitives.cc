@@ -1,5 +1,7 @@
 #include "kernels/cpu/cpu_primitives.h"
 
+#include <sched.h>
+
 #include <algorithm>
 #include <cstring>
 #include <memory>
@@ -376,8 +378,17 @@ class CpuPrimitives final : public Primitives {
 
 const char* CpuPrimitivesTarget() { return simd::TargetName(); }
 
+int UsableCpus() {
+#if defined(__linux__)
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+#endif
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
 std::unique_ptr<Primitives> MakeCpuPrimitives(int threads) {
-  if (threads <= 0) threads = std::max(1u, std::thread::hardware_concurrency());
+  if (threads <= 0) threads = UsableCpus();
   return std::make_unique<CpuPrimitives>(threads);
 }
 

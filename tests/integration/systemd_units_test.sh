@@ -77,6 +77,13 @@ if [ -S "$T/run/spexd.sock" ]; then
   mode=$(stat -c %a "$T/run/spexd.sock")
   [ "$mode" = 660 ] || msg="$msg socket mode $mode, want 660"
   daemons=$(ps -o pid= --ppid "$world" | tr '\n' ' ')
+  # spexd keeps every CPU this script may use (mpirun --bind-to none; by default Open MPI binds
+  # a lone rank to one core).
+  want=$(taskset -pc $$ | sed 's/.*: //')
+  for d in $daemons; do
+    got=$(taskset -pc "$d" | sed 's/.*: //')
+    [ "$got" = "$want" ] || msg="$msg spexd $d may run on CPUs $got, this test on $want"
+  done
   stop_mpirun "$world" $daemons || msg="$msg the world did not stop within 15 s of SIGTERM"
   [ -e "$T/run/spexd.sock" ] && msg="$msg socket left behind"
   left=$(shm_left $daemons); [ -z "$left" ] || msg="$msg left in /dev/shm: $left"

@@ -3,6 +3,8 @@
 // index validation errors, top-k ties and Sample's determinism.
 #include "kernels/primitives.h"
 
+#include <sched.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -673,6 +675,28 @@ TEST(PrimitivesTargetsTest, EveryTargetMatchesReference) {
     }
   }
   hwy::SetSupportedTargetsForTest(0);
+}
+
+// UsableCpus counts the calling thread's affinity mask (what mpirun's binding or taskset left),
+// not the machine's CPUs: a thread bound to one CPU sees 1.
+TEST(UsableCpus, CountsTheAffinityMaskNotTheMachine) {
+  EXPECT_GE(UsableCpus(), 1);
+  EXPECT_LE(UsableCpus(), static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+  cpu_set_t all;
+  CPU_ZERO(&all);
+  ASSERT_EQ(sched_getaffinity(0, sizeof(all), &all), 0);
+  int first = 0;
+  while (!CPU_ISSET(first, &all)) ++first;
+  int seen = -1;
+  std::thread t([&] {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(first, &one);
+    if (sched_setaffinity(0, sizeof(one), &one) == 0) seen = UsableCpus();
+  });
+  t.join();
+  EXPECT_EQ(seen, 1);
+  EXPECT_EQ(UsableCpus(), CPU_COUNT(&all));  // this thread's mask is unchanged
 }
 
 }  // namespace
