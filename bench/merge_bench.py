@@ -33,12 +33,18 @@ below each of none, fixed and omgs under skew, and no worse than the best of the
     /usr/bin/python3 bench/merge_bench.py [--nodes 4] [--mergers none,fixed,omgs,rgmerge]
         [--compressor topk] [--density 0.01] [--forward_ms 60] [--backward_ms 120] [--late_ms 30]
         [--warmup 5] [--steps 20] [--scale 1] [--skip_build] [--out bench/results/merge]
+    .venv/bin/python bench/merge_bench.py --network emulated [--rate 1gbit] [--latency_us 500] ...
+
+With --network emulated (root; the spex package, hence .venv/bin/python) every node is a host of
+the emulated cluster (deploy/emulated_cluster.sh: a network namespace, --rate each way and
+--latency_us one way, a core per host where the machine has one) and each trainer runs inside its
+host; by default the daemons run on this machine's loopback.
 
 Not here: rgmerge's `model` plan (not written yet), selection behind. On this 2-core machine the
 daemons' compression of every node shares two cores (4 nodes: each node's selection over 25.6M
 floats waits for the others'), so the exchanges take longer than on a cluster with a core per
-node, and the link is loopback (no bandwidth to save): the figures compare the mergers with each
-other under the same handicap, and say nothing of a real network. Writes <out>.json and <out>.png.
+node; on loopback there is no bandwidth or latency to save: the figures compare the mergers with
+each other under the same handicap. Writes <out>.json and <out>.png.
 """
 import argparse
 import csv
@@ -63,15 +69,19 @@ def build():
     subprocess.run(["bazel", "build", "//daemon:spexd", "//client:spex_trainer"], cwd=ROOT, check=True)
 
 
-def metric(port, name):
-    """The value of a node-wide sample `name` from spexd's /metrics on 127.0.0.1:port."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-        text = r.read().decode()
+def metric_of(text, name):
+    """The value of a node-wide sample `name` in a /metrics page."""
     for line in text.splitlines():
         m = re.match(rf"^{name}(\{{[^}}]*\}})? (\S+)$", line)
         if m:
             return float(m.group(2))
-    raise RuntimeError(f"{name} not in the metrics of port {port}")
+    raise RuntimeError(f"{name} not in the metrics")
+
+
+def metric(port, name):
+    """The value of a node-wide sample `name` from spexd's /metrics on 127.0.0.1:port."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        return metric_of(r.read().decode(), name)
 
 
 def free_port():
@@ -81,9 +91,61 @@ def free_port():
         return s.getsockname()[1]
 
 
+def trainer_cmd(args, socket, n, d, sizes, arrival_file, late_us):
+    return [os.path.join(ROOT, "bazel-bin/client/spex_trainer"), f"--socket={socket}",
+            "--mode=overlap", f"--buckets={','.join(map(str, sizes))}", f"--arrival_us=@{arrival_file}",
+            f"--late_us={late_us if n == args.nodes - 1 else 0}", "--inputs=gradient",
+            f"--compressor={args.compressor}", f"--density={args.density}",
+            f"--steps={args.warmup + args.steps}", "--quiet", f"--csv={d}/steps{n}.csv"]
+
+
+def read_rows(args, d):
+    rows = []
+    for n in range(args.nodes):
+        with open(f"{d}/steps{n}.csv") as f:
+            rows += [dict(r, node=n) for r in csv.DictReader(f)]
+    return rows
+
+
+def run_once_emulated(args, merger, sizes, arrival_file, late_us):
+    """run_once on the emulated cluster: one host (network namespace, --rate each way, --latency_us
+    one way) per node, spexd under mpirun across the hosts, each trainer inside its host."""
+    from spex.emulated import EmulatedCluster
+
+    d = tempfile.mkdtemp(prefix="spex-merge.")
+    port = free_port()
+    c = EmulatedCluster(os.path.join(ROOT, "bazel-bin/daemon/spexd"), hosts=args.nodes, trainers=1,
+                        rate=args.rate, latency_us=args.latency_us,
+                        args=["--threads=1", "--dense_fallback=off", "--log_level=warning", f"--merger={merger}",
+                              f"--metrics_address=127.0.0.1:{port}"])
+    try:
+        c.start()
+        trainers = []
+        for n in range(args.nodes):
+            trainers.append(c.popen(n, trainer_cmd(args, c.socket(n), n, d, sizes, arrival_file, late_us),
+                                    stdout=subprocess.DEVNULL, stderr=open(f"{d}/trainer{n}.err", "w")))
+        for t in trainers:
+            t.wait()
+        for n, t in enumerate(trainers):
+            if t.returncode != 0:
+                raise RuntimeError(f"trainer {n} failed: {open(f'{d}/trainer{n}.err').read()[-2000:]}")
+        # Node 0's metrics, read from inside its host (the daemon listens in that namespace).
+        fetch = c.popen(0, ["/usr/bin/python3", "-c", "import sys, urllib.request; sys.stdout.write("
+                            f"urllib.request.urlopen('http://127.0.0.1:{port}/metrics', timeout=10).read().decode())"],
+                        stdout=subprocess.PIPE, text=True)
+        text, _ = fetch.communicate(timeout=30)
+        groups, busy = metric_of(text, "spex_merge_groups_total"), metric_of(text, "spex_merge_group_seconds_total")
+        return read_rows(args, d), groups, busy
+    finally:
+        c.cleanup()
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def run_once(args, merger, sizes, arrival_file, late_us):
     """One mpirun of the daemons with --merger=merger, one trainer per node; returns the per-step
     rows of every node and node 0's engine counters."""
+    if args.network == "emulated":
+        return run_once_emulated(args, merger, sizes, arrival_file, late_us)
     d = tempfile.mkdtemp(prefix="spex-merge.")
     port = free_port()
     log = open(os.path.join(d, "spexd.log"), "w")
@@ -103,11 +165,7 @@ def run_once(args, merger, sizes, arrival_file, late_us):
             raise RuntimeError("daemons did not start")
         trainers = []
         for n in range(args.nodes):
-            cmd = [os.path.join(ROOT, "bazel-bin/client/spex_trainer"), f"--socket={d}/node{n}.sock",
-                   "--mode=overlap", f"--buckets={','.join(map(str, sizes))}", f"--arrival_us=@{arrival_file}",
-                   f"--late_us={late_us if n == args.nodes - 1 else 0}", "--inputs=gradient",
-                   f"--compressor={args.compressor}", f"--density={args.density}",
-                   f"--steps={args.warmup + args.steps}", "--quiet", f"--csv={d}/steps{n}.csv"]
+            cmd = trainer_cmd(args, f"{d}/node{n}.sock", n, d, sizes, arrival_file, late_us)
             trainers.append(subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL,
                                              stderr=open(f"{d}/trainer{n}.err", "w")))
         for t in trainers:
@@ -118,11 +176,7 @@ def run_once(args, merger, sizes, arrival_file, late_us):
         # The metrics of node 0 (the first daemon of the host serves on `port`).
         groups = metric(port, "spex_merge_groups_total")
         busy = metric(port, "spex_merge_group_seconds_total")
-        rows = []
-        for n in range(args.nodes):
-            with open(f"{d}/steps{n}.csv") as f:
-                rows += [dict(r, node=n) for r in csv.DictReader(f)]
-        return rows, groups, busy
+        return read_rows(args, d), groups, busy
     finally:
         if daemons.poll() is None:
             daemons.send_signal(signal.SIGTERM)
@@ -195,7 +249,9 @@ def plot(result, out):
         ax.set_xticklabels(schedules)
         ax.set_ylabel(label)
     axes[0].legend()
-    fig.suptitle(f"ResNet-50 step on {result['nodes']} daemons (loopback, 2 cores): "
+    net = "loopback" if result.get("network", "loopback") == "loopback" else \
+        f"emulated hosts, {result['rate']}, +{result['latency_us']} us one way"
+    fig.suptitle(f"ResNet-50 step on {result['nodes']} daemons ({net}, {result['cores']} cores): "
                  f"{result['compressor']}@{result['density']}, backward {result['backward_ms']} ms")
     fig.tight_layout()
     fig.savefig(out + ".png", dpi=100)
@@ -214,6 +270,11 @@ def main():
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--scale", type=float, default=1.0, help="multiply every tensor's size (a smaller model)")
     ap.add_argument("--profile", default=os.path.join(ROOT, "bench/results/resnet50_backward.json"))
+    ap.add_argument("--network", choices=("loopback", "emulated"), default="loopback",
+                    help="emulated: one emulated host per node (deploy/emulated_cluster.sh; root, and the "
+                         "spex package: run with .venv/bin/python)")
+    ap.add_argument("--rate", default="1gbit", help="--network=emulated: each host's rate, each way")
+    ap.add_argument("--latency_us", type=int, default=0, help="--network=emulated: one-way latency per host")
     ap.add_argument("--skip_build", action="store_true")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench/results/merge"))
     args = ap.parse_args()
@@ -237,11 +298,13 @@ def main():
                     print(f"  {s:6} {m:8} done ({time.time() - t0:.0f} s)", flush=True)
     finally:
         os.unlink(arrival_file)
-    result = {"nodes": args.nodes, "compressor": args.compressor, "density": args.density,
+    result = {"nodes": args.nodes, "network": args.network, "compressor": args.compressor, "density": args.density,
               "forward_ms": args.forward_ms, "backward_ms": args.backward_ms, "late_ms": args.late_ms,
               "buckets": len(sizes), "elements": sum(sizes), "warmup": args.warmup, "steps": args.steps,
               "cores": os.cpu_count(), "mergers": mergers, "profile": os.path.relpath(args.profile, ROOT),
               "seconds": time.time() - t0, "schedules": {}}
+    if args.network == "emulated":
+        result.update(rate=args.rate, latency_us=args.latency_us)
     for s in schedules:
         result["schedules"][s] = {m: summarize(args, raw[s][m]) for m in mergers}
         base = result["schedules"][s].get("none")
@@ -262,7 +325,8 @@ def main():
             best = min(rs[m]["step_ms"] for m in others) if others else float("nan")
             result[f"rgmerge_vs_best_other_{s}"] = rs["rgmerge"]["step_ms"] / best
             print(f"{s}: rgmerge / best of {','.join(others)} = {rs['rgmerge']['step_ms'] / best:.3f}")
-    print("(2 cores shared by every daemon's compression, loopback links: see the header)")
+    print(f"({os.cpu_count()} cores shared by every daemon's compression, "
+          f"{'loopback links' if args.network == 'loopback' else 'emulated links'}: see the header)")
     with open(args.out + ".json", "w") as f:
         json.dump(result, f, indent=1)
     plot(result, args.out)

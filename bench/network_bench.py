@@ -9,8 +9,9 @@ per-coordinate scale with fresh normal noise per step and node (like bench/make_
 traces). One trainer per host, inside the host's namespace; every step's dense bucket is exchanged
 just before the compressor's (paired, same load); a step's time is the slowest node's. Ratios are
 dense p50 / sparse p50 of the same run. Then, per density, the daemons restart with
---dense_fallback=auto and micro runs --auto-steps steps: what `auto` chose after its probe and its
-time against the faster of dense and sparse measured before (goal: within 5%).
+--dense_fallback=auto and micro runs --auto-steps steps, paired with dense as before: what `auto`
+chose after its probe, its time against the faster of dense and sparse measured before (goal:
+within 5%), and the paired dense bucket's time in the same session.
 
 Crossover: the rate below which sparse stops winning is found between measured rates when
 several are given; besides, from each run's phases (collective = wire, the rest = compute) it is
@@ -161,16 +162,22 @@ def measure(args, compressors, densities, ncpu):
                 c.args = base + ["--dense_fallback=auto", "--probe_steps=3"]
                 c.start()
                 auto = []
+                # Paired like the first run (the dense bucket just before micro's in every step), so
+                # auto's time is measured under the same load as the sparse and dense times it is
+                # compared with.
                 rows = run_trainers(c, args.trainer, args, ["--compressors=micro", f"--densities={args.densities}",
                                                             "--warmup=6", f"--steps={args.auto_steps - 6}",
-                                                            "--pair_dense=false"])
+                                                            "--pair_dense=true"])
                 for d in densities:
                     by = {k: v for k, v in steps_of(rows, "micro").items() if k[0] == d}
                     t = statistics.median(max(x["exchange_ms"] for x in v) for v in by.values())
+                    de = {k: v for k, v in steps_of(rows, "dense", paired="micro").items() if k[0] == d}
+                    auto_dense = statistics.median(max(x["exchange_ms"] for x in v) for v in de.values())
                     chose = sorted({x["pattern"] for v in by.values() for x in v})
                     ref = next((r for r in cfg["runs"] if r["compressor"] == "micro" and r["density"] == d), None)
                     best = min(ref["sparse_ms"], ref["dense_ms"]) if ref else float("nan")
-                    auto.append({"density": d, "auto_ms": t, "chose": chose, "best_ms": best,
+                    auto.append({"density": d, "auto_ms": t, "paired_dense_ms": auto_dense, "chose": chose,
+                                 "best_ms": best,
                                  "faster": ("sparse" if ref["sparse_ms"] <= ref["dense_ms"] else "dense") if ref else None,
                                  "vs_best": t / best if best == best else None})
                     print(f"  auto micro@{d:g}: chose {'/'.join(chose)} ({'sparse' if 'D' not in chose else 'dense'}), "
@@ -230,7 +237,8 @@ def report(results):
                    if r.get("own_cores_speedup_estimate") else "")
             print(f"  {r['compressor']:>8}@{r['density']:<6g} x{r['speedup']:6.2f}, crossover {xs}{own}")
         for a in cfg.get("auto", []):
-            print(f"  auto micro@{a['density']:g}: chose {'/'.join(a['chose'])}, {a['auto_ms']:.1f} ms, "
+            print(f"  auto micro@{a['density']:g}: chose {'/'.join(a['chose'])}, {a['auto_ms']:.1f} ms "
+                  f"(dense beside it {a.get('paired_dense_ms', float('nan')):.1f} ms), "
                   f"{a['vs_best']:.2f}x the faster one ({'OK' if a['vs_best'] and a['vs_best'] <= 1.05 else 'over the 5% goal'})")
     for m in results.get("measured_crossovers", []):
         print(f"measured crossover: {m['hosts']} hosts, {m['compressor']}@{m['density']:g} between "
@@ -284,7 +292,7 @@ def main():
     p.add_argument("--compressors", default="micro,exdyna,topk,dgc,sidco_e,sage")
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--steps", type=int, default=3)
-    p.add_argument("--auto-steps", type=int, default=10, help="steps of the --dense_fallback=auto run (probe: 6)")
+    p.add_argument("--auto-steps", type=int, default=12, help="steps of the --dense_fallback=auto run (probe: 6)")
     p.add_argument("--spexd", default=os.path.join(ROOT, "bazel-bin", "daemon", "spexd"))
     p.add_argument("--trainer", default=os.path.join(ROOT, "bazel-bin", "bench", "sparse_exchange_trainer"))
     p.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "network"))
