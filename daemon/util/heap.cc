@@ -12,9 +12,7 @@
 #endif
 
 namespace spex {
-namespace {
 
-// This process's resident size in bytes, from /proc/self/statm (pages); 0 if unreadable.
 int64_t ResidentBytes() {
   FILE* f = std::fopen("/proc/self/statm", "r");
   if (f == nullptr) return 0;
@@ -23,8 +21,6 @@ int64_t ResidentBytes() {
   std::fclose(f);
   return n == 2 ? resident * static_cast<int64_t>(sysconf(_SC_PAGESIZE)) : 0;
 }
-
-}  // namespace
 
 int64_t ReleaseFreeHeap() {
 #if defined(__GLIBC__)

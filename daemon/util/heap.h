@@ -14,6 +14,9 @@ namespace spex {
 // daemon's resident size a little with every job (bench/soak.py measured it).
 int64_t ReleaseFreeHeap();
 
+// This process's resident size in bytes, from /proc/self/statm; 0 where it cannot be read.
+int64_t ResidentBytes();
+
 // Makes every thread allocate from glibc's one main arena (mallopt M_ARENA_MAX = 1) unless the
 // environment already sets MALLOC_ARENA_MAX. spexd's per-job objects are allocated by whichever
 // gRPC thread handles the request, so with one arena per thread each job's leftovers pin pages

@@ -1,9 +1,6 @@
 // ReleaseFreeHeap (daemon/util/heap.h): what spexd calls when a job's last trainer has gone.
 #include "daemon/util/heap.h"
 
-#include <unistd.h>
-
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -12,15 +9,6 @@
 
 namespace spex {
 namespace {
-
-int64_t ResidentBytesForTest() {
-  FILE* f = std::fopen("/proc/self/statm", "r");
-  if (f == nullptr) return 0;
-  long long size = 0, resident = 0;
-  const int n = std::fscanf(f, "%lld %lld", &size, &resident);
-  std::fclose(f);
-  return n == 2 ? resident * static_cast<int64_t>(sysconf(_SC_PAGESIZE)) : 0;
-}
 
 TEST(ReleaseFreeHeap, HandsFreedChunksInsideTheHeapBackToTheKernel) {
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
@@ -61,16 +49,16 @@ TEST(KeepLargeBlocksInHeap, FreeKeepsALargeBlockResidentForTheNextAllocation) {
   char* p = static_cast<char*>(std::malloc(kBytes));
   ASSERT_NE(p, nullptr);
   std::memset(p, 1, kBytes);
-  const int64_t touched = ResidentBytesForTest();
+  const int64_t touched = ResidentBytes();
   std::free(p);
-  const int64_t after_free = ResidentBytesForTest();
+  const int64_t after_free = ResidentBytes();
   // Unmapped by free(), the block would take 64 MiB of resident memory with it.
   EXPECT_GT(after_free, touched - static_cast<int64_t>(kBytes / 2))
       << "free() returned the block to the kernel: resident " << touched << " -> " << after_free;
   char* q = static_cast<char*>(std::malloc(kBytes));
   ASSERT_NE(q, nullptr);
   std::memset(q, 2, kBytes);
-  EXPECT_LT(ResidentBytesForTest(), touched + static_cast<int64_t>(kBytes / 2))
+  EXPECT_LT(ResidentBytes(), touched + static_cast<int64_t>(kBytes / 2))
       << "the second block was not the first one's memory";
   std::free(q);
   // What a job freed still goes back when the job has gone.
