@@ -83,6 +83,7 @@ absl::StatusOr<DaemonConfig> LoadConfig() {
   e.merge.omgs_threshold_elements = absl::GetFlag(FLAGS_omgs_threshold_elements);
   e.merge.omgs_count = absl::GetFlag(FLAGS_omgs_count);
   e.merge.omgs_count_mode = e.merge.omgs_count > 0;
+  e.merge_overlap = absl::GetFlag(FLAGS_merge_overlap);
   if (e.merge.omgs_count == 0) e.merge.omgs_count = 10;  // unused in threshold mode
   if (absl::Status s = ValidateEngineOptions(e); !s.ok()) errors.emplace_back(s.message());
   if (absl::StatusOr<std::unique_ptr<Merger>> m = MakeMerger(e.merger, e.merge); !m.ok()) {

@@ -100,6 +100,10 @@ ABSL_FLAG(uint64_t, omgs_threshold_elements, 8192,
           "elements (threshold mode, the default).");
 ABSL_FLAG(uint64_t, omgs_count, 0,
           "--merger=omgs: > 0 selects count mode, a plan group of this many buckets.");
+ABSL_FLAG(bool, merge_overlap, true,
+          "--merger: run one group's collectives on a second thread (its own MPI communicator) "
+          "while the engine thread reduces and selects the next group (needs "
+          "MPI_THREAD_MULTIPLE; every node must use the same).");
 ABSL_FLAG(spex::LogLevel, log_level, spex::LogLevel::kInfo, "debug|info|warning|error");
 ABSL_FLAG(std::string, metrics_address, "",
           "Serve Prometheus metrics over HTTP at HOST:PORT (e.g. 127.0.0.1:9400; GET /metrics). "

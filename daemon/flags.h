@@ -46,6 +46,7 @@ ABSL_DECLARE_FLAG(uint64_t, fixed_threshold_bytes);
 ABSL_DECLARE_FLAG(int64_t, fixed_cycle_ms);
 ABSL_DECLARE_FLAG(uint64_t, omgs_threshold_elements);
 ABSL_DECLARE_FLAG(uint64_t, omgs_count);
+ABSL_DECLARE_FLAG(bool, merge_overlap);
 ABSL_DECLARE_FLAG(spex::LogLevel, log_level);
 ABSL_DECLARE_FLAG(std::string, metrics_address);
 ABSL_DECLARE_FLAG(bool, metrics_allow_remote);

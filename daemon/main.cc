@@ -319,9 +319,24 @@ absl::Status Run(const absl::StatusOr<DaemonConfig>& loaded, SdNotifier& notifie
   SPEX_RETURN_IF_ERROR(AgreeOnAllNodes(&mpi,
                                        StartObservers(config, world, metrics.get(), &timeline),
                                        "the --metrics_address/--timeline set-up"));
+  // --merge_overlap: the wire stage's own communicator. Every node duplicates it here, alike
+  // (MPI_Comm_dup is collective), whether or not its engine will use it; declared before the
+  // engine, so it outlives the engine's threads.
+  std::unique_ptr<MpiCollective> wire;
+  if (gpu.nccl == nullptr) wire = std::make_unique<MpiCollective>(MPI_COMM_WORLD, host_prims.get());
   Collective* collective = gpu.nccl != nullptr ? gpu.nccl.get() : &mpi;
   Engine engine(opts, collective, gpu.prims != nullptr ? gpu.prims.get() : host_prims.get(),
                 device_path);
+  if (wire != nullptr) {
+    int level = 0;
+    MPI_Query_thread(&level);
+    if (opts.merger != MergerPolicy::kNone && opts.merge_overlap && level < MPI_THREAD_MULTIPLE) {
+      SPEX_LOG(WARNING) << "--merge_overlap: MPI provides thread level " << level
+                        << ", not MPI_THREAD_MULTIPLE; merge groups run without overlap";
+    } else {
+      engine.set_wire_collective(wire.get());
+    }
+  }
   SPEX_RETURN_IF_ERROR(engine.Start());
   // Scrapes read the engine's sessions and buckets; detached before the engine goes away.
   if (metrics != nullptr) metrics->Attach(&engine);

@@ -108,6 +108,17 @@ absl::Status Engine::Start() {
     scheduler_ = std::make_unique<Scheduler>(options_.local_trainers, std::move(*merger));
     if (absl::Status s = doorbell_.NewGeneration(); !s.ok()) return s;
   }
+  if (overlapping()) {
+    if (wire_coll_->size() != collective_->size() || wire_coll_->rank() != collective_->rank()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("engine: the wire collective is rank ", wire_coll_->rank(), " of ",
+                       wire_coll_->size(), ", the engine's collective rank ", collective_->rank(),
+                       " of ", collective_->size(), "; both must span the same nodes"));
+    }
+    wire_env_ = env_;
+    wire_env_.coll = wire_coll_;
+    wire_thread_ = std::thread([this] { WireLoop(); });
+  }
   thread_ = std::thread([this] { Run(); });
   return absl::OkStatus();
 }
@@ -193,10 +204,14 @@ void Engine::Run() {
       const int64_t released = ReleaseFreeHeap();
       SPEX_LOG(DEBUG) << "node idle: released " << released / 1024 << " KiB of free heap";
     }
+    // A pack on the wire stays there while the next merge group is prepared; anything else
+    // waits for it (its buckets and collectives are the engine thread's alone).
+    if (!failed.empty()) DrainWire();
     for (EngineBucket* b : failed) PublishFailed(b);
     if (run && !pick.alone) {
       ProcessGroup(group, candidates, pick.agreed);
     } else if (run) {
+      DrainWire();
       Process(group);
     }
     WarnSlowGroup(group, waiting);
@@ -214,6 +229,14 @@ void Engine::Run() {
       stop_.store(true);
       WakeEverybody();
     }
+  }
+  if (wire_thread_.joinable()) {  // it publishes what was handed to it, then ends
+    {
+      absl::MutexLock lock(&mu_);
+      wire_stop_ = true;
+      wire_cv_.SignalAll();
+    }
+    wire_thread_.join();
   }
   {
     absl::MutexLock lock(&stopped_mu_);
@@ -453,6 +476,18 @@ void Engine::WarnSlowGroup(const std::vector<EngineBucket*>& group, bool waiting
   for (ExchangeObserver* o : options_.observers) o->OnSlowGroup(event);
 }
 
+// A packed group between its local half (ProcessGroup) and its publishing (RunPack).
+struct Engine::WirePack {
+  uint64_t t0 = 0;                 // the group's start (the records' total time)
+  double phase[kPhaseCount] = {};  // the group's phases so far, then the pack's own
+  uint64_t group_first = 0;        // the pack's first member's id (observers)
+  std::vector<EngineBucket*> buckets;
+  std::vector<ExchangeRecord> recs;  // items[j].rec == &recs[j]
+  std::vector<StepItem> items;
+  std::vector<MergeKind> kinds;
+  FusedExchange fx;
+};
+
 void Engine::ProcessGroup(const std::vector<EngineBucket*>& group,
                           const std::vector<MergeCandidate>& candidates, bool agreed) {
   const uint64_t t0 = MonotonicNanos();
@@ -520,7 +555,7 @@ void Engine::ProcessGroup(const std::vector<EngineBucket*>& group,
   }
   Merger* merger = scheduler_->merger();
   in.config = {merger->name(), options_.merge.limits.window,
-               options_.merge.limits.max_group_elements, merger->ConfigHash()};
+               options_.merge.limits.max_group_elements, merger->ConfigHash(), overlapping()};
   in.offer = keys;
   in.exact = !agreed;
   GroupRoundResult res;
@@ -575,9 +610,8 @@ void Engine::ProcessGroup(const std::vector<EngineBucket*>& group,
       }
     }
   }
-  std::vector<ExchangeRecord> recs(m);
-  std::vector<bool> terminal(m, false);
-  std::vector<uint32_t> group_of(m, 0);
+  // Per member: in a pack (published by RunPack) or published here (skipped or failed).
+  std::vector<bool> packed(m, false);
   if (status.ok()) {
     std::vector<double> density(m);
     {
@@ -588,77 +622,164 @@ void Engine::ProcessGroup(const std::vector<EngineBucket*>& group,
     std::vector<size_t> packs =
         agreed ? merger->Pack(absl::MakeConstSpan(candidates.data(), m)) : std::vector<size_t>{m};
     size_t first = 0;
-    std::vector<StepItem> items;
-    std::vector<MergeKind> kinds;
-    std::vector<size_t> at;
     for (size_t len : packs) {
-      items.clear();
-      kinds.clear();
-      at.clear();
+      auto p = std::make_unique<WirePack>();
+      p->t0 = t0;
+      std::copy(phase, phase + kPhaseCount, p->phase);
+      std::vector<size_t> at;
       for (size_t i = first; i < first + len && i < m; ++i) {
-        group_of[i] = static_cast<uint32_t>(first);
+        if (run[i]) at.push_back(i);
+      }
+      p->group_first = group[first]->id;
+      p->recs.resize(at.size());
+      p->items.reserve(at.size());
+      for (size_t j = 0; j < at.size(); ++j) {
+        const size_t i = at[j];
         EngineBucket* b = group[i];
-        ExchangeRecord& rec = recs[i];
+        ExchangeRecord& rec = p->recs[j];
         rec.bucket_id = b->id;
         rec.step = b->ex.next_step;
         rec.compressor = b->compressor;
-        if (!run[i]) continue;
-        if (reduced[i].ok()) CommitLocalSum(&b->mem.view);
-        items.push_back({&b->mem.view, b->ex.sparse.get(), b->ex.next_step, density[i], &rec,
-                         reduced[i], true});
-        kinds.push_back(candidates[i].kind);
-        at.push_back(i);
         rec.fell_back_to_dense = b->ex.sparse != nullptr && candidates[i].kind == MergeKind::kDense;
-      }
-      absl::Status vote;
-      if (!items.empty()) {
-        FusedStep(env_, absl::MakeSpan(items), kinds, &fused_scratch_, lap);
-        for (const StepItem& item : items) {
-          if (vote.ok() && !item.status.ok()) vote = item.status;
-        }
-        char what[96];
-        std::snprintf(what, sizeof(what), "merge group starting at bucket %llu step %llu",
-                      static_cast<unsigned long long>(group[at[0]]->id),
-                      static_cast<unsigned long long>(group[at[0]]->ex.next_step));
-        vote = AgreeOnAllNodes(collective_, vote, what);
-        lap(Phase::kCollective);
-        for (size_t j = 0; j < at.size(); ++j) {
-          st[at[j]] = vote;
-          terminal[at[j]] = !vote.ok();
-        }
+        if (reduced[i].ok()) CommitLocalSum(&b->mem.view);
+        p->buckets.push_back(b);
+        p->items.push_back({&b->mem.view, b->ex.sparse.get(), b->ex.next_step, density[i], &rec,
+                            reduced[i], true});
+        p->kinds.push_back(candidates[i].kind);
+        packed[i] = true;
       }
       first += len;
+      if (p->items.empty()) continue;
+      // The local half here, on the engine thread; the wire half in RunPack.
+      uint64_t pt = MonotonicNanos();
+      WirePack* raw = p.get();
+      const Lap plap = [raw, &pt](Phase ph) {
+        const uint64_t now = MonotonicNanos();
+        raw->phase[static_cast<int>(ph)] += (now - pt) * 1e-9;
+        pt = now;
+      };
+      FusedScratch* scratch = &fused_scratch_[next_scratch_];
+      next_scratch_ ^= 1;
+      p->fx.Prepare(env_, absl::MakeSpan(p->items), p->kinds, scratch, plap);
+      HandOff(std::move(p));
     }
   }
+  // The members no pack publishes: their results do not wait for the wire (and what observers
+  // see stays on one thread at a time).
+  if (std::find(packed.begin(), packed.end(), false) == packed.end()) return;
+  DrainWire();
   const uint64_t end = MonotonicNanos();
   for (size_t i = 0; i < m; ++i) {
+    if (packed[i]) continue;
     EngineBucket* b = group[i];
-    ExchangeRecord& rec = recs[i];
+    ExchangeRecord rec;
     rec.bucket_id = b->id;
     rec.step = b->ex.next_step;
     rec.compressor = b->compressor;
     for (int p = 0; p < kPhaseCount; ++p) rec.phase_seconds[p] = phase[p];
     rec.total_seconds = (end - t0) * 1e-9;
     const uint64_t step = b->ex.next_step;
-    Publish(b, step, st[i], rec, terminal[i]);
+    Publish(b, step, st[i], rec, /*terminal=*/false);
     if (!options_.observers.empty()) {
       ExchangeEvent event;
       event.record = &rec;
       event.code = st[i].code();
-      event.terminal = terminal[i];
+      event.terminal = false;
       event.elements = b->elements;
       event.begin_ns = t0;
       event.end_ns = MonotonicNanos();
-      event.group_first = group[group_of[i]]->id;
-      size_t n = 0;
-      for (size_t j = group_of[i]; j < m && group_of[j] == group_of[i]; ++j) ++n;
-      event.group_size = static_cast<uint32_t>(n);
+      event.group_first = b->id;
+      event.group_size = 1;
       event.spans.push_back({Phase::kPublish, end, event.end_ns});
       for (ExchangeObserver* o : options_.observers) o->OnExchange(event);
     }
   }
-  SPEX_LOG(DEBUG) << "merge group of " << m << " bucket(s) starting at bucket " << group[0]->id
-                  << " (step " << recs[0].step << ")";
+  SPEX_LOG(DEBUG) << "merge group of " << m << " bucket(s) starting at bucket " << group[0]->id;
+}
+
+void Engine::HandOff(std::unique_ptr<WirePack> p) {
+  if (!overlapping()) {
+    RunPack(p.get());
+    return;
+  }
+  absl::MutexLock lock(&mu_);
+  while (wire_inflight_ > 0) wire_cv_.Wait(&mu_);  // one pack on the wire at a time
+  wire_slot_ = std::move(p);
+  wire_inflight_ = 1;
+  wire_cv_.SignalAll();
+}
+
+void Engine::DrainWire() {
+  if (!overlapping()) return;
+  absl::MutexLock lock(&mu_);
+  while (wire_inflight_ > 0) wire_cv_.Wait(&mu_);
+}
+
+void Engine::WireLoop() {
+  SPEX_LOG(DEBUG) << "wire thread started";
+  while (true) {
+    std::unique_ptr<WirePack> p;
+    {
+      absl::MutexLock lock(&mu_);
+      while (wire_slot_ == nullptr && !wire_stop_) wire_cv_.Wait(&mu_);
+      if (wire_slot_ == nullptr) break;  // stopping, nothing left
+      p = std::move(wire_slot_);
+    }
+    RunPack(p.get());
+    p.reset();
+    {
+      absl::MutexLock lock(&mu_);
+      wire_inflight_ = 0;
+      wire_cv_.SignalAll();
+    }
+    // The engine may be asleep on the doorbell with nothing else to do: what was just published
+    // lets trainers (and so the next group) go on, and the engine must see them.
+    doorbell_.Ring();
+  }
+  SPEX_LOG(DEBUG) << "wire thread stopped";
+}
+
+void Engine::RunPack(WirePack* p) {
+  const StepEnv& env = overlapping() ? wire_env_ : env_;
+  uint64_t t = MonotonicNanos();
+  const Lap lap = [p, &t](Phase ph) {
+    const uint64_t now = MonotonicNanos();
+    p->phase[static_cast<int>(ph)] += (now - t) * 1e-9;
+    t = now;
+  };
+  p->fx.Exchange(env, lap);
+  absl::Status vote;
+  for (const StepItem& item : p->items) {
+    if (vote.ok() && !item.status.ok()) vote = item.status;
+  }
+  char what[96];
+  std::snprintf(what, sizeof(what), "merge group starting at bucket %llu step %llu",
+                static_cast<unsigned long long>(p->buckets[0]->id),
+                static_cast<unsigned long long>(p->items[0].step));
+  vote = AgreeOnAllNodes(env.coll, vote, what);
+  lap(Phase::kCollective);
+  const uint64_t end = MonotonicNanos();
+  for (size_t j = 0; j < p->buckets.size(); ++j) {
+    EngineBucket* b = p->buckets[j];
+    ExchangeRecord& rec = p->recs[j];
+    for (int ph = 0; ph < kPhaseCount; ++ph) rec.phase_seconds[ph] = p->phase[ph];
+    rec.total_seconds = (end - p->t0) * 1e-9;
+    const bool terminal = !vote.ok();
+    Publish(b, p->items[j].step, vote, rec, terminal);
+    if (!options_.observers.empty()) {
+      ExchangeEvent event;
+      event.record = &rec;
+      event.code = vote.code();
+      event.terminal = terminal;
+      event.elements = b->elements;
+      event.begin_ns = p->t0;
+      event.end_ns = MonotonicNanos();
+      event.group_first = p->group_first;
+      event.group_size = static_cast<uint32_t>(p->buckets.size());
+      event.spans.push_back({Phase::kPublish, end, event.end_ns});
+      for (ExchangeObserver* o : options_.observers) o->OnExchange(event);
+    }
+  }
 }
 
 // Dense-fallback policy ("never slower than dense"): a sparse bucket first alternates sparse

@@ -89,6 +89,17 @@ class Engine {
   int node_rank() const { return collective_->rank(); }
   int node_count() const { return collective_->size(); }
   const char* collective_name() const { return collective_->name(); }
+  // The collective of the wire stage (--merge_overlap): the same nodes as the engine's, over
+  // its own channel (MPI: a duplicated communicator), used by one thread at a time. Set before
+  // Start(); every node must set one or none (the group round refuses a mix). Null (default):
+  // every collective runs on the engine thread.
+  void set_wire_collective(Collective* wire) { wire_coll_ = wire; }
+  // Whether merge groups' collectives run on the wire stage (a merger, --merge_overlap and a
+  // wire collective).
+  bool overlapping() const {
+    return wire_coll_ != nullptr && options_.merge_overlap &&
+           options_.merger != MergerPolicy::kNone;
+  }
 
   absl::StatusOr<HelloResult> Hello(const std::string& job, uint32_t local_rank,
                                     uint32_t local_size, uint32_t pid, const std::string& client);
@@ -124,6 +135,16 @@ class Engine {
   // group (static plan) or this node's offer (`agreed`), `candidates` its candidates.
   void ProcessGroup(const std::vector<EngineBucket*>& group,
                     const std::vector<MergeCandidate>& candidates, bool agreed);
+  // The wire stage (--merge_overlap). A packed group prepared by ProcessGroup (members reduced
+  // and selected, FusedExchange::Prepare) goes to RunPack: on the wire thread when overlapping,
+  // inline otherwise. At most one pack is on the wire while the engine thread prepares the next.
+  struct WirePack;
+  void RunPack(WirePack* p);  // the collectives, the commit vote, publishing
+  void HandOff(std::unique_ptr<WirePack> p);
+  void WireLoop();
+  // Waits until no pack is on the wire (before anything else touches buckets or collectives
+  // in a way a pack in flight could see).
+  void DrainWire();
   // Logs a WARNING once per episode when a group has waited more than 10 s for a member while
   // others were ready (`waiting`).
   void WarnSlowGroup(const std::vector<EngineBucket*>& group, bool waiting);
@@ -170,6 +191,16 @@ class Engine {
   std::unique_ptr<Scheduler> scheduler_ ABSL_GUARDED_BY(mu_);
   bool reset_pending_ ABSL_GUARDED_BY(mu_) = false;  // every session left: drop the buckets
   bool processing_ ABSL_GUARDED_BY(mu_) = false;     // the engine thread is inside a step
+  // The wire stage: the pack handed to the wire thread and not yet taken, how many packs are
+  // handed and not yet published (0 or 1), and the wire thread's stop request. A bucket is not
+  // erased while wire_inflight_ > 0 (as while processing_).
+  std::unique_ptr<WirePack> wire_slot_ ABSL_GUARDED_BY(mu_);
+  int wire_inflight_ ABSL_GUARDED_BY(mu_) = 0;
+  bool wire_stop_ ABSL_GUARDED_BY(mu_) = false;
+  absl::CondVar wire_cv_;  // with mu_: the slot filled, a pack done, the stop
+  Collective* wire_coll_ = nullptr;
+  StepEnv wire_env_;  // env_ over wire_coll_
+  std::thread wire_thread_;
   uint64_t total_exchanges_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t density_version_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t density_key_ ABSL_GUARDED_BY(mu_) = 0;          // this node's newest change
@@ -177,9 +208,10 @@ class Engine {
   uint64_t dead_mask_ ABSL_GUARDED_BY(mu_) = 0;  // local ranks whose trainer died (this job)
   uint64_t dead_word_[kMaxLocalTrainers] ABSL_GUARDED_BY(mu_) = {};  // DeadTrainerWord per rank
   uint64_t last_reap_ns_ = 0;                                        // engine thread only
-  FusedScratch fused_scratch_;                                       // engine thread only
-  uint64_t slow_since_ns_ = 0, slow_head_ = 0, slow_step_ = 0;       // engine thread only
-  bool slow_warned_ = false;                                         // engine thread only
+  FusedScratch fused_scratch_[2];  // alternate packs: one on the wire, one being prepared
+  int next_scratch_ = 0;           // engine thread only
+  uint64_t slow_since_ns_ = 0, slow_head_ = 0, slow_step_ = 0;  // engine thread only
+  bool slow_warned_ = false;                                    // engine thread only
 
   std::atomic<bool> stop_{false};
   absl::Mutex stopped_mu_;

@@ -86,6 +86,10 @@ struct EngineOptions {
   int residual_norm_every = 10;     // steps between residual-norm computations (0: never)
   MergerPolicy merger = MergerPolicy::kNone;  // which ready buckets share one exchange
   MergeParams merge;                          // the merger's parameters (--merge_window, ...)
+  // --merge_overlap: with a merger, one group's collectives run on a second thread (over the
+  // engine's wire collective, Engine::set_wire_collective) while the engine thread runs the next
+  // group's round, local reduce and selection. Off, or without a wire collective: one thread.
+  bool merge_overlap = true;
   // A merge group whose other members are ready and that still waits for one this long gets a
   // WARNING in the log (once per group and step) and ExchangeObserver::OnSlowGroup.
   absl::Duration slow_group_warning = absl::Seconds(10);

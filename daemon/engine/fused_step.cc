@@ -190,8 +190,10 @@ void LocalSparse(const StepEnv& env, Member& m, const Lap& lap) {
   }
 }
 
-void DenseSubExchange(const StepEnv& env, const std::vector<Member*>& d, FusedScratch* scratch,
-                      const Lap& lap) {
+// The local half of the D sub-exchange: every D member's contribution into its slice of the
+// staging buffer (DenseStep's choice of what to send).
+void DensePrepare(const StepEnv& env, const std::vector<Member*>& d, FusedScratch* scratch,
+                  const Lap& lap) {
   const int N = env.coll->size(), NL = N * env.local_trainers;
   const float scale = 1.0f / static_cast<float>(NL);
   const bool pow2 = (NL & (NL - 1)) == 0;
@@ -206,6 +208,14 @@ void DenseSubExchange(const StepEnv& env, const std::vector<Member*>& d, FusedSc
     LocalDense(env, *m, scale, pow2, staging.data() + m->offset);
     lap(Phase::kReduceLocal);
   }
+}
+
+// The wire half of the D sub-exchange: one all-reduce of the staging buffer, split back.
+void DenseSubExchange(const StepEnv& env, const std::vector<Member*>& d, FusedScratch* scratch,
+                      const Lap& lap) {
+  const int N = env.coll->size();
+  std::vector<float>& staging = scratch->staging;
+  const size_t total = staging.size();
   // One scale for the whole message when every member uses the same; otherwise the all-reduce
   // does not scale and each slice is scaled after it (x * 1 is exact, so either way every
   // element is sum * its member's scale, rounded once, as in DenseStep).
@@ -377,40 +387,70 @@ absl::Status CheckGroup(absl::Span<StepItem> group, absl::Span<const MergeKind> 
 
 }  // namespace
 
-void FusedStep(const StepEnv& env, absl::Span<StepItem> group, absl::Span<const MergeKind> kinds,
-               FusedScratch* scratch, const Lap& lap) {
+struct FusedExchange::State {
+  std::vector<Member> members;
+  std::vector<Member*> d, a, b;
+  FusedScratch* scratch = nullptr;
+  uint64_t step = 0;
+};
+
+FusedExchange::FusedExchange() : state_(std::make_unique<State>()) {}
+FusedExchange::~FusedExchange() = default;
+
+void FusedExchange::Prepare(const StepEnv& env, absl::Span<StepItem> group,
+                            absl::Span<const MergeKind> kinds, FusedScratch* scratch,
+                            const Lap& lap) {
+  State& st = *state_;
+  st.members.clear();
+  st.d.clear();
+  st.a.clear();
+  st.b.clear();
+  st.scratch = scratch;
   if (absl::Status s = CheckGroup(group, kinds); !s.ok()) {
     for (StepItem& item : group) item.status = s;
     return;
   }
   if (group.empty()) return;
-  const uint64_t step = group[0].step;
-  std::vector<Member> members(group.size());
-  std::vector<Member*> d, a, b;
+  st.step = group[0].step;
+  st.members.resize(group.size());
   for (size_t i = 0; i < group.size(); ++i) {
-    members[i].item = &group[i];
-    members[i].kind = kinds[i];
-    members[i].s = group[i].status;  // a failure of the engine's local reduce (reduced)
-    (kinds[i] == MergeKind::kDense      ? d
-     : kinds[i] == MergeKind::kPatternA ? a
-                                        : b)
-        .push_back(&members[i]);
+    st.members[i].item = &group[i];
+    st.members[i].kind = kinds[i];
+    st.members[i].s = group[i].status;  // a failure of the engine's local reduce (reduced)
+    (kinds[i] == MergeKind::kDense      ? st.d
+     : kinds[i] == MergeKind::kPatternA ? st.a
+                                        : st.b)
+        .push_back(&st.members[i]);
   }
-  // Every sparse member selects first, in group order, as unmerged; D members are reduced into
-  // the staging buffer by their sub-exchange.
-  for (Member& m : members) {
+  // Every sparse member selects first, in group order, as unmerged; then the D members are
+  // reduced into the staging buffer.
+  for (Member& m : st.members) {
     if (m.kind != MergeKind::kDense) LocalSparse(env, m, lap);
   }
-  if (!d.empty()) DenseSubExchange(env, d, scratch, lap);
-  if (!a.empty()) IndexUnionSubExchange(env, step, a, scratch, lap);
-  if (!b.empty()) SparseGatherSubExchange(env, step, b, scratch, lap);
-  for (Member& m : members) {
+  if (!st.d.empty()) DensePrepare(env, st.d, scratch, lap);
+}
+
+void FusedExchange::Exchange(const StepEnv& env, const Lap& lap) {
+  State& st = *state_;
+  if (st.members.empty()) return;  // an empty group, or refused by Prepare
+  if (!st.d.empty()) DenseSubExchange(env, st.d, st.scratch, lap);
+  if (!st.a.empty()) IndexUnionSubExchange(env, st.step, st.a, st.scratch, lap);
+  if (!st.b.empty()) SparseGatherSubExchange(env, st.step, st.b, st.scratch, lap);
+  for (Member& m : st.members) {
     if (m.kind == MergeKind::kDense) {
       if (m.item->status.ok()) m.item->status = m.s;
     } else {
       FinishSparse(env, m, lap);
     }
   }
+  st.members.clear();
+}
+
+void FusedStep(const StepEnv& env, absl::Span<StepItem> group, absl::Span<const MergeKind> kinds,
+               FusedScratch* scratch, const Lap& lap) {
+  FusedExchange x;
+  x.Prepare(env, group, kinds, scratch, lap);
+  x.Exchange(env, lap);
 }
 
 absl::StatusOr<std::unique_ptr<BehindGroup>> MakeBehindGroup(

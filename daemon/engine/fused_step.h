@@ -75,6 +75,31 @@ struct FusedScratch {
 void FusedStep(const StepEnv& env, absl::Span<StepItem> group, absl::Span<const MergeKind> kinds,
                FusedScratch* scratch, const Lap& lap);
 
+// FusedStep in its two halves, for the engine's overlap of one group's collectives with the
+// next group's local work (--merge_overlap): Prepare is the local half (the static checks, every
+// sparse member's reduce and Select, the dense members' contributions into the staging buffer;
+// no collective), Exchange the wire half (the sub-exchanges' collectives, the split back,
+// residual updates, Update, records). FusedStep(...) is Prepare then Exchange. Between the two,
+// `group`'s items, their buckets and `scratch` must stay untouched by anyone else; Exchange may
+// run on another thread, and its env.coll may be another collective over the same nodes (the
+// engine's wire collective), as long as every node issues the same collectives on each in the
+// same order. Exchange without a Prepare since the last Exchange does nothing.
+class FusedExchange {
+ public:
+  FusedExchange();
+  ~FusedExchange();
+  FusedExchange(const FusedExchange&) = delete;
+  FusedExchange& operator=(const FusedExchange&) = delete;
+
+  void Prepare(const StepEnv& env, absl::Span<StepItem> group, absl::Span<const MergeKind> kinds,
+               FusedScratch* scratch, const Lap& lap);
+  void Exchange(const StepEnv& env, const Lap& lap);
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
 // Selection behind (static plans only): the group is one virtual bucket for one compressor, with
 // k = the compressor's count over the sum of the members' sizes. The group keeps one contiguous
 // accumulator whose slices are the members' residual + local sum (the members' own acc is not

@@ -28,6 +28,8 @@ enum Word : size_t {
   kKeys,  // kGroupRoundMaxWindow keys, then their complements
 };
 constexpr size_t kWords = kKeys + 2 * kGroupRoundMaxWindow;
+// Folded into the configuration hash when the groups' collectives run on the wire stage.
+constexpr uint64_t kOverlapBit = 0x9e3779b97f4a7c15ull;
 
 uint64_t StringHash(absl::string_view s) { return Fnv1a(kFnvOffset, s.data(), s.size()); }
 
@@ -82,7 +84,7 @@ absl::Status RunGroupRound(Collective* coll, const GroupRoundInput& in, GroupRou
   const uint64_t pairs[][2] = {{kMergerName, name},
                                {kWindow, cfg.window},
                                {kMaxGroupElements, cfg.max_group_elements},
-                               {kConfigHash, cfg.config_hash}};
+                               {kConfigHash, cfg.config_hash ^ (cfg.overlap ? kOverlapBit : 0)}};
   for (const auto& [w, x] : pairs) {
     v[w] = x;
     v[w + 1] = ~x;
@@ -111,8 +113,9 @@ absl::Status RunGroupRound(Collective* coll, const GroupRoundInput& in, GroupRou
     differs = "max_group_elements";
     mine = absl::StrCat(cfg.max_group_elements);
   } else if (Differs(v.data(), kConfigHash)) {
-    differs = "the merger's parameters";
-    mine = absl::StrCat(cfg.merger, " with configuration hash ", cfg.config_hash);
+    differs = "the merger's parameters (its flags, or --merge_overlap)";
+    mine = absl::StrCat(cfg.merger, " with configuration hash ", cfg.config_hash,
+                        cfg.overlap ? ", overlap on" : ", overlap off");
   }
   if (differs != nullptr) {
     return absl::FailedPreconditionError(

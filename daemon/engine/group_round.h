@@ -53,6 +53,7 @@ struct MergeConfig {
   uint64_t window = kGroupRoundMaxWindow;
   uint64_t max_group_elements = 0;
   uint64_t config_hash = 0;  // Merger::ConfigHash()
+  bool overlap = false;      // the groups' collectives run on the wire stage (--merge_overlap)
 };
 
 struct GroupRoundInput {

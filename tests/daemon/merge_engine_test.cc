@@ -88,7 +88,8 @@ struct RunResult {
 
 RunResult RunCluster(MergerPolicy merger, const std::string& compressor, int N, int L, int steps,
                      int schedule, MergerPolicy node1_merger = MergerPolicy::kNone,
-                     bool differ = false, ExchangeObserver* node0_observer = nullptr) {
+                     bool differ = false, ExchangeObserver* node0_observer = nullptr,
+                     bool overlap = true, bool node1_no_overlap = false) {
   EngineClusterOptions o;
   o.nodes = N;
   o.trainers = L;
@@ -102,11 +103,13 @@ RunResult RunCluster(MergerPolicy merger, const std::string& compressor, int N, 
   o.engine.merge.fixed_cycle_ms = 1;
   o.engine.merge.fixed_threshold_bytes = 4 * 6000;
   o.engine.merge.omgs_threshold_elements = 5000;
+  o.engine.merge_overlap = overlap;
   std::vector<GroupLog> logs(N);
   o.node_options = [&](int r, EngineOptions* e) {
     e->observers = {&logs[r]};
     if (r == 0 && node0_observer != nullptr) e->observers.push_back(node0_observer);
     if (differ && r == 1) e->merger = node1_merger;
+    if (node1_no_overlap && r == 1) e->merge_overlap = false;
   };
   RunResult run;
   run.out.assign(steps * N * L * kBuckets, {});
@@ -161,11 +164,13 @@ struct Case {
   std::string compressor;
   int nodes;
   int trainers;
+  bool overlap = true;  // --merge_overlap (the groups' collectives on the wire stage)
 };
 
 std::string CaseName(const ::testing::TestParamInfo<Case>& info) {
   return absl::StrCat(AbslUnparseFlag(info.param.merger), "_", info.param.compressor, "_",
-                      info.param.nodes, "x", info.param.trainers);
+                      info.param.nodes, "x", info.param.trainers,
+                      info.param.overlap ? "" : "_no_overlap");
 }
 
 class MergeEngineTest : public ::testing::TestWithParam<Case> {};
@@ -178,7 +183,8 @@ TEST_P(MergeEngineTest, SameAsUnmergedUnderEverySchedule) {
   int fused = 0;
   for (int schedule = 0; schedule < 5; ++schedule) {
     SCOPED_TRACE(absl::StrCat("schedule ", schedule));
-    const RunResult got = RunCluster(c.merger, c.compressor, N, L, steps, schedule);
+    const RunResult got = RunCluster(c.merger, c.compressor, N, L, steps, schedule,
+                                     MergerPolicy::kNone, false, nullptr, c.overlap);
     for (int i = 0; i < N * L; ++i) ASSERT_EQ(got.errors[i], "") << "trainer " << i;
     for (size_t j = 0; j < want.out.size(); ++j) {
       ASSERT_EQ(got.out[j].size(), want.out[j].size()) << j;
@@ -208,7 +214,10 @@ INSTANTIATE_TEST_SUITE_P(Mergers, MergeEngineTest,
                                            Case{MergerPolicy::kFixed, "micro", 2, 2},
                                            Case{MergerPolicy::kOmgs, "dense", 2, 2},
                                            Case{MergerPolicy::kOmgs, "topk", 4, 2},
-                                           Case{MergerPolicy::kOmgs, "micro", 2, 2}),
+                                           Case{MergerPolicy::kOmgs, "micro", 2, 2},
+                                           Case{MergerPolicy::kRgmerge, "topk", 2, 2, false},
+                                           Case{MergerPolicy::kFixed, "micro", 2, 2, false},
+                                           Case{MergerPolicy::kOmgs, "dense", 2, 2, false}),
                          CaseName);
 
 // spexd's metrics count one exchange per merge group (spex_merge_groups_total), not per member:
@@ -245,6 +254,152 @@ TEST(MergeEngineMismatch, DifferentMergersAreRefusedNamingTheMerger) {
       EXPECT_NE(got.errors[i].find("published error status 9"), std::string::npos)
           << AbslUnparseFlag(other) << " trainer " << i << ": " << got.errors[i];
     }
+  }
+}
+
+// --merge_overlap differing between nodes is refused like a differing merger flag.
+TEST(MergeEngineMismatch, DifferentOverlapIsRefused) {
+  const RunResult got = RunCluster(MergerPolicy::kRgmerge, "topk", 2, 1, 1, 0, MergerPolicy::kNone,
+                                   false, nullptr, /*overlap=*/true, /*node1_no_overlap=*/true);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_NE(got.errors[i].find("published error status 9"), std::string::npos)
+        << "trainer " << i << ": " << got.errors[i];
+  }
+}
+
+// A collective that records when its calls ran, and sleeps in the data collectives (the wire
+// stage's: AllReduceScaled, AllGatherV) so that a pack stays on the wire a while.
+class TimedCollective : public Collective {
+ public:
+  TimedCollective(std::unique_ptr<Collective> inner, absl::Duration sleep)
+      : inner_(std::move(inner)), sleep_(sleep) {}
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  const char* name() const override { return "timed"; }
+  absl::Status AllReduce(void* data, size_t count, ElemType type, ReduceOp op) override {
+    Note();
+    return inner_->AllReduce(data, count, type, op);
+  }
+  absl::Status AllReduceScaled(const float* send, float* recv, size_t count, float scale) override {
+    Note();
+    absl::SleepFor(sleep_);
+    return inner_->AllReduceScaled(send, recv, count, scale);
+  }
+  absl::Status AllGather(const void* send, size_t bytes, void* recv) override {
+    Note();
+    return inner_->AllGather(send, bytes, recv);
+  }
+  absl::Status AllGatherV(const void* send, size_t send_bytes, std::vector<size_t>* counts,
+                          std::vector<uint8_t>* recv) override {
+    Note();
+    absl::SleepFor(sleep_);
+    return inner_->AllGatherV(send, send_bytes, counts, recv);
+  }
+  absl::Status AllToAllV(const std::vector<std::vector<uint8_t>>& send,
+                         std::vector<std::vector<uint8_t>>* recv) override {
+    Note();
+    return inner_->AllToAllV(send, recv);
+  }
+  absl::Status Broadcast(void* data, size_t bytes, int root) override {
+    Note();
+    return inner_->Broadcast(data, bytes, root);
+  }
+  absl::Status Barrier() override {
+    Note();
+    return inner_->Barrier();
+  }
+  int calls() {
+    absl::MutexLock lock(&mu_);
+    return static_cast<int>(starts_.size());
+  }
+  std::vector<absl::Time> starts() {
+    absl::MutexLock lock(&mu_);
+    return starts_;
+  }
+
+ private:
+  void Note() {
+    absl::MutexLock lock(&mu_);
+    starts_.push_back(absl::Now());
+  }
+  std::unique_ptr<Collective> inner_;
+  absl::Duration sleep_;
+  absl::Mutex mu_;
+  std::vector<absl::Time> starts_;
+};
+
+// With --merge_overlap the next group's round (a collective on the engine's own channel) starts
+// while the previous group's data collective is still on the wire: some engine-channel call
+// starts inside a wire call's sleep. Without it, the wire channel is never used. Results equal
+// --merger=none's either way (the test above).
+TEST(MergeEngineOverlap, TheNextGroupsRoundRunsWhileAGroupIsOnTheWire) {
+  for (bool overlap : {true, false}) {
+    SCOPED_TRACE(overlap ? "overlap" : "no overlap");
+    const int N = 2, steps = 3;
+    const absl::Duration sleep = absl::Milliseconds(40);
+    EngineClusterOptions o;
+    o.nodes = N;
+    o.trainers = 1;
+    o.cpu_primitives = true;
+    o.wire_collective = false;  // set below, wrapped
+    o.start = false;
+    o.engine.shm_tag = "overlaptest";
+    o.engine.dense_fallback = DenseFallback::kOff;
+    o.engine.min_sparse_elements = 0;
+    o.engine.compressor = "topk";
+    o.engine.merger = MergerPolicy::kRgmerge;
+    o.engine.merge.limits.max_group_elements = 4200;  // about two buckets per group
+    o.engine.merge_overlap = overlap;
+    std::vector<TimedCollective*> engine_side(N);
+    o.wrap = [&](int r, std::unique_ptr<Collective> c) -> std::unique_ptr<Collective> {
+      auto t = std::make_unique<TimedCollective>(std::move(c), absl::ZeroDuration());
+      engine_side[r] = t.get();
+      return t;
+    };
+    InProcessHub wire_hub(N);  // outlives the cluster's engines
+    std::vector<std::unique_ptr<TimedCollective>> wire(N);
+    for (int r = 0; r < N; ++r) {
+      wire[r] = std::make_unique<TimedCollective>(wire_hub.Connect(r), sleep);
+    }
+    EngineCluster cluster(o);
+    for (int r = 0; r < N; ++r) cluster.engine(r).set_wire_collective(wire[r].get());
+    ASSERT_TRUE(cluster.Start().ok());
+    std::vector<std::string> errors(N);
+    cluster.ForEachTrainer([&](int r, int t) {
+      std::string& err = errors[r];
+      auto tr = Trainer::Open(&cluster.engine(r), t, 1);
+      if (!tr.ok()) return void(err = tr.status().ToString());
+      for (int b = 0; b < kBuckets; ++b) {
+        auto g = tr->Register(b, kSizes[b], "topk", 0.05);
+        if (!g.ok()) return void(err = g.status().ToString());
+      }
+      for (int s = 0; s < steps && err.empty(); ++s) {
+        for (int b = 0; b < kBuckets; ++b) {
+          tr->Fill(b, [&](size_t i) { return Value(r, t, s, b, i); });
+          tr->MarkReady(b, s);
+        }
+        for (int b = 0; b < kBuckets; ++b) {
+          if (absl::Status st = tr->WaitPublished(b, s, absl::Seconds(20)); !st.ok()) {
+            if (err.empty()) err = absl::StrCat("bucket ", b, " step ", s, ": ", st.ToString());
+          }
+        }
+      }
+    });
+    cluster.Stop();
+    for (int r = 0; r < N; ++r) ASSERT_EQ(errors[r], "") << "node " << r;
+    if (!overlap) {
+      EXPECT_EQ(wire[0]->calls(), 0);
+      continue;
+    }
+    ASSERT_GT(wire[0]->calls(), 0);
+    int inside = 0;
+    for (absl::Time w : wire[0]->starts()) {
+      for (absl::Time e : engine_side[0]->starts()) {
+        if (e > w && e < w + sleep) ++inside;
+      }
+    }
+    EXPECT_GT(inside, 0) << "no round of the engine's channel started while a group was on the "
+                            "wire";
   }
 }
 

@@ -12,7 +12,9 @@
 namespace spex::test {
 
 EngineCluster::EngineCluster(EngineClusterOptions options)
-    : options_(std::move(options)), hub_(options_.nodes, options_.hub_timeout) {
+    : options_(std::move(options)),
+      hub_(options_.nodes, options_.hub_timeout),
+      wire_hub_(options_.nodes, options_.hub_timeout) {
   options_.engine.local_trainers = options_.trainers;
   if (options_.engine.shm_tag == EngineOptions().shm_tag) options_.engine.shm_tag = "spextest";
   nodes_.resize(options_.nodes);
@@ -30,6 +32,10 @@ EngineCluster::EngineCluster(EngineClusterOptions options)
     if (options_.node_options) options_.node_options(n, &engine);
     node.engine = std::make_unique<Engine>(std::move(engine), node.collective.get(),
                                            node.parts.prims, node.parts.device);
+    if (options_.wire_collective) {
+      node.wire = wire_hub_.Connect(n);
+      node.engine->set_wire_collective(node.wire.get());
+    }
   }
   if (options_.start) status_ = Start();
 }

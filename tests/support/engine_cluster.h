@@ -51,6 +51,10 @@ struct EngineClusterOptions {
   std::function<NodeParts(int node)> parts;
   // Wraps node r's collective (a tampering, checking or failing one); default: as it is.
   std::function<std::unique_ptr<Collective>(int node, std::unique_ptr<Collective>)> wrap;
+  // Gives every engine a wire collective over a second hub (Engine::set_wire_collective), as
+  // spexd does: with a merger and engine.merge_overlap, groups' collectives run on the wire
+  // stage.
+  bool wire_collective = true;
   // Edits node r's copy of `engine` (e.g. a per-node observer or a differing flag).
   std::function<void(int node, EngineOptions* options)> node_options;
   // Starts every engine in the constructor (status() says how that went); false: call Start().
@@ -88,11 +92,13 @@ class EngineCluster {
     std::unique_ptr<Primitives> owned_prims;
     NodeParts parts;
     std::unique_ptr<Collective> collective;
+    std::unique_ptr<Collective> wire;  // over wire_hub_
     std::unique_ptr<Engine> engine;
     bool started = false;
   };
   EngineClusterOptions options_;
   InProcessHub hub_;
+  InProcessHub wire_hub_;
   std::vector<Node> nodes_;
   absl::Status status_;
 };
