@@ -14,7 +14,8 @@ once, kept). `--nodes` spexd under one mpirun per run (--threads=1, --dense_fall
 other flag at its default: tensors under --min_sparse_elements, the batch norms and biases, go
 dense), --compressor at --density.
 
-Per merger of --mergers (none, fixed, omgs, rgmerge, each at its defaults), two arrival
+Per merger of --mergers (none, fixed, omgs, rgmerge, each at its defaults, so with
+--merge_overlap; NAME_serial, e.g. rgmerge_serial, is NAME with --merge_overlap=false), two arrival
 schedules: `even` (every node's trainer on the profile) and `skewed` (node N-1's trainer
 --late_ms late on every bucket). Runs go in the order given, then again reversed (ABBA), and
 both halves' steps are pooled. Per (schedule, merger), over the steps after --warmup:
@@ -107,6 +108,14 @@ def read_rows(args, d):
     return rows
 
 
+def merger_flags(merger):
+    """spexd's flags for a --mergers entry: NAME, or NAME_serial (the same merger with
+    --merge_overlap=false: every group's collectives on the engine thread)."""
+    if merger.endswith("_serial"):
+        return [f"--merger={merger[:-len('_serial')]}", "--merge_overlap=false"]
+    return [f"--merger={merger}"]
+
+
 def run_once_emulated(args, merger, sizes, arrival_file, late_us):
     """run_once on the emulated cluster: one host (network namespace, --rate each way, --latency_us
     one way) per node, spexd under mpirun across the hosts, each trainer inside its host."""
@@ -116,7 +125,7 @@ def run_once_emulated(args, merger, sizes, arrival_file, late_us):
     port = free_port()
     c = EmulatedCluster(os.path.join(ROOT, "bazel-bin/daemon/spexd"), hosts=args.nodes, trainers=1,
                         rate=args.rate, latency_us=args.latency_us,
-                        args=["--threads=1", "--dense_fallback=off", "--log_level=warning", f"--merger={merger}",
+                        args=["--threads=1", "--dense_fallback=off", "--log_level=warning", *merger_flags(merger),
                               f"--metrics_address=127.0.0.1:{port}"])
     try:
         c.start()
@@ -152,7 +161,7 @@ def run_once(args, merger, sizes, arrival_file, late_us):
     daemons = subprocess.Popen(
         ["mpirun", "-np", str(args.nodes), os.path.join(ROOT, "bazel-bin/daemon/spexd"),
          f"--socket={d}/node{{rank}}.sock", "--local_trainers=1", "--threads=1", "--dense_fallback=off",
-         "--log_level=warning", f"--merger={merger}", f"--metrics_address=127.0.0.1:{port}"],
+         "--log_level=warning", *merger_flags(merger), f"--metrics_address=127.0.0.1:{port}"],
         env=ENV, stdout=log, stderr=subprocess.STDOUT)
     try:
         for _ in range(600):
@@ -295,7 +304,7 @@ def main():
             for s, late in schedules.items():
                 for m in order:
                     raw[s][m].append(run_once(args, m, sizes, arrival_file, late))
-                    print(f"  {s:6} {m:8} done ({time.time() - t0:.0f} s)", flush=True)
+                    print(f"  {s:6} {m:15} done ({time.time() - t0:.0f} s)", flush=True)
     finally:
         os.unlink(arrival_file)
     result = {"nodes": args.nodes, "network": args.network, "compressor": args.compressor, "density": args.density,
@@ -310,18 +319,18 @@ def main():
         base = result["schedules"][s].get("none")
         print(f"{s} arrival ({len(sizes)} buckets, {sum(sizes):,} floats, {args.nodes} daemons"
               f"{', node %d %g ms late' % (args.nodes - 1, args.late_ms) if schedules[s] else ''}):")
-        print(f"  {'merger':8} {'step ms':>8} {'/none':>6} {'tail ms':>8} {'wait ms':>8} {'exch/step':>9} "
+        print(f"  {'merger':15} {'step ms':>8} {'/none':>6} {'tail ms':>8} {'wait ms':>8} {'exch/step':>9} "
               f"{'busy ms':>8} {'overlap':>7}")
         for m in mergers:
             r = result["schedules"][s][m]
             if base:
                 r["step_vs_none"] = r["step_ms"] / base["step_ms"]
-            print(f"  {m:8} {r['step_ms']:8.1f} {r.get('step_vs_none', float('nan')):6.3f} {r['tail_ms']:8.1f} "
+            print(f"  {m:15} {r['step_ms']:8.1f} {r.get('step_vs_none', float('nan')):6.3f} {r['tail_ms']:8.1f} "
                   f"{r['wait_ms']:8.1f} {r['exchanges_per_step']:9.1f} {r['busy_ms']:8.1f} {r['overlap']:7.2f}")
     if "rgmerge" in mergers:
         for s in schedules:
             rs = result["schedules"][s]
-            others = [m for m in mergers if m != "rgmerge"]
+            others = [m for m in mergers if not m.startswith("rgmerge")]
             best = min(rs[m]["step_ms"] for m in others) if others else float("nan")
             result[f"rgmerge_vs_best_other_{s}"] = rs["rgmerge"]["step_ms"] / best
             print(f"{s}: rgmerge / best of {','.join(others)} = {rs['rgmerge']['step_ms'] / best:.3f}")

@@ -323,7 +323,10 @@ absl::Status Run(const absl::StatusOr<DaemonConfig>& loaded, SdNotifier& notifie
   // (MPI_Comm_dup is collective), whether or not its engine will use it; declared before the
   // engine, so it outlives the engine's threads.
   std::unique_ptr<MpiCollective> wire;
-  if (gpu.nccl == nullptr) wire = std::make_unique<MpiCollective>(MPI_COMM_WORLD, host_prims.get());
+  if (gpu.nccl == nullptr) {
+    wire = std::make_unique<MpiCollective>(MPI_COMM_WORLD, host_prims.get(),
+                                           /*passive_wait=*/true);
+  }
   Collective* collective = gpu.nccl != nullptr ? gpu.nccl.get() : &mpi;
   Engine engine(opts, collective, gpu.prims != nullptr ? gpu.prims.get() : host_prims.get(),
                 device_path);

@@ -15,8 +15,12 @@ namespace spex {
 class MpiCollective : public Collective {
  public:
   // `scaler` (optional, not owned) does AllReduceScaled's scaling pass with its vectorised,
-  // threaded Scale; without it the pass is a plain loop.
-  explicit MpiCollective(MPI_Comm comm, Primitives* scaler = nullptr);
+  // threaded Scale; without it the pass is a plain loop. `passive_wait`: AllReduce,
+  // AllReduceScaled and AllGatherV run as their non-blocking forms, completed by MPI_Test with
+  // short sleeps in between instead of MPI's busy polling, so a thread waiting on the wire
+  // leaves its core to the threads computing beside it (the engine's wire stage,
+  // --merge_overlap); the other collectives block as usual.
+  explicit MpiCollective(MPI_Comm comm, Primitives* scaler = nullptr, bool passive_wait = false);
   ~MpiCollective() override;
 
   int rank() const override { return rank_; }
@@ -36,8 +40,12 @@ class MpiCollective : public Collective {
   absl::Status Barrier() override;
 
  private:
+  // Completes `req` (passive_wait): MPI_Test, a short spin, then sleeps of kPassiveSleepUs.
+  absl::Status Finish(MPI_Request* req, const char* what);
+
   MPI_Comm comm_;
   Primitives* scaler_ = nullptr;
+  bool passive_wait_ = false;
   int rank_ = 0;
   int size_ = 1;
   std::vector<int> counts_, displs_;            // scratch for the v-collectives

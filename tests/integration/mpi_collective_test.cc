@@ -24,8 +24,8 @@ namespace {
 
 class MpiWorld : public CollectiveWorld {
  public:
-  MpiWorld(std::string name, Primitives* scaler)
-      : name_(std::move(name)), collective_(MPI_COMM_WORLD, scaler) {
+  MpiWorld(std::string name, Primitives* scaler, bool passive_wait = false)
+      : name_(std::move(name)), collective_(MPI_COMM_WORLD, scaler, passive_wait) {
     MPI_Comm_dup(MPI_COMM_WORLD, &verdicts_);
   }
   ~MpiWorld() override { MPI_Comm_free(&verdicts_); }
@@ -71,6 +71,9 @@ std::vector<CollectiveWorld*> MpiWorlds() {
     Scaler() = MakeCpuPrimitives(1);
     Worlds().push_back(std::make_unique<MpiWorld>("mpi", nullptr));
     Worlds().push_back(std::make_unique<MpiWorld>("mpi_cpu_scaler", Scaler().get()));
+    // The wire stage's collective (--merge_overlap): non-blocking forms, passive waiting.
+    Worlds().push_back(
+        std::make_unique<MpiWorld>("mpi_passive_wait", Scaler().get(), /*passive_wait=*/true));
   }
   std::vector<CollectiveWorld*> out;
   for (auto& w : Worlds()) out.push_back(w.get());
