@@ -25,7 +25,10 @@ both halves' steps are pooled. Per (schedule, merger), over the steps after --wa
   wait_ms      what the other nodes' tail adds to that: waiting for the slowest node (p50)
   exchanges    exchanges per step of node 0's engine (spex_merge_groups_total: one per merge
                group or bucket exchanged alone; counted over every step, warm-up included)
-  busy_ms      the engine's time in those exchanges per step (spex_merge_group_seconds_total)
+  busy_ms      the engine's time in those exchanges per step (spex_merge_group_seconds_total:
+               each group from its round to its publish; with --merge_overlap one group's time
+               on the wire and the next group's preparation overlap, so the sum can exceed the
+               step: compare busy_ms and overlap only between runs with the same setting)
   overlap      1 - tail_ms / busy_ms, clamped to [0, 1]: the share of the engine's exchange time
                hidden behind the backward pass
 and each merger's step time over none's (the same run's). Goals (issue 14): rgmerge's step time

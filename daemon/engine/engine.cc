@@ -664,6 +664,7 @@ void Engine::ProcessGroup(const std::vector<EngineBucket*>& group,
       HandOff(std::move(p));
     }
   }
+  SPEX_LOG(DEBUG) << "merge group of " << m << " bucket(s) starting at bucket " << group[0]->id;
   // The members no pack publishes: their results do not wait for the wire (and what observers
   // see stays on one thread at a time).
   if (std::find(packed.begin(), packed.end(), false) == packed.end()) return;
@@ -694,7 +695,6 @@ void Engine::ProcessGroup(const std::vector<EngineBucket*>& group,
       for (ExchangeObserver* o : options_.observers) o->OnExchange(event);
     }
   }
-  SPEX_LOG(DEBUG) << "merge group of " << m << " bucket(s) starting at bucket " << group[0]->id;
 }
 
 void Engine::HandOff(std::unique_ptr<WirePack> p) {
@@ -731,6 +731,7 @@ void Engine::WireLoop() {
       absl::MutexLock lock(&mu_);
       wire_inflight_ = 0;
       wire_cv_.SignalAll();
+      published_cv_.SignalAll();  // a request waiting to erase a bucket (not while on the wire)
     }
     // The engine may be asleep on the doorbell with nothing else to do: what was just published
     // lets trainers (and so the next group) go on, and the engine must see them.
