@@ -481,6 +481,7 @@ struct Engine::WirePack {
   uint64_t t0 = 0;                 // the group's start (the records' total time)
   double phase[kPhaseCount] = {};  // the group's phases so far, then the pack's own
   uint64_t group_first = 0;        // the pack's first member's id (observers)
+  uint32_t group_size = 0;         // the pack's members, skipped ones included (observers)
   std::vector<EngineBucket*> buckets;
   std::vector<ExchangeRecord> recs;  // items[j].rec == &recs[j]
   std::vector<StepItem> items;
@@ -610,8 +611,10 @@ void Engine::ProcessGroup(const std::vector<EngineBucket*>& group,
       }
     }
   }
-  // Per member: in a pack (published by RunPack) or published here (skipped or failed).
+  // Per member: in a pack (published by RunPack) or published here (skipped or failed), and
+  // the index of its pack's first member (observers see a skipped member in its pack).
   std::vector<bool> packed(m, false);
+  std::vector<size_t> group_of(m, 0);
   if (status.ok()) {
     std::vector<double> density(m);
     {
@@ -628,9 +631,11 @@ void Engine::ProcessGroup(const std::vector<EngineBucket*>& group,
       std::copy(phase, phase + kPhaseCount, p->phase);
       std::vector<size_t> at;
       for (size_t i = first; i < first + len && i < m; ++i) {
+        group_of[i] = first;
         if (run[i]) at.push_back(i);
       }
       p->group_first = group[first]->id;
+      p->group_size = static_cast<uint32_t>(std::min(first + len, m) - first);
       p->recs.resize(at.size());
       p->items.reserve(at.size());
       for (size_t j = 0; j < at.size(); ++j) {
@@ -689,8 +694,10 @@ void Engine::ProcessGroup(const std::vector<EngineBucket*>& group,
       event.elements = b->elements;
       event.begin_ns = t0;
       event.end_ns = MonotonicNanos();
-      event.group_first = b->id;
-      event.group_size = 1;
+      event.group_first = group[group_of[i]]->id;
+      size_t n = 0;
+      for (size_t j = group_of[i]; j < m && group_of[j] == group_of[i]; ++j) ++n;
+      event.group_size = static_cast<uint32_t>(n);
       event.spans.push_back({Phase::kPublish, end, event.end_ns});
       for (ExchangeObserver* o : options_.observers) o->OnExchange(event);
     }
@@ -776,7 +783,7 @@ void Engine::RunPack(WirePack* p) {
       event.begin_ns = p->t0;
       event.end_ns = MonotonicNanos();
       event.group_first = p->group_first;
-      event.group_size = static_cast<uint32_t>(p->buckets.size());
+      event.group_size = p->group_size;
       event.spans.push_back({Phase::kPublish, end, event.end_ns});
       for (ExchangeObserver* o : options_.observers) o->OnExchange(event);
     }

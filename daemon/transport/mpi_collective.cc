@@ -70,7 +70,8 @@ MpiCollective::~MpiCollective() {
   if (!finalized) MPI_Comm_free(&comm_);
 }
 
-absl::Status MpiCollective::Finish(MPI_Request* req, const char* what) {
+absl::Status MpiCollective::Finish(int started, MPI_Request* req, const char* what) {
+  if (absl::Status s = Check(started, what); !s.ok()) return s;
   // Open MPI progresses a non-blocking collective only inside MPI calls: a test every
   // kPassiveSleepUs keeps it moving (a 1 Gbit/s link carries about 6 KB in that time, far less
   // than a socket's buffer) while the core is free for the computing threads.
@@ -91,10 +92,9 @@ absl::Status MpiCollective::AllReduce(void* data, size_t count, ElemType type, R
   if (absl::Status s = CheckCount(count, "AllReduce"); !s.ok()) return s;
   if (passive_wait_) {
     MPI_Request req;
-    int rc = MPI_Iallreduce(MPI_IN_PLACE, data, static_cast<int>(count), ToMpi(type), ToMpi(op),
-                            comm_, &req);
-    if (absl::Status s = Check(rc, "MPI_Iallreduce"); !s.ok()) return s;
-    return Finish(&req, "MPI_Iallreduce");
+    return Finish(MPI_Iallreduce(MPI_IN_PLACE, data, static_cast<int>(count), ToMpi(type),
+                                 ToMpi(op), comm_, &req),
+                  &req, "MPI_Iallreduce");
   }
   return Check(
       MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(count), ToMpi(type), ToMpi(op), comm_),
@@ -114,9 +114,9 @@ absl::Status MpiCollective::AllReduceScaled(const float* send, float* recv, size
     const void* from = send == recv ? MPI_IN_PLACE : static_cast<const void*>(send);
     if (passive_wait_) {
       MPI_Request req;
-      int rc = MPI_Iallreduce(from, recv, n, MPI_FLOAT, MPI_SUM, comm_, &req);
-      if (absl::Status s = Check(rc, "MPI_Iallreduce"); !s.ok()) return s;
-      if (absl::Status s = Finish(&req, "MPI_Iallreduce"); !s.ok()) return s;
+      absl::Status s = Finish(MPI_Iallreduce(from, recv, n, MPI_FLOAT, MPI_SUM, comm_, &req), &req,
+                              "MPI_Iallreduce");
+      if (!s.ok()) return s;
     } else {
       int rc = MPI_Allreduce(from, recv, n, MPI_FLOAT, MPI_SUM, comm_);
       if (absl::Status s = Check(rc, "MPI_Allreduce"); !s.ok()) return s;
@@ -145,9 +145,10 @@ absl::Status MpiCollective::AllGatherV(const void* send, size_t send_bytes,
   int rc;
   if (passive_wait_) {
     MPI_Request req;
-    rc = MPI_Iallgather(&mine, 1, MPI_INT, counts_.data(), 1, MPI_INT, comm_, &req);
-    if (absl::Status s = Check(rc, "MPI_Iallgather(counts)"); !s.ok()) return s;
-    if (absl::Status s = Finish(&req, "MPI_Iallgather(counts)"); !s.ok()) return s;
+    absl::Status s =
+        Finish(MPI_Iallgather(&mine, 1, MPI_INT, counts_.data(), 1, MPI_INT, comm_, &req), &req,
+               "MPI_Iallgather(counts)");
+    if (!s.ok()) return s;
   } else {
     rc = MPI_Allgather(&mine, 1, MPI_INT, counts_.data(), 1, MPI_INT, comm_);
     if (absl::Status s = Check(rc, "MPI_Allgather(counts)"); !s.ok()) return s;
@@ -165,10 +166,9 @@ absl::Status MpiCollective::AllGatherV(const void* send, size_t send_bytes,
   recv->resize(total);
   if (passive_wait_) {
     MPI_Request req;
-    rc = MPI_Iallgatherv(send, mine, MPI_BYTE, recv->data(), counts_.data(), displs_.data(),
-                         MPI_BYTE, comm_, &req);
-    if (absl::Status s = Check(rc, "MPI_Iallgatherv"); !s.ok()) return s;
-    return Finish(&req, "MPI_Iallgatherv");
+    return Finish(MPI_Iallgatherv(send, mine, MPI_BYTE, recv->data(), counts_.data(),
+                                  displs_.data(), MPI_BYTE, comm_, &req),
+                  &req, "MPI_Iallgatherv");
   }
   rc = MPI_Allgatherv(send, mine, MPI_BYTE, recv->data(), counts_.data(), displs_.data(), MPI_BYTE,
                       comm_);

@@ -40,8 +40,9 @@ class MpiCollective : public Collective {
   absl::Status Barrier() override;
 
  private:
-  // Completes `req` (passive_wait): MPI_Test, a short spin, then sleeps of kPassiveSleepUs.
-  absl::Status Finish(MPI_Request* req, const char* what);
+  // Completes `req` (passive_wait), started by a call that returned `started`: that code
+  // checked, then MPI_Test, a short spin, then sleeps of kPassiveSleepUs.
+  absl::Status Finish(int started, MPI_Request* req, const char* what);
 
   MPI_Comm comm_;
   Primitives* scaler_ = nullptr;
