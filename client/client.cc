@@ -261,7 +261,9 @@ absl::Status Client::Start(Bucket* b, void* stream) {
       !s.ok()) {
     return s;
   }
-  b->view_.header->ready[options_.local_rank].value.store(step + 1, std::memory_order_seq_cst);
+  auto& ready = b->view_.header->ready[options_.local_rank];
+  ready.ready_ns.store(MonotonicNanos(), std::memory_order_relaxed);  // the merger's timings
+  ready.value.store(step + 1, std::memory_order_seq_cst);
   doorbell_->ring.fetch_add(1);
   if (doorbell_->engine_sleeping.load()) FutexWake(&doorbell_->ring);
   b->started_ = true;

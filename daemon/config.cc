@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <tuple>
 #include <vector>
@@ -85,6 +86,18 @@ absl::StatusOr<DaemonConfig> LoadConfig() {
   e.merge.omgs_count_mode = e.merge.omgs_count > 0;
   e.merge_overlap = absl::GetFlag(FLAGS_merge_overlap);
   if (e.merge.omgs_count == 0) e.merge.omgs_count = 10;  // unused in threshold mode
+  const std::string plan = absl::GetFlag(FLAGS_rgmerge_plan);
+  if (plan != "ready" && plan != "model") {
+    errors.push_back(absl::StrCat("--rgmerge_plan must be ready or model, got '",
+                                  plan.substr(0, 64), "'"));
+  }
+  e.merge.rgmerge_model = plan == "model";
+  e.merge.rgmerge_plan_step = absl::GetFlag(FLAGS_rgmerge_plan_step);
+  if (e.merge.rgmerge_plan_step == 0) {
+    e.merge.rgmerge_plan_step = 2 * static_cast<uint64_t>(std::max(0, e.probe_steps)) + 16;
+  }
+  e.merge.rgmerge_slack_us = absl::GetFlag(FLAGS_rgmerge_slack_us);
+  e.merge.rgmerge_equal_tail = absl::GetFlag(FLAGS_rgmerge_equal_tail);
   if (absl::Status s = ValidateEngineOptions(e); !s.ok()) errors.emplace_back(s.message());
   if (absl::StatusOr<std::unique_ptr<Merger>> m = MakeMerger(e.merger, e.merge); !m.ok()) {
     errors.emplace_back(m.status().message());

@@ -100,6 +100,18 @@ ABSL_FLAG(uint64_t, omgs_threshold_elements, 8192,
           "elements (threshold mode, the default).");
 ABSL_FLAG(uint64_t, omgs_count, 0,
           "--merger=omgs: > 0 selects count mode, a plan group of this many buckets.");
+ABSL_FLAG(std::string, rgmerge_plan, "ready",
+          "--merger=rgmerge: ready (each group is what became ready on every node while the "
+          "previous exchange ran) or model (measure, then agree on and run the published "
+          "three-step plan from step --rgmerge_plan_step + 1 on). Every node must use the same.");
+ABSL_FLAG(uint64_t, rgmerge_plan_step, 0,
+          "--rgmerge_plan=model: the step whose first group agrees on the measured inputs "
+          "(0: 2 * --probe_steps + 16).");
+ABSL_FLAG(int64_t, rgmerge_slack_us, 0,
+          "--rgmerge_plan=model: the slack delta of the plan's first step, microseconds.");
+ABSL_FLAG(bool, rgmerge_equal_tail, true,
+          "--rgmerge_plan=model: split the plan's tail into equal groups, as the published code "
+          "does.");
 ABSL_FLAG(bool, merge_overlap, true,
           "--merger: run one group's collectives on a second thread (its own MPI communicator) "
           "while the engine thread reduces and selects the next group (needs "

@@ -105,6 +105,7 @@ absl::Status Engine::Start() {
   }
   {
     absl::MutexLock lock(&mu_);
+    merger_ = merger->get();
     scheduler_ = std::make_unique<Scheduler>(options_.local_trainers, std::move(*merger));
     if (absl::Status s = doorbell_.NewGeneration(); !s.ok()) return s;
   }
@@ -554,7 +555,8 @@ void Engine::ProcessGroup(const std::vector<EngineBucket*>& group,
                candidates[i].kind,
                options_.fp16_values && candidates[i].kind == MergeKind::kPatternB};
   }
-  Merger* merger = scheduler_->merger();
+  Merger* merger = merger_;
+  in.plan_due = merger->PlanDue(group[0]->ex.next_step);
   in.config = {merger->name(), options_.merge.limits.window,
                options_.merge.limits.max_group_elements, merger->ConfigHash(), overlapping()};
   in.offer = keys;
@@ -622,6 +624,7 @@ void Engine::ProcessGroup(const std::vector<EngineBucket*>& group,
       ApplyDensityLocked(res.density_key);
       for (size_t i = 0; i < m; ++i) density[i] = group[i]->out.density;
     }
+    if (res.plan_due) AgreePlan(group[0]->ex.next_step, density[0]);
     std::vector<size_t> packs =
         agreed ? merger->Pack(absl::MakeConstSpan(candidates.data(), m)) : std::vector<size_t>{m};
     size_t first = 0;
@@ -666,6 +669,21 @@ void Engine::ProcessGroup(const std::vector<EngineBucket*>& group,
       FusedScratch* scratch = &fused_scratch_[next_scratch_];
       next_scratch_ ^= 1;
       p->fx.Prepare(env_, absl::MakeSpan(p->items), p->kinds, scratch, plap);
+      if (merger->measures()) {
+        for (size_t j = 0; j < p->items.size(); ++j) {
+          const EngineBucket* b = p->buckets[j];
+          int64_t ready = 0;  // the latest trainer's stamp (MERGING.md 2.6)
+          for (uint32_t r = 0; r < options_.local_trainers; ++r) {
+            ready = std::max<int64_t>(
+                ready, static_cast<int64_t>(
+                           b->mem.header->ready[r].ready_ns.load(std::memory_order_relaxed)));
+          }
+          // Without stamps (an older client): when this engine took the group, late by up to
+          // what it was busy with before.
+          if (ready == 0) ready = static_cast<int64_t>(t0);
+          merger->ObserveMember(b->id, p->items[j].step, ready, p->items[j].select_ns);
+        }
+      }
       HandOff(std::move(p));
     }
   }
@@ -702,6 +720,32 @@ void Engine::ProcessGroup(const std::vector<EngineBucket*>& group,
       for (ExchangeObserver* o : options_.observers) o->OnExchange(event);
     }
   }
+}
+
+void Engine::AgreePlan(uint64_t step, double density) {
+  std::vector<PlanBucket> buckets;
+  {
+    absl::MutexLock lock(&mu_);
+    const uint64_t full = (uint64_t{1} << options_.local_trainers) - 1;
+    for (const auto& [id, b] : buckets_.all()) {  // ascending id: the canonical order
+      if (b->out.registered_mask == full) buckets.push_back({id, b->elements});
+    }
+  }
+  std::vector<uint64_t> words = merger_->PlanInputs(buckets);
+  absl::Status s = RunPlanAgreement(collective_, buckets, &words);
+  if (!s.ok()) {
+    SPEX_LOG(WARNING) << "--merger=" << merger_->name() << ": no plan (" << s.message()
+                      << "); it keeps merging what is ready";
+    merger_->AbandonPlan(std::string(s.message()));
+    return;
+  }
+  PlanContext ctx;
+  ctx.nodes = collective_->size();
+  ctx.density = density;
+  merger_->InstallPlan(buckets, words, step, ctx);
+  SPEX_LOG(INFO) << "--merger=" << merger_->name() << ": plan over " << buckets.size()
+                 << " buckets agreed at step " << step << " (effective from step " << step + 1
+                 << "): " << merger_->PlanSummary();
 }
 
 void Engine::HandOff(std::unique_ptr<WirePack> p) {
@@ -755,7 +799,19 @@ void Engine::RunPack(WirePack* p) {
     p->phase[static_cast<int>(ph)] += (now - t) * 1e-9;
     t = now;
   };
+  const uint64_t wire_begin = t;
   p->fx.Exchange(env, lap);
+  if (merger_->measures() &&
+      std::none_of(p->kinds.begin(), p->kinds.end(),
+                   [](MergeKind k) { return k == MergeKind::kDense || k == MergeKind::kProbe; })) {
+    uint64_t bytes = 0;
+    bool ok = true;
+    for (size_t j = 0; j < p->items.size(); ++j) {
+      bytes += p->recs[j].bytes_received;
+      ok = ok && p->items[j].status.ok();
+    }
+    if (ok) merger_->ObserveExchange(bytes, static_cast<int64_t>(MonotonicNanos() - wire_begin));
+  }
   absl::Status vote;
   for (const StepItem& item : p->items) {
     if (vote.ok() && !item.status.ok()) vote = item.status;

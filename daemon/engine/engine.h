@@ -141,6 +141,10 @@ class Engine {
   struct WirePack;
   void RunPack(WirePack* p);  // the collectives, the commit vote, publishing
   void HandOff(std::unique_ptr<WirePack> p);
+  // A measuring merger's plan agreement (after a group round whose plan_due came out set, on
+  // every node): the registered buckets, this node's inputs, RunPlanAgreement, InstallPlan (or
+  // AbandonPlan when the nodes' buckets differ). `step` is the head's, `density` its density.
+  void AgreePlan(uint64_t step, double density);
   void WireLoop();
   // Waits until no pack is on the wire (before anything else touches buckets or collectives
   // in a way a pack in flight could see).
@@ -189,6 +193,7 @@ class Engine {
   BucketTable buckets_ ABSL_GUARDED_BY(mu_);
   Doorbell doorbell_;  // segment() and Ring() from any thread; the rest under mu_
   std::unique_ptr<Scheduler> scheduler_ ABSL_GUARDED_BY(mu_);
+  Merger* merger_ = nullptr;  // the scheduler's (set at Start); engine and wire threads
   bool reset_pending_ ABSL_GUARDED_BY(mu_) = false;  // every session left: drop the buckets
   bool processing_ ABSL_GUARDED_BY(mu_) = false;     // the engine thread is inside a step
   // The wire stage: the pack handed to the wire thread and not yet taken, how many packs are

@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "daemon/engine/control_round.h"
 #include "daemon/engine/engine.h"
+#include "daemon/memory/futex.h"
 #include "daemon/util/log.h"
 
 namespace spex {
@@ -283,6 +284,7 @@ absl::StatusOr<ExchangeRecord> Engine::Exchange(uint64_t session_id, uint64_t bu
   if (step + 1 == marked || step < b->out.completed) {
     // Already submitted (doorbell path or a retried RPC): fall through to wait or report.
   } else if (marked == step) {
+    b->mem.header->ready[rank].ready_ns.store(MonotonicNanos(), std::memory_order_relaxed);
     ready.store(step + 1);
     doorbell_.Ring();
   } else {

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "daemon/engine/sparse_exchange.h"
 #include "daemon/engine/wire.h"
+#include "daemon/memory/futex.h"
 
 namespace spex {
 namespace {
@@ -173,8 +174,10 @@ void LocalSparse(const StepEnv& env, Member& m, const Lap& lap) {
   const Pattern pattern = c.pattern();
   if (m.s.ok() && item.density != c.density()) Keep(&m.s, c.SetDensity(item.density));
   if (m.s.ok()) {
+    const uint64_t t0 = MonotonicNanos();
     Keep(&m.s,
          c.Select(item.step, b.acc, /*add=*/nullptr, pattern == Pattern::kSparseGather, &sel));
+    item.select_ns = static_cast<int64_t>(MonotonicNanos() - t0);
   }
   if (!m.s.ok()) {  // contribute nothing; the step fails everywhere at the commit vote
     sel.idx.clear();

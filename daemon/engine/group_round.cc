@@ -25,6 +25,7 @@ enum Word : size_t {
   kNotMaxGroupElements,
   kConfigHash,
   kNotConfigHash,
+  kPlanDue,  // a node's merger asks for the plan agreement after this round
   kKeys,  // kGroupRoundMaxWindow keys, then their complements
 };
 constexpr size_t kWords = kKeys + 2 * kGroupRoundMaxWindow;
@@ -76,6 +77,7 @@ absl::Status RunGroupRound(Collective* coll, const GroupRoundInput& in, GroupRou
   v[kDensityKey] = in.density_key;
   v[kInputsFailed] = in.inputs_failed ? 1 : 0;
   v[kDeadTrainer] = in.dead_trainer;
+  v[kPlanDue] = in.plan_due ? 1 : 0;
   if (in.nonfinite != 0) {
     v[kNonfinite] = in.nonfinite;
     v[kNonfiniteMember] = (static_cast<uint64_t>(coll->rank() + 1) << 32) | in.nonfinite_member;
@@ -148,10 +150,36 @@ absl::Status RunGroupRound(Collective* coll, const GroupRoundInput& in, GroupRou
   out->density_key = v[kDensityKey];
   out->inputs_failed = v[kInputsFailed] != 0;
   out->dead_trainer = v[kDeadTrainer];
+  out->plan_due = v[kPlanDue] != 0;
   out->nonfinite = v[kNonfinite];
   out->nonfinite_member =
       v[kNonfinite] != 0 ? static_cast<uint32_t>(v[kNonfiniteMember] & 0xffffffffu) : 0;
   return absl::OkStatus();
+}
+
+absl::Status RunPlanAgreement(Collective* coll, absl::Span<const PlanBucket> buckets,
+                              std::vector<uint64_t>* words) {
+  if (coll->size() <= 1) return absl::OkStatus();
+  uint64_t h = kFnvOffset;
+  for (const PlanBucket& b : buckets) {
+    h = Fnv1a(h, &b.bucket_id, sizeof(b.bucket_id));
+    h = Fnv1a(h, &b.elements, sizeof(b.elements));
+  }
+  const uint64_t n = words->size();
+  uint64_t head[] = {buckets.size(), ~uint64_t{buckets.size()}, h, ~h, n, ~n};
+  if (absl::Status s = coll->AllReduce(head, 6, ElemType::kUint64, ReduceOp::kMax); !s.ok()) {
+    return s;
+  }
+  if (Differs(head, 0) || Differs(head, 2) || Differs(head, 4)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "merge plan agreement: the registered buckets differ between nodes (this node has ",
+        buckets.size(), " buckets, ids ", buckets.empty() ? 0 : buckets.front().bucket_id, "..",
+        buckets.empty() ? 0 : buckets.back().bucket_id,
+        "); every node must register the same buckets (same ids and sizes) before the plan "
+        "step"));
+  }
+  if (n == 0) return absl::OkStatus();
+  return coll->AllReduce(words->data(), words->size(), ElemType::kUint64, ReduceOp::kMax);
 }
 
 }  // namespace spex

@@ -23,6 +23,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
@@ -68,6 +69,7 @@ struct GroupRoundInput {
   uint64_t dead_trainer = 0;
   uint64_t nonfinite = 0;         // NonfiniteWord, or 0
   uint32_t nonfinite_member = 0;  // the offer position of the member it was seen in
+  bool plan_due = false;          // Merger::PlanDue at the head's step
 };
 
 struct GroupRoundResult {
@@ -77,6 +79,7 @@ struct GroupRoundResult {
   uint64_t dead_trainer = 0;
   uint64_t nonfinite = 0;
   uint32_t nonfinite_member = 0;  // meaningful when nonfinite != 0
+  bool plan_due = false;          // some node asked for the plan agreement: every node runs it
 };
 
 // Runs the round over `coll` (no communication with one node). Errors, the same on every node:
@@ -86,5 +89,15 @@ struct GroupRoundResult {
 // member among the first m differs (naming this node's member), or, with `exact`, when the plan
 // group's length differs; the collective's error when the all-reduce fails.
 absl::Status RunGroupRound(Collective* coll, const GroupRoundInput& in, GroupRoundResult* out);
+
+// The plan agreement of a measuring merger (MERGING.md 2.6), run by every node right after a
+// successful group round whose plan_due came out set, so every node issues it at the same point:
+// two all-reduces (MAX). The first checks that every node passes the same bucket list (ids and
+// sizes) and the same number of words; the second replaces `words` (this node's plan inputs) by
+// their maximum over nodes. FAILED_PRECONDITION, the same on every node, when the lists differ
+// (the second all-reduce is then skipped everywhere); the collective's error when one fails.
+// No communication with one node.
+absl::Status RunPlanAgreement(Collective* coll, absl::Span<const PlanBucket> buckets,
+                              std::vector<uint64_t>* words);
 
 }  // namespace spex

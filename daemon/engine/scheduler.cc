@@ -69,7 +69,7 @@ const std::vector<EngineBucket*>& Scheduler::NextGroup(const BucketTable& table,
   size_t n = 1;
   if (!none && candidates_.front().kind != MergeKind::kProbe) {
     pick_.alone = false;
-    if (merger_->agreed()) {
+    if (merger_->AgreedAt(candidates_.front().step)) {
       pick_.agreed = true;
       int64_t deadline = 0;
       n = merger_->Offer(candidates_, now_ns, &deadline);

@@ -77,6 +77,8 @@ struct StepItem {
   // local reduce of its own, and a failure of that reduce comes in as `status` (the step still
   // issues its collectives, contributing nothing). False on the device path: the step reduces.
   bool reduced = false;
+  // Set by the fused steps: this member's Select time in ns (0 for a dense member).
+  int64_t select_ns = 0;
 };
 
 // Closes the current phase of the exchange (adds the time since the previous lap to it).

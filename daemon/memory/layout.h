@@ -3,7 +3,9 @@
 // checked below; change only by bumping kLayoutVersion.
 //
 // Hot path protocol, per bucket and step s (all counters are little-endian, lock-free):
-//  trainer r: write input slot r; store ready[r] = s + 1 (release); increment doorbell.ring and
+//  trainer r: write input slot r; store ready_ns[r] = CLOCK_MONOTONIC now (optional: 0 = not
+//             stamped; the merger's timings use it, MERGING.md 2.6); store ready[r] = s + 1
+//             (release); increment doorbell.ring and
 //             FUTEX_WAKE it when doorbell.engine_sleeping != 0;
 //             then wait until published == (uint32)(s + 1): spin up to spin_us, then set
 //             waiters += 1, FUTEX_WAIT on published, waiters -= 1.
@@ -50,9 +52,13 @@ struct BucketHeader {
   std::atomic<int32_t> status;                  // offset 72: 0 ok, else error (see Exchange RPC)
   alignas(64) std::atomic<uint32_t> attached[kMaxLocalTrainers];  // offset 128
   // offset 256: ready[r] = step + 1 once trainer r's input for that step is written;
-  // each on its own 64-byte line so trainers do not share a line.
+  // each on its own 64-byte line so trainers do not share a line. ready_ns (offset 8 in the
+  // line): the trainer's CLOCK_MONOTONIC nanoseconds when it wrote that input, stored before
+  // `value`; 0 from a client that does not stamp (an addition of layout version 1: the field
+  // was padding, so older clients leave it 0).
   struct alignas(64) Ready {
     std::atomic<uint64_t> value;
+    std::atomic<uint64_t> ready_ns;
   } ready[kMaxLocalTrainers];
 };
 
@@ -71,6 +77,7 @@ static_assert(offsetof(BucketHeader, waiters) == 68);
 static_assert(offsetof(BucketHeader, status) == 72);
 static_assert(offsetof(BucketHeader, attached) == 128);
 static_assert(offsetof(BucketHeader, ready) == 256);
+static_assert(offsetof(BucketHeader::Ready, ready_ns) == 8 && sizeof(BucketHeader::Ready) == 64);
 static_assert(sizeof(BucketHeader) <= kPageBytes);
 
 inline size_t SlotStride(uint64_t elements) {

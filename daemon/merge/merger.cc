@@ -75,7 +75,7 @@ bool AbslParseFlag(absl::string_view text, MergerPolicy* out, std::string* error
     }
   }
   *error = absl::StrCat("unknown merger '", text.substr(0, 64),
-                        "'; accepted: none (fixed, omgs, rgmerge are planned)");
+                        "'; accepted: none, fixed, omgs, rgmerge");
   return false;
 }
 

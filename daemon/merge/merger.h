@@ -14,7 +14,8 @@
 // unless a single bucket is larger on its own.
 //
 // Implemented here: none (static, one bucket per exchange) and, in mergers.h, the pure grouping
-// logic of fixed, omgs (threshold, count) and rgmerge (ready); the group agreement round and the
+// logic of fixed, omgs (threshold, count) and rgmerge (ready, and model: agreed while it
+// measures, then the static plan of rgmerge_model.h); the group agreement round and the
 // fused exchange are daemon/engine/group_round.h and fused_step.h, and the engine runs the groups
 // (engine.cc, Engine::ProcessGroup).
 #pragma once
@@ -62,12 +63,55 @@ size_t ClampGroup(absl::Span<const MergeCandidate> c, size_t want, const GroupLi
 // at the head's step, not P, within the first `window`. 0 when the head itself is not offerable.
 size_t ReadyPrefix(absl::Span<const MergeCandidate> c, size_t window);
 
+// A registered bucket as a plan sees it (canonical order: ascending id).
+struct PlanBucket {
+  uint64_t bucket_id = 0;
+  uint64_t elements = 0;
+};
+
+// What a plan computed from agreed inputs also depends on, identical on every node.
+struct PlanContext {
+  int nodes = 1;
+  double density = 0.01;  // the head bucket's agreed target density
+};
+
 class Merger {
  public:
   virtual ~Merger() = default;
   virtual const char* name() const = 0;
   // True for agreed mergers (Offer/Pack), false for static plans (NextGroup).
   virtual bool agreed() const { return false; }
+  // Which family runs a group whose head is at `step`: a merger that measures before it plans
+  // (rgmerge --rgmerge_plan=model) is agreed until its plan takes effect, static from then on.
+  // The answer depends only on agreed data (the head's step, the agreed plan).
+  virtual bool AgreedAt(uint64_t /*step*/) const { return agreed(); }
+
+  // Measuring mergers (MERGING.md 2.6). measures(): the engine reports timings. Both reports are
+  // thread-safe (the wire thread reports exchanges).
+  virtual bool measures() const { return false; }
+  // A member's timings at `step`: when it became ready on this node (the latest trainer's
+  // ready_ns stamp, CLOCK_MONOTONIC) and its Select time (0 for a dense member).
+  virtual void ObserveMember(uint64_t /*bucket_id*/, uint64_t /*step*/, int64_t /*ready_ns*/,
+                             int64_t /*select_ns*/) {}
+  // A sparse pack's wire half: the bytes this node received and how long it took.
+  virtual void ObserveExchange(uint64_t /*bytes*/, int64_t /*ns*/) {}
+  // Whether the group round of a head at `step` asks for the plan agreement (every node runs it
+  // when any asks, after that round).
+  virtual bool PlanDue(uint64_t /*step*/) const { return false; }
+  // This node's plan inputs for `buckets` as integer words; the agreement takes their maximum
+  // over nodes (the slowest node's timings) and hands the same words to InstallPlan everywhere.
+  virtual std::vector<uint64_t> PlanInputs(absl::Span<const PlanBucket> /*buckets*/) {
+    return {};
+  }
+  // Computes the plan from the agreed words; it takes effect at step `step` + 1. The same
+  // inputs on every node give the same plan (integer arithmetic), and ConfigHash() covers it.
+  virtual void InstallPlan(absl::Span<const PlanBucket> /*buckets*/,
+                           absl::Span<const uint64_t> /*agreed*/, uint64_t /*step*/,
+                           const PlanContext& /*ctx*/) {}
+  // The agreement failed alike on every node (`why`): no plan, the merger keeps running agreed.
+  virtual void AbandonPlan(const std::string& /*why*/) {}
+  // The installed plan for logs ("group lengths ..., inputs ..."); empty without one.
+  virtual std::string PlanSummary() const { return ""; }
   // Hash of the merger's name and every parameter that must match across nodes (carried as
   // cfg/~cfg in the agreement round so differently configured nodes fail clearly).
   virtual uint64_t ConfigHash() const = 0;
@@ -95,6 +139,10 @@ struct MergeParams {
   bool omgs_count_mode = false;                         // --omgs_count > 0 selects count mode
   uint64_t omgs_threshold_elements = 8192;              // --omgs_threshold_elements
   uint64_t omgs_count = 10;                             // --omgs_count
+  bool rgmerge_model = false;                           // --rgmerge_plan=model
+  uint64_t rgmerge_plan_step = 22;                      // --rgmerge_plan_step (S_plan)
+  int64_t rgmerge_slack_us = 0;                         // --rgmerge_slack_us
+  bool rgmerge_equal_tail = true;                       // --rgmerge_equal_tail
 };
 bool AbslParseFlag(absl::string_view text, MergerPolicy* out, std::string* error);
 std::string AbslUnparseFlag(MergerPolicy v);

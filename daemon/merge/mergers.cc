@@ -1,8 +1,14 @@
 #include "daemon/merge/mergers.h"
 
+#include <algorithm>
+#include <cmath>
+#include <deque>
+#include <map>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "daemon/merge/rgmerge_model.h"
 
 namespace spex {
 namespace {
@@ -132,11 +138,206 @@ class RgmergeReadyMerger : public Merger {
     return GreedyPack(agreed, o_.limits, [](uint64_t, uint64_t) { return true; });
   }
 
- private:
+ protected:
   RgmergeOptions o_;
 };
 
+// `rgmerge --rgmerge_plan=model`: `ready` while it measures, then the agreed static plan.
+class RgmergeModelMerger : public RgmergeReadyMerger {
+ public:
+  static constexpr size_t kSamples = 16;     // M: the medians' window (MERGING.md 2.6)
+  static constexpr size_t kFitSamples = 256;  // the newest exchanges the fit uses
+
+  explicit RgmergeModelMerger(const RgmergeOptions& o) : RgmergeReadyMerger(o), m_(o) {}
+  bool AgreedAt(uint64_t step) const override { return !(planned_ && step >= effective_step_); }
+  uint64_t ConfigHash() const override {
+    return HashWords("rgmerge/model",
+                     {m_.limits.window, m_.limits.max_group_elements, m_.plan_step,
+                      static_cast<uint64_t>(m_.slack_ns), m_.equal_tail ? 1u : 0u, plan_hash_});
+  }
+  // The plan group that holds the head, from the head on, as far as the candidates follow the
+  // plan's order (a bucket the plan does not know goes alone).
+  size_t NextGroup(absl::Span<const MergeCandidate> c) override {
+    if (c.empty()) return 0;
+    auto it = where_.find(c[0].bucket_id);
+    if (it == where_.end()) return 1;
+    const size_t g = it->second.first, pos = it->second.second;
+    const std::vector<uint64_t>& ids = groups_[g];
+    size_t want = 1;
+    while (pos + want < ids.size() && want < c.size() && c[want].bucket_id == ids[pos + want]) {
+      ++want;
+    }
+    return ClampGroup(c, want, m_.limits);
+  }
+
+  bool measures() const override { return true; }
+  void ObserveMember(uint64_t bucket_id, uint64_t step, int64_t ready_ns,
+                     int64_t select_ns) override {
+    absl::MutexLock lock(&mu_);
+    Samples& s = samples_[bucket_id];
+    s.ready.push_back({step, ready_ns});
+    if (s.ready.size() > kSamples) s.ready.pop_front();
+    s.select.push_back(select_ns);
+    if (s.select.size() > kSamples) s.select.pop_front();
+  }
+  void ObserveExchange(uint64_t bytes, int64_t ns) override {
+    absl::MutexLock lock(&mu_);
+    fit_x_.push_back(static_cast<double>(bytes));
+    fit_y_.push_back(static_cast<double>(ns));
+    if (fit_x_.size() > kFitSamples) {
+      fit_x_.pop_front();
+      fit_y_.pop_front();
+    }
+  }
+  bool PlanDue(uint64_t step) const override { return !done_ && step >= m_.plan_step; }
+
+  // Words: g_0 .. g_{L-1}, sigma_0 .. sigma_{L-1}, alpha (ns), beta (ps per byte).
+  std::vector<uint64_t> PlanInputs(absl::Span<const PlanBucket> buckets) override {
+    absl::MutexLock lock(&mu_);
+    const size_t L = buckets.size();
+    std::vector<uint64_t> w(2 * L + 2, 0);
+    for (size_t b = 0; b < L; ++b) {
+      auto it = samples_.find(buckets[b].bucket_id);
+      if (it == samples_.end()) continue;
+      w[L + b] = static_cast<uint64_t>(std::max<int64_t>(
+          0, MedianOf(std::vector<int64_t>(it->second.select.begin(), it->second.select.end()))));
+      if (b == 0) continue;  // the first bucket of a step has no gap
+      auto prev = samples_.find(buckets[b - 1].bucket_id);
+      if (prev == samples_.end()) continue;
+      std::vector<int64_t> gaps;
+      for (const auto& [step, t] : it->second.ready) {
+        for (const auto& [pstep, pt] : prev->second.ready) {
+          if (pstep == step && t > 0 && pt > 0) gaps.push_back(std::max<int64_t>(0, t - pt));
+        }
+      }
+      w[b] = static_cast<uint64_t>(MedianOf(std::move(gaps)));
+    }
+    RgmergeModelInputs defaults;
+    double alpha = 0, beta = 0;
+    const std::vector<double> x(fit_x_.begin(), fit_x_.end()), y(fit_y_.begin(), fit_y_.end());
+    if (FitLine(x, y, &alpha, &beta)) {
+      w[2 * L] = static_cast<uint64_t>(std::max(0.0, alpha));
+      w[2 * L + 1] = static_cast<uint64_t>(std::max(0.0, beta * 1000.0));  // ns/B -> ps/B
+    } else {
+      w[2 * L] = static_cast<uint64_t>(defaults.alpha_ns);
+      w[2 * L + 1] = static_cast<uint64_t>(defaults.beta_ps_per_byte);
+    }
+    return w;
+  }
+  void InstallPlan(absl::Span<const PlanBucket> buckets, absl::Span<const uint64_t> agreed,
+                   uint64_t step, const PlanContext& ctx) override {
+    done_ = true;
+    const size_t L = buckets.size();
+    if (L == 0 || agreed.size() != 2 * L + 2) {
+      AbandonPlan("the agreed inputs do not match the bucket list");
+      return;
+    }
+    RgmergeModelInputs in;
+    in.elements.resize(L);
+    in.gap_ns.resize(L);
+    in.select_ns.resize(L);
+    for (size_t b = 0; b < L; ++b) {
+      in.elements[b] = buckets[b].elements;
+      in.gap_ns[b] = Clamp63(agreed[b]);
+      in.select_ns[b] = Clamp63(agreed[L + b]);
+    }
+    in.alpha_ns = Clamp63(agreed[2 * L]);
+    in.beta_ps_per_byte = Clamp63(agreed[2 * L + 1]);
+    in.density = ctx.density;
+    in.nodes = ctx.nodes;
+    in.slack_ns = m_.slack_ns;
+    in.equal_tail = m_.equal_tail;
+    const std::vector<size_t> plan = RgmergeModelPlan(in);
+    groups_.clear();
+    where_.clear();
+    uint64_t h = kFnvOffset;
+    size_t b = 0;
+    for (size_t len : plan) {
+      groups_.emplace_back();
+      for (size_t i = 0; i < len; ++i, ++b) {
+        where_[buckets[b].bucket_id] = {groups_.size() - 1, i};
+        groups_.back().push_back(buckets[b].bucket_id);
+        h = Fnv1a(h, &buckets[b].bucket_id, sizeof(uint64_t));
+      }
+      const uint64_t n = len;
+      h = Fnv1a(h, &n, sizeof(n));
+    }
+    for (uint64_t word : agreed) h = Fnv1a(h, &word, sizeof(word));
+    plan_hash_ = h | 1;  // never 0, the hash before a plan
+    planned_ = true;
+    effective_step_ = step + 1;
+    inputs_ = std::move(in);
+    plan_ = plan;
+  }
+  void AbandonPlan(const std::string& /*why*/) override {
+    done_ = true;
+    planned_ = false;
+  }
+
+  std::string PlanSummary() const override {
+    if (!planned_) return "";
+    std::string lengths;
+    for (size_t len : plan_) absl::StrAppend(&lengths, lengths.empty() ? "" : " ", len);
+    int64_t gaps = 0, selects = 0;
+    for (int64_t g : inputs_.gap_ns) gaps += g;
+    for (int64_t c : inputs_.select_ns) selects += c;
+    return absl::StrCat(plan_.size(), " groups of [", lengths, "] buckets; alpha ",
+                        inputs_.alpha_ns / 1000, " us, beta ", inputs_.beta_ps_per_byte,
+                        " ps/B, backward gaps ", gaps / 1000, " us and selection ", selects / 1000,
+                        " us in all");
+  }
+
+ private:
+  static int64_t Clamp63(uint64_t v) {
+    return static_cast<int64_t>(std::min<uint64_t>(v, uint64_t{1} << 62));
+  }
+  struct Samples {
+    std::deque<std::pair<uint64_t, int64_t>> ready;  // (step, ready_ns)
+    std::deque<int64_t> select;
+  };
+  RgmergeOptions m_;
+  // The engine thread's: whether the agreement ran, the plan and where it starts.
+  bool done_ = false, planned_ = false;
+  uint64_t effective_step_ = 0, plan_hash_ = 0;
+  std::vector<std::vector<uint64_t>> groups_;
+  std::map<uint64_t, std::pair<size_t, size_t>> where_;  // id -> (group, position)
+  RgmergeModelInputs inputs_;
+  std::vector<size_t> plan_;
+  absl::Mutex mu_;  // the samples (the wire thread reports exchanges)
+  std::map<uint64_t, Samples> samples_ ABSL_GUARDED_BY(mu_);
+  std::deque<double> fit_x_ ABSL_GUARDED_BY(mu_), fit_y_ ABSL_GUARDED_BY(mu_);
+};
+
 }  // namespace
+
+int64_t MedianOf(std::vector<int64_t> v) {
+  if (v.empty()) return 0;
+  const size_t mid = (v.size() - 1) / 2;
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(mid), v.end());
+  return v[mid];
+}
+
+bool FitLine(const std::vector<double>& x, const std::vector<double>& y, double* alpha,
+             double* beta) {
+  const size_t n = std::min(x.size(), y.size());
+  if (n < 2) return false;
+  double mx = 0, my = 0;
+  for (size_t i = 0; i < n; ++i) {
+    mx += x[i];
+    my += y[i];
+  }
+  mx /= static_cast<double>(n);
+  my /= static_cast<double>(n);
+  double sxx = 0, sxy = 0;
+  for (size_t i = 0; i < n; ++i) {
+    sxx += (x[i] - mx) * (x[i] - mx);
+    sxy += (x[i] - mx) * (y[i] - my);
+  }
+  if (!(sxx > 0)) return false;
+  *beta = sxy / sxx;
+  *alpha = my - *beta * mx;
+  return std::isfinite(*alpha) && std::isfinite(*beta);
+}
 
 absl::StatusOr<std::unique_ptr<Merger>> MakeFixedMerger(const FixedOptions& options) {
   if (absl::Status s = CheckLimits(options.limits); !s.ok()) return s;
@@ -167,6 +368,20 @@ absl::StatusOr<std::unique_ptr<Merger>> MakeRgmergeReadyMerger(const RgmergeOpti
   return std::unique_ptr<Merger>(new RgmergeReadyMerger(options));
 }
 
+absl::StatusOr<std::unique_ptr<Merger>> MakeRgmergeMerger(const RgmergeOptions& options) {
+  if (!options.model) return MakeRgmergeReadyMerger(options);
+  if (absl::Status s = CheckLimits(options.limits); !s.ok()) return s;
+  if (options.plan_step == 0) {
+    return absl::InvalidArgumentError(
+        "--rgmerge_plan_step must be >= 1 (the step whose first group agrees on the plan)");
+  }
+  if (options.slack_ns < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--rgmerge_slack_us must be >= 0; got ", options.slack_ns / 1000));
+  }
+  return std::unique_ptr<Merger>(new RgmergeModelMerger(options));
+}
+
 absl::StatusOr<std::unique_ptr<Merger>> MakeMerger(MergerPolicy policy, const MergeParams& params) {
   switch (policy) {
     case MergerPolicy::kNone:
@@ -189,7 +404,11 @@ absl::StatusOr<std::unique_ptr<Merger>> MakeMerger(MergerPolicy policy, const Me
     case MergerPolicy::kRgmerge: {
       RgmergeOptions o;
       o.limits = params.limits;
-      return MakeRgmergeReadyMerger(o);
+      o.model = params.rgmerge_model;
+      o.plan_step = params.rgmerge_plan_step;
+      o.slack_ns = params.rgmerge_slack_us * 1000;
+      o.equal_tail = params.rgmerge_equal_tail;
+      return MakeRgmergeMerger(o);
     }
   }
   return absl::InvalidArgumentError("--merger: unknown policy");

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "daemon/merge/merger.h"
@@ -30,11 +31,30 @@ struct OmgsOptions {
 };
 absl::StatusOr<std::unique_ptr<Merger>> MakeOmgsMerger(const OmgsOptions& options);
 
-// `rgmerge --rgmerge_plan=ready` (MERGING.md 5.1, linger off), an agreed merger: offer the ready
-// prefix at once, pack greedily under max_group_elements.
+// `rgmerge`. --rgmerge_plan=ready (MERGING.md 5.1, linger off), an agreed merger: offer the ready
+// prefix at once, pack greedily under max_group_elements. --rgmerge_plan=model (5.2): runs as
+// `ready` while it measures (per bucket the backward gap g_b from the trainers' ready stamps and
+// the Select time sigma_b, medians of the last 16 steps; alpha and beta from a least-squares fit
+// of the sparse packs' wire time against the bytes received, SAFusion's 3.78 ms and 1 ns/B while
+// no fit exists); at the first group of step plan_step every node agrees on the inputs (their
+// maximum over nodes), computes RgmergeModelPlan from them and, from the next step on, runs that
+// plan as a static one (ConfigHash() then covers the plan).
 struct RgmergeOptions {
   GroupLimits limits;
+  bool model = false;          // --rgmerge_plan=model
+  uint64_t plan_step = 22;     // --rgmerge_plan_step: S_plan (default 2 * probe_steps + 16)
+  int64_t slack_ns = 0;        // --rgmerge_slack_us, in ns
+  bool equal_tail = true;      // --rgmerge_equal_tail
 };
 absl::StatusOr<std::unique_ptr<Merger>> MakeRgmergeReadyMerger(const RgmergeOptions& options);
+// Either plan, by options.model.
+absl::StatusOr<std::unique_ptr<Merger>> MakeRgmergeMerger(const RgmergeOptions& options);
+
+// The median of `v` (the lower one of an even count); 0 for an empty one.
+int64_t MedianOf(std::vector<int64_t> v);
+// Least squares y = alpha + beta * x over the samples; false when fewer than 2 samples or all x
+// equal. (alpha, beta may come out negative: the caller clamps.)
+bool FitLine(const std::vector<double>& x, const std::vector<double>& y, double* alpha,
+             double* beta);
 
 }  // namespace spex

@@ -794,6 +794,74 @@ TEST(GroupRoundTest, AStaticPlanGroupOfADifferentLengthIsRefusedOnEveryNode) {
   }
 }
 
+TEST(GroupRoundTest, APlanDueOnAnyNodeIsDueOnEvery) {
+  auto rg = MakeRgmergeReadyMerger({});
+  ASSERT_TRUE(rg.ok());
+  const MergeConfig cfg = Config(**rg, GroupLimits());
+  for (int due_on : {-1, 0, 2}) {
+    auto out = Round(3, [&](int r, GroupRoundInput* in, std::vector<GroupMemberKey>* keys) {
+      in->config = cfg;
+      *keys = Keys(2);
+      in->plan_due = r == due_on;
+    });
+    for (int r = 0; r < 3; ++r) {
+      ASSERT_TRUE(out[r].first.ok()) << out[r].first;
+      EXPECT_EQ(out[r].second.plan_due, due_on >= 0) << "node " << r << ", due on " << due_on;
+    }
+  }
+}
+
+// The plan agreement (MERGING.md 2.6): the maximum of every node's words, the same everywhere;
+// a different bucket list refused on every node, before the words' all-reduce.
+TEST(PlanAgreementTest, TakesTheMaximumOverNodesAndRefusesDifferentBucketLists) {
+  const std::vector<PlanBucket> buckets = {{1, 100}, {2, 50}, {5, 7}};
+  std::vector<std::pair<absl::Status, std::vector<uint64_t>>> out(4);
+  Spawn(
+      4,
+      [&](Collective* coll) {
+        const int r = coll->rank();
+        std::vector<uint64_t> w = {uint64_t(r), uint64_t(10 - r), 7, uint64_t(r == 2 ? 99 : 1)};
+        out[r].first = RunPlanAgreement(coll, buckets, &w);
+        out[r].second = w;
+      },
+      absl::Seconds(5));
+  for (int r = 0; r < 4; ++r) {
+    ASSERT_TRUE(out[r].first.ok()) << out[r].first;
+    EXPECT_EQ(out[r].second, (std::vector<uint64_t>{3, 10, 7, 99})) << "node " << r;
+  }
+  // Node 1 has another size for bucket 2; node 3 another number of words: refused everywhere.
+  for (int variant = 0; variant < 2; ++variant) {
+    Spawn(
+        3,
+        [&](Collective* coll) {
+          const int r = coll->rank();
+          std::vector<PlanBucket> mine = buckets;
+          std::vector<uint64_t> w(4, 1);
+          if (variant == 0 && r == 1) mine[1].elements = 51;
+          if (variant == 1 && r == 2) w.push_back(1);
+          out[r].first = RunPlanAgreement(coll, mine, &w);
+        },
+        absl::Seconds(5));
+    for (int r = 0; r < 3; ++r) {
+      EXPECT_EQ(out[r].first.code(), absl::StatusCode::kFailedPrecondition)
+          << "variant " << variant << " node " << r << ": " << out[r].first;
+      EXPECT_NE(out[r].first.message().find("register the same buckets"), std::string::npos)
+          << out[r].first;
+    }
+  }
+  // One node: nothing to agree, the words stay.
+  Spawn(
+      1,
+      [&](Collective* coll) {
+        std::vector<uint64_t> w = {4, 5};
+        out[0].first = RunPlanAgreement(coll, buckets, &w);
+        out[0].second = w;
+      },
+      absl::Seconds(5));
+  ASSERT_TRUE(out[0].first.ok());
+  EXPECT_EQ(out[0].second, (std::vector<uint64_t>{4, 5}));
+}
+
 TEST(GroupRoundTest, BadOffersAreInvalidArgument) {
   auto rg = MakeRgmergeReadyMerger({});
   ASSERT_TRUE(rg.ok());

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -89,7 +90,8 @@ struct RunResult {
 RunResult RunCluster(MergerPolicy merger, const std::string& compressor, int N, int L, int steps,
                      int schedule, MergerPolicy node1_merger = MergerPolicy::kNone,
                      bool differ = false, ExchangeObserver* node0_observer = nullptr,
-                     bool overlap = true, bool node1_no_overlap = false) {
+                     bool overlap = true, bool node1_no_overlap = false,
+                     const std::function<void(EngineOptions*)>& tweak = nullptr) {
   EngineClusterOptions o;
   o.nodes = N;
   o.trainers = L;
@@ -104,6 +106,7 @@ RunResult RunCluster(MergerPolicy merger, const std::string& compressor, int N, 
   o.engine.merge.fixed_threshold_bytes = 4 * 6000;
   o.engine.merge.omgs_threshold_elements = 5000;
   o.engine.merge_overlap = overlap;
+  if (tweak) tweak(&o.engine);
   std::vector<GroupLog> logs(N);
   o.node_options = [&](int r, EngineOptions* e) {
     e->observers = {&logs[r]};
@@ -165,12 +168,22 @@ struct Case {
   int nodes;
   int trainers;
   bool overlap = true;  // --merge_overlap (the groups' collectives on the wire stage)
+  bool model = false;   // --rgmerge_plan=model, the plan agreed at step 2 (static from step 3)
 };
+
+// --rgmerge_plan=model with the plan agreed at `plan_step`.
+std::function<void(EngineOptions*)> Model(uint64_t plan_step, int64_t slack_us = 0) {
+  return [=](EngineOptions* e) {
+    e->merge.rgmerge_model = true;
+    e->merge.rgmerge_plan_step = plan_step;
+    e->merge.rgmerge_slack_us = slack_us;
+  };
+}
 
 std::string CaseName(const ::testing::TestParamInfo<Case>& info) {
   return absl::StrCat(AbslUnparseFlag(info.param.merger), "_", info.param.compressor, "_",
                       info.param.nodes, "x", info.param.trainers,
-                      info.param.overlap ? "" : "_no_overlap");
+                      info.param.overlap ? "" : "_no_overlap", info.param.model ? "_model" : "");
 }
 
 class MergeEngineTest : public ::testing::TestWithParam<Case> {};
@@ -183,8 +196,9 @@ TEST_P(MergeEngineTest, SameAsUnmergedUnderEverySchedule) {
   int fused = 0;
   for (int schedule = 0; schedule < 5; ++schedule) {
     SCOPED_TRACE(absl::StrCat("schedule ", schedule));
-    const RunResult got = RunCluster(c.merger, c.compressor, N, L, steps, schedule,
-                                     MergerPolicy::kNone, false, nullptr, c.overlap);
+    const RunResult got =
+        RunCluster(c.merger, c.compressor, N, L, steps, schedule, MergerPolicy::kNone, false,
+                   nullptr, c.overlap, false, c.model ? Model(2) : nullptr);
     for (int i = 0; i < N * L; ++i) ASSERT_EQ(got.errors[i], "") << "trainer " << i;
     for (size_t j = 0; j < want.out.size(); ++j) {
       ASSERT_EQ(got.out[j].size(), want.out[j].size()) << j;
@@ -217,8 +231,40 @@ INSTANTIATE_TEST_SUITE_P(Mergers, MergeEngineTest,
                                            Case{MergerPolicy::kOmgs, "micro", 2, 2},
                                            Case{MergerPolicy::kRgmerge, "topk", 2, 2, false},
                                            Case{MergerPolicy::kFixed, "micro", 2, 2, false},
-                                           Case{MergerPolicy::kOmgs, "dense", 2, 2, false}),
+                                           Case{MergerPolicy::kOmgs, "dense", 2, 2, false},
+                                           Case{MergerPolicy::kRgmerge, "dense", 2, 2, true, true},
+                                           Case{MergerPolicy::kRgmerge, "topk", 3, 2, true, true},
+                                           Case{MergerPolicy::kRgmerge, "micro", 2, 2, true, true}),
                          CaseName);
+
+// --rgmerge_plan=model: `ready` up to the plan step, the agreed static plan from the next step on,
+// the same on every node. With a slack of one second every initial group of the generator is a
+// pair ([0 1] [2 3] [4 5]); a dense bucket has no sparse exchange to fit, so alpha is SAFusion's
+// 3.78 ms, and the long-tail step then cuts after the first pair (comm of buckets 0-1 >= alpha >
+// the few microseconds of backward gaps of buckets 2-5): the plan is [0 1] [2 3 4 5].
+TEST(MergeEngineModel, ThePlanTakesEffectAfterThePlanStepOnEveryNode) {
+  const int N = 3, steps = 6;
+  const RunResult want = RunCluster(MergerPolicy::kNone, "dense", N, 1, steps, 0);
+  const RunResult got = RunCluster(MergerPolicy::kRgmerge, "dense", N, 1, steps, 0,
+                                   MergerPolicy::kNone, false, nullptr, true, false,
+                                   Model(/*plan_step=*/3, /*slack_us=*/1000000));
+  for (int i = 0; i < N; ++i) ASSERT_EQ(got.errors[i], "") << "node " << i;
+  for (size_t j = 0; j < want.out.size(); ++j) {
+    ASSERT_EQ(got.out[j], want.out[j]) << "output " << j << " differs from --merger=none";
+  }
+  for (int r = 1; r < N; ++r) EXPECT_EQ(got.groups[r], got.groups[0]) << "node " << r;
+  std::vector<std::string> planned;
+  for (const std::string& g : got.groups[0]) {
+    const size_t at = g.find('@');
+    const int step = std::stoi(g.substr(at + 1));
+    if (step >= 4) planned.push_back(g.substr(0, at) + g.substr(g.find(':')));
+  }
+  const std::vector<std::string> plan = {"0:0+2", "1:0+2", "2:2+4", "3:2+4", "4:2+4", "5:2+4"};
+  ASSERT_EQ(planned.size(), 2 * plan.size());
+  for (size_t i = 0; i < planned.size(); ++i) {
+    EXPECT_EQ(planned[i], plan[i % plan.size()]) << "exchange " << i << " after the plan step";
+  }
+}
 
 // spexd's metrics count one exchange per merge group (spex_merge_groups_total), not per member:
 // node 0's counter equals the groups its observer saw.

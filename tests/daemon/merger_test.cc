@@ -297,5 +297,152 @@ TEST(RgmergeModelPlan, EdgeCases) {
   }
 }
 
+
+TEST(MergeStatsTest, MedianAndLineFit) {
+  EXPECT_EQ(MedianOf({}), 0);
+  EXPECT_EQ(MedianOf({5}), 5);
+  EXPECT_EQ(MedianOf({9, 1, 5}), 5);
+  EXPECT_EQ(MedianOf({4, 1, 3, 2}), 2);  // the lower middle of an even count
+  double a = 0, b = 0;
+  EXPECT_FALSE(FitLine({1.0}, {2.0}, &a, &b));            // one sample
+  EXPECT_FALSE(FitLine({3.0, 3.0}, {1.0, 2.0}, &a, &b));  // every x equal
+  ASSERT_TRUE(FitLine({0, 1000, 2000, 4000}, {500, 1500, 2500, 4500}, &a, &b));
+  EXPECT_NEAR(a, 500, 1e-9);
+  EXPECT_NEAR(b, 1.0, 1e-12);
+}
+
+// rgmerge --rgmerge_plan=model (MERGING.md 2.6, 5.2): `ready` until the plan step, then the plan
+// computed from the agreed inputs as a static one, from the next step on.
+std::unique_ptr<Merger> ModelMerger(uint64_t plan_step = 5) {
+  MergeParams p;
+  p.rgmerge_model = true;
+  p.rgmerge_plan_step = plan_step;
+  auto m = MakeMerger(MergerPolicy::kRgmerge, p);
+  EXPECT_TRUE(m.ok()) << m.status();
+  return m.ok() ? std::move(*m) : nullptr;
+}
+
+TEST(RgmergeModelMergerTest, MeasuresAgreesThenRunsThePlanFromTheNextStep) {
+  std::unique_ptr<Merger> m = ModelMerger(5);
+  ASSERT_NE(m, nullptr);
+  EXPECT_TRUE(m->measures());
+  EXPECT_TRUE(m->AgreedAt(0));
+  EXPECT_FALSE(m->PlanDue(4));
+  EXPECT_TRUE(m->PlanDue(5));
+  EXPECT_TRUE(m->PlanDue(9));  // the first group at or after the plan step
+  const uint64_t before = m->ConfigHash();
+  // Four buckets in backprop order; bucket b ready 100 us after b-1 (except one outlier step),
+  // selection 10 us each; exchanges of x bytes took 2 ms + 1 ns/B.
+  const std::vector<PlanBucket> buckets = {{10, 1000}, {11, 2000}, {12, 3000}, {13, 4000}};
+  for (uint64_t s = 0; s < 5; ++s) {
+    const int64_t t0 = 1000000000 + static_cast<int64_t>(s) * 50000000;
+    for (size_t b = 0; b < buckets.size(); ++b) {
+      const int64_t gap = s == 2 ? 5000000 : 100000;  // the median drops the outlier
+      m->ObserveMember(buckets[b].bucket_id, s, t0 + static_cast<int64_t>(b) * gap,
+                       10000 + static_cast<int64_t>(b));
+    }
+  }
+  for (uint64_t bytes : {1000u, 5000u, 20000u}) {
+    m->ObserveExchange(bytes, 2000000 + static_cast<int64_t>(bytes));
+  }
+  std::vector<uint64_t> w = m->PlanInputs(buckets);
+  ASSERT_EQ(w.size(), 2 * buckets.size() + 2);
+  EXPECT_EQ(w[0], 0u);  // the first bucket of a step has no gap
+  EXPECT_EQ(w[1], 100000u);
+  EXPECT_EQ(w[3], 100000u);
+  EXPECT_EQ(w[4], 10000u);
+  EXPECT_EQ(w[7], 10003u);
+  EXPECT_NEAR(static_cast<double>(w[8]), 2000000, 2);  // alpha, ns
+  EXPECT_NEAR(static_cast<double>(w[9]), 1000, 2);     // beta, ps per byte
+  PlanContext ctx;
+  ctx.nodes = 4;
+  ctx.density = 0.01;
+  m->InstallPlan(buckets, w, 5, ctx);
+  EXPECT_FALSE(m->PlanDue(6));
+  EXPECT_TRUE(m->AgreedAt(5));  // the plan step itself still runs as `ready`
+  EXPECT_FALSE(m->AgreedAt(6));
+  EXPECT_NE(m->ConfigHash(), before);
+  EXPECT_NE(m->PlanSummary(), "");
+  // The plan is RgmergeModelPlan on the same inputs.
+  RgmergeModelInputs in;
+  in.elements = {1000, 2000, 3000, 4000};
+  in.gap_ns = {0, 100000, 100000, 100000};
+  in.select_ns = {10000, 10001, 10002, 10003};
+  in.alpha_ns = static_cast<int64_t>(w[8]);
+  in.beta_ps_per_byte = static_cast<int64_t>(w[9]);
+  in.density = 0.01;
+  in.nodes = 4;
+  const std::vector<size_t> plan = RgmergeModelPlan(in);
+  // gaps (0.1 ms) < alpha (2 ms): pairs [10 11] [12 13]; the rest as the generator says.
+  ASSERT_FALSE(plan.empty());
+  std::vector<MergeCandidate> c;
+  for (const PlanBucket& b : buckets) c.push_back(Cand(b.bucket_id, 6, b.elements, false));
+  size_t at = 0;
+  for (size_t len : plan) {
+    EXPECT_EQ(m->NextGroup(absl::MakeConstSpan(c).subspan(at)), len) << "group at " << at;
+    at += len;
+  }
+  EXPECT_EQ(at, buckets.size());
+  // A head in the middle of its plan group gets the rest of it; an unknown bucket goes alone;
+  // a candidate out of the plan's order cuts the group.
+  if (plan[0] > 1) {
+    EXPECT_EQ(m->NextGroup(absl::MakeConstSpan(c).subspan(1)), plan[0] - 1);
+    std::vector<MergeCandidate> odd = {c[0], Cand(99, 6, 10)};
+    EXPECT_EQ(m->NextGroup(odd), 1u);
+  }
+  std::vector<MergeCandidate> unknown = {Cand(42, 6, 10), c[0]};
+  EXPECT_EQ(m->NextGroup(unknown), 1u);
+  // Another node given the same agreed words computes the same plan (hash).
+  std::unique_ptr<Merger> twin = ModelMerger(5);
+  twin->InstallPlan(buckets, w, 5, ctx);
+  EXPECT_EQ(twin->ConfigHash(), m->ConfigHash());
+  // Different words, a different hash (the group round then refuses the mix).
+  std::vector<uint64_t> w2 = w;
+  w2[1] += 1;
+  std::unique_ptr<Merger> other = ModelMerger(5);
+  other->InstallPlan(buckets, w2, 5, ctx);
+  EXPECT_NE(other->ConfigHash(), m->ConfigHash());
+}
+
+TEST(RgmergeModelMergerTest, NoMeasurementsGiveTheDefaultsAndAnAbandonedPlanStaysReady) {
+  std::unique_ptr<Merger> m = ModelMerger(3);
+  ASSERT_NE(m, nullptr);
+  const std::vector<PlanBucket> buckets = {{1, 100}, {2, 100}};
+  std::vector<uint64_t> w = m->PlanInputs(buckets);
+  ASSERT_EQ(w.size(), 6u);
+  RgmergeModelInputs defaults;
+  EXPECT_EQ(w[4], static_cast<uint64_t>(defaults.alpha_ns));  // SAFusion's 3.78 ms
+  EXPECT_EQ(w[5], static_cast<uint64_t>(defaults.beta_ps_per_byte));
+  m->AbandonPlan("the registered buckets differ");
+  EXPECT_FALSE(m->PlanDue(3));
+  EXPECT_TRUE(m->AgreedAt(100));
+  EXPECT_EQ(m->PlanSummary(), "");
+  // Words that do not match the bucket list: no plan either.
+  std::unique_ptr<Merger> bad = ModelMerger(3);
+  bad->InstallPlan(buckets, absl::MakeConstSpan(w).subspan(1), 3, PlanContext());
+  EXPECT_TRUE(bad->AgreedAt(100));
+}
+
+TEST(RgmergeModelMergerTest, FlagsAreValidatedAndTheModeIsHashed) {
+  MergeParams p;
+  p.rgmerge_model = true;
+  p.rgmerge_plan_step = 0;
+  auto z = MakeMerger(MergerPolicy::kRgmerge, p);
+  ASSERT_FALSE(z.ok());
+  EXPECT_NE(z.status().message().find("--rgmerge_plan_step"), std::string::npos) << z.status();
+  p.rgmerge_plan_step = 4;
+  p.rgmerge_slack_us = -1;
+  auto s = MakeMerger(MergerPolicy::kRgmerge, p);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("--rgmerge_slack_us"), std::string::npos) << s.status();
+  auto ready = MakeMerger(MergerPolicy::kRgmerge, MergeParams());
+  ASSERT_TRUE(ready.ok());
+  EXPECT_FALSE((*ready)->measures());
+  std::unique_ptr<Merger> model = ModelMerger(4);
+  EXPECT_NE((*ready)->ConfigHash(), model->ConfigHash());
+  EXPECT_NE(ModelMerger(5)->ConfigHash(), model->ConfigHash());
+  EXPECT_STREQ(model->name(), "rgmerge");
+}
+
 }  // namespace
 }  // namespace spex

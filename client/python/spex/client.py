@@ -673,6 +673,8 @@ class Client:
             raise self._shutdown_error(bucket, bucket.next_step)
         step = bucket.next_step
         self.record_input(bucket, stream)
+        # The ready stamp first (CLOCK_MONOTONIC, as the daemon's clock): the mergers' timings.
+        _native.store64(bucket.header, L.ready_ns_offset(self.local_rank), time.monotonic_ns())
         _native.store64(bucket.header, L.ready_offset(self.local_rank), step + 1)
         _native.ring(bell, L.DOORBELL_RING_OFFSET, L.DOORBELL_ENGINE_SLEEPING_OFFSET)
         return step

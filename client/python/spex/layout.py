@@ -33,6 +33,7 @@ BUCKET_STATUS_OFFSET = 72  # int32: 0 ok, else an error (fetch it with the Excha
 BUCKET_ATTACHED_OFFSET = 128  # uint32 per trainer
 BUCKET_READY_OFFSET = 256  # uint64 per trainer, each on its own 64-byte line
 BUCKET_READY_STRIDE = 64
+BUCKET_READY_NS_OFFSET = 8  # in a trainer's ready line: CLOCK_MONOTONIC ns of its last input
 
 
 def doorbell_attached_offset(local_rank: int) -> int:
@@ -51,6 +52,12 @@ def ready_offset(local_rank: int) -> int:
     """Offset of ready[local_rank] (uint64, = step + 1 once the input is written)."""
     _check_rank(local_rank)
     return BUCKET_READY_OFFSET + BUCKET_READY_STRIDE * local_rank
+
+
+def ready_ns_offset(local_rank: int) -> int:
+    """Offset of ready_ns[local_rank] (uint64): CLOCK_MONOTONIC nanoseconds when that trainer
+    wrote its last input, stored before ready[local_rank] (0: not stamped)."""
+    return ready_offset(local_rank) + BUCKET_READY_NS_OFFSET
 
 
 def slot_stride(elements: int) -> int:
