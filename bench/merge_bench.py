@@ -15,7 +15,8 @@ other flag at its default: tensors under --min_sparse_elements, the batch norms 
 dense), --compressor at --density.
 
 Per merger of --mergers (none, fixed, omgs, rgmerge, each at its defaults, so with
---merge_overlap; NAME_serial, e.g. rgmerge_serial, is NAME with --merge_overlap=false), two arrival
+--merge_overlap; rgmerge_model is rgmerge --rgmerge_plan=model with its plan agreed at step
+--warmup - 1; NAME_serial, e.g. rgmerge_serial, is NAME with --merge_overlap=false), two arrival
 schedules: `even` (every node's trainer on the profile) and `skewed` (node N-1's trainer
 --late_ms late on every bucket). Runs go in the order given, then again reversed (ABBA), and
 both halves' steps are pooled. Per (schedule, merger), over the steps after --warmup:
@@ -111,12 +112,19 @@ def read_rows(args, d):
     return rows
 
 
-def merger_flags(merger):
+def merger_flags(merger, args):
     """spexd's flags for a --mergers entry: NAME, or NAME_serial (the same merger with
-    --merge_overlap=false: every group's collectives on the engine thread)."""
+    --merge_overlap=false: every group's collectives on the engine thread). rgmerge_model is
+    rgmerge --rgmerge_plan=model with the plan agreed at step --warmup - 1, so it runs from the
+    first measured step on."""
+    flags = []
     if merger.endswith("_serial"):
-        return [f"--merger={merger[:-len('_serial')]}", "--merge_overlap=false"]
-    return [f"--merger={merger}"]
+        merger = merger[:-len("_serial")]
+        flags.append("--merge_overlap=false")
+    if merger == "rgmerge_model":
+        merger = "rgmerge"
+        flags += ["--rgmerge_plan=model", f"--rgmerge_plan_step={max(1, args.warmup - 1)}"]
+    return [f"--merger={merger}", *flags]
 
 
 def run_once_emulated(args, merger, sizes, arrival_file, late_us):
@@ -128,7 +136,7 @@ def run_once_emulated(args, merger, sizes, arrival_file, late_us):
     port = free_port()
     c = EmulatedCluster(os.path.join(ROOT, "bazel-bin/daemon/spexd"), hosts=args.nodes, trainers=1,
                         rate=args.rate, latency_us=args.latency_us,
-                        args=["--threads=1", "--dense_fallback=off", "--log_level=warning", *merger_flags(merger),
+                        args=["--threads=1", "--dense_fallback=off", "--log_level=warning", *merger_flags(merger, args),
                               f"--metrics_address=127.0.0.1:{port}"])
     try:
         c.start()
@@ -164,7 +172,8 @@ def run_once(args, merger, sizes, arrival_file, late_us):
     daemons = subprocess.Popen(
         ["mpirun", "-np", str(args.nodes), os.path.join(ROOT, "bazel-bin/daemon/spexd"),
          f"--socket={d}/node{{rank}}.sock", "--local_trainers=1", "--threads=1", "--dense_fallback=off",
-         "--log_level=warning", *merger_flags(merger), f"--metrics_address=127.0.0.1:{port}"],
+         "--log_level=info" if merger.startswith("rgmerge_model") else "--log_level=warning",
+         *merger_flags(merger, args), f"--metrics_address=127.0.0.1:{port}"],
         env=ENV, stdout=log, stderr=subprocess.STDOUT)
     try:
         for _ in range(600):
@@ -188,6 +197,12 @@ def run_once(args, merger, sizes, arrival_file, late_us):
         # The metrics of node 0 (the first daemon of the host serves on `port`).
         groups = metric(port, "spex_merge_groups_total")
         busy = metric(port, "spex_merge_group_seconds_total")
+        if merger.startswith("rgmerge_model"):
+            log.flush()
+            plans = [l.split("): ", 1)[-1].strip() for l in open(log.name) if "plan over" in l]
+            if not plans:
+                raise RuntimeError(f"{merger}: no daemon logged its plan: {open(log.name).read()[-2000:]}")
+            print(f"  {merger} plan (node log): {plans[0]}", flush=True)
         return read_rows(args, d), groups, busy
     finally:
         if daemons.poll() is None:

@@ -77,7 +77,9 @@ static_assert(offsetof(BucketHeader, waiters) == 68);
 static_assert(offsetof(BucketHeader, status) == 72);
 static_assert(offsetof(BucketHeader, attached) == 128);
 static_assert(offsetof(BucketHeader, ready) == 256);
-static_assert(offsetof(BucketHeader::Ready, ready_ns) == 8 && sizeof(BucketHeader::Ready) == 64);
+using BucketReadyLine = BucketHeader::Ready;
+static_assert(offsetof(BucketReadyLine, ready_ns) == 8);
+static_assert(sizeof(BucketReadyLine) == 64);
 static_assert(sizeof(BucketHeader) <= kPageBytes);
 
 inline size_t SlotStride(uint64_t elements) {

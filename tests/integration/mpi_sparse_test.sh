@@ -88,6 +88,15 @@ run_sparse() {  # nodes [case prefix, compressors (comma-separated), extra spexd
       case_result "$P.groups" "no merge group of more than one bucket formed (sizes: ${sizes:-none logged})"
     fi
   fi
+  if [ -n "${WANT_PLAN:-}" ]; then  # --rgmerge_plan=model: every node logs the agreed plan
+    local plans; plans=$(grep -c "plan over [0-9]* buckets agreed at step $WANT_PLAN " "$dir/mpirun.log")
+    grep "plan over\|no plan" "$dir/mpirun.log" | head -"$N"
+    if [ "$plans" = "$N" ] && ! grep -q "no plan" "$dir/mpirun.log"; then
+      case_result "$P.plan" ""
+    else
+      case_result "$P.plan" "$plans of $N nodes logged a plan agreed at step $WANT_PLAN"
+    fi
+  fi
   echo "== $P: $((SECONDS - t0)) s"
   rm -rf "$dir"
 }
@@ -177,6 +186,10 @@ STEPS=20 TRAINER_MODE=overlap WANT_GROUPS=1 run_sparse 2 2nodes.rgmerge.overlap 
   --merger=rgmerge --log_level=debug
 TRAINER_MODE=overlap WANT_GROUPS=1 run_sparse 2 2nodes.omgs.overlap "dense,topk,micro,thresh" \
   --merger=omgs --omgs_threshold_elements=50000 --log_level=debug
+# --rgmerge_plan=model: `ready` while it measures, the agreed plan (one extra agreement after the
+# first group round of step 5) from step 6 on, against the same oracle, on 3 nodes.
+STEPS=12 TRAINER_MODE=overlap WANT_PLAN=5 run_sparse 3 3nodes.rgmerge.model "dense,topk,micro,thresh" \
+  --merger=rgmerge --rgmerge_plan=model --rgmerge_plan_step=5 --log_level=info
 run_refusals
 run_stuck_stop
 echo "mpi_sparse: $failures failure(s) in $((SECONDS - T0)) s"

@@ -48,6 +48,7 @@ class LayoutTest(unittest.TestCase):
             ("BucketHeader", "status"): L.BUCKET_STATUS_OFFSET,
             ("BucketHeader", "attached"): L.BUCKET_ATTACHED_OFFSET,
             ("BucketHeader", "ready"): L.BUCKET_READY_OFFSET,
+            ("BucketReadyLine", "ready_ns"): L.BUCKET_READY_NS_OFFSET,
         }
         for key, value in expected.items():
             self.assertIn(key, offsets, f"layout.h has no static_assert for {key}")
@@ -208,6 +209,19 @@ class ExchangeTest(ClusterTestCase):
             self.assertEqual(b.output_tensor.data_ptr(), out.ctypes.data)
             self.assertEqual(b.next_step, 1)
             self.assertEqual(b.compressor, "dense")
+
+    def test_submit_stamps_when_the_input_was_ready(self):
+        cl = self.start_cluster(1, 1)
+        with spex.Client(cl.socket(0)) as c:
+            b = c.register_bucket(4, 10)
+            self.assertEqual(_native.load64(b.header, L.ready_ns_offset(0)), 0)
+            before = time.monotonic_ns()
+            c.exchange(b, np.ones(10, np.float32))
+            stamp = _native.load64(b.header, L.ready_ns_offset(0))
+            self.assertGreaterEqual(stamp, before)  # CLOCK_MONOTONIC, the daemon's clock
+            self.assertLessEqual(stamp, time.monotonic_ns())
+            c.exchange(b, np.ones(10, np.float32), mode="rpc")  # the daemon stamps for the RPC
+            self.assertGreater(_native.load64(b.header, L.ready_ns_offset(0)), stamp)
 
     def test_stats_and_sessions(self):
         cl = self.start_cluster(1, 1)
