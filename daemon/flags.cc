@@ -100,6 +100,13 @@ ABSL_FLAG(uint64_t, omgs_threshold_elements, 8192,
           "elements (threshold mode, the default).");
 ABSL_FLAG(uint64_t, omgs_count, 0,
           "--merger=omgs: > 0 selects count mode, a plan group of this many buckets.");
+ABSL_FLAG(std::string, omgs_select, "behind",
+          "--merger=omgs: behind (a plan group of sparse buckets of one compressor is selected "
+          "and exchanged as one bucket of the summed size, as OMGS does) or ahead (every bucket "
+          "selects from its own accumulator, exactly as unmerged).");
+ABSL_FLAG(std::string, rgmerge_select, "ahead",
+          "--merger=rgmerge: ahead (every bucket selects as unmerged) or behind (with "
+          "--rgmerge_plan=model: the plan's groups of one compressor exchanged as one bucket).");
 ABSL_FLAG(std::string, rgmerge_plan, "ready",
           "--merger=rgmerge: ready (each group is what became ready on every node while the "
           "previous exchange ran) or model (measure, then agree on and run the published "
@@ -109,6 +116,9 @@ ABSL_FLAG(uint64_t, rgmerge_plan_step, 0,
           "(0: 2 * --probe_steps + 16).");
 ABSL_FLAG(int64_t, rgmerge_slack_us, 0,
           "--rgmerge_plan=model: the slack delta of the plan's first step, microseconds.");
+ABSL_FLAG(int64_t, rgmerge_alpha_us, 0,
+          "--rgmerge_plan=model: the plan's collective start-up alpha, microseconds (0: "
+          "measured, a least-squares fit of the groups' wire time against their bytes).");
 ABSL_FLAG(bool, rgmerge_equal_tail, true,
           "--rgmerge_plan=model: split the plan's tail into equal groups, as the published code "
           "does.");

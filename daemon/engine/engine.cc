@@ -201,7 +201,12 @@ void Engine::Run() {
       processing_ = run || !failed.empty();
     }
     if (fell_idle) {
-      // The job's last trainer has gone (Goodbye or death): hand the heap's free pages back.
+      // The job's last trainer has gone (Goodbye or death): drop the behind groups' buffers and
+      // hand the heap's free pages back.
+      if (!behind_groups_.empty()) {
+        DrainWire();
+        behind_groups_.clear();
+      }
       const int64_t released = ReleaseFreeHeap();
       SPEX_LOG(DEBUG) << "node idle: released " << released / 1024 << " KiB of free heap";
     }
@@ -488,7 +493,61 @@ struct Engine::WirePack {
   std::vector<StepItem> items;
   std::vector<MergeKind> kinds;
   FusedExchange fx;
+  BehindGroup* behind = nullptr;  // selection behind: FusedBehindStep on the wire stage
 };
+
+BehindGroup* Engine::BehindFor(WirePack* p) {
+  // Eligible: two or more members, none skipped, all sparse buckets of one compressor (name,
+  // parameters, density, pattern) on the host, none through Ok-Topk.
+  const size_t n = p->buckets.size();
+  if (n < 2 || n != p->group_size) return nullptr;
+  const EngineBucket* head = p->buckets[0];
+  uint64_t total = 0;
+  for (size_t j = 0; j < n; ++j) {
+    const EngineBucket* b = p->buckets[j];
+    if (p->kinds[j] != p->kinds[0] ||
+        (p->kinds[j] != MergeKind::kPatternA && p->kinds[j] != MergeKind::kPatternB) ||
+        b->ex.sparse == nullptr || b->ex.sparse->oktopk || b->mem.view.on_device ||
+        b->compressor != head->compressor || b->params != head->params ||
+        p->items[j].density != p->items[0].density) {
+      return nullptr;
+    }
+    total += b->elements;
+  }
+  if (total >= (uint64_t{1} << 32)) return nullptr;
+  auto it = behind_groups_.find(head->id);
+  if (it != behind_groups_.end()) {
+    const BehindGroup& g = *it->second;
+    bool same = g.ids.size() == n && g.sparse.compressor != nullptr &&
+                std::string(g.sparse.compressor->name()) == head->compressor;
+    for (size_t j = 0; same && j < n; ++j) {
+      same = g.ids[j] == p->buckets[j]->id &&
+             g.offsets[j + 1] - g.offsets[j] == p->buckets[j]->elements;
+    }
+    if (same) return it->second.get();
+    DrainWire();  // the old group may still be in a pack on the wire
+    behind_groups_.erase(it);
+  }
+  std::vector<const BucketData*> members;
+  for (const EngineBucket* b : p->buckets) members.push_back(&b->mem.view);
+  CompressorSpec spec;
+  spec.name = head->compressor;
+  spec.density = p->items[0].density;
+  spec.params = head->params;
+  spec.node_rank = collective_->rank();
+  spec.node_count = collective_->size();
+  absl::StatusOr<std::unique_ptr<BehindGroup>> g = MakeBehindGroup(members, spec, env_.host_prims);
+  if (!g.ok()) {  // alike on every node (agreed inputs): the group selects ahead instead
+    SPEX_LOG(WARNING) << "--merger=" << merger_->name() << ": the group starting at bucket "
+                      << head->id << " selects ahead: " << g.status().message();
+    return nullptr;
+  }
+  BehindGroup* raw = g->get();
+  behind_groups_[head->id] = std::move(*g);
+  SPEX_LOG(DEBUG) << "behind group of " << n << " buckets (" << total << " elements, "
+                  << head->compressor << ") starting at bucket " << head->id;
+  return raw;
+}
 
 void Engine::ProcessGroup(const std::vector<EngineBucket*>& group,
                           const std::vector<MergeCandidate>& candidates, bool agreed) {
@@ -668,7 +727,12 @@ void Engine::ProcessGroup(const std::vector<EngineBucket*>& group,
       };
       FusedScratch* scratch = &fused_scratch_[next_scratch_];
       next_scratch_ ^= 1;
-      p->fx.Prepare(env_, absl::MakeSpan(p->items), p->kinds, scratch, plap);
+      // Selection behind (a static plan's group of one compressor): the whole step on the
+      // wire stage; otherwise the local half here.
+      if (!agreed && merger->behind()) p->behind = BehindFor(p.get());
+      if (p->behind == nullptr) {
+        p->fx.Prepare(env_, absl::MakeSpan(p->items), p->kinds, scratch, plap);
+      }
       if (merger->measures()) {
         for (size_t j = 0; j < p->items.size(); ++j) {
           const EngineBucket* b = p->buckets[j];
@@ -800,10 +864,12 @@ void Engine::RunPack(WirePack* p) {
     t = now;
   };
   const uint64_t wire_begin = t;
-  p->fx.Exchange(env, lap);
-  if (merger_->measures() &&
-      std::none_of(p->kinds.begin(), p->kinds.end(),
-                   [](MergeKind k) { return k == MergeKind::kDense || k == MergeKind::kProbe; })) {
+  if (p->behind != nullptr) {
+    FusedBehindStep(env, p->behind, absl::MakeSpan(p->items), lap);
+  } else {
+    p->fx.Exchange(env, lap);
+  }
+  if (merger_->measures()) {  // every pack: the link's start-up and per-byte cost
     uint64_t bytes = 0;
     bool ok = true;
     for (size_t j = 0; j < p->items.size(); ++j) {
@@ -933,22 +999,26 @@ void Engine::Publish(EngineBucket* b, uint64_t step, const absl::Status& status,
     if (terminal) b->MoveTo(BucketState::kFailed);
     b->out.Count(rec);
     total_exchanges_++;
+    // The bucket waits for its next step BEFORE its trainers can see this result: a trainer that
+    // hands in the next step at once must find it among the engine's candidates (a pack is
+    // published on the wire thread while the engine thread picks; a static plan's group would
+    // otherwise come out shorter on one node). It cannot run before the trainers are ready.
+    b->ex.next_step = step + 1;
+    if (b->out.state == BucketState::kExchanging) {
+      const bool full = b->out.registered_mask == (1ull << options_.local_trainers) - 1;
+      b->MoveTo(full ? BucketState::kWaiting : BucketState::kRegistering);
+    }
   }
   const uint64_t t = MonotonicNanos();
   BucketHeader* h = b->mem.header;
   h->status.store(status.ok() ? 0 : static_cast<int32_t>(status.code()));
   h->published.store(static_cast<uint32_t>(step + 1));
   if (h->waiters.load()) FutexWake(&h->published);
-  b->ex.next_step = step + 1;
   const double publish_seconds = (MonotonicNanos() - t) * 1e-9;
   absl::MutexLock lock(&mu_);
   b->out.last.phase_seconds[static_cast<int>(Phase::kPublish)] += publish_seconds;
   b->out.phase_sum[static_cast<int>(Phase::kPublish)] += publish_seconds;
   b->out.completed = step + 1;
-  if (b->out.state == BucketState::kExchanging) {
-    const bool full = b->out.registered_mask == (1ull << options_.local_trainers) - 1;
-    b->MoveTo(full ? BucketState::kWaiting : BucketState::kRegistering);
-  }
   published_cv_.SignalAll();
 }
 

@@ -145,6 +145,9 @@ class Engine {
   // every node): the registered buckets, this node's inputs, RunPlanAgreement, InstallPlan (or
   // AbandonPlan when the nodes' buckets differ). `step` is the head's, `density` its density.
   void AgreePlan(uint64_t step, double density);
+  // Selection behind: the pack's BehindGroup (kept per first member while its members, sizes
+  // and compressor stay), or null when the pack is not eligible (it then selects ahead).
+  BehindGroup* BehindFor(WirePack* p);
   void WireLoop();
   // Waits until no pack is on the wire (before anything else touches buckets or collectives
   // in a way a pack in flight could see).
@@ -213,6 +216,9 @@ class Engine {
   uint64_t dead_mask_ ABSL_GUARDED_BY(mu_) = 0;  // local ranks whose trainer died (this job)
   uint64_t dead_word_[kMaxLocalTrainers] ABSL_GUARDED_BY(mu_) = {};  // DeadTrainerWord per rank
   uint64_t last_reap_ns_ = 0;                                        // engine thread only
+  // Selection behind: per plan group's first member; engine thread (a pack on the wire uses
+  // one, so an entry is replaced or dropped only after DrainWire).
+  std::map<uint64_t, std::unique_ptr<BehindGroup>> behind_groups_;
   FusedScratch fused_scratch_[2];  // alternate packs: one on the wire, one being prepared
   int next_scratch_ = 0;           // engine thread only
   uint64_t slow_since_ns_ = 0, slow_head_ = 0, slow_step_ = 0;  // engine thread only

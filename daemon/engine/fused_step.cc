@@ -501,13 +501,12 @@ void FusedBehindStep(const StepEnv& env, BehindGroup* g, absl::Span<StepItem> gr
       bad = absl::InvalidArgumentError(absl::StrCat("behind step: bucket ", b.id, " is at step ",
                                                     item.step, ", the group's head at step ",
                                                     group[0].step));
-    } else if (b.on_device || item.reduced || g->sparse.oktopk) {
+    } else if (b.on_device || b.acc == nullptr || g->sparse.oktopk) {
       bad = absl::InvalidArgumentError(absl::StrCat(
           "behind step: bucket ", b.id,
-          b.on_device    ? " is device memory; behind groups are host memory only"
-          : item.reduced ? " was reduced by the engine; a behind group reduces into its own "
-                           "accumulator"
-                         : ": behind groups exchange through the all-gather, not Ok-Topk"));
+          b.on_device         ? " is device memory; behind groups are host memory only"
+          : b.acc == nullptr ? " has no accumulator (a dense-only bucket)"
+                              : ": behind groups exchange through the all-gather, not Ok-Topk"));
     }
   }
   if (!bad.ok()) {
@@ -522,11 +521,13 @@ void FusedBehindStep(const StepEnv& env, BehindGroup* g, absl::Span<StepItem> gr
   const size_t n = g->elements;
   absl::Status s;  // the first local failure; the collectives are issued regardless
   for (StepItem& item : group) Keep(&s, item.status);
-  // acc slice = residual + the member's local sum (error feedback), or just the local sum.
+  // Each member's acc = its residual + its local sum (error feedback), or just the local sum:
+  // the engine's reduce (item.reduced) or LocalReduce here, as SparseStep; then gathered into the
+  // member's slice of the group's accumulator.
   for (size_t i = 0; i < group.size(); ++i) {
-    BucketData slice = *group[i].data;
-    slice.acc = g->acc.data() + g->offsets[i];
-    Keep(&s, LocalReduce(env, slice, env.error_feedback));
+    BucketData& b = *group[i].data;
+    if (!group[i].reduced) Keep(&s, LocalReduce(env, b, env.error_feedback));
+    Keep(&s, env.host_prims->Copy(g->acc.data() + g->offsets[i], b.acc, b.elements));
   }
   lap(Phase::kReduceLocal);
   const Pattern pattern = c.pattern();
@@ -581,6 +582,8 @@ void FusedBehindStep(const StepEnv& env, BehindGroup* g, absl::Span<StepItem> gr
     BucketData& b = *item.data;
     const size_t lo = g->offsets[i], hi = g->offsets[i + 1];
     if (s.ok()) Keep(&s, env.prims->Copy(b.output, g->out.data() + lo, hi - lo));
+    // The residual goes back to the member: it stays with its bucket whatever groups come next.
+    if (s.ok()) Keep(&s, env.host_prims->Copy(b.acc, g->acc.data() + lo, hi - lo));
     ExchangeRecord& rec = *item.rec;
     rec.pattern = PatternName(pattern);
     if (pattern == Pattern::kSparseGather) rec.sparse_allreduce = "allgather";
@@ -602,6 +605,9 @@ void FusedBehindStep(const StepEnv& env, BehindGroup* g, absl::Span<StepItem> gr
     if (item.sparse != nullptr) {
       rec.residual_norm = item.sparse->last_residual_norm;
       rec.residual_norm_step = item.sparse->last_residual_norm_step;
+      // The whole output was written: a later step of the member's own zeroes all of it.
+      item.sparse->output_dense = true;
+      item.sparse->touched.clear();
     }
   }
   lap(Phase::kDecode);

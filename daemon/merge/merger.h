@@ -81,6 +81,10 @@ class Merger {
   virtual const char* name() const = 0;
   // True for agreed mergers (Offer/Pack), false for static plans (NextGroup).
   virtual bool agreed() const { return false; }
+  // Selection behind (MERGING.md 2.5): a static plan group whose members are all sparse buckets
+  // of one compressor (same name, parameters and density, not Ok-Topk) is exchanged as one
+  // bucket of the summed size (FusedBehindStep); any other group selects ahead.
+  virtual bool behind() const { return false; }
   // Which family runs a group whose head is at `step`: a merger that measures before it plans
   // (rgmerge --rgmerge_plan=model) is agreed until its plan takes effect, static from then on.
   // The answer depends only on agreed data (the head's step, the agreed plan).
@@ -93,7 +97,8 @@ class Merger {
   // ready_ns stamp, CLOCK_MONOTONIC) and its Select time (0 for a dense member).
   virtual void ObserveMember(uint64_t /*bucket_id*/, uint64_t /*step*/, int64_t /*ready_ns*/,
                              int64_t /*select_ns*/) {}
-  // A sparse pack's wire half: the bytes this node received and how long it took.
+  // A pack's wire half (every sub-exchange of it): the bytes this node received and how long
+  // it took.
   virtual void ObserveExchange(uint64_t /*bytes*/, int64_t /*ns*/) {}
   // Whether the group round of a head at `step` asks for the plan agreement (every node runs it
   // when any asks, after that round).
@@ -139,9 +144,12 @@ struct MergeParams {
   bool omgs_count_mode = false;                         // --omgs_count > 0 selects count mode
   uint64_t omgs_threshold_elements = 8192;              // --omgs_threshold_elements
   uint64_t omgs_count = 10;                             // --omgs_count
+  bool omgs_select_behind = true;                       // --omgs_select=behind (default)
+  bool rgmerge_select_behind = false;                   // --rgmerge_select=behind (model only)
   bool rgmerge_model = false;                           // --rgmerge_plan=model
   uint64_t rgmerge_plan_step = 22;                      // --rgmerge_plan_step (S_plan)
   int64_t rgmerge_slack_us = 0;                         // --rgmerge_slack_us
+  int64_t rgmerge_alpha_us = 0;                         // --rgmerge_alpha_us (0: measured)
   bool rgmerge_equal_tail = true;                       // --rgmerge_equal_tail
 };
 bool AbslParseFlag(absl::string_view text, MergerPolicy* out, std::string* error);

@@ -96,8 +96,10 @@ class OmgsMerger : public Merger {
   const char* name() const override { return "omgs"; }
   uint64_t ConfigHash() const override {
     return HashWords("omgs", {static_cast<uint64_t>(o_.mode), o_.threshold_elements, o_.count,
-                              o_.limits.window, o_.limits.max_group_elements});
+                              o_.limits.window, o_.limits.max_group_elements,
+                              o_.select_behind ? 1u : 0u});
   }
+  bool behind() const override { return o_.select_behind; }
   // The plan group starting at the head: threshold closes WITH the bucket that brings the
   // running sum to >= T_el; count closes with the count-th bucket. Then the shared rules.
   size_t NextGroup(absl::Span<const MergeCandidate> c) override {
@@ -153,8 +155,11 @@ class RgmergeModelMerger : public RgmergeReadyMerger {
   uint64_t ConfigHash() const override {
     return HashWords("rgmerge/model",
                      {m_.limits.window, m_.limits.max_group_elements, m_.plan_step,
-                      static_cast<uint64_t>(m_.slack_ns), m_.equal_tail ? 1u : 0u, plan_hash_});
+                      static_cast<uint64_t>(m_.slack_ns), m_.equal_tail ? 1u : 0u,
+                      m_.select_behind ? 1u : 0u, static_cast<uint64_t>(m_.alpha_ns),
+                      plan_hash_});
   }
+  bool behind() const override { return m_.select_behind; }
   // The plan group that holds the head, from the head on, as far as the candidates follow the
   // plan's order (a bucket the plan does not know goes alone).
   size_t NextGroup(absl::Span<const MergeCandidate> c) override {
@@ -222,6 +227,7 @@ class RgmergeModelMerger : public RgmergeReadyMerger {
       w[2 * L] = static_cast<uint64_t>(defaults.alpha_ns);
       w[2 * L + 1] = static_cast<uint64_t>(defaults.beta_ps_per_byte);
     }
+    if (m_.alpha_ns > 0) w[2 * L] = static_cast<uint64_t>(m_.alpha_ns);  // --rgmerge_alpha_us
     return w;
   }
   void InstallPlan(absl::Span<const PlanBucket> buckets, absl::Span<const uint64_t> agreed,
@@ -369,11 +375,20 @@ absl::StatusOr<std::unique_ptr<Merger>> MakeRgmergeReadyMerger(const RgmergeOpti
 }
 
 absl::StatusOr<std::unique_ptr<Merger>> MakeRgmergeMerger(const RgmergeOptions& options) {
+  if (!options.model && options.select_behind) {
+    return absl::InvalidArgumentError(
+        "--rgmerge_select=behind needs --rgmerge_plan=model: the ready plan's groups change "
+        "every step, and a group exchanged as one bucket needs the same members every step");
+  }
   if (!options.model) return MakeRgmergeReadyMerger(options);
   if (absl::Status s = CheckLimits(options.limits); !s.ok()) return s;
   if (options.plan_step == 0) {
     return absl::InvalidArgumentError(
         "--rgmerge_plan_step must be >= 1 (the step whose first group agrees on the plan)");
+  }
+  if (options.alpha_ns < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--rgmerge_alpha_us must be >= 0 (0: measured); got ", options.alpha_ns / 1000));
   }
   if (options.slack_ns < 0) {
     return absl::InvalidArgumentError(
@@ -398,6 +413,7 @@ absl::StatusOr<std::unique_ptr<Merger>> MakeMerger(MergerPolicy policy, const Me
       o.mode = params.omgs_count_mode ? OmgsMode::kCount : OmgsMode::kThreshold;
       o.threshold_elements = params.omgs_threshold_elements;
       o.count = params.omgs_count;
+      o.select_behind = params.omgs_select_behind;
       o.limits = params.limits;
       return MakeOmgsMerger(o);
     }
@@ -408,6 +424,8 @@ absl::StatusOr<std::unique_ptr<Merger>> MakeMerger(MergerPolicy policy, const Me
       o.plan_step = params.rgmerge_plan_step;
       o.slack_ns = params.rgmerge_slack_us * 1000;
       o.equal_tail = params.rgmerge_equal_tail;
+      o.select_behind = params.rgmerge_select_behind;
+      o.alpha_ns = params.rgmerge_alpha_us * 1000;
       return MakeRgmergeMerger(o);
     }
   }

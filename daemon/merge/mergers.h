@@ -27,6 +27,7 @@ struct OmgsOptions {
   OmgsMode mode = OmgsMode::kThreshold;  // --omgs_mode
   uint64_t threshold_elements = 8192;    // --omgs_threshold_elements
   uint64_t count = 10;                   // --omgs_count
+  bool select_behind = true;             // --omgs_select=behind (OMGS's own placement)
   GroupLimits limits;
 };
 absl::StatusOr<std::unique_ptr<Merger>> MakeOmgsMerger(const OmgsOptions& options);
@@ -35,7 +36,7 @@ absl::StatusOr<std::unique_ptr<Merger>> MakeOmgsMerger(const OmgsOptions& option
 // prefix at once, pack greedily under max_group_elements. --rgmerge_plan=model (5.2): runs as
 // `ready` while it measures (per bucket the backward gap g_b from the trainers' ready stamps and
 // the Select time sigma_b, medians of the last 16 steps; alpha and beta from a least-squares fit
-// of the sparse packs' wire time against the bytes received, SAFusion's 3.78 ms and 1 ns/B while
+// of the packs' wire time against the bytes this node received, SAFusion's 3.78 ms and 1 ns/B while
 // no fit exists); at the first group of step plan_step every node agrees on the inputs (their
 // maximum over nodes), computes RgmergeModelPlan from them and, from the next step on, runs that
 // plan as a static one (ConfigHash() then covers the plan).
@@ -45,6 +46,8 @@ struct RgmergeOptions {
   uint64_t plan_step = 22;     // --rgmerge_plan_step: S_plan (default 2 * probe_steps + 16)
   int64_t slack_ns = 0;        // --rgmerge_slack_us, in ns
   bool equal_tail = true;      // --rgmerge_equal_tail
+  bool select_behind = false;  // --rgmerge_select=behind: the plan's groups (model only)
+  int64_t alpha_ns = 0;        // --rgmerge_alpha_us: a fixed start-up (0: measured)
 };
 absl::StatusOr<std::unique_ptr<Merger>> MakeRgmergeReadyMerger(const RgmergeOptions& options);
 // Either plan, by options.model.

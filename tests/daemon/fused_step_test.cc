@@ -501,10 +501,13 @@ TEST(FusedStepTest, AMalformedPeerMessageFailsItsSubExchangeOnEveryNode) {
 
 // Every member's output and the group's residual equal one bucket of sum(n) elements exchanged
 // by SparseStep with the members' inputs concatenated (the reference for `behind`).
+// With `engine_reduced` the members are sparse buckets the engine reduced before the step
+// (StepItem::reduced), as the engine runs behind groups.
 void RunBehind(const std::string& compressor, K kind, const std::vector<size_t>& sizes, int nodes,
-               int trainers, bool error_feedback, int steps) {
+               int trainers, bool error_feedback, int steps, bool engine_reduced = false) {
   SCOPED_TRACE(absl::StrCat("behind ", compressor, ": ", nodes, " nodes x ", trainers, " trainers",
-                            error_feedback ? "" : ", no error feedback"));
+                            error_feedback ? "" : ", no error feedback",
+                            engine_reduced ? ", reduced by the engine" : ""));
   Spawn(nodes, [&](Collective* coll) {
     const int r = coll->rank();
     auto prims = MakeCpuPrimitives(1);
@@ -513,7 +516,10 @@ void RunBehind(const std::string& compressor, K kind, const std::vector<size_t>&
     std::vector<const BucketData*> data;
     size_t total = 0;
     for (size_t i = 0; i < sizes.size(); ++i) {
-      members.push_back(MakeBucket({20 + i, sizes[i], "dense", K::kDense}, r, nodes, prims.get()));
+      members.push_back(engine_reduced
+                            ? MakeBucket({20 + i, sizes[i], compressor, kind}, r, nodes, prims.get())
+                            : MakeBucket({20 + i, sizes[i], "dense", K::kDense}, r, nodes,
+                                         prims.get()));
       data.push_back(&members.back()->data);
       total += sizes[i];
     }
@@ -537,7 +543,10 @@ void RunBehind(const std::string& compressor, K kind, const std::vector<size_t>&
       }
       RunUnmerged(env, {ref.get()}, step);
       std::vector<StepItem> items;
-      for (auto& m : members) items.push_back(Item(m.get(), step));
+      for (auto& m : members) {
+        if (engine_reduced) EngineReduce(env, m.get());
+        items.push_back(Item(m.get(), step, engine_reduced));
+      }
       FusedBehindStep(env, g->get(), absl::MakeSpan(items), kNoLap);
       size_t selected = 0;
       for (size_t i = 0; i < members.size(); ++i) {
@@ -546,6 +555,9 @@ void RunBehind(const std::string& compressor, K kind, const std::vector<size_t>&
         EXPECT_EQ(
             0, std::memcmp(members[i]->out.data(), ref->out.data() + lo, sizes[i] * sizeof(float)))
             << "member " << i << " output differs at step " << step;
+        // The residual stays with the member.
+        EXPECT_EQ(0, std::memcmp(members[i]->data.acc, ref->data.acc + lo, sizes[i] * sizeof(float)))
+            << "member " << i << " residual differs at step " << step;
         selected += members[i]->rec.selected_elements;
       }
       EXPECT_TRUE(SameBits((*g)->acc, ref->acc)) << "residual differs at step " << step;
@@ -563,6 +575,8 @@ TEST(FusedBehindTest, EqualsOneBucketOfTheSummedSize) {
     RunBehind("dgc", K::kPatternB, sizes, nodes, 2, true, 4);
     RunBehind("micro", K::kPatternA, sizes, nodes, 1, true, 4);
     RunBehind("thresh", K::kPatternA, sizes, nodes, 2, false, 3);
+    RunBehind("topk", K::kPatternB, sizes, nodes, 2, true, 4, /*engine_reduced=*/true);
+    RunBehind("micro", K::kPatternA, sizes, nodes, 1, true, 4, /*engine_reduced=*/true);
   }
 }
 
@@ -616,10 +630,12 @@ TEST(FusedBehindTest, BadGroupsAreRefused) {
     FusedBehindStep(env, g->get(), absl::MakeSpan(items), kNoLap);
     EXPECT_NE(items[0].status.message().find("plan never changes"), std::string::npos)
         << items[0].status;
-    items = {Item(a.get(), 0, /*reduced=*/true), Item(b.get(), 0)};
+    items = {Item(a.get(), 0), Item(b.get(), 0)};
+    b->data.acc = nullptr;  // a dense-only bucket
     FusedBehindStep(env, g->get(), absl::MakeSpan(items), kNoLap);
-    EXPECT_NE(items[0].status.message().find("reduced by the engine"), std::string::npos)
+    EXPECT_NE(items[0].status.message().find("no accumulator"), std::string::npos)
         << items[0].status;
+    b->data.acc = b->acc.data();
     EXPECT_EQ(MakeBehindGroup({}, spec, prims.get()).status().code(),
               absl::StatusCode::kInvalidArgument);
     spec.name = "nope";

@@ -66,6 +66,7 @@ struct GroupLog : ExchangeObserver {
     uint64_t id, step;
     double norm;
     int size;
+    uint64_t selected;
   };
   absl::Mutex mu;
   std::vector<std::string> seq;  // "bucket@step:first+size" per bucket exchange, in order
@@ -75,7 +76,7 @@ struct GroupLog : ExchangeObserver {
     seq.push_back(absl::StrCat(e.record->bucket_id, "@", e.record->step, ":", e.group_first, "+",
                                e.group_size));
     records.push_back({e.record->bucket_id, e.record->step, e.record->residual_norm,
-                       static_cast<int>(e.group_size)});
+                       static_cast<int>(e.group_size), e.record->selected_elements});
   }
 };
 
@@ -106,6 +107,7 @@ RunResult RunCluster(MergerPolicy merger, const std::string& compressor, int N, 
   o.engine.merge.fixed_threshold_bytes = 4 * 6000;
   o.engine.merge.omgs_threshold_elements = 5000;
   o.engine.merge_overlap = overlap;
+  o.engine.merge.omgs_select_behind = false;  // ahead: every output equals none's
   if (tweak) tweak(&o.engine);
   std::vector<GroupLog> logs(N);
   o.node_options = [&](int r, EngineOptions* e) {
@@ -154,7 +156,7 @@ RunResult RunCluster(MergerPolicy merger, const std::string& compressor, int N, 
   for (int r = 0; r < N; ++r) {
     absl::MutexLock lock(&logs[r].mu);
     run.groups.push_back(logs[r].seq);
-    for (const auto& [id, step, norm, size] : logs[r].records) {
+    for (const auto& [id, step, norm, size, selected] : logs[r].records) {
       if (step < static_cast<uint64_t>(steps)) run.residual[(step * N + r) * kBuckets + id] = norm;
       run.max_group = std::max(run.max_group, size);
     }
@@ -172,11 +174,13 @@ struct Case {
 };
 
 // --rgmerge_plan=model with the plan agreed at `plan_step`.
-std::function<void(EngineOptions*)> Model(uint64_t plan_step, int64_t slack_us = 0) {
+std::function<void(EngineOptions*)> Model(uint64_t plan_step, int64_t slack_us = 0,
+                                          int64_t alpha_us = 0) {
   return [=](EngineOptions* e) {
     e->merge.rgmerge_model = true;
     e->merge.rgmerge_plan_step = plan_step;
     e->merge.rgmerge_slack_us = slack_us;
+    e->merge.rgmerge_alpha_us = alpha_us;
   };
 }
 
@@ -239,15 +243,16 @@ INSTANTIATE_TEST_SUITE_P(Mergers, MergeEngineTest,
 
 // --rgmerge_plan=model: `ready` up to the plan step, the agreed static plan from the next step on,
 // the same on every node. With a slack of one second every initial group of the generator is a
-// pair ([0 1] [2 3] [4 5]); a dense bucket has no sparse exchange to fit, so alpha is SAFusion's
-// 3.78 ms, and the long-tail step then cuts after the first pair (comm of buckets 0-1 >= alpha >
-// the few microseconds of backward gaps of buckets 2-5): the plan is [0 1] [2 3 4 5].
+// pair ([0 1] [2 3] [4 5]); with alpha fixed at 1 s (--rgmerge_alpha_us) the long-tail step cuts
+// after the first pair (comm of buckets 0-1 >= alpha > the backward gaps and selection times of
+// buckets 2-5, microseconds here): the plan is [0 1] [2 3 4 5].
 TEST(MergeEngineModel, ThePlanTakesEffectAfterThePlanStepOnEveryNode) {
   const int N = 3, steps = 6;
   const RunResult want = RunCluster(MergerPolicy::kNone, "dense", N, 1, steps, 0);
   const RunResult got = RunCluster(MergerPolicy::kRgmerge, "dense", N, 1, steps, 0,
                                    MergerPolicy::kNone, false, nullptr, true, false,
-                                   Model(/*plan_step=*/3, /*slack_us=*/1000000));
+                                   Model(/*plan_step=*/3, /*slack_us=*/1000000,
+                                         /*alpha_us=*/1000000));
   for (int i = 0; i < N; ++i) ASSERT_EQ(got.errors[i], "") << "node " << i;
   for (size_t j = 0; j < want.out.size(); ++j) {
     ASSERT_EQ(got.out[j], want.out[j]) << "output " << j << " differs from --merger=none";
@@ -263,6 +268,115 @@ TEST(MergeEngineModel, ThePlanTakesEffectAfterThePlanStepOnEveryNode) {
   ASSERT_EQ(planned.size(), 2 * plan.size());
   for (size_t i = 0; i < planned.size(); ++i) {
     EXPECT_EQ(planned[i], plan[i % plan.size()]) << "exchange " << i << " after the plan step";
+  }
+}
+
+// The reference of selection behind (MERGING.md 7, M3): --merger=none with one bucket per plan
+// group, registered under the group's first id, whose input is the members' inputs back to back.
+// Returns the outputs in RunCluster's layout (each member's slice of its group's output).
+RunResult RunGroupsAsBuckets(const std::string& compressor, int N, int L, int steps,
+                             const std::vector<std::vector<int>>& groups) {
+  EngineClusterOptions o;
+  o.nodes = N;
+  o.trainers = L;
+  o.cpu_primitives = true;
+  o.engine.shm_tag = "mergeref";
+  o.engine.dense_fallback = DenseFallback::kOff;
+  o.engine.min_sparse_elements = 0;
+  o.engine.residual_norm_every = 1;
+  o.engine.compressor = compressor;
+  RunResult run;
+  run.out.assign(steps * N * L * kBuckets, {});
+  run.errors.assign(N * L, "");
+  EngineCluster cluster(o);
+  if (!cluster.status().ok()) {
+    run.errors[0] = cluster.status().ToString();
+    return run;
+  }
+  cluster.ForEachTrainer([&](int r, int t) {
+    std::string& err = run.errors[r * L + t];
+    auto tr = Trainer::Open(&cluster.engine(r), t, L);
+    if (!tr.ok()) return void(err = tr.status().ToString());
+    for (const std::vector<int>& g : groups) {
+      size_t n = 0;
+      for (int b : g) n += kSizes[b];
+      auto reg = tr->Register(g[0], n, compressor, 0.05);
+      if (!reg.ok()) return void(err = reg.status().ToString());
+    }
+    for (int s = 0; s < steps && err.empty(); ++s) {
+      for (const std::vector<int>& g : groups) {
+        std::vector<std::pair<int, size_t>> at;  // (member, index in the member) per position
+        for (int b : g) {
+          for (size_t i = 0; i < kSizes[b]; ++i) at.push_back({b, i});
+        }
+        tr->Fill(g[0], [&](size_t j) { return Value(r, t, s, at[j].first, at[j].second); });
+        tr->MarkReady(g[0], s);
+      }
+      for (const std::vector<int>& g : groups) {
+        if (absl::Status st = tr->WaitPublished(g[0], s, absl::Seconds(20)); !st.ok()) {
+          if (err.empty()) err = absl::StrCat("group ", g[0], " step ", s, ": ", st.ToString());
+          continue;
+        }
+        const float* out = tr->output(g[0]);
+        for (int b : g) {
+          run.out[((s * N + r) * L + t) * kBuckets + b].assign(out, out + kSizes[b]);
+          out += kSizes[b];
+        }
+      }
+    }
+  });
+  cluster.Stop();
+  return run;
+}
+
+// Selection behind: a static plan's group of one compressor is one bucket of the summed size.
+// omgs (threshold 5000 over sizes 3001 517 4099 64 2048 1500: groups [0 1 2] [3 4 5]) and
+// rgmerge's model plan with --rgmerge_select=behind (plan from step 3; up to it `ready`, so ahead,
+// and the residuals carry over) give every member its slice of that bucket's output, under every
+// schedule, the same on every node.
+TEST(MergeEngineBehind, AGroupIsOneBucketOfTheSummedSize) {
+  const int N = 2, L = 2, steps = 4;
+  for (const char* compressor : {"topk", "micro"}) {
+    SCOPED_TRACE(compressor);
+    const RunResult want = RunGroupsAsBuckets(compressor, N, L, steps, {{0, 1, 2}, {3, 4, 5}});
+    for (int i = 0; i < N * L; ++i) ASSERT_EQ(want.errors[i], "") << "reference, trainer " << i;
+    for (int schedule = 0; schedule < 5; ++schedule) {
+      SCOPED_TRACE(absl::StrCat("schedule ", schedule));
+      const RunResult got =
+          RunCluster(MergerPolicy::kOmgs, compressor, N, L, steps, schedule, MergerPolicy::kNone,
+                     false, nullptr, schedule % 2 == 0, false,
+                     [](EngineOptions* e) { e->merge.omgs_select_behind = true; });
+      for (int i = 0; i < N * L; ++i) ASSERT_EQ(got.errors[i], "") << "trainer " << i;
+      for (size_t j = 0; j < want.out.size(); ++j) {
+        ASSERT_EQ(got.out[j], want.out[j]) << "output " << j << " (step, node, trainer, bucket)";
+      }
+      EXPECT_EQ(got.groups[1], got.groups[0]);
+    }
+  }
+}
+
+// rgmerge's model plan with --rgmerge_select=behind: the plan of MergeEngineModel ([0 1]
+// [2 3 4 5] from step 4; `ready`, so ahead, before). topk selects exactly k: behind, the group
+// [2 3 4 5] (7711 elements) selects floor(0.05 * 7711) = 385 entries per node, where its members
+// ahead select 204 + 3 + 102 + 75 = 384.
+TEST(MergeEngineBehind, RgmergeModelSelectsBehindAfterThePlanStep) {
+  const int N = 2, steps = 6;
+  GroupLog log;
+  const RunResult got = RunCluster(MergerPolicy::kRgmerge, "topk", N, 1, steps, 0,
+                                   MergerPolicy::kNone, false, &log, true, false,
+                                   [](EngineOptions* e) {
+                                     Model(3, 1000000, 1000000)(e);
+                                     e->merge.rgmerge_select_behind = true;
+                                   });
+  for (int i = 0; i < N; ++i) ASSERT_EQ(got.errors[i], "") << "node " << i;
+  EXPECT_EQ(got.groups[1], got.groups[0]);
+  std::vector<uint64_t> selected(steps, 0);
+  absl::MutexLock lock(&log.mu);
+  for (const auto& r : log.records) {
+    if (r.id >= 2) selected[r.step] += r.selected;
+  }
+  for (int s = 0; s < steps; ++s) {
+    EXPECT_EQ(selected[s], s >= 4 ? 385u : 384u) << "entries of buckets 2-5 at step " << s;
   }
 }
 

@@ -185,7 +185,7 @@ run_sparse 2 2nodes.fixed "dense,topk,micro" --merger=fixed --fixed_cycle_ms=1
 STEPS=20 TRAINER_MODE=overlap WANT_GROUPS=1 run_sparse 2 2nodes.rgmerge.overlap "dense,topk,micro,thresh" \
   --merger=rgmerge --log_level=debug
 TRAINER_MODE=overlap WANT_GROUPS=1 run_sparse 2 2nodes.omgs.overlap "dense,topk,micro,thresh" \
-  --merger=omgs --omgs_threshold_elements=50000 --log_level=debug
+  --merger=omgs --omgs_threshold_elements=50000 --omgs_select=ahead --log_level=debug
 # --rgmerge_plan=model: `ready` while it measures, the agreed plan (one extra agreement after the
 # first group round of step 5) from step 6 on, against the same oracle, on 3 nodes.
 STEPS=12 TRAINER_MODE=overlap WANT_PLAN=5 run_sparse 3 3nodes.rgmerge.model "dense,topk,micro,thresh" \
