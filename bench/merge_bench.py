@@ -15,8 +15,8 @@ other flag at its default: tensors under --min_sparse_elements, the batch norms 
 dense), --compressor at --density.
 
 Per merger of --mergers (none, fixed, omgs, rgmerge, each at its defaults, so with
---merge_overlap; rgmerge_model is rgmerge --rgmerge_plan=model with its plan agreed at step
---warmup - 1; NAME_serial, e.g. rgmerge_serial, is NAME with --merge_overlap=false), two arrival
+--merge_overlap; rgmerge_model is rgmerge --rgmerge_plan=model and omgs_mgs omgs --omgs_mode=mgs,
+each with its plan agreed at step --warmup - 1; omgs_ahead is omgs --omgs_select=ahead; NAME_serial, e.g. rgmerge_serial, is NAME with --merge_overlap=false), two arrival
 schedules: `even` (every node's trainer on the profile) and `skewed` (node N-1's trainer
 --late_ms late on every bucket). Runs go in the order given, then again reversed (ABBA), and
 both halves' steps are pooled. Per (schedule, merger), over the steps after --warmup:
@@ -121,9 +121,16 @@ def merger_flags(merger, args):
     if merger.endswith("_serial"):
         merger = merger[:-len("_serial")]
         flags.append("--merge_overlap=false")
+    plan_step = f"--merge_plan_step={max(1, args.warmup - 1)}"
     if merger == "rgmerge_model":
         merger = "rgmerge"
-        flags += ["--rgmerge_plan=model", f"--rgmerge_plan_step={max(1, args.warmup - 1)}"]
+        flags += ["--rgmerge_plan=model", plan_step]
+    elif merger == "omgs_mgs":
+        merger = "omgs"
+        flags += ["--omgs_mode=mgs", plan_step]
+    elif merger == "omgs_ahead":
+        merger = "omgs"
+        flags += ["--omgs_select=ahead"]
     return [f"--merger={merger}", *flags]
 
 
@@ -172,7 +179,7 @@ def run_once(args, merger, sizes, arrival_file, late_us):
     daemons = subprocess.Popen(
         ["mpirun", "-np", str(args.nodes), os.path.join(ROOT, "bazel-bin/daemon/spexd"),
          f"--socket={d}/node{{rank}}.sock", "--local_trainers=1", "--threads=1", "--dense_fallback=off",
-         "--log_level=info" if merger.startswith("rgmerge_model") else "--log_level=warning",
+         "--log_level=info" if merger.startswith(("rgmerge_model", "omgs_mgs")) else "--log_level=warning",
          *merger_flags(merger, args), f"--metrics_address=127.0.0.1:{port}"],
         env=ENV, stdout=log, stderr=subprocess.STDOUT)
     try:
@@ -197,7 +204,7 @@ def run_once(args, merger, sizes, arrival_file, late_us):
         # The metrics of node 0 (the first daemon of the host serves on `port`).
         groups = metric(port, "spex_merge_groups_total")
         busy = metric(port, "spex_merge_group_seconds_total")
-        if merger.startswith("rgmerge_model"):
+        if merger.startswith(("rgmerge_model", "omgs_mgs")):
             log.flush()
             plans = [l.split("): ", 1)[-1].strip() for l in open(log.name) if "plan over" in l]
             if not plans:

@@ -83,7 +83,17 @@ absl::StatusOr<DaemonConfig> LoadConfig() {
   e.merge.fixed_cycle_ms = absl::GetFlag(FLAGS_fixed_cycle_ms);
   e.merge.omgs_threshold_elements = absl::GetFlag(FLAGS_omgs_threshold_elements);
   e.merge.omgs_count = absl::GetFlag(FLAGS_omgs_count);
-  e.merge.omgs_count_mode = e.merge.omgs_count > 0;
+  const std::string omgs_mode = absl::GetFlag(FLAGS_omgs_mode);
+  if (omgs_mode == "threshold") {
+    e.merge.omgs_mode = e.merge.omgs_count > 0 ? OmgsMode::kCount : OmgsMode::kThreshold;
+  } else if (omgs_mode == "count") {
+    e.merge.omgs_mode = OmgsMode::kCount;
+  } else if (omgs_mode == "mgs") {
+    e.merge.omgs_mode = OmgsMode::kMgs;
+  } else {
+    errors.push_back(absl::StrCat("--omgs_mode must be threshold, count or mgs, got '",
+                                  omgs_mode.substr(0, 64), "'"));
+  }
   e.merge_overlap = absl::GetFlag(FLAGS_merge_overlap);
   if (e.merge.omgs_count == 0) e.merge.omgs_count = 10;  // unused in threshold mode
   const std::string plan = absl::GetFlag(FLAGS_rgmerge_plan);
@@ -102,9 +112,9 @@ absl::StatusOr<DaemonConfig> LoadConfig() {
     }
     *out = value == "behind";
   }
-  e.merge.rgmerge_plan_step = absl::GetFlag(FLAGS_rgmerge_plan_step);
-  if (e.merge.rgmerge_plan_step == 0) {
-    e.merge.rgmerge_plan_step = 2 * static_cast<uint64_t>(std::max(0, e.probe_steps)) + 16;
+  e.merge.plan_step = absl::GetFlag(FLAGS_merge_plan_step);
+  if (e.merge.plan_step == 0) {
+    e.merge.plan_step = 2 * static_cast<uint64_t>(std::max(0, e.probe_steps)) + 16;
   }
   e.merge.rgmerge_slack_us = absl::GetFlag(FLAGS_rgmerge_slack_us);
   e.merge.rgmerge_alpha_us = absl::GetFlag(FLAGS_rgmerge_alpha_us);

@@ -110,10 +110,15 @@ ABSL_FLAG(std::string, rgmerge_select, "ahead",
 ABSL_FLAG(std::string, rgmerge_plan, "ready",
           "--merger=rgmerge: ready (each group is what became ready on every node while the "
           "previous exchange ran) or model (measure, then agree on and run the published "
-          "three-step plan from step --rgmerge_plan_step + 1 on). Every node must use the same.");
-ABSL_FLAG(uint64_t, rgmerge_plan_step, 0,
-          "--rgmerge_plan=model: the step whose first group agrees on the measured inputs "
-          "(0: 2 * --probe_steps + 16).");
+          "three-step plan from step --merge_plan_step + 1 on). Every node must use the same.");
+ABSL_FLAG(uint64_t, merge_plan_step, 0,
+          "--rgmerge_plan=model, --omgs_mode=mgs: the step whose first group agrees on the "
+          "measured inputs of the plan (0: 2 * --probe_steps + 16).");
+ABSL_FLAG(std::string, omgs_mode, "threshold",
+          "--merger=omgs: threshold (groups close at --omgs_threshold_elements), count (every "
+          "--omgs_count buckets; also chosen by --omgs_count > 0) or mgs (OMGS-SGD's adaptive "
+          "rule on measured timings, from step --merge_plan_step + 1 on; one bucket per exchange "
+          "before).");
 ABSL_FLAG(int64_t, rgmerge_slack_us, 0,
           "--rgmerge_plan=model: the slack delta of the plan's first step, microseconds.");
 ABSL_FLAG(int64_t, rgmerge_alpha_us, 0,

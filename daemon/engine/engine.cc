@@ -792,7 +792,9 @@ void Engine::AgreePlan(uint64_t step, double density) {
     absl::MutexLock lock(&mu_);
     const uint64_t full = (uint64_t{1} << options_.local_trainers) - 1;
     for (const auto& [id, b] : buckets_.all()) {  // ascending id: the canonical order
-      if (b->out.registered_mask == full) buckets.push_back({id, b->elements});
+      if (b->out.registered_mask == full) {
+        buckets.push_back({id, b->elements, Scheduler::KindOf(*b)});
+      }
     }
   }
   std::vector<uint64_t> words = merger_->PlanInputs(buckets);

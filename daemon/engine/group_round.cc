@@ -164,6 +164,8 @@ absl::Status RunPlanAgreement(Collective* coll, absl::Span<const PlanBucket> buc
   for (const PlanBucket& b : buckets) {
     h = Fnv1a(h, &b.bucket_id, sizeof(b.bucket_id));
     h = Fnv1a(h, &b.elements, sizeof(b.elements));
+    const uint64_t kind = static_cast<uint64_t>(b.kind);
+    h = Fnv1a(h, &kind, sizeof(kind));
   }
   const uint64_t n = words->size();
   uint64_t head[] = {buckets.size(), ~uint64_t{buckets.size()}, h, ~h, n, ~n};
@@ -172,7 +174,8 @@ absl::Status RunPlanAgreement(Collective* coll, absl::Span<const PlanBucket> buc
   }
   if (Differs(head, 0) || Differs(head, 2) || Differs(head, 4)) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "merge plan agreement: the registered buckets differ between nodes (this node has ",
+        "merge plan agreement: the registered buckets (ids, sizes, kinds) differ between nodes "
+        "(this node has ",
         buckets.size(), " buckets, ids ", buckets.empty() ? 0 : buckets.front().bucket_id, "..",
         buckets.empty() ? 0 : buckets.back().bucket_id,
         "); every node must register the same buckets (same ids and sizes) before the plan "

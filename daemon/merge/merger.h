@@ -67,6 +67,7 @@ size_t ReadyPrefix(absl::Span<const MergeCandidate> c, size_t window);
 struct PlanBucket {
   uint64_t bucket_id = 0;
   uint64_t elements = 0;
+  MergeKind kind = MergeKind::kDense;  // its kind when the plan is agreed
 };
 
 // What a plan computed from agreed inputs also depends on, identical on every node.
@@ -134,6 +135,8 @@ class Merger {
 
 // --merger (the mergers are in mergers.h; the engine runs their groups, engine.cc).
 enum class MergerPolicy { kNone, kFixed, kOmgs, kRgmerge };
+// --omgs_mode (MERGING.md 4): threshold, count, or OMGS-SGD's adaptive rule on measurements (mgs).
+enum class OmgsMode { kThreshold, kCount, kMgs };
 
 // Every merger's parameters in one place (spexd's flags; MakeMerger validates them, naming the
 // flag). Only the chosen merger's fields are used.
@@ -141,13 +144,13 @@ struct MergeParams {
   GroupLimits limits;                                   // --merge_window, --max_group_elements
   uint64_t fixed_threshold_bytes = uint64_t{64} << 20;  // --fixed_threshold_bytes
   int64_t fixed_cycle_ms = 5;                           // --fixed_cycle_ms
-  bool omgs_count_mode = false;                         // --omgs_count > 0 selects count mode
+  OmgsMode omgs_mode = OmgsMode::kThreshold;            // --omgs_mode (--omgs_count > 0: count)
   uint64_t omgs_threshold_elements = 8192;              // --omgs_threshold_elements
   uint64_t omgs_count = 10;                             // --omgs_count
   bool omgs_select_behind = true;                       // --omgs_select=behind (default)
   bool rgmerge_select_behind = false;                   // --rgmerge_select=behind (model only)
   bool rgmerge_model = false;                           // --rgmerge_plan=model
-  uint64_t rgmerge_plan_step = 22;                      // --rgmerge_plan_step (S_plan)
+  uint64_t plan_step = 22;  // --merge_plan_step (S_plan) of rgmerge's model and omgs's mgs
   int64_t rgmerge_slack_us = 0;                         // --rgmerge_slack_us
   int64_t rgmerge_alpha_us = 0;                         // --rgmerge_alpha_us (0: measured)
   bool rgmerge_equal_tail = true;                       // --rgmerge_equal_tail

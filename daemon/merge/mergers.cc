@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "daemon/merge/mgs_plan.h"
 #include "daemon/merge/rgmerge_model.h"
 
 namespace spex {
@@ -144,40 +145,17 @@ class RgmergeReadyMerger : public Merger {
   RgmergeOptions o_;
 };
 
-// `rgmerge --rgmerge_plan=model`: `ready` while it measures, then the agreed static plan.
-class RgmergeModelMerger : public RgmergeReadyMerger {
+// The measurements of MERGING.md 2.6, shared by the measuring mergers (thread-safe: the wire
+// thread reports exchanges). Inputs(): per bucket the median backward gap g_b (0 for the first of
+// a step) and the median Select time sigma_b over the last kSamples steps, then alpha (ns) and
+// beta (ps per byte) from a least-squares line through the newest kFitSamples (bytes, time)
+// samples (clamped at 0; SAFusion's defaults while no line can be fitted).
+class PlanSamples {
  public:
-  static constexpr size_t kSamples = 16;     // M: the medians' window (MERGING.md 2.6)
+  static constexpr size_t kSamples = 16;      // M: the medians' window
   static constexpr size_t kFitSamples = 256;  // the newest exchanges the fit uses
 
-  explicit RgmergeModelMerger(const RgmergeOptions& o) : RgmergeReadyMerger(o), m_(o) {}
-  bool AgreedAt(uint64_t step) const override { return !(planned_ && step >= effective_step_); }
-  uint64_t ConfigHash() const override {
-    return HashWords("rgmerge/model",
-                     {m_.limits.window, m_.limits.max_group_elements, m_.plan_step,
-                      static_cast<uint64_t>(m_.slack_ns), m_.equal_tail ? 1u : 0u,
-                      m_.select_behind ? 1u : 0u, static_cast<uint64_t>(m_.alpha_ns),
-                      plan_hash_});
-  }
-  bool behind() const override { return m_.select_behind; }
-  // The plan group that holds the head, from the head on, as far as the candidates follow the
-  // plan's order (a bucket the plan does not know goes alone).
-  size_t NextGroup(absl::Span<const MergeCandidate> c) override {
-    if (c.empty()) return 0;
-    auto it = where_.find(c[0].bucket_id);
-    if (it == where_.end()) return 1;
-    const size_t g = it->second.first, pos = it->second.second;
-    const std::vector<uint64_t>& ids = groups_[g];
-    size_t want = 1;
-    while (pos + want < ids.size() && want < c.size() && c[want].bucket_id == ids[pos + want]) {
-      ++want;
-    }
-    return ClampGroup(c, want, m_.limits);
-  }
-
-  bool measures() const override { return true; }
-  void ObserveMember(uint64_t bucket_id, uint64_t step, int64_t ready_ns,
-                     int64_t select_ns) override {
+  void Member(uint64_t bucket_id, uint64_t step, int64_t ready_ns, int64_t select_ns) {
     absl::MutexLock lock(&mu_);
     Samples& s = samples_[bucket_id];
     s.ready.push_back({step, ready_ns});
@@ -185,7 +163,7 @@ class RgmergeModelMerger : public RgmergeReadyMerger {
     s.select.push_back(select_ns);
     if (s.select.size() > kSamples) s.select.pop_front();
   }
-  void ObserveExchange(uint64_t bytes, int64_t ns) override {
+  void Exchange(uint64_t bytes, int64_t ns) {
     absl::MutexLock lock(&mu_);
     fit_x_.push_back(static_cast<double>(bytes));
     fit_y_.push_back(static_cast<double>(ns));
@@ -194,10 +172,8 @@ class RgmergeModelMerger : public RgmergeReadyMerger {
       fit_y_.pop_front();
     }
   }
-  bool PlanDue(uint64_t step) const override { return !done_ && step >= m_.plan_step; }
-
-  // Words: g_0 .. g_{L-1}, sigma_0 .. sigma_{L-1}, alpha (ns), beta (ps per byte).
-  std::vector<uint64_t> PlanInputs(absl::Span<const PlanBucket> buckets) override {
+  // Words: g_0 .. g_{L-1}, sigma_0 .. sigma_{L-1}, alpha (ns; `fixed_alpha_ns` when > 0), beta.
+  std::vector<uint64_t> Inputs(absl::Span<const PlanBucket> buckets, int64_t fixed_alpha_ns) {
     absl::MutexLock lock(&mu_);
     const size_t L = buckets.size();
     std::vector<uint64_t> w(2 * L + 2, 0);
@@ -227,12 +203,115 @@ class RgmergeModelMerger : public RgmergeReadyMerger {
       w[2 * L] = static_cast<uint64_t>(defaults.alpha_ns);
       w[2 * L + 1] = static_cast<uint64_t>(defaults.beta_ps_per_byte);
     }
-    if (m_.alpha_ns > 0) w[2 * L] = static_cast<uint64_t>(m_.alpha_ns);  // --rgmerge_alpha_us
+    if (fixed_alpha_ns > 0) w[2 * L] = static_cast<uint64_t>(fixed_alpha_ns);
     return w;
+  }
+
+ private:
+  struct Samples {
+    std::deque<std::pair<uint64_t, int64_t>> ready;  // (step, ready_ns)
+    std::deque<int64_t> select;
+  };
+  absl::Mutex mu_;
+  std::map<uint64_t, Samples> samples_ ABSL_GUARDED_BY(mu_);
+  std::deque<double> fit_x_ ABSL_GUARDED_BY(mu_), fit_y_ ABSL_GUARDED_BY(mu_);
+};
+
+int64_t Clamp63(uint64_t v) {
+  return static_cast<int64_t>(std::min<uint64_t>(v, uint64_t{1} << 62));
+}
+
+// An installed static plan: its groups of bucket ids, where each bucket is, the step it takes
+// effect and its hash (engine thread only).
+class PlanTable {
+ public:
+  bool done() const { return done_; }
+  bool Active(uint64_t step) const { return planned_ && step >= effective_; }
+  uint64_t hash() const { return hash_; }
+  const std::vector<size_t>& lengths() const { return lengths_; }
+  void Abandon() {
+    done_ = true;
+    planned_ = false;
+  }
+  void Install(absl::Span<const PlanBucket> buckets, const std::vector<size_t>& plan,
+               absl::Span<const uint64_t> agreed, uint64_t step) {
+    done_ = planned_ = true;
+    effective_ = step + 1;
+    lengths_ = plan;
+    groups_.clear();
+    where_.clear();
+    uint64_t h = kFnvOffset;
+    size_t b = 0;
+    for (size_t len : plan) {
+      groups_.emplace_back();
+      for (size_t i = 0; i < len; ++i, ++b) {
+        where_[buckets[b].bucket_id] = {groups_.size() - 1, i};
+        groups_.back().push_back(buckets[b].bucket_id);
+        h = Fnv1a(h, &buckets[b].bucket_id, sizeof(uint64_t));
+      }
+      const uint64_t n = len;
+      h = Fnv1a(h, &n, sizeof(n));
+    }
+    for (uint64_t word : agreed) h = Fnv1a(h, &word, sizeof(word));
+    hash_ = h | 1;  // never 0, the hash before a plan
+  }
+  // The plan group that holds the head, from the head on, as far as the candidates follow the
+  // plan's order (a bucket the plan does not know goes alone).
+  size_t NextGroup(absl::Span<const MergeCandidate> c, const GroupLimits& limits) const {
+    if (c.empty()) return 0;
+    auto it = where_.find(c[0].bucket_id);
+    if (it == where_.end()) return 1;
+    const size_t g = it->second.first, pos = it->second.second;
+    const std::vector<uint64_t>& ids = groups_[g];
+    size_t want = 1;
+    while (pos + want < ids.size() && want < c.size() && c[want].bucket_id == ids[pos + want]) {
+      ++want;
+    }
+    return ClampGroup(c, want, limits);
+  }
+
+ private:
+  bool done_ = false, planned_ = false;
+  uint64_t effective_ = 0, hash_ = 0;
+  std::vector<size_t> lengths_;
+  std::vector<std::vector<uint64_t>> groups_;
+  std::map<uint64_t, std::pair<size_t, size_t>> where_;  // id -> (group, position)
+};
+
+std::string Lengths(const std::vector<size_t>& plan) {
+  std::string out;
+  for (size_t len : plan) absl::StrAppend(&out, out.empty() ? "" : " ", len);
+  return out;
+}
+
+// `rgmerge --rgmerge_plan=model`: `ready` while it measures, then the agreed static plan.
+class RgmergeModelMerger : public RgmergeReadyMerger {
+ public:
+  explicit RgmergeModelMerger(const RgmergeOptions& o) : RgmergeReadyMerger(o), m_(o) {}
+  bool AgreedAt(uint64_t step) const override { return !plan_.Active(step); }
+  uint64_t ConfigHash() const override {
+    return HashWords("rgmerge/model",
+                     {m_.limits.window, m_.limits.max_group_elements, m_.plan_step,
+                      static_cast<uint64_t>(m_.slack_ns), m_.equal_tail ? 1u : 0u,
+                      m_.select_behind ? 1u : 0u, static_cast<uint64_t>(m_.alpha_ns),
+                      plan_.hash()});
+  }
+  bool behind() const override { return m_.select_behind; }
+  size_t NextGroup(absl::Span<const MergeCandidate> c) override {
+    return plan_.NextGroup(c, m_.limits);
+  }
+  bool measures() const override { return true; }
+  void ObserveMember(uint64_t bucket_id, uint64_t step, int64_t ready_ns,
+                     int64_t select_ns) override {
+    samples_.Member(bucket_id, step, ready_ns, select_ns);
+  }
+  void ObserveExchange(uint64_t bytes, int64_t ns) override { samples_.Exchange(bytes, ns); }
+  bool PlanDue(uint64_t step) const override { return !plan_.done() && step >= m_.plan_step; }
+  std::vector<uint64_t> PlanInputs(absl::Span<const PlanBucket> buckets) override {
+    return samples_.Inputs(buckets, m_.alpha_ns);
   }
   void InstallPlan(absl::Span<const PlanBucket> buckets, absl::Span<const uint64_t> agreed,
                    uint64_t step, const PlanContext& ctx) override {
-    done_ = true;
     const size_t L = buckets.size();
     if (L == 0 || agreed.size() != 2 * L + 2) {
       AbandonPlan("the agreed inputs do not match the bucket list");
@@ -253,65 +332,102 @@ class RgmergeModelMerger : public RgmergeReadyMerger {
     in.nodes = ctx.nodes;
     in.slack_ns = m_.slack_ns;
     in.equal_tail = m_.equal_tail;
-    const std::vector<size_t> plan = RgmergeModelPlan(in);
-    groups_.clear();
-    where_.clear();
-    uint64_t h = kFnvOffset;
-    size_t b = 0;
-    for (size_t len : plan) {
-      groups_.emplace_back();
-      for (size_t i = 0; i < len; ++i, ++b) {
-        where_[buckets[b].bucket_id] = {groups_.size() - 1, i};
-        groups_.back().push_back(buckets[b].bucket_id);
-        h = Fnv1a(h, &buckets[b].bucket_id, sizeof(uint64_t));
-      }
-      const uint64_t n = len;
-      h = Fnv1a(h, &n, sizeof(n));
-    }
-    for (uint64_t word : agreed) h = Fnv1a(h, &word, sizeof(word));
-    plan_hash_ = h | 1;  // never 0, the hash before a plan
-    planned_ = true;
-    effective_step_ = step + 1;
+    plan_.Install(buckets, RgmergeModelPlan(in), agreed, step);
     inputs_ = std::move(in);
-    plan_ = plan;
   }
-  void AbandonPlan(const std::string& /*why*/) override {
-    done_ = true;
-    planned_ = false;
-  }
-
+  void AbandonPlan(const std::string& /*why*/) override { plan_.Abandon(); }
   std::string PlanSummary() const override {
-    if (!planned_) return "";
-    std::string lengths;
-    for (size_t len : plan_) absl::StrAppend(&lengths, lengths.empty() ? "" : " ", len);
+    if (!plan_.Active(~uint64_t{0})) return "";
     int64_t gaps = 0, selects = 0;
     for (int64_t g : inputs_.gap_ns) gaps += g;
     for (int64_t c : inputs_.select_ns) selects += c;
-    return absl::StrCat(plan_.size(), " groups of [", lengths, "] buckets; alpha ",
-                        inputs_.alpha_ns / 1000, " us, beta ", inputs_.beta_ps_per_byte,
-                        " ps/B, backward gaps ", gaps / 1000, " us and selection ", selects / 1000,
-                        " us in all");
+    return absl::StrCat(plan_.lengths().size(), " groups of [", Lengths(plan_.lengths()),
+                        "] buckets; alpha ", inputs_.alpha_ns / 1000, " us, beta ",
+                        inputs_.beta_ps_per_byte, " ps/B, backward gaps ", gaps / 1000,
+                        " us and selection ", selects / 1000, " us in all");
   }
 
  private:
-  static int64_t Clamp63(uint64_t v) {
-    return static_cast<int64_t>(std::min<uint64_t>(v, uint64_t{1} << 62));
-  }
-  struct Samples {
-    std::deque<std::pair<uint64_t, int64_t>> ready;  // (step, ready_ns)
-    std::deque<int64_t> select;
-  };
   RgmergeOptions m_;
-  // The engine thread's: whether the agreement ran, the plan and where it starts.
-  bool done_ = false, planned_ = false;
-  uint64_t effective_step_ = 0, plan_hash_ = 0;
-  std::vector<std::vector<uint64_t>> groups_;
-  std::map<uint64_t, std::pair<size_t, size_t>> where_;  // id -> (group, position)
+  PlanSamples samples_;
+  PlanTable plan_;
   RgmergeModelInputs inputs_;
-  std::vector<size_t> plan_;
-  absl::Mutex mu_;  // the samples (the wire thread reports exchanges)
-  std::map<uint64_t, Samples> samples_ ABSL_GUARDED_BY(mu_);
-  std::deque<double> fit_x_ ABSL_GUARDED_BY(mu_), fit_y_ ABSL_GUARDED_BY(mu_);
+};
+
+// `omgs --omgs_mode=mgs` (MERGING.md 4.3): one bucket per exchange (as `none`) while it
+// measures, then OMGS-SGD's adaptive plan (mgs_plan.h) on the agreed inputs, a static plan.
+class OmgsMgsMerger : public Merger {
+ public:
+  explicit OmgsMgsMerger(const OmgsOptions& o) : o_(o) {}
+  const char* name() const override { return "omgs"; }
+  uint64_t ConfigHash() const override {
+    return HashWords("omgs/mgs", {o_.limits.window, o_.limits.max_group_elements, o_.plan_step,
+                                  o_.select_behind ? 1u : 0u, plan_.hash()});
+  }
+  bool behind() const override { return o_.select_behind; }
+  size_t NextGroup(absl::Span<const MergeCandidate> c) override {
+    if (c.empty()) return 0;
+    return plan_.Active(c[0].step) ? plan_.NextGroup(c, o_.limits) : 1;
+  }
+  bool measures() const override { return true; }
+  void ObserveMember(uint64_t bucket_id, uint64_t step, int64_t ready_ns,
+                     int64_t select_ns) override {
+    samples_.Member(bucket_id, step, ready_ns, select_ns);
+  }
+  void ObserveExchange(uint64_t bytes, int64_t ns) override { samples_.Exchange(bytes, ns); }
+  bool PlanDue(uint64_t step) const override { return !plan_.done() && step >= o_.plan_step; }
+  // rgmerge's words, then s (fs per element * log2 element) fitted to this node's sigma_b and
+  // n_b log2 n_b, so every node agrees on one s.
+  std::vector<uint64_t> PlanInputs(absl::Span<const PlanBucket> buckets) override {
+    std::vector<uint64_t> w = samples_.Inputs(buckets, 0);
+    const size_t L = buckets.size();
+    std::vector<uint64_t> n(L);
+    std::vector<int64_t> sigma(L);
+    for (size_t b = 0; b < L; ++b) {
+      n[b] = buckets[b].elements;
+      sigma[b] = Clamp63(w[L + b]);
+    }
+    w.push_back(static_cast<uint64_t>(FitSelectFs(n, sigma, MgsInputs().select_fs)));
+    return w;
+  }
+  void InstallPlan(absl::Span<const PlanBucket> buckets, absl::Span<const uint64_t> agreed,
+                   uint64_t step, const PlanContext& ctx) override {
+    const size_t L = buckets.size();
+    if (L == 0 || agreed.size() != 2 * L + 3) {
+      AbandonPlan("the agreed inputs do not match the bucket list");
+      return;
+    }
+    MgsInputs in;
+    for (size_t b = 0; b < L; ++b) {
+      in.elements.push_back(buckets[b].elements);
+      in.gap_ns.push_back(Clamp63(agreed[b]));
+      in.dense.push_back(buckets[b].kind == MergeKind::kDense);
+    }
+    in.alpha_ns = Clamp63(agreed[2 * L]);
+    in.beta_ps_per_byte = Clamp63(agreed[2 * L + 1]);
+    in.select_fs = Clamp63(agreed[2 * L + 2]);
+    in.density = ctx.density;
+    in.nodes = ctx.nodes;
+    in.behind = o_.select_behind;
+    plan_.Install(buckets, MgsPlan(in), agreed, step);
+    inputs_ = std::move(in);
+  }
+  void AbandonPlan(const std::string& /*why*/) override { plan_.Abandon(); }
+  std::string PlanSummary() const override {
+    if (!plan_.Active(~uint64_t{0})) return "";
+    int64_t gaps = 0;
+    for (int64_t g : inputs_.gap_ns) gaps += g;
+    return absl::StrCat(plan_.lengths().size(), " groups of [", Lengths(plan_.lengths()),
+                        "] buckets; alpha ", inputs_.alpha_ns / 1000, " us, beta ",
+                        inputs_.beta_ps_per_byte, " ps/B, s ", inputs_.select_fs,
+                        " fs per element-log2, backward gaps ", gaps / 1000, " us in all");
+  }
+
+ private:
+  OmgsOptions o_;
+  PlanSamples samples_;
+  PlanTable plan_;
+  MgsInputs inputs_;
 };
 
 }  // namespace
@@ -357,8 +473,11 @@ absl::StatusOr<std::unique_ptr<Merger>> MakeFixedMerger(const FixedOptions& opti
 absl::StatusOr<std::unique_ptr<Merger>> MakeOmgsMerger(const OmgsOptions& options) {
   if (absl::Status s = CheckLimits(options.limits); !s.ok()) return s;
   if (options.mode == OmgsMode::kMgs) {
-    return absl::UnimplementedError(
-        "--omgs_mode=mgs is not implemented; use --omgs_mode=threshold (default) or count");
+    if (options.plan_step == 0) {
+      return absl::InvalidArgumentError(
+          "--merge_plan_step must be >= 1 (the step whose first group agrees on the plan)");
+    }
+    return std::unique_ptr<Merger>(new OmgsMgsMerger(options));
   }
   if (options.mode == OmgsMode::kThreshold && options.threshold_elements == 0) {
     return absl::InvalidArgumentError("--omgs_threshold_elements must be >= 1");
@@ -384,7 +503,7 @@ absl::StatusOr<std::unique_ptr<Merger>> MakeRgmergeMerger(const RgmergeOptions& 
   if (absl::Status s = CheckLimits(options.limits); !s.ok()) return s;
   if (options.plan_step == 0) {
     return absl::InvalidArgumentError(
-        "--rgmerge_plan_step must be >= 1 (the step whose first group agrees on the plan)");
+        "--merge_plan_step must be >= 1 (the step whose first group agrees on the plan)");
   }
   if (options.alpha_ns < 0) {
     return absl::InvalidArgumentError(
@@ -410,7 +529,8 @@ absl::StatusOr<std::unique_ptr<Merger>> MakeMerger(MergerPolicy policy, const Me
     }
     case MergerPolicy::kOmgs: {
       OmgsOptions o;
-      o.mode = params.omgs_count_mode ? OmgsMode::kCount : OmgsMode::kThreshold;
+      o.mode = params.omgs_mode;
+      o.plan_step = params.plan_step;
       o.threshold_elements = params.omgs_threshold_elements;
       o.count = params.omgs_count;
       o.select_behind = params.omgs_select_behind;
@@ -421,7 +541,7 @@ absl::StatusOr<std::unique_ptr<Merger>> MakeMerger(MergerPolicy policy, const Me
       RgmergeOptions o;
       o.limits = params.limits;
       o.model = params.rgmerge_model;
-      o.plan_step = params.rgmerge_plan_step;
+      o.plan_step = params.plan_step;
       o.slack_ns = params.rgmerge_slack_us * 1000;
       o.equal_tail = params.rgmerge_equal_tail;
       o.select_behind = params.rgmerge_select_behind;

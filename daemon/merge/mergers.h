@@ -22,12 +22,12 @@ struct FixedOptions {
 absl::StatusOr<std::unique_ptr<Merger>> MakeFixedMerger(const FixedOptions& options);
 
 // `omgs` (MERGING.md 4.1, 4.2), a static plan. mgs (4.3) is refused (Unimplemented).
-enum class OmgsMode { kThreshold, kCount, kMgs };
 struct OmgsOptions {
   OmgsMode mode = OmgsMode::kThreshold;  // --omgs_mode
   uint64_t threshold_elements = 8192;    // --omgs_threshold_elements
   uint64_t count = 10;                   // --omgs_count
   bool select_behind = true;             // --omgs_select=behind (OMGS's own placement)
+  uint64_t plan_step = 22;               // mgs: --merge_plan_step
   GroupLimits limits;
 };
 absl::StatusOr<std::unique_ptr<Merger>> MakeOmgsMerger(const OmgsOptions& options);
@@ -43,7 +43,7 @@ absl::StatusOr<std::unique_ptr<Merger>> MakeOmgsMerger(const OmgsOptions& option
 struct RgmergeOptions {
   GroupLimits limits;
   bool model = false;          // --rgmerge_plan=model
-  uint64_t plan_step = 22;     // --rgmerge_plan_step: S_plan (default 2 * probe_steps + 16)
+  uint64_t plan_step = 22;     // --merge_plan_step: S_plan (default 2 * probe_steps + 16)
   int64_t slack_ns = 0;        // --rgmerge_slack_us, in ns
   bool equal_tail = true;      // --rgmerge_equal_tail
   bool select_behind = false;  // --rgmerge_select=behind: the plan's groups (model only)

@@ -124,6 +124,23 @@ TEST_F(ConfigTest, EveryBadValueNamesItsFlag) {
          absl::SetFlag(&FLAGS_omgs_threshold_elements, 0);
        },
        "--omgs_threshold_elements must be >= 1"},
+      {[] { absl::SetFlag(&FLAGS_omgs_mode, "adaptive"); },
+       "--omgs_mode must be threshold, count or mgs, got 'adaptive'"},
+      {[] { absl::SetFlag(&FLAGS_omgs_select, "aside"); },
+       "--omgs_select must be ahead or behind"},
+      {[] { absl::SetFlag(&FLAGS_rgmerge_plan, "guess"); },
+       "--rgmerge_plan must be ready or model"},
+      {[] {
+         absl::SetFlag(&FLAGS_merger, MergerPolicy::kRgmerge);
+         absl::SetFlag(&FLAGS_rgmerge_select, "behind");
+       },
+       "--rgmerge_select=behind needs --rgmerge_plan=model"},
+      {[] {
+         absl::SetFlag(&FLAGS_merger, MergerPolicy::kRgmerge);
+         absl::SetFlag(&FLAGS_rgmerge_plan, "model");
+         absl::SetFlag(&FLAGS_rgmerge_slack_us, int64_t{-5});
+       },
+       "--rgmerge_slack_us must be >= 0"},
   };
   for (const auto& c : kCases) {
     absl::FlagSaver restore;
@@ -133,6 +150,33 @@ TEST_F(ConfigTest, EveryBadValueNamesItsFlag) {
     EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument) << c.says;
     EXPECT_TRUE(Has(std::string(config.status().message()), c.says));
   }
+}
+
+TEST_F(ConfigTest, MergePlanFlags) {
+  absl::SetFlag(&FLAGS_merger, MergerPolicy::kOmgs);
+  absl::SetFlag(&FLAGS_omgs_mode, "mgs");
+  absl::SetFlag(&FLAGS_omgs_select, "ahead");
+  absl::SetFlag(&FLAGS_probe_steps, 4);
+  absl::StatusOr<DaemonConfig> c = LoadConfig();
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->engine.merge.omgs_mode, OmgsMode::kMgs);
+  EXPECT_FALSE(c->engine.merge.omgs_select_behind);
+  EXPECT_EQ(c->engine.merge.plan_step, 2u * 4 + 16);  // 0: 2 * --probe_steps + 16
+  absl::SetFlag(&FLAGS_merger, MergerPolicy::kRgmerge);
+  absl::SetFlag(&FLAGS_rgmerge_plan, "model");
+  absl::SetFlag(&FLAGS_rgmerge_select, "behind");
+  absl::SetFlag(&FLAGS_merge_plan_step, uint64_t{9});
+  absl::SetFlag(&FLAGS_rgmerge_alpha_us, int64_t{250});
+  absl::SetFlag(&FLAGS_omgs_mode, "threshold");
+  absl::SetFlag(&FLAGS_omgs_count, uint64_t{3});  // still selects count mode
+  c = LoadConfig();
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->engine.merge.rgmerge_model);
+  EXPECT_TRUE(c->engine.merge.rgmerge_select_behind);
+  EXPECT_TRUE(c->engine.merge.omgs_select_behind == false);
+  EXPECT_EQ(c->engine.merge.plan_step, 9u);
+  EXPECT_EQ(c->engine.merge.rgmerge_alpha_us, 250);
+  EXPECT_EQ(c->engine.merge.omgs_mode, OmgsMode::kCount);
 }
 
 TEST_F(ConfigTest, ReportsEveryBadFlagAtOnce) {

@@ -170,15 +170,16 @@ struct Case {
   int nodes;
   int trainers;
   bool overlap = true;  // --merge_overlap (the groups' collectives on the wire stage)
-  bool model = false;   // --rgmerge_plan=model, the plan agreed at step 2 (static from step 3)
+  bool model = false;   // rgmerge's model plan / omgs's mgs mode, agreed at step 2, from step 3
 };
 
 // --rgmerge_plan=model with the plan agreed at `plan_step`.
 std::function<void(EngineOptions*)> Model(uint64_t plan_step, int64_t slack_us = 0,
                                           int64_t alpha_us = 0) {
-  return [=](EngineOptions* e) {
+  return [=](EngineOptions* e) {  // rgmerge's model plan, or omgs's mgs mode
+    e->merge.omgs_mode = OmgsMode::kMgs;
     e->merge.rgmerge_model = true;
-    e->merge.rgmerge_plan_step = plan_step;
+    e->merge.plan_step = plan_step;
     e->merge.rgmerge_slack_us = slack_us;
     e->merge.rgmerge_alpha_us = alpha_us;
   };
@@ -238,7 +239,9 @@ INSTANTIATE_TEST_SUITE_P(Mergers, MergeEngineTest,
                                            Case{MergerPolicy::kOmgs, "dense", 2, 2, false},
                                            Case{MergerPolicy::kRgmerge, "dense", 2, 2, true, true},
                                            Case{MergerPolicy::kRgmerge, "topk", 3, 2, true, true},
-                                           Case{MergerPolicy::kRgmerge, "micro", 2, 2, true, true}),
+                                           Case{MergerPolicy::kRgmerge, "micro", 2, 2, true, true},
+                                           Case{MergerPolicy::kOmgs, "topk", 3, 2, true, true},
+                                           Case{MergerPolicy::kOmgs, "dense", 2, 2, true, true}),
                          CaseName);
 
 // --rgmerge_plan=model: `ready` up to the plan step, the agreed static plan from the next step on,

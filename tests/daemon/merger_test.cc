@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "daemon/merge/mergers.h"
+#include "daemon/merge/mgs_plan.h"
 #include "daemon/merge/rgmerge_model.h"
 #include "gtest/gtest.h"
 
@@ -138,10 +139,10 @@ TEST(OmgsMergerTest, CountGroupsAndRefusals) {
   std::vector<MergeCandidate> c = {Cand(0, 0, 1), Cand(1, 0, 1), Cand(2, 0, 1)};
   EXPECT_EQ((*m)->NextGroup(c), 2u);
   o.mode = OmgsMode::kMgs;
+  o.plan_step = 0;
   auto mgs = MakeOmgsMerger(o);
   ASSERT_FALSE(mgs.ok());
-  EXPECT_EQ(mgs.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_NE(mgs.status().message().find("--omgs_mode"), std::string::npos);
+  EXPECT_NE(mgs.status().message().find("--merge_plan_step"), std::string::npos) << mgs.status();
   o.mode = OmgsMode::kCount;
   o.count = 0;
   auto bad = MakeOmgsMerger(o);
@@ -316,7 +317,7 @@ TEST(MergeStatsTest, MedianAndLineFit) {
 std::unique_ptr<Merger> ModelMerger(uint64_t plan_step = 5) {
   MergeParams p;
   p.rgmerge_model = true;
-  p.rgmerge_plan_step = plan_step;
+  p.plan_step = plan_step;
   auto m = MakeMerger(MergerPolicy::kRgmerge, p);
   EXPECT_TRUE(m.ok()) << m.status();
   return m.ok() ? std::move(*m) : nullptr;
@@ -426,11 +427,11 @@ TEST(RgmergeModelMergerTest, NoMeasurementsGiveTheDefaultsAndAnAbandonedPlanStay
 TEST(RgmergeModelMergerTest, FlagsAreValidatedAndTheModeIsHashed) {
   MergeParams p;
   p.rgmerge_model = true;
-  p.rgmerge_plan_step = 0;
+  p.plan_step = 0;
   auto z = MakeMerger(MergerPolicy::kRgmerge, p);
   ASSERT_FALSE(z.ok());
-  EXPECT_NE(z.status().message().find("--rgmerge_plan_step"), std::string::npos) << z.status();
-  p.rgmerge_plan_step = 4;
+  EXPECT_NE(z.status().message().find("--merge_plan_step"), std::string::npos) << z.status();
+  p.plan_step = 4;
   p.rgmerge_slack_us = -1;
   auto s = MakeMerger(MergerPolicy::kRgmerge, p);
   ASSERT_FALSE(s.ok());
@@ -444,5 +445,108 @@ TEST(RgmergeModelMergerTest, FlagsAreValidatedAndTheModeIsHashed) {
   EXPECT_STREQ(model->name(), "rgmerge");
 }
 
+
+// omgs --omgs_mode=mgs (MERGING.md 4.3), O3: hand-worked profiles of 4 buckets. Unless said
+// otherwise: s = 0 (no selection time), alpha = 1000 ns, beta = 0, so tc(x) = 1000 ns and merging
+// two buffers saves t_save = 1000 ns; with ts = 0 a buffer's selection ends when it is produced.
+MgsInputs Mgs(std::vector<int64_t> gaps) {
+  MgsInputs in;
+  in.elements = {1000, 1000, 1000, 1000};
+  in.gap_ns = std::move(gaps);
+  in.dense = {false, false, false, false};
+  in.select_fs = 0;
+  in.alpha_ns = 1000;
+  in.beta_ps_per_byte = 0;
+  in.behind = false;
+  return in;
+}
+
+TEST(MgsPlanTest, Log2InFixedPoint) {
+  EXPECT_EQ(Log2Q16(0), 0);
+  EXPECT_EQ(Log2Q16(1), 0);
+  EXPECT_EQ(Log2Q16(2), 65536);
+  EXPECT_EQ(Log2Q16(1024), 10 * 65536);
+  EXPECT_NEAR(Log2Q16(1000), 9.965784 * 65536, 2);
+  EXPECT_NEAR(Log2Q16(25557032), 24.607 * 65536, 70);
+}
+
+TEST(MgsPlanTest, MergesWhenTheWaitIsBelowTheSavedStartup) {
+  // [0 500 3000 200]: bucket 1 comes 500 ns after 0 (< 1000 saved): merge, [0 1] (gap 500);
+  // bucket 2 comes 3000 ns later: close; bucket 3 200 ns after 2: merge. [2 2].
+  EXPECT_EQ(MgsPlan(Mgs({0, 500, 3000, 200})), (std::vector<size_t>{2, 2}));
+  // The first pair is not forced together: bucket 1 1500 ns after 0 stays alone. [1 1 2].
+  EXPECT_EQ(MgsPlan(Mgs({0, 1500, 3000, 200})), (std::vector<size_t>{1, 1, 2}));
+  // A D bucket always joins its predecessor: bucket 1 dense gives [0 1] [2 3].
+  MgsInputs d = Mgs({0, 1500, 3000, 200});
+  d.dense[1] = true;
+  EXPECT_EQ(MgsPlan(d), (std::vector<size_t>{2, 2}));
+}
+
+TEST(MgsPlanTest, TheWireBusyAnywayMakesWaitingFree) {
+  // Bucket 0 is large: with beta = 1 ns/B, d = 0.01 and 2 nodes its exchange takes
+  // tc(100000) = 1000 + 8 * 1000 = 9000 ns. Bucket 1 comes 5000 ns later (>= t_save: alone); its
+  // exchange cannot start before bucket 0's ends at 9000, so it idles 4000 ns. Bucket 2 comes
+  // 3000 ns after 1: t_wait = 3000 - 4000 < t_save = 1000, merge. Bucket 3 comes 2000 ns later:
+  // the merged buffer (selected at 8000) idles 1000 ns; t_wait = 1000, not < 1000: alone.
+  MgsInputs in = Mgs({0, 5000, 3000, 2000});
+  in.elements = {100000, 1000, 1000, 1000};
+  in.beta_ps_per_byte = 1000;
+  EXPECT_EQ(MgsCommNs(in, 100000), 9000);
+  EXPECT_EQ(MgsPlan(in), (std::vector<size_t>{1, 2, 1}));
+  // Without the idle time (bucket 0 small) bucket 2 stays alone.
+  in.elements[0] = 1000;
+  EXPECT_EQ(MgsPlan(in), (std::vector<size_t>{1, 1, 1, 1}));
+}
+
+TEST(MgsPlanTest, SelectingBehindCountsTheMergedSelectionsExtraCost) {
+  // s = 1 ns per element-log2: ts(1000) ~ 9966 ns, ts(2000) ~ 21932 ns, so selecting the pair as
+  // one buffer costs ~2000 ns more than apart. Ahead (selection per bucket) that term is 0 and
+  // the pair [0 1] merges (t_wait 500); behind it does not (t_wait ~2500 >= 1000).
+  MgsInputs in = Mgs({0, 500, 3000, 200});
+  in.select_fs = 1000000;
+  EXPECT_NEAR(MgsSelectNs(in, 1000), 9966, 1);
+  EXPECT_EQ(MgsPlan(in)[0], 2u);
+  in.behind = true;
+  EXPECT_EQ(MgsPlan(in)[0], 1u);
+  // The fit of s through the origin recovers a proportional profile.
+  const std::vector<uint64_t> n = {1000, 4000, 16000};
+  std::vector<int64_t> sigma;
+  for (uint64_t x : n) sigma.push_back(MgsSelectNs(in, x));
+  EXPECT_NEAR(static_cast<double>(FitSelectFs(n, sigma, 7)), 1000000, 2000);
+  EXPECT_EQ(FitSelectFs({1, 5}, {0, 0}, 7), 7);  // nothing to fit: the fallback
+}
+
+TEST(OmgsMgsMergerTest, OneBucketPerExchangeUntilThePlanThenThePlan) {
+  MergeParams p;
+  p.omgs_mode = OmgsMode::kMgs;
+  p.plan_step = 3;
+  auto made = MakeMerger(MergerPolicy::kOmgs, p);
+  ASSERT_TRUE(made.ok()) << made.status();
+  Merger& m = **made;
+  EXPECT_FALSE(m.agreed());
+  EXPECT_TRUE(m.behind());  // --omgs_select=behind by default
+  EXPECT_TRUE(m.measures());
+  std::vector<MergeCandidate> c = {Cand(1, 0, 1000), Cand(2, 0, 1000), Cand(3, 0, 1000)};
+  EXPECT_EQ(m.NextGroup(c), 1u);
+  EXPECT_FALSE(m.PlanDue(2));
+  EXPECT_TRUE(m.PlanDue(3));
+  const std::vector<PlanBucket> buckets = {
+      {1, 1000, K::kPatternB}, {2, 1000, K::kPatternB}, {3, 1000, K::kDense}};
+  std::vector<uint64_t> w = m.PlanInputs(buckets);
+  ASSERT_EQ(w.size(), 2 * buckets.size() + 3);  // g, sigma, alpha, beta, s
+  EXPECT_EQ(w.back(), static_cast<uint64_t>(MgsInputs().select_fs));  // nothing measured
+  // Gaps well under alpha (3.78 ms by default): everything merges.
+  const uint64_t before = m.ConfigHash();
+  PlanContext ctx;
+  ctx.nodes = 2;
+  m.InstallPlan(buckets, w, 3, ctx);
+  EXPECT_NE(m.ConfigHash(), before);
+  EXPECT_NE(m.PlanSummary(), "");
+  for (MergeCandidate& x : c) x.step = 3;
+  EXPECT_EQ(m.NextGroup(c), 1u);  // the plan step itself: as none
+  for (MergeCandidate& x : c) x.step = 4;
+  EXPECT_EQ(m.NextGroup(c), 3u);
+  EXPECT_FALSE(m.PlanDue(9));
+}
 }  // namespace
 }  // namespace spex

@@ -189,7 +189,11 @@ TRAINER_MODE=overlap WANT_GROUPS=1 run_sparse 2 2nodes.omgs.overlap "dense,topk,
 # --rgmerge_plan=model: `ready` while it measures, the agreed plan (one extra agreement after the
 # first group round of step 5) from step 6 on, against the same oracle, on 3 nodes.
 STEPS=12 TRAINER_MODE=overlap WANT_PLAN=5 run_sparse 3 3nodes.rgmerge.model "dense,topk,micro,thresh" \
-  --merger=rgmerge --rgmerge_plan=model --rgmerge_plan_step=5 --log_level=info
+  --merger=rgmerge --rgmerge_plan=model --merge_plan_step=5 --log_level=info
+# --omgs_mode=mgs: one bucket per exchange while it measures, OMGS's adaptive plan from step 6
+# (selection ahead, so the per-bucket oracle holds).
+STEPS=12 TRAINER_MODE=overlap WANT_PLAN=5 run_sparse 2 2nodes.omgs.mgs "dense,topk,micro,thresh" \
+  --merger=omgs --omgs_mode=mgs --omgs_select=ahead --merge_plan_step=5 --log_level=info
 run_refusals
 run_stuck_stop
 echo "mpi_sparse: $failures failure(s) in $((SECONDS - T0)) s"
