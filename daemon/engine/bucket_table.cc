@@ -149,8 +149,8 @@ absl::Status BucketTable::BuildCompressor(EngineBucket* b, double density) {
       options_->oktopk_global == OkTopkSelect::kAll ? OkTopkGlobal::kAll : OkTopkGlobal::kTopk;
   ok.recompute_every = static_cast<uint32_t>(options_->oktopk_recompute_every);
   ok.rebalance_every = static_cast<uint32_t>(options_->oktopk_rebalance_every);
-  b->ex.mode = options_->dense_fallback == DenseFallback::kAuto ? BucketExchange::Mode::kProbe
-                                                                : BucketExchange::Mode::kSparse;
+  b->ex.mode = b->policy.dense_fallback == DenseFallback::kAuto ? BucketExchange::Mode::kProbe
+                                                                 : BucketExchange::Mode::kSparse;
   return absl::OkStatus();
 }
 

@@ -130,8 +130,8 @@ absl::Status RunControlRound(Collective* coll, const ExchangeKey& key, Control* 
     return absl::FailedPreconditionError(absl::StrCat(
         "bucket ", key.bucket_id, " runs nonfinite=", key.nonfinite,
         " on this node but another policy on another node; start every spexd of the job with "
-        "the same --nonfinite, and register the bucket with the same nonfinite parameter (if "
-        "any) on every node"));
+        "the same --nonfinite and --dense_fallback, and register the bucket with the same "
+        "nonfinite and dense_fallback parameters (if any) on every node"));
   }
   if (v[kSparseAllreduce] != ~v[kNotSparseAllreduce]) {
     return absl::FailedPreconditionError(absl::StrCat(

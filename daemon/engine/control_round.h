@@ -25,8 +25,9 @@ struct ExchangeKey {
   uint64_t step = 0;
   uint64_t elements = 0;
   absl::string_view compressor;  // borrowed for the call
-  // The --nonfinite policy (its flag spelling; borrowed): nodes that would decide differently
-  // on a non-finite step must not start one.
+  // The --nonfinite policy (its flag spelling; borrowed), with " dense_fallback=off" appended
+  // for a bucket that does not probe: nodes that would decide differently on a non-finite step,
+  // or one probing while another does not, must not start one.
   absl::string_view nonfinite = "propagate";
   // The --sparse_allreduce exchange (its flag spelling; borrowed): nodes running different ones
   // would issue mismatched collectives.

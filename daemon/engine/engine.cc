@@ -335,8 +335,13 @@ void Engine::Process(const std::vector<EngineBucket*>& group) {
     }
     lap(Phase::kReduceLocal);
   }
+  // The bucket's policies every node must share (a difference fails the control round, naming
+  // the bucket): the non-finite policy and, per bucket, the dense fallback.
+  const bool fallback = b->policy.dense_fallback == DenseFallback::kAuto;
   const absl::string_view policy =
-      b->policy.nonfinite == NonfinitePolicy::kError ? "error" : "propagate";
+      b->policy.nonfinite == NonfinitePolicy::kError
+          ? (fallback ? "error" : "error dense_fallback=off")
+          : (fallback ? "propagate" : "propagate dense_fallback=off");
   absl::string_view exchange = "allgather";
   if (b->policy.sparse_allreduce == SparseAllreduce::kOkTopk) exchange = oktopk_key_;
   if (b->policy.sparse_allreduce == SparseAllreduce::kAuto) exchange = auto_key_;

@@ -171,6 +171,7 @@ absl::Status SplitBucketParams(const EngineOptions& o,
   policy->nonfinite = o.nonfinite;
   policy->sparse_allreduce = o.sparse_allreduce;
   policy->sparse_allreduce_param = false;
+  policy->dense_fallback = o.dense_fallback;
   compressor_params->clear();
   for (const auto& [key, value] : params) {
     std::string error;
@@ -188,6 +189,13 @@ absl::Status SplitBucketParams(const EngineOptions& o,
                          "--sparse_allreduce for this bucket)"));
       }
       policy->sparse_allreduce_param = true;
+    } else if (key == kBucketParamDenseFallback) {
+      if (!AbslParseFlag(value, &policy->dense_fallback, &error)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("parameter ", kBucketParamDenseFallback, "=", QuotePrefix(value),
+                         ": accepted values auto, off (it overrides spexd --dense_fallback for "
+                         "this bucket)"));
+      }
     } else {
       compressor_params->emplace(key, value);
     }

@@ -149,12 +149,15 @@ absl::Status CheckSparseAllreduce(SparseAllreduce mode, bool from_param,
 //                                              daemon's --oktopk_* flags)
 inline constexpr char kBucketParamNonfinite[] = "nonfinite";
 inline constexpr char kBucketParamSparseAllreduce[] = "sparse_allreduce";
+inline constexpr char kBucketParamDenseFallback[] = "dense_fallback";
 struct BucketPolicy {
   NonfinitePolicy nonfinite = NonfinitePolicy::kPropagate;
   SparseAllreduce sparse_allreduce = SparseAllreduce::kAllGather;
   bool sparse_allreduce_param = false;  // set by the bucket's parameter (else the flag's)
+  DenseFallback dense_fallback = DenseFallback::kAuto;
   bool operator==(const BucketPolicy& o) const {
-    return nonfinite == o.nonfinite && sparse_allreduce == o.sparse_allreduce;
+    return nonfinite == o.nonfinite && sparse_allreduce == o.sparse_allreduce &&
+           dense_fallback == o.dense_fallback;
   }
   bool operator!=(const BucketPolicy& o) const { return !(*this == o); }
 };

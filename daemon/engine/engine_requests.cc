@@ -149,9 +149,11 @@ absl::StatusOr<BucketGrant> Engine::RegisterBucket(
     return absl::InvalidArgumentError(absl::StrCat(
         "bucket ", bucket_id, " is registered with other parameters than this request's (",
         kBucketParamNonfinite, "=", AbslUnparseFlag(b->policy.nonfinite), " ",
-        kBucketParamSparseAllreduce, "=", AbslUnparseFlag(b->policy.sparse_allreduce), " there, ",
+        kBucketParamSparseAllreduce, "=", AbslUnparseFlag(b->policy.sparse_allreduce), " ",
+        kBucketParamDenseFallback, "=", AbslUnparseFlag(b->policy.dense_fallback), " there, ",
         kBucketParamNonfinite, "=", AbslUnparseFlag(policy.nonfinite), " ",
-        kBucketParamSparseAllreduce, "=", AbslUnparseFlag(policy.sparse_allreduce),
+        kBucketParamSparseAllreduce, "=", AbslUnparseFlag(policy.sparse_allreduce), " ",
+        kBucketParamDenseFallback, "=", AbslUnparseFlag(policy.dense_fallback),
         " here, or a compressor parameter): every trainer must register a bucket alike"));
   }
   if (b->mem.shm->unlinked() && !(b->out.registered_mask & bit)) {

@@ -410,8 +410,9 @@ TEST(NonfinitePerBucket, TrainersOfOneNodeMustAgree) {
   ASSERT_TRUE(t0->Register(5, 100, "topk", 0.01, {{"nonfinite", "error"}}).ok());
   auto grant = t1->Register(5, 100, "topk", 0.01, {{"nonfinite", "propagate"}});
   ASSERT_EQ(grant.status().code(), absl::StatusCode::kInvalidArgument) << grant.status();
-  EXPECT_NE(grant.status().message().find("nonfinite=error sparse_allreduce=allgather there, "
-                                          "nonfinite=propagate sparse_allreduce=allgather here"),
+  EXPECT_NE(grant.status().message().find("nonfinite=error sparse_allreduce=allgather "
+                                          "dense_fallback=auto there, nonfinite=propagate "
+                                          "sparse_allreduce=allgather dense_fallback=auto here"),
             std::string::npos)
       << grant.status();
 }

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <thread>
 
 #include "daemon/engine/engine.h"
@@ -184,15 +185,16 @@ TEST(SparseEngineTest, PatternAIsTheExactAverageOverAnOverlappingUnion) {
 
 // Runs `steps` exchanges of one bucket with one trainer per node and returns every node's
 // record per step; `between(step)` runs on node 0's thread before each step.
-std::vector<std::vector<ExchangeRecord>> RunSteps(EngineCluster& cluster, const std::string& codec,
-                                                  size_t n, double density, int steps,
-                                                  std::function<void(int)> between) {
+std::vector<std::vector<ExchangeRecord>> RunSteps(
+    EngineCluster& cluster, const std::string& codec, size_t n, double density, int steps,
+    std::function<void(int)> between,
+    std::function<std::map<std::string, std::string>(int)> params = nullptr) {
   const int N = cluster.nodes();
   std::vector<std::vector<ExchangeRecord>> recs(N, std::vector<ExchangeRecord>(steps));
   cluster.ForEachNode([&](int r) {
     auto t = Trainer::Open(&cluster.engine(r), 0, 1);
     ASSERT_TRUE(t.ok());
-    auto g = t->Register(2, n, codec, density);
+    auto g = t->Register(2, n, codec, density, params ? params(r) : std::map<std::string, std::string>{});
     ASSERT_TRUE(g.ok()) << g.status();
     for (int s = 0; s < steps; ++s) {
       if (r == 0 && between) between(s);
@@ -247,6 +249,53 @@ TEST(SparseEngineTest, AutoFallbackProbesBothThenAllNodesKeepTheSameChoice) {
   }
   for (int s = 4; s < 8; ++s)
     EXPECT_EQ(recs[0][s].pattern, recs[1][s].pattern) << "nodes disagree at step " << s;
+}
+
+// The bucket parameter dense_fallback=off overrides --dense_fallback=auto for that bucket: no
+// probe, every step sparse. Registered on one node only, the control round refuses the first
+// step on both nodes, naming the parameter.
+TEST(SparseEngineTest, PerBucketDenseFallbackOff) {
+  EngineOptions o;
+  o.dense_fallback = DenseFallback::kAuto;
+  o.probe_steps = 2;
+  {
+    EngineCluster c(SparseCluster(2, 1, o));
+    ASSERT_TRUE(c.status().ok()) << c.status();
+    auto recs = RunSteps(c, "test_topk", 50000, 0.01, 5, nullptr, [](int) {
+      return std::map<std::string, std::string>{{"dense_fallback", "off"}};
+    });
+    for (int r = 0; r < 2; ++r) {
+      for (int s = 0; s < 5; ++s) {
+        EXPECT_EQ(recs[r][s].pattern, "B") << "node " << r << " step " << s;
+        EXPECT_FALSE(recs[r][s].fell_back_to_dense);
+      }
+    }
+  }
+  EngineCluster c(SparseCluster(2, 1, o));
+  ASSERT_TRUE(c.status().ok()) << c.status();
+  std::vector<absl::Status> results(2);
+  c.ForEachNode([&](int r) {
+    auto t = Trainer::Open(&c.engine(r), 0, 1);
+    ASSERT_TRUE(t.ok());
+    std::map<std::string, std::string> params;
+    if (r == 0) params["dense_fallback"] = "off";
+    ASSERT_TRUE(t->Register(2, 5000, "test_topk", 0.01, params).ok());
+    t->Fill(2, [](size_t i) { return static_cast<float>(i % 7); });
+    results[r] = t->Exchange(2, 0).status();
+  });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(results[r].code(), absl::StatusCode::kFailedPrecondition) << results[r];
+    EXPECT_NE(results[r].message().find("dense_fallback"), std::string::npos) << results[r];
+  }
+  // A bad value is refused (at registration), naming what is accepted.
+  std::map<std::string, std::string> cparams;
+  BucketPolicy policy;
+  absl::Status bad = SplitBucketParams(o, {{"dense_fallback", "sometimes"}}, &cparams, &policy);
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.message().find("accepted values auto, off"), std::string::npos) << bad;
+  ASSERT_TRUE(SplitBucketParams(o, {{"dense_fallback", "off"}, {"x", "1"}}, &cparams, &policy).ok());
+  EXPECT_EQ(policy.dense_fallback, DenseFallback::kOff);
+  EXPECT_EQ(cparams.size(), 1u);  // the rest goes to the compressor
 }
 
 // A node whose AllGatherV contribution is tampered with, as a bad peer would send it.
