@@ -10,10 +10,11 @@ traces). One trainer per host, inside the host's namespace; every step's dense b
 just before the compressor's (paired, same load); a step's time is the slowest node's. Ratios are
 dense p50 / sparse p50 of the same run. Then, per density, the daemons restart with
 --dense_fallback=auto (--probe_steps=--auto-probe-steps) and micro runs, paired with dense as
-before: what `auto` chose after its probe, and its time over --auto-steps steps against the
-faster of dense and sparse as its own probe measured them in the same session (the goal: within
-5%; steps 2.. of the probe), and against the first session's (sessions differ by 10-30% here).
---auto-only runs only this session.
+before, and beside a forced-sparse twin bucket (registered with dense_fallback=off): what `auto`
+chose after its probe, and its time over --auto-steps steps against the faster of the forced-sparse
+twin and the dense bucket in those same steps (the goal: within 5%), against the faster of dense
+and sparse as its own probe measured them (steps 2.. of the probe), and against the first
+session's (sessions differ by 10-30% here). --auto-only runs only this session.
 
 Crossover: the rate below which sparse stops winning is found between measured rates when
 several are given; besides, from each run's phases (collective = wire, the rest = compute) it is
@@ -178,8 +179,10 @@ def measure_auto(args, c, densities, runs):
     --probe_steps=args.auto_probe_steps and runs micro paired with dense, as the first session.
     The probe alternates dense and sparse exchanges of the micro bucket, so the session itself
     measures both (steps 2.. of the probe; the first two are cold) before auto settles; auto's time
-    after the probe is compared with the faster of those (the same session: `vs_best_session`, the
-    goal's measure) and with the first session's sparse and dense times (`vs_best`)."""
+    after the probe is compared with the faster of those (`vs_best_session`), with the faster of a
+    forced-sparse twin bucket (dense_fallback=off) and the paired dense bucket in the same steps
+    (`vs_best_same_steps`, the goal's measure) and with the first session's sparse and dense times
+    (`vs_best`)."""
     probe = args.auto_probe_steps
     c.args = [a for a in c.args if not a.startswith("--dense_fallback")] + [
         "--dense_fallback=auto", f"--probe_steps={probe}"]
@@ -188,7 +191,7 @@ def measure_auto(args, c, densities, runs):
     settle = 2 * probe + 1  # the probe's steps and the first one after the decision
     rows = run_trainers(c, args.trainer, args, ["--compressors=micro", f"--densities={args.densities}",
                                                 f"--warmup={settle}", f"--steps={args.auto_steps}",
-                                                "--pair_dense=true"])
+                                                "--pair_dense=true", "--pair_forced_sparse=true"])
     nan = float("nan")
     auto = []
     for d in densities:
@@ -202,20 +205,32 @@ def measure_auto(args, c, densities, runs):
         probe_dense = med(lambda st, v: 2 <= st < 2 * probe and all(x["pattern"] == "D" for x in v))
         t = med(lambda st, v: st >= settle)
         chose = sorted({x["pattern"] for st, v in every.items() if st >= settle for x in v})
-        de = {k: v for k, v in steps_of(rows, "dense", paired="micro").items() if k[0] == d}
+        de_all = steps_of(rows, "dense", paired="micro")
+        de = {k: v for k, v in de_all.items() if k[0] == d}
         auto_dense = statistics.median(max(x["exchange_ms"] for x in v) for v in de.values()) if de else nan
         best_session = min(probe_sparse, probe_dense)
+        # The forced-sparse twin (dense_fallback=off) and the paired dense bucket, in the same
+        # steps as auto after its probe: the goal's measure, auto against the faster of the two.
+        forced = {k[1]: v for k, v in steps_of(rows, "micro_forced", warm=True).items() if k[0] == d}
+        forced_ms = statistics.median(max(x["exchange_ms"] for x in v) for st, v in forced.items()
+                                      if st >= settle) if forced else nan
+        dense_after = statistics.median(max(x["exchange_ms"] for x in v) for k, v in de_all.items()
+                                        if k[0] == d and k[1] >= settle) if de_all else nan
+        best_steady = min(forced_ms, dense_after)
         ref = next((r for r in runs if r["compressor"] == "micro" and r["density"] == d), None)
         best = min(ref["sparse_ms"], ref["dense_ms"]) if ref else nan
         auto.append({"density": d, "auto_ms": t, "paired_dense_ms": auto_dense, "chose": chose,
                      "probe_sparse_ms": probe_sparse, "probe_dense_ms": probe_dense,
+                     "forced_sparse_ms": forced_ms, "dense_same_steps_ms": dense_after,
+                     "vs_best_same_steps": t / best_steady if best_steady == best_steady else None,
                      "vs_best_session": t / best_session if best_session == best_session else None,
                      "best_ms": best,
                      "faster": ("sparse" if ref["sparse_ms"] <= ref["dense_ms"] else "dense") if ref else None,
                      "vs_best": t / best if best == best else None})
         print(f"  auto micro@{d:g}: chose {'/'.join(chose)} ({'sparse' if 'D' not in chose else 'dense'}), "
               f"{t:.1f} ms; its probe in the same session: sparse {probe_sparse:.1f} ms, dense {probe_dense:.1f} ms "
-              f"-> {t / best_session:.2f}x the faster"
+              f"-> {t / best_session:.2f}x the faster; in the same steps forced sparse {forced_ms:.1f} ms, "
+              f"dense {dense_after:.1f} ms -> {t / best_steady:.2f}x the faster"
               + (f"; {t / best:.2f}x the first session's faster" if best == best else ""), flush=True)
     return auto
 
@@ -268,10 +283,12 @@ def report(results):
             print(f"  {r['compressor']:>8}@{r['density']:<6g} x{r['speedup']:6.2f}, crossover {xs}{own}")
         for a in cfg.get("auto", []):
             v = a.get("vs_best_session")
+            w = a.get("vs_best_same_steps")
             print(f"  auto micro@{a['density']:g}: chose {'/'.join(a['chose'])}, {a['auto_ms']:.1f} ms "
                   f"(dense beside it {a.get('paired_dense_ms', float('nan')):.1f} ms), "
-                  + (f"{v:.2f}x the faster in its own probe ({'OK' if v <= 1.05 else 'over the 5% goal'}), "
-                     if v is not None else "")
+                  + (f"{w:.2f}x the faster of forced sparse and dense in the same steps "
+                     f"({'OK' if w <= 1.05 else 'over the 5% goal'}), " if w is not None else "")
+                  + (f"{v:.2f}x the faster in its own probe, " if v is not None else "")
                   + (f"{a['vs_best']:.2f}x the first session's faster" if a.get("vs_best") else ""))
     for m in results.get("measured_crossovers", []):
         print(f"measured crossover: {m['hosts']} hosts, {m['compressor']}@{m['density']:g} between "

@@ -57,6 +57,10 @@ ABSL_FLAG(int, parties, 1, "trainer processes on the barrier (= nodes)");
 ABSL_FLAG(
     bool, pair_dense, true,
     "register a dense bucket beside each compressor's and exchange both every step (dense first)");
+ABSL_FLAG(bool, pair_forced_sparse, false,
+          "also hold a twin of each compressor's bucket registered with dense_fallback=off "
+          "(always sparse; reported as compressor NAME_forced), exchanged right after it: the "
+          "daemon's --dense_fallback=auto against forced sparse in one session");
 ABSL_FLAG(std::string, sparse_allreduces, "",
           "comma-separated RegisterBucket sparse_allreduce= values (allgather, oktopk): each "
           "compressor runs once per value, its bucket registered with it; empty: one run with "
@@ -179,10 +183,13 @@ int main(int argc, char** argv) {
         // With --pair_dense, a dense bucket (lower id: exchanged first in each step) runs beside
         // the compressor's, so every step times dense and the compressor back to back.
         std::vector<std::pair<std::string, spex::Bucket*>> runs;
-        for (const std::string& which : {std::string("dense"), name}) {
+        for (const std::string& which : {std::string("dense"), name, name + "_forced"}) {
           if (which == "dense" && (name == "dense" || !absl::GetFlag(FLAGS_pair_dense))) continue;
-          spex::CompressorChoice choice{which, d, {}};
+          const bool forced = which == name + "_forced";
+          if (forced && (name == "dense" || !absl::GetFlag(FLAGS_pair_forced_sparse))) continue;
+          spex::CompressorChoice choice{forced ? name : which, d, {}};
           if (which != "dense" && !mode.empty()) choice.params["sparse_allreduce"] = mode;
+          if (forced) choice.params["dense_fallback"] = "off";
           auto bucket = (*client)->RegisterBucket(bucket_id++, n, choice);
           if (!bucket.ok()) {
             std::fprintf(stderr, "sparse_exchange_trainer: %s: %s\n", which.c_str(),
