@@ -217,9 +217,13 @@ class PlanSamples {
   std::deque<double> fit_x_ ABSL_GUARDED_BY(mu_), fit_y_ ABSL_GUARDED_BY(mu_);
 };
 
-int64_t Clamp63(uint64_t v) {
-  return static_cast<int64_t>(std::min<uint64_t>(v, uint64_t{1} << 62));
-}
+// Agreed words come from every node's measurements, which a hostile or broken trainer's ready
+// stamps can make absurd: times are capped at an hour and beta at 10 us per byte (100 KB/s), so
+// the plans' sums and products stay far from overflow (a bad input can only make a poor plan).
+constexpr uint64_t kMaxPlanNs = uint64_t{3600} * 1000000000;
+constexpr uint64_t kMaxBetaPs = 10000000;
+constexpr uint64_t kMaxSelectFs = 1000000000;
+int64_t PlanNs(uint64_t v) { return static_cast<int64_t>(std::min(v, kMaxPlanNs)); }
 
 // An installed static plan: its groups of bucket ids, where each bucket is, the step it takes
 // effect and its hash (engine thread only).
@@ -323,11 +327,11 @@ class RgmergeModelMerger : public RgmergeReadyMerger {
     in.select_ns.resize(L);
     for (size_t b = 0; b < L; ++b) {
       in.elements[b] = buckets[b].elements;
-      in.gap_ns[b] = Clamp63(agreed[b]);
-      in.select_ns[b] = Clamp63(agreed[L + b]);
+      in.gap_ns[b] = PlanNs(agreed[b]);
+      in.select_ns[b] = PlanNs(agreed[L + b]);
     }
-    in.alpha_ns = Clamp63(agreed[2 * L]);
-    in.beta_ps_per_byte = Clamp63(agreed[2 * L + 1]);
+    in.alpha_ns = PlanNs(agreed[2 * L]);
+    in.beta_ps_per_byte = static_cast<int64_t>(std::min(agreed[2 * L + 1], kMaxBetaPs));
     in.density = ctx.density;
     in.nodes = ctx.nodes;
     in.slack_ns = m_.slack_ns;
@@ -385,7 +389,7 @@ class OmgsMgsMerger : public Merger {
     std::vector<int64_t> sigma(L);
     for (size_t b = 0; b < L; ++b) {
       n[b] = buckets[b].elements;
-      sigma[b] = Clamp63(w[L + b]);
+      sigma[b] = PlanNs(w[L + b]);
     }
     w.push_back(static_cast<uint64_t>(FitSelectFs(n, sigma, MgsInputs().select_fs)));
     return w;
@@ -400,12 +404,12 @@ class OmgsMgsMerger : public Merger {
     MgsInputs in;
     for (size_t b = 0; b < L; ++b) {
       in.elements.push_back(buckets[b].elements);
-      in.gap_ns.push_back(Clamp63(agreed[b]));
+      in.gap_ns.push_back(PlanNs(agreed[b]));
       in.dense.push_back(buckets[b].kind == MergeKind::kDense);
     }
-    in.alpha_ns = Clamp63(agreed[2 * L]);
-    in.beta_ps_per_byte = Clamp63(agreed[2 * L + 1]);
-    in.select_fs = Clamp63(agreed[2 * L + 2]);
+    in.alpha_ns = PlanNs(agreed[2 * L]);
+    in.beta_ps_per_byte = static_cast<int64_t>(std::min(agreed[2 * L + 1], kMaxBetaPs));
+    in.select_fs = static_cast<int64_t>(std::min(agreed[2 * L + 2], kMaxSelectFs));
     in.density = ctx.density;
     in.nodes = ctx.nodes;
     in.behind = o_.select_behind;

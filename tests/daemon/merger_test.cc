@@ -548,5 +548,41 @@ TEST(OmgsMgsMergerTest, OneBucketPerExchangeUntilThePlanThenThePlan) {
   EXPECT_EQ(m.NextGroup(c), 3u);
   EXPECT_FALSE(m.PlanDue(9));
 }
+
+// Absurd agreed inputs (a hostile trainer's ready stamps, maxed over nodes) make a poor plan,
+// never a crash or an overflow (UBSan runs this): every bucket is planned exactly once.
+TEST(PlanMergersTest, AbsurdAgreedInputsStillGiveAValidPlan) {
+  std::vector<PlanBucket> buckets;
+  for (uint64_t b = 0; b < 200; ++b) {
+    buckets.push_back({b, (uint64_t{1} << 24) - b, b % 3 ? K::kPatternB : K::kDense});
+  }
+  for (uint64_t word : {~uint64_t{0}, uint64_t{1} << 63, uint64_t{0}}) {
+    SCOPED_TRACE(word);
+    MergeParams p;
+    p.rgmerge_model = true;
+    p.omgs_mode = OmgsMode::kMgs;
+    p.plan_step = 1;
+    for (MergerPolicy policy : {MergerPolicy::kRgmerge, MergerPolicy::kOmgs}) {
+      auto m = MakeMerger(policy, p);
+      ASSERT_TRUE(m.ok());
+      const size_t words = (*m)->PlanInputs(buckets).size();
+      PlanContext ctx;
+      ctx.nodes = 64;
+      ctx.density = 1.0;
+      (*m)->InstallPlan(buckets, std::vector<uint64_t>(words, word), 1, ctx);
+      std::vector<MergeCandidate> c;
+      for (const PlanBucket& b : buckets) c.push_back(Cand(b.bucket_id, 2, b.elements, true, b.kind));
+      size_t at = 0, groups = 0;
+      while (at < c.size()) {
+        const size_t n = (*m)->NextGroup(absl::MakeConstSpan(c).subspan(at, std::min<size_t>(64, c.size() - at)));
+        ASSERT_GE(n, 1u);
+        at += n;
+        ++groups;
+      }
+      EXPECT_EQ(at, c.size());
+      EXPECT_GE(groups, 1u);
+    }
+  }
+}
 }  // namespace
 }  // namespace spex
