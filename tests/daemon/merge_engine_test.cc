@@ -88,20 +88,26 @@ struct RunResult {
   int max_group = 0;
 };
 
+// In-process nodes of L trainers each, the dense fallback off, every bucket sparse.
+EngineClusterOptions BaseOptions(int N, int L, const std::string& compressor, const char* tag) {
+  EngineClusterOptions o;
+  o.nodes = N;
+  o.trainers = L;
+  o.cpu_primitives = true;
+  o.engine.shm_tag = tag;
+  o.engine.dense_fallback = DenseFallback::kOff;
+  o.engine.min_sparse_elements = 0;
+  o.engine.residual_norm_every = 1;
+  o.engine.compressor = compressor;
+  return o;
+}
+
 RunResult RunCluster(MergerPolicy merger, const std::string& compressor, int N, int L, int steps,
                      int schedule, MergerPolicy node1_merger = MergerPolicy::kNone,
                      bool differ = false, ExchangeObserver* node0_observer = nullptr,
                      bool overlap = true, bool node1_no_overlap = false,
                      const std::function<void(EngineOptions*)>& tweak = nullptr) {
-  EngineClusterOptions o;
-  o.nodes = N;
-  o.trainers = L;
-  o.cpu_primitives = true;
-  o.engine.shm_tag = "mergetest";
-  o.engine.dense_fallback = DenseFallback::kOff;
-  o.engine.min_sparse_elements = 0;
-  o.engine.residual_norm_every = 1;
-  o.engine.compressor = compressor;
+  EngineClusterOptions o = BaseOptions(N, L, compressor, "mergetest");
   o.engine.merger = merger;
   o.engine.merge.fixed_cycle_ms = 1;
   o.engine.merge.fixed_threshold_bytes = 4 * 6000;
@@ -279,15 +285,7 @@ TEST(MergeEngineModel, ThePlanTakesEffectAfterThePlanStepOnEveryNode) {
 // Returns the outputs in RunCluster's layout (each member's slice of its group's output).
 RunResult RunGroupsAsBuckets(const std::string& compressor, int N, int L, int steps,
                              const std::vector<std::vector<int>>& groups) {
-  EngineClusterOptions o;
-  o.nodes = N;
-  o.trainers = L;
-  o.cpu_primitives = true;
-  o.engine.shm_tag = "mergeref";
-  o.engine.dense_fallback = DenseFallback::kOff;
-  o.engine.min_sparse_elements = 0;
-  o.engine.residual_norm_every = 1;
-  o.engine.compressor = compressor;
+  const EngineClusterOptions o = BaseOptions(N, L, compressor, "mergeref");
   RunResult run;
   run.out.assign(steps * N * L * kBuckets, {});
   run.errors.assign(N * L, "");

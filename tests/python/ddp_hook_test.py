@@ -7,7 +7,6 @@ register_comm_hook form, and the errors for a float64 model, a wrong world size,
 compressor or parameter given to spex.torch.register, and nodes whose bucket ids differ (the
 daemon's "bucket order differs", which must reach backward() on every rank, never hang)."""
 
-import hashlib
 import json
 import os
 import subprocess
@@ -20,13 +19,6 @@ STEPS = 6
 HIDDEN = 512  # 301,066 parameters: one bucket before DDP's rebuild, two after
 
 
-def digest(model):
-    h = hashlib.sha1()
-    for p in model.parameters():
-        h.update(p.detach().numpy().tobytes())
-    return h.hexdigest()
-
-
 def worker(cfg):
     import torch
     import torch.distributed as dist
@@ -34,6 +26,7 @@ def worker(cfg):
 
     import spex
     import spex.torch
+    from spex_test_util import digest
 
     rank, world = cfg["rank"], cfg["world"]
     torch.set_num_threads(1)

@@ -10,7 +10,6 @@ another's backward could stall, see the README). Per spexd --merger configuratio
 The measuring plans (rgmerge's model, omgs's mgs) agree on their plan at step 3 and run it from
 step 4, so the runs cover both halves."""
 
-import hashlib
 import json
 import os
 import subprocess
@@ -31,19 +30,13 @@ CONFIGS = {  # name: (compressor, spexd flags)
 }
 
 
-def digest(model):
-    h = hashlib.sha1()
-    for p in model.parameters():
-        h.update(p.detach().numpy().tobytes())
-    return h.hexdigest()
-
-
 def worker(cfg):
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     import spex.torch
+    from spex_test_util import digest
 
     rank, world = cfg["rank"], cfg["world"]
     torch.set_num_threads(1)

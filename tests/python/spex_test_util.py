@@ -13,6 +13,16 @@ SPEXD = os.environ.get("SPEXD") or os.path.join(REPO, "bazel-bin", "daemon", "sp
 QUIET = ["--log_level=error", "--threads=1"]
 
 
+def digest(model) -> str:
+    """SHA-1 of a torch model's parameters (equal on every rank when training stays in step)."""
+    import hashlib
+
+    h = hashlib.sha1()
+    for p in model.parameters():
+        h.update(p.detach().numpy().tobytes())
+    return h.hexdigest()
+
+
 def cluster(nodes: int, trainers: int, *extra: str) -> LocalCluster:
     """A started cluster; the caller stops it (use as a context manager or addCleanup)."""
     return LocalCluster(SPEXD, nodes=nodes, trainers=trainers, args=[*QUIET, *extra]).start()
