@@ -10,9 +10,11 @@ traces). One trainer per host, inside the host's namespace; every step's dense b
 just before the compressor's (paired, same load); a step's time is the slowest node's. Ratios are
 dense p50 / sparse p50 of the same run. Then, per density, the daemons restart with
 --dense_fallback=auto (--probe_steps=--auto-probe-steps) and micro runs, paired with dense as
-before, and beside a forced-sparse twin bucket (registered with dense_fallback=off): what `auto`
-chose after its probe, and its time over --auto-steps steps against the faster of the forced-sparse
-twin and the dense bucket in those same steps (the goal: within 5%), against the faster of dense
+before, and beside a forced-sparse twin bucket (registered with dense_fallback=off), in two
+sessions (the twin after auto's bucket, then before it, since the bucket right after the dense
+exchange is the slower one): what `auto` chose after its probe, and its time over --auto-steps
+steps of both sessions against the faster of the forced-sparse twin and the dense bucket in those
+same steps (the goal: within 5%), against the faster of dense
 and sparse as its own probe measured them (steps 2.. of the probe), and against the first
 session's (sessions differ by 10-30% here). --auto-only runs only this session.
 
@@ -84,14 +86,14 @@ def run_trainers(cluster, trainer, args, extra):
 
 
 def steps_of(rows, what, paired=None, warm=False):
-    """{step: [node rows]} of one configuration."""
+    """{(density, step, session): [node rows]} of one configuration."""
     by = {}
     for r in rows:
         if r["compressor"] != what or (paired is not None and r["paired_with"] != paired):
             continue
         if r["warmup"] and not warm:
             continue
-        by.setdefault((r["density"], r["step"]), []).append(r)
+        by.setdefault((r["density"], r["step"], r.get("session", "")), []).append(r)
     return by
 
 
@@ -189,30 +191,37 @@ def measure_auto(args, c, densities, runs):
     c.start()
     print(f"== {c.description} (--dense_fallback=auto --probe_steps={probe})", flush=True)
     settle = 2 * probe + 1  # the probe's steps and the first one after the decision
-    rows = run_trainers(c, args.trainer, args, ["--compressors=micro", f"--densities={args.densities}",
-                                                f"--warmup={settle}", f"--steps={args.auto_steps}",
-                                                "--pair_dense=true", "--pair_forced_sparse=true"])
+    # Two sessions, ABBA-style: the bucket right after the dense exchange runs on colder caches,
+    # so auto's bucket comes first in one and the forced-sparse twin in the other; steps pooled.
+    rows = []
+    for forced_first in ("false", "true"):
+        rows += run_trainers(c, args.trainer, args, ["--compressors=micro", f"--densities={args.densities}",
+                                                     f"--warmup={settle}", f"--steps={args.auto_steps}",
+                                                     "--pair_dense=true", "--pair_forced_sparse=true",
+                                                     f"--forced_first={forced_first}"])
+        for r in rows:
+            r.setdefault("session", forced_first)
     nan = float("nan")
     auto = []
     for d in densities:
-        every = {k[1]: v for k, v in steps_of(rows, "micro", warm=True).items() if k[0] == d}
+        every = {(k[1], k[2]): v for k, v in steps_of(rows, "micro", warm=True).items() if k[0] == d}
 
         def med(pick):
-            xs = [max(x["exchange_ms"] for x in v) for st, v in sorted(every.items()) if pick(st, v)]
+            xs = [max(x["exchange_ms"] for x in v) for (st, _), v in sorted(every.items()) if pick(st, v)]
             return statistics.median(xs) if xs else nan
 
         probe_sparse = med(lambda st, v: 2 <= st < 2 * probe and all(x["pattern"] != "D" for x in v))
         probe_dense = med(lambda st, v: 2 <= st < 2 * probe and all(x["pattern"] == "D" for x in v))
         t = med(lambda st, v: st >= settle)
-        chose = sorted({x["pattern"] for st, v in every.items() if st >= settle for x in v})
+        chose = sorted({x["pattern"] for (st, _), v in every.items() if st >= settle for x in v})
         de_all = steps_of(rows, "dense", paired="micro")
         de = {k: v for k, v in de_all.items() if k[0] == d}
         auto_dense = statistics.median(max(x["exchange_ms"] for x in v) for v in de.values()) if de else nan
         best_session = min(probe_sparse, probe_dense)
         # The forced-sparse twin (dense_fallback=off) and the paired dense bucket, in the same
         # steps as auto after its probe: the goal's measure, auto against the faster of the two.
-        forced = {k[1]: v for k, v in steps_of(rows, "micro_forced", warm=True).items() if k[0] == d}
-        forced_ms = statistics.median(max(x["exchange_ms"] for x in v) for st, v in forced.items()
+        forced = {(k[1], k[2]): v for k, v in steps_of(rows, "micro_forced", warm=True).items() if k[0] == d}
+        forced_ms = statistics.median(max(x["exchange_ms"] for x in v) for (st, _), v in forced.items()
                                       if st >= settle) if forced else nan
         dense_after = statistics.median(max(x["exchange_ms"] for x in v) for k, v in de_all.items()
                                         if k[0] == d and k[1] >= settle) if de_all else nan

@@ -59,8 +59,12 @@ ABSL_FLAG(
     "register a dense bucket beside each compressor's and exchange both every step (dense first)");
 ABSL_FLAG(bool, pair_forced_sparse, false,
           "also hold a twin of each compressor's bucket registered with dense_fallback=off "
-          "(always sparse; reported as compressor NAME_forced), exchanged right after it: the "
-          "daemon's --dense_fallback=auto against forced sparse in one session");
+          "(always sparse; reported as compressor NAME_forced), exchanged right after it (before it "
+          "with --forced_first): the daemon's --dense_fallback=auto against forced sparse in one "
+          "session");
+ABSL_FLAG(bool, forced_first, false,
+          "with --pair_forced_sparse: register (and so exchange) the twin before the compressor's "
+          "bucket");
 ABSL_FLAG(std::string, sparse_allreduces, "",
           "comma-separated RegisterBucket sparse_allreduce= values (allgather, oktopk): each "
           "compressor runs once per value, its bucket registered with it; empty: one run with "
@@ -183,7 +187,12 @@ int main(int argc, char** argv) {
         // With --pair_dense, a dense bucket (lower id: exchanged first in each step) runs beside
         // the compressor's, so every step times dense and the compressor back to back.
         std::vector<std::pair<std::string, spex::Bucket*>> runs;
-        for (const std::string& which : {std::string("dense"), name, name + "_forced"}) {
+        // Buckets are exchanged in id order (the daemon's canonical order), so the order of
+        // registration is the order in every step; --forced_first puts the twin before.
+        const bool forced_first = absl::GetFlag(FLAGS_forced_first);
+        const std::string first = forced_first ? name + "_forced" : name;
+        const std::string second = forced_first ? name : name + "_forced";
+        for (const std::string& which : {std::string("dense"), first, second}) {
           if (which == "dense" && (name == "dense" || !absl::GetFlag(FLAGS_pair_dense))) continue;
           const bool forced = which == name + "_forced";
           if (forced && (name == "dense" || !absl::GetFlag(FLAGS_pair_forced_sparse))) continue;
