@@ -57,11 +57,12 @@ ABSL_FLAG(int, parties, 1, "trainer processes on the barrier (= nodes)");
 ABSL_FLAG(
     bool, pair_dense, true,
     "register a dense bucket beside each compressor's and exchange both every step (dense first)");
-ABSL_FLAG(bool, pair_forced_sparse, false,
-          "also hold a twin of each compressor's bucket registered with dense_fallback=off "
-          "(always sparse; reported as compressor NAME_forced), exchanged right after it (before it "
-          "with --forced_first): the daemon's --dense_fallback=auto against forced sparse in one "
-          "session");
+ABSL_FLAG(
+    bool, pair_forced_sparse, false,
+    "also hold a twin of each compressor's bucket registered with dense_fallback=off "
+    "(always sparse; reported as compressor NAME_forced), exchanged right after it (before it "
+    "with --forced_first): the daemon's --dense_fallback=auto against forced sparse in one "
+    "session");
 ABSL_FLAG(bool, forced_first, false,
           "with --pair_forced_sparse: register (and so exchange) the twin before the compressor's "
           "bucket");

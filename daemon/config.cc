@@ -98,17 +98,19 @@ absl::StatusOr<DaemonConfig> LoadConfig() {
   if (e.merge.omgs_count == 0) e.merge.omgs_count = 10;  // unused in threshold mode
   const std::string plan = absl::GetFlag(FLAGS_rgmerge_plan);
   if (plan != "ready" && plan != "model") {
-    errors.push_back(absl::StrCat("--rgmerge_plan must be ready or model, got '",
-                                  plan.substr(0, 64), "'"));
+    errors.push_back(
+        absl::StrCat("--rgmerge_plan must be ready or model, got '", plan.substr(0, 64), "'"));
   }
   e.merge.rgmerge_model = plan == "model";
   for (const auto& [flag, value, out] :
-       {std::tuple<const char*, std::string, bool*>{"--omgs_select", absl::GetFlag(FLAGS_omgs_select),
-                                                    &e.merge.omgs_select_behind},
-        std::tuple<const char*, std::string, bool*>{
-            "--rgmerge_select", absl::GetFlag(FLAGS_rgmerge_select), &e.merge.rgmerge_select_behind}}) {
+       {std::tuple<const char*, std::string, bool*>{
+            "--omgs_select", absl::GetFlag(FLAGS_omgs_select), &e.merge.omgs_select_behind},
+        std::tuple<const char*, std::string, bool*>{"--rgmerge_select",
+                                                    absl::GetFlag(FLAGS_rgmerge_select),
+                                                    &e.merge.rgmerge_select_behind}}) {
     if (value != "ahead" && value != "behind") {
-      errors.push_back(absl::StrCat(flag, " must be ahead or behind, got '", value.substr(0, 64), "'"));
+      errors.push_back(
+          absl::StrCat(flag, " must be ahead or behind, got '", value.substr(0, 64), "'"));
     }
     *out = value == "behind";
   }
@@ -117,7 +119,7 @@ absl::StatusOr<DaemonConfig> LoadConfig() {
     e.merge.plan_step = 2 * static_cast<uint64_t>(std::max(0, e.probe_steps)) + 16;
   }
   e.merge.rgmerge_slack_us = absl::GetFlag(FLAGS_rgmerge_slack_us);
-  e.merge.rgmerge_alpha_us = absl::GetFlag(FLAGS_rgmerge_alpha_us);
+  e.merge.merge_alpha_us = absl::GetFlag(FLAGS_merge_alpha_us);
   e.merge.rgmerge_equal_tail = absl::GetFlag(FLAGS_rgmerge_equal_tail);
   if (absl::Status s = ValidateEngineOptions(e); !s.ok()) errors.emplace_back(s.message());
   if (absl::StatusOr<std::unique_ptr<Merger>> m = MakeMerger(e.merger, e.merge); !m.ok()) {

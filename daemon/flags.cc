@@ -121,9 +121,10 @@ ABSL_FLAG(std::string, omgs_mode, "threshold",
           "before).");
 ABSL_FLAG(int64_t, rgmerge_slack_us, 0,
           "--rgmerge_plan=model: the slack delta of the plan's first step, microseconds.");
-ABSL_FLAG(int64_t, rgmerge_alpha_us, 0,
-          "--rgmerge_plan=model: the plan's collective start-up alpha, microseconds (0: "
-          "measured, a least-squares fit of the groups' wire time against their bytes).");
+ABSL_FLAG(int64_t, merge_alpha_us, 0,
+          "--rgmerge_plan=model, --omgs_mode=mgs: the plan's collective start-up alpha, "
+          "microseconds (0: measured, a least-squares fit of the groups' wire time against their "
+          "bytes).");
 ABSL_FLAG(bool, rgmerge_equal_tail, true,
           "--rgmerge_plan=model: split the plan's tail into equal groups, as the published code "
           "does.");

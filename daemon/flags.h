@@ -53,7 +53,7 @@ ABSL_DECLARE_FLAG(std::string, rgmerge_select);
 ABSL_DECLARE_FLAG(uint64_t, merge_plan_step);
 ABSL_DECLARE_FLAG(std::string, omgs_mode);
 ABSL_DECLARE_FLAG(int64_t, rgmerge_slack_us);
-ABSL_DECLARE_FLAG(int64_t, rgmerge_alpha_us);
+ABSL_DECLARE_FLAG(int64_t, merge_alpha_us);
 ABSL_DECLARE_FLAG(bool, rgmerge_equal_tail);
 ABSL_DECLARE_FLAG(spex::LogLevel, log_level);
 ABSL_DECLARE_FLAG(std::string, metrics_address);

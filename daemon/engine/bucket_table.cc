@@ -150,7 +150,7 @@ absl::Status BucketTable::BuildCompressor(EngineBucket* b, double density) {
   ok.recompute_every = static_cast<uint32_t>(options_->oktopk_recompute_every);
   ok.rebalance_every = static_cast<uint32_t>(options_->oktopk_rebalance_every);
   b->ex.mode = b->policy.dense_fallback == DenseFallback::kAuto ? BucketExchange::Mode::kProbe
-                                                                 : BucketExchange::Mode::kSparse;
+                                                                : BucketExchange::Mode::kSparse;
   return absl::OkStatus();
 }
 

@@ -168,7 +168,7 @@ void Engine::Run() {
     group.clear();
     failed.clear();
     pick = Scheduler::Pick();
-    bool run = false, waiting = false, fell_idle = false;
+    bool run = false, waiting = false, fell_idle = false, drop_behind = false;
     {
       absl::MutexLock lock(&mu_);
       buckets_.UnlinkAttached();
@@ -176,6 +176,10 @@ void Engine::Run() {
       doorbell_.DropOld(bell);
       ReapDeadTrainersLocked();
       fell_idle = had_sessions && sessions_.empty();
+      // A new job (its buckets replaced the last one's): the behind groups, and their
+      // compressors' state, belong to the old one.
+      drop_behind = fell_idle || job_generation_ != behind_generation_;
+      behind_generation_ = job_generation_;
       had_sessions = !sessions_.empty();
       // After every session left, only the steps dead trainers left half-done still run.
       if (!reset_pending_ || dead_mask_ != 0) {
@@ -200,13 +204,12 @@ void Engine::Run() {
       }
       processing_ = run || !failed.empty();
     }
+    if (drop_behind && !behind_groups_.empty()) {  // the job that made them has ended
+      DrainWire();
+      behind_groups_.clear();
+    }
     if (fell_idle) {
-      // The job's last trainer has gone (Goodbye or death): drop the behind groups' buffers and
-      // hand the heap's free pages back.
-      if (!behind_groups_.empty()) {
-        DrainWire();
-        behind_groups_.clear();
-      }
+      // The job's last trainer has gone (Goodbye or death): hand the heap's free pages back.
       const int64_t released = ReleaseFreeHeap();
       SPEX_LOG(DEBUG) << "node idle: released " << released / 1024 << " KiB of free heap";
     }
@@ -338,10 +341,9 @@ void Engine::Process(const std::vector<EngineBucket*>& group) {
   // The bucket's policies every node must share (a difference fails the control round, naming
   // the bucket): the non-finite policy and, per bucket, the dense fallback.
   const bool fallback = b->policy.dense_fallback == DenseFallback::kAuto;
-  const absl::string_view policy =
-      b->policy.nonfinite == NonfinitePolicy::kError
-          ? (fallback ? "error" : "error dense_fallback=off")
-          : (fallback ? "propagate" : "propagate dense_fallback=off");
+  const absl::string_view policy = b->policy.nonfinite == NonfinitePolicy::kError
+                                       ? (fallback ? "error" : "error dense_fallback=off")
+                                       : (fallback ? "propagate" : "propagate dense_fallback=off");
   absl::string_view exchange = "allgather";
   if (b->policy.sparse_allreduce == SparseAllreduce::kOkTopk) exchange = oktopk_key_;
   if (b->policy.sparse_allreduce == SparseAllreduce::kAuto) exchange = auto_key_;
@@ -1084,6 +1086,7 @@ void Engine::ResetLocked() {
   SPEX_LOG(INFO) << "new job: dropping the previous job's " << buckets_.size() << " buckets";
   buckets_.Clear();
   reset_pending_ = false;
+  ++job_generation_;
   dead_mask_ = 0;
   scheduler_->set_dead(0);
   published_cv_.SignalAll();

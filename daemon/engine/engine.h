@@ -197,8 +197,9 @@ class Engine {
   Doorbell doorbell_;  // segment() and Ring() from any thread; the rest under mu_
   std::unique_ptr<Scheduler> scheduler_ ABSL_GUARDED_BY(mu_);
   Merger* merger_ = nullptr;  // the scheduler's (set at Start); engine and wire threads
-  bool reset_pending_ ABSL_GUARDED_BY(mu_) = false;  // every session left: drop the buckets
-  bool processing_ ABSL_GUARDED_BY(mu_) = false;     // the engine thread is inside a step
+  bool reset_pending_ ABSL_GUARDED_BY(mu_) = false;   // every session left: drop the buckets
+  uint64_t job_generation_ ABSL_GUARDED_BY(mu_) = 0;  // counts ResetLocked (a new job's buckets)
+  bool processing_ ABSL_GUARDED_BY(mu_) = false;      // the engine thread is inside a step
   // The wire stage: the pack handed to the wire thread and not yet taken, how many packs are
   // handed and not yet published (0 or 1), and the wire thread's stop request. A bucket is not
   // erased while wire_inflight_ > 0 (as while processing_).
@@ -219,8 +220,9 @@ class Engine {
   // Selection behind: per plan group's first member; engine thread (a pack on the wire uses
   // one, so an entry is replaced or dropped only after DrainWire).
   std::map<uint64_t, std::unique_ptr<BehindGroup>> behind_groups_;
-  FusedScratch fused_scratch_[2];  // alternate packs: one on the wire, one being prepared
-  int next_scratch_ = 0;           // engine thread only
+  uint64_t behind_generation_ = 0;  // the job_generation_ behind_groups_ belong to (engine thread)
+  FusedScratch fused_scratch_[2];   // alternate packs: one on the wire, one being prepared
+  int next_scratch_ = 0;            // engine thread only
   uint64_t slow_since_ns_ = 0, slow_head_ = 0, slow_step_ = 0;  // engine thread only
   bool slow_warned_ = false;                                    // engine thread only
 

@@ -504,9 +504,9 @@ void FusedBehindStep(const StepEnv& env, BehindGroup* g, absl::Span<StepItem> gr
     } else if (b.on_device || b.acc == nullptr || g->sparse.oktopk) {
       bad = absl::InvalidArgumentError(absl::StrCat(
           "behind step: bucket ", b.id,
-          b.on_device         ? " is device memory; behind groups are host memory only"
+          b.on_device        ? " is device memory; behind groups are host memory only"
           : b.acc == nullptr ? " has no accumulator (a dense-only bucket)"
-                              : ": behind groups exchange through the all-gather, not Ok-Topk"));
+                             : ": behind groups exchange through the all-gather, not Ok-Topk"));
     }
   }
   if (!bad.ok()) {

@@ -129,9 +129,9 @@ absl::StatusOr<std::unique_ptr<BehindGroup>> MakeBehindGroup(
 // residual update and Update on the group, and each member's slice of the result and residual
 // copied back into its output and acc. Every item must be the group's member at its position
 // (same id and size), at one step, on the host, with an accumulator, and not through Ok-Topk;
-// otherwise every item fails with InvalidArgument before any collective. Records: each member's own selected and gathered
-// counts and residual norm (of its slice); the group's wire bytes are attributed to its first
-// member (one chunk carries them all).
+// otherwise every item fails with InvalidArgument before any collective. Records: each member's own
+// selected and gathered counts and residual norm (of its slice); the group's wire bytes are
+// attributed to its first member (one chunk carries them all).
 void FusedBehindStep(const StepEnv& env, BehindGroup* g, absl::Span<StepItem> group,
                      const Lap& lap);
 

@@ -26,7 +26,7 @@ enum Word : size_t {
   kConfigHash,
   kNotConfigHash,
   kPlanDue,  // a node's merger asks for the plan agreement after this round
-  kKeys,  // kGroupRoundMaxWindow keys, then their complements
+  kKeys,     // kGroupRoundMaxWindow keys, then their complements
 };
 constexpr size_t kWords = kKeys + 2 * kGroupRoundMaxWindow;
 // Folded into the configuration hash when the groups' collectives run on the wire stage.

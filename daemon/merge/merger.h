@@ -106,9 +106,7 @@ class Merger {
   virtual bool PlanDue(uint64_t /*step*/) const { return false; }
   // This node's plan inputs for `buckets` as integer words; the agreement takes their maximum
   // over nodes (the slowest node's timings) and hands the same words to InstallPlan everywhere.
-  virtual std::vector<uint64_t> PlanInputs(absl::Span<const PlanBucket> /*buckets*/) {
-    return {};
-  }
+  virtual std::vector<uint64_t> PlanInputs(absl::Span<const PlanBucket> /*buckets*/) { return {}; }
   // Computes the plan from the agreed words; it takes effect at step `step` + 1. The same
   // inputs on every node give the same plan (integer arithmetic), and ConfigHash() covers it.
   virtual void InstallPlan(absl::Span<const PlanBucket> /*buckets*/,
@@ -150,10 +148,10 @@ struct MergeParams {
   bool omgs_select_behind = true;                       // --omgs_select=behind (default)
   bool rgmerge_select_behind = false;                   // --rgmerge_select=behind (model only)
   bool rgmerge_model = false;                           // --rgmerge_plan=model
-  uint64_t plan_step = 22;  // --merge_plan_step (S_plan) of rgmerge's model and omgs's mgs
-  int64_t rgmerge_slack_us = 0;                         // --rgmerge_slack_us
-  int64_t rgmerge_alpha_us = 0;                         // --rgmerge_alpha_us (0: measured)
-  bool rgmerge_equal_tail = true;                       // --rgmerge_equal_tail
+  uint64_t plan_step = 22;         // --merge_plan_step (S_plan) of rgmerge's model and omgs's mgs
+  int64_t rgmerge_slack_us = 0;    // --rgmerge_slack_us
+  int64_t merge_alpha_us = 0;      // --merge_alpha_us (0: measured)
+  bool rgmerge_equal_tail = true;  // --rgmerge_equal_tail
 };
 bool AbslParseFlag(absl::string_view text, MergerPolicy* out, std::string* error);
 std::string AbslUnparseFlag(MergerPolicy v);

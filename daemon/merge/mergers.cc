@@ -96,9 +96,9 @@ class OmgsMerger : public Merger {
   explicit OmgsMerger(const OmgsOptions& o) : o_(o) {}
   const char* name() const override { return "omgs"; }
   uint64_t ConfigHash() const override {
-    return HashWords("omgs", {static_cast<uint64_t>(o_.mode), o_.threshold_elements, o_.count,
-                              o_.limits.window, o_.limits.max_group_elements,
-                              o_.select_behind ? 1u : 0u});
+    return HashWords(
+        "omgs", {static_cast<uint64_t>(o_.mode), o_.threshold_elements, o_.count, o_.limits.window,
+                 o_.limits.max_group_elements, o_.select_behind ? 1u : 0u});
   }
   bool behind() const override { return o_.select_behind; }
   // The plan group starting at the head: threshold closes WITH the bucket that brings the
@@ -294,11 +294,10 @@ class RgmergeModelMerger : public RgmergeReadyMerger {
   explicit RgmergeModelMerger(const RgmergeOptions& o) : RgmergeReadyMerger(o), m_(o) {}
   bool AgreedAt(uint64_t step) const override { return !plan_.Active(step); }
   uint64_t ConfigHash() const override {
-    return HashWords("rgmerge/model",
-                     {m_.limits.window, m_.limits.max_group_elements, m_.plan_step,
-                      static_cast<uint64_t>(m_.slack_ns), m_.equal_tail ? 1u : 0u,
-                      m_.select_behind ? 1u : 0u, static_cast<uint64_t>(m_.alpha_ns),
-                      plan_.hash()});
+    return HashWords("rgmerge/model", {m_.limits.window, m_.limits.max_group_elements, m_.plan_step,
+                                       static_cast<uint64_t>(m_.slack_ns), m_.equal_tail ? 1u : 0u,
+                                       m_.select_behind ? 1u : 0u,
+                                       static_cast<uint64_t>(m_.alpha_ns), plan_.hash()});
   }
   bool behind() const override { return m_.select_behind; }
   size_t NextGroup(absl::Span<const MergeCandidate> c) override {
@@ -365,8 +364,9 @@ class OmgsMgsMerger : public Merger {
   explicit OmgsMgsMerger(const OmgsOptions& o) : o_(o) {}
   const char* name() const override { return "omgs"; }
   uint64_t ConfigHash() const override {
-    return HashWords("omgs/mgs", {o_.limits.window, o_.limits.max_group_elements, o_.plan_step,
-                                  o_.select_behind ? 1u : 0u, plan_.hash()});
+    return HashWords(
+        "omgs/mgs", {o_.limits.window, o_.limits.max_group_elements, o_.plan_step,
+                     o_.select_behind ? 1u : 0u, static_cast<uint64_t>(o_.alpha_ns), plan_.hash()});
   }
   bool behind() const override { return o_.select_behind; }
   size_t NextGroup(absl::Span<const MergeCandidate> c) override {
@@ -383,7 +383,7 @@ class OmgsMgsMerger : public Merger {
   // rgmerge's words, then s (fs per element * log2 element) fitted to this node's sigma_b and
   // n_b log2 n_b, so every node agrees on one s.
   std::vector<uint64_t> PlanInputs(absl::Span<const PlanBucket> buckets) override {
-    std::vector<uint64_t> w = samples_.Inputs(buckets, 0);
+    std::vector<uint64_t> w = samples_.Inputs(buckets, o_.alpha_ns);
     const size_t L = buckets.size();
     std::vector<uint64_t> n(L);
     std::vector<int64_t> sigma(L);
@@ -477,6 +477,10 @@ absl::StatusOr<std::unique_ptr<Merger>> MakeFixedMerger(const FixedOptions& opti
 absl::StatusOr<std::unique_ptr<Merger>> MakeOmgsMerger(const OmgsOptions& options) {
   if (absl::Status s = CheckLimits(options.limits); !s.ok()) return s;
   if (options.mode == OmgsMode::kMgs) {
+    if (options.alpha_ns < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--merge_alpha_us must be >= 0 (0: measured); got ", options.alpha_ns / 1000));
+    }
     if (options.plan_step == 0) {
       return absl::InvalidArgumentError(
           "--merge_plan_step must be >= 1 (the step whose first group agrees on the plan)");
@@ -511,7 +515,7 @@ absl::StatusOr<std::unique_ptr<Merger>> MakeRgmergeMerger(const RgmergeOptions& 
   }
   if (options.alpha_ns < 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--rgmerge_alpha_us must be >= 0 (0: measured); got ", options.alpha_ns / 1000));
+        absl::StrCat("--merge_alpha_us must be >= 0 (0: measured); got ", options.alpha_ns / 1000));
   }
   if (options.slack_ns < 0) {
     return absl::InvalidArgumentError(
@@ -538,6 +542,7 @@ absl::StatusOr<std::unique_ptr<Merger>> MakeMerger(MergerPolicy policy, const Me
       o.threshold_elements = params.omgs_threshold_elements;
       o.count = params.omgs_count;
       o.select_behind = params.omgs_select_behind;
+      o.alpha_ns = params.merge_alpha_us * 1000;
       o.limits = params.limits;
       return MakeOmgsMerger(o);
     }
@@ -549,7 +554,7 @@ absl::StatusOr<std::unique_ptr<Merger>> MakeMerger(MergerPolicy policy, const Me
       o.slack_ns = params.rgmerge_slack_us * 1000;
       o.equal_tail = params.rgmerge_equal_tail;
       o.select_behind = params.rgmerge_select_behind;
-      o.alpha_ns = params.rgmerge_alpha_us * 1000;
+      o.alpha_ns = params.merge_alpha_us * 1000;
       return MakeRgmergeMerger(o);
     }
   }

@@ -28,6 +28,7 @@ struct OmgsOptions {
   uint64_t count = 10;                   // --omgs_count
   bool select_behind = true;             // --omgs_select=behind (OMGS's own placement)
   uint64_t plan_step = 22;               // mgs: --merge_plan_step
+  int64_t alpha_ns = 0;                  // mgs: --merge_alpha_us (0: measured)
   GroupLimits limits;
 };
 absl::StatusOr<std::unique_ptr<Merger>> MakeOmgsMerger(const OmgsOptions& options);
@@ -47,7 +48,7 @@ struct RgmergeOptions {
   int64_t slack_ns = 0;        // --rgmerge_slack_us, in ns
   bool equal_tail = true;      // --rgmerge_equal_tail
   bool select_behind = false;  // --rgmerge_select=behind: the plan's groups (model only)
-  int64_t alpha_ns = 0;        // --rgmerge_alpha_us: a fixed start-up (0: measured)
+  int64_t alpha_ns = 0;        // --merge_alpha_us: a fixed start-up (0: measured)
 };
 absl::StatusOr<std::unique_ptr<Merger>> MakeRgmergeReadyMerger(const RgmergeOptions& options);
 // Either plan, by options.model.

@@ -39,8 +39,8 @@ int64_t FitSelectFs(const std::vector<uint64_t>& elements, const std::vector<int
   double szz = 0, szy = 0;
   for (size_t b = 0; b < std::min(elements.size(), select_ns.size()); ++b) {
     if (elements[b] < 2 || select_ns[b] <= 0) continue;
-    const double z = static_cast<double>(elements[b]) * static_cast<double>(Log2Q16(elements[b])) /
-                     65536.0;
+    const double z =
+        static_cast<double>(elements[b]) * static_cast<double>(Log2Q16(elements[b])) / 65536.0;
     szz += z * z;
     szy += z * static_cast<double>(select_ns[b]) * 1e6;  // ns -> fs
   }

@@ -126,8 +126,7 @@ TEST_F(ConfigTest, EveryBadValueNamesItsFlag) {
        "--omgs_threshold_elements must be >= 1"},
       {[] { absl::SetFlag(&FLAGS_omgs_mode, "adaptive"); },
        "--omgs_mode must be threshold, count or mgs, got 'adaptive'"},
-      {[] { absl::SetFlag(&FLAGS_omgs_select, "aside"); },
-       "--omgs_select must be ahead or behind"},
+      {[] { absl::SetFlag(&FLAGS_omgs_select, "aside"); }, "--omgs_select must be ahead or behind"},
       {[] { absl::SetFlag(&FLAGS_rgmerge_plan, "guess"); },
        "--rgmerge_plan must be ready or model"},
       {[] {
@@ -166,7 +165,7 @@ TEST_F(ConfigTest, MergePlanFlags) {
   absl::SetFlag(&FLAGS_rgmerge_plan, "model");
   absl::SetFlag(&FLAGS_rgmerge_select, "behind");
   absl::SetFlag(&FLAGS_merge_plan_step, uint64_t{9});
-  absl::SetFlag(&FLAGS_rgmerge_alpha_us, int64_t{250});
+  absl::SetFlag(&FLAGS_merge_alpha_us, int64_t{250});
   absl::SetFlag(&FLAGS_omgs_mode, "threshold");
   absl::SetFlag(&FLAGS_omgs_count, uint64_t{3});  // still selects count mode
   c = LoadConfig();
@@ -175,7 +174,7 @@ TEST_F(ConfigTest, MergePlanFlags) {
   EXPECT_TRUE(c->engine.merge.rgmerge_select_behind);
   EXPECT_TRUE(c->engine.merge.omgs_select_behind == false);
   EXPECT_EQ(c->engine.merge.plan_step, 9u);
-  EXPECT_EQ(c->engine.merge.rgmerge_alpha_us, 250);
+  EXPECT_EQ(c->engine.merge.merge_alpha_us, 250);
   EXPECT_EQ(c->engine.merge.omgs_mode, OmgsMode::kCount);
 }
 

@@ -516,10 +516,10 @@ void RunBehind(const std::string& compressor, K kind, const std::vector<size_t>&
     std::vector<const BucketData*> data;
     size_t total = 0;
     for (size_t i = 0; i < sizes.size(); ++i) {
-      members.push_back(engine_reduced
-                            ? MakeBucket({20 + i, sizes[i], compressor, kind}, r, nodes, prims.get())
-                            : MakeBucket({20 + i, sizes[i], "dense", K::kDense}, r, nodes,
-                                         prims.get()));
+      members.push_back(
+          engine_reduced
+              ? MakeBucket({20 + i, sizes[i], compressor, kind}, r, nodes, prims.get())
+              : MakeBucket({20 + i, sizes[i], "dense", K::kDense}, r, nodes, prims.get()));
       data.push_back(&members.back()->data);
       total += sizes[i];
     }
@@ -556,7 +556,8 @@ void RunBehind(const std::string& compressor, K kind, const std::vector<size_t>&
             0, std::memcmp(members[i]->out.data(), ref->out.data() + lo, sizes[i] * sizeof(float)))
             << "member " << i << " output differs at step " << step;
         // The residual stays with the member.
-        EXPECT_EQ(0, std::memcmp(members[i]->data.acc, ref->data.acc + lo, sizes[i] * sizeof(float)))
+        EXPECT_EQ(0,
+                  std::memcmp(members[i]->data.acc, ref->data.acc + lo, sizes[i] * sizeof(float)))
             << "member " << i << " residual differs at step " << step;
         selected += members[i]->rec.selected_elements;
       }

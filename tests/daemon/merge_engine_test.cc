@@ -187,7 +187,7 @@ std::function<void(EngineOptions*)> Model(uint64_t plan_step, int64_t slack_us =
     e->merge.rgmerge_model = true;
     e->merge.plan_step = plan_step;
     e->merge.rgmerge_slack_us = slack_us;
-    e->merge.rgmerge_alpha_us = alpha_us;
+    e->merge.merge_alpha_us = alpha_us;
   };
 }
 
@@ -209,7 +209,9 @@ TEST_P(MergeEngineTest, SameAsUnmergedUnderEverySchedule) {
     SCOPED_TRACE(absl::StrCat("schedule ", schedule));
     const RunResult got =
         RunCluster(c.merger, c.compressor, N, L, steps, schedule, MergerPolicy::kNone, false,
-                   nullptr, c.overlap, false, c.model ? Model(2) : nullptr);
+                   nullptr, c.overlap, false,
+                   // alpha pinned at 1 s: the plans merge whatever this machine's timings
+                   c.model ? Model(2, 0, 1000000) : nullptr);
     for (int i = 0; i < N * L; ++i) ASSERT_EQ(got.errors[i], "") << "trainer " << i;
     for (size_t j = 0; j < want.out.size(); ++j) {
       ASSERT_EQ(got.out[j].size(), want.out[j].size()) << j;
@@ -252,7 +254,7 @@ INSTANTIATE_TEST_SUITE_P(Mergers, MergeEngineTest,
 
 // --rgmerge_plan=model: `ready` up to the plan step, the agreed static plan from the next step on,
 // the same on every node. With a slack of one second every initial group of the generator is a
-// pair ([0 1] [2 3] [4 5]); with alpha fixed at 1 s (--rgmerge_alpha_us) the long-tail step cuts
+// pair ([0 1] [2 3] [4 5]); with alpha fixed at 1 s (--merge_alpha_us) the long-tail step cuts
 // after the first pair (comm of buckets 0-1 >= alpha > the backward gaps and selection times of
 // buckets 2-5, microseconds here): the plan is [0 1] [2 3 4 5].
 TEST(MergeEngineModel, ThePlanTakesEffectAfterThePlanStepOnEveryNode) {
@@ -356,6 +358,58 @@ TEST(MergeEngineBehind, AGroupIsOneBucketOfTheSummedSize) {
   }
 }
 
+// A behind group (its compressor's state) belongs to its job: a second job on the same daemons,
+// registering the same buckets right after the first left, computes what a fresh daemon computes
+// (sidco_e fits its threshold from step to step, state a kept group would carry over: without the
+// groups dropped between jobs the second job's outputs differ).
+TEST(MergeEngineBehind, ANewJobStartsWithFreshGroups) {
+  const int N = 2, steps = 4;
+  auto job = [&](EngineCluster& cluster, std::vector<std::vector<float>>* out) {
+    out->assign(steps * N * kBuckets, {});
+    cluster.ForEachTrainer([&](int r, int t) {
+      auto tr = Trainer::Open(&cluster.engine(r), t, 1);
+      ASSERT_TRUE(tr.ok()) << tr.status();
+      for (int b = 0; b < kBuckets; ++b) {
+        ASSERT_TRUE(tr->Register(b, kSizes[b], "sidco_e", 0.05).ok());
+      }
+      for (int s = 0; s < steps; ++s) {
+        for (int b = 0; b < kBuckets; ++b) {
+          tr->Fill(b, [&](size_t i) { return Value(r, t, s, b, i); });
+          tr->MarkReady(b, s);
+        }
+        for (int b = 0; b < kBuckets; ++b) {
+          ASSERT_TRUE(tr->WaitPublished(b, s, absl::Seconds(20)).ok()) << b << "@" << s;
+          const float* o = tr->output(b);
+          (*out)[(s * N + r) * kBuckets + b].assign(o, o + kSizes[b]);
+        }
+      }
+      EXPECT_TRUE(tr->Goodbye().ok());
+    });
+  };
+  auto options = [](const char* tag) {
+    EngineClusterOptions o = BaseOptions(N, 1, "sidco_e", tag);
+    o.engine.merger = MergerPolicy::kOmgs;
+    o.engine.merge.omgs_threshold_elements = 5000;
+    o.engine.merge.omgs_select_behind = true;
+    return o;
+  };
+  std::vector<std::vector<float>> first, second, fresh;
+  {
+    EngineCluster twice(options("mergejobs"));
+    ASSERT_TRUE(twice.status().ok()) << twice.status();
+    job(twice, &first);
+    job(twice, &second);
+  }
+  EngineCluster once(options("mergejob1"));
+  ASSERT_TRUE(once.status().ok()) << once.status();
+  job(once, &fresh);
+  ASSERT_EQ(first.size(), fresh.size());
+  for (size_t j = 0; j < fresh.size(); ++j) {
+    ASSERT_EQ(first[j], fresh[j]) << "first job, output " << j;
+    ASSERT_EQ(second[j], fresh[j]) << "second job, output " << j << " (step, node, bucket)";
+  }
+}
+
 // rgmerge's model plan with --rgmerge_select=behind: the plan of MergeEngineModel ([0 1]
 // [2 3 4 5] from step 4; `ready`, so ahead, before). topk selects exactly k: behind, the group
 // [2 3 4 5] (7711 elements) selects floor(0.05 * 7711) = 385 entries per node, where its members
@@ -363,12 +417,12 @@ TEST(MergeEngineBehind, AGroupIsOneBucketOfTheSummedSize) {
 TEST(MergeEngineBehind, RgmergeModelSelectsBehindAfterThePlanStep) {
   const int N = 2, steps = 6;
   GroupLog log;
-  const RunResult got = RunCluster(MergerPolicy::kRgmerge, "topk", N, 1, steps, 0,
-                                   MergerPolicy::kNone, false, &log, true, false,
-                                   [](EngineOptions* e) {
-                                     Model(3, 1000000, 1000000)(e);
-                                     e->merge.rgmerge_select_behind = true;
-                                   });
+  const RunResult got =
+      RunCluster(MergerPolicy::kRgmerge, "topk", N, 1, steps, 0, MergerPolicy::kNone, false, &log,
+                 true, false, [](EngineOptions* e) {
+                   Model(3, 1000000, 1000000)(e);
+                   e->merge.rgmerge_select_behind = true;
+                 });
   for (int i = 0; i < N; ++i) ASSERT_EQ(got.errors[i], "") << "node " << i;
   EXPECT_EQ(got.groups[1], got.groups[0]);
   std::vector<uint64_t> selected(steps, 0);

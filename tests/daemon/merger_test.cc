@@ -298,7 +298,6 @@ TEST(RgmergeModelPlan, EdgeCases) {
   }
 }
 
-
 TEST(MergeStatsTest, MedianAndLineFit) {
   EXPECT_EQ(MedianOf({}), 0);
   EXPECT_EQ(MedianOf({5}), 5);
@@ -445,7 +444,6 @@ TEST(RgmergeModelMergerTest, FlagsAreValidatedAndTheModeIsHashed) {
   EXPECT_STREQ(model->name(), "rgmerge");
 }
 
-
 // omgs --omgs_mode=mgs (MERGING.md 4.3), O3: hand-worked profiles of 4 buckets. Unless said
 // otherwise: s = 0 (no selection time), alpha = 1000 ns, beta = 0, so tc(x) = 1000 ns and merging
 // two buffers saves t_save = 1000 ns; with ts = 0 a buffer's selection ends when it is produced.
@@ -533,7 +531,7 @@ TEST(OmgsMgsMergerTest, OneBucketPerExchangeUntilThePlanThenThePlan) {
   const std::vector<PlanBucket> buckets = {
       {1, 1000, K::kPatternB}, {2, 1000, K::kPatternB}, {3, 1000, K::kDense}};
   std::vector<uint64_t> w = m.PlanInputs(buckets);
-  ASSERT_EQ(w.size(), 2 * buckets.size() + 3);  // g, sigma, alpha, beta, s
+  ASSERT_EQ(w.size(), 2 * buckets.size() + 3);                        // g, sigma, alpha, beta, s
   EXPECT_EQ(w.back(), static_cast<uint64_t>(MgsInputs().select_fs));  // nothing measured
   // Gaps well under alpha (3.78 ms by default): everything merges.
   const uint64_t before = m.ConfigHash();
@@ -571,10 +569,12 @@ TEST(PlanMergersTest, AbsurdAgreedInputsStillGiveAValidPlan) {
       ctx.density = 1.0;
       (*m)->InstallPlan(buckets, std::vector<uint64_t>(words, word), 1, ctx);
       std::vector<MergeCandidate> c;
-      for (const PlanBucket& b : buckets) c.push_back(Cand(b.bucket_id, 2, b.elements, true, b.kind));
+      for (const PlanBucket& b : buckets)
+        c.push_back(Cand(b.bucket_id, 2, b.elements, true, b.kind));
       size_t at = 0, groups = 0;
       while (at < c.size()) {
-        const size_t n = (*m)->NextGroup(absl::MakeConstSpan(c).subspan(at, std::min<size_t>(64, c.size() - at)));
+        const size_t n = (*m)->NextGroup(
+            absl::MakeConstSpan(c).subspan(at, std::min<size_t>(64, c.size() - at)));
         ASSERT_GE(n, 1u);
         at += n;
         ++groups;

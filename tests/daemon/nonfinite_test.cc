@@ -411,8 +411,8 @@ TEST(NonfinitePerBucket, TrainersOfOneNodeMustAgree) {
   auto grant = t1->Register(5, 100, "topk", 0.01, {{"nonfinite", "propagate"}});
   ASSERT_EQ(grant.status().code(), absl::StatusCode::kInvalidArgument) << grant.status();
   EXPECT_NE(grant.status().message().find("nonfinite=error sparse_allreduce=allgather "
-                                          "dense_fallback=auto there, nonfinite=propagate "
-                                          "sparse_allreduce=allgather dense_fallback=auto here"),
+                                          "dense_fallback=off there, nonfinite=propagate "
+                                          "sparse_allreduce=allgather dense_fallback=off here"),
             std::string::npos)
       << grant.status();
 }

@@ -194,7 +194,8 @@ std::vector<std::vector<ExchangeRecord>> RunSteps(
   cluster.ForEachNode([&](int r) {
     auto t = Trainer::Open(&cluster.engine(r), 0, 1);
     ASSERT_TRUE(t.ok());
-    auto g = t->Register(2, n, codec, density, params ? params(r) : std::map<std::string, std::string>{});
+    auto g = t->Register(2, n, codec, density,
+                         params ? params(r) : std::map<std::string, std::string>{});
     ASSERT_TRUE(g.ok()) << g.status();
     for (int s = 0; s < steps; ++s) {
       if (r == 0 && between) between(s);
@@ -293,7 +294,8 @@ TEST(SparseEngineTest, PerBucketDenseFallbackOff) {
   absl::Status bad = SplitBucketParams(o, {{"dense_fallback", "sometimes"}}, &cparams, &policy);
   EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(bad.message().find("accepted values auto, off"), std::string::npos) << bad;
-  ASSERT_TRUE(SplitBucketParams(o, {{"dense_fallback", "off"}, {"x", "1"}}, &cparams, &policy).ok());
+  ASSERT_TRUE(
+      SplitBucketParams(o, {{"dense_fallback", "off"}, {"x", "1"}}, &cparams, &policy).ok());
   EXPECT_EQ(policy.dense_fallback, DenseFallback::kOff);
   EXPECT_EQ(cparams.size(), 1u);  // the rest goes to the compressor
 }
