@@ -23,7 +23,7 @@ PROTO=("$OUT/gen/proto/spex.pb.cc" "$OUT/gen/proto/spex.grpc.pb.cc")
 MEMORY=(daemon/memory/shm_buffer.cc daemon/util/heap.cc daemon/util/log.cc daemon/util/paths.cc)
 CLIENT=(client/client.cc daemon/memory/cuda_ipc_buffer.cc kernels/cuda/cuda_error.cc)
 ENGINE=(daemon/engine/*.cc daemon/transport/agreement.cc daemon/transport/collective.cc
-  daemon/transport/inproc_collective.cc daemon/merge/merger.cc daemon/merge/mergers.cc
+  daemon/transport/inproc_collective.cc daemon/merge/*.cc
   daemon/service/spex_service.cc)
 # The service serves timelines (daemon/observe/timeline.cc); metrics (prometheus) are not needed.
 [ -f daemon/observe/timeline.cc ] && ENGINE+=(daemon/observe/timeline.cc)
