@@ -91,8 +91,9 @@ class Merger {
   // The answer depends only on agreed data (the head's step, the agreed plan).
   virtual bool AgreedAt(uint64_t /*step*/) const { return agreed(); }
 
-  // Measuring mergers (MERGING.md 2.6). measures(): the engine reports timings. Both reports are
-  // thread-safe (the wire thread reports exchanges).
+  // Measuring mergers (MERGING.md 2.6). measures(): the engine reports timings (until the plan
+  // agreement ran; thread-safe, the wire thread asks too). Both reports are thread-safe (the wire
+  // thread reports exchanges).
   virtual bool measures() const { return false; }
   // A member's timings at `step`: when it became ready on this node (the latest trainer's
   // ready_ns stamp, CLOCK_MONOTONIC) and its Select time (0 for a dense member).

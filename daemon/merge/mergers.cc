@@ -1,6 +1,7 @@
 #include "daemon/merge/mergers.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <deque>
 #include <map>
@@ -229,7 +230,9 @@ int64_t PlanNs(uint64_t v) { return static_cast<int64_t>(std::min(v, kMaxPlanNs)
 // effect and its hash (engine thread only).
 class PlanTable {
  public:
-  bool done() const { return done_; }
+  // Read by the wire thread too (measures()): atomic.
+  bool done() const { return done_.load(std::memory_order_relaxed); }
+  bool planned() const { return planned_; }
   bool Active(uint64_t step) const { return planned_ && step >= effective_; }
   uint64_t hash() const { return hash_; }
   const std::vector<size_t>& lengths() const { return lengths_; }
@@ -239,7 +242,8 @@ class PlanTable {
   }
   void Install(absl::Span<const PlanBucket> buckets, const std::vector<size_t>& plan,
                absl::Span<const uint64_t> agreed, uint64_t step) {
-    done_ = planned_ = true;
+    done_ = true;
+    planned_ = true;
     effective_ = step + 1;
     lengths_ = plan;
     groups_.clear();
@@ -275,7 +279,8 @@ class PlanTable {
   }
 
  private:
-  bool done_ = false, planned_ = false;
+  std::atomic<bool> done_{false};
+  bool planned_ = false;
   uint64_t effective_ = 0, hash_ = 0;
   std::vector<size_t> lengths_;
   std::vector<std::vector<uint64_t>> groups_;
@@ -303,7 +308,8 @@ class RgmergeModelMerger : public RgmergeReadyMerger {
   size_t NextGroup(absl::Span<const MergeCandidate> c) override {
     return plan_.NextGroup(c, m_.limits);
   }
-  bool measures() const override { return true; }
+  // Only until the plan is agreed: later timings would never be used.
+  bool measures() const override { return !plan_.done(); }
   void ObserveMember(uint64_t bucket_id, uint64_t step, int64_t ready_ns,
                      int64_t select_ns) override {
     samples_.Member(bucket_id, step, ready_ns, select_ns);
@@ -340,7 +346,7 @@ class RgmergeModelMerger : public RgmergeReadyMerger {
   }
   void AbandonPlan(const std::string& /*why*/) override { plan_.Abandon(); }
   std::string PlanSummary() const override {
-    if (!plan_.Active(~uint64_t{0})) return "";
+    if (!plan_.planned()) return "";
     int64_t gaps = 0, selects = 0;
     for (int64_t g : inputs_.gap_ns) gaps += g;
     for (int64_t c : inputs_.select_ns) selects += c;
@@ -373,7 +379,8 @@ class OmgsMgsMerger : public Merger {
     if (c.empty()) return 0;
     return plan_.Active(c[0].step) ? plan_.NextGroup(c, o_.limits) : 1;
   }
-  bool measures() const override { return true; }
+  // Only until the plan is agreed: later timings would never be used.
+  bool measures() const override { return !plan_.done(); }
   void ObserveMember(uint64_t bucket_id, uint64_t step, int64_t ready_ns,
                      int64_t select_ns) override {
     samples_.Member(bucket_id, step, ready_ns, select_ns);
@@ -418,7 +425,7 @@ class OmgsMgsMerger : public Merger {
   }
   void AbandonPlan(const std::string& /*why*/) override { plan_.Abandon(); }
   std::string PlanSummary() const override {
-    if (!plan_.Active(~uint64_t{0})) return "";
+    if (!plan_.planned()) return "";
     int64_t gaps = 0;
     for (int64_t g : inputs_.gap_ns) gaps += g;
     return absl::StrCat(plan_.lengths().size(), " groups of [", Lengths(plan_.lengths()),
