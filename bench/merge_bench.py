@@ -16,7 +16,8 @@ dense), --compressor at --density.
 
 Per merger of --mergers (none, fixed, omgs, rgmerge, each at its defaults, so with
 --merge_overlap; rgmerge_model is rgmerge --rgmerge_plan=model and omgs_mgs omgs --omgs_mode=mgs,
-each with its plan agreed at step --warmup - 1; omgs_ahead is omgs --omgs_select=ahead; NAME_serial, e.g. rgmerge_serial, is NAME with --merge_overlap=false), two arrival
+each with its plan agreed at step --warmup - 1; omgs_ahead is omgs --omgs_select=ahead;
+rgmerge_linger is rgmerge --rgmerge_linger=auto; NAME_serial, e.g. rgmerge_serial, is NAME with --merge_overlap=false), two arrival
 schedules: `even` (every node's trainer on the profile) and `skewed` (node N-1's trainer
 --late_ms late on every bucket). Runs go in the order given, then again reversed (ABBA), and
 both halves' steps are pooled. Per (schedule, merger), over the steps after --warmup:
@@ -131,6 +132,9 @@ def merger_flags(merger, args):
     elif merger == "omgs_ahead":
         merger = "omgs"
         flags += ["--omgs_select=ahead"]
+    elif merger == "rgmerge_linger":
+        merger = "rgmerge"
+        flags += ["--rgmerge_linger=auto"]
     return [f"--merger={merger}", *flags]
 
 

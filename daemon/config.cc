@@ -121,6 +121,13 @@ absl::StatusOr<DaemonConfig> LoadConfig() {
   e.merge.rgmerge_slack_us = absl::GetFlag(FLAGS_rgmerge_slack_us);
   e.merge.merge_alpha_us = absl::GetFlag(FLAGS_merge_alpha_us);
   e.merge.rgmerge_equal_tail = absl::GetFlag(FLAGS_rgmerge_equal_tail);
+  const std::string linger = absl::GetFlag(FLAGS_rgmerge_linger);
+  if (linger != "off" && linger != "auto") {
+    errors.push_back(
+        absl::StrCat("--rgmerge_linger must be off or auto, got '", linger.substr(0, 64), "'"));
+  }
+  e.merge.rgmerge_linger_auto = linger == "auto";
+  e.merge.rgmerge_linger_max_us = absl::GetFlag(FLAGS_rgmerge_linger_max_us);
   if (absl::Status s = ValidateEngineOptions(e); !s.ok()) errors.emplace_back(s.message());
   if (absl::StatusOr<std::unique_ptr<Merger>> m = MakeMerger(e.merger, e.merge); !m.ok()) {
     errors.emplace_back(m.status().message());

@@ -125,6 +125,14 @@ ABSL_FLAG(int64_t, merge_alpha_us, 0,
           "--rgmerge_plan=model, --omgs_mode=mgs: the plan's collective start-up alpha, "
           "microseconds (0: measured, a least-squares fit of the groups' wire time against their "
           "bytes).");
+ABSL_FLAG(std::string, rgmerge_linger, "off",
+          "--merger=rgmerge: off (each group round starts as soon as the head is ready) or auto "
+          "(when the engine has been idle for a collective's start-up alpha and the next bucket "
+          "is expected within alpha, wait for it; at most --rgmerge_linger_max_us per group). "
+          "May differ between nodes.");
+ABSL_FLAG(int64_t, rgmerge_linger_max_us, 2000,
+          "--rgmerge_linger=auto: the longest a group round waits for further buckets, "
+          "microseconds.");
 ABSL_FLAG(bool, rgmerge_equal_tail, true,
           "--rgmerge_plan=model: split the plan's tail into equal groups, as the published code "
           "does.");

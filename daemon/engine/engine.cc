@@ -185,7 +185,9 @@ void Engine::Run() {
       if (!reset_pending_ || dead_mask_ != 0) {
         const auto& f = scheduler_->FailedAndReady(buckets_);
         failed.assign(f.begin(), f.end());
-        const auto& g = scheduler_->NextGroup(buckets_, static_cast<int64_t>(MonotonicNanos()));
+        const int64_t now = static_cast<int64_t>(MonotonicNanos());
+        const auto& g =
+            scheduler_->NextGroup(buckets_, now, wire_inflight_ > 0 ? now : last_exchange_end_ns_);
         group.assign(g.begin(), g.end());
         pick = scheduler_->pick();
         if (!pick.alone) {
@@ -227,6 +229,7 @@ void Engine::Run() {
     if (run || !failed.empty()) {
       absl::MutexLock lock(&mu_);
       processing_ = false;
+      if (run) last_exchange_end_ns_ = static_cast<int64_t>(MonotonicNanos());
       published_cv_.SignalAll();
       continue;
     }
@@ -854,6 +857,7 @@ void Engine::WireLoop() {
     {
       absl::MutexLock lock(&mu_);
       wire_inflight_ = 0;
+      last_exchange_end_ns_ = static_cast<int64_t>(MonotonicNanos());
       wire_cv_.SignalAll();
       published_cv_.SignalAll();  // a request waiting to erase a bucket (not while on the wire)
     }

@@ -205,6 +205,8 @@ class Engine {
   // erased while wire_inflight_ > 0 (as while processing_).
   std::unique_ptr<WirePack> wire_slot_ ABSL_GUARDED_BY(mu_);
   int wire_inflight_ ABSL_GUARDED_BY(mu_) = 0;
+  // When the last exchange (engine thread or wire stage) ended: an agreed merger's linger.
+  int64_t last_exchange_end_ns_ ABSL_GUARDED_BY(mu_) = 0;
   bool wire_stop_ ABSL_GUARDED_BY(mu_) = false;
   absl::CondVar wire_cv_;  // with mu_: the slot filled, a pack done, the stop
   Collective* wire_coll_ = nullptr;

@@ -30,6 +30,16 @@ bool Scheduler::LocallyReady(const EngineBucket& b) const {
   return someone;
 }
 
+int64_t Scheduler::ReadyStamp(const EngineBucket& b) const {
+  int64_t ready = 0;
+  for (int r = 0; r < local_trainers_; ++r) {
+    ready = std::max<int64_t>(
+        ready,
+        static_cast<int64_t>(b.mem.header->ready[r].ready_ns.load(std::memory_order_relaxed)));
+  }
+  return ready;
+}
+
 MergeKind Scheduler::KindOf(const EngineBucket& b) {
   if (b.ex.sparse == nullptr) return MergeKind::kDense;
   // Ok-Topk, and --sparse_allreduce=auto until it has chosen, exchange alone.
@@ -46,7 +56,8 @@ MergeKind Scheduler::KindOf(const EngineBucket& b) {
                                                                     : MergeKind::kPatternB;
 }
 
-const std::vector<EngineBucket*>& Scheduler::NextGroup(const BucketTable& table, int64_t now_ns) {
+const std::vector<EngineBucket*>& Scheduler::NextGroup(const BucketTable& table, int64_t now_ns,
+                                                       int64_t idle_since_ns) {
   group_.clear();
   order_.clear();
   group_candidates_.clear();
@@ -64,7 +75,9 @@ const std::vector<EngineBucket*>& Scheduler::NextGroup(const BucketTable& table,
   candidates_.clear();
   for (size_t i = 0; i < window; ++i) {
     const EngineBucket* b = order_[i];
-    candidates_.push_back({b->id, b->ex.next_step, b->elements, LocallyReady(*b), KindOf(*b)});
+    const bool ready = LocallyReady(*b);
+    candidates_.push_back(
+        {b->id, b->ex.next_step, b->elements, ready, KindOf(*b), ready ? ReadyStamp(*b) : 0});
   }
   size_t n = 1;
   if (!none && candidates_.front().kind != MergeKind::kProbe) {
@@ -72,6 +85,7 @@ const std::vector<EngineBucket*>& Scheduler::NextGroup(const BucketTable& table,
     if (merger_->AgreedAt(candidates_.front().step)) {
       pick_.agreed = true;
       int64_t deadline = 0;
+      merger_->ExchangeIdleSince(idle_since_ns);
       n = merger_->Offer(candidates_, now_ns, &deadline);
       if (n == 0) {
         pick_.linger_until_ns = deadline;

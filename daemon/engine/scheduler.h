@@ -28,7 +28,10 @@ class Scheduler {
   // The next group in canonical order (empty when no bucket is schedulable, or while an agreed
   // merger lingers). The engine runs it once every member is LocallyReady (an offer is).
   // The result is the scheduler's own vector (no allocation per pick), valid until the next call.
-  const std::vector<EngineBucket*>& NextGroup(const BucketTable& table, int64_t now_ns = 0);
+  // `idle_since_ns`: when this node's last exchange ended (`now_ns` while one is on the wire),
+  // for an agreed merger's linger.
+  const std::vector<EngineBucket*>& NextGroup(const BucketTable& table, int64_t now_ns = 0,
+                                              int64_t idle_since_ns = 0);
   const Pick& pick() const { return pick_; }
   // The candidates of the picked group, kinds filled in (canonical order, same length).
   const std::vector<MergeCandidate>& group_candidates() const { return group_candidates_; }
@@ -40,6 +43,8 @@ class Scheduler {
   // every living trainer has, and some trainer (living or dead) got to that step, so the step
   // a dead trainer left half-done runs (and fails everywhere) instead of hanging the peers.
   bool LocallyReady(const EngineBucket& b) const;
+  // The latest local trainer's ready_ns stamp of the bucket's current step (0: none stamped).
+  int64_t ReadyStamp(const EngineBucket& b) const;
   // Local ranks whose trainer died during this job (bit r).
   void set_dead(uint64_t mask) { dead_ = mask; }
   // Failed buckets some step of which every local trainer has signalled.

@@ -46,6 +46,10 @@ struct MergeCandidate {
   uint64_t elements = 0;
   bool ready = false;  // every local trainer has signalled this step
   MergeKind kind = MergeKind::kDense;
+  // When it became ready on this node: the latest local trainer's ready_ns stamp
+  // (CLOCK_MONOTONIC); 0 when not ready or the trainers do not stamp. Local timing: an agreed
+  // merger's Offer may read it (rgmerge's linger), Pack and NextGroup never do.
+  int64_t ready_ns = 0;
 };
 
 // Limits shared by every merger; must be identical on all nodes (they enter the config hash).
@@ -113,6 +117,9 @@ class Merger {
   virtual void InstallPlan(absl::Span<const PlanBucket> /*buckets*/,
                            absl::Span<const uint64_t> /*agreed*/, uint64_t /*step*/,
                            const PlanContext& /*ctx*/) {}
+  // Agreed mergers: when this node's last exchange ended (`now` while one is on the wire). The
+  // scheduler tells it before every Offer (a local timing: rgmerge's linger reads it).
+  virtual void ExchangeIdleSince(int64_t /*ns*/) {}
   // The agreement failed alike on every node (`why`): no plan, the merger keeps running agreed.
   virtual void AbandonPlan(const std::string& /*why*/) {}
   // The installed plan for logs ("group lengths ..., inputs ..."); empty without one.
@@ -149,10 +156,12 @@ struct MergeParams {
   bool omgs_select_behind = true;                       // --omgs_select=behind (default)
   bool rgmerge_select_behind = false;                   // --rgmerge_select=behind (model only)
   bool rgmerge_model = false;                           // --rgmerge_plan=model
-  uint64_t plan_step = 22;         // --merge_plan_step (S_plan) of rgmerge's model and omgs's mgs
-  int64_t rgmerge_slack_us = 0;    // --rgmerge_slack_us
-  int64_t merge_alpha_us = 0;      // --merge_alpha_us (0: measured)
-  bool rgmerge_equal_tail = true;  // --rgmerge_equal_tail
+  uint64_t plan_step = 22;           // --merge_plan_step (S_plan) of rgmerge's model and omgs's mgs
+  int64_t rgmerge_slack_us = 0;      // --rgmerge_slack_us
+  int64_t merge_alpha_us = 0;        // --merge_alpha_us (0: measured)
+  bool rgmerge_equal_tail = true;    // --rgmerge_equal_tail
+  bool rgmerge_linger_auto = false;  // --rgmerge_linger=auto
+  int64_t rgmerge_linger_max_us = 2000;  // --rgmerge_linger_max_us
 };
 bool AbslParseFlag(absl::string_view text, MergerPolicy* out, std::string* error);
 std::string AbslUnparseFlag(MergerPolicy v);

@@ -124,26 +124,126 @@ class OmgsMerger : public Merger {
   OmgsOptions o_;
 };
 
+// --rgmerge_linger=auto's local state (MERGING.md 5.1): per bucket an EWMA of the backward gap
+// to its predecessor in canonical order, this node's alpha, when the engine last went idle and
+// how long the current head has lingered. Members and offers come from the engine thread; the
+// wire thread reports exchanges (alpha is atomic).
+class Linger {
+ public:
+  static constexpr int64_t kDefaultAlphaNs = 3780000;  // SAFusion's start-up, until a fit exists
+  static constexpr size_t kFitSamples = 64;
+
+  Linger(int64_t max_ns, int64_t fixed_alpha_ns)
+      : max_ns_(max_ns),
+        fixed_alpha_ns_(fixed_alpha_ns),
+        alpha_ns_(fixed_alpha_ns > 0 ? fixed_alpha_ns : kDefaultAlphaNs) {}
+
+  // A member of a pack, in pack order (canonical): the gap to the member reported just before
+  // it, when that one is of the same step.
+  void Member(uint64_t bucket_id, uint64_t step, int64_t ready_ns) {
+    if (has_prev_ && prev_step_ == step && ready_ns > 0 && prev_ready_ns_ > 0) {
+      const int64_t gap = std::max<int64_t>(0, ready_ns - prev_ready_ns_);
+      auto [it, fresh] = gap_ns_.try_emplace(bucket_id, gap);
+      if (!fresh) it->second += (gap - it->second) / 4;  // EWMA, weight 1/4
+    }
+    has_prev_ = true;
+    prev_step_ = step;
+    prev_ready_ns_ = ready_ns;
+  }
+  void Exchange(uint64_t bytes, int64_t ns) {
+    if (fixed_alpha_ns_ > 0) return;
+    absl::MutexLock lock(&mu_);
+    x_.push_back(static_cast<double>(bytes));
+    y_.push_back(static_cast<double>(ns));
+    if (x_.size() > kFitSamples) {
+      x_.pop_front();
+      y_.pop_front();
+    }
+    double alpha = 0, beta = 0;
+    if (FitLine(std::vector<double>(x_.begin(), x_.end()),
+                std::vector<double>(y_.begin(), y_.end()), &alpha, &beta)) {
+      alpha_ns_.store(static_cast<int64_t>(std::clamp(alpha, 0.0, 1e9)), std::memory_order_relaxed);
+    }
+  }
+  void IdleSince(int64_t ns) { idle_since_ns_ = ns; }
+  int64_t alpha_ns() const { return alpha_ns_.load(std::memory_order_relaxed); }
+
+  // `r` >= 1 candidates are offerable now: 0 (and *deadline_ns) to wait for the next one, or r.
+  size_t Offer(absl::Span<const MergeCandidate> c, size_t r, size_t window, int64_t now_ns,
+               int64_t* deadline_ns) {
+    if (!has_head_ || head_id_ != c[0].bucket_id || head_step_ != c[0].step) {
+      has_head_ = true;  // a new head: its linger starts now
+      head_id_ = c[0].bucket_id;
+      head_step_ = c[0].step;
+      head_since_ns_ = now_ns;
+    }
+    const size_t j = r;  // the first candidate not offerable
+    if (j >= c.size() || j >= window || c[j].ready || c[j].step != c[0].step ||
+        c[j].kind == MergeKind::kProbe) {
+      return r;  // the window is full, the step ends here or the next bucket goes alone
+    }
+    const int64_t alpha = alpha_ns();
+    if (now_ns - idle_since_ns_ < alpha) return r;  // right after an exchange: never linger
+    auto it = gap_ns_.find(c[j].bucket_id);
+    if (it == gap_ns_.end() || c[j - 1].ready_ns <= 0) return r;  // nothing to expect it by
+    const int64_t expected = c[j - 1].ready_ns + it->second;
+    if (expected - now_ns > alpha) return r;  // waiting longer than a start-up saves nothing
+    const int64_t until =
+        std::min(expected + it->second / 10, head_since_ns_ + max_ns_);  // capped per head
+    if (until <= now_ns) return r;
+    *deadline_ns = until;
+    return 0;
+  }
+
+ private:
+  const int64_t max_ns_;
+  const int64_t fixed_alpha_ns_;
+  std::atomic<int64_t> alpha_ns_;
+  absl::Mutex mu_;
+  std::deque<double> x_ ABSL_GUARDED_BY(mu_), y_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, int64_t> gap_ns_;
+  bool has_prev_ = false;
+  uint64_t prev_step_ = 0;
+  int64_t prev_ready_ns_ = 0;
+  int64_t idle_since_ns_ = 0;
+  bool has_head_ = false;
+  uint64_t head_id_ = 0, head_step_ = 0;
+  int64_t head_since_ns_ = 0;
+};
+
 class RgmergeReadyMerger : public Merger {
  public:
-  explicit RgmergeReadyMerger(const RgmergeOptions& o) : o_(o) {}
+  explicit RgmergeReadyMerger(const RgmergeOptions& o)
+      : o_(o), linger_(o.linger_max_ns, o.alpha_ns) {}
   const char* name() const override { return "rgmerge"; }
   bool agreed() const override { return true; }
+  // The linger settings may differ between nodes (MERGING.md 2.7): not hashed.
   uint64_t ConfigHash() const override {
     return HashWords("rgmerge/ready", {o_.limits.window, o_.limits.max_group_elements});
   }
   size_t NextGroup(absl::Span<const MergeCandidate> c) override { return c.empty() ? 0 : 1; }
-  // Linger off: the previous exchange's duration is the merge window.
-  size_t Offer(absl::Span<const MergeCandidate> c, int64_t /*now_ns*/,
-               int64_t* /*deadline_ns*/) override {
-    return ReadyPrefix(c, o_.limits.window);
+  // Linger off: the previous exchange's duration is the merge window. auto: see RgmergeOptions.
+  size_t Offer(absl::Span<const MergeCandidate> c, int64_t now_ns, int64_t* deadline_ns) override {
+    const size_t r = ReadyPrefix(c, o_.limits.window);
+    if (!o_.linger_auto || r == 0) return r;
+    return linger_.Offer(c, r, o_.limits.window, now_ns, deadline_ns);
   }
   std::vector<size_t> Pack(absl::Span<const MergeCandidate> agreed) override {
     return GreedyPack(agreed, o_.limits, [](uint64_t, uint64_t) { return true; });
   }
+  bool measures() const override { return o_.linger_auto; }
+  void ObserveMember(uint64_t bucket_id, uint64_t step, int64_t ready_ns,
+                     int64_t /*select_ns*/) override {
+    if (o_.linger_auto) linger_.Member(bucket_id, step, ready_ns);
+  }
+  void ObserveExchange(uint64_t bytes, int64_t ns) override {
+    if (o_.linger_auto) linger_.Exchange(bytes, ns);
+  }
+  void ExchangeIdleSince(int64_t ns) override { linger_.IdleSince(ns); }
 
  protected:
   RgmergeOptions o_;
+  Linger linger_;
 };
 
 // The measurements of MERGING.md 2.6, shared by the measuring mergers (thread-safe: the wire
@@ -308,13 +408,18 @@ class RgmergeModelMerger : public RgmergeReadyMerger {
   size_t NextGroup(absl::Span<const MergeCandidate> c) override {
     return plan_.NextGroup(c, m_.limits);
   }
-  // Only until the plan is agreed: later timings would never be used.
+  // Only until the plan is agreed: later timings would never be used (the linger, too, only
+  // runs while the merger is agreed).
   bool measures() const override { return !plan_.done(); }
   void ObserveMember(uint64_t bucket_id, uint64_t step, int64_t ready_ns,
                      int64_t select_ns) override {
     samples_.Member(bucket_id, step, ready_ns, select_ns);
+    RgmergeReadyMerger::ObserveMember(bucket_id, step, ready_ns, select_ns);
   }
-  void ObserveExchange(uint64_t bytes, int64_t ns) override { samples_.Exchange(bytes, ns); }
+  void ObserveExchange(uint64_t bytes, int64_t ns) override {
+    samples_.Exchange(bytes, ns);
+    RgmergeReadyMerger::ObserveExchange(bytes, ns);
+  }
   bool PlanDue(uint64_t step) const override { return !plan_.done() && step >= m_.plan_step; }
   std::vector<uint64_t> PlanInputs(absl::Span<const PlanBucket> buckets) override {
     return samples_.Inputs(buckets, m_.alpha_ns);
@@ -472,6 +577,9 @@ bool FitLine(const std::vector<double>& x, const std::vector<double>& y, double*
   return std::isfinite(*alpha) && std::isfinite(*beta);
 }
 
+// A linger longer than a second waits for a bucket that is not coming soon.
+constexpr int64_t kMaxLingerNs = 1000000000;
+
 absl::StatusOr<std::unique_ptr<Merger>> MakeFixedMerger(const FixedOptions& options) {
   if (absl::Status s = CheckLimits(options.limits); !s.ok()) return s;
   if (options.cycle_ms < 0) {
@@ -505,6 +613,15 @@ absl::StatusOr<std::unique_ptr<Merger>> MakeOmgsMerger(const OmgsOptions& option
 
 absl::StatusOr<std::unique_ptr<Merger>> MakeRgmergeReadyMerger(const RgmergeOptions& options) {
   if (absl::Status s = CheckLimits(options.limits); !s.ok()) return s;
+  if (options.linger_max_ns < 0 || options.linger_max_ns > kMaxLingerNs) {
+    return absl::InvalidArgumentError(absl::StrCat("--rgmerge_linger_max_us must be in [0, ",
+                                                   kMaxLingerNs / 1000, "]; got ",
+                                                   options.linger_max_ns / 1000));
+  }
+  if (options.alpha_ns < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--merge_alpha_us must be >= 0 (0: measured); got ", options.alpha_ns / 1000));
+  }
   return std::unique_ptr<Merger>(new RgmergeReadyMerger(options));
 }
 
@@ -515,14 +632,13 @@ absl::StatusOr<std::unique_ptr<Merger>> MakeRgmergeMerger(const RgmergeOptions& 
         "every step, and a group exchanged as one bucket needs the same members every step");
   }
   if (!options.model) return MakeRgmergeReadyMerger(options);
-  if (absl::Status s = CheckLimits(options.limits); !s.ok()) return s;
+  if (absl::StatusOr<std::unique_ptr<Merger>> ready = MakeRgmergeReadyMerger(options);
+      !ready.ok()) {
+    return ready.status();  // the limits, the linger, alpha
+  }
   if (options.plan_step == 0) {
     return absl::InvalidArgumentError(
         "--merge_plan_step must be >= 1 (the step whose first group agrees on the plan)");
-  }
-  if (options.alpha_ns < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--merge_alpha_us must be >= 0 (0: measured); got ", options.alpha_ns / 1000));
   }
   if (options.slack_ns < 0) {
     return absl::InvalidArgumentError(
@@ -562,6 +678,13 @@ absl::StatusOr<std::unique_ptr<Merger>> MakeMerger(MergerPolicy policy, const Me
       o.equal_tail = params.rgmerge_equal_tail;
       o.select_behind = params.rgmerge_select_behind;
       o.alpha_ns = params.merge_alpha_us * 1000;
+      o.linger_auto = params.rgmerge_linger_auto;
+      if (params.rgmerge_linger_max_us < 0 || params.rgmerge_linger_max_us > kMaxLingerNs / 1000) {
+        return absl::InvalidArgumentError(absl::StrCat("--rgmerge_linger_max_us must be in [0, ",
+                                                       kMaxLingerNs / 1000, "]; got ",
+                                                       params.rgmerge_linger_max_us));
+      }
+      o.linger_max_ns = params.rgmerge_linger_max_us * 1000;
       return MakeRgmergeMerger(o);
     }
   }

@@ -33,14 +33,15 @@ struct OmgsOptions {
 };
 absl::StatusOr<std::unique_ptr<Merger>> MakeOmgsMerger(const OmgsOptions& options);
 
-// `rgmerge`. --rgmerge_plan=ready (MERGING.md 5.1, linger off), an agreed merger: offer the ready
-// prefix at once, pack greedily under max_group_elements. --rgmerge_plan=model (5.2): runs as
-// `ready` while it measures (per bucket the backward gap g_b from the trainers' ready stamps and
-// the Select time sigma_b, medians of the last 16 steps; alpha and beta from a least-squares fit
-// of the packs' wire time against the bytes this node received, SAFusion's 3.78 ms and 1 ns/B while
-// no fit exists); at the first group of step plan_step every node agrees on the inputs (their
-// maximum over nodes), computes RgmergeModelPlan from them and, from the next step on, runs that
-// plan as a static one (ConfigHash() then covers the plan).
+// `rgmerge`. --rgmerge_plan=ready (MERGING.md 5.1), an agreed merger: offer the ready prefix
+// (at once, or after a short linger with --rgmerge_linger=auto), pack greedily under
+// max_group_elements. --rgmerge_plan=model (5.2): runs as `ready` while it measures (per bucket the
+// backward gap g_b from the trainers' ready stamps and the Select time sigma_b, medians of the last
+// 16 steps; alpha and beta from a least-squares fit of the packs' wire time against the bytes this
+// node received, SAFusion's 3.78 ms and 1 ns/B while no fit exists); at the first group of step
+// plan_step every node agrees on the inputs (their maximum over nodes), computes RgmergeModelPlan
+// from them and, from the next step on, runs that plan as a static one (ConfigHash() then covers
+// the plan).
 struct RgmergeOptions {
   GroupLimits limits;
   bool model = false;          // --rgmerge_plan=model
@@ -49,6 +50,15 @@ struct RgmergeOptions {
   bool equal_tail = true;      // --rgmerge_equal_tail
   bool select_behind = false;  // --rgmerge_select=behind: the plan's groups (model only)
   int64_t alpha_ns = 0;        // --merge_alpha_us: a fixed start-up (0: measured)
+  // --rgmerge_linger=auto (MERGING.md 5.1; with model, while it runs as ready): when the engine
+  // has been idle for at least alpha and the next bucket of the head's step is expected within
+  // alpha (its predecessor's ready stamp plus its backward gap, an EWMA of this node's gaps),
+  // offer nothing and wait for it until that arrival plus a tenth of the gap, at most
+  // linger_max_ns in all per head. alpha: --merge_alpha_us, else a least-squares fit of this
+  // node's packs' wire time against their bytes, SAFusion's 3.78 ms before one exists. Local
+  // only: nodes may differ, and the group round still takes the minimum offer.
+  bool linger_auto = false;
+  int64_t linger_max_ns = 2000000;  // --rgmerge_linger_max_us, in ns
 };
 absl::StatusOr<std::unique_ptr<Merger>> MakeRgmergeReadyMerger(const RgmergeOptions& options);
 // Either plan, by options.model.

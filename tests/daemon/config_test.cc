@@ -140,6 +140,14 @@ TEST_F(ConfigTest, EveryBadValueNamesItsFlag) {
          absl::SetFlag(&FLAGS_rgmerge_slack_us, int64_t{-5});
        },
        "--rgmerge_slack_us must be >= 0"},
+      {[] { absl::SetFlag(&FLAGS_rgmerge_linger, "always"); },
+       "--rgmerge_linger must be off or auto, got 'always'"},
+      {[] {
+         absl::SetFlag(&FLAGS_merger, MergerPolicy::kRgmerge);
+         absl::SetFlag(&FLAGS_rgmerge_linger, "auto");
+         absl::SetFlag(&FLAGS_rgmerge_linger_max_us, int64_t{-1});
+       },
+       "--rgmerge_linger_max_us must be in [0, 1000000]"},
   };
   for (const auto& c : kCases) {
     absl::FlagSaver restore;
@@ -176,6 +184,13 @@ TEST_F(ConfigTest, MergePlanFlags) {
   EXPECT_EQ(c->engine.merge.plan_step, 9u);
   EXPECT_EQ(c->engine.merge.merge_alpha_us, 250);
   EXPECT_EQ(c->engine.merge.omgs_mode, OmgsMode::kCount);
+  EXPECT_FALSE(c->engine.merge.rgmerge_linger_auto);  // off by default
+  absl::SetFlag(&FLAGS_rgmerge_linger, "auto");
+  absl::SetFlag(&FLAGS_rgmerge_linger_max_us, int64_t{700});
+  c = LoadConfig();
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->engine.merge.rgmerge_linger_auto);
+  EXPECT_EQ(c->engine.merge.rgmerge_linger_max_us, 700);
 }
 
 TEST_F(ConfigTest, ReportsEveryBadFlagAtOnce) {

@@ -177,6 +177,7 @@ struct Case {
   int trainers;
   bool overlap = true;  // --merge_overlap (the groups' collectives on the wire stage)
   bool model = false;   // rgmerge's model plan / omgs's mgs mode, agreed at step 2, from step 3
+  bool linger = false;  // --rgmerge_linger=auto (alpha measured, linger_max 2 ms)
 };
 
 // --rgmerge_plan=model with the plan agreed at `plan_step`.
@@ -194,7 +195,8 @@ std::function<void(EngineOptions*)> Model(uint64_t plan_step, int64_t slack_us =
 std::string CaseName(const ::testing::TestParamInfo<Case>& info) {
   return absl::StrCat(AbslUnparseFlag(info.param.merger), "_", info.param.compressor, "_",
                       info.param.nodes, "x", info.param.trainers,
-                      info.param.overlap ? "" : "_no_overlap", info.param.model ? "_model" : "");
+                      info.param.overlap ? "" : "_no_overlap", info.param.model ? "_model" : "",
+                      info.param.linger ? "_linger" : "");
 }
 
 class MergeEngineTest : public ::testing::TestWithParam<Case> {};
@@ -211,7 +213,12 @@ TEST_P(MergeEngineTest, SameAsUnmergedUnderEverySchedule) {
         RunCluster(c.merger, c.compressor, N, L, steps, schedule, MergerPolicy::kNone, false,
                    nullptr, c.overlap, false,
                    // alpha pinned at 1 s: the plans merge whatever this machine's timings
-                   c.model ? Model(2, 0, 1000000) : nullptr);
+                   c.model    ? Model(2, 0, 1000000)
+                   : c.linger ? std::function<void(EngineOptions*)>([](EngineOptions* e) {
+                       e->merge.rgmerge_linger_auto = true;
+                       e->merge.rgmerge_linger_max_us = 2000;
+                     })
+                              : nullptr);
     for (int i = 0; i < N * L; ++i) ASSERT_EQ(got.errors[i], "") << "trainer " << i;
     for (size_t j = 0; j < want.out.size(); ++j) {
       ASSERT_EQ(got.out[j].size(), want.out[j].size()) << j;
@@ -232,25 +239,24 @@ TEST_P(MergeEngineTest, SameAsUnmergedUnderEverySchedule) {
   EXPECT_GT(fused, 1);
 }
 
-INSTANTIATE_TEST_SUITE_P(Mergers, MergeEngineTest,
-                         ::testing::Values(Case{MergerPolicy::kRgmerge, "dense", 2, 2},
-                                           Case{MergerPolicy::kRgmerge, "topk", 3, 2},
-                                           Case{MergerPolicy::kRgmerge, "micro", 2, 3},
-                                           Case{MergerPolicy::kFixed, "dense", 3, 2},
-                                           Case{MergerPolicy::kFixed, "topk", 2, 2},
-                                           Case{MergerPolicy::kFixed, "micro", 2, 2},
-                                           Case{MergerPolicy::kOmgs, "dense", 2, 2},
-                                           Case{MergerPolicy::kOmgs, "topk", 4, 2},
-                                           Case{MergerPolicy::kOmgs, "micro", 2, 2},
-                                           Case{MergerPolicy::kRgmerge, "topk", 2, 2, false},
-                                           Case{MergerPolicy::kFixed, "micro", 2, 2, false},
-                                           Case{MergerPolicy::kOmgs, "dense", 2, 2, false},
-                                           Case{MergerPolicy::kRgmerge, "dense", 2, 2, true, true},
-                                           Case{MergerPolicy::kRgmerge, "topk", 3, 2, true, true},
-                                           Case{MergerPolicy::kRgmerge, "micro", 2, 2, true, true},
-                                           Case{MergerPolicy::kOmgs, "topk", 3, 2, true, true},
-                                           Case{MergerPolicy::kOmgs, "dense", 2, 2, true, true}),
-                         CaseName);
+INSTANTIATE_TEST_SUITE_P(
+    Mergers, MergeEngineTest,
+    ::testing::Values(
+        Case{MergerPolicy::kRgmerge, "dense", 2, 2}, Case{MergerPolicy::kRgmerge, "topk", 3, 2},
+        Case{MergerPolicy::kRgmerge, "micro", 2, 3}, Case{MergerPolicy::kFixed, "dense", 3, 2},
+        Case{MergerPolicy::kFixed, "topk", 2, 2}, Case{MergerPolicy::kFixed, "micro", 2, 2},
+        Case{MergerPolicy::kOmgs, "dense", 2, 2}, Case{MergerPolicy::kOmgs, "topk", 4, 2},
+        Case{MergerPolicy::kOmgs, "micro", 2, 2}, Case{MergerPolicy::kRgmerge, "topk", 2, 2, false},
+        Case{MergerPolicy::kFixed, "micro", 2, 2, false},
+        Case{MergerPolicy::kOmgs, "dense", 2, 2, false},
+        Case{MergerPolicy::kRgmerge, "dense", 2, 2, true, true},
+        Case{MergerPolicy::kRgmerge, "topk", 3, 2, true, true},
+        Case{MergerPolicy::kRgmerge, "micro", 2, 2, true, true},
+        Case{MergerPolicy::kOmgs, "topk", 3, 2, true, true},
+        Case{MergerPolicy::kOmgs, "dense", 2, 2, true, true},
+        Case{MergerPolicy::kRgmerge, "topk", 3, 2, true, false, true},
+        Case{MergerPolicy::kRgmerge, "dense", 2, 2, false, false, true}),
+    CaseName);
 
 // --rgmerge_plan=model: `ready` up to the plan step, the agreed static plan from the next step on,
 // the same on every node. With a slack of one second every initial group of the generator is a

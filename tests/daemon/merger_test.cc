@@ -1,5 +1,6 @@
 #include "daemon/merge/merger.h"
 
+#include <memory>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -166,6 +167,153 @@ TEST(RgmergeReadyTest, OffersTheReadyPrefixAndPacksUnderTheGroupLimit) {
   int64_t deadline = 0;
   EXPECT_EQ((*m)->Offer(c, 0, &deadline), 3u);
   EXPECT_EQ((*m)->Pack(absl::MakeConstSpan(c).first(3)), (std::vector<size_t>{2, 1}));
+}
+
+// --- --rgmerge_linger=auto (MERGING.md 5.1, R1), with an injected clock. Buckets 0..3 of step
+// 5 become ready 300 us apart; the engine reports them as members of step 4 to teach the gaps.
+constexpr int64_t kUs = 1000;
+
+MergeCandidate Stamped(uint64_t id, uint64_t step, int64_t ready_ns) {
+  MergeCandidate c = Cand(id, step, 100, ready_ns > 0);
+  c.ready_ns = ready_ns;
+  return c;
+}
+
+std::unique_ptr<Merger> LingeringMerger(int64_t alpha_us, int64_t max_us) {
+  RgmergeOptions o;
+  o.linger_auto = true;
+  o.alpha_ns = alpha_us * kUs;
+  o.linger_max_ns = max_us * kUs;
+  auto m = MakeRgmergeReadyMerger(o);
+  EXPECT_TRUE(m.ok()) << m.status();
+  if (!m.ok()) return nullptr;
+  EXPECT_TRUE((*m)->measures());
+  for (uint64_t b = 0; b < 4; ++b) (*m)->ObserveMember(b, 4, 1000 * kUs + 300 * kUs * b, 0);
+  (*m)->ObserveExchange(1 << 20, 5000 * kUs);
+  return std::move(*m);
+}
+
+TEST(RgmergeLingerTest, LingersForTheNextBucketExpectedWithinAlpha) {
+  auto m = LingeringMerger(/*alpha_us=*/1000, /*max_us=*/2000);
+  ASSERT_NE(m, nullptr);
+  const int64_t t0 = 10000 * kUs;  // bucket 0 of step 5 ready at t0, the engine idle long before
+  m->ExchangeIdleSince(t0 - 5000 * kUs);
+  std::vector<MergeCandidate> c = {Stamped(0, 5, t0), Stamped(1, 5, 0), Stamped(2, 5, 0),
+                                   Stamped(3, 5, 0)};
+  int64_t deadline = 0;
+  // Bucket 1 is expected at t0 + 300 us, within alpha: wait until then plus a tenth of the gap.
+  EXPECT_EQ(m->Offer(c, t0 + 10 * kUs, &deadline), 0u);
+  EXPECT_EQ(deadline, t0 + 330 * kUs);
+  // It came: wait for bucket 2 too (t0 + 600 us + 30 us).
+  c[1] = Stamped(1, 5, t0 + 310 * kUs);
+  EXPECT_EQ(m->Offer(c, t0 + 320 * kUs, &deadline), 0u);
+  EXPECT_EQ(deadline, t0 + 640 * kUs);
+  // Bucket 2 is late past its deadline: offer what is ready.
+  EXPECT_EQ(m->Offer(c, t0 + 650 * kUs, &deadline), 2u);
+  // Everything of the step ready: nothing to wait for.
+  for (uint64_t b = 2; b < 4; ++b) c[b] = Stamped(b, 5, t0 + 700 * kUs);
+  EXPECT_EQ(m->Offer(c, t0 + 700 * kUs, &deadline), 4u);
+  // The next bucket belongs to the next step: the step ends here, no linger.
+  std::vector<MergeCandidate> end = {Stamped(3, 5, t0), Stamped(0, 6, 0)};
+  EXPECT_EQ(m->Offer(end, t0 + 10 * kUs, &deadline), 1u);
+}
+
+TEST(RgmergeLingerTest, NeverRightAfterAnExchangeNorForABucketFartherThanAlpha) {
+  auto m = LingeringMerger(/*alpha_us=*/1000, /*max_us=*/2000);
+  ASSERT_NE(m, nullptr);
+  const int64_t t0 = 10000 * kUs;
+  std::vector<MergeCandidate> c = {Stamped(0, 5, t0), Stamped(1, 5, 0)};
+  int64_t deadline = 0;
+  m->ExchangeIdleSince(t0 - 500 * kUs);  // an exchange ended less than alpha ago
+  EXPECT_EQ(m->Offer(c, t0, &deadline), 1u);
+  m->ExchangeIdleSince(t0 + 5 * kUs);  // one is on the wire now
+  EXPECT_EQ(m->Offer(c, t0 + 5 * kUs, &deadline), 1u);
+  // Idle, but the next bucket is expected 300 us on and alpha is only 200 us.
+  auto tight = LingeringMerger(/*alpha_us=*/200, /*max_us=*/2000);
+  ASSERT_NE(tight, nullptr);
+  tight->ExchangeIdleSince(0);
+  EXPECT_EQ(tight->Offer(c, t0, &deadline), 1u);
+  EXPECT_EQ(tight->Offer(c, t0 + 150 * kUs, &deadline), 0u);  // now within 200 us
+  // No gap learnt for the bucket (a fresh merger), or no stamp on its predecessor: no linger.
+  RgmergeOptions o;
+  o.linger_auto = true;
+  auto fresh = MakeRgmergeReadyMerger(o);
+  ASSERT_TRUE(fresh.ok());
+  EXPECT_EQ((*fresh)->Offer(c, t0, &deadline), 1u);
+  std::vector<MergeCandidate> unstamped = {Cand(0, 5, 100), Stamped(1, 5, 0)};
+  EXPECT_EQ(m->Offer(unstamped, t0 + 5000 * kUs, &deadline), 1u);
+  // Linger off (the default) never waits.
+  auto off = MakeRgmergeReadyMerger(RgmergeOptions());
+  ASSERT_TRUE(off.ok());
+  (*off)->ObserveMember(0, 4, t0, 0);
+  (*off)->ObserveMember(1, 4, t0 + 300 * kUs, 0);
+  EXPECT_EQ((*off)->Offer(c, t0, &deadline), 1u);
+}
+
+TEST(RgmergeLingerTest, TheLingerPerHeadIsCappedByLingerMax) {
+  auto m = LingeringMerger(/*alpha_us=*/1000, /*max_us=*/500);
+  ASSERT_NE(m, nullptr);
+  m->ExchangeIdleSince(0);
+  const int64_t t0 = 10000 * kUs;
+  std::vector<MergeCandidate> c = {Stamped(0, 5, t0), Stamped(1, 5, 0), Stamped(2, 5, 0),
+                                   Stamped(3, 5, 0)};
+  int64_t deadline = 0;
+  EXPECT_EQ(m->Offer(c, t0, &deadline), 0u);
+  EXPECT_EQ(deadline, t0 + 330 * kUs);
+  c[1] = Stamped(1, 5, t0 + 300 * kUs);
+  EXPECT_EQ(m->Offer(c, t0 + 300 * kUs, &deadline), 0u);
+  EXPECT_EQ(deadline, t0 + 500 * kUs);  // bucket 2 is due at 630 us: capped at 500 us
+  EXPECT_EQ(m->Offer(c, t0 + 500 * kUs, &deadline), 2u);
+  // A new head starts its own budget.
+  std::vector<MergeCandidate> next = {Stamped(2, 5, t0 + 600 * kUs), Stamped(3, 5, 0)};
+  EXPECT_EQ(m->Offer(next, t0 + 600 * kUs, &deadline), 0u);
+  EXPECT_EQ(deadline, t0 + 930 * kUs);
+}
+
+TEST(RgmergeLingerTest, AlphaIsFittedFromTheExchangesWhenNotGiven) {
+  RgmergeOptions o;
+  o.linger_auto = true;
+  auto m = MakeRgmergeReadyMerger(o);
+  ASSERT_TRUE(m.ok());
+  for (uint64_t b = 0; b < 2; ++b) (*m)->ObserveMember(b, 4, 1000 * kUs + 300 * kUs * b, 0);
+  (*m)->ExchangeIdleSince(0);
+  const int64_t t0 = 10000 * kUs;
+  std::vector<MergeCandidate> c = {Stamped(0, 5, t0), Stamped(1, 5, 0)};
+  int64_t deadline = 0;
+  // Before any exchange: SAFusion's 3.78 ms, so a bucket 300 us away is waited for.
+  EXPECT_EQ((*m)->Offer(c, t0, &deadline), 0u);
+  // Exchanges of 100 us + 1 ns/B: alpha 100 us, and the bucket 300 us away is not.
+  for (uint64_t bytes : {1000u, 50000u, 200000u}) {
+    (*m)->ObserveExchange(bytes, static_cast<int64_t>(100 * kUs + bytes));
+  }
+  EXPECT_EQ((*m)->Offer(c, t0 + kUs, &deadline), 1u);
+  EXPECT_EQ((*m)->Offer(c, t0 + 250 * kUs, &deadline), 0u);
+}
+
+TEST(RgmergeLingerTest, FlagsAreValidatedAndNotHashed) {
+  MergeParams p;
+  p.rgmerge_linger_auto = true;
+  p.rgmerge_linger_max_us = -1;
+  auto bad = MakeMerger(MergerPolicy::kRgmerge, p);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("--rgmerge_linger_max_us"), std::string::npos)
+      << bad.status();
+  p.rgmerge_linger_max_us = int64_t{1} << 60;  // would overflow in ns
+  bad = MakeMerger(MergerPolicy::kRgmerge, p);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("--rgmerge_linger_max_us"), std::string::npos);
+  p.rgmerge_linger_max_us = 2000;
+  auto on = MakeMerger(MergerPolicy::kRgmerge, p);
+  p.rgmerge_linger_auto = false;
+  auto off = MakeMerger(MergerPolicy::kRgmerge, p);
+  ASSERT_TRUE(on.ok() && off.ok());
+  EXPECT_EQ((*on)->ConfigHash(), (*off)->ConfigHash());  // may differ between nodes
+  p.rgmerge_model = true;
+  p.rgmerge_linger_auto = true;
+  p.rgmerge_linger_max_us = -5;
+  bad = MakeMerger(MergerPolicy::kRgmerge, p);
+  ASSERT_FALSE(bad.ok());  // the model plan lingers as ready while it measures
+  EXPECT_NE(bad.status().message().find("--rgmerge_linger_max_us"), std::string::npos);
 }
 
 // Every node forms the same groups from the same agreed prefix, whatever its own offer was: the

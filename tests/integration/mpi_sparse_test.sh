@@ -186,6 +186,10 @@ STEPS=20 TRAINER_MODE=overlap WANT_GROUPS=1 run_sparse 2 2nodes.rgmerge.overlap 
   --merger=rgmerge --log_level=debug
 TRAINER_MODE=overlap WANT_GROUPS=1 run_sparse 2 2nodes.omgs.overlap "dense,topk,micro,thresh" \
   --merger=omgs --omgs_threshold_elements=50000 --omgs_select=ahead --log_level=debug
+# --rgmerge_linger=auto: the group rounds may wait a little for the next bucket; the outputs and the
+# oracle are unchanged (the linger is local timing; the round still takes the minimum offer).
+STEPS=12 TRAINER_MODE=overlap WANT_GROUPS=1 run_sparse 2 2nodes.rgmerge.linger "dense,topk,micro" \
+  --merger=rgmerge --rgmerge_linger=auto --rgmerge_linger_max_us=5000 --log_level=debug
 # --rgmerge_plan=model: `ready` while it measures, the agreed plan (one extra agreement after the
 # first group round of step 5) from step 6 on, against the same oracle, on 3 nodes.
 STEPS=12 TRAINER_MODE=overlap WANT_PLAN=5 run_sparse 3 3nodes.rgmerge.model "dense,topk,micro,thresh" \

@@ -152,6 +152,8 @@ absl::StatusOr<ExchangeRecord> Trainer::Exchange(uint64_t bucket, uint64_t step,
 
 void Trainer::MarkReady(uint64_t bucket, uint64_t step) {
   BucketHeader* h = Find(bucket).header;
+  // As the clients do: when it became ready (the mergers' timings, rgmerge's linger).
+  h->ready[local_rank_].ready_ns.store(MonotonicNanos(), std::memory_order_relaxed);
   h->ready[local_rank_].value.store(step + 1);
   doorbell_->ring.fetch_add(1);
   if (doorbell_->engine_sleeping.load()) FutexWake(&doorbell_->ring);
