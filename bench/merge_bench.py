@@ -33,6 +33,10 @@ both halves' steps are pooled. Per (schedule, merger), over the steps after --wa
                step: compare busy_ms and overlap only between runs with the same setting)
   overlap      1 - tail_ms / busy_ms, clamped to [0, 1]: the share of the engine's exchange time
                hidden behind the backward pass
+  phase_ms     node 0's time per step in each exchange phase (spex_merge_phase_seconds_total: once
+               per group; every step): reduce_local, compress (the selection), collective (the
+               wire, waiting for the other nodes included), decode, publish (printed: compress
+               and collective)
 and each merger's step time over none's (the same run's). Goals (issue 14): rgmerge's step time
 below each of none, fixed and omgs under skew, and no worse than the best of them when even.
 
@@ -82,6 +86,22 @@ def metric_of(text, name):
         if m:
             return float(m.group(2))
     raise RuntimeError(f"{name} not in the metrics")
+
+
+def phases_of(text):
+    """Seconds per exchange phase, once per merge group (spex_merge_phase_seconds_total), in a
+    /metrics text."""
+    out = {}
+    for line in text.splitlines():
+        m = re.match(r'^spex_merge_phase_seconds_total\{[^}]*phase="([a-z_]+)"[^}]*\} (\S+)$', line)
+        if m:
+            out[m.group(1)] = out.get(m.group(1), 0.0) + float(m.group(2))
+    return out
+
+
+def metrics_text(port):
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        return r.read().decode()
 
 
 def metric(port, name):
@@ -166,7 +186,7 @@ def run_once_emulated(args, merger, sizes, arrival_file, late_us):
                         stdout=subprocess.PIPE, text=True)
         text, _ = fetch.communicate(timeout=30)
         groups, busy = metric_of(text, "spex_merge_groups_total"), metric_of(text, "spex_merge_group_seconds_total")
-        return read_rows(args, d), groups, busy
+        return read_rows(args, d), groups, busy, phases_of(text)
     finally:
         c.cleanup()
         shutil.rmtree(d, ignore_errors=True)
@@ -206,15 +226,16 @@ def run_once(args, merger, sizes, arrival_file, late_us):
             if t.returncode != 0:
                 raise RuntimeError(f"trainer {n} failed: {open(f'{d}/trainer{n}.err').read()[-2000:]}")
         # The metrics of node 0 (the first daemon of the host serves on `port`).
-        groups = metric(port, "spex_merge_groups_total")
-        busy = metric(port, "spex_merge_group_seconds_total")
+        text = metrics_text(port)
+        groups = metric_of(text, "spex_merge_groups_total")
+        busy = metric_of(text, "spex_merge_group_seconds_total")
         if merger.startswith(("rgmerge_model", "omgs_mgs")):
             log.flush()
             plans = [l.split("): ", 1)[-1].strip() for l in open(log.name) if "plan over" in l]
             if not plans:
                 raise RuntimeError(f"{merger}: no daemon logged its plan: {open(log.name).read()[-2000:]}")
             print(f"  {merger} plan (node log): {plans[0]}", flush=True)
-        return read_rows(args, d), groups, busy
+        return read_rows(args, d), groups, busy, phases_of(text)
     finally:
         if daemons.poll() is None:
             daemons.send_signal(signal.SIGTERM)
@@ -228,13 +249,16 @@ def run_once(args, merger, sizes, arrival_file, late_us):
 
 
 def summarize(args, runs):
-    """runs: [(rows, groups, busy)] of one (schedule, merger), pooled."""
+    """runs: [(rows, groups, busy, phases)] of one (schedule, merger), pooled."""
     step, tail, wait = [], [], []
     groups = busy = 0.0
     total_steps = 0
-    for rows, g, b in runs:
+    phases = {}
+    for rows, g, b, ph in runs:
         groups += g
         busy += b
+        for k, v in ph.items():
+            phases[k] = phases.get(k, 0.0) + v
         total_steps += args.warmup + args.steps
         by_step = {}
         for r in rows:
@@ -264,6 +288,9 @@ def summarize(args, runs):
         "busy_ms": busy_ms,
         "overlap": max(0.0, min(1.0, 1.0 - t / busy_ms)) if busy_ms > 0 else 0.0,
         "steps": len(step),
+        # Node 0's time per step in each exchange phase, summed over its buckets (every step,
+        # warm-up included): compress is the selection's compute, collective the wire.
+        "phase_ms": {k: v / total_steps * 1e3 for k, v in sorted(phases.items())},
     }
 
 
@@ -349,13 +376,14 @@ def main():
         print(f"{s} arrival ({len(sizes)} buckets, {sum(sizes):,} floats, {args.nodes} daemons"
               f"{', node %d %g ms late' % (args.nodes - 1, args.late_ms) if schedules[s] else ''}):")
         print(f"  {'merger':15} {'step ms':>8} {'/none':>6} {'tail ms':>8} {'wait ms':>8} {'exch/step':>9} "
-              f"{'busy ms':>8} {'overlap':>7}")
+              f"{'busy ms':>8} {'overlap':>7} {'select ms':>9} {'wire ms':>8}")
         for m in mergers:
             r = result["schedules"][s][m]
             if base:
                 r["step_vs_none"] = r["step_ms"] / base["step_ms"]
             print(f"  {m:15} {r['step_ms']:8.1f} {r.get('step_vs_none', float('nan')):6.3f} {r['tail_ms']:8.1f} "
-                  f"{r['wait_ms']:8.1f} {r['exchanges_per_step']:9.1f} {r['busy_ms']:8.1f} {r['overlap']:7.2f}")
+                  f"{r['wait_ms']:8.1f} {r['exchanges_per_step']:9.1f} {r['busy_ms']:8.1f} {r['overlap']:7.2f} "
+                  f"{r['phase_ms'].get('compress', 0.0):9.1f} {r['phase_ms'].get('collective', 0.0):8.1f}")
     if "rgmerge" in mergers:
         for s in schedules:
             rs = result["schedules"][s]

@@ -156,6 +156,13 @@ Metrics::Metrics(int node_rank)
                             "Time the engine spent in those exchanges, from a group's start to its "
                             "first member published.")
                         ->Add({});
+  prometheus::Family<prometheus::Counter>* group_phase =
+      counter("spex_merge_phase_seconds_total",
+              "Time the engine spent in each phase of those exchanges, counted once per merge "
+              "group (spex_phase_seconds gives every member a group's whole phase).");
+  for (int p = 0; p < kPhaseCount; ++p) {
+    group_phase_[p] = &group_phase->Add({{"phase", PhaseName(static_cast<Phase>(p))}});
+  }
 }
 
 Metrics::~Metrics() { StopServing(); }
@@ -233,6 +240,7 @@ void Metrics::OnExchange(const ExchangeEvent& e) {
   if (e.group_size <= 1 || rec.bucket_id == e.group_first) {
     groups_->Increment();
     group_seconds_->Increment((e.end_ns - e.begin_ns) * 1e-9);
+    for (int p = 0; p < kPhaseCount; ++p) group_phase_[p]->Increment(rec.phase_seconds[p]);
   }
 }
 

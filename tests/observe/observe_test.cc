@@ -234,6 +234,15 @@ TEST(MetricsTest, KnownRunPassesPromtoolAndCarriesItsValues) {
   // --merger=none: every bucket is its own exchange.
   EXPECT_EQ(Value(text, "spex_merge_groups_total", {{"node", "0"}}), 2 * kSteps);
   EXPECT_GT(Value(text, "spex_merge_group_seconds_total", {{"node", "0"}}), 0);
+  // The phases once per group: with none, the buckets' own phase times summed.
+  for (const char* phase : {"reduce_local", "compress", "collective"}) {
+    const double per_bucket =
+        Value(text, "spex_phase_seconds_sum", {{"bucket", "0"}, {"phase", phase}}) +
+        Value(text, "spex_phase_seconds_sum", {{"bucket", "1"}, {"phase", phase}});
+    const double per_group = Value(text, "spex_merge_phase_seconds_total", {{"phase", phase}});
+    EXPECT_GT(per_group, 0) << phase;
+    EXPECT_NEAR(per_group, per_bucket, 1e-6 + 1e-9 * per_bucket) << phase;
+  }
   EXPECT_EQ(Value(text, "spex_buckets", {{"state", "waiting"}}), 2);
   EXPECT_EQ(Value(text, "spex_buckets", {{"state", "failed"}}), 0);
 }
