@@ -42,7 +42,7 @@ below each of none, fixed and omgs under skew, and no worse than the best of the
 
     /usr/bin/python3 bench/merge_bench.py [--nodes 4] [--mergers none,fixed,omgs,rgmerge]
         [--compressor topk] [--density 0.01] [--forward_ms 60] [--backward_ms 120] [--late_ms 30]
-        [--warmup 5] [--steps 20] [--scale 1] [--skip_build] [--out bench/results/merge]
+        [--warmup 5] [--steps 20] [--scale 1] [--repeat 1] [--skip_build] [--out bench/results/merge]
     .venv/bin/python bench/merge_bench.py --network emulated [--rate 1gbit] [--latency_us 500] ...
 
 With --network emulated (root; the spex package, hence .venv/bin/python) every node is a host of
@@ -249,12 +249,12 @@ def run_once(args, merger, sizes, arrival_file, late_us):
 
 
 def summarize(args, runs):
-    """runs: [(rows, groups, busy, phases)] of one (schedule, merger), pooled."""
+    """runs: [(rows, groups, busy, phases, round)] of one (schedule, merger), pooled."""
     step, tail, wait = [], [], []
     groups = busy = 0.0
     total_steps = 0
     phases = {}
-    for rows, g, b, ph in runs:
+    for rows, g, b, ph, _ in runs:
         groups += g
         busy += b
         for k, v in ph.items():
@@ -340,6 +340,9 @@ def main():
                          "spex package: run with .venv/bin/python)")
     ap.add_argument("--rate", default="1gbit", help="--network=emulated: each host's rate, each way")
     ap.add_argument("--latency_us", type=int, default=0, help="--network=emulated: one-way latency per host")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="ABBA rounds: each round runs every merger twice per schedule; with more than one, "
+                         "rgmerge's ratio to the best other merger is also given per round (median, min, max)")
     ap.add_argument("--skip_build", action="store_true")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench/results/merge"))
     args = ap.parse_args()
@@ -356,11 +359,12 @@ def main():
     raw = {s: {m: [] for m in mergers} for s in schedules}
     t0 = time.time()
     try:
-        for order in (mergers, mergers[::-1]):
-            for s, late in schedules.items():
-                for m in order:
-                    raw[s][m].append(run_once(args, m, sizes, arrival_file, late))
-                    print(f"  {s:6} {m:15} done ({time.time() - t0:.0f} s)", flush=True)
+        for rnd in range(max(1, args.repeat)):
+            for order in (mergers, mergers[::-1]):
+                for s, late in schedules.items():
+                    for m in order:
+                        raw[s][m].append(run_once(args, m, sizes, arrival_file, late) + (rnd,))
+                        print(f"  round {rnd} {s:6} {m:15} done ({time.time() - t0:.0f} s)", flush=True)
     finally:
         os.unlink(arrival_file)
     result = {"nodes": args.nodes, "network": args.network, "compressor": args.compressor, "density": args.density,
@@ -391,6 +395,17 @@ def main():
             best = min(rs[m]["step_ms"] for m in others) if others else float("nan")
             result[f"rgmerge_vs_best_other_{s}"] = rs["rgmerge"]["step_ms"] / best
             print(f"{s}: rgmerge / best of {','.join(others)} = {rs['rgmerge']['step_ms'] / best:.3f}")
+            if args.repeat > 1 and others:
+                # Per ABBA round: the same ratio from that round's runs alone, so the spread between
+                # rounds shows how far one round's figure can be trusted.
+                ratios = []
+                for rnd in range(args.repeat):
+                    per = {m: summarize(args, [r for r in raw[s][m] if r[-1] == rnd])["step_ms"]
+                           for m in ["rgmerge", *others]}
+                    ratios.append(per["rgmerge"] / min(per[m] for m in others))
+                result[f"rgmerge_vs_best_other_{s}_rounds"] = ratios
+                print(f"{s}: per round {' '.join(f'{x:.3f}' for x in ratios)}; median "
+                      f"{statistics.median(ratios):.3f}, min {min(ratios):.3f}, max {max(ratios):.3f}")
     print(f"({os.cpu_count()} cores shared by every daemon's compression, "
           f"{'loopback links' if args.network == 'loopback' else 'emulated links'}: see the header)")
     with open(args.out + ".json", "w") as f:
