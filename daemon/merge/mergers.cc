@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cmath>
 #include <deque>
+#include <limits>
 #include <map>
 #include <vector>
 
@@ -132,6 +133,7 @@ class Linger {
  public:
   static constexpr int64_t kDefaultAlphaNs = 3780000;  // SAFusion's start-up, until a fit exists
   static constexpr size_t kFitSamples = 64;
+  static constexpr int64_t kMaxGapNs = int64_t{3600} * 1000000000;  // an hour
 
   Linger(int64_t max_ns, int64_t fixed_alpha_ns)
       : max_ns_(max_ns),
@@ -142,7 +144,8 @@ class Linger {
   // it, when that one is of the same step.
   void Member(uint64_t bucket_id, uint64_t step, int64_t ready_ns) {
     if (has_prev_ && prev_step_ == step && ready_ns > 0 && prev_ready_ns_ > 0) {
-      const int64_t gap = std::max<int64_t>(0, ready_ns - prev_ready_ns_);
+      // Stamps come from trainers: an absurd one makes a gap of at most an hour.
+      const int64_t gap = std::clamp<int64_t>(ready_ns - prev_ready_ns_, 0, kMaxGapNs);
       auto [it, fresh] = gap_ns_.try_emplace(bucket_id, gap);
       if (!fresh) it->second += (gap - it->second) / 4;  // EWMA, weight 1/4
     }
@@ -185,7 +188,11 @@ class Linger {
     const int64_t alpha = alpha_ns();
     if (now_ns - idle_since_ns_ < alpha) return r;  // right after an exchange: never linger
     auto it = gap_ns_.find(c[j].bucket_id);
-    if (it == gap_ns_.end() || c[j - 1].ready_ns <= 0) return r;  // nothing to expect it by
+    // Nothing to expect it by, or a stamp so far off that the sums below could overflow.
+    if (it == gap_ns_.end() || c[j - 1].ready_ns <= 0 ||
+        c[j - 1].ready_ns > std::numeric_limits<int64_t>::max() - 2 * kMaxGapNs) {
+      return r;
+    }
     const int64_t expected = c[j - 1].ready_ns + it->second;
     if (expected - now_ns > alpha) return r;  // waiting longer than a start-up saves nothing
     const int64_t until =

@@ -1,5 +1,6 @@
 #include "daemon/merge/merger.h"
 
+#include <limits>
 #include <memory>
 #include <numeric>
 #include <string>
@@ -288,6 +289,35 @@ TEST(RgmergeLingerTest, AlphaIsFittedFromTheExchangesWhenNotGiven) {
   }
   EXPECT_EQ((*m)->Offer(c, t0 + kUs, &deadline), 1u);
   EXPECT_EQ((*m)->Offer(c, t0 + 250 * kUs, &deadline), 0u);
+}
+
+// Trainer-written stamps may be anything: absurd ones never overflow (UBSan) and never make the
+// engine wait past linger_max.
+TEST(RgmergeLingerTest, AbsurdStampsNeitherOverflowNorWaitLong) {
+  RgmergeOptions o;
+  o.linger_auto = true;
+  o.alpha_ns = int64_t{1} << 61;  // everything is "within alpha"
+  o.linger_max_ns = 500 * kUs;
+  auto m = MakeRgmergeReadyMerger(o);
+  ASSERT_TRUE(m.ok());
+  const int64_t huge = std::numeric_limits<int64_t>::max() - 5;
+  (*m)->ObserveMember(0, 4, 1, 0);
+  (*m)->ObserveMember(1, 4, huge, 0);  // a gap of ~2^63, kept as an hour
+  (*m)->ObserveMember(2, 4, -7, 0);
+  (*m)->ExchangeIdleSince(0);
+  int64_t deadline = 0;
+  const int64_t now = int64_t{1} << 62;
+  for (int64_t stamp : {huge, int64_t{1}, now, now - (int64_t{1} << 61)}) {
+    std::vector<MergeCandidate> c = {Stamped(0, 5, stamp), Stamped(1, 5, 0)};
+    deadline = 0;
+    const size_t r = (*m)->Offer(c, now, &deadline);
+    if (r == 0) {
+      EXPECT_GT(deadline, now);
+      EXPECT_LE(deadline, now + 500 * kUs) << stamp;
+    } else {
+      EXPECT_EQ(r, 1u) << stamp;
+    }
+  }
 }
 
 TEST(RgmergeLingerTest, FlagsAreValidatedAndNotHashed) {
