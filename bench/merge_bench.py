@@ -42,7 +42,7 @@ below each of none, fixed and omgs under skew, and no worse than the best of the
 
     /usr/bin/python3 bench/merge_bench.py [--nodes 4] [--mergers none,fixed,omgs,rgmerge]
         [--compressor topk] [--density 0.01] [--forward_ms 60] [--backward_ms 120] [--late_ms 30]
-        [--warmup 5] [--steps 20] [--scale 1] [--repeat 1] [--skip_build] [--out bench/results/merge]
+        [--warmup 5] [--steps 20] [--scale 1] [--repeat 1] [--spexd PATH] [--skip_build] [--out bench/results/merge]
     .venv/bin/python bench/merge_bench.py --network emulated [--rate 1gbit] [--latency_us 500] ...
 
 With --network emulated (root; the spex package, hence .venv/bin/python) every node is a host of
@@ -165,7 +165,7 @@ def run_once_emulated(args, merger, sizes, arrival_file, late_us):
 
     d = tempfile.mkdtemp(prefix="spex-merge.")
     port = free_port()
-    c = EmulatedCluster(os.path.join(ROOT, "bazel-bin/daemon/spexd"), hosts=args.nodes, trainers=1,
+    c = EmulatedCluster(args.spexd, hosts=args.nodes, trainers=1,
                         rate=args.rate, latency_us=args.latency_us,
                         args=["--threads=1", "--dense_fallback=off", "--log_level=warning", *merger_flags(merger, args),
                               f"--metrics_address=127.0.0.1:{port}"])
@@ -201,7 +201,7 @@ def run_once(args, merger, sizes, arrival_file, late_us):
     port = free_port()
     log = open(os.path.join(d, "spexd.log"), "w")
     daemons = subprocess.Popen(
-        ["mpirun", "-np", str(args.nodes), os.path.join(ROOT, "bazel-bin/daemon/spexd"),
+        ["mpirun", "-np", str(args.nodes), args.spexd,
          f"--socket={d}/node{{rank}}.sock", "--local_trainers=1", "--threads=1", "--dense_fallback=off",
          "--log_level=info" if merger.startswith(("rgmerge_model", "omgs_mgs")) else "--log_level=warning",
          *merger_flags(merger, args), f"--metrics_address=127.0.0.1:{port}"],
@@ -343,6 +343,8 @@ def main():
     ap.add_argument("--repeat", type=int, default=1,
                     help="ABBA rounds: each round runs every merger twice per schedule; with more than one, "
                          "rgmerge's ratio to the best other merger is also given per round (median, min, max)")
+    ap.add_argument("--spexd", default=os.path.join(ROOT, "bazel-bin/daemon/spexd"),
+                    help="the daemon binary (another build, to compare two versions)")
     ap.add_argument("--skip_build", action="store_true")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench/results/merge"))
     args = ap.parse_args()

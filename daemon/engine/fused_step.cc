@@ -117,10 +117,14 @@ bool GatherChunks(const StepEnv& env, uint64_t step, bool index_only,
 }
 
 // The sorted, deduplicated union of `v` (the same set and order as sparse_exchange.cc's merge).
-void SortedUnique(const std::vector<uint32_t>& v, std::vector<uint32_t>* out) {
-  out->assign(v.begin(), v.end());
-  std::sort(out->begin(), out->end());
-  out->erase(std::unique(out->begin(), out->end()), out->end());
+// The sorted, deduplicated indices of a member's gathered_idx (every node's chunk back to back,
+// each ascending): SortedUnion's linear merges of the nodes' runs instead of a full sort.
+void SortedUnique(const Member& m, std::vector<uint32_t>* out) {
+  std::vector<size_t> off(1, 0);
+  for (uint64_t c : m.counts) off.push_back(off.back() + c);
+  if (off.back() != m.gathered_idx.size()) off.assign({0, m.gathered_idx.size()});  // one run
+  std::vector<uint32_t> scratch;
+  SortedUnion(m.gathered_idx, off, out, &scratch);
 }
 
 // Local stage of a D member (DenseStep's choice of what to send, into its staging slice).
@@ -264,7 +268,7 @@ void IndexUnionSubExchange(const StepEnv& env, uint64_t step, const std::vector<
   // Per member the union (nodes' sets may overlap), then its acc at the union, back to back.
   size_t total = 0;
   for (Member* m : a) {
-    SortedUnique(m->gathered_idx, &m->union_idx);
+    SortedUnique(*m, &m->union_idx);
     m->offset = total;
     total += m->union_idx.size();
   }
@@ -331,7 +335,7 @@ void SparseGatherSubExchange(const StepEnv& env, uint64_t step, const std::vecto
       host->Scale(c.values.data(), scale, c.values.size());
       Keep(&m->s, host->ScatterAdd(b.output, b.elements, c.idx, c.values.data(), c.values.size()));
     }
-    SortedUnique(m->gathered_idx, &m->touched);
+    SortedUnique(*m, &m->touched);
   }
 }
 

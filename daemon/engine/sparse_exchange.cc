@@ -7,12 +7,7 @@
 #include "daemon/engine/wire.h"
 
 namespace spex {
-namespace {
 
-// The sorted union of `runs` (run r is v[off[r] .. off[r + 1])) into *out. Every node's
-// selection arrives ascending, so a pairwise merge (log2(nodes) linear passes) replaces a full
-// sort of the concatenation; a run that is not ascending (a peer not following the contract)
-// falls back to std::sort, so the result is the same either way.
 void SortedUnion(const std::vector<uint32_t>& v, const std::vector<size_t>& off,
                  std::vector<uint32_t>* out, std::vector<uint32_t>* scratch) {
   const size_t runs = off.size() - 1;
@@ -43,8 +38,6 @@ void SortedUnion(const std::vector<uint32_t>& v, const std::vector<size_t>& off,
   }
   out->erase(std::unique(out->begin(), out->end()), out->end());
 }
-
-}  // namespace
 
 absl::Status ExchangeIndexUnion(Collective* coll, Primitives* prims, const SparseExchangeArgs& args,
                                 absl::Span<const uint32_t> my_idx, const float* acc, float* out,
