@@ -125,6 +125,30 @@ class OmgsMerger : public Merger {
   OmgsOptions o_;
 };
 
+// The newest `capacity` (bytes, wire time) samples of a node's packs and the least-squares line
+// through them (alpha: the start-up, beta: the per-byte cost). Not thread-safe: its owner locks.
+class FitWindow {
+ public:
+  explicit FitWindow(size_t capacity) : capacity_(capacity) {}
+  void Add(uint64_t bytes, int64_t ns) {
+    x_.push_back(static_cast<double>(bytes));
+    y_.push_back(static_cast<double>(ns));
+    if (x_.size() > capacity_) {
+      x_.pop_front();
+      y_.pop_front();
+    }
+  }
+  // False while fewer than two distinct sizes were seen (FitLine).
+  bool Fit(double* alpha, double* beta) const {
+    return FitLine(std::vector<double>(x_.begin(), x_.end()),
+                   std::vector<double>(y_.begin(), y_.end()), alpha, beta);
+  }
+
+ private:
+  const size_t capacity_;
+  std::deque<double> x_, y_;
+};
+
 // --rgmerge_linger=auto's local state (MERGING.md 5.1): per bucket an EWMA of the backward gap
 // to its predecessor in canonical order, this node's alpha, when the engine last went idle and
 // how long the current head has lingered. Members and offers come from the engine thread; the
@@ -156,15 +180,9 @@ class Linger {
   void Exchange(uint64_t bytes, int64_t ns) {
     if (fixed_alpha_ns_ > 0) return;
     absl::MutexLock lock(&mu_);
-    x_.push_back(static_cast<double>(bytes));
-    y_.push_back(static_cast<double>(ns));
-    if (x_.size() > kFitSamples) {
-      x_.pop_front();
-      y_.pop_front();
-    }
+    fit_.Add(bytes, ns);
     double alpha = 0, beta = 0;
-    if (FitLine(std::vector<double>(x_.begin(), x_.end()),
-                std::vector<double>(y_.begin(), y_.end()), &alpha, &beta)) {
+    if (fit_.Fit(&alpha, &beta)) {
       alpha_ns_.store(static_cast<int64_t>(std::clamp(alpha, 0.0, 1e9)), std::memory_order_relaxed);
     }
   }
@@ -207,7 +225,7 @@ class Linger {
   const int64_t fixed_alpha_ns_;
   std::atomic<int64_t> alpha_ns_;
   absl::Mutex mu_;
-  std::deque<double> x_ ABSL_GUARDED_BY(mu_), y_ ABSL_GUARDED_BY(mu_);
+  FitWindow fit_ ABSL_GUARDED_BY(mu_){kFitSamples};
   std::map<uint64_t, int64_t> gap_ns_;
   bool has_prev_ = false;
   uint64_t prev_step_ = 0;
@@ -273,12 +291,7 @@ class PlanSamples {
   }
   void Exchange(uint64_t bytes, int64_t ns) {
     absl::MutexLock lock(&mu_);
-    fit_x_.push_back(static_cast<double>(bytes));
-    fit_y_.push_back(static_cast<double>(ns));
-    if (fit_x_.size() > kFitSamples) {
-      fit_x_.pop_front();
-      fit_y_.pop_front();
-    }
+    fit_.Add(bytes, ns);
   }
   // Words: g_0 .. g_{L-1}, sigma_0 .. sigma_{L-1}, alpha (ns; `fixed_alpha_ns` when > 0), beta.
   std::vector<uint64_t> Inputs(absl::Span<const PlanBucket> buckets, int64_t fixed_alpha_ns) {
@@ -303,8 +316,7 @@ class PlanSamples {
     }
     RgmergeModelInputs defaults;
     double alpha = 0, beta = 0;
-    const std::vector<double> x(fit_x_.begin(), fit_x_.end()), y(fit_y_.begin(), fit_y_.end());
-    if (FitLine(x, y, &alpha, &beta)) {
+    if (fit_.Fit(&alpha, &beta)) {
       w[2 * L] = static_cast<uint64_t>(std::max(0.0, alpha));
       w[2 * L + 1] = static_cast<uint64_t>(std::max(0.0, beta * 1000.0));  // ns/B -> ps/B
     } else {
@@ -322,7 +334,7 @@ class PlanSamples {
   };
   absl::Mutex mu_;
   std::map<uint64_t, Samples> samples_ ABSL_GUARDED_BY(mu_);
-  std::deque<double> fit_x_ ABSL_GUARDED_BY(mu_), fit_y_ ABSL_GUARDED_BY(mu_);
+  FitWindow fit_ ABSL_GUARDED_BY(mu_){kFitSamples};
 };
 
 // Agreed words come from every node's measurements, which a hostile or broken trainer's ready
