@@ -122,9 +122,9 @@ ABSL_FLAG(std::string, omgs_mode, "threshold",
 ABSL_FLAG(int64_t, rgmerge_slack_us, 0,
           "--rgmerge_plan=model: the slack delta of the plan's first step, microseconds.");
 ABSL_FLAG(int64_t, merge_alpha_us, 0,
-          "--rgmerge_plan=model, --omgs_mode=mgs: the plan's collective start-up alpha, "
-          "microseconds (0: measured, a least-squares fit of the groups' wire time against their "
-          "bytes).");
+          "--rgmerge_plan=model, --omgs_mode=mgs, --rgmerge_linger=auto: the collective start-up "
+          "alpha, microseconds (0: measured, a least-squares fit of the groups' wire time against "
+          "their bytes).");
 ABSL_FLAG(std::string, rgmerge_linger, "off",
           "--merger=rgmerge: off (each group round starts as soon as the head is ready) or auto "
           "(when the engine has been idle for a collective's start-up alpha and the next bucket "
