@@ -187,9 +187,12 @@ STEPS=20 TRAINER_MODE=overlap WANT_GROUPS=1 run_sparse 2 2nodes.rgmerge.overlap 
 TRAINER_MODE=overlap WANT_GROUPS=1 run_sparse 2 2nodes.omgs.overlap "dense,topk,micro,thresh" \
   --merger=omgs --omgs_threshold_elements=50000 --omgs_select=ahead --log_level=debug
 # --rgmerge_linger=auto: the group rounds may wait a little for the next bucket; the outputs and the
-# oracle are unchanged (the linger is local timing; the round still takes the minimum offer).
-STEPS=12 TRAINER_MODE=overlap WANT_GROUPS=1 run_sparse 2 2nodes.rgmerge.linger "dense,topk,micro" \
-  --merger=rgmerge --rgmerge_linger=auto --rgmerge_linger_max_us=5000 --log_level=debug
+# oracle are unchanged (the linger is local timing; the round still takes the minimum offer). No
+# group size is asserted: whether groups of several form depends on timing (see the overlap case
+# above; with 12 steps one CI run formed none), and whether the engine lingers at all depends on
+# its idle time and measured alpha; merger_test covers the rule with an injected clock.
+STEPS=12 TRAINER_MODE=overlap run_sparse 2 2nodes.rgmerge.linger "dense,topk,micro" \
+  --merger=rgmerge --rgmerge_linger=auto --rgmerge_linger_max_us=5000
 # --rgmerge_plan=model: `ready` while it measures, the agreed plan (one extra agreement after the
 # first group round of step 5) from step 6 on, against the same oracle, on 3 nodes.
 STEPS=12 TRAINER_MODE=overlap WANT_PLAN=5 run_sparse 3 3nodes.rgmerge.model "dense,topk,micro,thresh" \
