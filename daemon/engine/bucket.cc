@@ -1,5 +1,7 @@
 #include "daemon/engine/bucket.h"
 
+#include <algorithm>
+
 #include "daemon/util/log.h"
 
 namespace spex {
@@ -50,6 +52,15 @@ void BucketOutcome::Count(const ExchangeRecord& rec) {
   bytes_sent_total += rec.bytes_sent;
   bytes_received_total += rec.bytes_received;
   for (int p = 0; p < kPhaseCount; ++p) phase_sum[p] += rec.phase_seconds[p];
+}
+
+int64_t EngineBucket::ReadyStamp(int local_trainers) const {
+  int64_t ready = 0;
+  for (int r = 0; r < local_trainers; ++r) {
+    ready = std::max<int64_t>(
+        ready, static_cast<int64_t>(mem.header->ready[r].ready_ns.load(std::memory_order_relaxed)));
+  }
+  return ready;
 }
 
 BucketSummary EngineBucket::Summary() const {

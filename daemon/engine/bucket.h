@@ -95,6 +95,9 @@ struct EngineBucket {
   // Moves out.state to `to`; an illegal move is a bug: logged at ERROR, and refused.
   bool MoveTo(BucketState to);
   BucketSummary Summary() const;  // under the engine's mutex
+  // The latest of the first `local_trainers` trainers' ready_ns stamps in the header
+  // (CLOCK_MONOTONIC, MERGING.md 2.6); 0 when none stamped. Any thread.
+  int64_t ReadyStamp(int local_trainers) const;
 };
 
 }  // namespace spex

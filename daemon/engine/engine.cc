@@ -746,12 +746,7 @@ void Engine::ProcessGroup(const std::vector<EngineBucket*>& group,
       if (merger->measures()) {
         for (size_t j = 0; j < p->items.size(); ++j) {
           const EngineBucket* b = p->buckets[j];
-          int64_t ready = 0;  // the latest trainer's stamp (MERGING.md 2.6)
-          for (uint32_t r = 0; r < options_.local_trainers; ++r) {
-            ready = std::max<int64_t>(
-                ready, static_cast<int64_t>(
-                           b->mem.header->ready[r].ready_ns.load(std::memory_order_relaxed)));
-          }
+          int64_t ready = b->ReadyStamp(options_.local_trainers);  // MERGING.md 2.6
           // Without stamps (an older client): when this engine took the group, late by up to
           // what it was busy with before.
           if (ready == 0) ready = static_cast<int64_t>(t0);

@@ -116,7 +116,6 @@ bool GatherChunks(const StepEnv& env, uint64_t step, bool index_only,
   return true;
 }
 
-// The sorted, deduplicated union of `v` (the same set and order as sparse_exchange.cc's merge).
 // The sorted, deduplicated indices of a member's gathered_idx (every node's chunk back to back,
 // each ascending): SortedUnion's linear merges of the nodes' runs instead of a full sort.
 void SortedUnique(const Member& m, std::vector<uint32_t>* out) {

@@ -30,16 +30,6 @@ bool Scheduler::LocallyReady(const EngineBucket& b) const {
   return someone;
 }
 
-int64_t Scheduler::ReadyStamp(const EngineBucket& b) const {
-  int64_t ready = 0;
-  for (int r = 0; r < local_trainers_; ++r) {
-    ready = std::max<int64_t>(
-        ready,
-        static_cast<int64_t>(b.mem.header->ready[r].ready_ns.load(std::memory_order_relaxed)));
-  }
-  return ready;
-}
-
 MergeKind Scheduler::KindOf(const EngineBucket& b) {
   if (b.ex.sparse == nullptr) return MergeKind::kDense;
   // Ok-Topk, and --sparse_allreduce=auto until it has chosen, exchange alone.
@@ -76,8 +66,8 @@ const std::vector<EngineBucket*>& Scheduler::NextGroup(const BucketTable& table,
   for (size_t i = 0; i < window; ++i) {
     const EngineBucket* b = order_[i];
     const bool ready = LocallyReady(*b);
-    candidates_.push_back(
-        {b->id, b->ex.next_step, b->elements, ready, KindOf(*b), ready ? ReadyStamp(*b) : 0});
+    candidates_.push_back({b->id, b->ex.next_step, b->elements, ready, KindOf(*b),
+                           ready ? b->ReadyStamp(local_trainers_) : 0});
   }
   size_t n = 1;
   if (!none && candidates_.front().kind != MergeKind::kProbe) {

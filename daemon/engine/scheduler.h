@@ -43,8 +43,6 @@ class Scheduler {
   // every living trainer has, and some trainer (living or dead) got to that step, so the step
   // a dead trainer left half-done runs (and fails everywhere) instead of hanging the peers.
   bool LocallyReady(const EngineBucket& b) const;
-  // The latest local trainer's ready_ns stamp of the bucket's current step (0: none stamped).
-  int64_t ReadyStamp(const EngineBucket& b) const;
   // Local ranks whose trainer died during this job (bit r).
   void set_dead(uint64_t mask) { dead_ = mask; }
   // Failed buckets some step of which every local trainer has signalled.
