@@ -29,6 +29,12 @@
 // --register_only=K registers K more buckets it never exchanges (a test of shutdown cleanup: their
 // segments stay linked on the daemon while the other local trainers never attach them).
 // --list_compressors prints the registered compressor names (kernels/compressor.h), one a line.
+//
+// --device=cuda asks the daemon for device buckets (spexd --device=cuda): every step the trainer
+// fills a host copy of its input, copies it into its device slot on its own CUDA stream, and
+// exchanges with that stream (the client records the input event there and makes the stream wait
+// for the output event); --verify copies the device output back and checks it as above. Only a
+// build with --config=cuda has it; elsewhere the flag is refused saying so.
 #include <unistd.h>
 
 #include <algorithm>
@@ -52,6 +58,10 @@
 #include "kernels/primitives.h"
 #include "kernels/reference_cluster.h"
 #include "kernels/splitmix.h"
+
+#ifdef SPEX_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
 
 ABSL_FLAG(std::string, socket, "", "spexd socket (default $SPEX_SOCKET or the default path)");
 ABSL_FLAG(int, local_rank, 0, "this trainer's index on the node");
@@ -97,6 +107,9 @@ ABSL_FLAG(std::string, csv, "",
           "step: from its start to every result), last_start_ms (when the last bucket was "
           "handed in), start_ns (the step's start, CLOCK_MONOTONIC)");
 ABSL_FLAG(bool, quiet, false, "print only the summary");
+ABSL_FLAG(std::string, device, "cpu",
+          "cpu: host buckets; cuda: device buckets from a daemon run with --device=cuda (needs a "
+          "build with --config=cuda)");
 
 namespace {
 
@@ -137,6 +150,77 @@ struct Oracle {
   std::vector<double> residual_norm;  // this node's residual norm after each step
 };
 
+// --device=cuda: the trainer's CUDA stream and, per bucket, host copies of its input and of the
+// output. Without CUDA in the build every call fails, and Create refuses first.
+class DeviceStaging {
+ public:
+  static absl::StatusOr<std::unique_ptr<DeviceStaging>> Create(int gpu) {
+#ifdef SPEX_HAVE_CUDA
+    auto d = std::unique_ptr<DeviceStaging>(new DeviceStaging);
+    if (cudaError_t e = cudaSetDevice(gpu); e != cudaSuccess) return Error("cudaSetDevice", e);
+    cudaStream_t stream = nullptr;
+    if (cudaError_t e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+        e != cudaSuccess) {
+      return Error("cudaStreamCreate", e);
+    }
+    d->stream_ = stream;
+    return d;
+#else
+    (void)gpu;
+    return absl::FailedPreconditionError(
+        "--device=cuda: spex_trainer was built without CUDA (build it with --config=cuda)");
+#endif
+  }
+  ~DeviceStaging() {
+#ifdef SPEX_HAVE_CUDA
+    if (stream_ != nullptr) cudaStreamDestroy(Stream());
+#endif
+  }
+  void* stream() const { return stream_; }
+  // Copies `host` into the device slot, queued on the stream (the exchange is ordered after it).
+  absl::Status Upload(float* device, const std::vector<float>& host) {
+#ifdef SPEX_HAVE_CUDA
+    if (cudaError_t e = cudaMemcpyAsync(device, host.data(), host.size() * sizeof(float),
+                                        cudaMemcpyHostToDevice, Stream());
+        e != cudaSuccess) {
+      return Error("cudaMemcpyAsync (input)", e);
+    }
+    return Sync();
+#else
+    return absl::UnimplementedError("built without CUDA");
+#endif
+  }
+  // Copies the device output into `host` on the stream (which waits for the daemon's result).
+  absl::Status Download(const float* device, std::vector<float>* host) {
+#ifdef SPEX_HAVE_CUDA
+    if (cudaError_t e = cudaMemcpyAsync(host->data(), device, host->size() * sizeof(float),
+                                        cudaMemcpyDeviceToHost, Stream());
+        e != cudaSuccess) {
+      return Error("cudaMemcpyAsync (output)", e);
+    }
+    return Sync();
+#else
+    return absl::UnimplementedError("built without CUDA");
+#endif
+  }
+
+ private:
+#ifdef SPEX_HAVE_CUDA
+  cudaStream_t Stream() const { return static_cast<cudaStream_t>(stream_); }
+  absl::Status Sync() {
+    if (cudaError_t e = cudaStreamSynchronize(Stream()); e != cudaSuccess) {
+      return Error("cudaStreamSynchronize", e);
+    }
+    return absl::OkStatus();
+  }
+  static absl::Status Error(const char* what, cudaError_t e) {
+    return absl::InternalError(std::string("--device=cuda: ") + what + ": " + cudaGetErrorName(e) +
+                               " (" + cudaGetErrorString(e) + ")");
+  }
+#endif
+  void* stream_ = nullptr;
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -151,6 +235,18 @@ int main(int argc, char** argv) {
   opts.local_rank = absl::GetFlag(FLAGS_local_rank);
   opts.local_size = absl::GetFlag(FLAGS_local_size);
   opts.client_name = "spex_trainer";
+  const std::string device = absl::GetFlag(FLAGS_device);
+  if (device != "cpu" && device != "cuda") {
+    std::fprintf(stderr, "spex_trainer: --device must be cpu|cuda, got '%s'\n", device.c_str());
+    return 2;
+  }
+  if (device == "cuda") {
+    if (auto probe = DeviceStaging::Create(0); !probe.ok()) {
+      std::fprintf(stderr, "spex_trainer: %s\n", probe.status().ToString().c_str());
+      return 2;
+    }
+    opts.device = spex::v1::DEVICE_CUDA;
+  }
   const std::string mode = absl::GetFlag(FLAGS_mode);
   if (mode != "doorbell" && mode != "rpc" && mode != "alternate" && mode != "overlap") {
     std::fprintf(stderr, "spex_trainer: --mode must be doorbell|rpc|alternate|overlap, got '%s'\n",
@@ -225,6 +321,30 @@ int main(int argc, char** argv) {
     }
     buckets.push_back(*bucket);
   }
+  // --device=cuda: one stream on the daemon's GPU and host copies of every bucket.
+  std::unique_ptr<DeviceStaging> staging;
+  std::vector<std::vector<float>> host_in, host_out;
+  if (device == "cuda") {
+    auto st = DeviceStaging::Create(buckets.front()->cuda_device());
+    if (!st.ok()) {
+      std::fprintf(stderr, "spex_trainer: %s\n", st.status().ToString().c_str());
+      return 1;
+    }
+    staging = std::move(*st);
+    for (spex::Bucket* bk : buckets) {
+      host_in.emplace_back(bk->elements());
+      host_out.emplace_back(bk->elements());
+    }
+  }
+  void* const stream = staging ? staging->stream() : nullptr;
+  // Where the trainer writes its input and reads the output: the bucket's own memory, or the host
+  // copies of a device bucket.
+  auto input_of = [&](size_t b) -> absl::Span<float> {
+    return staging ? absl::Span<float>(host_in[b]) : buckets[b]->input();
+  };
+  auto output_of = [&](size_t b) -> absl::Span<const float> {
+    return staging ? absl::Span<const float>(host_out[b]) : buckets[b]->output();
+  };
   for (int e = 0; e < absl::GetFlag(FLAGS_register_only); ++e) {
     auto extra = c.RegisterBucket(sizes.size() + e, 1000, {"dense", 0});
     if (!extra.ok()) {
@@ -286,7 +406,7 @@ int main(int argc, char** argv) {
   };
   for (int step = 0; step < steps; ++step) {
     for (size_t b = 0; b < buckets.size(); ++b) {
-      auto in = buckets[b]->input();
+      auto in = input_of(b);
       if (verify && oracles[b].cluster != nullptr) {
         for (size_t i = 0; i < in.size(); ++i) in[i] = GradValue(node, me, b, step, i);
       } else if (verify) {
@@ -297,6 +417,13 @@ int main(int argc, char** argv) {
         }
       } else {
         std::fill(in.begin(), in.end(), static_cast<float>(node * L + me + 1));
+      }
+      if (staging) {
+        if (absl::Status s = staging->Upload(buckets[b]->input().data(), host_in[b]); !s.ok()) {
+          std::fprintf(stderr, "spex_trainer[node %u trainer %u]: step %d: %s\n", node, me, step,
+                       s.ToString().c_str());
+          return 1;
+        }
       }
     }
     std::vector<bool> via_rpc(buckets.size());
@@ -309,10 +436,11 @@ int main(int argc, char** argv) {
       last_start = std::chrono::steady_clock::now();
       const bool rpc = mode == "rpc" || (mode == "alternate" && (step + b) % 2 == 1);
       via_rpc[b] = rpc;
-      absl::Status s = mode == "overlap"
-                           ? c.Start(buckets[b])
-                           : c.Exchange(buckets[b], rpc ? spex::ExchangeMode::kRpc
-                                                        : spex::ExchangeMode::kDoorbell);
+      absl::Status s =
+          mode == "overlap"
+              ? c.Start(buckets[b], stream)
+              : c.Exchange(buckets[b],
+                           rpc ? spex::ExchangeMode::kRpc : spex::ExchangeMode::kDoorbell, stream);
       if (!s.ok()) {
         std::fprintf(stderr, "spex_trainer[node %u trainer %u]: step %d: %s\n", node, me, step,
                      s.ToString().c_str());
@@ -320,7 +448,7 @@ int main(int argc, char** argv) {
       }
     }
     for (size_t b = 0; mode == "overlap" && b < buckets.size(); ++b) {
-      if (absl::Status s = c.Wait(buckets[b]); !s.ok()) {
+      if (absl::Status s = c.Wait(buckets[b], stream); !s.ok()) {
         std::fprintf(stderr, "spex_trainer[node %u trainer %u]: step %d: %s\n", node, me, step,
                      s.ToString().c_str());
         return 1;
@@ -329,6 +457,13 @@ int main(int argc, char** argv) {
     const double ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     step_ms.push_back(ms);
+    for (size_t b = 0; staging && verify && b < buckets.size(); ++b) {
+      if (absl::Status s = staging->Download(buckets[b]->output().data(), &host_out[b]); !s.ok()) {
+        std::fprintf(stderr, "spex_trainer[node %u trainer %u]: step %d: %s\n", node, me, step,
+                     s.ToString().c_str());
+        return 1;
+      }
+    }
     if (csv.is_open()) {
       csv << node << "," << me << "," << step << "," << ms << ","
           << std::chrono::duration<double, std::milli>(last_start - t0).count() << ","
@@ -369,7 +504,7 @@ int main(int argc, char** argv) {
       }
       const float inv = 1.0f / static_cast<float>(nodes * L);
       for (size_t b = 0; b < buckets.size(); ++b) {
-        auto out = buckets[b]->output();
+        auto out = output_of(b);
         Oracle& o = oracles[b];
         if (o.cluster == nullptr) {
           for (size_t i = 0; i < out.size(); ++i) {

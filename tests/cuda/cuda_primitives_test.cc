@@ -81,8 +81,13 @@ class CudaMemory : public Memory {
     EXPECT_EQ(cudaMalloc(&p, bytes), cudaSuccess);
     return blocks_.emplace_back(p);
   }
+  // cudaMemcpy from pageable memory may return before its DMA has landed, and it is ordered
+  // only on the legacy default stream, while the primitives run on a non-blocking stream of
+  // their own: without the synchronise, a kernel may read the buffer before it is written
+  // (first seen on an H200: AbsHistogram16 counted zeros, AddSelectAbove missed hits at 2^18).
   void ToDevice(void* dst, const void* src, size_t bytes) override {
     EXPECT_EQ(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), cudaSuccess);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   }
   void ToHost(void* dst, const void* src, size_t bytes) override {
     EXPECT_EQ(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), cudaSuccess);

@@ -10,7 +10,7 @@
 # $XML_OUTPUT_FILE (tests/run.sh counts them).
 set -uo pipefail
 R="${RUNFILES_DIR:-${TEST_SRCDIR:-$PWD/..}}/spex"
-SPEXD="$R/daemon/spexd"; SPEXCTL="$R/client/spexctl"
+SPEXD="$R/daemon/spexd"; SPEXCTL="$R/client/spexctl"; TRAINER="$R/client/spex_trainer"
 source "$R/tests/support/shtest.sh"
 TMP=$(mktemp -d /tmp/spex-dev.XXXXXX)  # short: unix socket paths are <= 107 bytes
 
@@ -66,6 +66,23 @@ else
 fi
 expect_refusal bad_device_value 1 gpu "--device must be one of auto, cpu, cuda; got 'gpu'"
 expect_serving cpu_serves cpu "--device=cpu: serving host buffers"
+
+# spex_trainer --device: cuda without a usable GPU (or CUDA in the build) refuses before it
+# connects, saying why; a bad value is refused. (With a GPU, tests/cuda/gpu_check.sh runs it.)
+trainer_refuses() {  # name flag pattern
+  local name=$1 flag=$2 pattern=$3 msg=""
+  local log="$TMP/$name.log"
+  timeout 30 "$TRAINER" --device="$flag" --socket="$TMP/none.sock" >"$log" 2>&1
+  local rc=$?
+  [ $rc = 2 ] || msg="spex_trainer --device=$flag exited $rc (expected 2)"
+  grep -qE -- "$pattern" "$log" || msg="${msg:+$msg; }log lacks /$pattern/"
+  [ -n "$msg" ] && { echo "--- $log"; cat "$log"; }
+  record "$name" "$msg"
+}
+if ! grep -qE -- "--device=auto: using GPU" "$TMP/auto_falls_back_to_cpu.log"; then
+  trainer_refuses trainer_cuda_refuses cuda "spex_trainer: .*--device=cuda: .*($NO_GPU|without CUDA)"
+fi
+trainer_refuses trainer_bad_device gpu "--device must be cpu\|cuda, got 'gpu'"
 
 write_junit device_flag_test
 rm -rf "$TMP"

@@ -165,6 +165,7 @@ TEST(MakeNcclCollective, NcclOnOneGpu) {
   ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&dev), 4 * sizeof(float)), cudaSuccess);
   const float in[4] = {1, 2, 3, 4};
   ASSERT_EQ(cudaMemcpy(dev, in, sizeof(in), cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // NCCL's stream is not the legacy one
   ASSERT_TRUE(nccl.AllReduceScaled(dev, dev, 4, 0.5f).ok());
   float out[4];
   ASSERT_EQ(cudaMemcpy(out, dev, sizeof(out), cudaMemcpyDeviceToHost), cudaSuccess);

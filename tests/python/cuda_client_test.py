@@ -104,6 +104,25 @@ class DescriptorTest(unittest.TestCase):
             cuda.stream_handle("default")
 
 
+class TorchViewTest(unittest.TestCase):
+    """The CUDA Array Interface that CudartRuntime.tensor hands torch must be one torch's parser
+    accepts. torch checks its fields before it needs CUDA, so this CPU-only build shows it: the
+    view gets as far as initialising CUDA. (On an H200 the first version, which flagged the output
+    view read-only, failed every device exchange with "the read only flag is not supported".)"""
+
+    def test_torch_parses_the_interface_up_to_cuda(self):
+        view = cuda._CudaArrayView(0x1000, 4)
+        self.assertEqual(view.__cuda_array_interface__["data"], (0x1000, False))
+        try:
+            t = torch.as_tensor(view, device=torch.device("cuda", 0))
+        except TypeError as e:  # a field torch refuses: the bug this guards
+            self.fail(f"torch refused the CUDA Array Interface: {e}")
+        except (RuntimeError, AssertionError) as e:  # this torch has no CUDA: expected here
+            self.assertRegex(str(e), "(?i)cuda")
+        else:  # a CUDA build: a view of the pointer, no copy
+            self.assertEqual(t.data_ptr(), 0x1000)
+
+
 class RealRuntimeHereTest(unittest.TestCase):
     """libcudart through ctypes on this GPU-less machine: it loads (or says clearly why not) and
     every call says why it cannot work."""

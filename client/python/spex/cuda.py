@@ -118,7 +118,9 @@ class CudaRuntime:
         raise NotImplementedError
 
     def tensor(self, pointer: int, elements: int, device: int, writable: bool) -> Any:
-        """A float32 torch tensor of `elements` over the device memory at `pointer`, no copy."""
+        """A float32 torch tensor of `elements` over the device memory at `pointer`, no copy.
+        `writable` is False for a bucket's output: a runtime may refuse writes to it (the fake
+        does); CudartRuntime cannot, as torch has no read-only CUDA tensors."""
         raise NotImplementedError
 
     def current_stream(self, device: int) -> int:
@@ -199,10 +201,13 @@ def load_cudart(path: Optional[str] = None) -> ctypes.CDLL:
 
 class _CudaArrayView:
     """What torch.as_tensor turns into a CUDA tensor over existing device memory without a copy
-    (the CUDA Array Interface, version 2: no stream to synchronise, ordering is ours)."""
+    (the CUDA Array Interface, version 2: no stream to synchronise, ordering is ours). The data's
+    read-only flag is always False: torch refuses True ("the read only flag is not supported",
+    first seen on a GPU), and its tensors have no read-only state to carry it anyway, so the output
+    tensor of a device bucket is writable memory the trainer must only read."""
 
-    def __init__(self, pointer: int, elements: int, readonly: bool):
-        self.__cuda_array_interface__ = {"shape": (elements,), "typestr": "<f4", "data": (pointer, readonly),
+    def __init__(self, pointer: int, elements: int):
+        self.__cuda_array_interface__ = {"shape": (elements,), "typestr": "<f4", "data": (pointer, False),
                                          "strides": None, "version": 2}
 
 
@@ -301,7 +306,7 @@ class CudartRuntime(CudaRuntime):
 
     def tensor(self, pointer: int, elements: int, device: int, writable: bool) -> Any:
         torch = _cuda_torch()
-        t = torch.as_tensor(_CudaArrayView(pointer, elements, not writable), device=torch.device("cuda", device))
+        t = torch.as_tensor(_CudaArrayView(pointer, elements), device=torch.device("cuda", device))
         if t.data_ptr() != pointer or t.dtype != torch.float32 or t.numel() != elements:
             raise CudaRuntimeError(f"torch.as_tensor copied the device buffer at {pointer:#x} instead of viewing it")
         return t
