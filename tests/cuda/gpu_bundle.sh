@@ -4,7 +4,10 @@
 # they and OpenMPI's plugins need, OpenMPI and PMIx at their configured paths, the Python
 # package's generated stubs); `run` on the GPU machine (as root: OpenMPI goes under /usr, never
 # over an existing file) unpacks it and runs the checks. CUDA's runtime and NCCL come from the
-# GPU machine. What this was made for and ran on: docs in kernels/cuda/README.md.
+# GPU machine. Daemons run as MPI singletons (gpu_check.sh needs nothing more): a machine with a
+# PMIx of its own at the same path keeps it, and mpirun of several ranks may then fail (seen on
+# Ubuntu 24.04: "mca_pmix_ext3x.so: undefined symbol: PMIx_Info_create"). What this was made for
+# and ran on: kernels/cuda/README.md.
 #   bazel build --config=cuda //tests/cuda/... //daemon:spexd //client:spex_trainer //client:spexctl
 #   bash tests/cuda/gpu_bundle.sh pack /tmp/spex-gpu.tar.gz [BAZEL_BIN]
 #   (copy the tarball and this source tree over)
