@@ -155,6 +155,12 @@ absl::StatusOr<DaemonConfig> LoadConfig() {
   if (c.threads < 0) {
     errors.push_back(absl::StrCat("--threads must be >= 0 (0: all cores), got ", c.threads));
   }
+  c.mpi_wait_max_sleep_us = absl::GetFlag(FLAGS_mpi_wait_max_sleep_us);
+  if (c.mpi_wait_max_sleep_us < 0 || c.mpi_wait_max_sleep_us > 1000000) {
+    errors.push_back(
+        absl::StrCat("--mpi_wait_max_sleep_us must be in [0, 1000000] (0: wait inside MPI), got ",
+                     c.mpi_wait_max_sleep_us));
+  }
   c.spin_us = absl::GetFlag(FLAGS_spin_us);
   if (c.spin_us < -1) {
     errors.push_back(absl::StrCat("--spin_us must be >= 0, or -1 (automatic), got ", c.spin_us));

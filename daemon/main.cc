@@ -99,18 +99,18 @@ absl::StatusOr<Device> AgreeOnDevice(Collective* coll, DeviceChoice choice,
   return device;
 }
 
-// The divisor of every average is nodes x local trainers: every node must have the same. One
-// all-reduce (MAX of x and ~x: the largest and the smallest) gives every node the same verdict.
-absl::Status AgreeOnLocalTrainers(Collective* coll, int local_trainers) {
-  uint64_t v[2] = {static_cast<uint64_t>(local_trainers), ~static_cast<uint64_t>(local_trainers)};
+// A flag every node must set alike: one all-reduce (MAX of x and ~x: the largest and the
+// smallest) gives every node the same verdict, naming `flag`, the range seen and `why`.
+absl::Status AgreeOnFlag(Collective* coll, const char* flag, int64_t value, const char* why) {
+  uint64_t v[2] = {static_cast<uint64_t>(value), ~static_cast<uint64_t>(value)};
   SPEX_RETURN_IF_ERROR(coll->AllReduce(v, 2, ElemType::kUint64, ReduceOp::kMax));
-  const uint64_t most = v[0], least = ~v[1];
+  const int64_t most = static_cast<int64_t>(v[0]), least = static_cast<int64_t>(~v[1]);
   if (least == most) return absl::OkStatus();
-  return absl::FailedPreconditionError(absl::StrCat(
-      "--local_trainers differs between nodes (", least, " to ", most,
-      "; this node: ", local_trainers,
-      "): averages divide by nodes x local trainers, so start every spexd with the same "
-      "--local_trainers"));
+  return absl::FailedPreconditionError(absl::StrCat(flag, " differs between nodes (", least, " to ",
+                                                    most, "; this node: ", value, "): ", why,
+                                                    ", so start every spexd with the "
+                                                    "same ",
+                                                    flag));
 }
 
 // What the GPU path owns: this node's GPU's primitives and buffers, and NCCL over it.
@@ -272,6 +272,7 @@ absl::Status Run(const absl::StatusOr<DaemonConfig>& loaded, SdNotifier& notifie
   const World world = JoinWorld();
   SetLogPrefix(absl::StrCat("spexd[node ", world.rank, "/", world.size, "]"));
   std::unique_ptr<Primitives> host_prims = MakeCpuPrimitives(loaded.ok() ? loaded->threads : 0);
+  // Blocking collectives until every node has agreed on --mpi_wait_max_sleep_us (below).
   MpiCollective mpi(MPI_COMM_WORLD, host_prims.get());
   SPEX_RETURN_IF_ERROR(AgreeOnAllNodes(&mpi, loaded.status(), "its flag checks"));
   const DaemonConfig& config = *loaded;
@@ -281,7 +282,13 @@ absl::Status Run(const absl::StatusOr<DaemonConfig>& loaded, SdNotifier& notifie
   SPEX_ASSIGN_OR_RETURN(const Device device, AgreeOnDevice(&mpi, config.device, &gpus));
   const std::string socket = SocketPath(config, world.rank, world.host_index, world.host_count);
   SPEX_RETURN_IF_ERROR(AgreeOnAllNodes(&mpi, PrepareSocketPath(socket), "the --socket check"));
-  SPEX_RETURN_IF_ERROR(AgreeOnLocalTrainers(&mpi, config.engine.local_trainers));
+  SPEX_RETURN_IF_ERROR(AgreeOnFlag(&mpi, "--local_trainers", config.engine.local_trainers,
+                                   "averages divide by nodes x local trainers"));
+  // Blocking and non-blocking collectives never match each other: every node waits alike.
+  SPEX_RETURN_IF_ERROR(AgreeOnFlag(&mpi, "--mpi_wait_max_sleep_us", config.mpi_wait_max_sleep_us,
+                                   "a node waiting inside MPI and one waiting passively issue "
+                                   "collectives that do not match"));
+  mpi.set_max_sleep_us(config.mpi_wait_max_sleep_us);
   PeerNotice notice(MPI_COMM_WORLD);
   GpuPath gpu;
   DevicePath device_path;
@@ -325,7 +332,7 @@ absl::Status Run(const absl::StatusOr<DaemonConfig>& loaded, SdNotifier& notifie
   std::unique_ptr<MpiCollective> wire;
   if (gpu.nccl == nullptr) {
     wire = std::make_unique<MpiCollective>(MPI_COMM_WORLD, host_prims.get(),
-                                           /*passive_wait=*/true);
+                                           std::max<int64_t>(50, config.mpi_wait_max_sleep_us));
   }
   Collective* collective = gpu.nccl != nullptr ? gpu.nccl.get() : &mpi;
   Engine engine(opts, collective, gpu.prims != nullptr ? gpu.prims.get() : host_prims.get(),
@@ -412,6 +419,7 @@ int main(int argc, char** argv) {
   // systemd's variables are read (and removed, spexd's children must not notify in its name)
   // before MPI starts threads that may read the environment meanwhile.
   spex::SdNotifier notifier(/*unset_environment=*/true);
+  spex::PreferRingIallreduce();  // the passive waits' MPI_Iallreduce (mpi_collective.h)
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   if (provided < MPI_THREAD_SERIALIZED) {

@@ -1,7 +1,9 @@
 #include "daemon/transport/mpi_collective.h"
 
 #include <algorithm>
+#include <chrono>
 #include <climits>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 
@@ -54,8 +56,17 @@ absl::Status CheckCount(size_t n, const char* what) {
 
 }  // namespace
 
-MpiCollective::MpiCollective(MPI_Comm comm, Primitives* scaler, bool passive_wait)
-    : scaler_(scaler), passive_wait_(passive_wait) {
+void PreferRingIallreduce() {
+  setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "1", /*overwrite=*/0);
+}
+
+int64_t PassiveSleepUs(int64_t waited_us, int64_t max_sleep_us) {
+  constexpr int64_t kMinSleepUs = 50;
+  return std::max(kMinSleepUs, std::min(waited_us / 32, max_sleep_us));
+}
+
+MpiCollective::MpiCollective(MPI_Comm comm, Primitives* scaler, int64_t max_sleep_us)
+    : scaler_(scaler), passive_wait_(max_sleep_us > 0), max_sleep_us_(max_sleep_us) {
   MPI_Comm_dup(comm, &comm_);
   MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
   MPI_Comm_rank(comm_, &rank_);
@@ -72,17 +83,22 @@ MpiCollective::~MpiCollective() {
 
 absl::Status MpiCollective::Finish(int started, MPI_Request* req, const char* what) {
   if (absl::Status s = Check(started, what); !s.ok()) return s;
-  // Open MPI progresses a non-blocking collective only inside MPI calls: a test every
-  // kPassiveSleepUs keeps it moving (a 1 Gbit/s link carries about 6 KB in that time, far less
-  // than a socket's buffer) while the core is free for the computing threads.
+  // Open MPI progresses a non-blocking collective only inside MPI calls: a test after every
+  // sleep keeps it moving. The sleeps start at 50 us (a 1 Gbit/s link carries about 6 KB in
+  // that time, far less than a socket's buffer) and grow with the wait (PassiveSleepUs), so a
+  // long wait on a slow link or a late node leaves the core to the computing threads.
   constexpr int kSpins = 32;
-  constexpr long kPassiveSleepUs = 50;
+  const auto start = std::chrono::steady_clock::now();
   for (int i = 0;; ++i) {
     int done = 0;
     if (absl::Status s = Check(MPI_Test(req, &done, MPI_STATUS_IGNORE), what); !s.ok()) return s;
     if (done) return absl::OkStatus();
     if (i >= kSpins) {
-      const timespec ts{0, kPassiveSleepUs * 1000};
+      const int64_t waited_us = std::chrono::duration_cast<std::chrono::microseconds>(
+                                    std::chrono::steady_clock::now() - start)
+                                    .count();
+      const int64_t us = PassiveSleepUs(waited_us, max_sleep_us_);
+      const timespec ts{static_cast<time_t>(us / 1000000), static_cast<long>(us % 1000000) * 1000};
       nanosleep(&ts, nullptr);
     }
   }

@@ -15,13 +15,23 @@ namespace spex {
 class MpiCollective : public Collective {
  public:
   // `scaler` (optional, not owned) does AllReduceScaled's scaling pass with its vectorised,
-  // threaded Scale; without it the pass is a plain loop. `passive_wait`: AllReduce,
-  // AllReduceScaled and AllGatherV run as their non-blocking forms, completed by MPI_Test with
-  // short sleeps in between instead of MPI's busy polling, so a thread waiting on the wire
-  // leaves its core to the threads computing beside it (the engine's wire stage,
-  // --merge_overlap); the other collectives block as usual.
-  explicit MpiCollective(MPI_Comm comm, Primitives* scaler = nullptr, bool passive_wait = false);
+  // threaded Scale; without it the pass is a plain loop. `max_sleep_us` > 0 (passive wait):
+  // AllReduce, AllReduceScaled and AllGatherV run as their non-blocking forms, completed by
+  // MPI_Test with sleeps in between instead of MPI's busy polling, so a thread waiting on the
+  // wire or on a slower node leaves its core to the threads and processes computing beside it.
+  // The sleeps grow with the wait (PassiveSleepUs): 50 us at first, then 1/32 of the time waited
+  // so far, at most `max_sleep_us`. 0: those collectives block in MPI (busy polling). The other
+  // collectives block as usual.
+  explicit MpiCollective(MPI_Comm comm, Primitives* scaler = nullptr, int64_t max_sleep_us = 0);
   ~MpiCollective() override;
+
+  // Changes the waiting (as the constructor's `max_sleep_us`) for the calls after this one;
+  // every rank must change it alike at the same point (blocking and non-blocking collectives
+  // do not match).
+  void set_max_sleep_us(int64_t max_sleep_us) {
+    passive_wait_ = max_sleep_us > 0;
+    max_sleep_us_ = max_sleep_us;
+  }
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -40,19 +50,34 @@ class MpiCollective : public Collective {
   absl::Status Barrier() override;
 
  private:
-  // Completes `req` (passive_wait), started by a call that returned `started`: that code
-  // checked, then MPI_Test, a short spin, then sleeps of kPassiveSleepUs.
+  // Completes `req` (passive wait), started by a call that returned `started`: that code
+  // checked, then MPI_Test, a short spin, then sleeps of PassiveSleepUs.
   absl::Status Finish(int started, MPI_Request* req, const char* what);
 
   MPI_Comm comm_;
   Primitives* scaler_ = nullptr;
   bool passive_wait_ = false;
+  int64_t max_sleep_us_ = 0;
   int rank_ = 0;
   int size_ = 1;
   std::vector<int> counts_, displs_;            // scratch for the v-collectives
   std::vector<int> send_counts_, send_displs_;  // scratch for AllToAllV's send side
   std::vector<uint8_t> send_buf_, recv_buf_;    // AllToAllV's contiguous blocks
 };
+
+// Call before MPI_Init. Open MPI (4.x, coll/libnbc) runs MPI_Iallreduce on fewer than 4 ranks,
+// or in place, as a binomial reduce followed by a broadcast: each half moves the whole buffer
+// one way, so it takes twice a ring's time on a full-duplex link (measured: 17.0 s against
+// 8.7 s for MPI_Allreduce of 25,557,032 floats on 2 hosts at 100 Mbit/s). This selects its
+// ring algorithm (OMPI_MCA_coll_libnbc_iallreduce_algorithm=1) unless the environment already
+// chose one; other MPI implementations ignore the variable.
+void PreferRingIallreduce();
+
+// The sleep between two MPI_Tests of a passive wait that has lasted `waited_us`: 50 us, or
+// 1/32 of the wait so far once that is longer, at most `max_sleep_us` (a sleep never adds more
+// than about 3% to a wait, and a wait of seconds on a slow link tests a few hundred times a
+// second instead of 20,000). `max_sleep_us` <= 50: always 50 us.
+int64_t PassiveSleepUs(int64_t waited_us, int64_t max_sleep_us);
 
 // Shutdown notices between daemons on their own communicator: a node that stops tells all
 // others; each polls (non-blocking) whether a peer has stopped. Call from one thread.

@@ -36,6 +36,7 @@ TEST_F(ConfigTest, DefaultsAreValid) {
   EXPECT_EQ(c->log_level, LogLevel::kInfo);
   EXPECT_EQ(c->socket_mode, 0600u);
   EXPECT_EQ(c->spin_us, -1);
+  EXPECT_EQ(c->mpi_wait_max_sleep_us, 0);
   EXPECT_FALSE(c->job.empty());        // DefaultJob() when --job is not given
   EXPECT_TRUE(c->engine.job.empty());  // and then not enforced on trainers
 }
@@ -50,6 +51,7 @@ TEST_F(ConfigTest, GoodFlagsGiveTypedValues) {
   absl::SetFlag(&FLAGS_register_timeout, absl::Seconds(7));
   absl::SetFlag(&FLAGS_shutdown_grace, absl::Milliseconds(1500));
   absl::SetFlag(&FLAGS_spin_us, 20);
+  absl::SetFlag(&FLAGS_mpi_wait_max_sleep_us, int64_t{800});
   absl::SetFlag(&FLAGS_threads, 4);
   absl::SetFlag(&FLAGS_device, DeviceChoice::kCpu);
   absl::SetFlag(&FLAGS_error_feedback, false);
@@ -68,6 +70,7 @@ TEST_F(ConfigTest, GoodFlagsGiveTypedValues) {
   EXPECT_EQ(c->job, "j7");
   EXPECT_EQ(c->shutdown_grace, absl::Milliseconds(1500));
   EXPECT_EQ(c->spin_us, 20);
+  EXPECT_EQ(c->mpi_wait_max_sleep_us, 800);
   EXPECT_EQ(c->threads, 4);
   EXPECT_EQ(c->device, DeviceChoice::kCpu);
   EXPECT_EQ(c->log_level, LogLevel::kWarning);
@@ -101,6 +104,10 @@ TEST_F(ConfigTest, EveryBadValueNamesItsFlag) {
       {[] { absl::SetFlag(&FLAGS_shutdown_grace, absl::Seconds(-1)); },
        "--shutdown_grace must be a positive duration"},
       {[] { absl::SetFlag(&FLAGS_spin_us, -2); }, "--spin_us must be >= 0, or -1"},
+      {[] { absl::SetFlag(&FLAGS_mpi_wait_max_sleep_us, int64_t{-1}); },
+       "--mpi_wait_max_sleep_us must be in [0, 1000000]"},
+      {[] { absl::SetFlag(&FLAGS_mpi_wait_max_sleep_us, int64_t{1000001}); },
+       "--mpi_wait_max_sleep_us must be in [0, 1000000]"},
       {[] { absl::SetFlag(&FLAGS_threads, -1); }, "--threads must be >= 0"},
       {[] { absl::SetFlag(&FLAGS_min_sparse_elements, int64_t{-1}); },
        "--min_sparse_elements must be >= 0"},

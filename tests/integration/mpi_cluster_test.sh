@@ -69,6 +69,14 @@ fi
 grep -q "local_trainers differs between nodes" "$dir/mismatch.log" ||
   { fail "no clear message for different --local_trainers"; cat "$dir/mismatch.log"; }
 ls "$dir"/*.sock >/dev/null 2>&1 && fail "a refused start left its socket"
+# Likewise --mpi_wait_max_sleep_us (a blocking and a non-blocking all-reduce never match).
+if timeout 60 mpirun -np 1 "$SPEXD" --socket="$dir/a.sock" --mpi_wait_max_sleep_us=0 : \
+    -np 1 "$SPEXD" --socket="$dir/b.sock" --mpi_wait_max_sleep_us=500 >"$dir/wait.log" 2>&1; then
+  fail "daemons with different --mpi_wait_max_sleep_us started"
+fi
+grep -q "mpi_wait_max_sleep_us differs between nodes (0 to 500" "$dir/wait.log" ||
+  { fail "no clear message for different --mpi_wait_max_sleep_us"; cat "$dir/wait.log"; }
+ls "$dir"/*.sock >/dev/null 2>&1 && fail "a refused start left its socket"
 rm -rf "$dir"
 echo "integration: $failures failure(s)"
 [ $failures = 0 ]

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <vector>
@@ -24,8 +25,8 @@ namespace {
 
 class MpiWorld : public CollectiveWorld {
  public:
-  MpiWorld(std::string name, Primitives* scaler, bool passive_wait = false)
-      : name_(std::move(name)), collective_(MPI_COMM_WORLD, scaler, passive_wait) {
+  MpiWorld(std::string name, Primitives* scaler, int64_t max_sleep_us = 0)
+      : name_(std::move(name)), collective_(MPI_COMM_WORLD, scaler, max_sleep_us) {
     MPI_Comm_dup(MPI_COMM_WORLD, &verdicts_);
   }
   ~MpiWorld() override { MPI_Comm_free(&verdicts_); }
@@ -71,9 +72,10 @@ std::vector<CollectiveWorld*> MpiWorlds() {
     Scaler() = MakeCpuPrimitives(1);
     Worlds().push_back(std::make_unique<MpiWorld>("mpi", nullptr));
     Worlds().push_back(std::make_unique<MpiWorld>("mpi_cpu_scaler", Scaler().get()));
-    // The wire stage's collective (--merge_overlap): non-blocking forms, passive waiting.
-    Worlds().push_back(
-        std::make_unique<MpiWorld>("mpi_passive_wait", Scaler().get(), /*passive_wait=*/true));
+    // Non-blocking forms, passive waiting: as the wire stage (--merge_overlap) runs them by
+    // default (50 us sleeps), and with --mpi_wait_max_sleep_us=1000.
+    Worlds().push_back(std::make_unique<MpiWorld>("mpi_passive_wait", Scaler().get(), 50));
+    Worlds().push_back(std::make_unique<MpiWorld>("mpi_passive_backoff", Scaler().get(), 1000));
   }
   std::vector<CollectiveWorld*> out;
   for (auto& w : Worlds()) out.push_back(w.get());
@@ -84,6 +86,31 @@ INSTANTIATE_TEST_SUITE_P(Mpi, CollectiveConformance,
                          ::testing::Combine(::testing::ValuesIn(MpiWorlds()),
                                             ::testing::ValuesIn(ConformanceSizes())),
                          ConformanceName);
+
+// The sleeps of a passive wait: 50 us, then 1/32 of the wait so far, capped; a cap at or under
+// 50 us keeps them at 50 (the wire stage's behaviour before the cap existed).
+TEST(PassiveSleep, GrowsWithTheWaitUpToTheCap) {
+  EXPECT_EQ(PassiveSleepUs(0, 1000), 50);
+  EXPECT_EQ(PassiveSleepUs(1600, 1000), 50);
+  EXPECT_EQ(PassiveSleepUs(3200, 1000), 100);
+  EXPECT_EQ(PassiveSleepUs(16000, 1000), 500);
+  EXPECT_EQ(PassiveSleepUs(32000, 1000), 1000);
+  EXPECT_EQ(PassiveSleepUs(int64_t{9} * 1000000, 1000), 1000);
+  EXPECT_EQ(PassiveSleepUs(int64_t{9} * 1000000, 50), 50);
+  EXPECT_EQ(PassiveSleepUs(int64_t{9} * 1000000, 1), 50);
+}
+
+// main() chose libnbc's ring MPI_Iallreduce as spexd does; a choice already in the environment
+// stays.
+TEST(PreferRingIallreduce, SetsTheAlgorithmUnlessChosen) {
+  const char* kVar = "OMPI_MCA_coll_libnbc_iallreduce_algorithm";
+  ASSERT_NE(std::getenv(kVar), nullptr);
+  EXPECT_STREQ(std::getenv(kVar), "1");
+  setenv(kVar, "3", 1);
+  PreferRingIallreduce();
+  EXPECT_STREQ(std::getenv(kVar), "3");
+  setenv(kVar, "1", 1);
+}
 
 // On ranks other than 0: only failures, each line marked with the rank.
 class RankFailurePrinter : public ::testing::EmptyTestEventListener {
@@ -109,6 +136,7 @@ class RankFailurePrinter : public ::testing::EmptyTestEventListener {
 }  // namespace spex::test
 
 int main(int argc, char** argv) {
+  spex::PreferRingIallreduce();  // as spexd does
   MPI_Init(&argc, &argv);
   int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);

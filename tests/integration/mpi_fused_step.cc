@@ -202,6 +202,7 @@ bool Equality(Collective* coll, Primitives* prims, bool dyadic, double* max_rel,
 }  // namespace spex
 
 int main(int argc, char** argv) {
+  spex::PreferRingIallreduce();  // as spexd does
   MPI_Init(&argc, &argv);
   int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
