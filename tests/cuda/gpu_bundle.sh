@@ -4,10 +4,10 @@
 # they and OpenMPI's plugins need, OpenMPI and PMIx at their configured paths, the Python
 # package's generated stubs); `run` on the GPU machine (as root: OpenMPI goes under /usr, never
 # over an existing file) unpacks it and runs the checks. CUDA's runtime and NCCL come from the
-# GPU machine. Daemons run as MPI singletons (gpu_check.sh needs nothing more): a machine with a
-# PMIx of its own at the same path keeps it, and mpirun of several ranks may then fail (seen on
-# Ubuntu 24.04: "mca_pmix_ext3x.so: undefined symbol: PMIx_Info_create"). What this was made for
-# and ran on: kernels/cuda/README.md.
+# GPU machine, and so does Open MPI where the machine has an mpirun of its own (the bundle's
+# OpenMPI is used only where it has none: mixing the two failed on Ubuntu 24.04, "undefined
+# symbol: PMIx_Info_create"; that branch has not run on a GPU machine yet). What this was made
+# for and ran on: kernels/cuda/README.md.
 #   bazel build --config=cuda //tests/cuda/... //daemon:spexd //client:spex_trainer //client:spexctl
 #   bash tests/cuda/gpu_bundle.sh pack /tmp/spex-gpu.tar.gz [BAZEL_BIN]
 #   (copy the tarball and this source tree over)
@@ -56,15 +56,28 @@ run)
   outdir=${3:?usage: gpu_bundle.sh run BUNDLE OUT_DIR}
   here=$(cd "$(dirname "$0")/../.." && pwd)
   P=$(mktemp -d /tmp/spex-bundle.XXXXXX)
+  trap 'rm -rf "$P"' EXIT
   tar -C "$P" -xzf "$bundle"
-  tar -C / --skip-old-files -xf "$P/ompi.tar"
+  if command -v mpirun >/dev/null 2>&1; then
+    # This machine has an MPI of its own: use it whole (Open MPI 4.x keeps libmpi.so.40's ABI),
+    # never the bundle's libraries beside its plugins (seen on Ubuntu 24.04: its own PMIx
+    # plugin against the bundle's libraries, "undefined symbol: PMIx_Info_create").
+    mkdir -p "$P/libs-mpi"
+    for l in "$P"/libs/libmpi* "$P"/libs/libopen-* "$P"/libs/liboshmem* "$P"/libs/libpmix* \
+      "$P"/libs/libhwloc* "$P"/libs/libevent* "$P"/libs/libmca_*; do
+      [ -e "$l" ] && mv "$l" "$P/libs-mpi/"
+    done
+    echo "gpu_bundle: using this machine's $(command -v mpirun)"
+  else
+    tar -C / --skip-old-files -xf "$P/ompi.tar"
+  fi
   nccl=$(find /usr /opt -name 'libnccl.so.2' 2>/dev/null | head -1)
   cudart=$(find /usr/local /usr/lib /opt -name 'libcudart.so.1[0-9]' 2>/dev/null | head -1)
   if [ -z "$nccl" ] || [ -z "$cudart" ]; then
     echo "gpu_bundle: need libnccl.so.2 and libcudart on this machine" >&2
     exit 1
   fi
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 || true
   # The Python package: sources from the tree, stubs from the bundle, the C extension built here.
   mkdir -p "$P/py"
   cp -r "$here/client/python/spex" "$P/py/"
