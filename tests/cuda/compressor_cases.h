@@ -4,12 +4,15 @@
 #ifndef SPEX_TESTS_CUDA_COMPRESSOR_CASES_H_
 #define SPEX_TESTS_CUDA_COMPRESSOR_CASES_H_
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <map>
 #include <random>
 #include <string>
 #include <vector>
+
+#include "kernels/compressor.h"
 
 namespace spex {
 namespace testcases {
@@ -82,6 +85,33 @@ inline std::vector<float> Data(size_t n, uint32_t seed) {
     if (k == 1 || k == 2) v = std::round(v * 400.0f) / 400.0f;
   }
   return x;
+}
+
+// The exchange's bookkeeping as the engine does it: every node's count and indices, node after
+// node; for pattern A (kIndexUnion) the indices are their sorted union (where the caller then
+// zeroes acc). Owns what `view()` (the Gathered that Update takes) points into.
+struct AllSelections {
+  std::vector<uint64_t> counts;
+  std::vector<uint32_t> indices;
+  Gathered view() const {
+    Gathered g;
+    g.counts = counts;
+    g.indices = indices;
+    return g;
+  }
+};
+
+inline AllSelections GatherSelections(const std::vector<Selection>& selections, Pattern pattern) {
+  AllSelections all;
+  for (const Selection& s : selections) {
+    all.counts.push_back(s.idx.size());
+    all.indices.insert(all.indices.end(), s.idx.begin(), s.idx.end());
+  }
+  if (pattern == Pattern::kIndexUnion) {
+    std::sort(all.indices.begin(), all.indices.end());
+    all.indices.erase(std::unique(all.indices.begin(), all.indices.end()), all.indices.end());
+  }
+  return all;
 }
 
 }  // namespace testcases

@@ -133,19 +133,9 @@ TEST_P(CudaCompressor, SelectsAsOnTheCpu) {
         sel_gpu[r] = sel_cpu[r];
       }
     }
-    std::vector<uint64_t> counts;
-    std::vector<uint32_t> gathered;
-    for (const Selection& s : sel_cpu) {
-      counts.push_back(s.idx.size());
-      gathered.insert(gathered.end(), s.idx.begin(), s.idx.end());
-    }
-    if (pattern == Pattern::kIndexUnion) {
-      std::sort(gathered.begin(), gathered.end());
-      gathered.erase(std::unique(gathered.begin(), gathered.end()), gathered.end());
-    }
-    Gathered g;
-    g.counts = counts;
-    g.indices = gathered;
+    const testcases::AllSelections all = testcases::GatherSelections(sel_cpu, pattern);
+    const Gathered g = all.view();
+    const std::vector<uint32_t>& gathered = all.indices;
     for (int r = 0; r < kNodes; ++r) {
       ASSERT_TRUE(on_cpu[r]->Update(step, g).ok());
       ASSERT_TRUE(on_gpu[r]->Update(step, g).ok());
