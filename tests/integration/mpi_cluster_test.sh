@@ -60,23 +60,21 @@ run_cluster 4 2 alternate mpirun
 # 3 x 2: a divisor that is not a power of two (the dense path scales after the reduction).
 run_cluster 3 2 alternate mpirun
 
-# Daemons started with different --local_trainers must all refuse, saying which flag to fix.
+# Daemons started with different values of a flag every node must share all refuse, saying
+# which flag to fix, and leave no socket.
 dir=$(mktemp -d /tmp/spex-int.XXXXXX)
-if timeout 60 mpirun -np 1 "$SPEXD" --socket="$dir/a.sock" --local_trainers=1 : \
-    -np 1 "$SPEXD" --socket="$dir/b.sock" --local_trainers=2 >"$dir/mismatch.log" 2>&1; then
-  fail "daemons with different --local_trainers started"
-fi
-grep -q "local_trainers differs between nodes" "$dir/mismatch.log" ||
-  { fail "no clear message for different --local_trainers"; cat "$dir/mismatch.log"; }
-ls "$dir"/*.sock >/dev/null 2>&1 && fail "a refused start left its socket"
-# Likewise --mpi_wait_max_sleep_us (a blocking and a non-blocking all-reduce never match).
-if timeout 60 mpirun -np 1 "$SPEXD" --socket="$dir/a.sock" --mpi_wait_max_sleep_us=0 : \
-    -np 1 "$SPEXD" --socket="$dir/b.sock" --mpi_wait_max_sleep_us=500 >"$dir/wait.log" 2>&1; then
-  fail "daemons with different --mpi_wait_max_sleep_us started"
-fi
-grep -q "mpi_wait_max_sleep_us differs between nodes (0 to 500" "$dir/wait.log" ||
-  { fail "no clear message for different --mpi_wait_max_sleep_us"; cat "$dir/wait.log"; }
-ls "$dir"/*.sock >/dev/null 2>&1 && fail "a refused start left its socket"
+expect_mismatch() {  # flag value-a value-b pattern
+  local flag=$1 a=$2 b=$3 pattern=$4 log="$dir/mismatch.$1.log"
+  if timeout 60 mpirun -np 1 "$SPEXD" --socket="$dir/a.sock" "--$flag=$a" : \
+      -np 1 "$SPEXD" --socket="$dir/b.sock" "--$flag=$b" >"$log" 2>&1; then
+    fail "daemons with different --$flag started"
+  fi
+  grep -q -- "$pattern" "$log" || { fail "no clear message for different --$flag"; cat "$log"; }
+  ls "$dir"/*.sock >/dev/null 2>&1 && fail "a refused start (--$flag) left its socket"
+}
+expect_mismatch local_trainers 1 2 "local_trainers differs between nodes"
+# A blocking and a non-blocking all-reduce never match.
+expect_mismatch mpi_wait_max_sleep_us 0 500 "mpi_wait_max_sleep_us differs between nodes (0 to 500"
 rm -rf "$dir"
 echo "integration: $failures failure(s)"
 [ $failures = 0 ]
