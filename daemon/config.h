@@ -29,7 +29,7 @@ struct DaemonConfig {
   int spin_us = -1;  // -1: automatic (SpinUs)
   // --mpi_wait_max_sleep_us: 0 = the engine's collectives wait inside MPI; > 0 = passive waits
   // with sleeps up to this (MpiCollective).
-  int64_t mpi_wait_max_sleep_us = 1000;
+  int64_t mpi_wait_max_sleep_us = 0;
   DeviceChoice device = DeviceChoice::kAuto;
   LogLevel log_level = LogLevel::kInfo;
   // --metrics_address, checked (loopback unless --metrics_allow_remote); unset: metrics off.

@@ -29,7 +29,7 @@ ABSL_FLAG(
     int, spin_us, -1,
     "Microseconds the engine and trainers spin before sleeping on a futex; -1 = auto (50 when "
     "the host has more cores than its daemons x (local trainers + 1), else 0).");
-ABSL_FLAG(int64_t, mpi_wait_max_sleep_us, 1000,
+ABSL_FLAG(int64_t, mpi_wait_max_sleep_us, 0,
           "How the engine waits for its MPI all-reduces and all-gathers (host buffers): 0 = "
           "inside MPI (Open MPI polls, a core busy for the whole wait); > 0 = non-blocking "
           "collectives tested with sleeps in between that grow with the wait, from 50 us to 1/32 "

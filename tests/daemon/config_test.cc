@@ -36,7 +36,7 @@ TEST_F(ConfigTest, DefaultsAreValid) {
   EXPECT_EQ(c->log_level, LogLevel::kInfo);
   EXPECT_EQ(c->socket_mode, 0600u);
   EXPECT_EQ(c->spin_us, -1);
-  EXPECT_EQ(c->mpi_wait_max_sleep_us, 1000);
+  EXPECT_EQ(c->mpi_wait_max_sleep_us, 0);
   EXPECT_FALSE(c->job.empty());        // DefaultJob() when --job is not given
   EXPECT_TRUE(c->engine.job.empty());  // and then not enforced on trainers
 }
