@@ -66,7 +66,7 @@ int64_t PassiveSleepUs(int64_t waited_us, int64_t max_sleep_us) {
 }
 
 MpiCollective::MpiCollective(MPI_Comm comm, Primitives* scaler, int64_t max_sleep_us)
-    : scaler_(scaler), passive_wait_(max_sleep_us > 0), max_sleep_us_(max_sleep_us) {
+    : scaler_(scaler), max_sleep_us_(max_sleep_us) {
   MPI_Comm_dup(comm, &comm_);
   MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
   MPI_Comm_rank(comm_, &rank_);
@@ -106,7 +106,7 @@ absl::Status MpiCollective::Finish(int started, MPI_Request* req, const char* wh
 
 absl::Status MpiCollective::AllReduce(void* data, size_t count, ElemType type, ReduceOp op) {
   if (absl::Status s = CheckCount(count, "AllReduce"); !s.ok()) return s;
-  if (passive_wait_) {
+  if (passive_wait()) {
     MPI_Request req;
     return Finish(MPI_Iallreduce(MPI_IN_PLACE, data, static_cast<int>(count), ToMpi(type),
                                  ToMpi(op), comm_, &req),
@@ -128,7 +128,7 @@ absl::Status MpiCollective::AllReduceScaled(const float* send, float* recv, size
     // reduce-scatter + all-gather that scales only this rank's block takes 2.1x (2 ranks) and
     // 2.4x (4 ranks) as long as MPI_Allreduce, far more than the scaling pass it saves.
     const void* from = send == recv ? MPI_IN_PLACE : static_cast<const void*>(send);
-    if (passive_wait_) {
+    if (passive_wait()) {
       MPI_Request req;
       absl::Status s = Finish(MPI_Iallreduce(from, recv, n, MPI_FLOAT, MPI_SUM, comm_, &req), &req,
                               "MPI_Iallreduce");
@@ -159,7 +159,7 @@ absl::Status MpiCollective::AllGatherV(const void* send, size_t send_bytes,
   if (absl::Status s = CheckCount(send_bytes, "AllGatherV"); !s.ok()) return s;
   int mine = static_cast<int>(send_bytes);
   int rc;
-  if (passive_wait_) {
+  if (passive_wait()) {
     MPI_Request req;
     absl::Status s =
         Finish(MPI_Iallgather(&mine, 1, MPI_INT, counts_.data(), 1, MPI_INT, comm_, &req), &req,
@@ -180,7 +180,7 @@ absl::Status MpiCollective::AllGatherV(const void* send, size_t send_bytes,
   }
   if (absl::Status s = CheckCount(total, "AllGatherV total"); !s.ok()) return s;
   recv->resize(total);
-  if (passive_wait_) {
+  if (passive_wait()) {
     MPI_Request req;
     return Finish(MPI_Iallgatherv(send, mine, MPI_BYTE, recv->data(), counts_.data(),
                                   displs_.data(), MPI_BYTE, comm_, &req),

@@ -28,10 +28,7 @@ class MpiCollective : public Collective {
   // Changes the waiting (as the constructor's `max_sleep_us`) for the calls after this one;
   // every rank must change it alike at the same point (blocking and non-blocking collectives
   // do not match).
-  void set_max_sleep_us(int64_t max_sleep_us) {
-    passive_wait_ = max_sleep_us > 0;
-    max_sleep_us_ = max_sleep_us;
-  }
+  void set_max_sleep_us(int64_t max_sleep_us) { max_sleep_us_ = max_sleep_us; }
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -53,10 +50,10 @@ class MpiCollective : public Collective {
   // Completes `req` (passive wait), started by a call that returned `started`: that code
   // checked, then MPI_Test, a short spin, then sleeps of PassiveSleepUs.
   absl::Status Finish(int started, MPI_Request* req, const char* what);
+  bool passive_wait() const { return max_sleep_us_ > 0; }
 
   MPI_Comm comm_;
   Primitives* scaler_ = nullptr;
-  bool passive_wait_ = false;
   int64_t max_sleep_us_ = 0;
   int rank_ = 0;
   int size_ = 1;
