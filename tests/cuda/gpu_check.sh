@@ -41,9 +41,20 @@ done
 
 # 2./4. spexd and trainers. One daemon per run, stopped by process id.
 SOCKDIR=$(mktemp -d /tmp/spexgpu.XXXXXX)
-run_job() {  # name device trainer-args...
-  local name=$1 device=$2
-  shift 2
+# The two local trainers of a run: `cpp_trainer` (spex_trainer, args passed on) or `py_trainer`.
+cpp_trainer() {  # local-rank socket device trainer-args...
+  local rank=$1 sock=$2 device=$3
+  shift 3
+  timeout 100 "$BIN/client/spex_trainer" --device="$device" --socket="$sock" --local_rank="$rank" \
+    --local_size=2 --threads=1 --quiet "$@"
+}
+py_trainer() {  # local-rank socket device
+  # shellcheck disable=SC2086  # $PYTHON may be a command with arguments
+  timeout 120 ${PYTHON:-python3} "$(dirname "$0")/gpu_python_check.py" "$2" "$1" 29517
+}
+run_job() {  # name device trainer-function trainer-args...
+  local name=$1 device=$2 trainer=$3
+  shift 3
   local sock="$SOCKDIR/$name.sock"
   timeout 150 "$BIN/daemon/spexd" --device="$device" --local_trainers=2 --socket="$sock" \
     --dense_fallback=off --threads="${DTHREADS:-1}" >"$OUT/$name.spexd.log" 2>&1 &
@@ -53,13 +64,9 @@ run_job() {  # name device trainer-args...
     kill -0 $dpid 2>/dev/null || break
     sleep 0.1
   done
-  local tdev=cpu
-  [ "$device" = cuda ] && tdev=cuda
-  timeout 100 "$BIN/client/spex_trainer" --device=$tdev --socket="$sock" --local_rank=0 \
-    --local_size=2 --threads=1 --quiet "$@" >"$OUT/$name.t0.log" 2>&1 &
+  "$trainer" 0 "$sock" "$device" "$@" >"$OUT/$name.t0.log" 2>&1 &
   local t0=$!
-  timeout 100 "$BIN/client/spex_trainer" --device=$tdev --socket="$sock" --local_rank=1 \
-    --local_size=2 --threads=1 --quiet "$@" >"$OUT/$name.t1.log" 2>&1
+  "$trainer" 1 "$sock" "$device" "$@" >"$OUT/$name.t1.log" 2>&1
   local rc1=$?
   wait $t0
   local rc0=$?
@@ -67,26 +74,26 @@ run_job() {  # name device trainer-args...
   wait $dpid
   local rcd=$?
   local rc=$((rc0 != 0 || rc1 != 0 || rcd != 0))
-  result "e2e $name (trainers $rc0/$rc1, spexd $rcd)" $rc
-  cat "$OUT/$name.t0.log" "$OUT/$name.t1.log" | tail -6
+  result "$name (trainers $rc0/$rc1, spexd $rcd)" $rc
+  tail -n 6 "$OUT/$name.t0.log" "$OUT/$name.t1.log"
   [ $rc != 0 ] && tail -15 "$OUT/$name.spexd.log"
   return 0
 }
 if want e2e; then
-run_job dense_exact cuda --buckets=1000,65536,1048576 --compressors=dense --steps=8 --verify
-run_job topk_micro cuda --buckets=1000,65536,1048576 --compressors=dense,topk,micro --steps=8 \
+run_job e2e_dense_exact cuda cpp_trainer --buckets=1000,65536,1048576 --compressors=dense --steps=8 --verify
+run_job e2e_topk_micro cuda cpp_trainer --buckets=1000,65536,1048576 --compressors=dense,topk,micro --steps=8 \
   --verify --density=0.01
-run_job exact_rpc cuda --buckets=65536,262144,1048576 --compressors=exdyna,randomk,cltk \
+run_job e2e_exact_rpc cuda cpp_trainer --buckets=65536,262144,1048576 --compressors=exdyna,randomk,cltk \
   --mode=alternate --steps=8 --verify --density=0.01
-run_job more cuda --buckets=131072,131072,131072,131072,131072 \
+run_job e2e_more cuda cpp_trainer --buckets=131072,131072,131072,131072,131072 \
   --compressors=gtopk,topk_union,thresh,dgc,sage --mode=rpc --steps=6 --verify --density=0.01
 # Thresholds from Moments sums may differ from the CPU oracle's in the last bits (the GPU sums
 # in another order): gaussiank, redsync and sidco_e matched it on an H200; deft did not (one
 # element of 262,144 at step 3), so deft runs without --verify (cuda_compressor_test bounds it).
-run_job sums cuda --buckets=262144,262144,262144 \
+run_job e2e_sums cuda cpp_trainer --buckets=262144,262144,262144 \
   --compressors=gaussiank,redsync,sidco_e --steps=6 --verify --density=0.01
-run_job deft cuda --buckets=262144 --compressors=deft --steps=6 --density=0.01 --inputs=gradient
-run_job overlap cuda --buckets=1000,65536,1048576 --compressors=dense,topk,micro --mode=overlap \
+run_job e2e_deft cuda cpp_trainer --buckets=262144 --compressors=deft --steps=6 --density=0.01 --inputs=gradient
+run_job e2e_overlap cuda cpp_trainer --buckets=1000,65536,1048576 --compressors=dense,topk,micro --mode=overlap \
   --steps=8 --verify --density=0.01
 fi
 
@@ -94,29 +101,7 @@ fi
 if ! want python; then
   :
 elif ${PYTHON:-python3} -c "import torch, spex; assert torch.cuda.is_available()" >"$OUT/python_import.log" 2>&1; then
-  sock="$SOCKDIR/py.sock"
-  timeout 150 "$BIN/daemon/spexd" --device=cuda --local_trainers=2 --socket="$sock" \
-    >"$OUT/python.spexd.log" 2>&1 &
-  dpid=$!
-  for _ in $(seq 300); do
-    [ -S "$sock" ] && break
-    kill -0 $dpid 2>/dev/null || break
-    sleep 0.1
-  done
-  here=$(dirname "$0")
-  # shellcheck disable=SC2086  # $PYTHON may be a command with arguments
-  timeout 120 ${PYTHON:-python3} "$here/gpu_python_check.py" "$sock" 0 29517 >"$OUT/python.t0.log" 2>&1 &
-  p0=$!
-  # shellcheck disable=SC2086
-  timeout 120 ${PYTHON:-python3} "$here/gpu_python_check.py" "$sock" 1 29517 >"$OUT/python.t1.log" 2>&1
-  r1=$?
-  wait $p0
-  r0=$?
-  kill -TERM $dpid 2>/dev/null
-  wait $dpid
-  rd=$?
-  result "python client + DDP hook (trainers $r0/$r1, spexd $rd)" $((r0 != 0 || r1 != 0 || rd != 0))
-  tail -n 4 "$OUT/python.t0.log" "$OUT/python.t1.log"
+  run_job python_client_ddp cuda py_trainer
 else
   FAIL=$((FAIL + 1))
   echo "FAIL python: cannot import torch with CUDA and spex: $(tail -1 "$OUT/python_import.log")"
@@ -124,7 +109,7 @@ fi
 
 want timing && for dev in cuda cpu; do
   for comp in dense micro topk exdyna sidco_e; do
-    DTHREADS=0 run_job "time_${comp}_$dev" $dev --buckets=25557032 --compressors=$comp --density=0.01 \
+    DTHREADS=0 run_job "e2e_time_${comp}_$dev" "$dev" cpp_trainer --buckets=25557032 --compressors=$comp --density=0.01 \
       --inputs=gradient --steps=20
   done
 done
