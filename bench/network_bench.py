@@ -226,12 +226,20 @@ def measure_auto(args, c, densities, runs):
         dense_after = statistics.median(max(x["exchange_ms"] for x in v) for k, v in de_all.items()
                                         if k[0] == d and k[1] >= settle) if de_all else nan
         best_steady = min(forced_ms, dense_after)
+        # Per step, auto's bucket over the forced-sparse twin of the same step (the slowest node of
+        # each). Each session puts one of the two first after the dense exchange, so that cost
+        # falls on each in half the pairs; the median and quartiles of the pooled ratios.
+        pairs = sorted(max(x["exchange_ms"] for x in every[k]) / max(x["exchange_ms"] for x in forced[k])
+                       for k in every if k[0] >= settle and k in forced)
+        q = statistics.quantiles(pairs, n=4) if len(pairs) >= 2 else [nan, nan, nan]
         ref = next((r for r in runs if r["compressor"] == "micro" and r["density"] == d), None)
         best = min(ref["sparse_ms"], ref["dense_ms"]) if ref else nan
         auto.append({"density": d, "auto_ms": t, "paired_dense_ms": auto_dense, "chose": chose,
                      "probe_sparse_ms": probe_sparse, "probe_dense_ms": probe_dense,
                      "forced_sparse_ms": forced_ms, "dense_same_steps_ms": dense_after,
                      "vs_best_same_steps": t / best_steady if best_steady == best_steady else None,
+                     "vs_forced_paired": q[1] if pairs else None, "vs_forced_paired_quartiles": [q[0], q[2]],
+                     "pairs": len(pairs),
                      "vs_best_session": t / best_session if best_session == best_session else None,
                      "best_ms": best,
                      "faster": ("sparse" if ref["sparse_ms"] <= ref["dense_ms"] else "dense") if ref else None,
@@ -239,7 +247,8 @@ def measure_auto(args, c, densities, runs):
         print(f"  auto micro@{d:g}: chose {'/'.join(chose)} ({'sparse' if 'D' not in chose else 'dense'}), "
               f"{t:.1f} ms; its probe in the same session: sparse {probe_sparse:.1f} ms, dense {probe_dense:.1f} ms "
               f"-> {t / best_session:.2f}x the faster; in the same steps forced sparse {forced_ms:.1f} ms, "
-              f"dense {dense_after:.1f} ms -> {t / best_steady:.2f}x the faster"
+              f"dense {dense_after:.1f} ms -> {t / best_steady:.2f}x the faster; per step over forced sparse "
+              f"{q[1]:.2f}x (quartiles {q[0]:.2f}-{q[2]:.2f}, {len(pairs)} pairs)"
               + (f"; {t / best:.2f}x the first session's faster" if best == best else ""), flush=True)
     return auto
 

@@ -72,10 +72,10 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--check-every", type=int, default=10,
                    help="compare a SHA-1 of the parameters across ranks every N steps (0: never; it costs a pass over "
                         "the parameters, so not every step by default)")
-    p.add_argument("--pin-trainers", choices=["auto", "yes", "no"], default="no",
-                   help="loopback: pin trainer r to core r mod cores (auto: when the trainers outnumber the cores), "
-                        "so that the trainers sharing a core advance together; on 2 cores it steadied gloo and dense "
-                        "but not the sparse runs (README), hence off by default. Emulated hosts pin by host "
+    p.add_argument("--pin", choices=["auto", "node", "none"], default="auto",
+                   help="loopback: node: node n's daemon and trainers run on node n's own cores (with 2 nodes on 2 "
+                        "cores, a core each), as on real hosts; none: the scheduler places them; auto (default): node "
+                        "when daemons and trainers outnumber the cores. Emulated hosts always have their own CPU sets "
                         "(deploy/emulated_cluster.sh)")
     p.add_argument("--quiet", action="store_true", help="no per-epoch lines")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
@@ -338,8 +338,6 @@ def launch(runs: List[Dict[str, Any]], args: argparse.Namespace, cluster) -> flo
     # gloo sends through eth0, the host's throttled link); on loopback through a file.
     rendezvous = f"tcp://{cluster.addr(0)}:29500" if emulated else f"file://{rdv}/rdv"
     procs = []
-    ncpu = os.cpu_count() or 1
-    pin = not emulated and (args.pin_trainers == "yes" or (args.pin_trainers == "auto" and world > ncpu))
     for rank in range(world):
         node, local = divmod(rank, args.trainers)
         cfg = {"rank": rank, "world": world, "local_rank": local, "local_size": args.trainers,
@@ -356,12 +354,9 @@ def launch(runs: List[Dict[str, Any]], args: argparse.Namespace, cluster) -> flo
         env.setdefault("MALLOC_TRIM_THRESHOLD_", str(1 << 32))
         if emulated:
             env["GLOO_SOCKET_IFNAME"] = "eth0"
-        extra: Dict[str, Any] = {}
-        if pin:
-            core = rank % ncpu
-            extra["preexec_fn"] = lambda core=core: os.sched_setaffinity(0, {core})
+        # cluster.popen runs it on the node's cores when the cluster pins (--pin).
         procs.append(cluster.popen(node, [sys.executable, os.path.abspath(__file__), "--worker", json.dumps(cfg)],
-                                   env=env, **extra))
+                                   env=env))
     t0 = time.perf_counter()
     daemons = cluster.daemon_pids()
     cpu0 = cpu_seconds(daemons)
@@ -541,12 +536,12 @@ def print_table(results: List[Dict[str, Any]]) -> None:
             print(f"  {label}: every exchange seen was sparse ({r['bucket_exchanges']} bucket exchanges)")
 
 
-def honesty_note(args: argparse.Namespace, ncpu: int) -> str:
+def honesty_note(args: argparse.Namespace, ncpu: int, pinned: str = "") -> str:
     """What this machine's cores could and could not show."""
     procs = args.nodes * (args.trainers + 1)
     if args.network == "loopback":
         return (f"note: on loopback no link is slow, so there is no bandwidth for sparsification to win back; "
-                f"{procs} processes share {ncpu} core(s)")
+                f"{procs} processes share {ncpu} core(s), {pinned}")
     share = (f"each emulated host has its own core" if args.nodes <= ncpu else
              f"{args.nodes} emulated hosts share {ncpu} core(s), so hosts steal each other's compute and every "
              f"step's compute is slower than on real hosts")
@@ -590,6 +585,7 @@ def main(argv: Optional[List[str]] = None) -> int:
           f"{args.epochs} epochs, batch {args.batch}/process, runs: {', '.join(r['label'] for r in runs)}; "
           f"spexd {' '.join(spexd_args)}; results in {out}", flush=True)
     planned = []
+    pinned = ""
     if args.network == "emulated":
         why = EmulatedCluster.unavailable()
         if why:
@@ -602,11 +598,14 @@ def main(argv: Optional[List[str]] = None) -> int:
                                           log=os.path.join(out, "spexd.log"))
     else:
         cluster_cm = LocalCluster(args.spexd, nodes=args.nodes, trainers=args.trainers, args=spexd_args,
-                                  log=os.path.join(out, "spexd.log"))
+                                  log=os.path.join(out, "spexd.log"), pin=args.pin)
     ncpu = os.cpu_count() or 1
     with cluster_cm as cluster:
         if args.network == "emulated":
             print(f"train_digits: {cluster.description}", flush=True)
+        else:
+            pinned = cluster.pin_description()
+            print(f"train_digits: {pinned}", flush=True)
         for run in runs:
             if run["compressor"] != "gloo":
                 why = check_compressor(cluster.socket(0), args.trainers, run)
@@ -624,7 +623,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         write_outputs(results, out, title)
         print_table(results)
         print_speedup_table(results)
-        print(honesty_note(args, ncpu))
+        print(honesty_note(args, ncpu, pinned if args.network == "loopback" else ""))
     print(f"\ntraining processes ran {wall:.1f} s for {len(results)} run(s)")
     print(f"per-step CSV: {out}/steps.csv, per-epoch CSV: {out}/epochs.csv, plot: {out}/train_digits.png, "
           f"summary: {out}/summary.json, daemon log: {out}/spexd.log")

@@ -561,6 +561,112 @@ class BadInputTest(ClusterTestCase):
             self.assertIsInstance(r, spex.BucketOrderError, repr(r))
 
 
+def _affinity(pid: int) -> str:
+    with open(f"/proc/{pid}/status") as f:
+        return next(line.split(":", 1)[1].strip() for line in f if line.startswith("Cpus_allowed_list:"))
+
+
+def _cpu_list(cpus) -> str:
+    """The kernel's Cpus_allowed_list form of a sorted core list: ranges joined by commas."""
+    out, i = [], 0
+    while i < len(cpus):
+        j = i
+        while j + 1 < len(cpus) and cpus[j + 1] == cpus[j] + 1:
+            j += 1
+        out.append(str(cpus[i]) if i == j else f"{cpus[i]}-{cpus[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
+class LocalClusterPinTest(ClusterTestCase):
+    """LocalCluster(pin=...): node n's daemon and the processes popen(n) starts on node n's cores."""
+
+    def pinned_cluster(self, nodes, trainers, pin):
+        from spex.cluster import LocalCluster
+        from spex_test_util import QUIET, SPEXD
+
+        c = LocalCluster(SPEXD, nodes=nodes, trainers=trainers, args=QUIET, pin=pin)
+        self.addCleanup(c.cleanup)
+        return c.start()
+
+    def daemon_node(self, cl, pid):
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+        for n in range(cl.nodes):
+            if f"--socket={cl.socket(n)}".encode() in argv:
+                return n
+        self.fail(f"daemon {pid} has none of the cluster's sockets: {argv}")
+
+    def test_node_pinning_binds_daemons_and_trainers_and_exchanges_exactly(self):
+        cl = self.pinned_cluster(2, 1, "node")
+        allowed = sorted(os.sched_getaffinity(0))
+        self.assertEqual(cl.pin, "node")
+        pids = cl.daemon_pids()
+        self.assertEqual(len(pids), 2)
+        seen = set()
+        for pid in pids:
+            n = self.daemon_node(cl, pid)
+            seen.add(n)
+            want = cl.node_cpus(n)
+            self.assertTrue(want and set(want) <= set(allowed), want)
+            self.assertEqual(_affinity(pid), _cpu_list(want), f"daemon of node {n}")
+        self.assertEqual(seen, {0, 1})
+        if len(allowed) >= 2:
+            self.assertFalse(set(cl.node_cpus(0)) & set(cl.node_cpus(1)), "nodes share no core")
+        self.assertIn("node 1 on core(s)", cl.pin_description())
+
+        # popen(n) runs on node n's cores, and the caller's own preexec_fn still runs after it.
+        marker = os.path.join(cl.dir, "preexec-ran")
+        p = cl.popen(1, ["sleep", "5"], preexec_fn=lambda: open(marker, "w").close())
+        self.addCleanup(p.wait)
+        self.addCleanup(p.kill)
+        self.assertEqual(_affinity(p.pid), _cpu_list(cl.node_cpus(1)))
+        self.assertTrue(os.path.exists(marker))
+
+        # The per-node launch still forms one world: an exact dense average across both nodes.
+        def node(n):
+            with spex.Client(cl.socket(n), local_rank=0, local_size=1, exchange_timeout=30) as c:
+                b = c.register_bucket(0, 1000)
+                return np.array(c.exchange(b, np.full(1000, 2.0 * n + 1, np.float32)))
+
+        for r in run_threads([lambda: node(0), lambda: node(1)], timeout=60):
+            self.assertIsInstance(r, np.ndarray, repr(r))
+            np.testing.assert_array_equal(r, np.full(1000, 2.0, np.float32))
+
+    def test_no_pinning_leaves_placement_to_the_scheduler(self):
+        cl = self.pinned_cluster(2, 1, "none")
+        everything = _cpu_list(sorted(os.sched_getaffinity(0)))
+        for pid in cl.daemon_pids():  # mpirun's default would bind 2 ranks to a core each
+            self.assertEqual(_affinity(pid), everything)
+        self.assertIsNone(cl.node_cpus(0))
+        self.assertIn("not pinned", cl.pin_description())
+
+    def test_core_shares_and_choices(self):
+        from spex.cluster import LocalCluster
+        from spex_test_util import SPEXD
+
+        cl = LocalCluster(SPEXD, nodes=3, trainers=2, pin="node")
+        self.addCleanup(cl.cleanup)
+        cl._cpus = [0, 1, 2, 3, 4, 5, 6, 7]  # as on an 8-core machine
+        self.assertEqual([cl.node_cpus(n) for n in range(3)], [[0, 1], [2, 3], [4, 5]])
+        cl._cpus = [4, 6]  # fewer cores than nodes: nodes share them in turn
+        self.assertEqual([cl.node_cpus(n) for n in range(3)], [[4], [6], [4]])
+        with self.assertRaises(ValueError):
+            cl.node_cpus(3)
+        with self.assertRaises(ValueError) as e:
+            LocalCluster(SPEXD, nodes=2, trainers=1, pin="rank")
+        self.assertIn("pin must be one of none, node, auto", str(e.exception))
+        ncpu = len(os.sched_getaffinity(0))
+        # auto: pinned exactly when daemons and trainers outnumber the cores
+        busy = LocalCluster(SPEXD, nodes=2, trainers=ncpu, pin="auto")
+        self.addCleanup(busy.cleanup)
+        self.assertEqual(busy.pin, "node")
+        if ncpu >= 2:
+            idle = LocalCluster(SPEXD, nodes=1, trainers=1, pin="auto")
+            self.addCleanup(idle.cleanup)
+            self.assertEqual(idle.pin, "none")
+
+
 class DaemonRestartTest(ClusterTestCase):
     def test_daemon_restarted_between_exchanges(self):
         from spex.cluster import LocalCluster

@@ -80,13 +80,25 @@ class LocalCluster:
             short paths, so do not use a deep test directory).
         log: file for mpirun's and the daemons' output (default socket_dir/spexd.log).
         start_timeout: seconds to wait for every socket.
+        pin: "none" (default: the scheduler places every process), "node" (node n's daemon and
+            every process `popen(n, ...)` starts run on node n's own cores, `node_cpus(n)`, as
+            the processes of one real host share that host's cores and no other's), or "auto"
+            ("node" when the daemons and trainers outnumber this process's cores).
     """
+
+    PIN_CHOICES = ("none", "node", "auto")
 
     def __init__(self, spexd: Optional[str] = None, nodes: int = 2, trainers: int = 2,
                  args: Sequence[str] = (), socket_dir: Optional[str] = None, log: Optional[str] = None,
-                 start_timeout: float = 30.0, mpirun: str = "mpirun"):
+                 start_timeout: float = 30.0, mpirun: str = "mpirun", pin: str = "none"):
         if nodes < 1 or trainers < 1:
             raise ValueError(f"nodes and trainers must be >= 1, got {nodes} x {trainers}")
+        if pin not in self.PIN_CHOICES:
+            raise ValueError(f"pin must be one of {', '.join(self.PIN_CHOICES)}, got {pin!r}")
+        self._cpus = sorted(os.sched_getaffinity(0))
+        if pin == "auto":
+            pin = "node" if nodes * (trainers + 1) > len(self._cpus) else "none"
+        self.pin = pin
         self.spexd = find_spexd(spexd)
         self.nodes = nodes
         self.trainers = trainers
@@ -113,9 +125,40 @@ class LocalCluster:
         """Node `node`'s network address (the loopback here; an EmulatedCluster's hosts differ)."""
         return "127.0.0.1"
 
+    def node_cpus(self, node: int) -> Optional[List[int]]:
+        """The cores node `node`'s processes run on with pin="node" (None without pinning): the
+        cores this process may use, split into `nodes` equal contiguous shares when there are at
+        least as many cores as nodes, else core `node` mod cores (nodes then share cores)."""
+        self.socket(node)  # validates node
+        if self.pin != "node":
+            return None
+        cpus, n = self._cpus, self.nodes
+        if len(cpus) < n:
+            return [cpus[node % len(cpus)]]
+        per = len(cpus) // n
+        return cpus[node * per:(node + 1) * per]
+
+    def pin_description(self) -> str:
+        """One line: where the nodes' processes run."""
+        if self.pin != "node":
+            return "not pinned (the scheduler places daemons and trainers)"
+        return "pinned: " + ", ".join(f"node {n} on core(s) {','.join(map(str, self.node_cpus(n)))}"
+                                      for n in range(self.nodes))
+
     def popen(self, node: int, argv: Sequence[str], env: Optional[Dict[str, str]] = None,
               **kwargs) -> subprocess.Popen:
-        """Starts `argv` on node `node` (here: on this host; see spex.emulated.EmulatedCluster)."""
+        """Starts `argv` on node `node` (here: on this host, on the node's cores when pinned; see
+        spex.emulated.EmulatedCluster). A caller's own `preexec_fn` runs after the pinning."""
+        cpus = self.node_cpus(node)
+        if cpus is not None:
+            user_preexec = kwargs.pop("preexec_fn", None)
+
+            def preexec(cpus=set(cpus), user_preexec=user_preexec) -> None:
+                os.sched_setaffinity(0, cpus)
+                if user_preexec is not None:
+                    user_preexec()
+
+            kwargs["preexec_fn"] = preexec
         return subprocess.Popen(list(argv), env=env, **kwargs)
 
     @property
@@ -136,8 +179,20 @@ class LocalCluster:
         # p90 was 15x its p50, dense's step 5x slower); yielding removes that.
         if self.nodes * (self.trainers + 1) > (os.cpu_count() or 1):
             env.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
-        cmd = [self.mpirun, "-np", str(self.nodes), self.spexd, f"--socket={self.dir}/node{{rank}}.sock",
-               f"--local_trainers={self.trainers}", *self.args]
+        flags = [f"--local_trainers={self.trainers}", *self.args]
+        # mpirun's own binding is off (Open MPI binds 2 ranks to a core each by default, more to
+        # a socket), so that pin="none" leaves placement to the scheduler and "node" cannot differ.
+        cmd = [self.mpirun, "--bind-to", "none"]
+        if self.pin == "node":
+            # One application context per node (mpirun's MPMD form), each spexd started under
+            # taskset on its node's cores.
+            for n in range(self.nodes):
+                if n:
+                    cmd.append(":")
+                cmd += ["-np", "1", "taskset", "-c", ",".join(map(str, self.node_cpus(n))), self.spexd,
+                        f"--socket={self.socket(n)}", *flags]
+        else:
+            cmd += ["-np", str(self.nodes), self.spexd, f"--socket={self.dir}/node{{rank}}.sock", *flags]
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      env=env, start_new_session=True)
