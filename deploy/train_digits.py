@@ -623,7 +623,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         write_outputs(results, out, title)
         print_table(results)
         print_speedup_table(results)
-        print(honesty_note(args, ncpu, pinned if args.network == "loopback" else ""))
+        print(honesty_note(args, ncpu, pinned))
     print(f"\ntraining processes ran {wall:.1f} s for {len(results)} run(s)")
     print(f"per-step CSV: {out}/steps.csv, per-epoch CSV: {out}/epochs.csv, plot: {out}/train_digits.png, "
           f"summary: {out}/summary.json, daemon log: {out}/spexd.log")

@@ -177,7 +177,7 @@ class LocalCluster:
         # a polling daemon takes the core a trainer (or its peer daemon) needs, and a share of
         # the exchanges stalls for a scheduler slice or more (the main job on 2 cores: micro's
         # p90 was 15x its p50, dense's step 5x slower); yielding removes that.
-        if self.nodes * (self.trainers + 1) > (os.cpu_count() or 1):
+        if self.nodes * (self.trainers + 1) > len(self._cpus):
             env.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
         flags = [f"--local_trainers={self.trainers}", *self.args]
         # mpirun's own binding is off (Open MPI binds 2 ranks to a core each by default, more to
