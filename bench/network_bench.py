@@ -334,9 +334,10 @@ def plot(results, out):
                     color=f"C{sorted({k[0] for k in keys}).index(comp)}", label=f"{comp}@{d:g}", lw=1)
         for c in cf:
             for a in c.get("auto", []):
-                dense = next((r["dense_ms"] for r in c["runs"] if r["compressor"] == "micro"
-                              and r["density"] == a["density"]), None)
-                if dense:
+                # As the title says: the dense bucket exchanged beside auto's in its own session
+                # (the first session's runs are absent with --auto-only).
+                dense = a.get("paired_dense_ms")
+                if dense and a["auto_ms"] == a["auto_ms"]:
                     ax.scatter([rate_bits(c["rate"]) / 1e9], [dense / a["auto_ms"]], marker="x", color="k", zorder=5)
         ax.axhline(1.0, color="k", lw=0.8)
         ax.set(xscale="log", yscale="log", xlabel="link rate per host, each way (Gbit/s)",
