@@ -96,12 +96,10 @@ class LocalCluster:
         if pin not in self.PIN_CHOICES:
             raise ValueError(f"pin must be one of {', '.join(self.PIN_CHOICES)}, got {pin!r}")
         self._cpus = sorted(os.sched_getaffinity(0))
-        if pin == "auto":
-            pin = "node" if nodes * (trainers + 1) > len(self._cpus) else "none"
-        self.pin = pin
         self.spexd = find_spexd(spexd)
         self.nodes = nodes
         self.trainers = trainers
+        self.pin = ("node" if self.oversubscribed else "none") if pin == "auto" else pin
         self.args = list(args)
         self._own_dir = socket_dir is None
         self.dir = socket_dir or tempfile.mkdtemp(prefix="spex-", dir="/tmp")
@@ -124,6 +122,11 @@ class LocalCluster:
     def addr(self, node: int) -> str:
         """Node `node`'s network address (the loopback here; an EmulatedCluster's hosts differ)."""
         return "127.0.0.1"
+
+    @property
+    def oversubscribed(self) -> bool:
+        """Whether the daemons and trainers outnumber the cores this process may use."""
+        return self.nodes * (self.trainers + 1) > len(self._cpus)
 
     def node_cpus(self, node: int) -> Optional[List[int]]:
         """The cores node `node`'s processes run on with pin="node" (None without pinning): the
@@ -177,7 +180,7 @@ class LocalCluster:
         # a polling daemon takes the core a trainer (or its peer daemon) needs, and a share of
         # the exchanges stalls for a scheduler slice or more (the main job on 2 cores: micro's
         # p90 was 15x its p50, dense's step 5x slower); yielding removes that.
-        if self.nodes * (self.trainers + 1) > len(self._cpus):
+        if self.oversubscribed:
             env.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
         flags = [f"--local_trainers={self.trainers}", *self.args]
         # mpirun's own binding is off (Open MPI binds 2 ranks to a core each by default, more to
