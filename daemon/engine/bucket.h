@@ -58,6 +58,13 @@ struct BucketExchange {
   uint64_t allreduce_probed = 0;
   uint64_t probe_allgather_ns = 0, probe_oktopk_ns = 0;
   uint64_t next_step = 0;
+  // A merge group's local reduce (ReduceLocalChecked) already ran for step `reduced_step` and
+  // its sum is in place, not yet committed: a member an agreement round left for a later group
+  // keeps it, so that round's reduce is not done again (engine.cc, ProcessGroup). Its finite
+  // check's first non-finite index (elements: none). UINT64_MAX: no such sum.
+  uint64_t reduced_step = UINT64_MAX;
+  uint64_t reduced_registrations = 0;  // BucketOutcome::registrations when it was made
+  size_t reduced_first_bad = 0;
 };
 
 struct BucketOutcome {
@@ -67,6 +74,9 @@ struct BucketOutcome {
   uint64_t error_step = UINT64_MAX;
   absl::Status error;  // of error_step; for kFailed, of every step from error_step on
   uint64_t exchanges = 0;
+  // Counts every change of registered_mask (a trainer registering or unregistering): a local
+  // sum the engine kept for a later merge group is of the registration it was made under.
+  uint64_t registrations = 0;
   uint64_t bytes_sent_total = 0;
   uint64_t bytes_received_total = 0;
   ExchangeRecord last;

@@ -333,6 +333,7 @@ void Engine::Process(const std::vector<EngineBucket*>& group) {
     const bool check = sparse_bucket || b->policy.nonfinite == NonfinitePolicy::kError;
     size_t first_bad = b->elements;
     reduced = ReduceLocalChecked(env_, b->mem.view, sparse_bucket, check, &first_bad);
+    b->ex.reduced_step = UINT64_MAX;  // this step's own sum replaces a merge group's
     if (reduced.ok() && first_bad < b->elements) {  // rare: find which trainer
       const int r = NonfiniteInput(env_, b->mem.view, first_bad);
       control.nonfinite =
@@ -572,9 +573,11 @@ void Engine::ProcessGroup(const std::vector<EngineBucket*>& group,
   const size_t window = std::min<size_t>(options_.merge.limits.window, kGroupRoundMaxWindow);
   size_t offered = std::min(group.size(), window);
   GroupRoundInput in;
+  std::vector<uint64_t> registrations(offered);
   {
     absl::MutexLock lock(&mu_);
     in.density_key = density_key_;
+    for (size_t i = 0; i < offered; ++i) registrations[i] = group[i]->out.registrations;
     for (size_t i = 0; i < offered && in.dead_trainer == 0; ++i) {
       const uint64_t dead = dead_mask_ & group[i]->out.registered_mask;
       if (dead != 0) in.dead_trainer = dead_word_[__builtin_ctzll(dead)];
@@ -587,6 +590,10 @@ void Engine::ProcessGroup(const std::vector<EngineBucket*>& group,
   // only as the head, alone: so a non-finite word in the round always means the group's head
   // (m is then 1), alike on every node. A static plan offers its whole group; a non-finite input
   // anywhere in it applies the policy to every member.
+  // A member an earlier round reduced but left for a later group still has its sum in place
+  // (nothing touches a waiting bucket's sum, and its inputs stay as they were until it is
+  // published): that reduce is not done again. Under an agreed merger a node whose trainers are
+  // ahead offers more than the round agrees on, every round, so this matters under skew.
   std::vector<absl::Status> reduced(offered);
   if (!in.inputs_failed) {
     for (size_t i = 0; i < offered; ++i) {
@@ -594,7 +601,18 @@ void Engine::ProcessGroup(const std::vector<EngineBucket*>& group,
       const bool sparse_bucket = b->ex.sparse != nullptr;
       const bool check = sparse_bucket || b->policy.nonfinite == NonfinitePolicy::kError;
       size_t first_bad = b->elements;
-      reduced[i] = ReduceLocalChecked(env_, b->mem.view, sparse_bucket, check, &first_bad);
+      if (b->ex.reduced_step == b->ex.next_step &&
+          b->ex.reduced_registrations == registrations[i]) {
+        first_bad = b->ex.reduced_first_bad;
+        reduces_reused_.fetch_add(1, std::memory_order_relaxed);
+      } else {
+        reduced[i] = ReduceLocalChecked(env_, b->mem.view, sparse_bucket, check, &first_bad);
+        if (reduced[i].ok()) {
+          b->ex.reduced_step = b->ex.next_step;
+          b->ex.reduced_registrations = registrations[i];
+          b->ex.reduced_first_bad = first_bad;
+        }
+      }
       if (!reduced[i].ok() || first_bad >= b->elements) continue;
       if (agreed && i > 0) {  // deferred: it heads a later group
         offered = i;
@@ -719,6 +737,7 @@ void Engine::ProcessGroup(const std::vector<EngineBucket*>& group,
         rec.compressor = b->compressor;
         rec.fell_back_to_dense = b->ex.sparse != nullptr && candidates[i].kind == MergeKind::kDense;
         if (reduced[i].ok()) CommitLocalSum(&b->mem.view);
+        b->ex.reduced_step = UINT64_MAX;
         p->buckets.push_back(b);
         p->items.push_back({&b->mem.view, b->ex.sparse.get(), b->ex.next_step, density[i], &rec,
                             reduced[i], true});

@@ -120,6 +120,9 @@ class Engine {
   std::vector<BucketSummary> Buckets() const;
   std::vector<SessionSummary> Sessions() const;
   uint64_t total_exchanges() const;
+  // Merge groups' local reduces not done again: a member an agreement round left for a later
+  // group keeps its sum (ProcessGroup), counted per member per round (for tests and logs).
+  uint64_t reduces_reused() const { return reduces_reused_.load(std::memory_order_relaxed); }
   // Names of /dev/shm segments currently linked (for tests and diagnostics).
   std::vector<std::string> LinkedSegments() const;
 
@@ -228,6 +231,7 @@ class Engine {
   uint64_t slow_since_ns_ = 0, slow_head_ = 0, slow_step_ = 0;  // engine thread only
   bool slow_warned_ = false;                                    // engine thread only
 
+  std::atomic<uint64_t> reduces_reused_{0};  // written by the engine thread
   std::atomic<bool> stop_{false};
   absl::Mutex stopped_mu_;
   bool stopped_ ABSL_GUARDED_BY(stopped_mu_) = false;

@@ -164,6 +164,7 @@ absl::StatusOr<BucketGrant> Engine::RegisterBucket(
   }
   if (!(b->out.registered_mask & bit)) {
     b->out.registered_mask |= bit;
+    ++b->out.registrations;
     (*session)->buckets++;
     (*session)->bytes += buckets_.Footprint(b->elements, b->ex.sparse != nullptr);
     if (b->out.registered_mask == (1ull << options_.local_trainers) - 1 &&
@@ -241,6 +242,7 @@ absl::Status Engine::UnregisterBucket(uint64_t session_id, uint64_t bucket_id) {
   // Leaves the schedule at once (the mask is no longer full). Its memory goes when no trainer
   // holds it any more and the engine is not inside it.
   b->out.registered_mask &= ~bit;
+  ++b->out.registrations;
   (*session)->buckets--;
   (*session)->bytes -= buckets_.Footprint(b->elements, b->ex.sparse != nullptr);
   if (b->out.state == BucketState::kWaiting) b->MoveTo(BucketState::kRegistering);

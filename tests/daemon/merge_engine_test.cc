@@ -57,6 +57,9 @@ std::vector<int> Order(int schedule, int node, int trainer, int step) {
     case 4:  // a rotation that differs per node, trainer and step
       std::rotate(o.begin(), o.begin() + (node * 3 + trainer + step) % kBuckets, o.end());
       break;
+    case 5:  // reversed everywhere; node N-1 waits for bucket 0's result first (RunCluster)
+      std::reverse(o.begin(), o.end());
+      break;
   }
   return o;
 }
@@ -86,6 +89,7 @@ struct RunResult {
   std::vector<std::vector<std::string>> groups;  // per node
   std::vector<std::string> errors;
   int max_group = 0;
+  std::vector<uint64_t> reduces_reused;  // per node: Engine::reduces_reused()
 };
 
 // In-process nodes of L trainers each, the dense fallback off, every bucket sparse.
@@ -140,7 +144,19 @@ RunResult RunCluster(MergerPolicy merger, const std::string& compressor, int N, 
       if (!g.ok()) return void(err = g.status().ToString());
     }
     for (int s = 0; s < steps && err.empty(); ++s) {
+      if (schedule == 5 && r == N - 1) {
+        // Every other node hands in all of its buckets at once (bucket 0 last, so they become
+        // ready together); this one hands in bucket 0 alone and waits for its result, so the
+        // first round of the step agrees on bucket 0 only while the others offered all six.
+        tr->Fill(0, [&](size_t i) { return Value(r, t, s, 0, i); });
+        tr->MarkReady(0, s);
+        if (absl::Status st = tr->WaitPublished(0, s, absl::Seconds(20)); !st.ok()) {
+          err = absl::StrCat("bucket 0 step ", s, ": ", st.ToString());
+          break;
+        }
+      }
       for (int b : Order(schedule, r, t, s)) {
+        if (schedule == 5 && r == N - 1 && b == 0) continue;  // handed in above
         // Skew: node N-1's trainers are late on every bucket in schedule 2.
         if (schedule == 2 && r == N - 1) absl::SleepFor(absl::Milliseconds(2));
         tr->Fill(b, [&](size_t i) { return Value(r, t, s, b, i); });
@@ -158,6 +174,8 @@ RunResult RunCluster(MergerPolicy merger, const std::string& compressor, int N, 
       }
     }
   });
+  // Every trainer has its last result, so the engines have counted every round (Stop ends them).
+  for (int r = 0; r < N; ++r) run.reduces_reused.push_back(cluster.engine(r).reduces_reused());
   cluster.Stop();  // the engines' last observer calls come after their last publish
   for (int r = 0; r < N; ++r) {
     absl::MutexLock lock(&logs[r].mu);
@@ -257,6 +275,43 @@ INSTANTIATE_TEST_SUITE_P(
         Case{MergerPolicy::kRgmerge, "topk", 3, 2, true, false, true},
         Case{MergerPolicy::kRgmerge, "dense", 2, 2, false, false, true}),
     CaseName);
+
+// A node whose trainers are ahead offers more members than the round agrees on; those members'
+// local reduces are kept for the next round instead of being done again (ProcessGroup), and the
+// results still equal --merger=none's. Schedule 5: nodes 0..N-2 offer all six buckets, node N-1
+// bucket 0 alone, so every step's first round agrees on one bucket and leaves five reduced
+// members on each of the other nodes, which the second round takes without reducing them again.
+TEST(MergeEngineReduce, MembersLeftForALaterGroupAreNotReducedAgain) {
+  const int N = 3, L = 2, steps = 4;
+  for (const char* compressor : {"topk", "dense"}) {
+    SCOPED_TRACE(compressor);
+    const RunResult want = RunCluster(MergerPolicy::kNone, compressor, N, L, steps, 0);
+    const RunResult got = RunCluster(MergerPolicy::kRgmerge, compressor, N, L, steps, 5);
+    for (int i = 0; i < N * L; ++i) {
+      ASSERT_EQ(want.errors[i], "") << "none, trainer " << i;
+      ASSERT_EQ(got.errors[i], "") << "trainer " << i;
+    }
+    for (size_t j = 0; j < want.out.size(); ++j) {
+      ASSERT_EQ(got.out[j].size(), want.out[j].size()) << j;
+      ASSERT_EQ(
+          std::memcmp(got.out[j].data(), want.out[j].data(), want.out[j].size() * sizeof(float)), 0)
+          << "output " << j << " (step, node, trainer, bucket) differs from --merger=none";
+    }
+    for (size_t j = 0; j < want.residual.size(); ++j) {
+      EXPECT_EQ(got.residual[j], want.residual[j]) << "residual norm " << j;
+    }
+    for (int r = 0; r < N; ++r) {
+      // Each step: [0] then [1..5]; the second round reuses the first round's five reduces on
+      // the nodes that were ahead, and node N-1 never offered more than was agreed.
+      EXPECT_EQ(got.groups[r], got.groups[0]) << "node " << r << "'s group sequence";
+      EXPECT_EQ(got.reduces_reused[r], r == N - 1 ? 0u : 5u * steps) << "node " << r;
+    }
+    ASSERT_EQ(got.groups[0].size(), static_cast<size_t>(steps * kBuckets));
+    for (int s = 0; s < steps; ++s) {
+      EXPECT_EQ(got.groups[0][s * kBuckets], absl::StrCat("0@", s, ":0+1")) << "step " << s;
+    }
+  }
+}
 
 // --rgmerge_plan=model: `ready` up to the plan step, the agreed static plan from the next step on,
 // the same on every node. With a slack of one second every initial group of the generator is a
@@ -456,7 +511,9 @@ TEST(MergeEngineMetrics, OneExchangeCountedPerGroup) {
       const std::string first = e.substr(e.find(':') + 1, e.find('+') - e.find(':') - 1);
       groups += e.substr(e.find('+') + 1) == "1" || id == first;
     }
-    if (merger == MergerPolicy::kOmgs) EXPECT_LT(groups, static_cast<int>(run.groups[0].size()));
+    if (merger == MergerPolicy::kOmgs) {
+      EXPECT_LT(groups, static_cast<int>(run.groups[0].size()));
+    }
     const std::string text = metrics.Render();
     const std::string name = "spex_merge_groups_total{node=\"0\"} ";
     const size_t at = text.find(name);
