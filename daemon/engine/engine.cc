@@ -333,7 +333,7 @@ void Engine::Process(const std::vector<EngineBucket*>& group) {
     const bool check = sparse_bucket || b->policy.nonfinite == NonfinitePolicy::kError;
     size_t first_bad = b->elements;
     reduced = ReduceLocalChecked(env_, b->mem.view, sparse_bucket, check, &first_bad);
-    b->ex.reduced_step = UINT64_MAX;  // this step's own sum replaces a merge group's
+    b->ex.reduced_step = UINT64_MAX;                // this step's own sum replaces a merge group's
     if (reduced.ok() && first_bad < b->elements) {  // rare: find which trainer
       const int r = NonfiniteInput(env_, b->mem.view, first_bad);
       control.nonfinite =
