@@ -17,8 +17,9 @@ dense), --compressor at --density.
 Per merger of --mergers (none, fixed, omgs, rgmerge, each at its defaults, so with
 --merge_overlap; rgmerge_model is rgmerge --rgmerge_plan=model and omgs_mgs omgs --omgs_mode=mgs,
 each with its plan agreed at step --warmup - 1; omgs_ahead is omgs --omgs_select=ahead;
-rgmerge_linger is rgmerge --rgmerge_linger=auto; NAME_serial, e.g. rgmerge_serial, is NAME with --merge_overlap=false), two arrival
-schedules: `even` (every node's trainer on the profile) and `skewed` (node N-1's trainer
+rgmerge_linger is rgmerge --rgmerge_linger=auto; rgmerge_late / rgmerge_early are rgmerge with
+--rgmerge_bind=late / early; NAME_serial, e.g. rgmerge_serial, is NAME with
+--merge_overlap=false), two arrival schedules: `even` (every node's trainer on the profile) and `skewed` (node N-1's trainer
 --late_ms late on every bucket). Runs go in the order given, then again reversed (ABBA), and
 both halves' steps are pooled. Per (schedule, merger), over the steps after --warmup:
   step_ms      the step from its start to every result, the slowest node per step (p50)
@@ -37,7 +38,10 @@ both halves' steps are pooled. Per (schedule, merger), over the steps after --wa
                per group; every step): reduce_local, compress (the selection), collective (the
                wire, waiting for the other nodes included), decode, publish (printed: compress
                and collective)
-and each merger's step time over none's (the same run's). Goals (issue 14): rgmerge's step time
+and each merger's step time over none's (the same run's). NAME@LABEL (e.g. rgmerge@2) runs NAME
+again under its own label, as the same configuration's twin in the same run: its ratio to NAME
+(printed, and stored as aa_even / aa_skewed) is the measure's own noise (an A/A check).
+Goals (issue 14): rgmerge's step time
 below each of none, fixed and omgs under skew, and no worse than the best of them when even.
 
     /usr/bin/python3 bench/merge_bench.py [--nodes 4] [--mergers none,fixed,omgs,rgmerge]
@@ -50,11 +54,10 @@ the emulated cluster (deploy/emulated_cluster.sh: a network namespace, --rate ea
 --latency_us one way, a core per host where the machine has one) and each trainer runs inside its
 host; by default the daemons run on this machine's loopback.
 
-Not here: rgmerge's `model` plan (not written yet), selection behind. On this 2-core machine the
-daemons' compression of every node shares two cores (4 nodes: each node's selection over 25.6M
-floats waits for the others'), so the exchanges take longer than on a cluster with a core per
-node; on loopback there is no bandwidth or latency to save: the figures compare the mergers with
-each other under the same handicap. Writes <out>.json and <out>.png.
+On this 2-core machine the daemons' compression of every node shares two cores (4 nodes: each
+node's selection over 25.6M floats waits for the others'), so the exchanges take longer than on a
+cluster with a core per node; on loopback there is no bandwidth or latency to save: the figures
+compare the mergers with each other under the same handicap. Writes <out>.json and <out>.png.
 """
 import argparse
 import csv
@@ -139,6 +142,7 @@ def merger_flags(merger, args):
     rgmerge --rgmerge_plan=model with the plan agreed at step --warmup - 1, so it runs from the
     first measured step on."""
     flags = []
+    merger = merger.split("@", 1)[0]  # NAME@LABEL: NAME again under another label (an A/A twin)
     if merger.endswith("_serial"):
         merger = merger[:-len("_serial")]
         flags.append("--merge_overlap=false")
@@ -155,12 +159,31 @@ def merger_flags(merger, args):
     elif merger == "rgmerge_linger":
         merger = "rgmerge"
         flags += ["--rgmerge_linger=auto"]
+    elif merger == "rgmerge_late":
+        merger = "rgmerge"
+        flags += ["--rgmerge_bind=late"]
+    elif merger == "rgmerge_early":
+        merger = "rgmerge"
+        flags += ["--rgmerge_bind=early"]
     return [f"--merger={merger}", *flags]
 
 
 def run_once_emulated(args, merger, sizes, arrival_file, late_us):
     """run_once on the emulated cluster: one host (network namespace, --rate each way, --latency_us
-    one way) per node, spexd under mpirun across the hosts, each trainer inside its host."""
+    one way) per node, spexd under mpirun across the hosts, each trainer inside its host. The
+    metrics port is picked free in this namespace, not in the hosts' own: a daemon that cannot bind
+    it there fails at start, and the run starts again on another port (three tries)."""
+    from spex.errors import SpexError
+    for attempt in range(3):
+        try:
+            return run_once_emulated_port(args, merger, sizes, arrival_file, late_us)
+        except SpexError as e:
+            if "--metrics_address" not in str(e) or attempt == 2:
+                raise
+            print(f"  {merger}: metrics port taken inside a host, starting again", flush=True)
+
+
+def run_once_emulated_port(args, merger, sizes, arrival_file, late_us):
     from spex.emulated import EmulatedCluster
 
     d = tempfile.mkdtemp(prefix="spex-merge.")
@@ -393,7 +416,9 @@ def main():
     if "rgmerge" in mergers:
         for s in schedules:
             rs = result["schedules"][s]
-            others = [m for m in mergers if not m.startswith("rgmerge")]
+            # Not rgmerge's variants, and no A/A twin (a second draw of the same merger would
+            # lower the best of the others by chance alone).
+            others = [m for m in mergers if not m.startswith("rgmerge") and "@" not in m]
             best = min(rs[m]["step_ms"] for m in others) if others else float("nan")
             result[f"rgmerge_vs_best_other_{s}"] = rs["rgmerge"]["step_ms"] / best
             print(f"{s}: rgmerge / best of {','.join(others)} = {rs['rgmerge']['step_ms'] / best:.3f}")
@@ -408,6 +433,16 @@ def main():
                 result[f"rgmerge_vs_best_other_{s}_rounds"] = ratios
                 print(f"{s}: per round {' '.join(f'{x:.3f}' for x in ratios)}; median "
                       f"{statistics.median(ratios):.3f}, min {min(ratios):.3f}, max {max(ratios):.3f}")
+    # A/A: NAME@LABEL runs exactly NAME, so its ratio to NAME is this machine's noise at that
+    # number of steps: a difference between two mergers smaller than it is not resolved.
+    twins = [m for m in mergers if "@" in m and m.split("@", 1)[0] in mergers]
+    for s in schedules:
+        rs = result["schedules"][s]
+        for m in twins:
+            a = m.split("@", 1)[0]
+            ratio = rs[m]["step_ms"] / rs[a]["step_ms"]
+            result.setdefault(f"aa_{s}", {})[m] = ratio
+            print(f"{s}: A/A {m} / {a} = {ratio:.3f} (the same configuration twice)")
     print(f"({os.cpu_count()} cores shared by every daemon's compression, "
           f"{'loopback links' if args.network == 'loopback' else 'emulated links'}: see the header)")
     with open(args.out + ".json", "w") as f:

@@ -128,6 +128,12 @@ absl::StatusOr<DaemonConfig> LoadConfig() {
   }
   e.merge.rgmerge_linger_auto = linger == "auto";
   e.merge.rgmerge_linger_max_us = absl::GetFlag(FLAGS_rgmerge_linger_max_us);
+  const std::string bind = absl::GetFlag(FLAGS_rgmerge_bind);
+  if (bind != "early" && bind != "late") {
+    errors.push_back(
+        absl::StrCat("--rgmerge_bind must be early or late, got '", bind.substr(0, 64), "'"));
+  }
+  e.merge.rgmerge_bind_late = bind == "late";
   if (absl::Status s = ValidateEngineOptions(e); !s.ok()) errors.emplace_back(s.message());
   if (absl::StatusOr<std::unique_ptr<Merger>> m = MakeMerger(e.merger, e.merge); !m.ok()) {
     errors.emplace_back(m.status().message());

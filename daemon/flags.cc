@@ -136,6 +136,12 @@ ABSL_FLAG(std::string, rgmerge_linger, "off",
           "(when the engine has been idle for a collective's start-up alpha and the next bucket "
           "is expected within alpha, wait for it; at most --rgmerge_linger_max_us per group). "
           "May differ between nodes.");
+ABSL_FLAG(std::string, rgmerge_bind, "early",
+          "--merger=rgmerge with --merge_overlap: early (the next group's round starts as soon as "
+          "the previous group is handed to the wire) or late (while a group is on the wire, the "
+          "next round waits until its local work, estimated from this node's earlier groups, "
+          "would end as the wire does, so the group takes what became ready meanwhile). May "
+          "differ between nodes.");
 ABSL_FLAG(int64_t, rgmerge_linger_max_us, 2000,
           "--rgmerge_linger=auto: the longest a group round waits for further buckets, "
           "microseconds.");

@@ -58,6 +58,7 @@ ABSL_DECLARE_FLAG(int64_t, merge_alpha_us);
 ABSL_DECLARE_FLAG(bool, rgmerge_equal_tail);
 ABSL_DECLARE_FLAG(std::string, rgmerge_linger);
 ABSL_DECLARE_FLAG(int64_t, rgmerge_linger_max_us);
+ABSL_DECLARE_FLAG(std::string, rgmerge_bind);
 ABSL_DECLARE_FLAG(spex::LogLevel, log_level);
 ABSL_DECLARE_FLAG(std::string, metrics_address);
 ABSL_DECLARE_FLAG(bool, metrics_allow_remote);

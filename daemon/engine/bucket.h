@@ -106,7 +106,7 @@ struct EngineBucket {
   bool MoveTo(BucketState to);
   BucketSummary Summary() const;  // under the engine's mutex
   // The latest of the first `local_trainers` trainers' ready_ns stamps in the header
-  // (CLOCK_MONOTONIC, MERGING.md 2.6); 0 when none stamped. Any thread.
+  // (CLOCK_MONOTONIC, docs/merging.md 2.6); 0 when none stamped. Any thread.
   int64_t ReadyStamp(int local_trainers) const;
 };
 

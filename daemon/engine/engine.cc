@@ -715,6 +715,7 @@ void Engine::ProcessGroup(const std::vector<EngineBucket*>& group,
     std::vector<size_t> packs =
         agreed ? merger->Pack(absl::MakeConstSpan(candidates.data(), m)) : std::vector<size_t>{m};
     size_t first = 0;
+    uint64_t local_since = t0;  // this pack's local work began (the round, for the first)
     for (size_t len : packs) {
       auto p = std::make_unique<WirePack>();
       p->t0 = t0;
@@ -765,14 +766,21 @@ void Engine::ProcessGroup(const std::vector<EngineBucket*>& group,
       if (merger->measures()) {
         for (size_t j = 0; j < p->items.size(); ++j) {
           const EngineBucket* b = p->buckets[j];
-          int64_t ready = b->ReadyStamp(options_.local_trainers);  // MERGING.md 2.6
+          int64_t ready = b->ReadyStamp(options_.local_trainers);  // docs/merging.md 2.6
           // Without stamps (an older client): when this engine took the group, late by up to
           // what it was busy with before.
           if (ready == 0) ready = static_cast<int64_t>(t0);
           merger->ObserveMember(b->id, p->items[j].step, ready, p->items[j].select_ns);
         }
       }
+      uint64_t elements = 0;
+      for (const EngineBucket* b : p->buckets) elements += b->elements;
+      const int64_t local_ns = static_cast<int64_t>(MonotonicNanos() - local_since);
       HandOff(std::move(p));
+      local_since = MonotonicNanos();  // on the wire from now (with --merge_overlap)
+      if (overlapping()) {
+        merger->PackHandedOff(elements, local_ns, static_cast<int64_t>(local_since));
+      }
     }
   }
   SPEX_LOG(DEBUG) << "merge group of " << m << " bucket(s) starting at bucket " << group[0]->id;
@@ -936,6 +944,11 @@ void Engine::RunPack(WirePack* p) {
       event.spans.push_back({Phase::kPublish, end, event.end_ns});
       for (ExchangeObserver* o : options_.observers) o->OnExchange(event);
     }
+  }
+  if (overlapping()) {  // the wire stage's whole occupancy, for rgmerge's --rgmerge_bind=late
+    uint64_t elements = 0;
+    for (const EngineBucket* b : p->buckets) elements += b->elements;
+    merger_->PackDone(elements, static_cast<int64_t>(MonotonicNanos() - wire_begin));
   }
 }
 

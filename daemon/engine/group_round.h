@@ -90,7 +90,7 @@ struct GroupRoundResult {
 // group's length differs; the collective's error when the all-reduce fails.
 absl::Status RunGroupRound(Collective* coll, const GroupRoundInput& in, GroupRoundResult* out);
 
-// The plan agreement of a measuring merger (MERGING.md 2.6), run by every node right after a
+// The plan agreement of a measuring merger (docs/merging.md 2.6), run by every node right after a
 // successful group round whose plan_due came out set, so every node issues it at the same point:
 // two all-reduces (MAX). The first checks that every node passes the same bucket list (ids and
 // sizes) and the same number of words; the second replaces `words` (this node's plan inputs) by

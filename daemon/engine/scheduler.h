@@ -36,7 +36,7 @@ class Scheduler {
   // The candidates of the picked group, kinds filled in (canonical order, same length).
   const std::vector<MergeCandidate>& group_candidates() const { return group_candidates_; }
   Merger* merger() { return merger_.get(); }
-  // A bucket's kind at its next step (identical on every node; MERGING.md 2.1). P for a
+  // A bucket's kind at its next step (identical on every node; docs/merging.md 2.1). P for a
   // probing bucket and for one exchanged through Ok-Topk (both go alone).
   static MergeKind KindOf(const EngineBucket& b);
   // Every local trainer has signalled the bucket's next step. With dead trainers (set_dead):

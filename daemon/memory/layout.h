@@ -4,7 +4,7 @@
 //
 // Hot path protocol, per bucket and step s (all counters are little-endian, lock-free):
 //  trainer r: write input slot r; store ready_ns[r] = CLOCK_MONOTONIC now (optional: 0 = not
-//             stamped; the merger's timings use it, MERGING.md 2.6); store ready[r] = s + 1
+//             stamped; the merger's timings use it, docs/merging.md 2.6); store ready[r] = s + 1
 //             (release); increment doorbell.ring and
 //             FUTEX_WAKE it when doorbell.engine_sleeping != 0;
 //             then wait until published == (uint32)(s + 1): spin up to spin_us, then set

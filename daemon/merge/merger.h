@@ -1,4 +1,4 @@
-// The merging seam (docs/design.md#seams, MERGING.md 2.2): a Merger decides which buckets are
+// The merging seam (docs/design.md#seams, docs/merging.md 2.2): a Merger decides which buckets are
 // fused into one exchange. The engine hands it the buckets every local trainer registered, in the
 // canonical order (ascending next step, then bucket id: the same on every node).
 //
@@ -32,7 +32,7 @@
 
 namespace spex {
 
-// A bucket's kind at its step (MERGING.md 2.1), identical on every node.
+// A bucket's kind at its step (docs/merging.md 2.1), identical on every node.
 enum class MergeKind : uint8_t {
   kDense = 0,     // D: dense bucket, or sparse bucket in dense mode
   kPatternA = 1,  // A: sparse, index-union codec
@@ -63,7 +63,7 @@ struct GroupLimits {
 // larger on its own is allowed). Returns >= 1 for a non-empty `c`, 0 for an empty one.
 size_t ClampGroup(absl::Span<const MergeCandidate> c, size_t want, const GroupLimits& limits);
 
-// How many leading candidates an agreed merger may offer (MERGING.md 2.3 step 2): locally ready,
+// How many leading candidates an agreed merger may offer (docs/merging.md 2.3): locally ready,
 // at the head's step, not P, within the first `window`. 0 when the head itself is not offerable.
 size_t ReadyPrefix(absl::Span<const MergeCandidate> c, size_t window);
 
@@ -86,8 +86,8 @@ class Merger {
   virtual const char* name() const = 0;
   // True for agreed mergers (Offer/Pack), false for static plans (NextGroup).
   virtual bool agreed() const { return false; }
-  // Selection behind (MERGING.md 2.5): a static plan group whose members are all sparse buckets
-  // of one compressor (same name, parameters and density, not Ok-Topk) is exchanged as one
+  // Selection behind (docs/merging.md 2.5): a static plan group whose members are all sparse
+  // buckets of one compressor (same name, parameters and density, not Ok-Topk) is exchanged as one
   // bucket of the summed size (FusedBehindStep); any other group selects ahead.
   virtual bool behind() const { return false; }
   // Which family runs a group whose head is at `step`: a merger that measures before it plans
@@ -95,7 +95,7 @@ class Merger {
   // The answer depends only on agreed data (the head's step, the agreed plan).
   virtual bool AgreedAt(uint64_t /*step*/) const { return agreed(); }
 
-  // Measuring mergers (MERGING.md 2.6). measures(): the engine reports timings (until the plan
+  // Measuring mergers (docs/merging.md 2.6). measures(): the engine reports timings (until the plan
   // agreement ran; thread-safe, the wire thread asks too). Both reports are thread-safe (the wire
   // thread reports exchanges).
   virtual bool measures() const { return false; }
@@ -120,6 +120,14 @@ class Merger {
   // Agreed mergers: when this node's last exchange ended (`now` while one is on the wire). The
   // scheduler tells it before every Offer (a local timing: rgmerge's linger reads it).
   virtual void ExchangeIdleSince(int64_t /*ns*/) {}
+  // With --merge_overlap, local timings of the engine's two stages (rgmerge's --rgmerge_bind=late
+  // reads them). PackHandedOff (engine thread): a pack of `elements` goes on the wire at
+  // `wire_start_ns`, after its local work took `local_ns` (for a round's first pack the round
+  // itself, the local reduce and Prepare; for a later pack of the same round its Prepare).
+  // PackDone (wire thread): a pack's wire half took `wire_ns`. Thread-safe.
+  virtual void PackHandedOff(uint64_t /*elements*/, int64_t /*local_ns*/,
+                             int64_t /*wire_start_ns*/) {}
+  virtual void PackDone(uint64_t /*elements*/, int64_t /*wire_ns*/) {}
   // The agreement failed alike on every node (`why`): no plan, the merger keeps running agreed.
   virtual void AbandonPlan(const std::string& /*why*/) {}
   // The installed plan for logs ("group lengths ..., inputs ..."); empty without one.
@@ -141,7 +149,8 @@ class Merger {
 
 // --merger (the mergers are in mergers.h; the engine runs their groups, engine.cc).
 enum class MergerPolicy { kNone, kFixed, kOmgs, kRgmerge };
-// --omgs_mode (MERGING.md 4): threshold, count, or OMGS-SGD's adaptive rule on measurements (mgs).
+// --omgs_mode (docs/merging.md 4): threshold, count, or OMGS-SGD's adaptive rule on measurements
+// (mgs).
 enum class OmgsMode { kThreshold, kCount, kMgs };
 
 // Every merger's parameters in one place (spexd's flags; MakeMerger validates them, naming the
@@ -162,6 +171,7 @@ struct MergeParams {
   bool rgmerge_equal_tail = true;    // --rgmerge_equal_tail
   bool rgmerge_linger_auto = false;  // --rgmerge_linger=auto
   int64_t rgmerge_linger_max_us = 2000;  // --rgmerge_linger_max_us
+  bool rgmerge_bind_late = false;        // --rgmerge_bind=late
 };
 bool AbslParseFlag(absl::string_view text, MergerPolicy* out, std::string* error);
 std::string AbslUnparseFlag(MergerPolicy v);

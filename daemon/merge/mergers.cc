@@ -60,7 +60,7 @@ class FixedMerger : public Merger {
   explicit FixedMerger(const FixedOptions& o) : o_(o) {}
   const char* name() const override { return "fixed"; }
   bool agreed() const override { return true; }
-  // The cycle time may differ between nodes (MERGING.md 3), so it is not hashed.
+  // The cycle time may differ between nodes (docs/merging.md 3), so it is not hashed.
   uint64_t ConfigHash() const override {
     return HashWords("fixed", {o_.threshold_bytes, o_.limits.window, o_.limits.max_group_elements});
   }
@@ -149,7 +149,7 @@ class FitWindow {
   std::deque<double> x_, y_;
 };
 
-// --rgmerge_linger=auto's local state (MERGING.md 5.1): per bucket an EWMA of the backward gap
+// --rgmerge_linger=auto's local state (docs/merging.md 5.1): per bucket an EWMA of the backward gap
 // to its predecessor in canonical order, this node's alpha, when the engine last went idle and
 // how long the current head has lingered. Members and offers come from the engine thread; the
 // wire thread reports exchanges (alpha is atomic).
@@ -236,21 +236,76 @@ class Linger {
   int64_t head_since_ns_ = 0;
 };
 
+// --rgmerge_bind=late's local state (RgmergeOptions::bind_late): least-squares lines of this
+// node's packs' local time and wire time against their elements, the pack on the wire, and
+// whether one is (ExchangeIdleSince: `now` while one is). HandedOff and Offer come from the engine
+// thread, Done from the wire thread.
+class WireClock {
+ public:
+  static constexpr size_t kFitSamples = 32;
+  static constexpr size_t kMinSamples = 4;
+  static constexpr double kMaxNs = 1e10;  // an estimate past 10 s is clamped there
+
+  void HandedOff(uint64_t elements, int64_t local_ns, int64_t wire_start_ns) {
+    absl::MutexLock lock(&mu_);
+    local_.Add(elements, local_ns);
+    ++local_count_;
+    wire_elements_ = elements;
+    wire_start_ns_ = wire_start_ns;
+  }
+  void Done(uint64_t elements, int64_t wire_ns) {
+    absl::MutexLock lock(&mu_);
+    wire_.Add(elements, wire_ns);
+    ++wire_count_;
+  }
+  // True, with *deadline_ns, while a round for `elements` started now would end its local work
+  // before the pack on the wire ends (both estimated): the round should start at *deadline_ns.
+  bool Wait(uint64_t elements, int64_t now_ns, bool wire_busy, int64_t* deadline_ns) {
+    if (!wire_busy) return false;
+    absl::MutexLock lock(&mu_);
+    if (local_count_ < kMinSamples || wire_count_ < kMinSamples) return false;
+    double la = 0, lb = 0, wa = 0, wb = 0;
+    if (!local_.Fit(&la, &lb) || !wire_.Fit(&wa, &wb)) return false;
+    const double local = std::clamp(la + lb * static_cast<double>(elements), 0.0, kMaxNs);
+    const double wire = std::clamp(wa + wb * static_cast<double>(wire_elements_), 0.0, kMaxNs);
+    const int64_t start = wire_start_ns_ + static_cast<int64_t>(wire) - static_cast<int64_t>(local);
+    if (start <= now_ns) return false;
+    *deadline_ns = start;
+    return true;
+  }
+
+ private:
+  absl::Mutex mu_;
+  FitWindow local_ ABSL_GUARDED_BY(mu_){kFitSamples};
+  FitWindow wire_ ABSL_GUARDED_BY(mu_){kFitSamples};
+  size_t local_count_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t wire_count_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t wire_elements_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t wire_start_ns_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
 class RgmergeReadyMerger : public Merger {
  public:
   explicit RgmergeReadyMerger(const RgmergeOptions& o)
       : o_(o), linger_(o.linger_max_ns, o.alpha_ns) {}
   const char* name() const override { return "rgmerge"; }
   bool agreed() const override { return true; }
-  // The linger settings may differ between nodes (MERGING.md 2.7): not hashed.
+  // The linger settings may differ between nodes (docs/merging.md 2.7): not hashed.
   uint64_t ConfigHash() const override {
     return HashWords("rgmerge/ready", {o_.limits.window, o_.limits.max_group_elements});
   }
   size_t NextGroup(absl::Span<const MergeCandidate> c) override { return c.empty() ? 0 : 1; }
   // Linger off: the previous exchange's duration is the merge window. auto: see RgmergeOptions.
+  // bind late: see RgmergeOptions::bind_late.
   size_t Offer(absl::Span<const MergeCandidate> c, int64_t now_ns, int64_t* deadline_ns) override {
     const size_t r = ReadyPrefix(c, o_.limits.window);
-    if (!o_.linger_auto || r == 0) return r;
+    if (r == 0) return r;
+    if (o_.bind_late) {
+      uint64_t elements = 0;  // the first pack Pack would make of the ready prefix
+      for (size_t i = 0; i < ClampGroup(c, r, o_.limits); ++i) elements += c[i].elements;
+      if (clock_.Wait(elements, now_ns, idle_since_ns_ == now_ns, deadline_ns)) return 0;
+    }
+    if (!o_.linger_auto) return r;
     return linger_.Offer(c, r, o_.limits.window, now_ns, deadline_ns);
   }
   std::vector<size_t> Pack(absl::Span<const MergeCandidate> agreed) override {
@@ -264,14 +319,25 @@ class RgmergeReadyMerger : public Merger {
   void ObserveExchange(uint64_t bytes, int64_t ns) override {
     if (o_.linger_auto) linger_.Exchange(bytes, ns);
   }
-  void ExchangeIdleSince(int64_t ns) override { linger_.IdleSince(ns); }
+  void ExchangeIdleSince(int64_t ns) override {
+    linger_.IdleSince(ns);
+    idle_since_ns_ = ns;
+  }
+  void PackHandedOff(uint64_t elements, int64_t local_ns, int64_t wire_start_ns) override {
+    if (o_.bind_late) clock_.HandedOff(elements, local_ns, wire_start_ns);
+  }
+  void PackDone(uint64_t elements, int64_t wire_ns) override {
+    if (o_.bind_late) clock_.Done(elements, wire_ns);
+  }
 
  protected:
   RgmergeOptions o_;
   Linger linger_;
+  WireClock clock_;
+  int64_t idle_since_ns_ = 0;  // engine thread (the scheduler, before each Offer)
 };
 
-// The measurements of MERGING.md 2.6, shared by the measuring mergers (thread-safe: the wire
+// The measurements of docs/merging.md 2.6, shared by the measuring mergers (thread-safe: the wire
 // thread reports exchanges). Inputs(): per bucket the median backward gap g_b (0 for the first of
 // a step) and the median Select time sigma_b over the last kSamples steps, then alpha (ns) and
 // beta (ps per byte) from a least-squares line through the newest kFitSamples (bytes, time)
@@ -487,7 +553,7 @@ class RgmergeModelMerger : public RgmergeReadyMerger {
   RgmergeModelInputs inputs_;
 };
 
-// `omgs --omgs_mode=mgs` (MERGING.md 4.3): one bucket per exchange (as `none`) while it
+// `omgs --omgs_mode=mgs` (docs/merging.md 4.3): one bucket per exchange (as `none`) while it
 // measures, then OMGS-SGD's adaptive plan (mgs_plan.h) on the agreed inputs, a static plan.
 class OmgsMgsMerger : public Merger {
  public:
@@ -704,6 +770,7 @@ absl::StatusOr<std::unique_ptr<Merger>> MakeMerger(MergerPolicy policy, const Me
                                                        params.rgmerge_linger_max_us));
       }
       o.linger_max_ns = params.rgmerge_linger_max_us * 1000;
+      o.bind_late = params.rgmerge_bind_late;
       return MakeRgmergeMerger(o);
     }
   }

@@ -1,6 +1,6 @@
-// The plan of `omgs --omgs_mode=mgs` (MERGING.md 4.3): OMGS-SGD's adaptive merge rule on measured,
-// agreed inputs. A pure function of integers (and the density), so every node that is given the
-// same inputs computes the same plan.
+// The plan of `omgs --omgs_mode=mgs` (docs/merging.md 4.3): OMGS-SGD's adaptive merge rule on
+// measured, agreed inputs. A pure function of integers (and the density), so every node that is
+// given the same inputs computes the same plan.
 //
 // Per bucket b in canonical (backprop) order: its size p_b, its backward gap tb_b (the time
 // backprop takes to produce it after its predecessor) and whether it is dense (D). Costs:

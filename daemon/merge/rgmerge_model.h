@@ -1,4 +1,4 @@
-// The generator of `rgmerge --rgmerge_plan=model` (MERGING.md 5.2): RGMerge/SAFusion's
+// The generator of `rgmerge --rgmerge_plan=model` (docs/merging.md 5.2): RGMerge/SAFusion's
 // three-step plan (`optimal_gradient_merging_0101` of the public code), with its hard-coded
 // tables replaced by inputs a node can measure and all nodes can agree on. A pure function of
 // integers (and the density), so every node that is given the same inputs computes the same plan.

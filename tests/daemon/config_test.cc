@@ -149,6 +149,8 @@ TEST_F(ConfigTest, EveryBadValueNamesItsFlag) {
        "--rgmerge_slack_us must be >= 0"},
       {[] { absl::SetFlag(&FLAGS_rgmerge_linger, "always"); },
        "--rgmerge_linger must be off or auto, got 'always'"},
+      {[] { absl::SetFlag(&FLAGS_rgmerge_bind, "soon"); },
+       "--rgmerge_bind must be early or late, got 'soon'"},
       {[] {
          absl::SetFlag(&FLAGS_merger, MergerPolicy::kRgmerge);
          absl::SetFlag(&FLAGS_rgmerge_linger, "auto");
@@ -198,6 +200,11 @@ TEST_F(ConfigTest, MergePlanFlags) {
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_TRUE(c->engine.merge.rgmerge_linger_auto);
   EXPECT_EQ(c->engine.merge.rgmerge_linger_max_us, 700);
+  EXPECT_FALSE(c->engine.merge.rgmerge_bind_late);  // early by default
+  absl::SetFlag(&FLAGS_rgmerge_bind, "late");
+  c = LoadConfig();
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->engine.merge.rgmerge_bind_late);
 }
 
 TEST_F(ConfigTest, ReportsEveryBadFlagAtOnce) {

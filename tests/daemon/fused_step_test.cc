@@ -828,7 +828,7 @@ TEST(GroupRoundTest, APlanDueOnAnyNodeIsDueOnEvery) {
   }
 }
 
-// The plan agreement (MERGING.md 2.6): the maximum of every node's words, the same everywhere;
+// The plan agreement (docs/merging.md 2.6): the maximum of every node's words, the same everywhere;
 // a different bucket list refused on every node, before the words' all-reduce.
 TEST(PlanAgreementTest, TakesTheMaximumOverNodesAndRefusesDifferentBucketLists) {
   const std::vector<PlanBucket> buckets = {{1, 100}, {2, 50}, {5, 7}};

@@ -196,6 +196,7 @@ struct Case {
   bool overlap = true;  // --merge_overlap (the groups' collectives on the wire stage)
   bool model = false;   // rgmerge's model plan / omgs's mgs mode, agreed at step 2, from step 3
   bool linger = false;  // --rgmerge_linger=auto (alpha measured, linger_max 2 ms)
+  bool late = false;    // --rgmerge_bind=late
 };
 
 // --rgmerge_plan=model with the plan agreed at `plan_step`.
@@ -214,7 +215,7 @@ std::string CaseName(const ::testing::TestParamInfo<Case>& info) {
   return absl::StrCat(AbslUnparseFlag(info.param.merger), "_", info.param.compressor, "_",
                       info.param.nodes, "x", info.param.trainers,
                       info.param.overlap ? "" : "_no_overlap", info.param.model ? "_model" : "",
-                      info.param.linger ? "_linger" : "");
+                      info.param.linger ? "_linger" : "", info.param.late ? "_late" : "");
 }
 
 class MergeEngineTest : public ::testing::TestWithParam<Case> {};
@@ -236,7 +237,9 @@ TEST_P(MergeEngineTest, SameAsUnmergedUnderEverySchedule) {
                        e->merge.rgmerge_linger_auto = true;
                        e->merge.rgmerge_linger_max_us = 2000;
                      })
-                              : nullptr);
+                   : c.late   ? std::function<void(EngineOptions*)>(
+                                  [](EngineOptions* e) { e->merge.rgmerge_bind_late = true; })
+                            : nullptr);
     for (int i = 0; i < N * L; ++i) ASSERT_EQ(got.errors[i], "") << "trainer " << i;
     for (size_t j = 0; j < want.out.size(); ++j) {
       ASSERT_EQ(got.out[j].size(), want.out[j].size()) << j;
@@ -273,7 +276,9 @@ INSTANTIATE_TEST_SUITE_P(
         Case{MergerPolicy::kOmgs, "topk", 3, 2, true, true},
         Case{MergerPolicy::kOmgs, "dense", 2, 2, true, true},
         Case{MergerPolicy::kRgmerge, "topk", 3, 2, true, false, true},
-        Case{MergerPolicy::kRgmerge, "dense", 2, 2, false, false, true}),
+        Case{MergerPolicy::kRgmerge, "dense", 2, 2, false, false, true},
+        Case{MergerPolicy::kRgmerge, "topk", 3, 2, true, false, false, true},
+        Case{MergerPolicy::kRgmerge, "micro", 2, 2, true, false, false, true}),
     CaseName);
 
 // A node whose trainers are ahead offers more members than the round agrees on; those members'
@@ -343,7 +348,7 @@ TEST(MergeEngineModel, ThePlanTakesEffectAfterThePlanStepOnEveryNode) {
   }
 }
 
-// The reference of selection behind (MERGING.md 7, M3): --merger=none with one bucket per plan
+// The reference of selection behind (docs/merging.md 2.5): --merger=none with one bucket per plan
 // group, registered under the group's first id, whose input is the members' inputs back to back.
 // Returns the outputs in RunCluster's layout (each member's slice of its group's output).
 RunResult RunGroupsAsBuckets(const std::string& compressor, int N, int L, int steps,

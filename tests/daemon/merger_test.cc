@@ -170,7 +170,7 @@ TEST(RgmergeReadyTest, OffersTheReadyPrefixAndPacksUnderTheGroupLimit) {
   EXPECT_EQ((*m)->Pack(absl::MakeConstSpan(c).first(3)), (std::vector<size_t>{2, 1}));
 }
 
-// --- --rgmerge_linger=auto (MERGING.md 5.1, R1), with an injected clock. Buckets 0..3 of step
+// --- --rgmerge_linger=auto (docs/merging.md 5.1), with an injected clock. Buckets 0..3 of step
 // 5 become ready 300 us apart; the engine reports them as members of step 4 to teach the gaps.
 constexpr int64_t kUs = 1000;
 
@@ -269,6 +269,57 @@ TEST(RgmergeLingerTest, TheLingerPerHeadIsCappedByLingerMax) {
   std::vector<MergeCandidate> next = {Stamped(2, 5, t0 + 600 * kUs), Stamped(3, 5, 0)};
   EXPECT_EQ(m->Offer(next, t0 + 600 * kUs, &deadline), 0u);
   EXPECT_EQ(deadline, t0 + 930 * kUs);
+}
+
+// --rgmerge_bind=late: while a pack is on the wire, the next round waits until its local work
+// (a line fitted to the packs' local times against elements) would end as the wire's pack does (a
+// line fitted to the wire times), then offers; with the wire idle, too few samples or the moment
+// passed, it offers at once.
+TEST(RgmergeBindTest, WhileAPackIsOnTheWireTheRoundWaitsUntilItsLocalWorkWouldEndWithIt) {
+  RgmergeOptions o;
+  o.bind_late = true;
+  auto made = MakeRgmergeReadyMerger(o);
+  ASSERT_TRUE(made.ok());
+  Merger* m = made->get();
+  // Local work: 1 ms + 1 ns per element; wire: 2 ms + 4 ns per element (exact lines).
+  const auto local = [](uint64_t n) { return static_cast<int64_t>(1000 * kUs + n); };
+  const auto wire = [](uint64_t n) { return static_cast<int64_t>(2000 * kUs + 4 * n); };
+  std::vector<MergeCandidate> c = {Cand(0, 5, 100000), Cand(1, 5, 200000), Cand(2, 5, 50, false)};
+  int64_t deadline = 0;
+  const int64_t t0 = 50000 * kUs;
+  // Three samples of each so far: not enough to go by, offer at once.
+  for (uint64_t n : {100000u, 300000u, 500000u}) {
+    m->PackHandedOff(n, local(n), 0);
+    m->PackDone(n, wire(n));
+  }
+  m->PackHandedOff(1000000, local(1000000), t0);  // the fourth local sample; on the wire from t0
+  m->ExchangeIdleSince(t0 + 10 * kUs);            // busy: the scheduler passes `now`
+  EXPECT_EQ(m->Offer(c, t0 + 10 * kUs, &deadline), 2u);
+  m->PackDone(700000, wire(700000));  // the fourth wire sample (a pack before this one)
+  // The pack of 1M elements ends at t0 + 6 ms; the ready prefix (300000 elements) needs 1.3 ms:
+  // start at t0 + 4.7 ms.
+  EXPECT_EQ(m->Offer(c, t0 + 10 * kUs, &deadline), 0u);
+  EXPECT_NEAR(deadline, t0 + 4700 * kUs, 10);  // least squares in doubles: a few ns off
+  // Bucket 2 is ready now too: 300050 elements, 50 ns more local work, an earlier start.
+  c[2].ready = true;
+  m->ExchangeIdleSince(t0 + 1000 * kUs);
+  EXPECT_EQ(m->Offer(c, t0 + 1000 * kUs, &deadline), 0u);
+  EXPECT_NEAR(deadline, t0 + 4700 * kUs - 50, 10);
+  // At the deadline: offer.
+  m->ExchangeIdleSince(t0 + 4700 * kUs);
+  EXPECT_EQ(m->Offer(c, t0 + 4700 * kUs, &deadline), 3u);
+  // The wire went idle before the estimate (it rang the doorbell): offer at once.
+  m->ExchangeIdleSince(t0 + 3000 * kUs);
+  EXPECT_EQ(m->Offer(c, t0 + 3100 * kUs, &deadline), 3u);
+  // Early binding (the default) never waits for the wire.
+  auto early = MakeRgmergeReadyMerger(RgmergeOptions());
+  ASSERT_TRUE(early.ok());
+  for (uint64_t n : {100000u, 300000u, 500000u, 700000u}) {
+    (*early)->PackHandedOff(n, local(n), t0);
+    (*early)->PackDone(n, wire(n));
+  }
+  (*early)->ExchangeIdleSince(t0 + 10 * kUs);
+  EXPECT_EQ((*early)->Offer(c, t0 + 10 * kUs, &deadline), 3u);
 }
 
 TEST(RgmergeLingerTest, AlphaIsFittedFromTheExchangesWhenNotGiven) {
@@ -386,7 +437,7 @@ TEST(MergerTest, ConfigHashesSeparateDifferentConfigurations) {
   EXPECT_NE((*rg)->ConfigHash(), (*none)->ConfigHash());
 }
 
-// --- rgmerge's model generator (MERGING.md 5.2, R4): small integer profiles, groups worked out
+// --- rgmerge's model generator (docs/merging.md 5.2): small integer profiles, groups worked out
 // by hand. comm(x) = alpha + beta * 8 * floor(d x) * (N - 1) with beta = 125 ps/B, N = 2 and
 // d = 1: alpha + x ns.
 RgmergeModelInputs Profile(std::vector<uint64_t> n, std::vector<int64_t> w, int64_t alpha) {
@@ -489,8 +540,8 @@ TEST(MergeStatsTest, MedianAndLineFit) {
   EXPECT_NEAR(b, 1.0, 1e-12);
 }
 
-// rgmerge --rgmerge_plan=model (MERGING.md 2.6, 5.2): `ready` until the plan step, then the plan
-// computed from the agreed inputs as a static one, from the next step on.
+// rgmerge --rgmerge_plan=model (docs/merging.md 2.6, 5.2): `ready` until the plan step, then the
+// plan computed from the agreed inputs as a static one, from the next step on.
 std::unique_ptr<Merger> ModelMerger(uint64_t plan_step = 5) {
   MergeParams p;
   p.rgmerge_model = true;
@@ -623,7 +674,7 @@ TEST(RgmergeModelMergerTest, FlagsAreValidatedAndTheModeIsHashed) {
   EXPECT_STREQ(model->name(), "rgmerge");
 }
 
-// omgs --omgs_mode=mgs (MERGING.md 4.3), O3: hand-worked profiles of 4 buckets. Unless said
+// omgs --omgs_mode=mgs (docs/merging.md 4.3): hand-worked profiles of 4 buckets. Unless said
 // otherwise: s = 0 (no selection time), alpha = 1000 ns, beta = 0, so tc(x) = 1000 ns and merging
 // two buffers saves t_save = 1000 ns; with ts = 0 a buffer's selection ends when it is produced.
 MgsInputs Mgs(std::vector<int64_t> gaps) {

@@ -193,6 +193,10 @@ TRAINER_MODE=overlap WANT_GROUPS=1 run_sparse 2 2nodes.omgs.overlap "dense,topk,
 # its idle time and measured alpha; merger_test covers the rule with an injected clock.
 STEPS=12 TRAINER_MODE=overlap run_sparse 2 2nodes.rgmerge.linger "dense,topk,micro" \
   --merger=rgmerge --rgmerge_linger=auto --rgmerge_linger_max_us=5000
+# --rgmerge_bind=late: while a group is on the wire the next round waits for its estimated end
+# (local timing again: the outputs and the oracle are unchanged; merger_test covers the rule).
+STEPS=12 TRAINER_MODE=overlap run_sparse 2 2nodes.rgmerge.late "dense,topk,micro" \
+  --merger=rgmerge --rgmerge_bind=late
 # --rgmerge_plan=model: `ready` while it measures, the agreed plan (one extra agreement after the
 # first group round of step 5) from step 6 on, against the same oracle, on 3 nodes.
 STEPS=12 TRAINER_MODE=overlap WANT_PLAN=5 run_sparse 3 3nodes.rgmerge.model "dense,topk,micro,thresh" \
