@@ -136,6 +136,11 @@ def read_rows(args, d):
     return rows
 
 
+# rgmerge with one flag changed, by --mergers name.
+RGMERGE_VARIANTS = {"rgmerge_linger": ["--rgmerge_linger=auto"], "rgmerge_late": ["--rgmerge_bind=late"],
+                    "rgmerge_early": ["--rgmerge_bind=early"]}
+
+
 def merger_flags(merger, args):
     """spexd's flags for a --mergers entry: NAME, or NAME_serial (the same merger with
     --merge_overlap=false: every group's collectives on the engine thread). rgmerge_model is
@@ -156,15 +161,9 @@ def merger_flags(merger, args):
     elif merger == "omgs_ahead":
         merger = "omgs"
         flags += ["--omgs_select=ahead"]
-    elif merger == "rgmerge_linger":
+    elif merger in RGMERGE_VARIANTS:
+        flags += RGMERGE_VARIANTS[merger]
         merger = "rgmerge"
-        flags += ["--rgmerge_linger=auto"]
-    elif merger == "rgmerge_late":
-        merger = "rgmerge"
-        flags += ["--rgmerge_bind=late"]
-    elif merger == "rgmerge_early":
-        merger = "rgmerge"
-        flags += ["--rgmerge_bind=early"]
     return [f"--merger={merger}", *flags]
 
 

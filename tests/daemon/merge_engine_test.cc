@@ -188,6 +188,20 @@ RunResult RunCluster(MergerPolicy merger, const std::string& compressor, int N, 
   return run;
 }
 
+// Every trainer's output of `got` equals --merger=none's (`want`) bit for bit, and so does every
+// node's residual norm.
+void ExpectSameAsNone(const RunResult& got, const RunResult& want) {
+  for (size_t j = 0; j < want.out.size(); ++j) {
+    ASSERT_EQ(got.out[j].size(), want.out[j].size()) << j;
+    ASSERT_EQ(
+        std::memcmp(got.out[j].data(), want.out[j].data(), want.out[j].size() * sizeof(float)), 0)
+        << "output " << j << " (step, node, trainer, bucket) differs from --merger=none";
+  }
+  for (size_t j = 0; j < want.residual.size(); ++j) {
+    EXPECT_EQ(got.residual[j], want.residual[j]) << "residual norm " << j;
+  }
+}
+
 struct Case {
   MergerPolicy merger;
   std::string compressor;
@@ -241,15 +255,7 @@ TEST_P(MergeEngineTest, SameAsUnmergedUnderEverySchedule) {
                                   [](EngineOptions* e) { e->merge.rgmerge_bind_late = true; })
                             : nullptr);
     for (int i = 0; i < N * L; ++i) ASSERT_EQ(got.errors[i], "") << "trainer " << i;
-    for (size_t j = 0; j < want.out.size(); ++j) {
-      ASSERT_EQ(got.out[j].size(), want.out[j].size()) << j;
-      ASSERT_EQ(
-          std::memcmp(got.out[j].data(), want.out[j].data(), want.out[j].size() * sizeof(float)), 0)
-          << "output " << j << " (step, node, trainer, bucket) differs from --merger=none";
-    }
-    for (size_t j = 0; j < want.residual.size(); ++j) {
-      EXPECT_EQ(got.residual[j], want.residual[j]) << "residual norm " << j;
-    }
+    ASSERT_NO_FATAL_FAILURE(ExpectSameAsNone(got, want));
     for (int r = 1; r < N; ++r) {
       EXPECT_EQ(got.groups[r], got.groups[0]) << "node " << r << "'s group sequence";
     }
@@ -296,15 +302,7 @@ TEST(MergeEngineReduce, MembersLeftForALaterGroupAreNotReducedAgain) {
       ASSERT_EQ(want.errors[i], "") << "none, trainer " << i;
       ASSERT_EQ(got.errors[i], "") << "trainer " << i;
     }
-    for (size_t j = 0; j < want.out.size(); ++j) {
-      ASSERT_EQ(got.out[j].size(), want.out[j].size()) << j;
-      ASSERT_EQ(
-          std::memcmp(got.out[j].data(), want.out[j].data(), want.out[j].size() * sizeof(float)), 0)
-          << "output " << j << " (step, node, trainer, bucket) differs from --merger=none";
-    }
-    for (size_t j = 0; j < want.residual.size(); ++j) {
-      EXPECT_EQ(got.residual[j], want.residual[j]) << "residual norm " << j;
-    }
+    ASSERT_NO_FATAL_FAILURE(ExpectSameAsNone(got, want));
     for (int r = 0; r < N; ++r) {
       // Each step: [0] then [1..5]; the second round reuses the first round's five reduces on
       // the nodes that were ahead, and node N-1 never offered more than was agreed.
