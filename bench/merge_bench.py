@@ -28,6 +28,9 @@ both halves' steps are pooled. Per (schedule, merger), over the steps after --wa
   wait_ms      what the other nodes' tail adds to that: waiting for the slowest node (p50)
   exchanges    exchanges per step of node 0's engine (spex_merge_groups_total: one per merge
                group or bucket exchanged alone; counted over every step, warm-up included)
+  reduces_reused_per_step  node 0's group members whose local reduce a later round reused
+               (spex_merge_reduces_reused_total; in the JSON: offered by node 0 but left by the
+               round for a later group)
   busy_ms      the engine's time in those exchanges per step (spex_merge_group_seconds_total:
                each group from its round to its publish; with --merge_overlap one group's time
                on the wire and the next group's preparation overlap, so the sum can exceed the
@@ -100,6 +103,14 @@ def phases_of(text):
         if m:
             out[m.group(1)] = out.get(m.group(1), 0.0) + float(m.group(2))
     return out
+
+
+def reused_of(text):
+    """spex_merge_reduces_reused_total of a /metrics text; NaN from a spexd without it."""
+    try:
+        return metric_of(text, "spex_merge_reduces_reused_total")
+    except RuntimeError:
+        return float("nan")
 
 
 def metrics_text(port):
@@ -208,7 +219,7 @@ def run_once_emulated_port(args, merger, sizes, arrival_file, late_us):
                         stdout=subprocess.PIPE, text=True)
         text, _ = fetch.communicate(timeout=30)
         groups, busy = metric_of(text, "spex_merge_groups_total"), metric_of(text, "spex_merge_group_seconds_total")
-        return read_rows(args, d), groups, busy, phases_of(text)
+        return read_rows(args, d), groups, busy, phases_of(text), reused_of(text)
     finally:
         c.cleanup()
         shutil.rmtree(d, ignore_errors=True)
@@ -257,7 +268,7 @@ def run_once(args, merger, sizes, arrival_file, late_us):
             if not plans:
                 raise RuntimeError(f"{merger}: no daemon logged its plan: {open(log.name).read()[-2000:]}")
             print(f"  {merger} plan (node log): {plans[0]}", flush=True)
-        return read_rows(args, d), groups, busy, phases_of(text)
+        return read_rows(args, d), groups, busy, phases_of(text), reused_of(text)
     finally:
         if daemons.poll() is None:
             daemons.send_signal(signal.SIGTERM)
@@ -271,14 +282,15 @@ def run_once(args, merger, sizes, arrival_file, late_us):
 
 
 def summarize(args, runs):
-    """runs: [(rows, groups, busy, phases, round)] of one (schedule, merger), pooled."""
+    """runs: [(rows, groups, busy, phases, reused, round)] of one (schedule, merger), pooled."""
     step, tail, wait = [], [], []
-    groups = busy = 0.0
+    groups = busy = reused = 0.0
     total_steps = 0
     phases = {}
-    for rows, g, b, ph, _ in runs:
+    for rows, g, b, ph, ru, _ in runs:
         groups += g
         busy += b
+        reused += ru
         for k, v in ph.items():
             phases[k] = phases.get(k, 0.0) + v
         total_steps += args.warmup + args.steps
@@ -307,6 +319,8 @@ def summarize(args, runs):
         "tail_ms": t,
         "wait_ms": statistics.median(wait),
         "exchanges_per_step": groups / total_steps,
+        # Node 0's merge group members whose local reduce a later round reused, per step.
+        "reduces_reused_per_step": reused / total_steps,
         "busy_ms": busy_ms,
         "overlap": max(0.0, min(1.0, 1.0 - t / busy_ms)) if busy_ms > 0 else 0.0,
         "steps": len(step),

@@ -71,6 +71,12 @@ class NodeCollectable final : public prometheus::Collectable {
         Family("spex_node_exchanges_total", "Exchanges this node's engine published, every bucket.",
                MetricType::Counter);
     exchanges.metric.push_back(Sample(node_, engine_->total_exchanges()));
+    auto reused = Family("spex_merge_reduces_reused_total",
+                         "Merge group members whose local reduce a later round reused: offered "
+                         "by this node but left by the agreement round for a later group (this "
+                         "node's trainers ahead of another node's).",
+                         MetricType::Counter);
+    reused.metric.push_back(Sample(node_, engine_->reduces_reused()));
     std::map<std::string, int> states = {
         {"registering", 0}, {"waiting", 0}, {"exchanging", 0}, {"failed", 0}};
     for (const BucketSummary& b : engine_->Buckets()) ++states[b.state];
@@ -81,7 +87,8 @@ class NodeCollectable final : public prometheus::Collectable {
     for (const auto& [state, n] : states) {
       buckets.metric.push_back(Sample(node_, n, {{"state", state}}));
     }
-    return {std::move(sessions), std::move(nodes), std::move(exchanges), std::move(buckets)};
+    return {std::move(sessions), std::move(nodes), std::move(exchanges), std::move(reused),
+            std::move(buckets)};
   }
 
  private:

@@ -231,6 +231,8 @@ TEST(MetricsTest, KnownRunPassesPromtoolAndCarriesItsValues) {
   EXPECT_EQ(Value(text, "spex_sessions", {{"node", "0"}}), 1);
   EXPECT_EQ(Value(text, "spex_nodes", {{"node", "0"}}), 2);
   EXPECT_EQ(Value(text, "spex_node_exchanges_total", {{"node", "0"}}), 2 * kSteps);
+  // --merger=none has no group rounds, so no reduce is ever kept for one.
+  EXPECT_EQ(Value(text, "spex_merge_reduces_reused_total", {{"node", "0"}}), 0);
   // --merger=none: every bucket is its own exchange.
   EXPECT_EQ(Value(text, "spex_merge_groups_total", {{"node", "0"}}), 2 * kSteps);
   EXPECT_GT(Value(text, "spex_merge_group_seconds_total", {{"node", "0"}}), 0);
