@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <mutex>
 
 #if defined(__GLIBC__)
 #include <malloc.h>
@@ -24,6 +25,13 @@ int64_t ResidentBytes() {
 
 int64_t ReleaseFreeHeap() {
 #if defined(__GLIBC__)
+  // One call at a time. glibc initialises its allocator lazily, and malloc_trim does so itself
+  // when nothing has used glibc's malloc yet (as under ThreadSanitizer, which replaces malloc):
+  // two first calls at once (in-process nodes falling idle together) both attach their thread to
+  // the main arena, and the second thread's exit then fails glibc's assertion
+  // "a->attached_threads > 0" (seen once in merge_engine_test under TSan).
+  static std::mutex mu;
+  std::lock_guard<std::mutex> lock(mu);
   const int64_t before = ResidentBytes();
   malloc_trim(0);
   const int64_t after = ResidentBytes();
