@@ -500,6 +500,7 @@ struct Engine::WirePack {
   uint64_t group_first = 0;        // the pack's first member's id (observers)
   uint32_t group_size = 0;         // the pack's members, skipped ones included (observers)
   std::vector<EngineBucket*> buckets;
+  uint64_t elements = 0;             // the members' sizes summed (Merger::PackHandedOff/PackDone)
   std::vector<ExchangeRecord> recs;  // items[j].rec == &recs[j]
   std::vector<StepItem> items;
   std::vector<MergeKind> kinds;
@@ -740,6 +741,7 @@ void Engine::ProcessGroup(const std::vector<EngineBucket*>& group,
         if (reduced[i].ok()) CommitLocalSum(&b->mem.view);
         b->ex.reduced_step = UINT64_MAX;
         p->buckets.push_back(b);
+        p->elements += b->elements;
         p->items.push_back({&b->mem.view, b->ex.sparse.get(), b->ex.next_step, density[i], &rec,
                             reduced[i], true});
         p->kinds.push_back(candidates[i].kind);
@@ -773,8 +775,7 @@ void Engine::ProcessGroup(const std::vector<EngineBucket*>& group,
           merger->ObserveMember(b->id, p->items[j].step, ready, p->items[j].select_ns);
         }
       }
-      uint64_t elements = 0;
-      for (const EngineBucket* b : p->buckets) elements += b->elements;
+      const uint64_t elements = p->elements;
       const int64_t local_ns = static_cast<int64_t>(MonotonicNanos() - local_since);
       HandOff(std::move(p));
       local_since = MonotonicNanos();  // on the wire from now (with --merge_overlap)
@@ -946,9 +947,7 @@ void Engine::RunPack(WirePack* p) {
     }
   }
   if (overlapping()) {  // the wire stage's whole occupancy, for rgmerge's --rgmerge_bind=late
-    uint64_t elements = 0;
-    for (const EngineBucket* b : p->buckets) elements += b->elements;
-    merger_->PackDone(elements, static_cast<int64_t>(MonotonicNanos() - wire_begin));
+    merger_->PackDone(p->elements, static_cast<int64_t>(MonotonicNanos() - wire_begin));
   }
 }
 

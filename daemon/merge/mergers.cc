@@ -138,6 +138,7 @@ class FitWindow {
       y_.pop_front();
     }
   }
+  size_t size() const { return x_.size(); }  // samples held (at most the capacity)
   // False while fewer than two distinct sizes were seen (FitLine).
   bool Fit(double* alpha, double* beta) const {
     return FitLine(std::vector<double>(x_.begin(), x_.end()),
@@ -187,6 +188,7 @@ class Linger {
     }
   }
   void IdleSince(int64_t ns) { idle_since_ns_ = ns; }
+  int64_t idle_since_ns() const { return idle_since_ns_; }
   int64_t alpha_ns() const { return alpha_ns_.load(std::memory_order_relaxed); }
 
   // `r` >= 1 candidates are offerable now: 0 (and *deadline_ns) to wait for the next one, or r.
@@ -237,9 +239,9 @@ class Linger {
 };
 
 // --rgmerge_bind=late's local state (RgmergeOptions::bind_late): least-squares lines of this
-// node's packs' local time and wire time against their elements, the pack on the wire, and
-// whether one is (ExchangeIdleSince: `now` while one is). HandedOff and Offer come from the engine
-// thread, Done from the wire thread.
+// node's packs' local time and wire time against their elements (the newest kFitSamples of
+// each), and the pack last handed to the wire; whether it is still there comes with each Wait.
+// HandedOff and Wait come from the engine thread, Done from the wire thread.
 class WireClock {
  public:
   static constexpr size_t kFitSamples = 32;
@@ -249,21 +251,19 @@ class WireClock {
   void HandedOff(uint64_t elements, int64_t local_ns, int64_t wire_start_ns) {
     absl::MutexLock lock(&mu_);
     local_.Add(elements, local_ns);
-    ++local_count_;
     wire_elements_ = elements;
     wire_start_ns_ = wire_start_ns;
   }
   void Done(uint64_t elements, int64_t wire_ns) {
     absl::MutexLock lock(&mu_);
     wire_.Add(elements, wire_ns);
-    ++wire_count_;
   }
   // True, with *deadline_ns, while a round for `elements` started now would end its local work
   // before the pack on the wire ends (both estimated): the round should start at *deadline_ns.
   bool Wait(uint64_t elements, int64_t now_ns, bool wire_busy, int64_t* deadline_ns) {
     if (!wire_busy) return false;
     absl::MutexLock lock(&mu_);
-    if (local_count_ < kMinSamples || wire_count_ < kMinSamples) return false;
+    if (local_.size() < kMinSamples || wire_.size() < kMinSamples) return false;
     double la = 0, lb = 0, wa = 0, wb = 0;
     if (!local_.Fit(&la, &lb) || !wire_.Fit(&wa, &wb)) return false;
     const double local = std::clamp(la + lb * static_cast<double>(elements), 0.0, kMaxNs);
@@ -278,8 +278,6 @@ class WireClock {
   absl::Mutex mu_;
   FitWindow local_ ABSL_GUARDED_BY(mu_){kFitSamples};
   FitWindow wire_ ABSL_GUARDED_BY(mu_){kFitSamples};
-  size_t local_count_ ABSL_GUARDED_BY(mu_) = 0;
-  size_t wire_count_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t wire_elements_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t wire_start_ns_ ABSL_GUARDED_BY(mu_) = 0;
 };
@@ -303,7 +301,9 @@ class RgmergeReadyMerger : public Merger {
     if (o_.bind_late) {
       uint64_t elements = 0;  // the first pack Pack would make of the ready prefix
       for (size_t i = 0; i < ClampGroup(c, r, o_.limits); ++i) elements += c[i].elements;
-      if (clock_.Wait(elements, now_ns, idle_since_ns_ == now_ns, deadline_ns)) return 0;
+      // The scheduler passes `now` as the idle time while a pack is on the wire.
+      const bool wire_busy = linger_.idle_since_ns() == now_ns;
+      if (clock_.Wait(elements, now_ns, wire_busy, deadline_ns)) return 0;
     }
     if (!o_.linger_auto) return r;
     return linger_.Offer(c, r, o_.limits.window, now_ns, deadline_ns);
@@ -319,10 +319,7 @@ class RgmergeReadyMerger : public Merger {
   void ObserveExchange(uint64_t bytes, int64_t ns) override {
     if (o_.linger_auto) linger_.Exchange(bytes, ns);
   }
-  void ExchangeIdleSince(int64_t ns) override {
-    linger_.IdleSince(ns);
-    idle_since_ns_ = ns;
-  }
+  void ExchangeIdleSince(int64_t ns) override { linger_.IdleSince(ns); }
   void PackHandedOff(uint64_t elements, int64_t local_ns, int64_t wire_start_ns) override {
     if (o_.bind_late) clock_.HandedOff(elements, local_ns, wire_start_ns);
   }
@@ -334,7 +331,6 @@ class RgmergeReadyMerger : public Merger {
   RgmergeOptions o_;
   Linger linger_;
   WireClock clock_;
-  int64_t idle_since_ns_ = 0;  // engine thread (the scheduler, before each Offer)
 };
 
 // The measurements of docs/merging.md 2.6, shared by the measuring mergers (thread-safe: the wire
