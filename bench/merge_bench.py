@@ -19,8 +19,8 @@ Per merger of --mergers (none, fixed, omgs, rgmerge, each at its defaults, so wi
 each with its plan agreed at step --warmup - 1; omgs_ahead is omgs --omgs_select=ahead;
 rgmerge_linger is rgmerge --rgmerge_linger=auto; rgmerge_late / rgmerge_early are rgmerge with
 --rgmerge_bind=late / early; NAME_serial, e.g. rgmerge_serial, is NAME with
---merge_overlap=false), two arrival schedules: `even` (every node's trainer on the profile) and `skewed` (node N-1's trainer
---late_ms late on every bucket). Runs go in the order given, then again reversed (ABBA), and
+--merge_overlap=false), two arrival schedules: `even` (every node's trainer on the profile) and
+`skewed` (node N-1's trainer --late_ms late on every bucket). Runs go in the order given, then again reversed (ABBA), and
 both halves' steps are pooled. Per (schedule, merger), over the steps after --warmup:
   step_ms      the step from its start to every result, the slowest node per step (p50)
   tail_ms      from a node's last bucket handed in to its last result: the communication backprop
@@ -44,8 +44,8 @@ both halves' steps are pooled. Per (schedule, merger), over the steps after --wa
 and each merger's step time over none's (the same run's). NAME@LABEL (e.g. rgmerge@2) runs NAME
 again under its own label, as the same configuration's twin in the same run: its ratio to NAME
 (printed, and stored as aa_even / aa_skewed) is the measure's own noise (an A/A check).
-Goals (issue 14): rgmerge's step time
-below each of none, fixed and omgs under skew, and no worse than the best of them when even.
+Goals (issue 14): rgmerge's step time below each of none, fixed and omgs under skew, and no worse
+than the best of them when even.
 
     /usr/bin/python3 bench/merge_bench.py [--nodes 4] [--mergers none,fixed,omgs,rgmerge]
         [--compressor topk] [--density 0.01] [--forward_ms 60] [--backward_ms 120] [--late_ms 30]
