@@ -32,6 +32,8 @@ PKGS=(
   prometheus-cpp-dev prometheus
   # systemd-analyze for the unit checks (deploy/systemd; not in a bare Debian 12 container)
   systemd
+  # spexrun's ssh path, tested for real against sshd inside emulated hosts (tests/python/spexrun_test.py)
+  openssh-server openssh-client
 )
 
 missing=()

@@ -1,14 +1,18 @@
-"""Builds the `spex` Python package: generates the spex.v1 protobuf/gRPC stubs from
-proto/spex.proto with protoc and Debian's grpc_python_plugin, and compiles the spex._native C
-extension (atomics and futex wait/wake on the daemon's shared segments).
+"""Builds the `spex` Python package: the spex.v1 protobuf/gRPC stubs, the spex._native C
+extension (atomics and futex wait/wake on the daemon's shared segments) and the `spexrun`
+launcher (console script; also `python -m spex.run`).
 
 Install offline into Debian's Python (see README.md):
     /usr/bin/python3 -m venv --system-site-packages VENV
     VENV/bin/pip install --no-build-isolation client/python
 
-The proto is found at $SPEX_PROTO, else ../../proto/spex.proto (the source tree), else
-spex/proto/spex.proto (a copy shipped inside an sdist). $PROTOC and $GRPC_PYTHON_PLUGIN override
-the tool paths.
+The generated stubs (spex/proto/spex_pb2.py, spex_pb2_grpc.py) are shipped in the source tree,
+so an install needs neither protoc nor the gRPC plugin; only a C compiler and Python's headers.
+After changing proto/spex.proto, regenerate them with `python3 client/python/setup.py stubs`
+(needs Debian's protobuf-compiler and protobuf-compiler-grpc); tests/python/stubs_test.sh fails
+while they differ from what protoc makes of the proto. The proto is found at $SPEX_PROTO, else
+../../proto/spex.proto (the source tree), else spex/proto/spex.proto (a copy shipped inside an
+sdist). $PROTOC and $GRPC_PYTHON_PLUGIN override the tool paths.
 """
 
 import os
@@ -17,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 
-from setuptools import Extension, setup
+from setuptools import Command, Extension, setup
 from setuptools.command.build_py import build_py
 from setuptools.command.sdist import sdist
 
@@ -67,12 +71,37 @@ def generate_stubs(out_dir):
                 sys.exit(f"spex setup: protoc did not write {name}")
 
 
+STUBS = ("spex_pb2.py", "spex_pb2_grpc.py")
+
+
+def shipped_stubs():
+    return all(os.path.isfile(os.path.join(HERE, "spex", "proto", n)) for n in STUBS)
+
+
 class BuildPyWithStubs(build_py):
-    """build_py that also generates the gRPC stubs into the build directory."""
+    """build_py that generates the gRPC stubs into the build directory only when the source tree
+    does not ship them (the shipped ones are package files and are copied like the rest)."""
 
     def run(self):
         super().run()
-        generate_stubs(self.build_lib)
+        if not shipped_stubs():
+            generate_stubs(self.build_lib)
+
+
+class Stubs(Command):
+    """`python3 setup.py stubs`: regenerates the shipped stubs from proto/spex.proto."""
+
+    description = "regenerate spex/proto/spex_pb2*.py from proto/spex.proto"
+    user_options = []
+
+    def initialize_options(self):
+        pass
+
+    def finalize_options(self):
+        pass
+
+    def run(self):
+        generate_stubs(HERE)
 
 
 class SdistWithProto(sdist):
@@ -93,7 +122,8 @@ setup(
     ext_modules=[
         Extension("spex._native", sources=["spex/_native.c"], extra_compile_args=["-O2", "-std=c11", "-Wall"])
     ],
-    cmdclass={"build_py": BuildPyWithStubs, "sdist": SdistWithProto},
+    cmdclass={"build_py": BuildPyWithStubs, "sdist": SdistWithProto, "stubs": Stubs},
+    entry_points={"console_scripts": ["spexrun=spex.run:main"]},
     python_requires=">=3.9",
     install_requires=["grpcio", "protobuf", "numpy"],
     extras_require={"torch": ["torch"]},

@@ -386,9 +386,10 @@ class Client:
     def _check_socket(self) -> None:
         if not os.path.exists(self.socket):
             raise DaemonUnavailableError(
-                f"no spexd socket at {self.socket}: start the node's daemon first "
-                f"(mpirun -np NODES spexd --socket={self.socket} --local_trainers={self.local_size}), "
-                f"or point SPEX_SOCKET at its socket")
+                f"no spexd socket at {self.socket}: start the job with spexrun, which starts a daemon per "
+                f"host and sets SPEX_SOCKET (spexrun -H host1:N,host2:N -- python3 train.py), or start the "
+                f"node's daemon by hand first (mpirun -np NODES spexd --socket={self.socket} "
+                f"--local_trainers={self.local_size}), or point SPEX_SOCKET at its socket")
         probe = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
         probe.settimeout(self.connect_timeout)
         try:
