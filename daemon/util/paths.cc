@@ -1,13 +1,16 @@
 #include "daemon/util/paths.h"
 
+#include <pwd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
@@ -17,7 +20,97 @@ std::string Env(const char* name) {
   const char* v = std::getenv(name);
   return v ? std::string(v) : std::string();
 }
+
+// "uid 1002 (bob)" or "uid 1002".
+std::string Who(uid_t uid) {
+  passwd pw;
+  passwd* found = nullptr;
+  char buf[1024];
+  if (getpwuid_r(uid, &pw, buf, sizeof(buf), &found) == 0 && found != nullptr) {
+    return absl::StrCat("uid ", uid, " (", found->pw_name, ")");
+  }
+  return absl::StrCat("uid ", uid);
+}
+
+constexpr char kFix[] =
+    "remove it (its owner or root can) or use a socket in a directory only you can write, e.g. "
+    "spexd --socket=$XDG_RUNTIME_DIR/spex/node.sock (trainers: SPEX_SOCKET)";
+
+// One directory on the way to `dir` (final: `dir` itself), as lstat saw it.
+absl::Status CheckComponent(const std::string& path, const struct stat& st, bool final,
+                            uid_t trusted) {
+  const bool owner_ok = st.st_uid == trusted || st.st_uid == 0;
+  if (S_ISLNK(st.st_mode)) {
+    if (owner_ok) return absl::OkStatus();
+    return absl::PermissionDeniedError(
+        absl::StrCat(path, " is a symlink owned by ", Who(st.st_uid), ", not by ", Who(trusted),
+                     " or root: that user decides where the socket goes; ", kFix));
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    return absl::FailedPreconditionError(absl::StrCat(path, " is not a directory"));
+  }
+  if (final ? st.st_uid != trusted : !owner_ok) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "socket directory ", path, " is owned by ", Who(st.st_uid), ", not by ", Who(trusted),
+        final ? "" : " or root",
+        ": another user may have created it to take over the daemon's socket; ", kFix));
+  }
+  const bool others_write = (st.st_mode & (S_IWGRP | S_IWOTH)) != 0;
+  if (others_write && (final || !(st.st_mode & S_ISVTX))) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("socket directory ", path, " (mode ", absl::Hex(st.st_mode & 07777),
+                     ") may be written by other users, who could replace the socket; chmod go-w ",
+                     path, " or ", kFix));
+  }
+  return absl::OkStatus();
+}
+
+// CheckComponent for every prefix of absolute `dir` (lstat: symlinks are checked, not followed);
+// `dir` itself as the final directory when `final_last`.
+absl::Status CheckChain(const std::string& dir, uid_t trusted, bool final_last = true) {
+  std::vector<std::string> prefixes = {"/"};
+  for (size_t pos = dir.find('/', 1); pos != std::string::npos; pos = dir.find('/', pos + 1)) {
+    prefixes.push_back(dir.substr(0, pos));
+  }
+  if (dir.size() > 1 && dir.back() != '/') prefixes.push_back(dir);
+  for (size_t i = 0; i < prefixes.size(); ++i) {
+    struct stat st;
+    if (lstat(prefixes[i].c_str(), &st) != 0) {
+      return absl::NotFoundError(absl::StrCat("cannot stat ", prefixes[i], ": ", strerror(errno)));
+    }
+    if (absl::Status s =
+            CheckComponent(prefixes[i], st, final_last && i + 1 == prefixes.size(), trusted);
+        !s.ok()) {
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
 }  // namespace
+
+absl::Status CheckPrivateDirectory(const std::string& dir, uid_t trusted) {
+  if (dir.empty() || dir[0] != '/') {
+    return absl::InvalidArgumentError(absl::StrCat("'", dir, "' is not an absolute directory"));
+  }
+  if (absl::Status s = CheckChain(dir, trusted); !s.ok()) return s;
+  // Symlinks on the way were owned by trusted users; the directories they lead to are checked
+  // too.
+  char resolved[PATH_MAX];
+  if (realpath(dir.c_str(), resolved) == nullptr) {
+    return absl::NotFoundError(absl::StrCat("cannot resolve ", dir, ": ", strerror(errno)));
+  }
+  return resolved == dir ? absl::OkStatus() : CheckChain(resolved, trusted);
+}
+
+std::string DefaultSocketBase() {
+  const std::string runtime = Env("XDG_RUNTIME_DIR");
+  struct stat st;
+  if (!runtime.empty() && runtime[0] == '/' && stat(runtime.c_str(), &st) == 0 &&
+      S_ISDIR(st.st_mode) && st.st_uid == getuid() && (st.st_mode & (S_IWGRP | S_IWOTH)) == 0) {
+    return absl::StrCat(runtime, "/spex");
+  }
+  return absl::StrCat("/tmp/spex-", getuid());
+}
 
 std::string DefaultJob() {
   std::string job = Env("SPEX_JOB");
@@ -32,7 +125,7 @@ std::string Hostname() {
 }
 
 std::string DefaultSocketPath(const std::string& job, int local_index) {
-  std::string path = absl::StrCat("/tmp/spex-", getuid(), "/", job, "/", Hostname());
+  std::string path = absl::StrCat(DefaultSocketBase(), "/", job, "/", Hostname());
   if (local_index >= 0) absl::StrAppend(&path, ".", local_index);
   return path + ".sock";
 }
@@ -50,6 +143,18 @@ absl::Status PrepareSocketPath(const std::string& path) {
     return absl::InvalidArgumentError(absl::StrCat("socket path '", path, "' must be 1..",
                                                    sizeof(addr.sun_path) - 1, " characters"));
   }
+  // Nothing is created inside a directory another user controls: the deepest existing one on
+  // the way is checked first.
+  std::string existing = "/";
+  for (size_t pos = path.find('/', 1); pos != std::string::npos; pos = path.find('/', pos + 1)) {
+    if (access(path.substr(0, pos).c_str(), F_OK) != 0) break;
+    existing = path.substr(0, pos);
+  }
+  if (path[0] == '/') {
+    if (absl::Status s = CheckChain(existing, geteuid(), /*final_last=*/false); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("--socket ", path, ": ", s.message()));
+    }
+  }
   // Create parent directories (0700: only this user may reach the socket).
   for (size_t pos = path.find('/', 1); pos != std::string::npos; pos = path.find('/', pos + 1)) {
     std::string dir = path.substr(0, pos);
@@ -57,6 +162,20 @@ absl::Status PrepareSocketPath(const std::string& path) {
       return absl::PermissionDeniedError(
           absl::StrCat("cannot create ", dir, ": ", strerror(errno)));
     }
+  }
+  // What the socket goes into must be this user's alone: another user who made (or can change)
+  // the directory could swap the socket for one of their own and see every gradient.
+  const size_t slash = path.rfind('/');
+  std::string parent = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  if (parent[0] != '/') {
+    char cwd[PATH_MAX];
+    if (getcwd(cwd, sizeof(cwd)) == nullptr) {
+      return absl::InternalError(absl::StrCat("getcwd: ", strerror(errno)));
+    }
+    parent = absl::StrCat(cwd, "/", parent);
+  }
+  if (absl::Status s = CheckPrivateDirectory(parent, geteuid()); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("--socket ", path, ": ", s.message()));
   }
   struct stat st;
   if (lstat(path.c_str(), &st) != 0) return absl::OkStatus();

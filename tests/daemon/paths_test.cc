@@ -1,6 +1,10 @@
+// Socket paths: the defaults (unique per user, job and host) and the checks PrepareSocketPath
+// makes before spexd binds: live sockets refused, stale ones removed, and directories another
+// user made or can write refused (the squatting attack on /tmp/spex-<uid>).
 #include "daemon/util/paths.h"
 
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -8,6 +12,7 @@
 #include <cstring>
 #include <fstream>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace spex {
@@ -51,6 +56,78 @@ TEST(Paths, DefaultsAreUniquePerJobAndHost) {
   setenv("SPEX_LOCAL_DAEMON", "3", 1);
   EXPECT_EQ(ClientSocketPath("a"), DefaultSocketPath("a", 3));
   unsetenv("SPEX_LOCAL_DAEMON");
+}
+
+// A uid nobody on the test machine has: the test runs as root, who may chown to it.
+constexpr uid_t kStranger = 54321;
+
+std::string TempDir() {
+  char tmpl[] = "/tmp/spex-paths-XXXXXX";
+  EXPECT_NE(mkdtemp(tmpl), nullptr);
+  return tmpl;
+}
+
+TEST(Paths, DirectoryOfAnotherUserIsRefused) {
+  if (geteuid() != 0) GTEST_SKIP() << "chown to another uid needs root";
+  const std::string dir = TempDir();
+  const std::string squat = dir + "/squat";
+  ASSERT_EQ(mkdir(squat.c_str(), 0777), 0);
+  ASSERT_EQ(chmod(squat.c_str(), 0777), 0);
+  ASSERT_EQ(chown(squat.c_str(), kStranger, kStranger), 0);
+  // As the default /tmp/spex-<uid> made first by another user: refused, naming the owner.
+  absl::Status s = PrepareSocketPath(squat + "/job/node.sock");
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+  EXPECT_NE(s.message().find("owned by uid 54321"), std::string::npos) << s;
+  EXPECT_NE(access((squat + "/job").c_str(), F_OK), 0) << "nothing may be created inside it";
+  // Owned by another user with a private mode: still refused (its owner can change it).
+  ASSERT_EQ(chmod(squat.c_str(), 0700), 0);
+  EXPECT_EQ(PrepareSocketPath(squat + "/node.sock").code(), absl::StatusCode::kPermissionDenied);
+}
+
+TEST(Paths, DirectoryOthersCanWriteIsRefused) {
+  const std::string dir = TempDir();
+  const std::string open_dir = dir + "/open";
+  ASSERT_EQ(mkdir(open_dir.c_str(), 0700), 0);
+  ASSERT_EQ(chmod(open_dir.c_str(), 0777), 0);
+  absl::Status s = PrepareSocketPath(open_dir + "/node.sock");
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+  EXPECT_NE(s.message().find("may be written by other users"), std::string::npos) << s;
+  // Above the socket's directory a world-writable directory must be sticky, as /tmp is.
+  EXPECT_EQ(PrepareSocketPath(open_dir + "/sub/node.sock").code(),
+            absl::StatusCode::kPermissionDenied);
+  ASSERT_EQ(chmod(open_dir.c_str(), 01777), 0);
+  EXPECT_TRUE(PrepareSocketPath(open_dir + "/sub/node.sock").ok());
+  // Group-writable is others too.
+  ASSERT_EQ(chmod((open_dir + "/sub").c_str(), 0770), 0);
+  EXPECT_EQ(PrepareSocketPath(open_dir + "/sub/node.sock").code(),
+            absl::StatusCode::kPermissionDenied);
+}
+
+TEST(Paths, SymlinkOfAnotherUserIsRefused) {
+  if (geteuid() != 0) GTEST_SKIP() << "lchown to another uid needs root";
+  const std::string dir = TempDir();
+  ASSERT_EQ(mkdir((dir + "/real").c_str(), 0700), 0);
+  ASSERT_EQ(symlink((dir + "/real").c_str(), (dir + "/link").c_str()), 0);
+  EXPECT_TRUE(PrepareSocketPath(dir + "/link/node.sock").ok());  // own symlink, own target
+  ASSERT_EQ(lchown((dir + "/link").c_str(), kStranger, kStranger), 0);
+  absl::Status s = PrepareSocketPath(dir + "/link/node.sock");
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+  EXPECT_NE(s.message().find("symlink"), std::string::npos) << s;
+  // A symlink of our own to a directory of another user: the target is checked too.
+  ASSERT_EQ(chown((dir + "/real").c_str(), kStranger, kStranger), 0);
+  ASSERT_EQ(lchown((dir + "/link").c_str(), 0, 0), 0);
+  EXPECT_EQ(PrepareSocketPath(dir + "/link/node.sock").code(), absl::StatusCode::kPermissionDenied);
+}
+
+TEST(Paths, RuntimeDirectoryIsPreferredWhenPrivate) {
+  const std::string dir = TempDir();  // 0700, ours: a per-user runtime directory
+  setenv("XDG_RUNTIME_DIR", dir.c_str(), 1);
+  EXPECT_EQ(DefaultSocketBase(), dir + "/spex");
+  EXPECT_EQ(DefaultSocketPath("j", -1).rfind(dir + "/spex/j/", 0), 0u);
+  ASSERT_EQ(chmod(dir.c_str(), 0777), 0);  // others may write it: not used
+  EXPECT_EQ(DefaultSocketBase(), absl::StrCat("/tmp/spex-", getuid()));
+  unsetenv("XDG_RUNTIME_DIR");
+  EXPECT_EQ(DefaultSocketBase(), absl::StrCat("/tmp/spex-", getuid()));
 }
 
 }  // namespace
