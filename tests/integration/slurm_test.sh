@@ -272,6 +272,57 @@ TR
   record "${name}_scancel" "$msg"
 }
 
+spexrun_job() {  # case name, trainers per node: spexrun inside an allocation, no -H
+  # The Python package installed as users install it (a venv over Debian's Python, in $S so that
+  # every host sees it); spexrun takes the hosts and slots from the allocation, starts the
+  # daemons under mpirun and an agent per host as a step (srun), and the DDP trainers train
+  # through the hook with no arguments: the same parameters on every rank.
+  local name=$1 per=$2 n=${#HOSTS[@]} id state out msg left
+  if [ ! -x "$S/venv/bin/spexrun" ]; then
+    rm -rf "$S/pkg" && cp -rL "$R/client/python" "$S/pkg" && chmod -R u+w "$S/pkg" &&
+      $PY -m venv --system-site-packages "$S/venv" &&
+      "$S/venv/bin/pip" install -q --no-build-isolation --no-deps "$S/pkg" >"$S/pip.log" 2>&1 ||
+      { record "${name}_spexrun" "pip install of client/python failed: $(tail -n 5 "$S/pip.log")"; return; }
+  fi
+  cat >"$S/ddp.py" <<'PYEOF'
+import hashlib, os, torch, torch.distributed as dist
+import spex.torch
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(256, 64))
+state = spex.torch.register(model, compressor="topk", density=0.05)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+g = torch.Generator().manual_seed(dist.get_rank())
+for step in range(20):
+    opt.zero_grad()
+    model(torch.randn(8, 256, generator=g)).square().mean().backward()
+    opt.step()
+h = hashlib.sha1(b"".join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest()
+print(f"rank {dist.get_rank()} of {dist.get_world_size()} on {os.uname().nodename} digest {h}", flush=True)
+state.close()
+PYEOF
+  printf '#!/bin/bash
+exec "%s" --spexd "%s" --spexd-arg=--log_level=error -- "%s" "%s"
+' \
+    "$S/venv/bin/spexrun" "$SPEXD" "$S/venv/bin/python" "$S/ddp.py" >"$S/spexrun.sh"
+  chmod +x "$S/spexrun.sh"
+  id=$(cd "$S" && on_ctl sbatch --parsable -N "$n" --ntasks-per-node="$per" -o "$S/job-%j.out" "$S/spexrun.sh")
+  if [ -z "$id" ]; then record "${name}_spexrun" "sbatch failed"; return; fi
+  state=$(wait_job_end "$id" 120)
+  out="$S/job-$id.out"
+  cat "$out"
+  msg=""
+  [ "$state" = COMPLETED ] || msg="job $id ended $state"
+  [ "$(grep -c "digest" "$out")" = $((n * per)) ] || msg="$msg $(grep -c digest "$out") of $((n * per)) ranks"
+  [ "$(sed -n 's/.*digest //p' "$out" | sort -u | wc -l)" = 1 ] || msg="$msg parameters differ between ranks"
+  grep -q "all $((n * per)) trainers exited 0" "$out" || msg="$msg no 'all trainers exited 0' line"
+  for h in "${HOSTS[@]}"; do
+    [ -n "$(ls -A "$(host_tmp "$h")/spex-0" 2>/dev/null | grep spexrun)" ] &&
+      msg="$msg socket dir left on ${h:-this host}: $(ls -A "$(host_tmp "$h")/spex-0")"
+  done
+  record "${name}_spexrun" "$msg"
+}
+
 retry_jobs() {  # case name: spex.sbatch's start-up retry, with a spexd that crashes once
   local name=$1 n=${#HOSTS[@]} id state out msg left
   # A spexd that dies of SIGSEGV at its first start (as Open MPI's start-up race makes one do),
@@ -320,6 +371,7 @@ else
   if [ -n "${SPEX_SLURM_ONLY_4HOSTS:-}" ]; then :
   elif start_cluster single; then
     run_jobs single 2
+    spexrun_job single 2
     retry_jobs single
   else
     record single_start "the single-node Slurm did not start"
@@ -335,6 +387,7 @@ else
     ip netns del "sx$$-probe"
     if start_cluster multi; then
       run_jobs 4hosts 1
+      spexrun_job 4hosts 1
     else
       record 4hosts_start "the 4-host Slurm did not start"
     fi

@@ -323,7 +323,25 @@ class Agent:
             t.join()
         for t in pumps:
             t.join(timeout=5)
+        # Stay until the launcher says stop (it then stops the daemons), so that this host's
+        # socket directory can go once its daemon removed its socket.
+        self.stopping.wait()
+        self.remove_socket_dir()
         return 0
+
+    def remove_socket_dir(self, wait: float = 10.0) -> None:
+        """Removes the daemon's socket directory on this host when spexrun made it (spexrun-*)
+        and the daemon has removed its socket (within `wait` seconds)."""
+        parent = os.path.dirname(self.a.socket)
+        if not os.path.basename(parent).startswith("spexrun-"):
+            return
+        deadline = time.monotonic() + wait
+        while os.path.exists(self.a.socket) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        try:
+            os.rmdir(parent)
+        except OSError:
+            pass
 
 
 def _killpg(pid: int, sig: int) -> None:
@@ -380,6 +398,8 @@ class Launcher:
         self.daemon_tail: List[str] = []
         self.out_lock = threading.Lock()
         self.socket_dir = f"/tmp/spex-{os.getuid()}/{self.job}"
+        self.from_slurm = a.hosts is None and a.hostfile is None and a.emulated is None and \
+            slurm_hosts(dict(os.environ)) is not None
 
     def say(self, text: str) -> None:
         with self.out_lock:
@@ -498,6 +518,12 @@ class Launcher:
         remote = (f"cd {shlex.quote(os.getcwd())} 2>/dev/null; exec env "
                   + " ".join(shlex.quote(kv) for kv in self.forwarded_env()) + " "
                   + " ".join(shlex.quote(x) for x in argv))
+        if self.from_slurm and not self.a.rsh_agent:
+            # Inside the allocation: a step on that host (srun forwards the environment and the
+            # working directory, and stdin to the step's one task); --overlap shares the CPUs
+            # the daemons' step holds.
+            return subprocess.Popen(["srun", "--nodes=1", "--ntasks=1", f"--nodelist={h.name}", "--overlap",
+                                     "--kill-on-bad-exit=0", "--quiet", *argv], **pipes)
         rsh = shlex.split(self.a.rsh_agent) if self.a.rsh_agent else ["ssh", "-o", "BatchMode=yes", "-T"]
         return subprocess.Popen([*rsh, h.name, remote], **pipes)
 
@@ -529,7 +555,7 @@ class Launcher:
 
     def stop_agents(self) -> None:
         self.tell_agents("stop")
-        deadline = time.monotonic() + self.a.grace + 10
+        deadline = time.monotonic() + self.a.grace + 15
         for p in self.agents:
             if p is None:
                 continue
@@ -553,6 +579,11 @@ class Launcher:
             base += h.slots
         return "?"
 
+    def agent_name(self) -> str:
+        if self.a.rsh_agent:
+            return self.a.rsh_agent
+        return "srun" if self.from_slurm else "ssh -o BatchMode=yes"
+
     def host_label(self, n: int) -> str:
         return self.cluster.hostname(n) if self.cluster is not None else self.hosts[n].name
 
@@ -575,7 +606,7 @@ class Launcher:
             except queue.Empty:
                 missing = [self.host_label(n) for n in range(len(self.hosts)) if n not in ready]
                 self.say(f"no answer from the agent on {', '.join(missing)} within {a.start_timeout + 10:g} s "
-                         f"(can spexrun reach it with {a.rsh_agent or 'ssh'}?)")
+                         f"(can spexrun reach it with '{self.agent_name()}'?)")
                 return 1
             if ev[0] == "agent" and ev[2] == "ready":
                 ready.add(ev[1])
@@ -586,7 +617,7 @@ class Launcher:
                 said = "\n".join(self.agent_tail[ev[1]]) or "(nothing)"
                 self.say(f"the agent on host {self.host_label(ev[1])} exited with status {ev[2]} before its daemon "
                          f"was ready: can spexrun reach {self.host_label(ev[1])} with "
-                         f"'{self.a.rsh_agent or 'ssh -o BatchMode=yes'}', and is spex installed there for "
+                         f"'{self.agent_name()}', and is spex installed there for "
                          f"{sys.executable}? It said:\n{said}")
                 return 1
             elif ev[0] == "daemons":
@@ -657,7 +688,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--spexd", help="the spexd binary (default $SPEXD, else bazel-bin/daemon/spexd)")
     p.add_argument("--spexd-arg", action="append", metavar="FLAG",
                    help="a spexd flag, e.g. --spexd-arg=--compressor=micro (repeatable)")
-    p.add_argument("--rsh-agent", metavar="CMD", help="how to reach other hosts (default: ssh -o BatchMode=yes)")
+    p.add_argument("--rsh-agent", metavar="CMD",
+                   help="how to reach other hosts (default: ssh -o BatchMode=yes; srun inside a SLURM allocation)")
     p.add_argument("-x", action="append", metavar="NAME[=VALUE]",
                    help="pass an environment variable to the trainers (repeatable)")
     p.add_argument("--master-port", type=int, default=0, help="MASTER_PORT (default: a random port)")
@@ -699,7 +731,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if not a.command:
             raise LaunchError("no command to run: spexrun [options] -- CMD ARGS... (e.g. -- python3 train.py)")
         hosts = resolve_hosts(a, os.environ)
-        if a.emulated is None and len(hosts) > 1 and any(is_local(h.name) for h in hosts):
+        if a.emulated is None and len(hosts) > 1 and any(h.name in LOCAL_NAMES for h in hosts):
             raise LaunchError("a local name (localhost) beside other hosts: name this host as the others reach it")
         if a.emulated is not None:
             from .emulated import EmulatedCluster
