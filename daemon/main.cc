@@ -37,10 +37,10 @@
 #include "daemon/util/log.h"
 #include "daemon/util/paths.h"
 #include "daemon/util/sd_notify.h"
-#include "daemon/util/status_macros.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "kernels/base/status_macros.h"
 #include "kernels/primitives.h"
 
 namespace spex {

@@ -7,7 +7,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/util/status_macros.h"
+#include "kernels/base/status_macros.h"
 
 namespace spex {
 

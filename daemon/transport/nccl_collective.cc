@@ -8,7 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "daemon/util/status_macros.h"
+#include "kernels/base/status_macros.h"
 
 #ifdef SPEX_HAVE_CUDA
 #include <cuda_runtime_api.h>

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <vector>
 
-#include "daemon/util/status_macros.h"
+#include "kernels/base/status_macros.h"
 
 namespace spex {
 

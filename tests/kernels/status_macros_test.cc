@@ -1,4 +1,6 @@
-#include "daemon/util/status_macros.h"
+// SPEX_RETURN_IF_ERROR, SPEX_ASSIGN_OR_RETURN and SPEX_CHECK do what their comments promise:
+// the first failure returns and stops, values move out, a failed check aborts with its message.
+#include "kernels/base/status_macros.h"
 
 #include <string>
 
