@@ -1,3 +1,5 @@
+// The control round before every per-bucket exchange, its words (density keys, dead trainers,
+// non-finite inputs) and the errors they become.
 #include "daemon/engine/control_round.h"
 
 #include <cstring>
@@ -69,6 +71,29 @@ std::string DeadTrainerName(uint64_t word) {
 uint64_t NonfiniteWord(int node, uint32_t local_rank, uint32_t index) {
   return (1ull << 63) | (static_cast<uint64_t>(node & 0x7fff) << 48) |
          (static_cast<uint64_t>(local_rank & 0xffff) << 32) | index;
+}
+
+absl::Status DeadTrainerError(absl::string_view what, uint64_t word) {
+  constexpr uint64_t kBrokenRankBit = static_cast<uint64_t>(kBrokenRank) << 32;
+  const std::string fault =
+      (word & kBrokenRankBit) == 0
+          ? absl::StrCat(DeadTrainerName(word), " died")
+          : absl::StrCat(DeadTrainerName(word & ~kBrokenRankBit),
+                         " broke the shared-segment protocol (its ready word went back below the "
+                         "step being exchanged: a trainer of that node wrote into a bucket's "
+                         "header)");
+  return absl::AbortedError(absl::StrCat(
+      what, ": ", fault,
+      ", so this step cannot complete; end the job (spexd takes a new one once the other "
+      "trainers of that node have left)"));
+}
+
+absl::Status NonfiniteSkipError(uint64_t bucket, uint64_t step, uint64_t word,
+                                absl::string_view where) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      "bucket ", bucket, " step ", step, ": non-finite gradient from ", NonfiniteName(word), where,
+      " (nonfinite=error: this step is skipped on every node, the residual and the compressor's "
+      "state are as before it, and the next step can go on)"));
 }
 
 std::string NonfiniteName(uint64_t word) {

@@ -54,6 +54,13 @@ struct Control {
 uint64_t DeadTrainerWord(int node, uint32_t local_rank, uint32_t pid);
 // "local trainer R (pid P) of node N" for a nonzero word.
 std::string DeadTrainerName(uint64_t word);
+// A local rank whose ready word went back (a write into the shared header no client makes)
+// travels in the control round as a dead trainer with this bit set in the word's rank field
+// (DeadTrainerWord; local ranks are < kMaxLocalTrainers).
+inline constexpr uint32_t kBrokenRank = 0x8000;
+// ABORTED: the exchange `what` ("bucket 3 step 7") cannot complete because of the dead or
+// broken (kBrokenRank) trainer of `word`.
+absl::Status DeadTrainerError(absl::string_view what, uint64_t word);
 
 // The local rank of a word whose node's local sum overflowed at the index while every input
 // there was finite (no single trainer to name).
@@ -62,6 +69,10 @@ uint64_t NonfiniteWord(int node, uint32_t local_rank, uint32_t index);
 // "local trainer R of node N, first non-finite value at index I" for a nonzero word ("the sum
 // of node N's local inputs overflowed at index I" for kNonfiniteSum).
 std::string NonfiniteName(uint64_t word);
+// INVALID_ARGUMENT: nonfinite=error skips `bucket`'s `step` on every node because of the
+// non-finite input of `word`; `where` is added after its name (e.g. " in its merge group").
+absl::Status NonfiniteSkipError(uint64_t bucket, uint64_t step, uint64_t word,
+                                absl::string_view where);
 
 // Runs the round over `coll` (no communication with one node). On return `*c` holds the maxed
 // values. FAILED_PRECONDITION when the nodes disagree on the key (saying what differs); the

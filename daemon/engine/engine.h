@@ -4,7 +4,10 @@
 // (control_round.h), the dense and sparse steps (step.h) and the commit vote after every step
 // (daemon/transport/agreement.h). One engine thread runs every exchange; the RPC threads of the
 // service (daemon/service) call the public methods. It knows nothing of gRPC or MPI: it gets a
-// Collective.
+// Collective. Its code: engine.cc (life, loop, publishing), engine_bucket_exchange.cc and
+// engine_group_exchange.cc (one exchange's stages, per bucket and per merge group, over the
+// state in engine_passes.h), engine_wire_stage.cc (--merge_overlap), engine_requests.cc (the
+// RPC threads' requests).
 //
 // One exchange: wait for the trainers' input events (device path) -> control round (order check,
 // density changes, fallback vote, input failures) -> the step (dense or sparse) -> output event
@@ -131,17 +134,78 @@ class Engine {
   // Waits for the doorbell (spinning first when configured) or the idle timeout.
   // `linger_until_ns` (> 0): an agreed merger lingers until then at most.
   void Idle(DoorbellSegment* bell, uint32_t seen, int64_t linger_until_ns = 0);
-  // One bucket (group.front()) on the per-bucket path: control round, DenseStep / SparseStep.
+  // The state of one exchange as it goes through the stages below (engine_passes.h).
+  struct BucketPass;
+  struct GroupPass;
+  struct WirePack;
+
+  // One bucket (group.front()) on the per-bucket path (engine_bucket_exchange.cc), in stages:
+  // GatherControl -> WaitAndReduce -> AgreeControl -> SkipNonfinite -> RunStep -> CommitVote ->
+  // PublishPass.
   void Process(const std::vector<EngineBucket*>& group);
-  // A merge group (--merger other than none): per-member local reduce and finite check, one
-  // group round, FusedStep per packed group, one commit vote per group. `group` is the plan
-  // group (static plan) or this node's offer (`agreed`), `candidates` its candidates.
+  // This node's control words: the density change, a dead trainer, the probes' timings.
+  void GatherControl(BucketPass& x);
+  // Device path: the trainers' input events; then the local reduce with the finite check, whose
+  // non-finite word goes into the control round (unless the inputs failed).
+  void WaitAndReduce(BucketPass& x);
+  // The control round, and the step's status from its maxed words (a dead trainer, another
+  // node's failed inputs, this node's).
+  absl::Status AgreeControl(BucketPass& x);
+  // The non-finite policy after the round: true when the step is skipped (x.status says why, or
+  // is the propagate fill's).
+  bool SkipNonfinite(BucketPass& x);
+  // The step itself: the density in effect, dense or sparse (fallback and all-reduce probes),
+  // DenseStep / SparseStep, the probes' timings, the primitives' health.
+  absl::Status RunStep(BucketPass& x);
+  // The output event (device path) and, after a step that ran, the commit vote on every node.
+  void CommitVote(BucketPass& x);
+  // Publish and the observers.
+  void PublishPass(BucketPass& x);
+  // propagate on a sparse bucket: NaN across its output (the step is skipped).
+  absl::Status FillNonfinite(EngineBucket* b);
+
+  // A merge group (--merger other than none; engine_group_exchange.cc), in stages:
+  // GatherGroupInputs -> ReduceGroup -> AgreeGroup -> ReturnUnagreed -> SkipNonfiniteMembers ->
+  // PackAndHandOff (BuildPack, SendPack; the wire stage publishes each pack) -> PublishUnpacked.
+  // `group` is the plan group (static plan) or this node's offer (`agreed`), `candidates` its
+  // candidates.
   void ProcessGroup(const std::vector<EngineBucket*>& group,
                     const std::vector<MergeCandidate>& candidates, bool agreed);
-  // The wire stage (--merge_overlap). A packed group prepared by ProcessGroup (members reduced
-  // and selected, FusedExchange::Prepare) goes to RunPack: on the wire thread when overlapping,
-  // inline otherwise. At most one pack is on the wire while the engine thread prepares the next.
-  struct WirePack;
+  // The members offered (up to the window) and this node's words for the group round.
+  void GatherGroupInputs(GroupPass& x);
+  // Each offered member's local reduce with the finite check (or the sum an earlier round left);
+  // a non-finite input shortens an agreed merger's offer.
+  void ReduceGroup(GroupPass& x);
+  // Member i's local reduce, or the sum an earlier round left in place; *first_bad as in
+  // ReduceLocalChecked.
+  absl::Status ReduceMember(GroupPass& x, size_t i, size_t* first_bad);
+  // The group round: x.m members agreed and x.status (a failed round fails the head only).
+  void AgreeGroup(GroupPass& x);
+  // Members offered past the agreed m go back to waiting.
+  void ReturnUnagreed(GroupPass& x);
+  // Per agreed member: its status and whether it runs (the non-finite policy).
+  void SkipNonfiniteMembers(GroupPass& x);
+  // The density in effect, the plan agreement when due, the packs, each built and handed off.
+  void PackAndHandOff(GroupPass& x);
+  // Pack [first, first + len) of the agreed members: the ones that run, their items and records.
+  std::unique_ptr<WirePack> BuildPack(GroupPass& x, size_t first, size_t len,
+                                      const std::vector<double>& density);
+  // The pack's local half (FusedExchange::Prepare unless it selects behind), the measuring
+  // merger's observations, the hand-off. `local_since`: when this pack's local work began.
+  void SendPack(GroupPass& x, std::unique_ptr<WirePack> p, uint64_t* local_since);
+  // The members no pack publishes (skipped or failed), published here after the wire drained.
+  void PublishUnpacked(GroupPass& x);
+
+  // Hands `event` for an exchange of `elements` published with `code` to every observer: its
+  // record, its span from `begin_ns`, and the publish phase from `publish_ns` to `end_ns`.
+  void NotifyObservers(ExchangeEvent* event, const ExchangeRecord& rec, absl::StatusCode code,
+                       bool terminal, uint64_t elements, uint64_t begin_ns, uint64_t publish_ns,
+                       uint64_t end_ns);
+
+  // The wire stage (--merge_overlap; engine_wire_stage.cc). A packed group prepared by the
+  // group pass (members reduced and selected, FusedExchange::Prepare) goes to RunPack: on the
+  // wire thread when overlapping, inline otherwise. At most one pack is on the wire while the
+  // engine thread prepares the next.
   void RunPack(WirePack* p);  // the collectives, the commit vote, publishing
   void HandOff(std::unique_ptr<WirePack> p);
   // A measuring merger's plan agreement (after a group round whose plan_due came out set, on

@@ -1,0 +1,107 @@
+// The wire stage (--merge_overlap): a packed merge group's collectives, its commit vote and its
+// publishing (RunPack), on the wire thread while the engine thread prepares the next group, or
+// inline without overlap; the hand-off between the two threads.
+#include <cstdio>
+
+#include "absl/types/span.h"
+#include "daemon/engine/engine.h"
+#include "daemon/engine/engine_passes.h"
+#include "daemon/memory/futex.h"
+#include "daemon/transport/agreement.h"
+#include "daemon/util/log.h"
+
+namespace spex {
+
+void Engine::HandOff(std::unique_ptr<WirePack> p) {
+  if (!overlapping()) {
+    RunPack(p.get());
+    return;
+  }
+  absl::MutexLock lock(&mu_);
+  while (wire_inflight_ > 0) wire_cv_.Wait(&mu_);  // one pack on the wire at a time
+  wire_slot_ = std::move(p);
+  wire_inflight_ = 1;
+  wire_cv_.SignalAll();
+}
+
+void Engine::DrainWire() {
+  if (!overlapping()) return;
+  absl::MutexLock lock(&mu_);
+  while (wire_inflight_ > 0) wire_cv_.Wait(&mu_);
+}
+
+void Engine::WireLoop() {
+  SPEX_LOG(DEBUG) << "wire thread started";
+  while (true) {
+    std::unique_ptr<WirePack> p;
+    {
+      absl::MutexLock lock(&mu_);
+      while (wire_slot_ == nullptr && !wire_stop_) wire_cv_.Wait(&mu_);
+      if (wire_slot_ == nullptr) break;  // stopping, nothing left
+      p = std::move(wire_slot_);
+    }
+    RunPack(p.get());
+    p.reset();
+    {
+      absl::MutexLock lock(&mu_);
+      wire_inflight_ = 0;
+      last_exchange_end_ns_ = static_cast<int64_t>(MonotonicNanos());
+      wire_cv_.SignalAll();
+      published_cv_.SignalAll();  // a request waiting to erase a bucket (not while on the wire)
+    }
+    // The engine may be asleep on the doorbell with nothing else to do: what was just published
+    // lets trainers (and so the next group) go on, and the engine must see them.
+    doorbell_.Ring();
+  }
+  SPEX_LOG(DEBUG) << "wire thread stopped";
+}
+
+void Engine::RunPack(WirePack* p) {
+  const StepEnv& env = overlapping() ? wire_env_ : env_;
+  const uint64_t wire_begin = MonotonicNanos();
+  PhaseClock clock(p->phase, nullptr, wire_begin);
+  const Lap lap = clock.AsLap();
+  if (p->behind != nullptr) {
+    FusedBehindStep(env, p->behind, absl::MakeSpan(p->items), lap);
+  } else {
+    p->fx.Exchange(env, lap);
+  }
+  if (merger_->measures()) {  // every pack: the link's start-up and per-byte cost
+    uint64_t bytes = 0;
+    bool ok = true;
+    for (size_t j = 0; j < p->items.size(); ++j) {
+      bytes += p->recs[j].bytes_received;
+      ok = ok && p->items[j].status.ok();
+    }
+    if (ok) merger_->ObserveExchange(bytes, static_cast<int64_t>(MonotonicNanos() - wire_begin));
+  }
+  absl::Status vote;
+  for (const StepItem& item : p->items) {
+    if (vote.ok() && !item.status.ok()) vote = item.status;
+  }
+  char what[96];
+  std::snprintf(what, sizeof(what), "merge group starting at bucket %llu step %llu",
+                static_cast<unsigned long long>(p->buckets[0]->id),
+                static_cast<unsigned long long>(p->items[0].step));
+  vote = AgreeOnAllNodes(env.coll, vote, what);
+  lap(Phase::kCollective);
+  const uint64_t end = MonotonicNanos();
+  for (size_t j = 0; j < p->buckets.size(); ++j) {
+    EngineBucket* b = p->buckets[j];
+    ExchangeRecord& rec = p->recs[j];
+    for (int ph = 0; ph < kPhaseCount; ++ph) rec.phase_seconds[ph] = p->phase[ph];
+    rec.total_seconds = (end - p->t0) * 1e-9;
+    const bool terminal = !vote.ok();
+    Publish(b, p->items[j].step, vote, rec, terminal);
+    if (options_.observers.empty()) continue;
+    ExchangeEvent event;
+    event.group_first = p->group_first;
+    event.group_size = p->group_size;
+    NotifyObservers(&event, rec, vote.code(), terminal, b->elements, p->t0, end, MonotonicNanos());
+  }
+  if (overlapping()) {  // the wire stage's whole occupancy, for rgmerge's --rgmerge_bind=late
+    merger_->PackDone(p->elements, static_cast<int64_t>(MonotonicNanos() - wire_begin));
+  }
+}
+
+}  // namespace spex
