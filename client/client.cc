@@ -119,6 +119,11 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
                      ": start the node's daemon first (mpirun ... spexd --socket=", c->socket_,
                      "), or point SPEX_SOCKET at its socket"));
   }
+  // Gradients go only to a daemon of this user (or root, or $SPEX_TRUST_SERVER_UIDS) behind a
+  // directory nobody else can change.
+  if (absl::StatusOr<uid_t> server = CheckServerSocket(c->socket_); !server.ok()) {
+    return server.status();
+  }
   auto channel = grpc::CreateChannel("unix:" + c->socket_, grpc::InsecureChannelCredentials());
   if (!channel->WaitForConnected(std::chrono::system_clock::now() +
                                  absl::ToChronoSeconds(options.connect_timeout))) {

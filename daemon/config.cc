@@ -1,5 +1,6 @@
 #include "daemon/config.h"
 
+#include <pwd.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -8,9 +9,12 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
 #include "daemon/flags.h"
 #include "daemon/merge/merger.h"
 #include "daemon/observe/metrics_address.h"
@@ -30,6 +34,28 @@ bool ParseMode(const std::string& text, mode_t* mode) {
   if (m > 0777) return false;
   *mode = m;
   return true;
+}
+
+// --allow_uids: uids or user names, comma-separated.
+absl::Status ParseUids(const std::string& text, std::vector<uint32_t>* out) {
+  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
+    part = absl::StripAsciiWhitespace(part);
+    uint32_t uid = 0;
+    if (absl::SimpleAtoi(part, &uid)) {
+      out->push_back(uid);
+      continue;
+    }
+    passwd pw;
+    passwd* found = nullptr;
+    char buf[1024];
+    const std::string name(part.substr(0, 64));
+    if (getpwnam_r(name.c_str(), &pw, buf, sizeof(buf), &found) != 0 || found == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--allow_uids: '", name, "' is neither a uid nor a user name known to this host"));
+    }
+    out->push_back(found->pw_uid);
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -183,6 +209,45 @@ absl::StatusOr<DaemonConfig> LoadConfig() {
     }
   }
   c.timeline = absl::GetFlag(FLAGS_timeline);
+  c.timeline_dir = absl::GetFlag(FLAGS_timeline_dir);
+  if (!c.timeline_dir.empty()) {
+    if (absl::Status s = CheckPrivateDirectory(c.timeline_dir, geteuid()); !s.ok()) {
+      errors.push_back(absl::StrCat("--timeline_dir: ", s.message()));
+    }
+  }
+  const int64_t timeline_max = absl::GetFlag(FLAGS_timeline_max_bytes);
+  if (timeline_max < 0) {
+    errors.push_back(
+        absl::StrCat("--timeline_max_bytes must be >= 0 (0: no limit), got ", timeline_max));
+  } else {
+    c.timeline_max_bytes = static_cast<uint64_t>(timeline_max);
+  }
+  if (absl::Status s = ParseUids(absl::GetFlag(FLAGS_allow_uids), &c.allow_uids); !s.ok()) {
+    errors.emplace_back(s.message());
+  }
+  for (const auto& [flag, value, out] :
+       {std::make_tuple("--max_connections", absl::GetFlag(FLAGS_max_connections),
+                        &c.max_connections),
+        std::make_tuple("--rpc_threads", absl::GetFlag(FLAGS_rpc_threads), &c.rpc_threads),
+        std::make_tuple("--max_streams_per_connection",
+                        absl::GetFlag(FLAGS_max_streams_per_connection),
+                        &c.max_streams_per_connection)}) {
+    if (value < 1 || value > 100000) {
+      errors.push_back(absl::StrCat(flag, " must be in 1..100000, got ", value));
+    } else {
+      *out = value;
+    }
+  }
+  // gRPC's sync server keeps a few threads polling; fewer than this could serve nothing.
+  if (c.rpc_threads < 4) {
+    errors.push_back(absl::StrCat("--rpc_threads must be >= 4, got ", c.rpc_threads));
+  }
+  c.max_exchange_wait = absl::GetFlag(FLAGS_max_exchange_wait);
+  if (c.max_exchange_wait <= absl::ZeroDuration()) {
+    errors.push_back(
+        absl::StrCat("--max_exchange_wait must be a positive duration such as 10m, got ",
+                     absl::FormatDuration(c.max_exchange_wait)));
+  }
 
   if (!errors.empty()) return absl::InvalidArgumentError(absl::StrJoin(errors, "; "));
   return c;

@@ -6,8 +6,10 @@
 
 #include <sys/types.h>
 
+#include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -34,7 +36,15 @@ struct DaemonConfig {
   LogLevel log_level = LogLevel::kInfo;
   // --metrics_address, checked (loopback unless --metrics_allow_remote); unset: metrics off.
   std::optional<MetricsAddress> metrics;
-  std::string timeline;  // --timeline; empty: off. '{rank}' not replaced yet (TimelinePath)
+  std::string timeline;      // --timeline; empty: off. '{rank}' not replaced yet (TimelinePath)
+  std::string timeline_dir;  // --timeline_dir; empty: no recording at run time
+  uint64_t timeline_max_bytes = 0;  // --timeline_max_bytes; 0: no cap
+  // The control socket's resources and who may use it.
+  std::vector<uint32_t> allow_uids;  // --allow_uids, resolved
+  int max_connections = 64;
+  int rpc_threads = 64;
+  int max_streams_per_connection = 16;
+  absl::Duration max_exchange_wait = absl::Minutes(10);
 };
 
 // Reads and checks every flag. InvalidArgument listing every bad flag, each with what it

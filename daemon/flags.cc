@@ -8,6 +8,23 @@ ABSL_FLAG(
     "with .<i> added when several daemons share a host (i = index on the host). '{rank}' in the "
     "path is replaced by the node rank (one path pattern for all ranks of a local run).");
 ABSL_FLAG(std::string, socket_mode, "0600", "Permission bits of the socket (octal, at most 0777).");
+ABSL_FLAG(std::string, allow_uids, "",
+          "Other users (comma-separated uids or names) whose connections are accepted, to read "
+          "stats, health and session counts only (for monitoring). Sessions, SetDensity and "
+          "timelines stay with spexd's own user and root; anyone else's connection is closed at "
+          "once (the kernel's SO_PEERCRED says who connects).");
+ABSL_FLAG(int, max_connections, 64,
+          "Most open connections to the control socket; more are closed at once (and logged). "
+          "Each trainer holds one or two.");
+ABSL_FLAG(int, rpc_threads, 64,
+          "Most threads serving calls (gRPC's resource quota); beyond it a call fails with "
+          "RESOURCE_EXHAUSTED. A waiting Exchange holds one.");
+ABSL_FLAG(int, max_streams_per_connection, 16,
+          "Most calls one connection may have in flight at once (HTTP/2 "
+          "MAX_CONCURRENT_STREAMS).");
+ABSL_FLAG(absl::Duration, max_exchange_wait, absl::Minutes(10),
+          "The longest an Exchange call waits for its result, whatever deadline the client set "
+          "(then DEADLINE_EXCEEDED).");
 ABSL_FLAG(std::string, job, "",
           "Job name: part of the default socket path; when set, trainers must name the same job. "
           "Default: $SPEX_JOB, else $SLURM_JOB_ID, else 'default' (and not enforced).");
@@ -163,3 +180,11 @@ ABSL_FLAG(std::string, timeline, "",
           "Record a Chrome-trace timeline of this node's exchanges into this file from the start "
           "(overwritten; '{rank}' is replaced by the node rank, else several nodes add .<rank>). "
           "Empty (default): off; spexctl timeline start|stop records at run time.");
+ABSL_FLAG(std::string, timeline_dir, "",
+          "The directory where spexctl timeline start may create timeline files (a name, or a "
+          "path directly in it; never an existing file; mode 0600). It must belong to spexd's "
+          "user and be closed to others' writes. Empty (default): recording at run time is "
+          "refused.");
+ABSL_FLAG(int64_t, timeline_max_bytes, int64_t{256} << 20,
+          "A timeline file stops growing at this size (later exchanges are not recorded; the "
+          "file stays valid JSON); 0: no limit.");

@@ -15,6 +15,11 @@
 
 ABSL_DECLARE_FLAG(std::string, socket);
 ABSL_DECLARE_FLAG(std::string, socket_mode);
+ABSL_DECLARE_FLAG(std::string, allow_uids);
+ABSL_DECLARE_FLAG(int, max_connections);
+ABSL_DECLARE_FLAG(int, rpc_threads);
+ABSL_DECLARE_FLAG(int, max_streams_per_connection);
+ABSL_DECLARE_FLAG(absl::Duration, max_exchange_wait);
 ABSL_DECLARE_FLAG(std::string, job);
 ABSL_DECLARE_FLAG(int, local_trainers);
 ABSL_DECLARE_FLAG(std::string, compressor);
@@ -63,3 +68,5 @@ ABSL_DECLARE_FLAG(spex::LogLevel, log_level);
 ABSL_DECLARE_FLAG(std::string, metrics_address);
 ABSL_DECLARE_FLAG(bool, metrics_allow_remote);
 ABSL_DECLARE_FLAG(std::string, timeline);
+ABSL_DECLARE_FLAG(std::string, timeline_dir);
+ABSL_DECLARE_FLAG(int64_t, timeline_max_bytes);

@@ -40,6 +40,7 @@
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/resource_quota.h"
 #include "kernels/base/status_macros.h"
 #include "kernels/primitives.h"
 
@@ -177,7 +178,8 @@ absl::Status StartObservers(const DaemonConfig& config, const World& world, Metr
   }
   if (!config.timeline.empty()) {
     const std::string path = TimelinePath(config.timeline, world.rank, world.size);
-    if (absl::Status s = timeline->Start(path, /*overwrite=*/true); !s.ok()) {
+    if (absl::Status s = timeline->Start(path, /*overwrite=*/true, config.timeline_max_bytes);
+        !s.ok()) {
       return absl::Status(s.code(), absl::StrCat("--timeline: ", s.message()));
     }
     SPEX_LOG(INFO) << "recording the timeline to " << path;
@@ -185,23 +187,29 @@ absl::Status StartObservers(const DaemonConfig& config, const World& world, Metr
   return absl::OkStatus();
 }
 
-// The gRPC server on the control socket (with the health service and reflection), the socket
-// given `mode`, health SERVING.
-absl::StatusOr<std::unique_ptr<grpc::Server>> Serve(SpexService* service, const std::string& socket,
-                                                    mode_t mode) {
+// The gRPC server (with the health service and reflection) behind `listener`, which accepts the
+// control socket's connections and hands them over (PeerListener: the callers' credentials).
+// Threads, streams per connection and memory are bounded; health SERVING.
+absl::StatusOr<std::unique_ptr<grpc::Server>> Serve(SpexService* service, PeerListener* listener,
+                                                    const DaemonConfig& config) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  builder.AddListeningPort("unix:" + socket, grpc::InsecureServerCredentials());
+  grpc::ResourceQuota quota("spexd");
+  quota.SetMaxThreads(config.rpc_threads);
+  quota.Resize(size_t{256} << 20);  // every connection's buffers together
+  builder.SetResourceQuota(quota);
+  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, 2);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, config.max_streams_per_connection);
+  builder.SetMaxReceiveMessageSize(1 << 20);  // requests are small (strings <= 256 bytes)
   builder.RegisterService(service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr)
-    return absl::UnavailableError(absl::StrCat("cannot listen on unix:", socket));
-  if (chmod(socket.c_str(), mode) != 0) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("--socket_mode: chmod ", socket, ": ", std::strerror(errno)));
+  if (server == nullptr) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot start the gRPC server for ", listener->path()));
   }
   server->GetHealthCheckService()->SetServingStatus("spex.v1.Spex", true);
+  listener->Serve(server.get());
   return server;
 }
 
@@ -209,9 +217,9 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> Serve(SpexService* service, const 
 // that survives mpirun's escalation. Exits the process at once (status 3) when the engine is
 // still inside a collective after `grace` (a peer left mid-exchange). A timeline being recorded
 // is closed (valid JSON) as soon as the stop begins.
-absl::Status ServeUntilStopped(Engine& engine, grpc::Server& server, const std::string& socket,
-                               absl::Duration grace, PeerNotice& notice, SdNotifier& notifier,
-                               Timeline& timeline) {
+absl::Status ServeUntilStopped(Engine& engine, grpc::Server& server, PeerListener& listener,
+                               const std::string& socket, absl::Duration grace, PeerNotice& notice,
+                               SdNotifier& notifier, Timeline& timeline) {
   // Stopping removes every name first, before anything that can block: under mpirun a SIGTERM
   // is followed by SIGKILL after odls_base_sigkill_timeout (1 s by default), and a node whose
   // engine is inside a collective that a stopped peer left never gets through the clean path
@@ -246,6 +254,7 @@ absl::Status ServeUntilStopped(Engine& engine, grpc::Server& server, const std::
   engine.RequestStop();
   unlink_names();
   close_timeline();
+  listener.Stop();  // no new connection; gRPC's own copies close with its shutdown
   server.Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   unlink(socket.c_str());
   pthread_kill(signals.native_handle(), SIGUSR2);
@@ -354,9 +363,17 @@ absl::Status Run(const absl::StatusOr<DaemonConfig>& loaded, SdNotifier& notifie
     if (metrics != nullptr) metrics->Attach(nullptr);
   };
 
-  SpexService service(&engine, kVersion, &timeline);
-  absl::StatusOr<std::unique_ptr<grpc::Server>> server =
-      Serve(&service, socket, config.socket_mode);
+  absl::StatusOr<std::unique_ptr<PeerListener>> listener =
+      PeerListener::Listen({socket, config.socket_mode, config.allow_uids, config.max_connections});
+  if (!listener.ok()) {
+    engine.RequestStop();
+    engine.JoinFor(absl::Seconds(1));
+    return listener.status();
+  }
+  SpexService service(&engine, kVersion, listener->get(),
+                      {config.timeline_dir, config.timeline_max_bytes, config.max_exchange_wait},
+                      &timeline);
+  absl::StatusOr<std::unique_ptr<grpc::Server>> server = Serve(&service, listener->get(), config);
   if (!server.ok()) {
     engine.RequestStop();
     engine.JoinFor(absl::Seconds(1));
@@ -367,8 +384,8 @@ absl::Status Run(const absl::StatusOr<DaemonConfig>& loaded, SdNotifier& notifie
                  << opts.engine_spin_us << " us, " << (gpu.memory != nullptr ? "CUDA" : "host")
                  << " buffers, collective " << collective->name() << ")";
   Notify(notifier.Ready(absl::StrCat("serving on ", socket)));
-  return ServeUntilStopped(engine, **server, socket, config.shutdown_grace, notice, notifier,
-                           timeline);
+  return ServeUntilStopped(engine, **server, **listener, socket, config.shutdown_grace, notice,
+                           notifier, timeline);
 }
 
 int Main(const absl::StatusOr<DaemonConfig>& config, SdNotifier& notifier) {

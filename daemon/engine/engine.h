@@ -104,8 +104,14 @@ class Engine {
            options_.merger != MergerPolicy::kNone;
   }
 
+  // `pid` and `uid`: the caller as the kernel saw it (the service passes SO_PEERCRED's), to
+  // which the session is bound (CheckCaller).
   absl::StatusOr<HelloResult> Hello(const std::string& job, uint32_t local_rank,
-                                    uint32_t local_size, uint32_t pid, const std::string& client);
+                                    uint32_t local_size, uint32_t pid, const std::string& client,
+                                    uint32_t uid = 0);
+  // NOT_FOUND for an unknown session, PERMISSION_DENIED unless process `pid` of user `uid`
+  // opened it.
+  absl::Status CheckCaller(uint64_t session_id, uint32_t uid, uint32_t pid) const;
   absl::Status Goodbye(uint64_t session_id);
   absl::StatusOr<BucketGrant> RegisterBucket(uint64_t session_id, uint64_t bucket_id,
                                              uint64_t elements, const std::string& compressor,

@@ -47,12 +47,12 @@ absl::Status CheckParams(const std::map<std::string, std::string>& params) {
 
 absl::StatusOr<HelloResult> Engine::Hello(const std::string& job, uint32_t local_rank,
                                           uint32_t local_size, uint32_t pid,
-                                          const std::string& client) {
+                                          const std::string& client, uint32_t uid) {
   if (stop_) return absl::UnavailableError("spexd is shutting down");
   if (absl::Status s = CheckRequestString("job", job); !s.ok()) return s;
   if (absl::Status s = CheckRequestString("client", client); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
-  absl::StatusOr<Session*> session = sessions_.Open(job, local_rank, local_size, pid, client);
+  absl::StatusOr<Session*> session = sessions_.Open(job, local_rank, local_size, pid, client, uid);
   if (!session.ok()) return session.status();
   absl::StatusOr<const ShmBuffer*> bell = doorbell_.ForTrainer(local_rank);
   if (!bell.ok()) {
@@ -60,6 +60,11 @@ absl::StatusOr<HelloResult> Engine::Hello(const std::string& job, uint32_t local
     return bell.status();
   }
   return HelloResult{(*session)->id, *bell};
+}
+
+absl::Status Engine::CheckCaller(uint64_t session_id, uint32_t uid, uint32_t pid) const {
+  absl::MutexLock lock(&mu_);
+  return sessions_.CheckOwner(session_id, uid, pid);
 }
 
 absl::Status Engine::Goodbye(uint64_t session_id) {
@@ -303,7 +308,8 @@ absl::StatusOr<ExchangeRecord> Engine::Exchange(uint64_t session_id, uint64_t bu
     const bool all_registered = b->out.registered_mask == full;
     const absl::Time until = all_registered ? deadline : std::min(deadline, register_deadline);
     if (published_cv_.WaitWithDeadline(&mu_, until) && !done()) {
-      if (b->out.registered_mask != full) {
+      // Which deadline passed: the registration's, or the call's (client or --max_exchange_wait).
+      if (b->out.registered_mask != full && absl::Now() >= register_deadline) {
         const int have = __builtin_popcountll(b->out.registered_mask);
         return absl::FailedPreconditionError(absl::StrCat(
             "bucket ", bucket_id, ": only ", have, " of ", options_.local_trainers,

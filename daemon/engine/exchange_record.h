@@ -53,6 +53,7 @@ struct SessionSummary {
   std::string client;
   uint32_t buckets = 0;
   double age_seconds = 0;
+  uint32_t uid = 0;
 };
 
 }  // namespace spex

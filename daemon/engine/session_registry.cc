@@ -64,7 +64,7 @@ std::vector<Session> SessionRegistry::Reap() {
 
 absl::StatusOr<Session*> SessionRegistry::Open(const std::string& job, uint32_t local_rank,
                                                uint32_t local_size, uint32_t pid,
-                                               const std::string& client) {
+                                               const std::string& client, uint32_t uid) {
   if (!job_.empty() && job != job_) {
     return absl::FailedPreconditionError(
         absl::StrCat("this spexd serves job '", job_, "', the trainer says job '", job, "'"));
@@ -93,11 +93,12 @@ absl::StatusOr<Session*> SessionRegistry::Open(const std::string& job, uint32_t 
   }
   session->local_rank = local_rank;
   session->pid = pid;
+  session->uid = uid;
   session->client = client;
   session->opened = absl::Now();
   session->pidfd = OpenPidfd(pid);
   SPEX_LOG(INFO) << "session " << session->id << " opened: local_rank " << local_rank << " pid "
-                 << pid << " (" << client << ")";
+                 << pid << " uid " << uid << " (" << client << ")";
   Session* out = session.get();
   sessions_[session->id] = std::move(session);
   return out;
@@ -120,11 +121,27 @@ absl::StatusOr<Session*> SessionRegistry::Get(uint64_t id) {
   return it->second.get();
 }
 
+absl::Status SessionRegistry::CheckOwner(uint64_t id, uint32_t uid, uint32_t pid) const {
+  auto it = sessions_.find(id);
+  if (it == sessions_.end()) {
+    return absl::NotFoundError(absl::StrCat("no session ", id, "; call Hello first"));
+  }
+  const Session& s = *it->second;
+  if (s.uid != uid || s.pid != pid) {
+    SPEX_LOG(WARNING) << "refused a request for session " << id << " (uid " << s.uid << " pid "
+                      << s.pid << ") from uid " << uid << " pid " << pid;
+    return absl::PermissionDeniedError(
+        absl::StrCat("session ", id, " was not opened by this process (uid ", uid, ", pid ", pid,
+                     "): a trainer uses only the session its own Hello opened"));
+  }
+  return absl::OkStatus();
+}
+
 std::vector<SessionSummary> SessionRegistry::Summaries(absl::Time now) const {
   std::vector<SessionSummary> out;
   for (const auto& [id, s] : sessions_) {
-    out.push_back(
-        {id, s->local_rank, s->pid, s->client, s->buckets, absl::ToDoubleSeconds(now - s->opened)});
+    out.push_back({id, s->local_rank, s->pid, s->client, s->buckets,
+                   absl::ToDoubleSeconds(now - s->opened), s->uid});
   }
   return out;
 }

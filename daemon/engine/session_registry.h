@@ -21,7 +21,8 @@ namespace spex {
 struct Session {
   uint64_t id = 0;
   uint32_t local_rank = 0;
-  uint32_t pid = 0;
+  uint32_t pid = 0;  // the trainer's process, as the kernel named the caller of Hello
+  uint32_t uid = 0;  // its user, likewise
   std::string client;
   absl::Time opened;
   uint32_t buckets = 0;  // buckets this session registered
@@ -37,11 +38,14 @@ class SessionRegistry {
   // Checks the request (job, local_size against the node's trainer count, rank range, rank not
   // held) and opens a session with a random nonzero id.
   absl::StatusOr<Session*> Open(const std::string& job, uint32_t local_rank, uint32_t local_size,
-                                uint32_t pid, const std::string& client);
+                                uint32_t pid, const std::string& client, uint32_t uid = 0);
   // NOT_FOUND for an unknown id.
   absl::Status Close(uint64_t id);
   // NOT_FOUND ("call Hello first") for an unknown id.
   absl::StatusOr<Session*> Get(uint64_t id);
+  // NOT_FOUND as Get, and PERMISSION_DENIED unless the session was opened by process `pid` of
+  // user `uid` (the kernel's credentials of the caller): a session id is not a password.
+  absl::Status CheckOwner(uint64_t id, uint32_t uid, uint32_t pid) const;
 
   // Closes and returns the sessions whose trainer process has exited.
   std::vector<Session> Reap();

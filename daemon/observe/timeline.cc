@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
+#include "daemon/util/log.h"
 
 namespace spex {
 namespace {
@@ -55,7 +56,7 @@ uint64_t Timeline::exchanges_written() const {
   return written_;
 }
 
-absl::Status Timeline::Start(const std::string& path, bool overwrite) {
+absl::Status Timeline::Start(const std::string& path, bool overwrite, uint64_t max_bytes) {
   std::lock_guard<std::mutex> control(control_mu_);
   if (recording()) {
     return absl::FailedPreconditionError(absl::StrCat("a timeline is already being recorded to ",
@@ -65,7 +66,7 @@ absl::Status Timeline::Start(const std::string& path, bool overwrite) {
   if (path.empty()) return absl::InvalidArgumentError("the timeline needs a file path");
   // The RPC never follows a symlink nor replaces a file; the operator's flag may overwrite.
   const int flags = O_WRONLY | O_CREAT | O_CLOEXEC | (overwrite ? O_TRUNC : O_EXCL | O_NOFOLLOW);
-  const int fd = open(path.c_str(), flags, 0644);
+  const int fd = open(path.c_str(), flags, 0600);
   if (fd < 0) {
     const int err = errno;
     const std::string why =
@@ -76,6 +77,9 @@ absl::Status Timeline::Start(const std::string& path, bool overwrite) {
     }
     return absl::FailedPreconditionError(why);
   }
+  if (overwrite && fchmod(fd, 0600) != 0) {  // an existing file keeps its mode otherwise
+    SPEX_LOG(WARNING) << "timeline " << path << ": chmod 0600: " << std::strerror(errno);
+  }
   file_ = fdopen(fd, "w");
   if (file_ == nullptr) {
     close(fd);
@@ -83,6 +87,9 @@ absl::Status Timeline::Start(const std::string& path, bool overwrite) {
   }
   first_event_ = true;
   named_tracks_.clear();
+  max_bytes_ = max_bytes;
+  bytes_ = 2;
+  capped_.store(false);
   std::fputs("[\n", file_);
   Emit(absl::StrFormat(
       R"({"name":"process_name","ph":"M","pid":%d,"tid":0,"args":{"name":"spexd node %d"}})",
@@ -91,6 +98,7 @@ absl::Status Timeline::Start(const std::string& path, bool overwrite) {
                        R"("args":{"sort_index":%d}})",
                        node_rank_, node_rank_));
   std::fwrite(buf_.data(), 1, buf_.size(), file_);
+  bytes_ += buf_.size();
   buf_.clear();
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -137,6 +145,7 @@ absl::StatusOr<uint64_t> Timeline::Stop() {
 
 void Timeline::OnExchange(const ExchangeEvent& e) {
   if (!recording_.load(std::memory_order_relaxed)) return;
+  if (capped_.load(std::memory_order_relaxed)) return;
   std::lock_guard<std::mutex> lock(mu_);
   if (quit_) return;
   Entry& x = pending_.emplace_back();
@@ -179,6 +188,22 @@ void Timeline::WriterLoop() {
   }
 }
 
+bool Timeline::Flush() {
+  // Whole events only (each chunk starts with a separator), so the file stays valid JSON.
+  if (max_bytes_ != 0 && bytes_ + buf_.size() > max_bytes_) {
+    buf_.clear();
+    if (!capped_.exchange(true)) {
+      SPEX_LOG(WARNING) << "timeline " << path_ << " reached its size cap of " << max_bytes_
+                        << " bytes (--timeline_max_bytes); later exchanges are not recorded";
+    }
+    return false;
+  }
+  std::fwrite(buf_.data(), 1, buf_.size(), file_);
+  bytes_ += buf_.size();
+  buf_.clear();
+  return true;
+}
+
 void Timeline::Emit(const std::string& event) {
   if (!first_event_) buf_ += ",\n";
   first_event_ = false;
@@ -216,13 +241,10 @@ void Timeline::Write(const std::vector<Entry>& entries) {
                       Micros(s.begin_ns), R"(,"dur":)", Micros(s.end_ns - s.begin_ns));
       absl::StrAppend(&out, R"(,"args":{"step":)", x.step, "}}");
     }
-    if (out.size() > (1 << 16)) {
-      std::fwrite(out.data(), 1, out.size(), file_);
-      out.clear();
-    }
+    // Under a cap, event by event, so the cap cuts between exchanges.
+    if ((max_bytes_ != 0 || out.size() > (1 << 16)) && !Flush()) break;
   }
-  std::fwrite(out.data(), 1, out.size(), file_);
-  out.clear();
+  Flush();
   std::lock_guard<std::mutex> lock(mu_);
   written_ += entries.size();
 }

@@ -39,15 +39,19 @@ class Timeline final : public ExchangeObserver {
   Timeline(const Timeline&) = delete;
   Timeline& operator=(const Timeline&) = delete;
 
-  // Starts recording into `path`. `overwrite`: truncate an existing file (the --timeline flag);
-  // otherwise an existing file (or a symlink) is refused with ALREADY_EXISTS (the RPC).
+  // Starts recording into `path` (mode 0600: it shows the job's buckets and timings).
+  // `overwrite`: truncate an existing file (the --timeline flag); otherwise an existing file (or
+  // a symlink) is refused with ALREADY_EXISTS (the RPC). `max_bytes` > 0: the recording stops
+  // growing there (later exchanges are dropped, the file stays valid JSON; capped() tells).
   // FAILED_PRECONDITION while already recording.
-  absl::Status Start(const std::string& path, bool overwrite);
+  absl::Status Start(const std::string& path, bool overwrite, uint64_t max_bytes = 0);
   // Writes what is pending, closes the JSON array and the file; returns the exchanges written.
   // FAILED_PRECONDITION when not recording.
   absl::StatusOr<uint64_t> Stop();
 
   bool recording() const { return recording_.load(std::memory_order_relaxed); }
+  // Whether the current (or last) recording reached its size cap.
+  bool capped() const { return capped_.load(std::memory_order_relaxed); }
   std::string path() const;
   uint64_t exchanges_written() const;
 
@@ -77,9 +81,13 @@ class Timeline final : public ExchangeObserver {
   // Formats `entries` into the file (writer thread, or Stop after joining it).
   void Write(const std::vector<Entry>& entries);
   void Emit(const std::string& event);
+  // Writes buf_ unless that passes max_bytes_ (then drops it and sets capped_); false when
+  // capped.
+  bool Flush();
 
   const int node_rank_;
   std::atomic<bool> recording_{false};
+  std::atomic<bool> capped_{false};
 
   std::mutex control_mu_;  // Start/Stop
 
@@ -92,6 +100,8 @@ class Timeline final : public ExchangeObserver {
 
   // The writer thread's (and Stop's, after joining it) only.
   std::FILE* file_ = nullptr;
+  uint64_t max_bytes_ = 0;  // 0: no cap
+  uint64_t bytes_ = 0;      // written to file_ so far
   bool first_event_ = true;
   std::set<uint64_t> named_tracks_;
   std::string buf_;

@@ -1,11 +1,70 @@
 #include "daemon/service/spex_service.h"
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 
 namespace spex {
+namespace {
+
+grpc::Status Refuse(const absl::Status& s) {
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+}
+
+// `requested` as a file of `dir`: a relative name goes under it, an absolute path must lie in
+// it; no component may be "..". INVALID_ARGUMENT saying where timelines go otherwise.
+absl::StatusOr<std::string> TimelineFile(const std::string& dir, const std::string& requested) {
+  if (dir.empty()) {
+    return absl::FailedPreconditionError(
+        "this spexd records timelines at run time only into --timeline_dir, which it was not "
+        "given; restart it with --timeline_dir=DIR (a directory of the daemon's user)");
+  }
+  std::string path = requested;
+  const std::string prefix = dir.back() == '/' ? dir : dir + "/";
+  if (path.empty() || path[0] != '/') path = prefix + path;
+  const std::string rest = path.substr(std::min(path.size(), prefix.size()));
+  // A file directly in the directory: no subdirectory, "." or "..".
+  if (path.compare(0, prefix.size(), prefix) != 0 || rest.empty() || rest == "." || rest == ".." ||
+      rest.find('/') != std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("timeline path '", requested.substr(0, 200), "' is not a file directly in ",
+                     dir, " (--timeline_dir); give a file name (written there) or DIR/NAME"));
+  }
+  return path;
+}
+
+}  // namespace
+
+absl::StatusOr<PeerCred> SpexService::Caller(grpc::ServerContext* ctx) const {
+  std::optional<PeerCred> cred = peers_ != nullptr ? peers_->Lookup(ctx->peer()) : std::nullopt;
+  if (!cred.has_value()) {
+    return absl::UnauthenticatedError(absl::StrCat("spexd cannot tell who is calling (peer '",
+                                                   ctx->peer().substr(0, 64),
+                                                   "'): connect through its unix socket"));
+  }
+  return *cred;
+}
+
+absl::StatusOr<PeerCred> SpexService::OwnerCaller(grpc::ServerContext* ctx,
+                                                  const char* what) const {
+  absl::StatusOr<PeerCred> c = Caller(ctx);
+  if (c.ok() && !PeerListener::Owner(c->uid)) {
+    return absl::PermissionDeniedError(
+        absl::StrCat(what, " is for the daemon's own user (uid ", geteuid(), ") and root; uid ",
+                     c->uid, " may read stats only. Run your own spexd (see docs/security.md)"));
+  }
+  return c;
+}
+
+absl::Status SpexService::SessionCaller(grpc::ServerContext* ctx, uint64_t session_id) const {
+  absl::StatusOr<PeerCred> c = Caller(ctx);
+  if (!c.ok()) return c.status();
+  return engine_->CheckCaller(session_id, c->uid, c->pid);
+}
 
 grpc::Status ToGrpc(const absl::Status& s) {
   if (s.ok()) return grpc::Status::OK;
@@ -35,8 +94,10 @@ void ToProto(const ExchangeRecord& rec, v1::ExchangeStats* out) {
   }
 }
 
-grpc::Status SpexService::Hello(grpc::ServerContext*, const v1::HelloRequest* req,
+grpc::Status SpexService::Hello(grpc::ServerContext* ctx, const v1::HelloRequest* req,
                                 v1::HelloResponse* resp) {
+  absl::StatusOr<PeerCred> caller = OwnerCaller(ctx, "opening a session");
+  if (!caller.ok()) return Refuse(caller.status());
   if (req->protocol_version() > 1) {
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                         absl::StrCat("client speaks protocol ", req->protocol_version(),
@@ -55,8 +116,10 @@ grpc::Status SpexService::Hello(grpc::ServerContext*, const v1::HelloRequest* re
         "asking for host buffers needs a daemon started with --device=cpu, or must ask for "
         "DEVICE_CUDA (C++: ClientOptions::device)");
   }
-  auto hello =
-      engine_->Hello(req->job(), req->local_rank(), req->local_size(), req->pid(), req->client());
+  // The pid in the request is the client's word; the kernel's is the one the session is bound
+  // to and the one whose death frees it.
+  auto hello = engine_->Hello(req->job(), req->local_rank(), req->local_size(), caller->pid,
+                              req->client(), caller->uid);
   if (!hello.ok()) return ToGrpc(hello.status());
   resp->set_session_id(hello->session_id);
   resp->set_node_rank(engine_->node_rank());
@@ -71,8 +134,10 @@ grpc::Status SpexService::Hello(grpc::ServerContext*, const v1::HelloRequest* re
   return grpc::Status::OK;
 }
 
-grpc::Status SpexService::RegisterBucket(grpc::ServerContext*, const v1::RegisterBucketRequest* req,
+grpc::Status SpexService::RegisterBucket(grpc::ServerContext* ctx,
+                                         const v1::RegisterBucketRequest* req,
                                          v1::RegisterBucketResponse* resp) {
+  if (absl::Status s = SessionCaller(ctx, req->session_id()); !s.ok()) return Refuse(s);
   if (req->dtype() != v1::DTYPE_UNSPECIFIED && req->dtype() != v1::DTYPE_FLOAT32) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "only float32 buckets are supported");
   }
@@ -102,14 +167,18 @@ grpc::Status SpexService::RegisterBucket(grpc::ServerContext*, const v1::Registe
   return grpc::Status::OK;
 }
 
-grpc::Status SpexService::UnregisterBucket(grpc::ServerContext*,
+grpc::Status SpexService::UnregisterBucket(grpc::ServerContext* ctx,
                                            const v1::UnregisterBucketRequest* req,
                                            v1::UnregisterBucketResponse*) {
+  if (absl::Status s = SessionCaller(ctx, req->session_id()); !s.ok()) return Refuse(s);
   return ToGrpc(engine_->UnregisterBucket(req->session_id(), req->bucket_id()));
 }
 
-grpc::Status SpexService::SetDensity(grpc::ServerContext*, const v1::SetDensityRequest* req,
+grpc::Status SpexService::SetDensity(grpc::ServerContext* ctx, const v1::SetDensityRequest* req,
                                      v1::SetDensityResponse* resp) {
+  // It changes every job's density on every node: the daemon's user (its trainers, spexctl).
+  absl::StatusOr<PeerCred> caller = OwnerCaller(ctx, "SetDensity");
+  if (!caller.ok()) return Refuse(caller.status());
   auto version = engine_->SetDensity(req->density());
   if (!version.ok()) return ToGrpc(version.status());
   resp->set_version(*version);
@@ -118,10 +187,12 @@ grpc::Status SpexService::SetDensity(grpc::ServerContext*, const v1::SetDensityR
 
 grpc::Status SpexService::Exchange(grpc::ServerContext* ctx, const v1::ExchangeRequest* req,
                                    v1::ExchangeResponse* resp) {
+  if (absl::Status s = SessionCaller(ctx, req->session_id()); !s.ok()) return Refuse(s);
+  // A waiting call holds one of the server's threads: never longer than --max_exchange_wait.
   const auto deadline = ctx->deadline();
-  absl::Time until = absl::InfiniteFuture();
+  absl::Time until = absl::Now() + options_.max_exchange_wait;
   if (deadline < std::chrono::system_clock::now() + std::chrono::hours(24 * 365)) {
-    until = absl::FromChrono(deadline);
+    until = std::min(until, absl::FromChrono(deadline));
   }
   auto rec = engine_->Exchange(req->session_id(), req->bucket_id(), req->step(), until);
   if (!rec.ok()) return ToGrpc(rec.status());
@@ -129,8 +200,9 @@ grpc::Status SpexService::Exchange(grpc::ServerContext* ctx, const v1::ExchangeR
   return grpc::Status::OK;
 }
 
-grpc::Status SpexService::GetStats(grpc::ServerContext*, const v1::GetStatsRequest*,
+grpc::Status SpexService::GetStats(grpc::ServerContext* ctx, const v1::GetStatsRequest*,
                                    v1::GetStatsResponse* resp) {
+  if (absl::StatusOr<PeerCred> c = Caller(ctx); !c.ok()) return Refuse(c.status());
   resp->set_node_rank(engine_->node_rank());
   resp->set_node_count(engine_->node_count());
   resp->set_exchanges(engine_->total_exchanges());
@@ -155,13 +227,19 @@ grpc::Status SpexService::GetStats(grpc::ServerContext*, const v1::GetStatsReque
   return grpc::Status::OK;
 }
 
-grpc::Status SpexService::ListSessions(grpc::ServerContext*, const v1::ListSessionsRequest*,
+grpc::Status SpexService::ListSessions(grpc::ServerContext* ctx, const v1::ListSessionsRequest*,
                                        v1::ListSessionsResponse* resp) {
+  absl::StatusOr<PeerCred> caller = Caller(ctx);
+  if (!caller.ok()) return Refuse(caller.status());
   for (const SessionSummary& s : engine_->Sessions()) {
     auto* out = resp->add_sessions();
-    out->set_session_id(s.session_id);
+    // A session's id and pid go to its own user (and root) only: an id is half of what a
+    // request needs, and other users have no business with the pids.
+    if (caller->uid == 0 || caller->uid == s.uid) {
+      out->set_session_id(s.session_id);
+      out->set_pid(s.pid);
+    }
     out->set_local_rank(s.local_rank);
-    out->set_pid(s.pid);
     out->set_client(s.client);
     out->set_buckets(s.buckets);
     out->set_age_seconds(s.age_seconds);
@@ -169,24 +247,26 @@ grpc::Status SpexService::ListSessions(grpc::ServerContext*, const v1::ListSessi
   return grpc::Status::OK;
 }
 
-grpc::Status SpexService::Goodbye(grpc::ServerContext*, const v1::GoodbyeRequest* req,
+grpc::Status SpexService::Goodbye(grpc::ServerContext* ctx, const v1::GoodbyeRequest* req,
                                   v1::GoodbyeResponse*) {
+  if (absl::Status s = SessionCaller(ctx, req->session_id()); !s.ok()) return Refuse(s);
   return ToGrpc(engine_->Goodbye(req->session_id()));
 }
 
-grpc::Status SpexService::StartTimeline(grpc::ServerContext*, const v1::StartTimelineRequest* req,
+grpc::Status SpexService::StartTimeline(grpc::ServerContext* ctx,
+                                        const v1::StartTimelineRequest* req,
                                         v1::TimelineResponse* resp) {
+  absl::StatusOr<PeerCred> caller = OwnerCaller(ctx, "recording a timeline");
+  if (!caller.ok()) return Refuse(caller.status());
   if (timeline_ == nullptr) {
     return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "this daemon records no timeline");
   }
-  if (req->path().empty() || req->path()[0] != '/') {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        absl::StrCat("the timeline path must be absolute (the daemon writes it), "
-                                     "got '",
-                                     req->path(), "'"));
-  }
-  // The RPC never replaces a file: the socket's owner may not be the daemon's user.
-  if (absl::Status s = timeline_->Start(req->path(), /*overwrite=*/false); !s.ok()) {
+  absl::StatusOr<std::string> path = TimelineFile(options_.timeline_dir, req->path());
+  if (!path.ok()) return Refuse(path.status());
+  // The RPC never replaces a file nor follows a symlink, writes mode 0600 and stops growing at
+  // --timeline_max_bytes.
+  if (absl::Status s = timeline_->Start(*path, /*overwrite=*/false, options_.timeline_max_bytes);
+      !s.ok()) {
     return ToGrpc(s);
   }
   resp->set_path(timeline_->path());
@@ -194,8 +274,10 @@ grpc::Status SpexService::StartTimeline(grpc::ServerContext*, const v1::StartTim
   return grpc::Status::OK;
 }
 
-grpc::Status SpexService::StopTimeline(grpc::ServerContext*, const v1::StopTimelineRequest*,
+grpc::Status SpexService::StopTimeline(grpc::ServerContext* ctx, const v1::StopTimelineRequest*,
                                        v1::TimelineResponse* resp) {
+  absl::StatusOr<PeerCred> caller = OwnerCaller(ctx, "stopping a timeline");
+  if (!caller.ok()) return Refuse(caller.status());
   if (timeline_ == nullptr) {
     return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "this daemon records no timeline");
   }

@@ -1,20 +1,40 @@
 // The spex.v1.Spex gRPC service: translates requests to Engine calls and absl::Status to gRPC
-// status codes at the edge, with messages that tell the caller what to fix.
+// status codes at the edge, with messages that tell the caller what to fix. Every call is
+// authorised by its caller's kernel credentials (PeerListener): sessions are opened only by the
+// daemon's own user (or root) and bound to the opening process, so a session id from a log or a
+// guess is useless to any other process; ListSessions shows ids only to their owner; density and
+// timeline changes are the daemon user's. An Exchange waits at most --max_exchange_wait.
 #pragma once
 
 #include <string>
 
+#include "absl/time/time.h"
 #include "daemon/engine/engine.h"
 #include "daemon/observe/timeline.h"
+#include "daemon/service/peer_listener.h"
 #include "proto/spex.grpc.pb.h"
 
 namespace spex {
 
 class SpexService final : public v1::Spex::Service {
  public:
+  struct Options {
+    // Where StartTimeline may write (an existing directory; empty: the RPC is refused) and how
+    // large a recording it starts may grow.
+    std::string timeline_dir;
+    uint64_t timeline_max_bytes = 0;
+    // The longest an Exchange call waits, whatever deadline its client set.
+    absl::Duration max_exchange_wait = absl::Minutes(10);
+  };
+  // `peers` names every call's caller (required: a call it cannot name is refused).
   // `timeline` (optional) serves StartTimeline/StopTimeline; without it they are UNIMPLEMENTED.
-  SpexService(Engine* engine, std::string version, Timeline* timeline = nullptr)
-      : engine_(engine), version_(std::move(version)), timeline_(timeline) {}
+  SpexService(Engine* engine, std::string version, const PeerListener* peers, Options options,
+              Timeline* timeline = nullptr)
+      : engine_(engine),
+        version_(std::move(version)),
+        peers_(peers),
+        options_(std::move(options)),
+        timeline_(timeline) {}
 
   grpc::Status Hello(grpc::ServerContext* ctx, const v1::HelloRequest* req,
                      v1::HelloResponse* resp) override;
@@ -38,8 +58,17 @@ class SpexService final : public v1::Spex::Service {
                             v1::TimelineResponse* resp) override;
 
  private:
+  // The caller's kernel credentials; UNAUTHENTICATED when the connection is unknown.
+  absl::StatusOr<PeerCred> Caller(grpc::ServerContext* ctx) const;
+  // The caller, PERMISSION_DENIED unless it is the daemon's user or root (`what` is refused).
+  absl::StatusOr<PeerCred> OwnerCaller(grpc::ServerContext* ctx, const char* what) const;
+  // The caller, PERMISSION_DENIED unless it opened `session_id`.
+  absl::Status SessionCaller(grpc::ServerContext* ctx, uint64_t session_id) const;
+
   Engine* engine_;
   std::string version_;
+  const PeerListener* peers_;
+  const Options options_;
   Timeline* timeline_;
 };
 

@@ -6,13 +6,17 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 
 namespace spex {
 namespace {
@@ -100,6 +104,58 @@ absl::Status CheckPrivateDirectory(const std::string& dir, uid_t trusted) {
     return absl::NotFoundError(absl::StrCat("cannot resolve ", dir, ": ", strerror(errno)));
   }
   return resolved == dir ? absl::OkStatus() : CheckChain(resolved, trusted);
+}
+
+absl::StatusOr<uid_t> CheckServerSocket(const std::string& socket,
+                                        const std::vector<uid_t>& trusted) {
+  sockaddr_un addr{};
+  if (socket.empty() || socket.size() >= sizeof(addr.sun_path)) {
+    return absl::InvalidArgumentError(absl::StrCat("socket path '", socket, "' must be 1..",
+                                                   sizeof(addr.sun_path) - 1, " characters"));
+  }
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return absl::InternalError(absl::StrCat("socket: ", strerror(errno)));
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, socket.data(), socket.size());
+  ucred cred{};
+  socklen_t len = sizeof(cred);
+  const bool connected = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  const int err = errno;
+  const bool known = connected && getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0;
+  close(fd);
+  if (!connected) {
+    return absl::UnavailableError(absl::StrCat("cannot connect to spexd at ", socket, ": ",
+                                               strerror(err), " (is the daemon running?)"));
+  }
+  if (!known) return absl::InternalError(absl::StrCat("SO_PEERCRED on ", socket));
+  std::vector<uid_t> ok = trusted;
+  for (absl::string_view part : absl::StrSplit(Env("SPEX_TRUST_SERVER_UIDS"), ',')) {
+    uint32_t uid = 0;
+    if (absl::SimpleAtoi(absl::StripAsciiWhitespace(part), &uid)) ok.push_back(uid);
+  }
+  const uid_t server = cred.uid;
+  if (server != getuid() && server != 0 && std::find(ok.begin(), ok.end(), server) == ok.end()) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "the process listening at ", socket, " (pid ", cred.pid, ") runs as ", Who(server),
+        ", not as you (", Who(getuid()),
+        ") or root: it may be another user's impostor waiting for your gradients. Use your own "
+        "daemon's socket; if this is your site's shared daemon, set SPEX_TRUST_SERVER_UIDS=",
+        server));
+  }
+  const size_t slash = socket.rfind('/');
+  const std::string dir = slash == std::string::npos ? "."
+                          : slash == 0               ? "/"
+                                                     : socket.substr(0, slash);
+  if (dir[0] == '/') {
+    absl::Status mine = CheckPrivateDirectory(dir, getuid());
+    if (!mine.ok() && server != getuid() && CheckPrivateDirectory(dir, server).ok()) {
+      mine = absl::OkStatus();
+    }
+    if (!mine.ok()) {
+      return absl::Status(mine.code(), absl::StrCat("spexd at ", socket, ": ", mine.message()));
+    }
+  }
+  return server;
 }
 
 std::string DefaultSocketBase() {

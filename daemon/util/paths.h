@@ -11,8 +11,10 @@
 #include <sys/types.h>
 
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 
 namespace spex {
 
@@ -34,5 +36,13 @@ absl::Status PrepareSocketPath(const std::string& path);
 // by root or `trusted`. PERMISSION_DENIED naming the directory, its owner and what to do; NOT_FOUND
 // when a component is missing.
 absl::Status CheckPrivateDirectory(const std::string& dir, uid_t trusted);
+// A trainer's check before it hands gradients to the daemon at `socket`: the process listening
+// there (SO_PEERCRED of a probe connection) runs as this user, root or one of `trusted` (plus
+// $SPEX_TRUST_SERVER_UIDS, comma-separated uids), and the socket's directory is private to this
+// user or to the server's (CheckPrivateDirectory), so the socket cannot be swapped between this
+// check and the real connection. Returns the server's uid; UNAVAILABLE when nothing listens,
+// PERMISSION_DENIED naming the server's user and what to do.
+absl::StatusOr<uid_t> CheckServerSocket(const std::string& socket,
+                                        const std::vector<uid_t>& trusted = {});
 
 }  // namespace spex

@@ -413,6 +413,33 @@ TEST(TimelineTest, StartAndStopRules) {
             absl::StatusCode::kFailedPrecondition);
 }
 
+// The RPC's recordings stop growing at --timeline_max_bytes: whole events only, valid JSON.
+TEST(TimelineTest, SizeCapKeepsTheFileValidAndSmall) {
+  const std::string path = TempDir() + "/capped.json";
+  unlink(path.c_str());
+  Timeline timeline(/*node_rank=*/0);
+  constexpr uint64_t kCap = 4096;
+  ASSERT_TRUE(timeline.Start(path, /*overwrite=*/false, kCap).ok());
+  KnownRun(
+      {&timeline}, [](Engine&) {},
+      [&](Engine&) {
+        for (int i = 0; i < 300 && !timeline.capped(); ++i) absl::SleepFor(absl::Milliseconds(10));
+        ASSERT_TRUE(timeline.Stop().ok());
+      });
+  EXPECT_TRUE(timeline.capped()) << "the known run writes more than " << kCap << " bytes";
+  struct stat st;
+  ASSERT_EQ(stat(path.c_str(), &st), 0);
+  EXPECT_LE(static_cast<uint64_t>(st.st_size), kCap + 8);  // + the closing "\n]\n"
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  std::string out;
+  EXPECT_EQ(RunCommand("/usr/bin/python3 -c 'import json,sys; e=json.load(open(sys.argv[1])); "
+                       "assert any(x[\"name\"]==\"exchange\" for x in e), e' " +
+                           path,
+                       &out),
+            0)
+      << out;
+}
+
 TEST(TimelineTest, PathPerNode) {
   EXPECT_EQ(TimelinePath("/t/tl.json", 0, 1), "/t/tl.json");
   EXPECT_EQ(TimelinePath("/t/tl.json", 3, 4), "/t/tl.3.json");

@@ -31,7 +31,7 @@ record refuses_remote_metrics_address "$msg"
 # 2. The known run, with metrics and a timeline from the flags.
 mpirun -np 1 "$SPEXD" --socket="$dir/node{rank}.sock" --local_trainers=1 --log_level=warning \
   --dense_fallback=off --metrics_address="127.0.0.1:$port" --timeline="$dir/flag.json" \
-  >"$dir/spexd.log" 2>&1 &
+  --timeline_dir="$dir" >"$dir/spexd.log" 2>&1 &
 mpi=$!
 if ! wait_sockets "$dir" 1; then
   record daemon_starts "no socket within 20 s: $(tail -5 "$dir/spexd.log")"
@@ -162,6 +162,14 @@ record runtime_timeline "$([ $? = 0 ] || echo "$out")"
 out=$(ctl timeline start "$dir/rt.json" 2>&1) && msg="replaced an existing file" ||
   msg=$(echo "$out" | grep -q "never replaced" || echo "$out")
 record timeline_never_replaces "$msg"
+# Only files directly in --timeline_dir, created 0600 (they show the job's buckets and timings).
+record timeline_mode_0600 "$(m=$(stat -c %a "$dir/rt.json" "$dir/flag.json" | sort -u); [ "$m" = 600 ] || echo "modes $m")"
+msg=""
+for outside in "$dir/../escape.json" "/tmp/escape-$$.json" "$dir/sub/x.json"; do
+  out=$(ctl timeline start "$outside" 2>&1) && { msg="recorded to $outside"; ctl timeline stop >/dev/null 2>&1; }
+  echo "$out" | grep -q -- "--timeline_dir" || msg="$msg; $outside: $out"
+done
+record timeline_outside_dir_refused "$msg"
 
 # 4. Recording while spexd stops: the file is closed as valid JSON.
 ctl timeline start "$dir/at_exit.json" >/dev/null 2>&1

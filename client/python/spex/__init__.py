@@ -16,6 +16,7 @@ from .errors import (
     NotImplementedByDaemon,
     SessionLostError,
     SpexError,
+    SpexSecurityError,
     SpexTypeError,
     SpexValueError,
 )
@@ -26,5 +27,5 @@ __version__ = "0.1.0"
 __all__ = [
     "DEVICES", "MODES", "Bucket", "Client", "connect", "BucketOrderError", "CudaRuntimeError",
     "DaemonUnavailableError", "ExchangeTimeoutError", "NotImplementedByDaemon", "SessionLostError", "SpexError",
-    "SpexTypeError", "SpexValueError", "client_socket_path", "default_job", "default_socket_path", "__version__",
+    "SpexSecurityError", "SpexTypeError", "SpexValueError", "client_socket_path", "default_job", "default_socket_path", "__version__",
 ]

@@ -27,7 +27,7 @@ import os
 import socket as _socket
 import time
 import weakref
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 import grpc
 import numpy as np
@@ -46,7 +46,7 @@ from .errors import (
     SpexValueError,
     from_rpc_error,
 )
-from .paths import client_socket_path
+from .paths import check_server, client_socket_path
 from .proto import spex_pb2 as pb
 from .proto import spex_pb2_grpc as pb_grpc
 
@@ -271,13 +271,16 @@ class Client:
             ctypes); tests pass a fake.
         ipc_cache: an IpcHandleCache to share with other clients of this process (its runtime is
             then used); default: one of this client's own, closed by close().
+        trust_server_uids: users besides this one and root whose daemon this client may use (also
+            $SPEX_TRUST_SERVER_UIDS); a socket served by anyone else raises SpexSecurityError.
     """
 
     def __init__(self, socket: Optional[str] = None, *, job: Optional[str] = None,
                  local_rank: Optional[int] = None, local_size: Optional[int] = None,
                  client_name: str = "spex-py", connect_timeout: float = 10.0,
                  exchange_timeout: float = 300.0, probe_interval: float = 1.0, device: str = "cpu",
-                 cuda_runtime: Optional[CudaRuntime] = None, ipc_cache: Optional[IpcHandleCache] = None):
+                 cuda_runtime: Optional[CudaRuntime] = None, ipc_cache: Optional[IpcHandleCache] = None,
+                 trust_server_uids: Sequence[int] = ()):
         if device not in DEVICES:
             raise SpexValueError(f"device must be one of {DEVICES}, got {device!r}")
         if device == "cpu" and (cuda_runtime is not None or ipc_cache is not None):
@@ -305,6 +308,7 @@ class Client:
         self._buckets: Dict[int, Bucket] = {}
         self._bell: Optional[mmap.mmap] = None
         self._closed = False
+        self.trust_server_uids = tuple(int(u) for u in trust_server_uids)
         self._check_socket()
         self._channel = grpc.insecure_channel("unix:" + self.socket)
         try:
@@ -400,7 +404,12 @@ class Client:
                 f"start the daemon (mpirun -np NODES spexd --socket={self.socket} "
                 f"--local_trainers={self.local_size})") from None
         except OSError as e:
+            probe.close()
             raise DaemonUnavailableError(f"cannot connect to spexd at {self.socket}: {e.strerror or e}") from None
+        try:
+            # Gradients go only to a daemon of this user (or root, or trust_server_uids) behind a
+            # directory nobody else can change, so the socket cannot be swapped after this check.
+            check_server(self.socket, probe, self.trust_server_uids)
         finally:
             probe.close()
 

@@ -26,6 +26,12 @@ class SessionLostError(DaemonUnavailableError):
     trainer. A running job cannot rejoin; restart every trainer of the job."""
 
 
+class SpexSecurityError(SpexError, PermissionError):
+    """The daemon's socket is not safe to hand gradients to (served by another user, or in a
+    directory another user controls), or the daemon refused this process (PERMISSION_DENIED:
+    another user's daemon, or a session this process did not open)."""
+
+
 class BucketOrderError(SpexError):
     """Nodes exchanged different buckets (ids, sizes or steps) at the same point: every node
     must register the same buckets and exchange them in the same order."""
@@ -77,6 +83,8 @@ def from_rpc_error(err: grpc.RpcError, what: str, socket: str, session_id: int =
         return ExchangeTimeoutError(msg, name)
     if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE, grpc.StatusCode.ALREADY_EXISTS):
         return SpexValueError(msg, name)
+    if code in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED):
+        return SpexSecurityError(msg, name)
     if code == grpc.StatusCode.UNIMPLEMENTED:
         return NotImplementedByDaemon(f"{what}: this spexd does not implement it ({details})", name)
     return SpexError(msg, name)
