@@ -137,10 +137,7 @@ bool Engine::JoinFor(absl::Duration timeout) {
 void Engine::Run() {
   SPEX_LOG(DEBUG) << "engine thread started";
   bool announced = false;
-  bool had_sessions = false;  // whether the last iteration saw a session (a job running)
-  std::vector<EngineBucket*> group, failed;  // this iteration's picks (capacity reused)
-  std::vector<MergeCandidate> candidates;    // the group's, with --merger
-  Scheduler::Pick pick;
+  Work w;  // this iteration's picks (capacity reused)
   while (true) {
     if (options_.heartbeat) options_.heartbeat();
     if (stop_.load()) {
@@ -149,75 +146,12 @@ void Engine::Run() {
     }
     DoorbellSegment* bell = doorbell_.segment();
     const uint32_t seen = bell->ring.load();
-    group.clear();
-    failed.clear();
-    pick = Scheduler::Pick();
-    bool run = false, waiting = false, fell_idle = false, drop_behind = false;
     {
       absl::MutexLock lock(&mu_);
-      buckets_.UnlinkAttached();
-      doorbell_.UnlinkIfAllAttached(options_.local_trainers);
-      doorbell_.DropOld(bell);
-      ReapDeadTrainersLocked();
-      fell_idle = had_sessions && sessions_.empty();
-      // A new job (its buckets replaced the last one's): the behind groups, and their
-      // compressors' state, belong to the old one.
-      drop_behind = fell_idle || job_generation_ != behind_generation_;
-      behind_generation_ = job_generation_;
-      had_sessions = !sessions_.empty();
-      // After every session left, only the steps dead trainers left half-done still run.
-      if (!reset_pending_ || dead_mask_ != 0) {
-        const auto& f = scheduler_->FailedAndReady(buckets_);
-        failed.assign(f.begin(), f.end());
-        const int64_t now = static_cast<int64_t>(MonotonicNanos());
-        const auto& g =
-            scheduler_->NextGroup(buckets_, now, wire_inflight_ > 0 ? now : last_exchange_end_ns_);
-        group.assign(g.begin(), g.end());
-        pick = scheduler_->pick();
-        if (!pick.alone) {
-          const auto& c = scheduler_->group_candidates();
-          candidates.assign(c.begin(), c.end());
-        }
-        run = !group.empty() && std::all_of(group.begin(), group.end(), [&](const EngineBucket* b) {
-          return scheduler_->LocallyReady(*b);
-        });
-        waiting = !run && group.size() > 1 &&
-                  std::any_of(group.begin(), group.end(),
-                              [&](const EngineBucket* b) { return scheduler_->LocallyReady(*b); });
-      }
-      if (run) {
-        for (EngineBucket* b : group) b->MoveTo(BucketState::kExchanging);
-      }
-      processing_ = run || !failed.empty();
+      TakeWorkLocked(bell, w);
     }
-    if (drop_behind && !behind_groups_.empty()) {  // the job that made them has ended
-      DrainWire();
-      behind_groups_.clear();
-    }
-    if (fell_idle) {
-      // The job's last trainer has gone (Goodbye or death): hand the heap's free pages back.
-      const int64_t released = ReleaseFreeHeap();
-      SPEX_LOG(DEBUG) << "node idle: released " << released / 1024 << " KiB of free heap";
-    }
-    // A pack on the wire stays there while the next merge group is prepared; anything else
-    // waits for it (its buckets and collectives are the engine thread's alone).
-    if (!failed.empty()) DrainWire();
-    for (EngineBucket* b : failed) PublishFailed(b);
-    if (run && !pick.alone) {
-      ProcessGroup(group, candidates, pick.agreed);
-    } else if (run) {
-      DrainWire();
-      Process(group);
-    }
-    WarnSlowGroup(group, waiting);
-    if (run || !failed.empty()) {
-      absl::MutexLock lock(&mu_);
-      processing_ = false;
-      if (run) last_exchange_end_ns_ = static_cast<int64_t>(MonotonicNanos());
-      published_cv_.SignalAll();
-      continue;
-    }
-    Idle(bell, seen, pick.linger_until_ns);
+    if (DoWork(w)) continue;
+    Idle(bell, seen, w.pick.linger_until_ns);
     int who = -1;
     if (options_.peer_stopped && options_.peer_stopped(&who)) {
       SPEX_LOG(INFO) << "node " << who << " is stopping; stopping this node too";
@@ -239,6 +173,73 @@ void Engine::Run() {
     stopped_ = true;
   }
   SPEX_LOG(DEBUG) << "engine thread stopped";
+}
+
+void Engine::TakeWorkLocked(DoorbellSegment* bell, Work& w) {
+  w.group.clear();
+  w.failed.clear();
+  w.pick = Scheduler::Pick();
+  w.run = w.waiting = false;
+  buckets_.UnlinkAttached();
+  doorbell_.UnlinkIfAllAttached(options_.local_trainers);
+  doorbell_.DropOld(bell);
+  ReapDeadTrainersLocked();
+  w.fell_idle = w.had_sessions && sessions_.empty();
+  // A new job (its buckets replaced the last one's): the behind groups, and their compressors'
+  // state, belong to the old one.
+  w.drop_behind = w.fell_idle || job_generation_ != behind_generation_;
+  behind_generation_ = job_generation_;
+  w.had_sessions = !sessions_.empty();
+  // After every session left, only the steps dead trainers left half-done still run.
+  if (!reset_pending_ || dead_mask_ != 0) {
+    const auto& f = scheduler_->FailedAndReady(buckets_);
+    w.failed.assign(f.begin(), f.end());
+    const int64_t now = static_cast<int64_t>(MonotonicNanos());
+    const auto& g =
+        scheduler_->NextGroup(buckets_, now, wire_inflight_ > 0 ? now : last_exchange_end_ns_);
+    w.group.assign(g.begin(), g.end());
+    w.pick = scheduler_->pick();
+    if (!w.pick.alone) {
+      const auto& c = scheduler_->group_candidates();
+      w.candidates.assign(c.begin(), c.end());
+    }
+    const auto ready = [&](const EngineBucket* b) { return scheduler_->LocallyReady(*b); };
+    w.run = !w.group.empty() && std::all_of(w.group.begin(), w.group.end(), ready);
+    w.waiting = !w.run && w.group.size() > 1 && std::any_of(w.group.begin(), w.group.end(), ready);
+  }
+  if (w.run) {
+    for (EngineBucket* b : w.group) b->MoveTo(BucketState::kExchanging);
+  }
+  processing_ = w.run || !w.failed.empty();
+}
+
+bool Engine::DoWork(Work& w) {
+  if (w.drop_behind && !behind_groups_.empty()) {  // the job that made them has ended
+    DrainWire();
+    behind_groups_.clear();
+  }
+  if (w.fell_idle) {
+    // The job's last trainer has gone (Goodbye or death): hand the heap's free pages back.
+    const int64_t released = ReleaseFreeHeap();
+    SPEX_LOG(DEBUG) << "node idle: released " << released / 1024 << " KiB of free heap";
+  }
+  // A pack on the wire stays there while the next merge group is prepared; anything else waits
+  // for it (its buckets and collectives are the engine thread's alone).
+  if (!w.failed.empty()) DrainWire();
+  for (EngineBucket* b : w.failed) PublishFailed(b);
+  if (w.run && !w.pick.alone) {
+    ProcessGroup(w.group, w.candidates, w.pick.agreed);
+  } else if (w.run) {
+    DrainWire();
+    Process(w.group);
+  }
+  WarnSlowGroup(w.group, w.waiting);
+  if (!w.run && w.failed.empty()) return false;
+  absl::MutexLock lock(&mu_);
+  processing_ = false;
+  if (w.run) last_exchange_end_ns_ = static_cast<int64_t>(MonotonicNanos());
+  published_cv_.SignalAll();
+  return true;
 }
 
 void Engine::Idle(DoorbellSegment* bell, uint32_t seen, int64_t linger_until_ns) {

@@ -136,7 +136,13 @@ class Engine {
   std::vector<std::string> LinkedSegments() const;
 
  private:
+  // The engine thread: TakeWorkLocked -> DoWork (failed buckets, one exchange), or Idle.
   void Run();
+  struct Work;  // one iteration's picks (engine_passes.h)
+  // What the scheduler picks now (and the housekeeping before: unlinking, reaping, a new job).
+  void TakeWorkLocked(DoorbellSegment* bell, Work& w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Publishes failed buckets and runs the picked exchange; false when there was nothing to do.
+  bool DoWork(Work& w);
   // Waits for the doorbell (spinning first when configured) or the idle timeout.
   // `linger_until_ns` (> 0): an agreed merger lingers until then at most.
   void Idle(DoorbellSegment* bell, uint32_t seen, int64_t linger_until_ns = 0);

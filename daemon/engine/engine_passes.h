@@ -1,8 +1,9 @@
-// The state one exchange carries through the engine's stages, internal to the engine's .cc
-// files: a bucket's pass on the per-bucket path (engine_bucket_exchange.cc), a merge group's pass
-// (engine_group_exchange.cc), a packed group between its local half and the wire stage
-// (engine_wire_stage.cc), and the clock that times their phases. Each stage is a member function
-// of Engine that takes the pass, so a stage reads whole and its failure handling is in it.
+// The state the engine thread's loop and one exchange carry through their stages, internal to
+// the engine's .cc files: one iteration's picks (engine.cc), a bucket's pass on the per-bucket path
+// (engine_bucket_exchange.cc), a merge group's pass (engine_group_exchange.cc), a packed group
+// between its local half and the wire stage (engine_wire_stage.cc), and the clock that times their
+// phases. Each stage is a member function of Engine that takes the pass, so a stage reads whole and
+// its failure handling is in it.
 #pragma once
 
 #include <cstdint>
@@ -17,6 +18,7 @@
 #include "daemon/engine/fused_step.h"
 #include "daemon/engine/group_round.h"
 #include "daemon/engine/observer.h"
+#include "daemon/engine/scheduler.h"
 #include "daemon/engine/step.h"
 #include "daemon/memory/futex.h"
 #include "daemon/merge/merger.h"
@@ -49,6 +51,19 @@ class PhaseClock {
   double* const phase_seconds_;
   std::vector<PhaseSpan>* const spans_;
   uint64_t last_ns_;
+};
+
+// One iteration of the engine thread's loop: what the scheduler picked (capacity reused).
+struct Engine::Work {
+  std::vector<EngineBucket*> group;        // the exchange's buckets (one without a merger)
+  std::vector<EngineBucket*> failed;       // failed buckets to publish
+  std::vector<MergeCandidate> candidates;  // the group's, with --merger
+  Scheduler::Pick pick;
+  bool run = false;           // every member is ready: the exchange runs now
+  bool waiting = false;       // some members of a group are ready, others not (WarnSlowGroup)
+  bool fell_idle = false;     // the job's last session has gone
+  bool drop_behind = false;   // the behind groups belong to a job that ended
+  bool had_sessions = false;  // the last iteration saw a session (a job running)
 };
 
 // One bucket's exchange on the per-bucket path (--merger=none), from its inputs to its publish.
