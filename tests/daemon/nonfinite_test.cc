@@ -33,6 +33,30 @@ TEST(NonfiniteWordTest, NamesTrainerNodeAndIndex) {
   EXPECT_NE(NonfiniteWord(0, 0, 0), 0u);  // node 0, trainer 0, index 0 is still "seen"
 }
 
+// The errors the words become, exactly as trainers read them (one wording for the per-bucket
+// path and merge groups).
+TEST(NonfiniteWordTest, ErrorsSayWhatHappenedAndWhatToDo) {
+  const absl::Status skipped = NonfiniteSkipError(4, 9, NonfiniteWord(1, 0, 12), " in its group");
+  EXPECT_EQ(skipped.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(skipped.message(),
+            "bucket 4 step 9: non-finite gradient from local trainer 0 of node 1, first "
+            "non-finite value at index 12 in its group (nonfinite=error: this step is skipped on "
+            "every node, the residual and the compressor's state are as before it, and the next "
+            "step can go on)");
+  const absl::Status dead = DeadTrainerError("bucket 2 step 3", DeadTrainerWord(1, 0, 77));
+  EXPECT_EQ(dead.code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(dead.message(),
+            "bucket 2 step 3: local trainer 0 (pid 77) of node 1 died, so this step cannot "
+            "complete; end the job (spexd takes a new one once the other trainers of that node "
+            "have left)");
+  const absl::Status broken = DeadTrainerError("g", DeadTrainerWord(0, 1 | kBrokenRank, 5));
+  EXPECT_EQ(broken.message(),
+            "g: local trainer 1 (pid 5) of node 0 broke the shared-segment protocol (its ready "
+            "word went back below the step being exchanged: a trainer of that node wrote into a "
+            "bucket's header), so this step cannot complete; end the job (spexd takes a new one "
+            "once the other trainers of that node have left)");
+}
+
 // Three in-process nodes; node 1 saw a NaN at index 7 from its trainer 2, node 2 one at index 5
 // from its trainer 0, node 0 none: every node gets the same word (the highest node's).
 TEST(NonfiniteWordTest, EveryNodeGetsTheSameWord) {
