@@ -1,3 +1,4 @@
+// Error feedback implemented once for every compressor (error_feedback.h).
 #include "kernels/error_feedback.h"
 
 #include <cmath>

@@ -1,3 +1,5 @@
+// The single-process model of the exchange across N nodes, the oracle of the sparse-exchange
+// tests (reference_cluster.h).
 #include "kernels/reference_cluster.h"
 
 #include <algorithm>

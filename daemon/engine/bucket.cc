@@ -1,3 +1,4 @@
+// EngineBucket's state machine (MoveTo), its counters, ready stamps and summaries (bucket.h).
 #include "daemon/engine/bucket.h"
 
 #include <algorithm>

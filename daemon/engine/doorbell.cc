@@ -1,3 +1,5 @@
+// The node's doorbell segments (doorbell.h): creation per generation, the trainers' mappings,
+// unlinking once every local trainer attached, ringing and shutdown.
 #include "daemon/engine/doorbell.h"
 
 #include <algorithm>

@@ -1,3 +1,5 @@
+// Parsing and validation of EngineOptions (engine_options.h): the flag spellings of its
+// enumerations and the one check of every value before an Engine starts.
 #include "daemon/engine/engine_options.h"
 
 #include <sys/statvfs.h>

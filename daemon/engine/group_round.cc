@@ -1,3 +1,5 @@
+// The merge group's agreement round and a measuring merger's plan agreement (group_round.h):
+// packing the words, the all-reduces and the verdicts every node reaches alike.
 #include "daemon/engine/group_round.h"
 
 #include <vector>

@@ -1,3 +1,5 @@
+// The Ok-Topk sparse all-reduce for pattern-B selections (oktopk_exchange.h): regions,
+// threshold, the reduce-scatter and the all-gather of the winners.
 #include "daemon/engine/oktopk_exchange.h"
 
 #include <algorithm>

@@ -1,3 +1,5 @@
+// The canonical exchange order and the merger's picks (scheduler.h): which buckets are ready
+// on this node, which group goes next, which failed buckets to publish.
 #include "daemon/engine/scheduler.h"
 
 #include <algorithm>

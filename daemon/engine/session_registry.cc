@@ -1,3 +1,5 @@
+// The node's trainer sessions (session_registry.h): Hello/Goodbye bookkeeping, the owner check
+// of every session request, and noticing trainers that died without Goodbye (pidfd).
 #include "daemon/engine/session_registry.h"
 
 #include <poll.h>

@@ -1,3 +1,4 @@
+// The sparse exchange patterns A and B over any Collective (sparse_exchange.h).
 #include "daemon/engine/sparse_exchange.h"
 
 #include <algorithm>

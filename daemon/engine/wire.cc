@@ -1,3 +1,5 @@
+// Encoding and checked decoding of a node's sparse contribution as it travels between daemons
+// (wire.h).
 #include "daemon/engine/wire.h"
 
 #include <algorithm>

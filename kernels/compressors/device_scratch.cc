@@ -1,3 +1,5 @@
+// The compressors' helpers that touch device memory (device_scratch.h): zeroing at host indices,
+// and samples and histograms read back to the host.
 #include "kernels/compressors/device_scratch.h"
 
 #include <algorithm>

@@ -1,3 +1,4 @@
+// The |acc| histogram with cumulative counts and its threshold queries (magnitude_histogram.h).
 #include "kernels/compressors/magnitude_histogram.h"
 
 #include <algorithm>

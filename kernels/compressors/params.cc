@@ -1,3 +1,4 @@
+// Typed, validated compressor parameters from a CompressorSpec's string map (params.h).
 #include "kernels/compressors/params.h"
 
 #include <cmath>

@@ -1,3 +1,4 @@
+// Threshold and top-k selection into a Selection over Primitives (selection.h).
 #include "kernels/compressors/selection.h"
 
 #include <algorithm>

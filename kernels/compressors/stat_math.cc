@@ -1,3 +1,4 @@
+// The scalar statistics of the distribution-fitting compressors (stat_math.h).
 #include "kernels/compressors/stat_math.h"
 
 #include <algorithm>

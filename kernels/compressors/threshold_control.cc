@@ -1,3 +1,4 @@
+// MiCRO's and ExDyna's threshold controllers (threshold_control.h).
 #include "kernels/compressors/threshold_control.h"
 
 #include <algorithm>

@@ -1,3 +1,5 @@
+// Count and select probes at several thresholds in few passes over one buffer
+// (threshold_scanner.h).
 #include "kernels/compressors/threshold_scanner.h"
 
 #include <algorithm>

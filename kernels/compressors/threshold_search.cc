@@ -1,3 +1,5 @@
+// The threshold searches of DGC, RedSync, RedSync-trim and Gaussian-k over a counting callback
+// (threshold_search.h).
 #include "kernels/compressors/threshold_search.h"
 
 #include <algorithm>

@@ -1,3 +1,5 @@
+// The fast CPU Primitives (cpu_primitives.h): each primitive split across the thread pool over
+// the Highway kernels of simd_kernels.cc.
 #include "kernels/cpu/cpu_primitives.h"
 
 #include <sched.h>

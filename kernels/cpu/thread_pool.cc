@@ -1,3 +1,4 @@
+// The persistent thread pool of the CPU primitives (thread_pool.h).
 #include "kernels/cpu/thread_pool.h"
 
 #include <chrono>

@@ -1,3 +1,4 @@
+// Exact top-k by magnitude in about one pass for host-memory Primitives (top_k.h).
 #include "kernels/cpu/top_k.h"
 
 #include <algorithm>

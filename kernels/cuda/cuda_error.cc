@@ -1,3 +1,4 @@
+// CUDA runtime errors as sentences an operator can act on (cuda_error.h).
 #include "kernels/cuda/cuda_error.h"
 
 #include "absl/strings/str_cat.h"

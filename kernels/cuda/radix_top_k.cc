@@ -1,3 +1,5 @@
+// The control logic of the two-digit radix top-k select (radix_top_k.h), shared by the CUDA
+// kernels and the host model of the tests.
 #include "kernels/cuda/radix_top_k.h"
 
 #include <algorithm>

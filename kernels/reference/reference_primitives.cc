@@ -1,3 +1,4 @@
+// The plain scalar Primitives, the oracle of the fast ones (reference_primitives.h).
 #include "kernels/reference/reference_primitives.h"
 
 #include <algorithm>

@@ -1,3 +1,5 @@
+// MagnitudeHistogram against direct counts: BuildFrom equals BuildAt above the floor, FloorOfTop
+// holds at least k and is the highest such bin, a rebuild counts the new values.
 #include "kernels/compressors/magnitude_histogram.h"
 
 #include <cmath>

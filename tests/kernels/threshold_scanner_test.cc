@@ -1,3 +1,5 @@
+// ThresholdScanner's cached and listed answers against fresh counts and direct selects, before
+// and after its input changes.
 #include "kernels/compressors/threshold_scanner.h"
 
 #include <algorithm>
