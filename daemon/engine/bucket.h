@@ -60,8 +60,8 @@ struct BucketExchange {
   uint64_t next_step = 0;
   // A merge group's local reduce (ReduceLocalChecked) already ran for step `reduced_step` and
   // its sum is in place, not yet committed: a member an agreement round left for a later group
-  // keeps it, so that round's reduce is not done again (engine.cc, ProcessGroup). Its finite
-  // check's first non-finite index (elements: none). UINT64_MAX: no such sum.
+  // keeps it, so that round's reduce is not done again (engine_group_exchange.cc, ReduceMember).
+  // Its finite check's first non-finite index (elements: none). UINT64_MAX: no such sum.
   uint64_t reduced_step = UINT64_MAX;
   uint64_t reduced_registrations = 0;  // BucketOutcome::registrations when it was made
   size_t reduced_first_bad = 0;

@@ -17,7 +17,7 @@
 // logic of fixed, omgs (threshold, count) and rgmerge (ready, and model: agreed while it
 // measures, then the static plan of rgmerge_model.h); the group agreement round and the
 // fused exchange are daemon/engine/group_round.h and fused_step.h, and the engine runs the groups
-// (engine.cc, Engine::ProcessGroup).
+// (engine_group_exchange.cc, Engine::ProcessGroup).
 #pragma once
 
 #include <cstddef>
@@ -147,7 +147,7 @@ class Merger {
   virtual std::vector<size_t> Pack(absl::Span<const MergeCandidate> agreed);
 };
 
-// --merger (the mergers are in mergers.h; the engine runs their groups, engine.cc).
+// --merger (the mergers are in mergers.h; the engine runs their groups, engine_group_exchange.cc).
 enum class MergerPolicy { kNone, kFixed, kOmgs, kRgmerge };
 // --omgs_mode (docs/merging.md 4): threshold, count, or OMGS-SGD's adaptive rule on measurements
 // (mgs).
