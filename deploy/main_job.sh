@@ -3,17 +3,19 @@
 # Builds spexd, installs the spex Python package (client/python) into .venv (Debian's Python,
 # system site packages), then runs deploy/train_digits.py: 2 emulated hosts (network namespaces on
 # a bridge, 1 Gbit/s each way, a core each; deploy/emulated_cluster.sh) x 2 DDP trainers each
-# train a 10.5M-parameter MLP on scikit-learn's digits three ways -- DDP with its own gloo
-# all-reduce, spex dense, spex micro at density 0.01 -- printing one line per epoch (loss,
+# train a 10.5M-parameter MLP on scikit-learn's digits five ways -- DDP with its own gloo
+# all-reduce, DDP with PyTorch's fp16_compress_hook and PowerSGD hook (rank 1), spex dense, spex
+# micro at density 0.01 -- printing one line per epoch (loss,
 # accuracy, step and exchange time, achieved density) and a table (time per step, time to 95%
 # test accuracy, final accuracy, speed-up over DDP). CSVs, summary.json and a PNG plot (accuracy
-# against wall-clock time) go to bench/results/train_digits/ (or --results DIR). About 3 minutes
+# against wall-clock time) go to bench/results/train_digits/ (or --results DIR). About 5 minutes
 # on 2 cores. Needs root (network namespaces); --network=loopback runs on this machine's loopback,
 # where each node's daemon and trainers get their own core(s) when the processes outnumber the
 # cores (--pin auto|node|none; spex.cluster.LocalCluster(pin=...)).
 #
 #   bash deploy/main_job.sh [--hosts 4] [--rate 100mbit] [--latency-us 500] [--network loopback]
-#       [--runs gloo,dense,micro:0.01,topk:0.01] [--epochs N] [--hidden N] [--target-acc 95]
+#       [--runs gloo,fp16,bf16,powersgd:RANK,dense,micro:0.01,topk:0.01] [--epochs N] [--hidden N]
+#       [--target-acc 95]
 #       [--pin auto|node|none]
 #   (--param KEY=VALUE: compressor parameters; --spexd-arg=FLAG, repeatable, replaces the default
 #   spexd flags, e.g. to try the daemon's --dense_fallback=auto probe)

@@ -4,8 +4,9 @@ with `micro` (pattern A), `topk` and `dgc` (pattern B) at density 0.01. Each spa
 really be sparse (GetStats: pattern A/B, achieved density near 0.01, no bucket exchanged dense)
 and reach the dense run's test accuracy within 1.5 points; the parameters' SHA-1 must be equal on
 every rank after every step. Also: an unknown compressor or parameter stops the job before
-training with the daemon's list of accepted names, and a bucket the daemon sends dense (under
---min_sparse_elements) is reported with that reason."""
+training with the daemon's list of accepted names, a bucket the daemon sends dense (under
+--min_sparse_elements) is reported with that reason, and PyTorch's own hooks (fp16, PowerSGD,
+bf16 where gloo allows) run as peers for one short epoch each."""
 
 import csv
 import json
@@ -128,6 +129,32 @@ class TrainDigitsTest(unittest.TestCase):
         self.assertEqual(list(run["patterns"]), ["D"])
         self.assertGreaterEqual(run["bucket_exchanges"], run["steps"] - 2)
         self.assertAlmostEqual(run["achieved_density"], 1.0)
+
+    def test_pytorch_hooks_run_beside_spex(self):
+        """Smoke test of the peers a DDP user would pick instead (fp16_compress_hook, PowerSGD,
+        bf16_compress_hook where this torch's gloo can all-reduce bfloat16): one short epoch each,
+        the same parameters on every rank after every step."""
+        out = tempfile.mkdtemp(prefix="peers-", dir=os.environ.get("TEST_TMPDIR", "/tmp"))
+        proc = run_script(out, "--runs", "fp16,bf16,powersgd:2", "--epochs", "1", "--hidden", "64", timeout=150)
+        self.assertEqual(proc.returncode, 0, proc.stdout)
+        with open(os.path.join(out, "summary.json")) as f:
+            runs = {r["label"]: r for r in json.load(f)}
+        self.assertIn("fp16", runs)
+        self.assertIn("powersgd-r2", runs)
+        for r in runs.values():
+            self.assertTrue(r["params_identical"], f"{r['label']}: steps {r['mismatched_steps']} differ")
+            self.assertEqual(r["checked_steps"], r["steps"])
+            self.assertGreater(r["final_acc"], 50.0, r["label"])
+        import torch
+        if "bf16" not in runs:  # refused by this torch's gloo, and said so
+            self.assertIn("run bf16 was not run: this torch", proc.stdout)
+            self.assertTrue(torch.__version__.startswith("1."), "a newer torch should all-reduce bf16")
+
+    def test_powersgd_takes_no_density(self):
+        out = tempfile.mkdtemp(prefix="peers-bad-", dir=os.environ.get("TEST_TMPDIR", "/tmp"))
+        proc = run_script(out, "--runs", "powersgd:0.5", timeout=30)
+        self.assertNotEqual(proc.returncode, 0)
+        self.assertIn("powersgd:RANK needs a whole rank >= 1", proc.stdout)
 
 
 if __name__ == "__main__":
