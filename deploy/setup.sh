@@ -22,6 +22,8 @@ PKGS=(
   # python client, torch hook, the main job
   python3-venv python3-pip python3-dev python3-numpy python3-grpcio python3-protobuf python3-torch
   python3-sklearn python3-matplotlib
+  # the main job's language model (--model lstm): English text from the fortunes files
+  fortunes
   # the main job's model: a real BLAS for torch (Debian's default libblas3 is the reference one)
   libopenblas0-pthread
   # emulated cluster (deploy/emulated_cluster.sh): tc/ip (iproute2), the latency delayer

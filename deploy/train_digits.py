@@ -70,7 +70,16 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                    help="width of the MLP's two hidden layers (default %(default)s: 10.5M parameters, 42 MB of "
                         "gradients per step, so that dense communication dominates at 1 Gbit/s)")
     p.add_argument("--target-acc", type=float, default=95.0, help="test accuracy (%%) for the time-to-accuracy column")
-    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--model", choices=["mlp", "lstm"], default="mlp",
+                   help="mlp (default): the MLP on digits; lstm: a word-level LSTM language model on English text "
+                        "(Debian's fortunes files), judged by test perplexity (--target-ppl)")
+    p.add_argument("--vocab", type=int, default=5000, help="lstm: vocabulary size (most frequent words + <unk>)")
+    p.add_argument("--bptt", type=int, default=35, help="lstm: tokens per training sequence")
+    p.add_argument("--steps-per-epoch", type=int, default=40,
+                   help="lstm: training steps per epoch (the corpus has far more; an epoch is a slice of it)")
+    p.add_argument("--target-ppl", type=float, default=200.0,
+                   help="lstm: test perplexity for the time-to-target column (default %(default)s)")
+    p.add_argument("--lr", type=float, default=None, help="SGD learning rate (default 0.05 for mlp, 0.5 for lstm)")
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP bucket_cap_mb")
     p.add_argument("--mode", choices=["doorbell", "rpc"], default="doorbell", help="spex exchange path")
@@ -152,6 +161,65 @@ def load_data(seed: int):
     mu, sd = xtr.mean(0), xtr.std(0) + 1e-6
     f = lambda a: torch.tensor(((a - mu) / sd).astype(np.float32))  # noqa: E731
     return f(xtr), torch.tensor(ytr), f(xte), torch.tensor(yte)
+
+
+FORTUNES = "/usr/share/games/fortunes"
+
+
+def load_text(seed: int, vocab: int, bptt: int):
+    """Debian's fortunes (about 440,000 words of English: quotations, jokes, definitions; the
+    package `fortunes`), entries split on '%' lines, ASCII-art files left out, shuffled by entry
+    with `seed`, 95% for training. Lower-cased words and punctuation; the `vocab`-1 most frequent
+    tokens keep an id, the rest are <unk>; entries end with <eos>. Returns train and test
+    sequences of bptt+1 tokens (LongTensors [N, bptt+1])."""
+    import random
+    import re
+
+    import torch
+
+    if not os.path.isdir(FORTUNES):
+        sys.exit(f"train_digits: --model lstm needs {FORTUNES} (Debian package fortunes; deploy/setup.sh installs it)")
+    entries = []
+    for name in sorted(os.listdir(FORTUNES)):
+        path = os.path.join(FORTUNES, name)
+        if name.endswith((".dat", ".u8")) or "art" in name or os.path.islink(path) or not os.path.isfile(path):
+            continue
+        with open(path, encoding="utf-8", errors="replace") as f:
+            entries += [e for e in re.split(r"^%$", f.read(), flags=re.M) if e.strip()]
+    random.Random(seed).shuffle(entries)
+    tok = [re.findall(r"[a-z']+|[.,!?;:]", e.lower()) + ["<eos>"] for e in entries]
+    counts: Dict[str, int] = {}
+    cut = int(len(tok) * 0.95)
+    for t in tok[:cut]:
+        for w in t:
+            counts[w] = counts.get(w, 0) + 1
+    words = sorted(counts, key=lambda w: (-counts[w], w))[:vocab - 1]
+    ids = {w: i + 1 for i, w in enumerate(words)}  # 0 = <unk>
+
+    def seqs(part):
+        flat = [ids.get(w, 0) for t in part for w in t]
+        n = len(flat) // (bptt + 1)
+        return torch.tensor(flat[:n * (bptt + 1)], dtype=torch.long).view(n, bptt + 1)
+
+    return seqs(tok[:cut]), seqs(tok[cut:])
+
+
+def lstm_model(vocab: int):
+    """Embedding 128 -> LSTM 256 -> Linear to the vocabulary (the embedding's gradient touches
+    only the batch's words: very sparse and very uneven)."""
+    import torch
+
+    class LM(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(vocab, 128)
+            self.lstm = torch.nn.LSTM(128, 256, batch_first=True)
+            self.dec = torch.nn.Linear(256, vocab)
+
+        def forward(self, x):
+            return self.dec(self.lstm(self.emb(x))[0])
+
+    return LM()
 
 
 def params_digest(model) -> str:
@@ -254,8 +322,12 @@ def train_one(cfg: Dict[str, Any], run: Dict[str, Any], data, run_index: int) ->
     out = run["out"]
     torch.manual_seed(cfg["seed"])
     h = cfg["hidden"]
-    model = torch.nn.Sequential(torch.nn.Linear(64, h), torch.nn.ReLU(), torch.nn.Linear(h, h), torch.nn.ReLU(),
-                                torch.nn.Linear(h, 10))
+    lstm = cfg["model"] == "lstm"
+    if lstm:
+        model = lstm_model(cfg["vocab"])
+    else:
+        model = torch.nn.Sequential(torch.nn.Linear(64, h), torch.nn.ReLU(), torch.nn.Linear(h, h), torch.nn.ReLU(),
+                                    torch.nn.Linear(h, 10))
     bucket_cap_mb = cfg["bucket_cap_mb"]
     first_bucket = dist._DEFAULT_FIRST_BUCKET_BYTES
     if run["compressor"] == "powersgd" and cfg["powersgd_one_bucket"]:
@@ -270,7 +342,10 @@ def train_one(cfg: Dict[str, Any], run: Dict[str, Any], data, run_index: int) ->
         dist._DEFAULT_FIRST_BUCKET_BYTES = int(bucket_cap_mb * 2**20)
     ddp = DDP(model, bucket_cap_mb=bucket_cap_mb)
     dist._DEFAULT_FIRST_BUCKET_BYTES = first_bucket  # the reducer keeps the value it was built with
-    steps_total = (len(xtr) // (world * cfg["batch"])) * cfg["epochs"]
+    steps_per_epoch = len(xtr) // (world * cfg["batch"])
+    if lstm:
+        steps_per_epoch = min(steps_per_epoch, cfg["steps_per_epoch"])
+    steps_total = steps_per_epoch * cfg["epochs"]
     if run["compressor"] == "bf16":
         why = bf16_unsupported()
         if why is not None:
@@ -297,7 +372,6 @@ def train_one(cfg: Dict[str, Any], run: Dict[str, Any], data, run_index: int) ->
     spex_state = state if not is_peer(run) else None
     opt = torch.optim.SGD(model.parameters(), lr=cfg["lr"], momentum=cfg["momentum"])
     batch = cfg["batch"]
-    steps_per_epoch = len(xtr) // (world * batch)
     step_rows, epoch_rows = [], []
     step = 0
     # Rank 0 reads GetStats after every step: achieved density, and which buckets of a sparse
@@ -318,7 +392,12 @@ def train_one(cfg: Dict[str, Any], run: Dict[str, Any], data, run_index: int) ->
             idx = mine[s * batch:(s + 1) * batch]
             t0 = time.perf_counter()
             opt.zero_grad(set_to_none=True)
-            loss = torch.nn.functional.cross_entropy(ddp(xtr[idx]), ytr[idx])
+            if lstm:
+                seq = xtr[idx]
+                loss = torch.nn.functional.cross_entropy(ddp(seq[:, :-1]).reshape(-1, cfg["vocab"]),
+                                                         seq[:, 1:].reshape(-1))
+            else:
+                loss = torch.nn.functional.cross_entropy(ddp(xtr[idx]), ytr[idx])
             loss.backward()
             opt.step()
             step_s = time.perf_counter() - t0
@@ -361,8 +440,15 @@ def train_one(cfg: Dict[str, Any], run: Dict[str, Any], data, run_index: int) ->
             step_rows.append([step, epoch, f"{loss.item():.6f}", f"{step_s:.6f}", f"{exchange_s:.6f}",
                               len(timings), f"{density:.6f}", f"{gath:.6f}", digest])
             step += 1
+        ppl = None
         with torch.no_grad():
-            acc = (model(xte).argmax(1) == yte).float().mean().item() * 100
+            if lstm:  # perplexity and next-word accuracy on the held-out entries
+                logits = model(xte[:, :-1]).reshape(-1, cfg["vocab"])
+                target = xte[:, 1:].reshape(-1)
+                ppl = float(torch.exp(torch.nn.functional.cross_entropy(logits, target)))
+                acc = (logits.argmax(1) == target).float().mean().item() * 100
+            else:
+                acc = (model(xte).argmax(1) == yte).float().mean().item() * 100
         dist.barrier()  # the same for the evaluation: every rank starts the next epoch together
         if spex_state is not None and rank == 0 and not cfg["stats_every"]:
             report = spex_state.exchange_report()
@@ -370,7 +456,7 @@ def train_one(cfg: Dict[str, Any], run: Dict[str, Any], data, run_index: int) ->
                 elems = sum(b["elements"] for b in report)
                 densities.append(sum(b["achieved_density"] * b["elements"] for b in report) / elems)
                 gathered.append(sum(b["gathered_density"] * b["elements"] for b in report) / elems)
-        row = {"epoch": epoch, "loss": sum(losses) / len(losses), "test_acc": acc,
+        row = {"epoch": epoch, "loss": sum(losses) / len(losses), "test_acc": acc, "test_ppl": ppl,
                "exchange_ms": 1e3 * sum(exch) / len(exch), "step_ms": 1e3 * sum(step_times) / len(step_times),
                "wall_s": time.perf_counter() - t_run,
                "density": (sum(densities) / len(densities)) if densities else float("nan"),
@@ -379,6 +465,7 @@ def train_one(cfg: Dict[str, Any], run: Dict[str, Any], data, run_index: int) ->
         epoch_rows.append(row)
         if rank == 0 and not cfg["quiet"]:
             print(f"[{run['label']:>12}] epoch {epoch + 1:3d}/{cfg['epochs']}  loss {row['loss']:.4f}  "
+                  + (f"test ppl {ppl:8.1f}  " if ppl is not None else "") +
                   f"test acc {acc:6.2f}%  step {row['step_ms']:8.2f} ms  exchange {row['exchange_ms']:8.2f} ms/step  "
                   f"density {row['density']:.4f} (gathered {row['gathered_density']:.4f})  ({row['epoch_s']:.2f} s)",
                   flush=True)
@@ -433,7 +520,11 @@ def worker(cfg: Dict[str, Any]) -> None:
     dist.init_process_group("gloo", init_method=cfg["rendezvous"], rank=cfg["rank"], world_size=cfg["world"])
     if os.environ.get("TRAIN_DIGITS_TRACE_COLLECTIVES"):
         trace_collectives(cfg["rank"])
-    data = load_data(cfg["seed"])
+    if cfg["model"] == "lstm":
+        train, test = load_text(cfg["seed"], cfg["vocab"], cfg["bptt"])
+        data = (train, None, test[:256], None)
+    else:
+        data = load_data(cfg["seed"])
     for i, run in enumerate(cfg["runs"]):
         train_one(cfg, run, data, i)
     dist.destroy_process_group()
@@ -486,7 +577,8 @@ def launch(runs: List[Dict[str, Any]], args: argparse.Namespace, cluster) -> flo
                "hidden": args.hidden, "bucket_cap_mb": args.bucket_cap_mb, "runs": runs, "mode": args.mode,
                "lr": args.lr, "momentum": args.momentum, "batch": args.batch, "epochs": args.epochs,
                "stats_every": args.stats_every, "check_every": args.check_every, "quiet": args.quiet,
-               "powersgd_one_bucket": args.powersgd_buckets == "one"}
+               "powersgd_one_bucket": args.powersgd_buckets == "one", "model": args.model, "vocab": args.vocab,
+               "bptt": args.bptt, "steps_per_epoch": args.steps_per_epoch}
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(local),
                    LOCAL_WORLD_SIZE=str(args.trainers), SPEX_SOCKET=cluster.socket(node), OMP_NUM_THREADS="1",
                    OPENBLAS_NUM_THREADS="1")
@@ -527,7 +619,8 @@ def launch(runs: List[Dict[str, Any]], args: argparse.Namespace, cluster) -> flo
     return wall
 
 
-def summarize(run: Dict[str, Any], world: int, target_acc: float = 95.0) -> Dict[str, Any]:
+def summarize(run: Dict[str, Any], world: int, target_acc: float = 95.0,
+              target_ppl: Optional[float] = None) -> Dict[str, Any]:
     out = run["out"]
     with open(os.path.join(out, "epochs.json")) as f:
         ep = json.load(f)
@@ -550,13 +643,22 @@ def summarize(run: Dict[str, Any], world: int, target_acc: float = 95.0) -> Dict
     gath = [float(r["gathered_density"]) for r in rows0 if r["gathered_density"] not in ("nan", "")]
     gath = [d for d in gath if d == d]
     epochs = ep["epochs"]
-    reached = next((e for e in epochs if e["test_acc"] >= target_acc), None)
+    lm = epochs[0].get("test_ppl") is not None and target_ppl is not None
+    if lm:  # a language model: the target is a test perplexity (lower is better)
+        reached = next((e for e in epochs if e["test_ppl"] <= target_ppl), None)
+        target_label, final_label = f"ppl {target_ppl:g}", f"ppl {epochs[-1]['test_ppl']:.1f}"
+    else:
+        reached = next((e for e in epochs if e["test_acc"] >= target_acc), None)
+        target_label, final_label = f"{target_acc:g}%", f"{epochs[-1]['test_acc']:.2f}%"
     pct = lambda v, q: 1e3 * sorted(v)[min(len(v) - 1, int(q * len(v)))]  # noqa: E731
     # After the first epoch: its first steps register the buckets (twice: DDP rebuilds its
     # buckets after the first iteration) and touch fresh memory, up to 10x a later step.
     later = [float(r["exchange_s"]) for r in rows0 if int(r["epoch"]) > 0] or exch
     return {
         "target_acc": target_acc, "time_to_target_s": reached["wall_s"] if reached else None,
+        "target": target_label, "final": final_label,
+        "final_ppl": epochs[-1].get("test_ppl"), "best_ppl": min((e["test_ppl"] for e in epochs), default=None)
+        if lm else None,
         "epochs_to_target": reached["epoch"] + 1 if reached else None,
         "exchange_ms_p50": pct(exch, 0.5), "exchange_ms_p90": pct(exch, 0.9),
         "exchange_ms_p50_after_epoch1": pct(later, 0.5), "exchange_ms_p90_after_epoch1": pct(later, 0.9),
@@ -607,15 +709,24 @@ def write_outputs(results: List[Dict[str, Any]], out: str, title: str = "") -> N
         label = r["label"]
         st = [int(s["step"]) for s in r["step_rows"]]
         ax[0][0].plot(st, [float(s["loss"]) for s in r["step_rows"]], label=label, lw=0.8)
-        ax[0][1].plot([0.0] + [e["wall_s"] for e in r["epoch_rows"]], [10.0] + [e["test_acc"] for e in r["epoch_rows"]],
-                      label=label, marker=".")
+        if r.get("final_ppl") is not None:
+            ax[0][1].plot([e["wall_s"] for e in r["epoch_rows"]], [e["test_ppl"] for e in r["epoch_rows"]],
+                          label=label, marker=".")
+        else:
+            ax[0][1].plot([0.0] + [e["wall_s"] for e in r["epoch_rows"]],
+                          [10.0] + [e["test_acc"] for e in r["epoch_rows"]], label=label, marker=".")
         ax[1][0].plot(st, [1e3 * float(s["exchange_s"]) for s in r["step_rows"]], label=label, lw=0.6)
         d = [(int(s["step"]), float(s["density"])) for s in r["step_rows"] if s["density"] not in ("nan", "")]
         d = [(a, b) for a, b in d if b == b]
         if d:
             ax[1][1].plot([a for a, _ in d], [b for _, b in d], label=label, lw=0.8)
     ax[0][0].set(title="training loss (rank 0)", xlabel="step", yscale="log")
-    ax[0][1].set(title="test accuracy (%) against wall-clock time", xlabel="seconds since the run's start", ylim=(0, 100))
+    if results and results[0].get("final_ppl") is not None:
+        ax[0][1].set(title="test perplexity against wall-clock time", xlabel="seconds since the run's start",
+                     yscale="log")
+    else:
+        ax[0][1].set(title="test accuracy (%) against wall-clock time", xlabel="seconds since the run's start",
+                     ylim=(0, 100))
     ax[1][0].set(title="exchange time per step (ms, sum over buckets)", xlabel="step", yscale="log")
     ax[1][1].set(title="achieved density (GetStats, node 0)", xlabel="step", yscale="log")
     for a in ax.flat:
@@ -632,11 +743,11 @@ def print_speedup_table(results: List[Dict[str, Any]]) -> None:
     """Time per step, time to the target accuracy, final accuracy and the speed-up over the first
     run (DDP's own all-reduce by default), all measured in this run."""
     base = results[0]
-    target = base["target_acc"]
+    target = base["target"]
     w = max(12, *(len(r["label"]) for r in results)) + 2
     print(f"\nresult (baseline: {base['label']}; speed-ups are ratios of times measured in this run)")
     print(f"{'run':<{w}}{'step ms':>9}{'exch ms':>9}{'exch p50/p90':>15}{'later p50/p90':>15}{'speed-up':>10}"
-          f"{f'to {target:g}%':>11}{'steps':>7}{'speed-up':>10}{'final acc':>11}")
+          f"{f'to {target}':>11}{'steps':>7}{'speed-up':>10}{'final':>11}")
     for r in results:
         tt, bt = r["time_to_target_s"], base["time_to_target_s"]
         tts = f"{tt:.1f} s" if tt is not None else "never"
@@ -646,13 +757,14 @@ def print_speedup_table(results: List[Dict[str, Any]]) -> None:
               f"{r['exchange_ms_p50']:>7.1f}/{r['exchange_ms_p90']:<7.1f}"
               f"{r['exchange_ms_p50_after_epoch1']:>7.1f}/{r['exchange_ms_p90_after_epoch1']:<7.1f}"
               f"{base['step_ms'] / r['step_ms']:>9.2f}x"
-              f"{tts:>11}{steps:>7}{tsu:>10}{r['final_acc']:>10.2f}%")
+              f"{tts:>11}{steps:>7}{tsu:>10}{r['final']:>11}")
     for line in against_hooks(results):
         print(line)
     print("step ms: forward + backward (with the exchange) + optimizer step, mean over rank 0's steps; exch ms: "
           "from handing a bucket over to its result, summed over the step's buckets (p50/p90: all steps; later: "
           "after the first epoch); to X%: wall-clock time from the run's start to the first epoch whose test "
-          "accuracy reached X% (evaluation included); steps: the training steps up to the end of that epoch")
+          "accuracy reached X% (or whose test perplexity fell to the target; evaluation included); steps: the "
+          "training steps up to the end of that epoch")
 
 
 def against_hooks(results: List[Dict[str, Any]]) -> List[str]:
@@ -663,17 +775,17 @@ def against_hooks(results: List[Dict[str, Any]]) -> List[str]:
         return []
     reached = [r for r in hooks if r["time_to_target_s"]]
     if not reached:
-        return [f"no PyTorch hook ({', '.join(r['label'] for r in hooks)}) reached {results[0]['target_acc']:g}%"]
+        return [f"no PyTorch hook ({', '.join(r['label'] for r in hooks)}) reached {results[0]['target']}"]
     best = min(reached, key=lambda r: r["time_to_target_s"])
     lines = []
     for r in results:
         if is_peer(r):
             continue
         if r["time_to_target_s"]:
-            lines.append(f"{r['label']} reached {r['target_acc']:g}% {best['time_to_target_s'] / r['time_to_target_s']:.2f}x "
+            lines.append(f"{r['label']} reached {r['target']} {best['time_to_target_s'] / r['time_to_target_s']:.2f}x "
                          f"sooner than the fastest PyTorch hook ({best['label']}, {best['time_to_target_s']:.1f} s)")
         else:
-            lines.append(f"{r['label']} never reached {r['target_acc']:g}%; the fastest PyTorch hook "
+            lines.append(f"{r['label']} never reached {r['target']}; the fastest PyTorch hook "
                          f"({best['label']}) did in {best['time_to_target_s']:.1f} s")
     return lines
 
@@ -727,6 +839,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         worker(json.loads(args.worker))
         return 0
     runs = parse_runs(args.runs)
+    if args.lr is None:
+        args.lr = 0.5 if args.model == "lstm" else 0.05
     from spex.cluster import LocalCluster
     from spex.emulated import EmulatedCluster, EmulationUnavailable
 
@@ -748,10 +862,16 @@ def main(argv: Optional[List[str]] = None) -> int:
             run["params"] = params
     h = args.hidden
     n_params = 64 * h + h + h * h + h + h * 10 + 10
+    model_desc = f"MLP 64-{h}-{h}-10 ({n_params / 1e6:.2f}M parameters) on digits"
+    if args.model == "lstm":
+        v = args.vocab
+        n_params = v * 128 + 4 * 256 * (128 + 256 + 2) + 256 * v + v
+        model_desc = (f"LSTM language model (embedding {v}x128, LSTM 256, {n_params / 1e6:.2f}M parameters) on "
+                      f"English text (Debian's fortunes), {args.steps_per_epoch} steps of {args.bptt} tokens per epoch")
     where = (f"emulated hosts at {args.rate} each way" + (f", +{args.latency_us} us one-way" if args.latency_us else "")
              if args.network == "emulated" else "this machine's loopback")
     print(f"train_digits: {args.nodes} nodes x {args.trainers} trainers on {where} (DDP over gloo, "
-          f"{args.nodes * args.trainers} processes), MLP 64-{h}-{h}-10 ({n_params / 1e6:.2f}M parameters) on digits, "
+          f"{args.nodes * args.trainers} processes), {model_desc}, "
           f"{args.epochs} epochs, batch {args.batch}/process, runs: {', '.join(r['label'] for r in runs)}; "
           f"spexd {' '.join(spexd_args)}; results in {out}", flush=True)
     planned = []
@@ -786,12 +906,14 @@ def main(argv: Optional[List[str]] = None) -> int:
             os.makedirs(run["out"], exist_ok=True)
             planned.append(run)
         wall = launch(planned, args, cluster)
-    results = [summarize(run, args.nodes * args.trainers, args.target_acc) for run in planned]
+    results = [summarize(run, args.nodes * args.trainers, args.target_acc,
+                         args.target_ppl if args.model == "lstm" else None) for run in planned]
     for r in results:
         if "unsupported" in r:
             print(f"train_digits: run {r['label']} was not run: {r['unsupported']}")
     results = [r for r in results if "unsupported" not in r]
-    title = (f"{args.nodes} nodes x {args.trainers} trainers, {where}, MLP {n_params / 1e6:.1f}M parameters, "
+    title = (f"{args.nodes} nodes x {args.trainers} trainers, {where}, {model_desc.split(' (')[0]} "
+             f"{n_params / 1e6:.1f}M parameters, "
              f"{ncpu} cores")
     if results:
         write_outputs(results, out, title)

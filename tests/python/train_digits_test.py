@@ -6,7 +6,8 @@ and reach the dense run's test accuracy within 1.5 points; the parameters' SHA-1
 every rank after every step. Also: an unknown compressor or parameter stops the job before
 training with the daemon's list of accepted names, a bucket the daemon sends dense (under
 --min_sparse_elements) is reported with that reason, and PyTorch's own hooks (fp16, PowerSGD,
-bf16 where gloo allows) run as peers for one short epoch each."""
+bf16 where gloo allows) run as peers for one short epoch each, and the LSTM language model
+(--model lstm) trains for a few steps."""
 
 import csv
 import json
@@ -149,6 +150,25 @@ class TrainDigitsTest(unittest.TestCase):
         if "bf16" not in runs:  # refused by this torch's gloo, and said so
             self.assertIn("run bf16 was not run: this torch", proc.stdout)
             self.assertTrue(torch.__version__.startswith("1."), "a newer torch should all-reduce bf16")
+
+    def test_lstm_language_model_smoke(self):
+        """--model lstm: the word-level LSTM on Debian's fortunes text trains through the hook and
+        through DDP's own all-reduce, reports test perplexity, ranks stay identical."""
+        out = tempfile.mkdtemp(prefix="lstm-", dir=os.environ.get("TEST_TMPDIR", "/tmp"))
+        proc = run_script(out, "--model", "lstm", "--runs", "gloo,micro:0.01", "--epochs", "2",
+                          "--steps-per-epoch", "5", "--vocab", "2000", "--target-ppl", "100000", timeout=150)
+        self.assertEqual(proc.returncode, 0, proc.stdout)
+        self.assertIn("LSTM language model", proc.stdout)
+        with open(os.path.join(out, "summary.json")) as f:
+            runs = {r["label"]: r for r in json.load(f)}
+        self.assertEqual(set(runs), {"gloo", "micro@0.01"})
+        for r in runs.values():
+            self.assertTrue(r["params_identical"], r["label"])
+            self.assertEqual(r["steps"], 10)
+            self.assertEqual(r["target"], "ppl 100000")
+            self.assertIsNotNone(r["time_to_target_s"], r["label"])  # reached at once: ppl < vocabulary size
+            self.assertLess(r["final_ppl"], 2000, r["label"])  # below a uniform guess over 2000 words
+        self.assertLess(runs["micro@0.01"]["achieved_density"], 0.011)
 
     def test_powersgd_takes_no_density(self):
         out = tempfile.mkdtemp(prefix="peers-bad-", dir=os.environ.get("TEST_TMPDIR", "/tmp"))
