@@ -84,6 +84,7 @@ absl::Status BucketTable::AllocateHost(EngineBucket* b) {
   b->mem.shm = std::move(*shm);
   uint8_t* base = static_cast<uint8_t*>(b->mem.shm->data());
   b->mem.header = NewHeader(base, b->id, b->elements, slots);
+  b->mem.view.pulled = b->mem.shm->pulled_flag();
   for (uint32_t r = 0; r < slots; ++r) {
     b->mem.view.input[r] = reinterpret_cast<float*>(base + InputOffset(b->elements, r));
   }

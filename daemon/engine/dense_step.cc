@@ -38,8 +38,16 @@ absl::Status ReduceLocalChecked(const StepEnv& env, const BucketData& b, bool sp
     if (PowerOfTwo(N * L)) scale = 1.0f / static_cast<float>(N * L);
   }
   for (int r = 0; r < L; ++r) xs[count++] = b.input[r];
-  if (!check) return env.prims->SumScaled(y, xs, count, scale, n);
-  return env.prims->SumScaledCheckFinite(y, xs, count, scale, n, first_bad);
+  absl::Status s = check ? env.prims->SumScaledCheckFinite(y, xs, count, scale, n, first_bad)
+                         : env.prims->SumScaled(y, xs, count, scale, n);
+  if (b.pulled != nullptr && b.pulled->load(std::memory_order_acquire)) {
+    return absl::DataLossError(absl::StrCat(
+        "bucket ", b.id,
+        ": a process of this node shrank the bucket's shared segment (ftruncate) while spexd "
+        "used it; its inputs are gone, so every step of this bucket fails. End the job and find "
+        "the trainer that truncated /dev/shm memory (spexd serves the next job)"));
+  }
+  return s;
 }
 
 void CommitLocalSum(BucketData* b) {

@@ -10,6 +10,7 @@
 // (AgreeOnAllNodes) then fails the step on every node alike.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -49,6 +50,9 @@ struct BucketData {
   float* acc_next = nullptr;
   bool on_device = false;
   Scratch* scratch = nullptr;  // device: uploads of indices and values (else null)
+  // Set once a process shrank the bucket's shared segment under the daemon (segment_guard.h):
+  // the inputs read since are zeros, so ReduceLocalChecked fails the step. Null: unguarded.
+  const std::atomic<bool>* pulled = nullptr;
 };
 
 // A sparse bucket's state across steps (engine thread only).

@@ -59,6 +59,7 @@ absl::StatusOr<std::unique_ptr<ShmBuffer>> ShmBuffer::Create(size_t size, const 
 
 ShmBuffer::~ShmBuffer() {
   Unlink().IgnoreError();
+  guard_.reset();
   munmap(base_, size_);
 }
 

@@ -1,6 +1,8 @@
 // POSIX shared memory for the CPU path: the daemon creates a segment with an unguessable name
 // and mode 0600 (ShmBuffer), trainers map it by name (ShmMapping). The name is unlinked as
-// soon as every trainer has attached, so a killed process leaks nothing in /dev/shm.
+// soon as every trainer has attached, so a killed process leaks nothing in /dev/shm. The
+// daemon's mapping is guarded (segment_guard.h): a trainer shrinking the segment fails its
+// bucket instead of killing the daemon.
 #pragma once
 
 #include <cstddef>
@@ -9,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "daemon/memory/segment_guard.h"
 #include "daemon/memory/shared_buffer.h"
 
 namespace spex {
@@ -28,13 +31,21 @@ class ShmBuffer : public SharedBuffer {
 
   const std::string& name() const { return name_; }
   bool unlinked() const { return unlinked_; }
+  // Whether someone shrank the segment under the daemon (its memory now reads as zeros and
+  // nothing written reaches the trainers); stays set.
+  bool pulled() const { return guard_->pulled(); }
+  const std::atomic<bool>* pulled_flag() const { return guard_->flag(); }
 
  private:
   ShmBuffer(std::string name, void* base, size_t size)
-      : name_(std::move(name)), base_(base), size_(size) {}
+      : name_(std::move(name)),
+        base_(base),
+        size_(size),
+        guard_(std::make_unique<SegmentGuard>(base, size)) {}
   std::string name_;
   void* base_;
   size_t size_;
+  std::unique_ptr<SegmentGuard> guard_;  // released before the range is unmapped
   bool unlinked_ = false;
 };
 

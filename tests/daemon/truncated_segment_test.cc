@@ -1,0 +1,134 @@
+// A trainer that shrinks its bucket's shared segment (ftruncate on the /dev/shm file it mapped)
+// must not bring the daemon down: before the segment guard the engine's next read raised SIGBUS
+// and killed the process (and, under mpirun, every node). On 2 nodes x 1 trainer: node 0's
+// bucket A segment is cut behind its header, then to nothing; each time bucket A's step fails on
+// both nodes with an error, bucket B goes on with exact results, the process lives, and after the
+// job the engines serve a new one exactly.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "daemon/engine/engine.h"
+#include "daemon/memory/layout.h"
+#include "daemon/memory/segment_guard.h"
+#include "daemon/memory/shm_buffer.h"
+#include "gtest/gtest.h"
+#include "tests/support/engine_cluster.h"
+
+namespace spex::test {
+namespace {
+
+constexpr int kNodes = 2;
+constexpr uint64_t kA = 1, kB = 2;
+constexpr uint64_t kElems = 4096;
+
+float Value(int node, uint64_t bucket, uint64_t step, size_t i) {
+  return static_cast<float>(static_cast<int>((node * 3 + bucket * 5 + step * 7 + i) % 13) - 6);
+}
+
+class TruncatedSegment : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    EngineClusterOptions o;
+    o.nodes = kNodes;
+    o.engine.shm_tag = "trunc";
+    cluster_ = std::make_unique<EngineCluster>(o);
+    ASSERT_TRUE(cluster_->status().ok()) << cluster_->status();
+  }
+
+  void OpenJob() {
+    trainers_.clear();
+    for (int node = 0; node < kNodes; ++node) {
+      auto t = Trainer::Open(&cluster_->engine(node), 0, 1);
+      ASSERT_TRUE(t.ok()) << t.status();
+      trainers_.push_back(std::make_unique<Trainer>(std::move(*t)));
+    }
+  }
+
+  // Step `step` of `bucket` on every node at once (the RPC path); each node's status.
+  std::vector<absl::Status> Step(uint64_t bucket, uint64_t step) {
+    std::vector<absl::Status> out(kNodes);
+    std::vector<std::thread> threads;
+    for (int node = 0; node < kNodes; ++node) {
+      threads.emplace_back([&, node] {
+        Trainer& t = *trainers_[node];
+        t.Fill(bucket, [&](size_t i) { return Value(node, bucket, step, i); });
+        out[node] = t.Exchange(bucket, step, absl::Seconds(20)).status();
+      });
+    }
+    for (auto& th : threads) th.join();
+    return out;
+  }
+
+  void ExpectExact(uint64_t bucket, uint64_t step) {
+    std::vector<absl::Status> s = Step(bucket, step);
+    for (int node = 0; node < kNodes; ++node) {
+      ASSERT_TRUE(s[node].ok()) << "node " << node << ": " << s[node];
+      const float* out = trainers_[node]->output(bucket);
+      for (size_t i = 0; i < kElems; ++i) {
+        const float want = (Value(0, bucket, step, i) + Value(1, bucket, step, i)) / 2;
+        ASSERT_EQ(out[i], want) << "node " << node << " bucket " << bucket << " i " << i;
+      }
+    }
+  }
+
+  std::unique_ptr<EngineCluster> cluster_;
+  std::vector<std::unique_ptr<Trainer>> trainers_;
+};
+
+TEST_F(TruncatedSegment, ShrunkSegmentFailsItsBucketNotTheDaemon) {
+  OpenJob();
+  std::vector<int> fds;
+  for (uint64_t bucket : {kA, kB}) {
+    for (int node = 0; node < kNodes; ++node) {
+      auto g = trainers_[node]->Register(bucket, kElems, "dense", 0);
+      ASSERT_TRUE(g.ok()) << g.status();
+    }
+  }
+  // What a hostile trainer keeps: its own descriptor of the segment, opened while it is linked.
+  const ShmBuffer* seg = trainers_[0]->grant(kA).buffer;
+  const int fd = shm_open(seg->name().c_str(), O_RDWR, 0);
+  ASSERT_GE(fd, 0) << "the segment " << seg->name() << " is unlinked already";
+  ExpectExact(kA, 0);
+  ExpectExact(kB, 0);
+  const int repairs = SegmentGuard::repairs();
+
+  // Cut behind the header: the input slots are gone, the ready words stay.
+  ASSERT_EQ(ftruncate(fd, static_cast<off_t>(InputOffset(kElems, 0))), 0);
+  std::vector<absl::Status> s = Step(kA, 1);
+  for (int node = 0; node < kNodes; ++node) {
+    EXPECT_FALSE(s[node].ok()) << "node " << node << " published a step over vanished inputs";
+  }
+  EXPECT_TRUE(absl::StrContains(s[0].message(), "shrank the bucket's shared segment")) << s[0];
+  EXPECT_TRUE(seg->pulled());
+  EXPECT_EQ(SegmentGuard::repairs(), repairs + 1);
+  ExpectExact(kB, 1);  // the other bucket carries on
+  // Later steps of A keep failing, promptly.
+  s = Step(kA, 2);
+  EXPECT_FALSE(s[0].ok());
+  EXPECT_FALSE(s[1].ok());
+
+  // To nothing, header included: still no crash.
+  ASSERT_EQ(ftruncate(fd, 0), 0);
+  Step(kA, 3);
+  close(fd);
+
+  // The job ends; both engines serve the next one exactly.
+  for (auto& t : trainers_) EXPECT_TRUE(t->Goodbye().ok());
+  OpenJob();
+  for (int node = 0; node < kNodes; ++node) {
+    auto g = trainers_[node]->Register(kA, kElems, "dense", 0);
+    ASSERT_TRUE(g.ok()) << g.status();
+  }
+  ExpectExact(kA, 0);
+  ExpectExact(kA, 1);
+}
+
+}  // namespace
+}  // namespace spex::test
