@@ -12,7 +12,8 @@ time, exchange time, achieved density from GetStats) and a comparison table (tim
 to --target-acc, final accuracy, speed-up over the first run, DDP); writes per-step and per-epoch
 CSVs, summary.json and a PNG plot (accuracy against wall-clock time) under --results.
 
-Runs: NAME[:DENSITY] with NAME a spexd compressor (dense, micro, topk, dgc, sidco_e, ...), or a
+Runs: NAME[:DENSITY][/wN] with NAME a spexd compressor (dense, micro, topk, dgc, sidco_e, ...;
+/wN: DGC's density warm-up, 4x the target per remaining epoch over the first N epochs), or a
 PyTorch peer registered as its documentation says: `gloo` (plain DDP all-reduce, no spex), `fp16`
 (fp16_compress_hook), `bf16` (bf16_compress_hook; skipped, saying why, where this torch's gloo
 cannot all-reduce bfloat16, as torch 1.13's cannot), `powersgd[:RANK]` (powerSGD_hook,
@@ -125,7 +126,11 @@ def parse_runs(spec: str) -> List[Dict[str, Any]]:
         item = item.strip()
         if not item:
             continue
+        item, _, warm = item.partition("/w")
         name, _, dens = item.partition(":")
+        if warm and (not warm.isdigit() or name in ("dense", *PEERS)):
+            sys.exit(f"train_digits: run {item}/w{warm}: /wN (density warm-up over N epochs) needs a whole N and a "
+                     f"sparse spex compressor")
         if name == "powersgd":
             # PowerSGD's parameter is its matrix approximation rank (PyTorch's default 1).
             if dens and not (dens.isdigit() and int(dens) >= 1):
@@ -139,8 +144,8 @@ def parse_runs(spec: str) -> List[Dict[str, Any]]:
         density = float(dens) if dens else (1.0 if name in ("dense", *PEERS) else 0.01)
         if not 0 < density <= 1:
             sys.exit(f"train_digits: density of run {item!r} must be in (0, 1]")
-        runs.append({"name": name, "compressor": name, "density": density,
-                     "label": name if name in ("dense", *PEERS) else f"{name}@{density:g}"})
+        runs.append({"name": name, "compressor": name, "density": density, "warmup_epochs": int(warm or 0),
+                     "label": (name if name in ("dense", *PEERS) else f"{name}@{density:g}") + (f"/w{warm}" if warm else "")})
     if not runs:
         sys.exit("train_digits: --runs names no run")
     return runs
@@ -384,6 +389,11 @@ def train_one(cfg: Dict[str, Any], run: Dict[str, Any], data, run_index: int) ->
     patterns: Dict[str, int] = {}
     t_run = time.perf_counter()
     for epoch in range(cfg["epochs"]):
+        warm = run.get("warmup_epochs", 0)
+        if spex_state is not None and rank == 0 and warm and epoch <= warm:
+            # DGC's warm-up: the density falls 4x per epoch to the target over the first `warm`
+            # epochs (all nodes switch at the same step; the daemons agree on it).
+            spex_state.set_density(min(1.0, run["density"] * 4.0 ** (warm - epoch)))
         t_epoch = time.perf_counter()
         perm = torch.randperm(len(xtr), generator=torch.Generator().manual_seed(cfg["seed"] * 100003 + epoch))
         mine = perm[rank::world]
@@ -902,7 +912,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 if why is not None:
                     print(f"train_digits: ERROR: run {run['label']}: {why}", flush=True)
                     return 2
-            run["out"] = os.path.join(out, run["label"].replace("@", "_"))
+            run["out"] = os.path.join(out, run["label"].replace("@", "_").replace("/", "_"))
             os.makedirs(run["out"], exist_ok=True)
             planned.append(run)
         wall = launch(planned, args, cluster)
