@@ -92,7 +92,13 @@ PeerListener::PeerListener(ListenerOptions options, int fd, int wake)
   floor_ = kFirstCycled;
 }
 
-PeerListener::~PeerListener() { Stop(); }
+PeerListener::~PeerListener() {
+  Stop();
+  absl::MutexLock lock(&mu_);
+  for (auto& [n, c] : conns_) close(c.watch);
+  conns_.clear();
+  counts_.open = 0;
+}
 
 void PeerListener::Serve(grpc::Server* server) {
   thread_ = std::thread([this, server] { AcceptLoop(server); });
@@ -107,10 +113,8 @@ void PeerListener::Stop() {
   if (thread_.joinable()) thread_.join();
   close(fd_);
   close(wake_);
-  absl::MutexLock lock(&mu_);
-  for (auto& [n, c] : conns_) close(c.watch);
-  conns_.clear();
-  counts_.open = 0;
+  // The connections stay known: calls in flight during the server's shutdown still need their
+  // callers (the destructor forgets them).
 }
 
 bool PeerListener::Allowed(uint32_t uid) const {

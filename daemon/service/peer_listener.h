@@ -52,14 +52,14 @@ class PeerListener {
   // Binds and listens on options.path (mode set before listen(), so no connection sees
   // another mode). Connections wait in the backlog until Serve().
   static absl::StatusOr<std::unique_ptr<PeerListener>> Listen(ListenerOptions options);
-  ~PeerListener();  // Stop()
+  ~PeerListener();  // Stop(), then closes this listener's own copies of the connections
   PeerListener(const PeerListener&) = delete;
   PeerListener& operator=(const PeerListener&) = delete;
 
   // Starts the accept thread: every allowed connection goes to `server` (already started).
   void Serve(grpc::Server* server);
-  // Ends the accept thread and closes the listening socket and this listener's own copies of
-  // the connections (gRPC's copies are closed by the server's shutdown). Idempotent.
+  // Ends the accept thread and closes the listening socket; connections already handed over stay
+  // known to Lookup until the destructor (gRPC closes its copies at its shutdown). Idempotent.
   void Stop();
 
   // The credentials of the connection a gRPC call names `peer` ("fd:<N>"); nullopt for a name

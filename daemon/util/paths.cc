@@ -137,8 +137,8 @@ absl::StatusOr<uid_t> CheckServerSocket(const std::string& socket,
   if (server != getuid() && server != 0 && std::find(ok.begin(), ok.end(), server) == ok.end()) {
     return absl::PermissionDeniedError(absl::StrCat(
         "the process listening at ", socket, " (pid ", cred.pid, ") runs as ", Who(server),
-        ", not as you (", Who(getuid()),
-        ") or root: it may be another user's impostor waiting for your gradients. Use your own "
+        ", not as you or root (you are ", Who(getuid()),
+        "): it may be another user's impostor waiting for your gradients. Use your own "
         "daemon's socket; if this is your site's shared daemon, set SPEX_TRUST_SERVER_UIDS=",
         server));
   }

@@ -106,8 +106,8 @@ def check_server(path: str, sock: _socket.socket, trusted: Iterable[int] = ()) -
     pid, uid, _ = peer_uid(sock)
     if uid not in trusted_server_uids(trusted):
         raise SpexSecurityError(
-            f"the process listening at {path} (pid {pid}) runs as {_who(uid)}, not as you ({_who(os.getuid())}) or "
-            f"root: it may be another user's impostor waiting for your gradients. Use your own daemon's socket; if "
+            f"the process listening at {path} (pid {pid}) runs as {_who(uid)}, not as you or root (you are "
+            f"{_who(os.getuid())}): it may be another user's impostor waiting for your gradients. Use your own daemon's socket; if "
             f"this is your site's shared daemon, set SPEX_TRUST_SERVER_UIDS={uid}")
     directory = os.path.dirname(os.path.abspath(path))
     problem = private_directory_problem(directory, os.getuid())
