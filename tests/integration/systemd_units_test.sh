@@ -3,6 +3,8 @@
 #  - `systemd-analyze verify` of spexd.service prints nothing (it exits 0 on unknown keys and
 #    bad values, so any output fails; a unit with a typo is checked to produce output);
 #  - `systemd-analyze security --offline=true` rates it at most 3.0 (prints the score);
+#  - the per-user template spexd@.service (as spexd@daemon) verifies clean, rates <= 3.0 and
+#    runs as its user with a 0700 socket directory, task, file and memory limits;
 #  - spex.sysusers.conf and spex.tmpfiles.conf make user/group spex and /run/spex 0750
 #    spex:spex in a scratch root; spex-world passes shellcheck and `sh -n`;
 #  - spex-world starts a one-host world (mpirun, spexd serving on SPEX_SOCKET_PATH with mode
@@ -31,6 +33,23 @@ else
   out=$(systemd-analyze verify "$T/typo.service" 2>&1)
   [ -n "$out" ] && record verify_catches_typos "" ||
     record verify_catches_typos "verify printed nothing for an unknown key"
+  # The per-user template, instantiated for an existing user: verifies clean, rates <= 3.0,
+  # runs as the instance's user with its own 0700 socket directory and bounded resources.
+  sed "s#/usr/local/#$T/root/usr/local/#g" "$U/spexd@.service" >"$T/spexd@daemon.service"
+  out=$(systemd-analyze verify "$T/spexd@daemon.service" 2>&1); rc=$?
+  [ $rc = 0 ] && [ -z "$out" ] && record verify_per_user "" ||
+    record verify_per_user "systemd-analyze verify spexd@daemon.service: rc $rc, output: $out"
+  msg=""
+  for line in "User=%i" "RuntimeDirectory=spex/%i" "RuntimeDirectoryMode=0700" "TasksMax=" \
+    "LimitNOFILE=" "MemoryMax=" "SPEX_SOCKET_PATH=/run/spex/%i/spexd.sock SPEX_SOCKET_MODE=0600"; do
+    grep -q -- "$line" "$U/spexd@.service" || msg="$msg missing '$line';"
+  done
+  record per_user_unit_isolates "$msg"
+  psec=$(systemd-analyze security --offline=true "$T/spexd@daemon.service" 2>&1 | tail -n 3)
+  pscore=$(printf '%s\n' "$psec" | sed -n 's/.*Overall exposure level for spexd@daemon.service: \([0-9.]*\).*/\1/p')
+  echo "systemd-analyze security --offline=true spexd@daemon.service: exposure ${pscore:-?}"
+  awk -v s="${pscore:-99}" 'BEGIN { exit !(s <= 3.0) }' && record security_score_per_user "" ||
+    record security_score_per_user "exposure ${pscore:-unknown} > 3.0: $psec"
   sec=$(systemd-analyze security --offline=true "$T/spexd.service" 2>&1 | tail -n 3)
   score=$(printf '%s\n' "$sec" | sed -n 's/.*Overall exposure level for spexd.service: \([0-9.]*\).*/\1/p')
   echo "systemd-analyze security --offline=true spexd.service: exposure ${score:-?}"
