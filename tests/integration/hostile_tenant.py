@@ -1,0 +1,343 @@
+"""The hostile-tenant suite (driven by hostile_tenant_test.sh, as root): real users, a victim's
+job running on its own spexd, and attacks by other users and hostile processes beside it. Each
+attack is tried and judged refused/contained or succeeded; the victim's job must finish every
+step with exact averages. Prints the figure: attacks tried, succeeded, jobs disturbed."""
+
+import json
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+W, SPEXD, PY = sys.argv[1], sys.argv[2], sys.argv[3]
+VICTIM, ATTACKER, STRANGER = "spexvictim", "spexattacker", "spexstranger"
+ENV = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "PYTHONDONTWRITEBYTECODE": "1",
+       **{k: v for k, v in os.environ.items() if k.startswith("OMPI_MCA_")}}
+
+results = []  # (attack, succeeded, detail)
+
+
+def uid(name):
+    return pwd.getpwnam(name).pw_uid
+
+
+def as_user(user, args, **kw):
+    return subprocess.run(["runuser", "-u", user, "--", "env", *[f"{k}={v}" for k, v in ENV.items()], *args],
+                          capture_output=True, text=True, **kw)
+
+
+def popen_as(user, args, log):
+    return subprocess.Popen(["runuser", "-u", user, "--", "env", *[f"{k}={v}" for k, v in ENV.items()], *args],
+                            stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def py_as(user, code, *args, timeout=60):
+    return as_user(user, [PY, "-c", code, *args], timeout=timeout)
+
+
+def record(attack, succeeded, detail=""):
+    results.append((attack, succeeded, detail))
+    print(f"{'SUCCEEDED' if succeeded else 'refused  '} {attack}: {detail}"[:400], flush=True)
+
+
+def start_daemon(user, sock, log, *flags):
+    p = popen_as(user, ["mpirun", "-np", "1", "--bind-to", "none", SPEXD, f"--socket={sock}", "--log_level=info",
+                        "--threads=1", *flags], log)
+    for _ in range(300):
+        if os.path.exists(sock) or p.poll() is not None:
+            break
+        time.sleep(0.1)
+    return p
+
+
+def stop(p):
+    if p.poll() is None:
+        os.killpg(p.pid, signal.SIGTERM)
+        try:
+            p.wait(20)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
+def private_dir(user, name, mode=0o700):
+    d = os.path.join(W, name)
+    os.makedirs(d, exist_ok=True)
+    os.chown(d, uid(user), uid(user))
+    os.chmod(d, mode)
+    return d
+
+
+# The victim's job: 2 local trainers (threads of one process), RPC exchanges, exact averages,
+# until a stop file appears (at least MIN steps). Prints a JSON line.
+JOB = r'''
+import json, os, sys, threading, time
+import numpy as np, spex
+sock, stop_file, n = sys.argv[1], sys.argv[2], 20000
+cs = [spex.Client(sock, local_rank=r, local_size=2, exchange_timeout=60) for r in (0, 1)]
+bs = [c.register_bucket(0, n, compressor="dense") for c in cs]
+bad, step, errors = 0, 0, []
+def one(r, step, out):
+    data = (np.arange(n, dtype=np.float32) % 97) * (r + 1) + step
+    try:
+        out[r] = np.array(cs[r].exchange(bs[r], data, mode="rpc"))
+    except Exception as e:
+        out[r] = e
+while step < 40 or not os.path.exists(stop_file):
+    out = [None, None]
+    ts = [threading.Thread(target=one, args=(r, step, out)) for r in (0, 1)]
+    [t.start() for t in ts]; [t.join() for t in ts]
+    want = ((np.arange(n, dtype=np.float32) % 97) * 3 + 2 * step) / 2
+    for r in (0, 1):
+        if isinstance(out[r], Exception):
+            errors.append(f"step {step} rank {r}: {out[r]}"); bad += 1
+        elif not np.array_equal(out[r], want):
+            errors.append(f"step {step} rank {r}: wrong average"); bad += 1
+    if bad: break
+    step += 1
+    time.sleep(0.02)
+for c in cs: c.close()
+print(json.dumps({"steps": step, "bad": bad, "errors": errors[:3]}))
+'''
+
+GRPC_PROBE = r'''
+import sys, grpc, json
+from spex.proto import spex_pb2 as pb, spex_pb2_grpc as pb_grpc
+sock, sid, victim_pid = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+stub = pb_grpc.SpexStub(grpc.insecure_channel("unix:" + sock))
+out = {}
+def call(name, f):
+    try:
+        r = f(); out[name] = ["OK", str(r)[:200]]
+    except grpc.RpcError as e:
+        out[name] = [e.code().name, (e.details() or "")[:200]]
+call("GetStats", lambda: stub.GetStats(pb.GetStatsRequest(), timeout=10))
+call("ListSessions", lambda: [[s.session_id, s.pid] for s in stub.ListSessions(pb.ListSessionsRequest(), timeout=10).sessions])
+call("Hello_forged_pid", lambda: stub.Hello(pb.HelloRequest(local_rank=1, local_size=2, pid=victim_pid, protocol_version=1), timeout=10))
+call("Exchange_stolen", lambda: stub.Exchange(pb.ExchangeRequest(session_id=sid, bucket_id=0, step=0), timeout=10))
+call("Register_stolen", lambda: stub.RegisterBucket(pb.RegisterBucketRequest(session_id=sid, bucket_id=5, elements=8), timeout=10))
+call("Goodbye_stolen", lambda: stub.Goodbye(pb.GoodbyeRequest(session_id=sid), timeout=10))
+call("Goodbye_guessed", lambda: stub.Goodbye(pb.GoodbyeRequest(session_id=0x1234567890abcdef), timeout=10))
+call("SetDensity", lambda: stub.SetDensity(pb.SetDensityRequest(density=0.5), timeout=10))
+call("StartTimeline", lambda: stub.StartTimeline(pb.StartTimelineRequest(path="/tmp/spex-hostile-tl.json"), timeout=10))
+print(json.dumps(out))
+'''
+
+FLOOD = r'''
+import socket, sys, time
+path, n = sys.argv[1], int(sys.argv[2])
+held, opened = [], 0
+for i in range(n):
+    s = socket.socket(socket.AF_UNIX)
+    try:
+        s.connect(path); held.append(s); opened += 1
+    except OSError:
+        s.close()
+time.sleep(1.0)
+alive = 0
+for s in held:
+    s.setblocking(False)
+    try:
+        alive += s.recv(1) != b""
+    except BlockingIOError:
+        alive += 1  # nothing to read and not closed: the daemon kept it
+    except OSError:
+        pass
+print(opened, alive)
+'''
+
+IMPOSTOR = r'''
+import socket, sys, time
+import os
+s = socket.socket(socket.AF_UNIX); s.bind(sys.argv[1]); os.chmod(sys.argv[1], 0o777); s.listen(8)
+print("listening", flush=True); time.sleep(30)
+'''
+
+TRUNCATE = r'''
+import os, sys, grpc, json, numpy as np, spex
+from spex.proto import spex_pb2 as pb, spex_pb2_grpc as pb_grpc
+sock = sys.argv[1]
+stub = pb_grpc.SpexStub(grpc.insecure_channel("unix:" + sock))
+h = stub.Hello(pb.HelloRequest(local_rank=0, local_size=1, protocol_version=1, client="truncator"), timeout=10)
+r = stub.RegisterBucket(pb.RegisterBucketRequest(session_id=h.session_id, bucket_id=0, elements=100000), timeout=10)
+fd = os.open("/dev/shm" + r.buffer.shm.name, os.O_RDWR)   # kept: the hostile trainer's own handle
+stub.Exchange(pb.ExchangeRequest(session_id=h.session_id, bucket_id=0, step=0), timeout=20)
+os.ftruncate(fd, 4096)
+try:
+    stub.Exchange(pb.ExchangeRequest(session_id=h.session_id, bucket_id=0, step=1), timeout=20)
+    step1 = "OK"
+except grpc.RpcError as e:
+    step1 = e.code().name + ": " + (e.details() or "")[:160]
+os.ftruncate(fd, 0)
+try:
+    stub.Exchange(pb.ExchangeRequest(session_id=h.session_id, bucket_id=0, step=2), timeout=5)
+except grpc.RpcError:
+    pass
+stub.Goodbye(pb.GoodbyeRequest(session_id=h.session_id), timeout=10)
+# A new job on the same daemon: exact.
+with spex.Client(sock, local_rank=0, local_size=1) as c:
+    b = c.register_bucket(1, 1000, compressor="dense")
+    ok = bool(np.array_equal(c.exchange(b, np.arange(1000, dtype=np.float32), mode="rpc"), np.arange(1000, dtype=np.float32)))
+print(json.dumps({"step1": step1, "next_job_exact": ok}))
+'''
+
+
+def main():
+    vuid = uid(VICTIM)
+    # 1. Directory squatting: the attacker makes the victim's default directory first.
+    squat = f"/tmp/spex-{vuid}"
+    shutil.rmtree(squat, ignore_errors=True)
+    as_user(ATTACKER, ["mkdir", "-m", "0777", squat])
+    os.chmod(squat, 0o777)
+    log = os.path.join(W, "squat.log")
+    p = popen_as(VICTIM, ["timeout", "30", "mpirun", "-np", "1", SPEXD, "--job=squat", "--log_level=info"], log)
+    p.wait(40)
+    text = open(log).read()
+    bound = os.path.exists(os.path.join(squat, "squat"))
+    record("squat_default_socket_directory", bound or "owned by uid" not in text,
+           "daemon refused: " + next((l for l in text.splitlines() if "owned by" in l), text[-200:]).strip()[:200])
+    shutil.rmtree(squat, ignore_errors=True)
+
+    # 2. An impostor socket where the victim's trainer looks.
+    pub = private_dir("root", "pub", 0o1777)
+    fake = os.path.join(pub, "node.sock")
+    imp = popen_as(ATTACKER, [PY, "-c", IMPOSTOR, fake], os.path.join(W, "impostor.log"))
+    for _ in range(100):
+        if os.path.exists(fake):
+            break
+        time.sleep(0.05)
+    r = py_as(VICTIM, "import spex,sys\ntry:\n spex.Client(sys.argv[1], connect_timeout=3)\n print('CONNECTED')\n"
+                      "except spex.SpexSecurityError as e:\n print('REFUSED', e)\nexcept Exception as e:\n print('OTHER', e)",
+              fake)
+    record("impostor_socket", "REFUSED" not in r.stdout, r.stdout.strip()[:200])
+    stop(imp)
+
+    # The victim's daemon, its socket deliberately open to everyone (0666 in a 0711 directory) so
+    # that the kernel-credential layer is what stops the others; the attacker is a read-only
+    # monitor (--allow_uids), the stranger nothing.
+    vdir = private_dir(VICTIM, "victim", 0o711)
+    tldir = private_dir(VICTIM, "victim-timelines", 0o700)
+    vsock = os.path.join(vdir, "node.sock")
+    vlog = os.path.join(W, "victim-spexd.log")
+    daemon = start_daemon(VICTIM, vsock, vlog, "--local_trainers=2", "--socket_mode=0666",
+                          f"--allow_uids={uid(ATTACKER)}", f"--timeline_dir={tldir}", "--max_connections=16",
+                          "--dense_fallback=off")
+    stop_file = os.path.join(W, "stop-job")
+    job = popen_as(VICTIM, [PY, "-c", JOB, vsock, stop_file], os.path.join(W, "job.log"))
+    sid, tpid = 0, 0
+    for _ in range(300):  # the session ids and pid, as root sees them (the "log" a thief reads)
+        r = subprocess.run([PY, "-c", "import grpc,sys\nfrom spex.proto import spex_pb2 as pb, spex_pb2_grpc as g\n"
+                            "s=g.SpexStub(grpc.insecure_channel('unix:'+sys.argv[1]))\n"
+                            "print(*[f'{x.session_id} {x.pid}' for x in s.ListSessions(pb.ListSessionsRequest(),timeout=5).sessions])",
+                            vsock], capture_output=True, text=True, env=os.environ)
+        parts = r.stdout.split()
+        if len(parts) >= 4:
+            sid, tpid = int(parts[0]), int(parts[1])
+            break
+        time.sleep(0.1)
+    if not sid:
+        print("victim job did not start:", open(os.path.join(W, "job.log")).read()[-800:], open(vlog).read()[-800:])
+        return 2
+    record("forged_pid_recorded", tpid != job.pid and not _is_child(tpid, job.pid),
+           f"session pid {tpid} (the job's process {job.pid})")
+
+    # 3. A foreign process (the stranger) connecting and calling.
+    r = py_as(STRANGER, GRPC_PROBE, vsock, str(sid), str(tpid))
+    out = json.loads(r.stdout or "{}")
+    record("foreign_process_connecting", any(v[0] == "OK" for v in out.values()) or not out,
+           "; ".join(f"{k}={v[0]}" for k, v in out.items()) or r.stderr[-200:])
+
+    # 4-7. The monitor user with a stolen id, a guessed id, a forged pid, density and timeline.
+    r = py_as(ATTACKER, GRPC_PROBE, vsock, str(sid), str(tpid))
+    out = json.loads(r.stdout or "{}")
+    ids_leaked = out.get("ListSessions", ["", ""])[0] == "OK" and str(sid) in out["ListSessions"][1]
+    record("list_sessions_leaks_ids", ids_leaked, str(out.get("ListSessions")))
+    for name in ("Exchange_stolen", "Register_stolen", "Goodbye_stolen"):
+        record(f"stolen_session_id:{name.split('_')[0]}", out.get(name, ["?"])[0] != "PERMISSION_DENIED",
+               str(out.get(name)))
+    record("guessed_session_id", out.get("Goodbye_guessed", ["?"])[0] not in ("NOT_FOUND", "PERMISSION_DENIED"),
+           str(out.get("Goodbye_guessed")))
+    record("forged_pid_hello", out.get("Hello_forged_pid", ["?"])[0] == "OK", str(out.get("Hello_forged_pid")))
+    record("set_density_by_another_user", out.get("SetDensity", ["?"])[0] == "OK", str(out.get("SetDensity")))
+    record("timeline_by_another_user", out.get("StartTimeline", ["?"])[0] == "OK" or
+           os.path.exists("/tmp/spex-hostile-tl.json"), str(out.get("StartTimeline")))
+
+    # 8. A hostile process of the victim's own user with the stolen id (another pid).
+    r = py_as(VICTIM, GRPC_PROBE, vsock, str(sid), str(tpid))
+    out = json.loads(r.stdout or "{}")
+    for name in ("Exchange_stolen", "Goodbye_stolen"):
+        record(f"same_user_other_process:{name.split('_')[0]}", out.get(name, ["?"])[0] != "PERMISSION_DENIED",
+               str(out.get(name)))
+
+    # 9. Timeline paths outside --timeline_dir (the owner asking: still refused).
+    escaped = False
+    details = []
+    for path in ("/etc/spex-hostile.json", os.path.join(tldir, "..", "escape.json"), os.path.join(W, "x.json")):
+        r = py_as(VICTIM, "import grpc,sys\nfrom spex.proto import spex_pb2 as pb, spex_pb2_grpc as g\n"
+                          "s=g.SpexStub(grpc.insecure_channel('unix:'+sys.argv[1]))\ntry:\n"
+                          " s.StartTimeline(pb.StartTimelineRequest(path=sys.argv[2]),timeout=5); print('OK')\n"
+                          " s.StopTimeline(pb.StopTimelineRequest(),timeout=5)\n"
+                          "except grpc.RpcError as e: print(e.code().name)", vsock, path)
+        details.append(f"{os.path.basename(path)}={r.stdout.strip()}")
+        escaped |= "OK" in r.stdout or os.path.exists(os.path.normpath(path))
+    record("timeline_outside_directory", escaped, " ".join(details))
+
+    # 10. Connection floods: the stranger (refused at accept) and the monitor (over the limit).
+    for user in (STRANGER, ATTACKER):
+        r = py_as(user, FLOOD, vsock, "300")
+        opened, alive = (r.stdout.split() + ["0", "0"])[:2]
+        record(f"connection_flood:{user}", int(alive) > 16, f"{opened} connected, {alive} kept open by spexd")
+
+    # 11. A truncated segment, on the attacker's own daemon (its own job), beside the victim's.
+    adir = private_dir(ATTACKER, "attacker", 0o700)
+    asock = os.path.join(adir, "node.sock")
+    ad = start_daemon(ATTACKER, asock, os.path.join(W, "attacker-spexd.log"), "--local_trainers=1",
+                      "--dense_fallback=off")
+    r = py_as(ATTACKER, TRUNCATE, asock, timeout=120)
+    try:
+        t = json.loads(r.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        t = {"error": (r.stdout + r.stderr)[-300:]}
+    alive = ad.poll() is None
+    record("truncated_segment", not alive or t.get("step1", "OK") == "OK" or not t.get("next_job_exact"),
+           f"daemon alive={alive} {t}")
+    stop(ad)
+
+    # The victim's job finishes.
+    open(stop_file, "w").close()
+    try:
+        job.wait(120)
+    except subprocess.TimeoutExpired:
+        os.killpg(job.pid, signal.SIGKILL)
+    lines = open(os.path.join(W, "job.log")).read().strip().splitlines()
+    try:
+        j = json.loads(lines[-1])
+    except (ValueError, IndexError):
+        j = {"steps": 0, "bad": 1, "errors": lines[-3:]}
+    disturbed = 1 if (j["bad"] or j["steps"] < 40 or daemon.poll() is not None) else 0
+    print(f"victim job: {j['steps']} steps, {j['bad']} bad, daemon alive={daemon.poll() is None} {j['errors']}")
+    stop(daemon)
+    tried = len(results)
+    succeeded = sum(1 for _, s, _ in results if s)
+    print(f"HOSTILE-TENANT FIGURE: attacks tried {tried}, succeeded {succeeded}, jobs disturbed {disturbed}")
+    with open(os.path.join(W, "figure.json"), "w") as f:
+        json.dump({"tried": tried, "succeeded": succeeded, "disturbed": disturbed,
+                   "attacks": [[a, s, d] for a, s, d in results]}, f)
+    return 0 if succeeded == 0 and disturbed == 0 else 1
+
+
+def _is_child(pid, parent):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().split(")")[1].split()[1]) == parent
+    except OSError:
+        return False
+
+
+if __name__ == "__main__":
+    sys.exit(main())
