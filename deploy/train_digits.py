@@ -234,36 +234,18 @@ def params_digest(model) -> str:
     return h.hexdigest()[:16]
 
 
-class GlooTimer:
-    """DDP's default all-reduce hook (sum over the gloo group, then / world), timed from the
-    hook call to the result, so the gloo baseline reports exchange time like the spex hook."""
-
-    def __init__(self, world: int):
-        self.world = world
-        self.times: List[float] = []
-
-    def pop_timings(self) -> List[Any]:
-        out, self.times = self.times, []
-        return [(0, 0, 0, t) for t in out]
-
-
-def gloo_hook(state: GlooTimer, bucket):
+def allreduce_mean(world: int, bucket):
+    """DDP's default all-reduce hook (sum over the gloo group, then / world), as a hook of its own
+    so that TimedHook times the gloo baseline's exchanges like the spex hook's."""
     import torch.distributed as dist
 
-    t0 = time.perf_counter()
     fut = dist.all_reduce(bucket.buffer(), async_op=True).get_future()
-
-    def done(f):
-        out = f.value()[0].div_(state.world)
-        state.times.append(time.perf_counter() - t0)
-        return out
-
-    return fut.then(done)
+    return fut.then(lambda f: f.value()[0].div_(world))
 
 
 class TimedHook:
-    """A PyTorch communication hook with its own state (fp16/bf16_compress_hook, powerSGD_hook),
-    timed from the hook call to its result like the spex hook's exchanges."""
+    """A PyTorch communication hook with its own state (DDP's all-reduce, fp16/bf16_compress_hook,
+    powerSGD_hook), timed from the hook call to its result like the spex hook's exchanges."""
 
     def __init__(self, hook, state):
         self.hook = hook
@@ -361,8 +343,8 @@ def train_one(cfg: Dict[str, Any], run: Dict[str, Any], data, run_index: int) ->
             dist.barrier()
             return
     if run["compressor"] == "gloo":
-        state: Any = GlooTimer(world)
-        ddp.register_comm_hook(state, gloo_hook)
+        state: Any = TimedHook(allreduce_mean, world)
+        ddp.register_comm_hook(state, timed_hook)
     elif is_peer(run):
         state, hook = peer_hook(run, steps_total)
         ddp.register_comm_hook(state, hook)
