@@ -80,7 +80,7 @@ struct CompressorChoice {
   std::string name;    // empty: daemon default
   double density = 0;  // 0: daemon default
   // The compressor's parameters and the bucket's engine options (nonfinite=propagate|error,
-  // sparse_allreduce=allgather|oktopk, ...; README "RegisterBucket parameters").
+  // sparse_allreduce=allgather|oktopk, ...; docs/algorithms.md and docs/clients.md).
   std::map<std::string, std::string> params;
 };
 

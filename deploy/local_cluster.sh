@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The README's main command: a local spex cluster on this machine. Starts N spexd under mpirun
+# A C++-only demo (README, Development): a local spex cluster on this machine. Starts N spexd under mpirun
 # (one per emulated node, sockets in a private directory), then L C++ trainer processes per
 # node (client/spex_trainer) that exchange synthetic gradient buckets and print per-step
 # timings; finally shows `spexctl stats` of node 0 and stops the daemons with SIGTERM.

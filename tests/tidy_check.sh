@@ -5,7 +5,7 @@
 # `bazel aquery` for their CppCompile actions and writes compile_commands.json from them under
 # bazel-out's execution root. Fails listing the findings. Usage:
 #   bash tests/tidy_check.sh [FILE.cc ...]   (default: every .cc under kernels/ daemon/ client/)
-# Not part of tests/run.sh (see README, "Format and lint"): it takes minutes on 2 cores.
+# Not part of tests/run.sh (see docs/testing.md, "Format and lint"): it takes minutes on 2 cores.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 command -v clang-tidy >/dev/null || { echo "tidy check: clang-tidy not installed (bash deploy/setup.sh)"; exit 1; }

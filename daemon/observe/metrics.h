@@ -1,7 +1,7 @@
 // spexd's Prometheus metrics (--metrics_address): prometheus-cpp's registry, served in the text
 // exposition format by its pull Exposer (an HTTP server on its own threads). Every series has
-// the label node="<rank>"; per-bucket series also bucket="<id>" (names and meanings: README.md,
-// "Metrics").
+// the label node="<rank>"; per-bucket series also bucket="<id>" (names and meanings:
+// docs/operations.md, "Metrics and timeline").
 //
 // Per exchange (OnExchange, on the engine thread): counters (exchanges, bytes, fallbacks,
 // gathered elements, errors by status code), gauges of the last exchange (densities, gathered

@@ -2,7 +2,7 @@
 processes (gloo) on 2 daemons x 2 trainers, DDP buckets of 0.1 MB so a step has several buckets to
 merge, one spex-hooked model per process (one DDP model per daemon job, as in training: a static
 plan may group any of the job's buckets, so a process that waited on one model before running
-another's backward could stall, see the README). Per spexd --merger configuration:
+another's backward could stall, see --merger in docs/spexd.md). Per spexd --merger configuration:
   dense  the hooked model trains in lockstep with a copy under DDP's own gloo all-reduce, and
          their parameters stay within 2e-5 after every step;
   topk   at d = 0.01 (omgs: selection behind, its default), the parameters stay identical on
