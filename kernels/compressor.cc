@@ -2,8 +2,10 @@
 #include "kernels/compressor.h"
 
 #include <cmath>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/compressors/state_blob.h"
 
 namespace spex {
 
@@ -132,6 +134,107 @@ absl::Status Compressor::Update(uint64_t step, const Gathered& g) {
   const StepContext ctx =
       Context(step, calls_ == 0 ? 0 : calls_ - 1, node_rank_, node_count_, n_, density_);
   return DoUpdate(ctx, g);
+}
+
+namespace {
+constexpr uint32_t kStateMagic = 0x53585053;  // "SPXS"
+constexpr uint16_t kStateVersion = 1;
+
+// FNV-1a over the blob before its last 8 bytes (where it is stored): a corrupt byte anywhere is
+// found before anything is loaded.
+uint64_t StateChecksum(absl::string_view bytes) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : bytes) h = (h ^ c) * 0x100000001b3ull;
+  return h;
+}
+
+absl::Status NotSupported(const std::string& name) {
+  return absl::UnimplementedError(
+      absl::StrCat("checkpointing is not supported for ", name,
+                   " (its controller state is not saved); restart it fresh instead"));
+}
+}  // namespace
+
+absl::StatusOr<std::string> Compressor::SaveState() const {
+  StateWriter own;
+  if (!SaveOwnState(&own)) return NotSupported(name_);
+  StateWriter w;
+  w.Put<uint32_t>(kStateMagic);
+  w.Put<uint16_t>(kStateVersion);
+  w.PutString(name_);
+  w.Put<uint64_t>(n_);
+  w.Put<int32_t>(node_count_);
+  w.Put<int32_t>(node_rank_);
+  w.Put<double>(density_);
+  w.Put<uint64_t>(calls_);
+  w.PutString(own.bytes());
+  w.Put<uint64_t>(StateChecksum(w.bytes()));
+  return std::move(w.bytes());
+}
+
+absl::Status Compressor::LoadState(absl::string_view blob) {
+  if (!SupportsState()) return NotSupported(name_);
+  const std::string what = absl::StrCat(name_, " state: ");
+  uint64_t sum = 0;
+  if (blob.size() < 8 + 6) {
+    return absl::DataLossError(absl::StrCat(what, "truncated (", blob.size(), " bytes)"));
+  }
+  std::memcpy(&sum, blob.data() + blob.size() - 8, 8);
+  const absl::string_view body = blob.substr(0, blob.size() - 8);
+  StateReader r(body);
+  uint32_t magic = 0;
+  uint16_t version = 0;
+  r.Get(&magic);
+  r.Get(&version);
+  if (magic != kStateMagic) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, "not a compressor state blob (bad magic)"));
+  }
+  if (version != kStateVersion) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, "saved in format version ", version, "; this build reads version ", kStateVersion));
+  }
+  if (StateChecksum(body) != sum) {
+    return absl::DataLossError(
+        absl::StrCat(what, "checksum mismatch: the blob is corrupt or truncated"));
+  }
+  std::string name, own;
+  uint64_t n = 0, calls = 0;
+  int32_t count = 0, rank = 0;
+  double density = 0;
+  r.GetString(&name, 256);
+  r.Get(&n);
+  r.Get(&count);
+  r.Get(&rank);
+  r.Get(&density);
+  r.Get(&calls);
+  r.GetString(&own, body.size());
+  if (!r.ok() || r.left() != 0) {
+    return absl::DataLossError(absl::StrCat(what, "malformed header"));
+  }
+  if (name != name_) {
+    return absl::FailedPreconditionError(absl::StrCat(what, "the checkpoint is of compressor '",
+                                                      name, "'; register the bucket with it"));
+  }
+  if (n != n_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, "the checkpoint is of a ", n, "-element bucket, this one has ", n_, " elements"));
+  }
+  if (count != node_count_ || rank != node_rank_) {
+    return absl::FailedPreconditionError(absl::StrCat(what, "the checkpoint was saved by node ",
+                                                      rank, " of ", count, ", this is node ",
+                                                      node_rank_, " of ", node_count_));
+  }
+  if (!(density > 0 && density <= 1)) {
+    return absl::DataLossError(absl::StrCat(what, "density ", density, " out of (0, 1]"));
+  }
+  StateReader own_reader(own);
+  if (!LoadOwnState(own_reader) || !own_reader.ok() || own_reader.left() != 0) {
+    return absl::DataLossError(absl::StrCat(what, "malformed compressor fields"));
+  }
+  density_ = density;
+  calls_ = calls;
+  return absl::OkStatus();
 }
 
 }  // namespace spex

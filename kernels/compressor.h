@@ -37,10 +37,14 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "kernels/primitives.h"
 
 namespace spex {
+
+class StateWriter;  // kernels/compressors/state_blob.h
+class StateReader;
 
 // Communication pattern (docs/algorithms.md#patterns).
 enum class Pattern { kIndexUnion /*A*/, kSparseGather /*B*/, kDense /*D*/ };
@@ -116,6 +120,18 @@ class Compressor {
   // sorted for A, sum of counts for B) before the compressor sees them.
   absl::Status Update(uint64_t step, const Gathered& gathered);
 
+  // Checkpointing: everything this compressor carries from one step to the next (its call
+  // count, density and controller state: thresholds, layouts, stage counts) as a versioned
+  // byte blob, taken between steps. LoadState on a compressor built from the same spec
+  // (name, parameters, elements, node rank and count) makes it continue bit-identically to the
+  // one saved. LoadState errors (nothing is changed): a blob of another compressor, bucket
+  // size, node count or rank, another version, or a truncated or corrupt blob, each named.
+  // Unimplemented "checkpointing is not supported for <name>" where a compressor has no
+  // SaveOwnState.
+  absl::StatusOr<std::string> SaveState() const;
+  absl::Status LoadState(absl::string_view blob);
+  bool SupportsState() const { return SaveOwnState(nullptr); }
+
  protected:
   Compressor(const CompressorSpec& spec, Primitives* prims);
 
@@ -124,6 +140,13 @@ class Compressor {
   virtual absl::Status DoUpdate(const StepContext& ctx, const Gathered& gathered) {
     return absl::OkStatus();
   }
+
+  // A compressor's own part of the saved state. SaveOwnState(nullptr) answers whether it is
+  // supported (false, the default: not supported); with a writer it appends its fields.
+  // LoadOwnState reads them back and returns false on a short or out-of-range blob, changing
+  // nothing it has not validated first.
+  virtual bool SaveOwnState(StateWriter* w) const { return false; }
+  virtual bool LoadOwnState(StateReader& r) { return false; }
 
   Primitives* prims_;
 

@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -44,6 +45,10 @@ class ReferenceCluster {
   Pattern pattern() const { return pattern_; }
   int nodes() const { return nodes_; }
   const std::vector<float>& residual(int node) const { return acc_[node]; }
+  // For checkpoint tests: node r's compressor (SaveState/LoadState) and a restored residual
+  // (n floats).
+  Compressor& compressor(int node) { return *comp_[node]; }
+  void set_residual(int node, std::vector<float> residual) { acc_[node] = std::move(residual); }
   // Figures of the last Step: per-node selected counts and the elements gathered
   // (A: |U|; B: sum of counts; D: n).
   const std::vector<uint64_t>& counts() const { return counts_; }

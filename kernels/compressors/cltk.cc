@@ -11,9 +11,10 @@
 namespace spex {
 namespace {
 
-class Cltk final : public Compressor {
+class Cltk final : public StatelessCompressor {
  public:
-  Cltk(const CompressorSpec& spec, Primitives* prims) : Compressor(spec, prims), scratch_(prims) {}
+  Cltk(const CompressorSpec& spec, Primitives* prims)
+      : StatelessCompressor(spec, prims), scratch_(prims) {}
   Pattern pattern() const override { return Pattern::kIndexUnion; }
 
  protected:

@@ -89,6 +89,21 @@ class Deft final : public Compressor {
     return absl::OkStatus();
   }
 
+  bool SaveOwnState(StateWriter* w) const override {
+    if (w) w->PutVector(shared_k_);
+    return true;
+  }
+  bool LoadOwnState(StateReader& r) override {
+    std::vector<int64_t> shared;
+    if (!r.GetVector(&shared, shared_k_.size()) || !r.complete()) return false;
+    if (shared.size() != shared_k_.size()) return false;
+    for (size_t j = 0; j < shared.size(); ++j) {
+      if (shared[j] < -1 || shared[j] > static_cast<int64_t>(units_[j].size())) return false;
+    }
+    shared_k_ = std::move(shared);
+    return true;
+  }
+
  private:
   double SharedK(size_t j, const StepContext& ctx) const {
     if (shared_k_[j] >= 0) return static_cast<double>(shared_k_[j]);

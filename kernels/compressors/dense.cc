@@ -11,9 +11,9 @@
 namespace spex {
 namespace {
 
-class Dense final : public Compressor {
+class Dense final : public StatelessCompressor {
  public:
-  Dense(const CompressorSpec& spec, Primitives* prims) : Compressor(spec, prims) {}
+  Dense(const CompressorSpec& spec, Primitives* prims) : StatelessCompressor(spec, prims) {}
   Pattern pattern() const override { return Pattern::kDense; }
 
  protected:

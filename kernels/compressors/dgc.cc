@@ -22,10 +22,13 @@
 namespace spex {
 namespace {
 
-class Dgc final : public Compressor {
+class Dgc final : public StatelessCompressor {
  public:
   Dgc(const CompressorSpec& spec, Primitives* prims, uint64_t seed, double sample_ratio)
-      : Compressor(spec, prims), seed_(seed), sample_ratio_(sample_ratio), scratch_(prims) {}
+      : StatelessCompressor(spec, prims),
+        seed_(seed),
+        sample_ratio_(sample_ratio),
+        scratch_(prims) {}
   Pattern pattern() const override { return Pattern::kSparseGather; }
 
  protected:

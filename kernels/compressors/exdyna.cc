@@ -82,6 +82,26 @@ int ExDynaLayout::Allocate(std::vector<int64_t> pc, uint64_t k_prev) {
   return moves;
 }
 
+void ExDynaLayout::Save(StateWriter* w) const {
+  w->PutVector(blocks_);
+  w->PutVector(pos_);
+}
+
+bool ExDynaLayout::Load(StateReader& r) {
+  std::vector<int64_t> blocks, pos;
+  if (!r.GetVector(&blocks, parts_) || !r.GetVector(&pos, parts_)) return false;
+  if (blocks.size() != static_cast<size_t>(parts_) || pos.size() != blocks.size()) return false;
+  int64_t next = 0;
+  for (int j = 0; j < parts_; ++j) {
+    if (pos[j] != next || blocks[j] < 0) return false;
+    next += blocks[j];
+  }
+  if (next != static_cast<int64_t>(num_blocks_)) return false;
+  blocks_ = std::move(blocks);
+  pos_ = std::move(pos);
+  return true;
+}
+
 namespace {
 
 class ExDyna final : public Compressor {
@@ -131,6 +151,28 @@ class ExDyna final : public Compressor {
     }
     layout_.Allocate(std::move(pc), k_prev_);
     return absl::OkStatus();
+  }
+
+  bool SaveOwnState(StateWriter* w) const override {
+    if (w) {
+      SaveThresholdState(w, th_, k_prev_, edge_hint_);
+      layout_.Save(w);
+    }
+    return true;
+  }
+  bool LoadOwnState(StateReader& r) override {
+    float th;
+    uint64_t k_prev;
+    uint32_t edge;
+    ExDynaLayout layout = layout_;
+    if (!LoadThresholdState(r, &th, &k_prev, &edge) || !layout.Load(r) || !r.complete()) {
+      return false;
+    }
+    th_ = th;
+    k_prev_ = k_prev;
+    edge_hint_ = edge;
+    layout_ = std::move(layout);
+    return true;
   }
 
  private:

@@ -9,6 +9,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "kernels/compressors/micro.h"
+#include "kernels/compressors/state_blob.h"
 
 namespace spex {
 
@@ -36,6 +37,12 @@ class ExDynaLayout {
   // min_blocks(); the estimates move by floor(blk * k_prev / n) with it. No moves when
   // floor(k_prev / parts) == 0 (the reference divides by zero there). Returns the moves made.
   int Allocate(std::vector<int64_t> pc, uint64_t k_prev);
+
+  // The moved boundaries (blocks and positions per partition) for a checkpoint. Load takes
+  // them only when they tile this layout's blocks over its partitions (false otherwise, and
+  // nothing changes).
+  void Save(StateWriter* w) const;
+  bool Load(StateReader& r);
 
  private:
   size_t n_ = 0, blk_ = 0, num_blocks_ = 0, rem_ = 0;

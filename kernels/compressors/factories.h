@@ -7,9 +7,20 @@
 
 #include "kernels/compressor.h"
 #include "kernels/compressors/params.h"
+#include "kernels/compressors/state_blob.h"
 #include "kernels/compressors/threshold_control.h"
 
 namespace spex {
+
+// A compressor that carries nothing from step to step beyond the base's call count and density
+// (its thresholds and samples are recomputed from acc and the step every time), so its saved
+// state has no fields of its own.
+class StatelessCompressor : public Compressor {
+ protected:
+  using Compressor::Compressor;
+  bool SaveOwnState(StateWriter*) const override { return true; }
+  bool LoadOwnState(StateReader& r) override { return r.complete(); }
+};
 
 using CompressorFactory = std::unique_ptr<Compressor> (*)(const CompressorSpec&, Primitives*,
                                                           ParamReader&);

@@ -28,10 +28,10 @@
 namespace spex {
 namespace {
 
-class GaussianK final : public Compressor {
+class GaussianK final : public StatelessCompressor {
  public:
   GaussianK(const CompressorSpec& spec, Primitives* prims, bool band)
-      : Compressor(spec, prims), band_(band), scratch_(prims) {}
+      : StatelessCompressor(spec, prims), band_(band), scratch_(prims) {}
   Pattern pattern() const override { return Pattern::kSparseGather; }
 
  protected:

@@ -17,9 +17,10 @@
 namespace spex {
 namespace {
 
-class GTopK final : public Compressor {
+class GTopK final : public StatelessCompressor {
  public:
-  GTopK(const CompressorSpec& spec, Primitives* prims) : Compressor(spec, prims), scratch_(prims) {}
+  GTopK(const CompressorSpec& spec, Primitives* prims)
+      : StatelessCompressor(spec, prims), scratch_(prims) {}
   Pattern pattern() const override { return Pattern::kSparseGather; }
 
  protected:

@@ -75,6 +75,21 @@ class Micro final : public Compressor {
     return absl::OkStatus();
   }
 
+  bool SaveOwnState(StateWriter* w) const override {
+    if (w) SaveThresholdState(w, th_, k_prev_, edge_hint_);
+    return true;
+  }
+  bool LoadOwnState(StateReader& r) override {
+    float th;
+    uint64_t k_prev;
+    uint32_t edge;
+    if (!LoadThresholdState(r, &th, &k_prev, &edge) || !r.complete()) return false;
+    th_ = th;
+    k_prev_ = k_prev;
+    edge_hint_ = edge;
+    return true;
+  }
+
  private:
   ThresholdControl control_;
   bool trim_;

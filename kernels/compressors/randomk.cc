@@ -56,10 +56,10 @@ void DrawPositions(uint64_t seed, size_t n, size_t k, std::vector<uint32_t>* out
   }
 }
 
-class RandomK final : public Compressor {
+class RandomK final : public StatelessCompressor {
  public:
   RandomK(const CompressorSpec& spec, Primitives* prims, uint64_t seed)
-      : Compressor(spec, prims), seed_(seed), scratch_(prims) {}
+      : StatelessCompressor(spec, prims), seed_(seed), scratch_(prims) {}
   Pattern pattern() const override { return Pattern::kSparseGather; }
 
  protected:

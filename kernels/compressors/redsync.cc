@@ -36,11 +36,11 @@
 namespace spex {
 namespace {
 
-class RedSync final : public Compressor {
+class RedSync final : public StatelessCompressor {
  public:
   // trim: redsync_trim; band: redsync's band search, or redsync_trim's trim to the top-k.
   RedSync(const CompressorSpec& spec, Primitives* prims, bool trim, bool band)
-      : Compressor(spec, prims), trim_(trim), band_(band), scratch_(prims) {}
+      : StatelessCompressor(spec, prims), trim_(trim), band_(band), scratch_(prims) {}
   Pattern pattern() const override { return Pattern::kSparseGather; }
 
  protected:

@@ -85,6 +85,22 @@ class Sage final : public Compressor {
     return scratch_.TakeStatus();
   }
 
+  bool SaveOwnState(StateWriter* w) const override {
+    if (w) {
+      w->Put(th_);
+      w->Put(savg_prev_);
+    }
+    return true;
+  }
+  bool LoadOwnState(StateReader& r) override {
+    float th;
+    double savg;
+    if (!r.Get(&th) || !r.Get(&savg) || !r.complete()) return false;
+    th_ = th;
+    savg_prev_ = savg;
+    return true;
+  }
+
  private:
   double SampledMeanAbs(const StepContext& ctx, const float* acc, const float* add) {
     const size_t m = SlovinSampleSize(ctx.n);

@@ -339,6 +339,25 @@ class Sidco final : public Compressor {
     }
   }
 
+  bool SaveOwnState(StateWriter* w) const override {
+    if (w) {
+      w->Put<int32_t>(stages_);
+      w->Put(q_sum_);
+      w->Put<int32_t>(q_calls_);
+    }
+    return true;
+  }
+  bool LoadOwnState(StateReader& r) override {
+    int32_t stages, calls;
+    double q_sum;
+    if (!r.Get(&stages) || !r.Get(&q_sum) || !r.Get(&calls) || !r.complete()) return false;
+    if (stages < 1 || stages > 32 || calls < 0 || calls >= kUpdateEvery) return false;
+    stages_ = stages;
+    q_sum_ = q_sum;
+    q_calls_ = calls;
+    return true;
+  }
+
   void Adapt(double q, double d) {
     q_sum_ += q;
     if (++q_calls_ < kUpdateEvery) return;

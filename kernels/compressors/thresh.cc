@@ -30,6 +30,17 @@ class Thresh final : public Compressor {
     return scratch_.TakeStatus();
   }
 
+  bool SaveOwnState(StateWriter* w) const override {
+    if (w) w->Put<uint64_t>(last_count_);
+    return true;
+  }
+  bool LoadOwnState(StateReader& r) override {
+    uint64_t last;
+    if (!r.Get(&last) || !r.complete() || last > elements()) return false;
+    last_count_ = last;
+    return true;
+  }
+
  private:
   double threshold_;
   size_t last_count_ = 0;

@@ -138,4 +138,21 @@ float HistogramQuotaSelect(Primitives* p, const float* acc, size_t begin, size_t
   return t;
 }
 
+void SaveThresholdState(StateWriter* w, float th, uint64_t k_prev, uint32_t edge_hint) {
+  w->Put(th);
+  w->Put(k_prev);
+  w->Put(edge_hint);
+}
+
+bool LoadThresholdState(StateReader& r, float* th, uint64_t* k_prev, uint32_t* edge_hint) {
+  float t;
+  uint64_t k;
+  uint32_t e;
+  if (!r.Get(&t) || !r.Get(&k) || !r.Get(&e)) return false;
+  *th = t;
+  *k_prev = k;
+  *edge_hint = e;
+  return true;
+}
+
 }  // namespace spex

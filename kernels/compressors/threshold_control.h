@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "kernels/compressor.h"
+#include "kernels/compressors/state_blob.h"
 #include "kernels/primitives.h"
 
 namespace spex {
@@ -47,5 +48,11 @@ size_t EvenShare(size_t k, int parts, int part);
 float HistogramQuotaSelect(Primitives* p, const float* acc, size_t begin, size_t end, size_t quota,
                            bool trim, std::vector<uint32_t>* bins, Selection* out,
                            Scratch* scratch = nullptr, uint32_t* edge_hint = nullptr);
+
+// The controller state MiCRO and ExDyna carry between steps, for their checkpoints: the threshold
+// (reference control), the previous step's gathered count and the histogram edge hint. Load
+// reads into the outputs only when all three are present.
+void SaveThresholdState(StateWriter* w, float th, uint64_t k_prev, uint32_t edge_hint);
+bool LoadThresholdState(StateReader& r, float* th, uint64_t* k_prev, uint32_t* edge_hint);
 
 }  // namespace spex

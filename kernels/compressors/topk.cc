@@ -24,10 +24,10 @@ float SelectTopK(Primitives* p, const StepContext& ctx, float* acc, const float*
 
 namespace {
 
-class TopK final : public Compressor {
+class TopK final : public StatelessCompressor {
  public:
   TopK(const CompressorSpec& spec, Primitives* prims, Pattern pattern)
-      : Compressor(spec, prims), pattern_(pattern), scratch_(prims) {}
+      : StatelessCompressor(spec, prims), pattern_(pattern), scratch_(prims) {}
   Pattern pattern() const override { return pattern_; }
 
  protected:
