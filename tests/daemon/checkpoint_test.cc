@@ -1,0 +1,145 @@
+// The bucket checkpoint record (daemon/engine/checkpoint.h): saved from a host bucket mid-run and
+// restored into a freshly registered one, the next step's selection and residual are
+// bit-identical to the original's; a record of another world, bucket or compressor is refused
+// naming both sides and changes nothing; truncated and corrupt records are refused.
+#include "daemon/engine/checkpoint.h"
+
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/compressor.h"
+#include "kernels/error_feedback.h"
+#include "kernels/primitives.h"
+
+namespace spex {
+namespace {
+
+constexpr size_t kN = 4096;
+const CheckpointWorld kWorld{2, 1, 3};
+
+// A host sparse bucket the way the engine holds one: the compressor in ex.sparse and the
+// residual in acc (mem.acc_host, seen through mem.view.acc).
+std::unique_ptr<EngineBucket> MakeBucket(const std::string& compressor, Primitives* prims,
+                                         uint64_t id = 7, size_t n = kN) {
+  auto b = std::make_unique<EngineBucket>();
+  b->id = id;
+  b->elements = n;
+  b->compressor = compressor;
+  b->out.density = 0.01;
+  b->mem.acc_host.assign(n, 0.0f);
+  b->mem.view.acc = b->mem.acc_host.data();
+  b->mem.view.elements = n;
+  b->ex.sparse = std::make_unique<SparseState>();
+  auto c = MakeCompressor({compressor, 0.01, {}, kWorld.node_rank, kWorld.nodes, n}, prims);
+  EXPECT_TRUE(c.ok()) << c.status();
+  b->ex.sparse->compressor = std::move(*c);
+  return b;
+}
+
+std::vector<float> Input(uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> d(0, 1);
+  std::vector<float> x(kN);
+  for (float& v : x) v = d(gen);
+  return x;
+}
+
+// One step of the bucket with pattern B's residual update (sage and topk are pattern B).
+Selection Step(EngineBucket& b, uint64_t step) {
+  const std::vector<float> in = Input(static_cast<uint32_t>(step + 1));
+  Selection sel;
+  EXPECT_TRUE(b.ex.sparse->compressor->Select(step, b.mem.view.acc, in.data(), true, &sel).ok());
+  const std::vector<uint64_t> counts = {sel.idx.size(), sel.idx.size()};
+  std::vector<uint32_t> all = sel.idx;
+  all.insert(all.end(), sel.idx.begin(), sel.idx.end());
+  EXPECT_TRUE(b.ex.sparse->compressor->Update(step, {counts, all}).ok());
+  return sel;
+}
+
+TEST(Checkpoint, RestoredBucketContinuesBitIdentically) {
+  auto prims = MakeCpuPrimitives(1);
+  auto original = MakeBucket("sage", prims.get());
+  for (uint64_t s = 0; s < 5; ++s) Step(*original, s);
+  original->out.density = 0.02;  // a density changed at run time travels too
+  ASSERT_TRUE(original->ex.sparse->compressor->SetDensity(0.02).ok());
+  absl::StatusOr<BucketCheckpoint> saved = SaveBucket(*original, kWorld);
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  const std::string bytes = EncodeBucketCheckpoint(*saved);
+  absl::StatusOr<BucketCheckpoint> decoded = DecodeBucketCheckpoint(bytes);
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_EQ(decoded->next_step, 0u);  // the engine's step, not advanced by this test's steps
+
+  auto restored = MakeBucket("sage", prims.get());
+  auto control = MakeBucket("sage", prims.get());
+  ASSERT_TRUE(RestoreBucket(*decoded, kWorld, restored.get()).ok());
+  EXPECT_EQ(restored->out.density, 0.02);
+  std::memcpy(control->mem.view.acc, original->mem.view.acc, kN * sizeof(float));
+  bool control_differs = false;
+  for (uint64_t s = 5; s < 12; ++s) {
+    const Selection a = Step(*original, s), b = Step(*restored, s), c = Step(*control, s);
+    ASSERT_EQ(a.idx, b.idx) << "step " << s;
+    ASSERT_EQ(0, std::memcmp(a.val.data(), b.val.data(), a.val.size() * sizeof(float)));
+    control_differs |= a.idx != c.idx;
+  }
+  EXPECT_EQ(0, std::memcmp(original->mem.view.acc, restored->mem.view.acc, kN * sizeof(float)));
+  EXPECT_TRUE(control_differs) << "the residual alone reproduced sage: the state test is void";
+}
+
+TEST(Checkpoint, MismatchesAreRefusedAndChangeNothing) {
+  auto prims = MakeCpuPrimitives(1);
+  auto original = MakeBucket("sage", prims.get());
+  Step(*original, 0);
+  const BucketCheckpoint saved = *SaveBucket(*original, kWorld);
+
+  auto target = MakeBucket("sage", prims.get());
+  const std::string before = *target->ex.sparse->compressor->SaveState();
+  struct Bad {
+    CheckpointWorld world;
+    std::unique_ptr<EngineBucket> bucket;
+    std::string expect;
+  };
+  std::vector<Bad> bad;
+  bad.push_back({{4, 1, 3},
+                 nullptr,
+                 "saved by node 1 of 2 with 3 local trainer(s), this daemon is node 1 of 4"});
+  bad.push_back({{2, 1, 2}, nullptr, "this daemon is node 1 of 2 with 2 local trainer(s)"});
+  bad.push_back({kWorld, MakeBucket("sage", prims.get(), 8), "this is bucket 8"});
+  bad.push_back({kWorld, MakeBucket("sage", prims.get(), 7, kN / 2), "(2048 elements)"});
+  bad.push_back({kWorld, MakeBucket("topk", prims.get()),
+                 "used compressor sage (none), this bucket uses topk (none)"});
+  for (Bad& b : bad) {
+    EngineBucket* into = b.bucket ? b.bucket.get() : target.get();
+    const absl::Status s = RestoreBucket(saved, b.world, into);
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+    EXPECT_NE(s.message().find(b.expect), std::string::npos) << s;
+  }
+  EXPECT_EQ(*target->ex.sparse->compressor->SaveState(), before);
+  for (float v : target->mem.acc_host) ASSERT_EQ(v, 0.0f);
+}
+
+TEST(Checkpoint, TruncatedAndCorruptRecordsAreRefused) {
+  auto prims = MakeCpuPrimitives(1);
+  auto original = MakeBucket("topk", prims.get(), 7, 64);
+  Step(*original, 0);
+  const std::string bytes = EncodeBucketCheckpoint(*SaveBucket(*original, kWorld));
+  for (size_t len = 0; len < bytes.size(); ++len) {
+    EXPECT_FALSE(DecodeBucketCheckpoint(bytes.substr(0, len)).ok()) << "cut to " << len;
+  }
+  for (size_t at = 0; at < bytes.size(); ++at) {
+    std::string corrupt = bytes;
+    corrupt[at] ^= 0x01;
+    EXPECT_FALSE(DecodeBucketCheckpoint(corrupt).ok()) << "byte " << at << " flipped";
+  }
+  std::string version = bytes;
+  version[4] = 2;
+  EXPECT_NE(DecodeBucketCheckpoint(version).status().message().find("format version 2"),
+            std::string::npos);
+  EXPECT_TRUE(DecodeBucketCheckpoint(bytes).ok());
+}
+
+}  // namespace
+}  // namespace spex
