@@ -19,8 +19,6 @@ import stat
 import struct
 from typing import Iterable, Optional
 
-from .errors import SpexSecurityError
-
 _FIX = ("remove it (its owner or root can) or use a socket in a directory only you can write, e.g. "
         "spexd --socket=$XDG_RUNTIME_DIR/spex/node.sock (trainers: SPEX_SOCKET)")
 
@@ -103,6 +101,10 @@ def check_server(path: str, sock: _socket.socket, trusted: Iterable[int] = ()) -
     """After `sock` connected to `path`: raises SpexSecurityError unless the listening process runs
     as a trusted user (trusted_server_uids) and the socket's directory is private to this user or
     to the server's. Returns the server's uid."""
+    # Imported here: this module is also loaded on its own, outside the package (scripts that
+    # only resolve the default path).
+    from .errors import SpexSecurityError
+
     pid, uid, _ = peer_uid(sock)
     if uid not in trusted_server_uids(trusted):
         raise SpexSecurityError(
