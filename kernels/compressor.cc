@@ -2,7 +2,6 @@
 #include "kernels/compressor.h"
 
 #include <cmath>
-#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/compressors/state_blob.h"
@@ -140,14 +139,6 @@ namespace {
 constexpr uint32_t kStateMagic = 0x53585053;  // "SPXS"
 constexpr uint16_t kStateVersion = 1;
 
-// FNV-1a over the blob before its last 8 bytes (where it is stored): a corrupt byte anywhere is
-// found before anything is loaded.
-uint64_t StateChecksum(absl::string_view bytes) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (unsigned char c : bytes) h = (h ^ c) * 0x100000001b3ull;
-  return h;
-}
-
 absl::Status NotSupported(const std::string& name) {
   return absl::UnimplementedError(
       absl::StrCat("checkpointing is not supported for ", name,
@@ -168,19 +159,17 @@ absl::StatusOr<std::string> Compressor::SaveState() const {
   w.Put<double>(density_);
   w.Put<uint64_t>(calls_);
   w.PutString(own.bytes());
-  w.Put<uint64_t>(StateChecksum(w.bytes()));
+  w.Seal();
   return std::move(w.bytes());
 }
 
 absl::Status Compressor::LoadState(absl::string_view blob) {
   if (!SupportsState()) return NotSupported(name_);
   const std::string what = absl::StrCat(name_, " state: ");
-  uint64_t sum = 0;
   if (blob.size() < 8 + 6) {
     return absl::DataLossError(absl::StrCat(what, "truncated (", blob.size(), " bytes)"));
   }
-  std::memcpy(&sum, blob.data() + blob.size() - 8, 8);
-  const absl::string_view body = blob.substr(0, blob.size() - 8);
+  const absl::string_view body = SealedBody(blob);
   StateReader r(body);
   uint32_t magic = 0;
   uint16_t version = 0;
@@ -194,7 +183,7 @@ absl::Status Compressor::LoadState(absl::string_view blob) {
     return absl::FailedPreconditionError(absl::StrCat(
         what, "saved in format version ", version, "; this build reads version ", kStateVersion));
   }
-  if (StateChecksum(body) != sum) {
+  if (!SealIntact(blob)) {
     return absl::DataLossError(
         absl::StrCat(what, "checksum mismatch: the blob is corrupt or truncated"));
   }

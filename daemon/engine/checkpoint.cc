@@ -15,12 +15,6 @@ constexpr uint32_t kCheckpointMagic = 0x4b435053;  // "SPCK"
 constexpr uint16_t kCheckpointVersion = 1;
 constexpr uint64_t kMaxName = 1 << 12;
 
-uint64_t Fnv1a(absl::string_view bytes) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (unsigned char c : bytes) h = (h ^ c) * 0x100000001b3ull;
-  return h;
-}
-
 std::string WorldText(const CheckpointWorld& w) {
   return absl::StrCat("node ", w.node_rank, " of ", w.nodes, " with ", w.local_trainers,
                       " local trainer(s)");
@@ -51,7 +45,7 @@ std::string EncodeBucketCheckpoint(const BucketCheckpoint& c) {
   w.Put<uint64_t>(c.next_step);
   w.PutVector(c.residual);
   w.PutString(c.compressor_state);
-  w.Put<uint64_t>(Fnv1a(w.bytes()));
+  w.Seal();
   return std::move(w.bytes());
 }
 
@@ -60,9 +54,7 @@ absl::StatusOr<BucketCheckpoint> DecodeBucketCheckpoint(absl::string_view bytes)
     return absl::DataLossError(
         absl::StrCat("bucket checkpoint: truncated (", bytes.size(), " bytes)"));
   }
-  const absl::string_view body = bytes.substr(0, bytes.size() - 8);
-  uint64_t sum;
-  std::memcpy(&sum, bytes.data() + body.size(), 8);
+  const absl::string_view body = SealedBody(bytes);
   StateReader r(body);
   uint32_t magic = 0;
   uint16_t version = 0;
@@ -76,7 +68,7 @@ absl::StatusOr<BucketCheckpoint> DecodeBucketCheckpoint(absl::string_view bytes)
                                                       version, "; this spexd reads version ",
                                                       kCheckpointVersion));
   }
-  if (Fnv1a(body) != sum) {
+  if (!SealIntact(bytes)) {
     return absl::DataLossError(
         "bucket checkpoint: checksum mismatch (the file is corrupt or truncated)");
   }

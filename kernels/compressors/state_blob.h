@@ -14,6 +14,26 @@
 
 namespace spex {
 
+// FNV-1a 64 over a blob's bytes. A sealed blob ends in the checksum of everything before it,
+// so a corrupt byte anywhere is found before anything is loaded.
+inline uint64_t StateChecksum(absl::string_view bytes) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : bytes) h = (h ^ c) * 0x100000001b3ull;
+  return h;
+}
+
+// The bytes of a sealed blob before its checksum (empty when it is too short to hold one), and
+// whether the checksum matches them.
+inline absl::string_view SealedBody(absl::string_view blob) {
+  return blob.size() < sizeof(uint64_t) ? absl::string_view() : blob.substr(0, blob.size() - 8);
+}
+inline bool SealIntact(absl::string_view blob) {
+  if (blob.size() < sizeof(uint64_t)) return false;
+  uint64_t sum;
+  std::memcpy(&sum, blob.data() + blob.size() - sizeof(sum), sizeof(sum));
+  return StateChecksum(SealedBody(blob)) == sum;
+}
+
 class StateWriter {
  public:
   template <typename T>
@@ -31,6 +51,8 @@ class StateWriter {
     Put<uint64_t>(s.size());
     out_.append(s.data(), s.size());
   }
+  // Appends the checksum of everything written so far: the blob's last field.
+  void Seal() { Put<uint64_t>(StateChecksum(out_)); }
   std::string& bytes() { return out_; }
 
  private:
