@@ -6,6 +6,7 @@
 // timeline changes are the daemon user's. An Exchange waits at most --max_exchange_wait.
 #pragma once
 
+#include <optional>
 #include <string>
 
 #include "absl/time/time.h"
@@ -35,6 +36,9 @@ class SpexService final : public v1::Spex::Service {
         peers_(peers),
         options_(std::move(options)),
         timeline_(timeline) {}
+  // In-process use (tests, the fuzzer, calls without a connection): every call is taken to come
+  // from `caller`; default options, no timeline.
+  SpexService(Engine* engine, std::string version, PeerCred caller);
 
   grpc::Status Hello(grpc::ServerContext* ctx, const v1::HelloRequest* req,
                      v1::HelloResponse* resp) override;
@@ -68,6 +72,7 @@ class SpexService final : public v1::Spex::Service {
   Engine* engine_;
   std::string version_;
   const PeerListener* peers_;
+  const std::optional<PeerCred> fixed_caller_;  // the in-process constructor's
   const Options options_;
   Timeline* timeline_;
 };

@@ -151,6 +151,15 @@ absl::StatusOr<uid_t> CheckServerSocket(const std::string& socket,
     if (!mine.ok() && server != getuid() && CheckPrivateDirectory(dir, server).ok()) {
       mine = absl::OkStatus();
     }
+    // A sticky directory (as /tmp) is safe too when the socket file is the server's or ours:
+    // nobody else may remove or rename it there.
+    struct stat d, f;
+    if (!mine.ok() && stat(dir.c_str(), &d) == 0 && (d.st_mode & S_ISVTX) &&
+        lstat(socket.c_str(), &f) == 0 && S_ISSOCK(f.st_mode) &&
+        (f.st_uid == getuid() || f.st_uid == server) &&
+        CheckChain(dir, getuid(), /*final_last=*/false).ok()) {
+      mine = absl::OkStatus();
+    }
     if (!mine.ok()) {
       return absl::Status(mine.code(), absl::StrCat("spexd at ", socket, ": ", mine.message()));
     }

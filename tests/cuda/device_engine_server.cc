@@ -1,5 +1,7 @@
 #include "tests/cuda/device_engine_server.h"
 
+#include <unistd.h>
+
 #include "daemon/service/spex_service.h"
 #include "tests/support/engine_cluster.h"
 
@@ -27,7 +29,11 @@ absl::StatusOr<std::unique_ptr<DeviceEngineServer>> DeviceEngineServer::Start(
   };
   auto impl = std::make_unique<Impl>(std::move(o));
   if (!impl->cluster.status().ok()) return impl->cluster.status();
-  impl->service = std::make_unique<SpexService>(&impl->cluster.engine(0), "test");
+  // Calls are made in-process, as this process (no connection carries credentials).
+  impl->service = std::make_unique<SpexService>(
+      &impl->cluster.engine(0), "test",
+      PeerCred{static_cast<uint32_t>(getuid()), static_cast<uint32_t>(getgid()),
+               static_cast<uint32_t>(getpid())});
   return std::unique_ptr<DeviceEngineServer>(new DeviceEngineServer(std::move(impl)));
 }
 

@@ -116,7 +116,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   o.max_buckets_per_session = 8;
   spex::Engine engine(o, collective.get(), prims.get());
   Check(engine.Start().ok());
-  spex::SpexService service(&engine, "fuzz");
+  // Every call as this process (the fuzzer calls the handlers directly, without a connection).
+  spex::SpexService service(
+      &engine, "fuzz",
+      spex::PeerCred{static_cast<uint32_t>(getuid()), static_cast<uint32_t>(getgid()),
+                     static_cast<uint32_t>(getpid())});
 
   std::vector<uint64_t> sessions;
   std::vector<Grant> grants;

@@ -45,11 +45,11 @@ def default_socket_base() -> str:
     return f"/tmp/spex-{os.getuid()}"
 
 
-def _check_chain(directory: str, trusted: int) -> Optional[str]:
+def _check_chain(directory: str, trusted: int, final_last: bool = True) -> Optional[str]:
     parts = [p for p in directory.split("/") if p]
     prefixes = ["/"] + ["/" + "/".join(parts[:i + 1]) for i in range(len(parts))]
     for i, path in enumerate(prefixes):
-        final = i == len(prefixes) - 1
+        final = final_last and i == len(prefixes) - 1
         try:
             st = os.lstat(path)
         except OSError as e:
@@ -115,6 +115,16 @@ def check_server(path: str, sock: _socket.socket, trusted: Iterable[int] = ()) -
     problem = private_directory_problem(directory, os.getuid())
     if problem is not None and uid != os.getuid() and private_directory_problem(directory, uid) is None:
         problem = None
+    # A sticky directory (as /tmp) is safe too when the socket file is the server's or ours:
+    # nobody else may remove or rename it there.
+    if problem is not None:
+        try:
+            d, f = os.stat(directory), os.lstat(path)
+            if (d.st_mode & stat.S_ISVTX and stat.S_ISSOCK(f.st_mode) and f.st_uid in (os.getuid(), uid)
+                    and _check_chain(directory, os.getuid(), final_last=False) is None):
+                problem = None
+        except OSError:
+            pass
     if problem is not None:
         raise SpexSecurityError(f"spexd at {path}: {problem}")
     return uid
