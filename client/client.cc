@@ -1,3 +1,5 @@
+// The C++ client's calls (client.h): Hello, bucket registration and mapping, the doorbell and RPC
+// exchanges, and the errors a trainer gets, each saying what to fix.
 #include "client/client.h"
 
 #include <unistd.h>

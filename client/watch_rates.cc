@@ -1,3 +1,5 @@
+// What `spexctl watch` prints per bucket (watch_rates.h): rates from the deltas of two GetStats
+// answers, kept apart from spexctl so the arithmetic is unit-tested.
 #include "client/watch_rates.h"
 
 namespace spex {

@@ -1,3 +1,5 @@
+// LoadConfig (config.h): every spexd flag read once, checked with an error that names the flag, and
+// turned into the typed Config the engine and the service are built from.
 #include "daemon/config.h"
 
 #include <pwd.h>

@@ -1,3 +1,5 @@
+// The --device choice (device.h): auto, cpu or cuda, with the GPU probe behind an interface so the
+// choice and its log line are tested without a GPU.
 #include "daemon/device.h"
 
 #include "absl/strings/str_cat.h"

@@ -1,3 +1,4 @@
+// Every spexd flag's definition, default and help text (flags.h); config.cc is their only reader.
 #include "daemon/flags.h"
 
 #include "absl/flags/flag.h"

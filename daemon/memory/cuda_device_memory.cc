@@ -1,3 +1,5 @@
+// The CUDA device memory of the engine (cuda_device_memory.h): bucket data in IPC-exported
+// buffers, accumulators and scratch on the daemon's GPU; compiled only under --config=cuda.
 #include "daemon/memory/cuda_device_memory.h"
 
 #include <utility>

@@ -1,3 +1,5 @@
+// CudaIpcBuffer (cuda_ipc_buffer.h): a bucket's device memory and events, exported once per
+// registration so trainers open them by handle; compiled only under --config=cuda.
 #include "daemon/memory/cuda_ipc_buffer.h"
 
 #include <algorithm>

@@ -1,3 +1,4 @@
+// The SIGBUS guard of shared segments (segment_guard.h): the slot table and the handler.
 #include "daemon/memory/segment_guard.h"
 
 #include <signal.h>

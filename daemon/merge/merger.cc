@@ -1,3 +1,5 @@
+// The Merger seam's common code (merger.h): the `none` merger, the config hash every node
+// compares, the group limits and ready prefix the mergers share, and the --merger flag parsing.
 #include "daemon/merge/merger.h"
 
 #include "absl/strings/str_cat.h"

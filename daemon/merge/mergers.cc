@@ -1,3 +1,5 @@
+// The mergers' grouping logic (mergers.h: none, fixed, omgs, rgmerge), pure objects the engine asks
+// which ready buckets to fuse into one exchange.
 #include "daemon/merge/mergers.h"
 
 #include <algorithm>

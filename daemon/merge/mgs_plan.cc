@@ -1,3 +1,5 @@
+// The omgs mgs plan (mgs_plan.h): OMGS-SGD's merge rule as a pure function of agreed integers, so
+// every node computes the same groups.
 #include "daemon/merge/mgs_plan.h"
 
 #include <algorithm>

@@ -1,3 +1,5 @@
+// rgmerge's model plan (rgmerge_model.h): the public RGMerge/SAFusion three-step plan over the
+// measured, agreed bucket costs.
 #include "daemon/merge/rgmerge_model.h"
 
 #include <algorithm>

@@ -1,3 +1,5 @@
+// spexd's Prometheus metrics (metrics.h): the registry, the series per bucket and phase, and the
+// pull exposer that serves them on --metrics_address.
 #include "daemon/observe/metrics.h"
 
 #include <exception>

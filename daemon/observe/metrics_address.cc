@@ -1,3 +1,4 @@
+// --metrics_address checked at start-up (metrics_address.h) without linking the HTTP server.
 #include "daemon/observe/metrics_address.h"
 
 #include <arpa/inet.h>

@@ -1,3 +1,4 @@
+// The control socket's listener (peer_listener.h): accept, SO_PEERCRED, refuse or hand to gRPC.
 #include "daemon/service/peer_listener.h"
 
 #include <fcntl.h>

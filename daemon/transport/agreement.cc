@@ -1,3 +1,5 @@
+// Cross-node agreement (agreement.h): every node reports whether its part succeeded and all leave
+// with the same answer, so a check that fails on one node stops every node the same way.
 #include "daemon/transport/agreement.h"
 
 #include <cstdint>

@@ -1,3 +1,5 @@
+// The Collective seam's defaults (collective.h): element sizes, and an AllToAllV built from the
+// seam's other collectives for transports without one of their own.
 #include "daemon/transport/collective.h"
 
 #include <cstring>

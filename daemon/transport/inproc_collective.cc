@@ -1,3 +1,5 @@
+// InprocCollective (inproc_collective.h): threads of one process as nodes, so engine tests run
+// several daemons without mpirun.
 #include "daemon/transport/inproc_collective.h"
 
 #include <cstring>

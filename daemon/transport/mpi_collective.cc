@@ -1,3 +1,5 @@
+// MpiCollective (mpi_collective.h): the engine's collectives over MPI on a private duplicate of the
+// communicator, with passive waits that yield the CPU to trainers.
 #include "daemon/transport/mpi_collective.h"
 
 #include <algorithm>

@@ -1,3 +1,5 @@
+// NcclCollective (nccl_collective.h): the collectives on device buffers over NCCL, bootstrapped
+// over the daemon's MPI world; compiled only under --config=cuda.
 #include "daemon/transport/nccl_collective.h"
 
 #include <algorithm>

@@ -1,3 +1,5 @@
+// ReleaseFreeHeap (heap.h): gives an idle daemon's free heap pages back to the kernel, one
+// malloc_trim at a time.
 #include "daemon/util/heap.h"
 
 #include <unistd.h>

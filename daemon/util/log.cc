@@ -1,3 +1,5 @@
+// SPEX_LOG (log.h): leveled logging to stderr with the node's rank, since Debian's abseil has no
+// absl/log.
 #include "daemon/util/log.h"
 
 #include <sys/time.h>

@@ -1,3 +1,5 @@
+// sd_notify without libsystemd (sd_notify.h): READY, WATCHDOG and STATUS datagrams to
+// $NOTIFY_SOCKET, so the systemd unit can use Type=notify and a watchdog.
 #include "daemon/util/sd_notify.h"
 
 #include <sys/socket.h>
