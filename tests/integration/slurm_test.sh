@@ -18,6 +18,7 @@ set -uo pipefail
 R="${RUNFILES_DIR:-${TEST_SRCDIR:-$PWD/..}}/spex"
 source "$R/tests/support/shtest.sh"
 source "$R/tests/integration/skip_junit.sh"
+source "$R/tests/support/spex_venv.sh"
 export SPEX_HOME="$R" SPEXD="$R/daemon/spexd" SPEX_TRAINER="$R/client/spex_trainer"
 export SPEXCTL="$R/client/spexctl" SPEX_START_TIMEOUT=30
 # Debugging: SPEX_SLURM_KEEP=1 keeps each cluster's scratch directory (logs, job output);
@@ -278,11 +279,9 @@ spexrun_job() {  # case name, trainers per node: spexrun inside an allocation, n
   # daemons under mpirun and an agent per host as a step (srun), and the DDP trainers train
   # through the hook with no arguments: the same parameters on every rank.
   local name=$1 per=$2 n=${#HOSTS[@]} id state out msg left
-  if [ ! -x "$S/venv/bin/spexrun" ]; then
-    rm -rf "$S/pkg" && cp -rL "$R/client/python" "$S/pkg" && chmod -R u+w "$S/pkg" &&
-      $PY -m venv --system-site-packages "$S/venv" &&
-      "$S/venv/bin/pip" install -q --no-build-isolation --no-deps "$S/pkg" >"$S/pip.log" 2>&1 ||
-      { record "${name}_spexrun" "pip install of client/python failed: $(tail -n 5 "$S/pip.log")"; return; }
+  if [ ! -x "$S/venv/bin/spexrun" ] && ! install_spex_venv "$R" "$S"; then
+    record "${name}_spexrun" "pip install of client/python failed (its log is above)"
+    return
   fi
   cat >"$S/ddp.py" <<'PYEOF'
 import hashlib, os, torch, torch.distributed as dist

@@ -43,6 +43,8 @@ import queue
 from dataclasses import dataclass
 from typing import Dict, IO, List, Optional, Sequence, Tuple
 
+from .cluster import _signal, find_spexd
+
 CONTROL = "@spexrun@ "
 # Environment variables an agent on another host gets from the launcher (as mpirun's -x would
 # pass them), besides the ones named with -x: the Python and library search paths, the virtual
@@ -429,7 +431,6 @@ class Launcher:
             self.say(self.cluster.up())
             self.cluster.start()
             return
-        from .cluster import find_spexd
         spexd = find_spexd(a.spexd)
         os.makedirs(self.socket_dir, mode=0o700, exist_ok=True)
         cmd = ["mpirun", "--bind-to", "none"]
@@ -664,13 +665,6 @@ class Launcher:
         # An emulated cluster's teardown also ends every process left in its hosts, agents
         # included, so it comes after the agents had their chance to stop their trainers.
         self.stop_daemons()
-
-
-def _signal(pid: int, sig: int) -> None:
-    try:
-        os.kill(pid, sig)
-    except ProcessLookupError:
-        pass
 
 
 def build_parser() -> argparse.ArgumentParser:
