@@ -17,11 +17,11 @@ BAZEL=(bazel)
 TEST_FLAGS=(--jobs="${SPEX_JOBS:-2}" --keep_going)
 extra_pass=0; extra_fail=0
 
-echo "== build (default configuration)"
+echo "== build (default configuration) [${SECONDS} s]"
 "${BAZEL[@]}" build "${TEST_FLAGS[@]}" //... || { echo "default build failed"; extra_fail=$((extra_fail + 1)); }
 
 if [ -d kernels/cuda ] && grep -q "spex_cuda" .bazelrc && ls kernels/cuda/*.cu >/dev/null 2>&1; then
-  echo "== build --config=cuda (compile and link only; no GPU here)"
+  echo "== build --config=cuda (compile and link only; no GPU here) [${SECONDS} s]"
   if "${BAZEL[@]}" build --config=cuda "${TEST_FLAGS[@]}" //kernels/... //daemon/... //tests/...; then
     extra_pass=$((extra_pass + 1)); echo "cuda build: passed"
   else
@@ -29,14 +29,14 @@ if [ -d kernels/cuda ] && grep -q "spex_cuda" .bazelrc && ls kernels/cuda/*.cu >
   fi
 fi
 
-echo "== format (tests/format_check.sh)"
+echo "== format (tests/format_check.sh) [${SECONDS} s]"
 if bash tests/format_check.sh; then
   extra_pass=$((extra_pass + 1))
 else
   extra_fail=$((extra_fail + 1))
 fi
 
-echo "== tests"
+echo "== tests [${SECONDS} s]"
 "${BAZEL[@]}" test "${TEST_FLAGS[@]}" //tests/... 2>&1 | tail -n 60
 
 # Sanitizers: own output trees (--platform_suffix in .bazelrc), so the default build stays.
@@ -45,7 +45,7 @@ echo "== tests"
 # compressor_conformance_test is left out of ASan (30 s here, over 5 minutes instrumented): every
 # compressor runs instrumented in the per-algorithm tests and in tests/fuzz's compressor_fuzz.
 ASAN_TARGETS=$("${BAZEL[@]}" query 'kind(cc_test, tests(//tests/...)) except //tests/kernels:compressor_conformance_test' 2>/dev/null)
-echo "== tests under ASan+UBSan (--config=asan)"
+echo "== tests under ASan+UBSan (--config=asan) [${SECONDS} s]"
 # shellcheck disable=SC2086
 "${BAZEL[@]}" test --config=asan "${TEST_FLAGS[@]}" $ASAN_TARGETS 2>&1 | tail -n 40
 # TSan: abseil compiled from Debian's source with the sanitizer (deploy/fetch_abseil_source.sh,
@@ -53,7 +53,7 @@ echo "== tests under ASan+UBSan (--config=asan)"
 # in-process collective's 1,048,576-element conformance cases take minutes instrumented; its
 # smaller sizes run, and the engine tests move megabytes through it anyway.
 TSAN_TARGETS=$("${BAZEL[@]}" query 'attr(name, "engine_test$|^step_failure_test$|^inproc_collective_test$|^nonfinite_test$", kind(cc_test, tests(//tests/daemon/...)))' 2>/dev/null)
-echo "== engine tests under TSan (--config=tsan)"
+echo "== engine tests under TSan (--config=tsan) [${SECONDS} s]"
 if [ -f /opt/spex/abseil-src/.spex-version ]; then
   # shellcheck disable=SC2086
   "${BAZEL[@]}" test --config=tsan "${TEST_FLAGS[@]}" --test_arg=--gtest_filter=-*n1048576* \
@@ -62,7 +62,7 @@ else
   echo "TSan: FAILED: abseil's source is missing from /opt/spex/abseil-src (deploy/fetch_abseil_source.sh)"
   extra_fail=$((extra_fail + 1))
 fi
-echo "== fuzz (tests/fuzz/run.sh, ${SPEX_FUZZ_SECONDS:-15} s per target)"
+echo "== fuzz (tests/fuzz/run.sh, ${SPEX_FUZZ_SECONDS:-15} s per target) [${SECONDS} s]"
 fuzz_log=$(mktemp)
 bash tests/fuzz/run.sh 2>&1 | tee "$fuzz_log"
 extra_pass=$((extra_pass + $(grep -c '^fuzz .*: passed' "$fuzz_log")))
@@ -70,6 +70,7 @@ extra_fail=$((extra_fail + $(grep -c '^fuzz .*: FAILED' "$fuzz_log")))
 if ! grep -q '^fuzz ' "$fuzz_log"; then extra_fail=$((extra_fail + 1)); fi
 rm -f "$fuzz_log"
 
+echo "== counting results [${SECONDS} s]"
 targets=$("${BAZEL[@]}" query 'tests(//tests/...)' 2>/dev/null)
 testlogs=$("${BAZEL[@]}" info bazel-testlogs 2>/dev/null)
 asan_logs=$("${BAZEL[@]}" info --config=asan bazel-testlogs 2>/dev/null)
