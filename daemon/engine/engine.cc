@@ -391,13 +391,20 @@ void Engine::ReapDeadTrainersLocked() {
   // this node wrote into the shared header: nobody can wait for that rank any more, so it is
   // broken for the rest of the job like a dead one (every step of its buckets fails on every
   // node, naming it), instead of every trainer waiting out its exchange timeout.
+  // Reading every waiting bucket's header here is also what notices a segment cut to nothing
+  // while nobody touches it (the read faults and the guard marks it; Scheduler::LocallyReady
+  // then runs its step, which fails on every node): its zeros are not a trainer's doing.
+  const auto pulled = [](const EngineBucket& b) {
+    return b.mem.view.pulled != nullptr && b.mem.view.pulled->load(std::memory_order_acquire);
+  };
   for (const auto& [id, b] : buckets_.all()) {
-    if (b->out.state != BucketState::kWaiting) continue;
+    if (b->out.state != BucketState::kWaiting || pulled(*b)) continue;
     for (int r = 0; r < options_.local_trainers; ++r) {
       const uint64_t bit = 1ull << r;
       if ((dead_mask_ & bit) || !(b->out.registered_mask & bit)) continue;
       const uint64_t ready = b->mem.header->ready[r].value.load();
       if (ready >= b->ex.next_step) continue;
+      if (pulled(*b)) break;  // this very read faulted: the segment is gone, not rewritten
       uint32_t pid = 0;
       for (const SessionSummary& s : sessions_.Summaries(absl::Now())) {
         if (s.local_rank == static_cast<uint32_t>(r)) pid = s.pid;

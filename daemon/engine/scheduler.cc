@@ -17,6 +17,14 @@ Scheduler::Scheduler(int local_trainers, std::unique_ptr<Merger> merger)
     : local_trainers_(local_trainers), merger_(std::move(merger)) {}
 
 bool Scheduler::LocallyReady(const EngineBucket& b) const {
+  // A waiting bucket whose shared segment a process of this node shrank (segment_guard.h): its
+  // header now reads as zeros here and its trainers' writes no longer reach this process, so no
+  // ready word will ever rise. Its next step runs now and fails in the local reduce, which fails
+  // it on every node at the commit vote (the bucket is failed after that, so this fires once).
+  if (b.out.state == BucketState::kWaiting && b.mem.view.pulled != nullptr &&
+      b.mem.view.pulled->load(std::memory_order_acquire)) {
+    return true;
+  }
   bool someone = false;
   for (int r = 0; r < local_trainers_; ++r) {
     const bool signalled =
