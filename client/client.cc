@@ -193,6 +193,9 @@ absl::StatusOr<Bucket*> Client::RegisterBucket(uint64_t id, size_t elements,
   req.set_bucket_id(id);
   req.set_elements(elements);
   req.set_dtype(v1::DTYPE_FLOAT32);
+  if (options_.device == v1::DEVICE_CUDA && options_.cuda_device >= 0) {
+    req.set_device_ordinal(options_.cuda_device);
+  }
   req.mutable_compressor()->set_name(choice.name);
   req.mutable_compressor()->set_density(choice.density);
   for (const auto& [key, value] : choice.params)

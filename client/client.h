@@ -44,6 +44,9 @@ struct ClientOptions {
   absl::Duration exchange_timeout = absl::Minutes(5);  // per exchange, either path
   // DEVICE_CPU: host buckets. DEVICE_CUDA: device buckets (the daemon must serve CUDA).
   v1::DeviceKind device = v1::DEVICE_CPU;
+  // DEVICE_CUDA: the GPU this trainer's buckets live on, sent with every registration; the
+  // daemon must serve it (spexd --devices). -1: the daemon's home GPU.
+  int cuda_device = -1;
   // Opens CUDA IPC handles for device buckets; empty = MakeCudaIpcOpener(). Tests plug in fakes.
   std::function<std::unique_ptr<IpcOpener>()> ipc_opener;
 };

@@ -200,6 +200,11 @@ absl::StatusOr<DaemonConfig> LoadConfig() {
     errors.push_back(absl::StrCat("--spin_us must be >= 0, or -1 (automatic), got ", c.spin_us));
   }
   c.device = absl::GetFlag(FLAGS_device);
+  if (absl::StatusOr<std::vector<int>> d = ParseDeviceList(absl::GetFlag(FLAGS_devices)); d.ok()) {
+    c.devices = *d;
+  } else {
+    errors.emplace_back(d.status().message());
+  }
   c.log_level = absl::GetFlag(FLAGS_log_level);
   if (const std::string metrics = absl::GetFlag(FLAGS_metrics_address); !metrics.empty()) {
     absl::StatusOr<MetricsAddress> m =

@@ -33,6 +33,7 @@ struct DaemonConfig {
   // with sleeps up to this (MpiCollective).
   int64_t mpi_wait_max_sleep_us = 0;
   DeviceChoice device = DeviceChoice::kAuto;
+  std::vector<int> devices;  // --devices, parsed; empty: every usable GPU
   LogLevel log_level = LogLevel::kInfo;
   // --metrics_address, checked (loopback unless --metrics_allow_remote); unset: metrics off.
   std::optional<MetricsAddress> metrics;

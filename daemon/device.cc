@@ -2,9 +2,12 @@
 // choice and its log line are tested without a GPU.
 #include "daemon/device.h"
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 
 #ifdef SPEX_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -86,6 +89,52 @@ std::vector<int> BuiltCudaArchs() {
 }
 
 bool ArchRunsOn(int arch, int major, int minor) { return arch / 10 == major && arch % 10 <= minor; }
+
+absl::StatusOr<std::vector<int>> ParseDeviceList(absl::string_view text) {
+  std::vector<int> out;
+  if (text.empty()) return out;
+  for (absl::string_view part : absl::StrSplit(text, ',')) {
+    part = absl::StripAsciiWhitespace(part);
+    int v = -1;
+    if (!absl::SimpleAtoi(part, &v) || v < 0 || v > 1023) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--devices must list CUDA device ordinals (0..1023) separated by commas, "
+                       "e.g. --devices=0,1; got '",
+                       part.substr(0, 32), "' in '", text.substr(0, 64), "'"));
+    }
+    for (int seen : out) {
+      if (seen == v) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--devices names GPU ", v, " twice ('", text.substr(0, 64), "')"));
+      }
+    }
+    out.push_back(v);
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<int>> ServedDevices(const std::vector<int>& given,
+                                               const std::vector<int>& usable, int host_index,
+                                               int host_count) {
+  if (usable.empty()) return absl::FailedPreconditionError("no usable GPU");
+  if (given.empty()) {
+    if (host_count <= 1) return usable;
+    return std::vector<int>{usable[host_index % usable.size()]};
+  }
+  for (int g : given) {
+    bool found = false;
+    for (int u : usable) found = found || u == g;
+    if (!found) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("--devices names GPU ", g,
+                       ", which this host does not have or whose kind this build "
+                       "has no kernels for (usable GPUs: ",
+                       absl::StrJoin(usable, ","),
+                       "); list only those in --devices, or leave it out to use them all"));
+    }
+  }
+  return given;
+}
 
 bool AbslParseFlag(absl::string_view text, DeviceChoice* out, std::string* error) {
   if (text == "auto") {

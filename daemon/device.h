@@ -47,6 +47,18 @@ std::vector<int> BuiltCudaArchs();
 // major.minor: same major version and minor >= the arch's minor.
 bool ArchRunsOn(int arch, int major, int minor);
 
+// --devices: GPU ordinals, comma-separated, distinct, each in 0..1023 ("" = none given).
+// InvalidArgument naming --devices and what is wrong.
+absl::StatusOr<std::vector<int>> ParseDeviceList(absl::string_view text);
+
+// The GPUs one daemon serves (docs/design.md#multi-gpu): `given` (--devices) when not empty,
+// each of which must be in `usable` (else FailedPrecondition naming --devices and the usable
+// GPUs); else every usable GPU when this daemon is alone on its host, or one of them (round
+// robin by `host_index`) when `host_count` daemons share it. The first is the home GPU.
+absl::StatusOr<std::vector<int>> ServedDevices(const std::vector<int>& given,
+                                               const std::vector<int>& usable, int host_index,
+                                               int host_count);
+
 // --device: where spexd serves buffers. kAuto takes the GPU when a usable one is found.
 enum class DeviceChoice { kAuto, kCpu, kCuda };
 bool AbslParseFlag(absl::string_view text, DeviceChoice* out, std::string* error);

@@ -58,6 +58,10 @@ ABSL_FLAG(int, threads, 0,
           "mask).");
 ABSL_FLAG(spex::DeviceChoice, device, spex::DeviceChoice::kAuto,
           "auto|cpu|cuda: where buckets live (cuda needs a --config=cuda build and a GPU).");
+ABSL_FLAG(std::string, devices, "",
+          "The GPUs (CUDA ordinals, comma-separated, e.g. 0,1,2,3) whose trainers this spexd "
+          "serves on the GPU path; the first holds the node's sum and residual. Empty: every "
+          "usable GPU (one per daemon, round robin, when several daemons share a host).");
 ABSL_FLAG(bool, error_feedback, true,
           "Keep what a sparse exchange did not send (the residual) and add it to the next step's "
           "gradient.");

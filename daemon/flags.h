@@ -29,6 +29,7 @@ ABSL_DECLARE_FLAG(absl::Duration, shutdown_grace);
 ABSL_DECLARE_FLAG(int, spin_us);
 ABSL_DECLARE_FLAG(int, threads);
 ABSL_DECLARE_FLAG(spex::DeviceChoice, device);
+ABSL_DECLARE_FLAG(std::string, devices);
 ABSL_DECLARE_FLAG(bool, error_feedback);
 ABSL_DECLARE_FLAG(int64_t, min_sparse_elements);
 ABSL_DECLARE_FLAG(spex::DenseFallback, dense_fallback);

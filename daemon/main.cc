@@ -22,10 +22,12 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/time.h"
 #include "daemon/config.h"
 #include "daemon/device.h"
 #include "daemon/engine/engine.h"
+#include "daemon/memory/cuda_device_link.h"
 #include "daemon/memory/cuda_device_memory.h"
 #include "daemon/observe/metrics.h"
 #include "daemon/observe/timeline.h"
@@ -114,21 +116,46 @@ absl::Status AgreeOnFlag(Collective* coll, const char* flag, int64_t value, cons
                                                     flag));
 }
 
-// What the GPU path owns: this node's GPU's primitives and buffers, and NCCL over it.
+// What the GPU path owns: the home GPU's primitives and buffers, NCCL over it, and the other
+// GPUs of --devices with the link between them (docs/design.md#multi-gpu).
 struct GpuPath {
   std::unique_ptr<Primitives> prims;
   std::unique_ptr<CudaDeviceMemory> memory;
   std::unique_ptr<Collective> nccl;
+  std::vector<std::unique_ptr<CudaDeviceMemory>> others;
+  std::unique_ptr<CudaDeviceLink> link;
 };
 
-// This daemon's GPU (daemons sharing a host take one usable GPU each, round robin) with its
-// CUDA primitives and device memory. FailedPrecondition saying why and what to do otherwise.
-absl::Status SetUpGpu(const std::vector<int>& gpus, const World& world, GpuPath* path) {
+// This daemon's GPUs (ServedDevices: --devices, else every usable GPU, or one each, round
+// robin, for daemons sharing a host) with the home GPU's CUDA primitives, device memory on
+// each, and the link between them. FailedPrecondition saying why and what to do otherwise.
+absl::Status SetUpGpu(const std::vector<int>& gpus, const std::vector<int>& given,
+                      const World& world, GpuPath* path) {
   if (gpus.empty()) return absl::InternalError("--device chose the GPU but listed no usable one");
-  const int gpu = gpus[world.host_index % gpus.size()];
   if (world.host_count > static_cast<int>(gpus.size())) {
     SPEX_LOG(WARNING) << world.host_count << " daemons share this host's " << gpus.size()
                       << " usable GPU(s); NCCL refuses two ranks on one GPU";
+  }
+  SPEX_ASSIGN_OR_RETURN(std::vector<int> served,
+                        ServedDevices(given, gpus, world.host_index, world.host_count));
+  const int gpu = served.front();
+  for (size_t i = 1; i < served.size(); ++i) {
+    absl::StatusOr<std::unique_ptr<CudaDeviceMemory>> m = CudaDeviceMemory::Create(served[i]);
+    if (!m.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("--devices: GPU ", served[i], ": ", m.status().message()));
+    }
+    path->others.push_back(std::move(*m));
+  }
+  if (served.size() > 1) {
+    absl::StatusOr<std::unique_ptr<CudaDeviceLink>> link = CudaDeviceLink::Create(served);
+    if (!link.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("--devices: the link between GPUs: ", link.status().message()));
+    }
+    path->link = std::move(*link);
+    SPEX_LOG(INFO) << "GPU path: trainers on GPUs " << absl::StrJoin(served, ",") << " (home GPU "
+                   << gpu << "); " << path->link->Describe();
   }
   if (absl::Status s = MakeCudaPrimitivesOnDevice(gpu, &path->prims); !s.ok()) {
     return absl::FailedPreconditionError(absl::StrCat("--device: GPU ", gpu,
@@ -147,9 +174,9 @@ absl::Status SetUpGpu(const std::vector<int>& gpus, const World& world, GpuPath*
 // The GPU path on every node, or an error on every node: buckets in CUDA IPC buffers on this
 // node's GPU, reduced and compressed by the CUDA primitives, exchanged by NCCL (bootstrapped
 // over `mpi`).
-absl::Status SetUpGpuPath(MpiCollective* mpi, const std::vector<int>& gpus, const World& world,
-                          GpuPath* path) {
-  SPEX_RETURN_IF_ERROR(AgreeOnAllNodes(mpi, SetUpGpu(gpus, world, path), "the GPU set-up"));
+absl::Status SetUpGpuPath(MpiCollective* mpi, const std::vector<int>& gpus,
+                          const std::vector<int>& given, const World& world, GpuPath* path) {
+  SPEX_RETURN_IF_ERROR(AgreeOnAllNodes(mpi, SetUpGpu(gpus, given, world, path), "the GPU set-up"));
   // Every rank takes part; on failure every rank gets the same outcome (nccl_collective.h).
   absl::StatusOr<std::unique_ptr<Collective>> nccl = MakeNcclCollective(mpi, path->memory->gpu());
   if (!nccl.ok()) {
@@ -302,8 +329,14 @@ absl::Status Run(const absl::StatusOr<DaemonConfig>& loaded, SdNotifier& notifie
   GpuPath gpu;
   DevicePath device_path;
   if (device == Device::kCuda) {
-    SPEX_RETURN_IF_ERROR(SetUpGpuPath(&mpi, gpus, world, &gpu));
+    SPEX_RETURN_IF_ERROR(SetUpGpuPath(&mpi, gpus, config.devices, world, &gpu));
     device_path = {gpu.memory.get(), gpu.memory.get(), host_prims.get()};
+    device_path.home = gpu.memory->gpu();
+    for (const auto& m : gpu.others) device_path.others.push_back({m->gpu(), m.get(), m.get()});
+    device_path.link = gpu.link.get();
+  } else if (!config.devices.empty()) {
+    SPEX_LOG(WARNING) << "--devices=" << absl::StrJoin(config.devices, ",")
+                      << " has no effect: this spexd serves host buffers (--device)";
   }
 
   // The CPUs spexd may use are those of its affinity mask, not the machine's: under mpirun's

@@ -12,8 +12,11 @@ time, exchange time, achieved density from GetStats) and a comparison table (tim
 to --target-acc, final accuracy, speed-up over the first run, DDP); writes per-step and per-epoch
 CSVs, summary.json and a PNG plot (accuracy against wall-clock time) under --results.
 
-Runs: NAME[:DENSITY][/wN] with NAME a spexd compressor (dense, micro, topk, dgc, sidco_e, ...;
-/wN: DGC's density warm-up, 4x the target per remaining epoch over the first N epochs), or a
+Runs: NAME[:DENSITY][/MOD...] with NAME a spexd compressor (dense, micro, topk, dgc, sidco_e, ...;
+modifiers: /wN DGC's density warm-up, 4x the target per remaining epoch over the first N epochs;
+/mc DGC's momentum correction, the momentum kept per trainer before the exchange and the optimizer
+run without it; /layer one DDP bucket per parameter tensor, so selection is layer-wise; /global one
+DDP bucket for the whole model, so selection is global; without either, DDP's 25 MB buckets), or a
 PyTorch peer registered as its documentation says: `gloo` (plain DDP all-reduce, no spex), `fp16`
 (fp16_compress_hook), `bf16` (bf16_compress_hook; skipped, saying why, where this torch's gloo
 cannot all-reduce bfloat16, as torch 1.13's cannot), `powersgd[:RANK]` (powerSGD_hook,
@@ -120,17 +123,35 @@ def is_peer(run: Dict[str, Any]) -> bool:
     return run["compressor"] in PEERS
 
 
+MODIFIERS = ("mc", "layer", "global")
+
+
 def parse_runs(spec: str) -> List[Dict[str, Any]]:
+    """Run specs NAME[:DENSITY][/MOD...]: /wN density warm-up, /mc momentum correction, /layer
+    and /global bucketing (see the module's documentation)."""
     runs = []
     for item in spec.split(","):
         item = item.strip()
         if not item:
             continue
-        item, _, warm = item.partition("/w")
-        name, _, dens = item.partition(":")
-        if warm and (not warm.isdigit() or name in ("dense", *PEERS)):
-            sys.exit(f"train_digits: run {item}/w{warm}: /wN (density warm-up over N epochs) needs a whole N and a "
-                     f"sparse spex compressor")
+        head, *mods = item.split("/")
+        name, _, dens = head.partition(":")
+        warm, flags = "", []
+        for m in mods:
+            if m.startswith("w") and m[1:].isdigit():
+                warm = m[1:]
+            elif m in MODIFIERS and m not in flags:
+                flags.append(m)
+            else:
+                sys.exit(f"train_digits: run {item!r}: unknown modifier /{m} (known: /wN density warm-up over N "
+                         f"epochs, /mc momentum correction, /layer one DDP bucket per tensor, /global one DDP "
+                         f"bucket for the model)")
+        if (warm or "mc" in flags) and name in ("dense", *PEERS):
+            sys.exit(f"train_digits: run {item!r}: /wN and /mc need a sparse spex compressor")
+        if flags and name in PEERS:
+            sys.exit(f"train_digits: run {item!r}: /layer, /global and /mc apply to spex runs only")
+        if "layer" in flags and "global" in flags:
+            sys.exit(f"train_digits: run {item!r}: /layer and /global exclude each other")
         if name == "powersgd":
             # PowerSGD's parameter is its matrix approximation rank (PyTorch's default 1).
             if dens and not (dens.isdigit() and int(dens) >= 1):
@@ -144,11 +165,65 @@ def parse_runs(spec: str) -> List[Dict[str, Any]]:
         density = float(dens) if dens else (1.0 if name in ("dense", *PEERS) else 0.01)
         if not 0 < density <= 1:
             sys.exit(f"train_digits: density of run {item!r} must be in (0, 1]")
+        label = (name if name in ("dense", *PEERS) else f"{name}@{density:g}") + (f"/w{warm}" if warm else "")
+        label += "".join(f"/{f}" for f in flags)
         runs.append({"name": name, "compressor": name, "density": density, "warmup_epochs": int(warm or 0),
-                     "label": (name if name in ("dense", *PEERS) else f"{name}@{density:g}") + (f"/w{warm}" if warm else "")})
+                     "momentum_correction": "mc" in flags,
+                     "bucketing": "layer" if "layer" in flags else "global" if "global" in flags else "ddp",
+                     "label": label})
     if not runs:
         sys.exit("train_digits: --runs names no run")
     return runs
+
+
+class MomentumCorrection:
+    """DGC's momentum correction (Lin et al., ICLR 2018) around the spex hook: each trainer keeps
+    its momentum u = m u + g per DDP bucket and hands u (not g) to the daemon, whose error
+    feedback then accumulates u as DGC's v does; the optimizer runs without momentum. Momentum
+    factor masking: u is zeroed where the averaged result is non-zero. DGC masks with the node's
+    own selection; the hook sees only the average, so it masks with the union of every node's
+    selection (a superset of its own)."""
+
+    def __init__(self, inner, momentum: float):
+        self.inner = inner
+        self.momentum = momentum
+        self.u: Dict[int, Any] = {}
+
+    def pop_timings(self):
+        return self.inner.pop_timings()
+
+
+def momentum_corrected_hook(state: MomentumCorrection, bucket):
+    buf = bucket.buffer()
+    u = state.u.get(bucket.index())
+    if u is None or u.numel() != buf.numel():  # first step, or DDP rebuilt its buckets
+        u = state.u[bucket.index()] = buf.detach().clone().zero_()
+    u.mul_(state.momentum).add_(buf)
+    buf.copy_(u)
+
+    def mask(f):
+        out = f.value()
+        u.masked_fill_(out.reshape(-1) != 0, 0.0)
+        return out
+
+    return state.inner(bucket).then(mask)
+
+
+def layer_nonzero(model) -> Dict[str, List[int]]:
+    """[non-zero, elements] of each parameter's gradient (after the exchange: the averaged
+    update), grouped by the module that owns it."""
+    out: Dict[str, List[int]] = {}
+    modules = dict(model.named_children())
+    for name, p in model.named_parameters():
+        if p.grad is None:
+            continue
+        key = name.split(".")[0]
+        if key.isdigit():  # nn.Sequential's children are numbered: name them by kind too
+            key = f"{type(modules[key]).__name__.lower()}{key}"
+        acc = out.setdefault(key, [0, 0])
+        acc[0] += int((p.grad != 0).sum())
+        acc[1] += p.grad.numel()
+    return out
 
 
 # ----------------------------------------------------------------------------------------------
@@ -317,14 +392,21 @@ def train_one(cfg: Dict[str, Any], run: Dict[str, Any], data, run_index: int) ->
                                     torch.nn.Linear(h, 10))
     bucket_cap_mb = cfg["bucket_cap_mb"]
     first_bucket = dist._DEFAULT_FIRST_BUCKET_BYTES
-    if run["compressor"] == "powersgd" and cfg["powersgd_one_bucket"]:
+    n_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    if run.get("bucketing") == "layer":
+        # Layer-wise selection: every parameter tensor its own DDP bucket (caps under the smallest
+        # tensor; DDP never splits a tensor), so each is selected on its own.
+        smallest = min(p.numel() * p.element_size() for p in model.parameters())
+        bucket_cap_mb = smallest / 2 / 2**20
+        dist._DEFAULT_FIRST_BUCKET_BYTES = max(1, smallest // 2)
+    elif run.get("bucketing") == "global" or (run["compressor"] == "powersgd" and cfg["powersgd_one_bucket"]):
         # One DDP bucket: the hook's later all-reduces are issued from future callbacks, whose
         # order across several buckets can differ between ranks; gloo then pairs mismatched
         # collectives (hang, or "op.preamble.length <= op.nbytes"). With one bucket there is one
         # chain per step. bucket_cap_mb alone is not enough: after its first iteration DDP
         # rebuilds its buckets with the first one capped at dist._DEFAULT_FIRST_BUCKET_BYTES
         # (1 MB), which DDP's source says users may set; both go above the gradient size.
-        n_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        # (The same single bucket makes a /global spex run's selection global over the model.)
         bucket_cap_mb = max(bucket_cap_mb, 2 * n_bytes / 2**20)
         dist._DEFAULT_FIRST_BUCKET_BYTES = int(bucket_cap_mb * 2**20)
     ddp = DDP(model, bucket_cap_mb=bucket_cap_mb)
@@ -352,12 +434,20 @@ def train_one(cfg: Dict[str, Any], run: Dict[str, Any], data, run_index: int) ->
         import spex.torch
 
         # Each run gets its own bucket ids, so nothing of a previous run can be mistaken for it.
-        state = spex.torch.register(ddp, compressor=run["compressor"], density=run["density"],
-                                    params=run.get("params") or None, socket=cfg["socket"],
-                                    local_rank=cfg["local_rank"], local_size=cfg["local_size"], mode=cfg["mode"],
-                                    id_base=run_index << 32)
+        state = spex.torch.SpexHookState(ddp, compressor=run["compressor"], density=run["density"],
+                                         params=run.get("params") or None, socket=cfg["socket"],
+                                         local_rank=cfg["local_rank"], local_size=cfg["local_size"], mode=cfg["mode"],
+                                         id_base=run_index << 32)
+        if run.get("momentum_correction"):
+            ddp.register_comm_hook(MomentumCorrection(state, cfg["momentum"]), momentum_corrected_hook)
+        else:
+            ddp.register_comm_hook(state, spex.torch.hook)
     spex_state = state if not is_peer(run) else None
-    opt = torch.optim.SGD(model.parameters(), lr=cfg["lr"], momentum=cfg["momentum"])
+    # Momentum correction moves the momentum into the hook (before the exchange); the optimizer
+    # then applies the averaged update as it is.
+    opt = torch.optim.SGD(model.parameters(), lr=cfg["lr"],
+                          momentum=0.0 if run.get("momentum_correction") else cfg["momentum"])
+    layer_nz: Dict[str, List[int]] = {}
     batch = cfg["batch"]
     step_rows, epoch_rows = [], []
     step = 0
@@ -391,6 +481,11 @@ def train_one(cfg: Dict[str, Any], run: Dict[str, Any], data, run_index: int) ->
             else:
                 loss = torch.nn.functional.cross_entropy(ddp(xtr[idx]), ytr[idx])
             loss.backward()
+            if rank == 0:  # what the averaged update holds, per module (cheap next to the step)
+                for key, (nz, n) in layer_nonzero(model).items():
+                    acc = layer_nz.setdefault(key, [0, 0])
+                    acc[0] += nz
+                    acc[1] += n
             opt.step()
             step_s = time.perf_counter() - t0
             timings = state.pop_timings()
@@ -478,7 +573,8 @@ def train_one(cfg: Dict[str, Any], run: Dict[str, Any], data, run_index: int) ->
         with open(os.path.join(out, "epochs.json"), "w") as f:
             json.dump({"epochs": epoch_rows, "run_s": run_s, "steps": step, "buckets": buckets,
                        "bucket_exchanges": bucket_exchanges, "dense_exchanges": dense_exchanges,
-                       "dense_notes": list(dense_notes.values()), "patterns": patterns}, f)
+                       "dense_notes": list(dense_notes.values()), "patterns": patterns,
+                       "layer_nonzero": layer_nz}, f)
     # Every trainer said Goodbye before any opens the next run's session: the daemons then
     # start the next run as a new job (step 0, fresh buckets).
     dist.barrier()
@@ -662,6 +758,7 @@ def summarize(run: Dict[str, Any], world: int, target_acc: float = 95.0,
         "gathered_density": sum(gath) / len(gath) if gath else None,
         "bucket_exchanges": ep.get("bucket_exchanges", 0), "dense_exchanges": ep.get("dense_exchanges", 0),
         "dense_notes": ep.get("dense_notes", []), "patterns": ep.get("patterns", {}),
+        "layer_nonzero": ep.get("layer_nonzero", {}),
         "params_identical": not mismatched, "mismatched_steps": mismatched[:10], "checked_steps": checked,
         "train_s": ep["run_s"], "buckets": ep["buckets"], "epoch_rows": epochs,
         "step_rows": [{k: r[k] for k in ("step", "epoch", "loss", "step_s", "exchange_s", "density", "gathered_density")}
@@ -810,6 +907,30 @@ def print_table(results: List[Dict[str, Any]]) -> None:
             print(f"  {label}: every exchange seen was sparse ({r['bucket_exchanges']} bucket exchanges)")
 
 
+def print_layer_table(results: List[Dict[str, Any]]) -> None:
+    """Per module: the fraction of its elements that the averaged update (the gradient every
+    trainer applied) held non-zero, over all steps, and the module's share of all non-zeros.
+    With DDP's own all-reduce this is the gradient's natural sparsity (an embedding's gradient
+    touches only the batch's words); with a compressor it shows where the selection went."""
+    rows = [r for r in results if r.get("layer_nonzero")]
+    if not rows:
+        return
+    mods = list(rows[0]["layer_nonzero"])
+    sizes = {m: rows[0]["layer_nonzero"][m][1] // max(1, rows[0]["steps"]) for m in mods}
+    w = max(12, *(len(r["label"]) for r in rows)) + 2
+    print("\nupdate density by module (non-zero fraction of the averaged update over all steps, rank 0; "
+          "in brackets: the module's share of all non-zeros)")
+    print(f"{'run':<{w}}" + "".join(f"{f'{m} ({sizes[m]:,})':>24}" for m in mods))
+    for r in rows:
+        ln = r["layer_nonzero"]
+        total = sum(v[0] for v in ln.values()) or 1
+        cells = []
+        for m in mods:
+            nz, n = ln.get(m, [0, 0])
+            cells.append(f"{nz / n if n else 0.0:>14.5f} ({100.0 * nz / total:>5.1f}%)")
+        print(f"{r['label']:<{w}}" + "".join(f"{c:>24}" for c in cells))
+
+
 def honesty_note(args: argparse.Namespace, ncpu: int, pinned: str = "") -> str:
     """What this machine's cores could and could not show."""
     procs = args.nodes * (args.trainers + 1)
@@ -911,6 +1032,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         write_outputs(results, out, title)
         print_table(results)
         print_speedup_table(results)
+        print_layer_table(results)
         print(honesty_note(args, ncpu, pinned))
     print(f"\ntraining processes ran {wall:.1f} s for {len(results)} run(s)")
     print(f"per-step CSV: {out}/steps.csv, per-epoch CSV: {out}/epochs.csv, plot: {out}/train_digits.png, "

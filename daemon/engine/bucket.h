@@ -46,6 +46,12 @@ struct BucketMemory {
   std::unique_ptr<DeviceArray> acc_next_device;  // device path, sparse with error feedback
   std::unique_ptr<Scratch> scratch;              // device path
   BucketData view;                               // what the steps see
+  // Several GPUs (docs/design.md#multi-gpu): local trainer r's buffer on its own GPU
+  // remote_device[r] (its input slot, then a copy of the output) when that is not the home
+  // GPU; null: trainer r's slot is in `data`. Set while trainer r is not registered and no
+  // exchange of the bucket runs; its slot in `data` is then staging for the gathered input.
+  std::unique_ptr<SharedBuffer> remote[kMaxLocalTrainers];
+  int remote_device[kMaxLocalTrainers] = {};
 };
 
 struct BucketExchange {

@@ -1,6 +1,8 @@
 #include "daemon/engine/bucket_table.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "kernels/base/status_macros.h"
 
 namespace spex {
 namespace {
@@ -155,6 +157,60 @@ absl::Status BucketTable::BuildCompressor(EngineBucket* b, double density) {
   return absl::OkStatus();
 }
 
+absl::Status BucketTable::CheckDevice(int device) const {
+  if (device < 0) return absl::OkStatus();
+  if (device_.allocator == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the trainer says its bucket is on GPU ", device,
+        ", but this spexd serves host buffers (--device=cpu, or auto without a usable GPU); "
+        "start spexd with --device=cuda"));
+  }
+  if (device == device_.home) return absl::OkStatus();
+  std::vector<std::string> served = {absl::StrCat(device_.home)};
+  for (const NodeDevice& d : device_.others) {
+    if (d.ordinal == device) return absl::OkStatus();
+    served.push_back(absl::StrCat(d.ordinal));
+  }
+  const std::string list = absl::StrJoin(served, ",");
+  return absl::FailedPreconditionError(absl::StrCat(
+      "the trainer's bucket is on GPU ", device, ", but this spexd serves GPU",
+      served.size() > 1 ? "s " : " ", list, " (--devices=", list,
+      "); start spexd with --devices naming GPU ", device,
+      " (or without --devices: every visible GPU), or put the trainer on one of those"));
+}
+
+absl::Status BucketTable::PlaceSlot(EngineBucket* b, uint32_t slot, int device) {
+  SPEX_RETURN_IF_ERROR(CheckDevice(device));
+  if (device < 0 || device == device_.home || b->mem.data == nullptr) {
+    b->mem.remote[slot].reset();
+    return absl::OkStatus();
+  }
+  if (b->mem.remote[slot] != nullptr && b->mem.remote_device[slot] == device) {
+    return absl::OkStatus();
+  }
+  const NodeDevice* on = nullptr;
+  for (const NodeDevice& d : device_.others) {
+    if (d.ordinal == device) on = &d;
+  }
+  if (on == nullptr || on->allocator == nullptr || device_.link == nullptr) {
+    return absl::InternalError(absl::StrCat("GPU ", device, " has no allocator or link"));
+  }
+  const size_t bytes = DeviceBucketBytes(b->elements, 1);
+  auto data = on->allocator->AllocateBucket(bytes, options_->local_trainers + 1);
+  if (!data.ok()) {
+    return absl::Status(data.status().code(),
+                        absl::StrCat("bucket ", b->id, " on GPU ", device, " (local trainer ", slot,
+                                     "): ", data.status().message()));
+  }
+  if ((*data)->size() < bytes) {
+    return absl::InternalError(absl::StrCat("the allocator of GPU ", device, " returned ",
+                                            (*data)->size(), " bytes, ", bytes, " were asked for"));
+  }
+  b->mem.remote[slot] = std::move(*data);
+  b->mem.remote_device[slot] = device;
+  return absl::OkStatus();
+}
+
 uint64_t BucketTable::ShmBytes(uint64_t elements) const {
   return device_.allocator != nullptr ? kPageBytes
                                       : BucketBytes(elements, options_->local_trainers);
@@ -198,6 +254,9 @@ void BucketTable::UnlinkAttached() {
     if (!all) continue;
     b->mem.shm->Unlink().IgnoreError();
     if (b->mem.data != nullptr) b->mem.data->Unlink().IgnoreError();
+    for (int r = 0; r < options_->local_trainers; ++r) {
+      if (b->mem.remote[r] != nullptr) b->mem.remote[r]->Unlink().IgnoreError();
+    }
   }
 }
 

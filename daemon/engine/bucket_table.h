@@ -51,6 +51,14 @@ class BucketTable {
   // In id order.
   const std::map<uint64_t, std::unique_ptr<EngineBucket>>& all() const { return buckets_; }
 
+  // Several GPUs: the GPU `device` (-1: the home GPU) a local trainer says its bucket lives on,
+  // checked against the path's GPUs: FailedPrecondition naming --devices for another.
+  absl::Status CheckDevice(int device) const;
+  // Puts local trainer `slot`'s buffer of `b` on GPU `device` (checked): a buffer of its own
+  // there (DeviceBucketBytes(elements, 1), local_trainers + 1 events) unless it is the home GPU.
+  // Only while trainer `slot` is not registered and no exchange of `b` runs.
+  absl::Status PlaceSlot(EngineBucket* b, uint32_t slot, int device);
+
   // Unlinks the segments of buckets every local trainer has attached.
   void UnlinkAttached();
   std::vector<std::string> LinkedSegments() const;

@@ -82,6 +82,17 @@ absl::Status Engine::Start() {
           "engine device path: the allocator's device differs from the primitives' device; build "
           "both for the same device (spexd: --device)");
     }
+    for (const NodeDevice& d : device_.others) {
+      if (d.allocator == nullptr || d.ordering == nullptr || device_.link == nullptr ||
+          d.ordinal == device_.home || d.allocator->device() != prims_->device()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "engine device path: GPU ", d.ordinal,
+            " needs an allocator and slot ordering of the "
+            "primitives' device, a link between the GPUs, and an ordinal other than the home "
+            "GPU's (",
+            device_.home, ")"));
+      }
+    }
   } else if (prims_->device() != Device::kCpu) {
     return absl::InvalidArgumentError(
         "engine: device primitives need a device path (allocator, ordering, host primitives); "

@@ -113,10 +113,13 @@ class Engine {
   // opened it.
   absl::Status CheckCaller(uint64_t session_id, uint32_t uid, uint32_t pid) const;
   absl::Status Goodbye(uint64_t session_id);
+  // `device`: the GPU the trainer's bucket lives on (device path; -1: the home GPU); a GPU the
+  // path does not serve is FailedPrecondition naming --devices (docs/design.md#multi-gpu).
   absl::StatusOr<BucketGrant> RegisterBucket(uint64_t session_id, uint64_t bucket_id,
                                              uint64_t elements, const std::string& compressor,
                                              double density,
-                                             const std::map<std::string, std::string>& params = {});
+                                             const std::map<std::string, std::string>& params = {},
+                                             int device = -1);
   absl::Status UnregisterBucket(uint64_t session_id, uint64_t bucket_id);
   // Changes the target density of every sparse bucket; all nodes apply the newest change any
   // of them has seen at the same step. Returns this node's change counter.

@@ -234,23 +234,89 @@ void Engine::ChooseSparseAllreduce(EngineBucket* b, const Control& control) {
                  << (st.oktopk ? "oktopk" : "allgather");
 }
 
+namespace {
+
+// Several GPUs (docs/design.md#multi-gpu): the slot ordering of trainer r's GPU, null when its
+// buffer is not on another GPU of the path.
+SlotOrdering* RemoteOrdering(const DevicePath& path, const BucketMemory& mem, int r) {
+  if (mem.remote[r] == nullptr) return nullptr;
+  for (const NodeDevice& d : path.others) {
+    if (d.ordinal == mem.remote_device[r]) return d.ordering;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+// Waits for every trainer's input event (on its own GPU), then gathers the inputs of trainers
+// on other GPUs into their staging slots on the home GPU, in local-rank order: from here the
+// step is the one-GPU step.
 absl::Status Engine::WaitInputs(EngineBucket* b) {
   if (device_.ordering == nullptr || b->mem.data == nullptr) return absl::OkStatus();
+  const size_t bytes = b->elements * sizeof(float);
   for (int r = 0; r < options_.local_trainers; ++r) {
-    if (absl::Status s = device_.ordering->WaitInput(b->mem.data.get(), r); !s.ok()) {
-      return absl::Status(s.code(), absl::StrCat("bucket ", b->id, ": waiting for local trainer ",
-                                                 r, "'s input event: ", s.message()));
+    SharedBuffer* own = b->mem.remote[r] != nullptr ? b->mem.remote[r].get() : b->mem.data.get();
+    SlotOrdering* ordering =
+        b->mem.remote[r] != nullptr ? RemoteOrdering(device_, b->mem, r) : device_.ordering;
+    absl::Status s = ordering == nullptr
+                         ? absl::InternalError(absl::StrCat("GPU ", b->mem.remote_device[r],
+                                                            " has no slot ordering"))
+                         : ordering->WaitInput(own, r);
+    if (s.ok() && b->mem.remote[r] != nullptr) {
+      const auto* from =
+          static_cast<const uint8_t*>(own->data()) + DeviceInputOffset(b->elements, 0);
+      s = device_.link->Copy(device_.home, b->mem.view.input[r], b->mem.remote_device[r], from,
+                             bytes);
+      if (!s.ok()) {
+        return absl::Status(s.code(), absl::StrCat("bucket ", b->id, ": copying local trainer ", r,
+                                                   "'s input from GPU ", b->mem.remote_device[r],
+                                                   " to GPU ", device_.home, ": ", s.message()));
+      }
+    }
+    if (!s.ok()) {
+      const int gpu = b->mem.remote[r] != nullptr ? b->mem.remote_device[r] : device_.home;
+      return absl::Status(s.code(),
+                          absl::StrCat("bucket ", b->id, ": waiting for local trainer ", r,
+                                       "'s input event on GPU ", gpu, ": ", s.message()));
     }
   }
   return absl::OkStatus();
 }
 
+// Copies the home GPU's output to every trainer on another GPU, then records the output event
+// on every GPU holding a buffer of the bucket (each after its copy). Every buffer is recorded
+// even after a failure, so no trainer waits on a stale record; the first failure is returned.
 absl::Status Engine::RecordOutput(EngineBucket* b) {
   if (device_.ordering == nullptr || b->mem.data == nullptr) return absl::OkStatus();
-  absl::Status s = device_.ordering->RecordOutput(b->mem.data.get(), options_.local_trainers);
-  if (s.ok()) return s;
-  return absl::Status(
-      s.code(), absl::StrCat("bucket ", b->id, ": recording the output event: ", s.message()));
+  const int L = options_.local_trainers;
+  absl::Status first;
+  for (int r = 0; r < L; ++r) {
+    if (b->mem.remote[r] == nullptr) continue;
+    SharedBuffer* own = b->mem.remote[r].get();
+    auto* to = static_cast<uint8_t*>(own->data()) + DeviceOutputOffset(b->elements, 1);
+    absl::Status s = device_.link->Copy(b->mem.remote_device[r], to, device_.home,
+                                        b->mem.view.output, b->elements * sizeof(float));
+    if (!s.ok()) {
+      s = absl::Status(s.code(), absl::StrCat("bucket ", b->id, ": copying the output to GPU ",
+                                              b->mem.remote_device[r], " (local trainer ", r,
+                                              "): ", s.message()));
+    }
+    SlotOrdering* ordering = RemoteOrdering(device_, b->mem, r);
+    absl::Status rec = ordering == nullptr ? absl::InternalError("no slot ordering")
+                                           : ordering->RecordOutput(own, L);
+    if (s.ok() && !rec.ok()) {
+      s = absl::Status(rec.code(),
+                       absl::StrCat("bucket ", b->id, ": recording the output event on GPU ",
+                                    b->mem.remote_device[r], ": ", rec.message()));
+    }
+    if (first.ok()) first = s;
+  }
+  absl::Status s = device_.ordering->RecordOutput(b->mem.data.get(), L);
+  if (!s.ok() && first.ok()) {
+    first = absl::Status(
+        s.code(), absl::StrCat("bucket ", b->id, ": recording the output event: ", s.message()));
+  }
+  return first;
 }
 
 }  // namespace spex

@@ -78,7 +78,7 @@ absl::Status Engine::Goodbye(uint64_t session_id) {
 
 absl::StatusOr<BucketGrant> Engine::RegisterBucket(
     uint64_t session_id, uint64_t bucket_id, uint64_t elements, const std::string& compressor_in,
-    double density_in, const std::map<std::string, std::string>& params) {
+    double density_in, const std::map<std::string, std::string>& params, int device) {
   if (stop_) return absl::UnavailableError("spexd is shutting down");
   if (absl::Status s = CheckRequestString("compressor", compressor_in); !s.ok()) return s;
   if (absl::Status s = CheckParams(params); !s.ok()) {
@@ -114,6 +114,10 @@ absl::StatusOr<BucketGrant> Engine::RegisterBucket(
     return absl::InvalidArgumentError(
         absl::StrCat("bucket ", bucket_id, ": elements must be in 1..2^32-1, got ", elements));
   }
+  // A GPU this daemon does not serve is refused before anything is allocated.
+  if (absl::Status s = buckets_.CheckDevice(device); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("bucket ", bucket_id, ": ", s.message()));
+  }
   absl::MutexLock lock(&mu_);
   absl::StatusOr<Session*> session = sessions_.Get(session_id);
   if (!session.ok()) return session.status();
@@ -133,11 +137,13 @@ absl::StatusOr<BucketGrant> Engine::RegisterBucket(
       return s;
     }
   }
+  bool created_here = false;
   if (b == nullptr) {
     absl::StatusOr<EngineBucket*> created =
         buckets_.Create({bucket_id, elements, compressor, density, cparams, policy});
     if (!created.ok()) return created.status();
     b = *created;
+    created_here = true;
   }
   if (b->elements != elements) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -167,7 +173,26 @@ absl::StatusOr<BucketGrant> Engine::RegisterBucket(
         "'s buffer was already attached by every local trainer and unlinked; a restarted "
         "trainer cannot rejoin a running job: restart all trainers of this node"));
   }
-  if (!(b->out.registered_mask & bit)) {
+  if (b->out.registered_mask & bit) {
+    const int now_on = b->mem.remote[rank] != nullptr ? b->mem.remote_device[rank] : device_.home;
+    if (b->mem.data != nullptr && device >= 0 && device != now_on) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "bucket ", bucket_id, " is registered by local trainer ", rank, " on GPU ", now_on,
+          "; this request says GPU ", device, ". Unregister it first to move it"));
+    }
+  } else {
+    // Several GPUs: the trainer's buffer on its own GPU, made before it counts as registered
+    // (an exchange of the bucket may still be finishing after its last unregistration).
+    while (b->out.state == BucketState::kExchanging && !stop_) published_cv_.Wait(&mu_);
+    b = buckets_.Find(bucket_id);
+    if (b == nullptr) {
+      return absl::UnavailableError(
+          absl::StrCat("bucket ", bucket_id, " was removed meanwhile; register it again"));
+    }
+    if (absl::Status s = buckets_.PlaceSlot(b, rank, device); !s.ok()) {
+      if (created_here) buckets_.Erase(bucket_id);  // nothing else holds it yet
+      return s;
+    }
     b->out.registered_mask |= bit;
     ++b->out.registrations;
     (*session)->buckets++;
@@ -180,7 +205,11 @@ absl::StatusOr<BucketGrant> Engine::RegisterBucket(
   doorbell_.Ring();  // a newly complete registration can change the canonical order
   BucketGrant grant;
   grant.buffer = b->mem.shm.get();
-  if (b->mem.data != nullptr) {
+  if (b->mem.remote[rank] != nullptr) {
+    grant.device_buffer = b->mem.remote[rank].get();
+    grant.device_input_offset = DeviceInputOffset(elements, 0);
+    grant.device_output_offset = DeviceOutputOffset(elements, 1);
+  } else if (b->mem.data != nullptr) {
     grant.device_buffer = b->mem.data.get();
     grant.device_input_offset = DeviceInputOffset(elements, rank);
     grant.device_output_offset = DeviceOutputOffset(elements, options_.local_trainers);

@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -55,6 +56,26 @@ class SlotOrdering {
   virtual absl::Status RecordOutput(SharedBuffer* bucket, int slot) = 0;
 };
 
+// Copies between the GPUs of one node (docs/design.md#multi-gpu): peer to peer where the two
+// have peer access, else staged through pinned host memory. Each copy is complete on return.
+class DeviceLink {
+ public:
+  virtual ~DeviceLink() = default;
+  // `bytes` from `src` on GPU `src_device` to `dst` on GPU `dst_device` (both device memory of
+  // those GPUs' allocators).
+  virtual absl::Status Copy(int dst_device, void* dst, int src_device, const void* src,
+                            size_t bytes) = 0;
+  // Whether `from` reads and writes memory of `to` directly (a copy needs no host staging).
+  virtual bool PeerAccess(int from, int to) const = 0;
+};
+
+// Another GPU of the node that trainers' buckets may live on.
+struct NodeDevice {
+  int ordinal = 0;
+  BufferAllocator* allocator = nullptr;
+  SlotOrdering* ordering = nullptr;
+};
+
 // The pieces of an engine that serves device buckets; everything is owned by the caller and
 // outlives the engine. An engine without them (allocator == nullptr) is the CPU path.
 struct DevicePath {
@@ -64,6 +85,13 @@ struct DevicePath {
   // the codecs of a test's codec_factory, fed through explicit staging copies (see
   // Engine::SparseStep). Every compressor runs on the device primitives (device scratch).
   Primitives* host_prims = nullptr;
+  // Several GPUs (docs/design.md#multi-gpu): `allocator` and `ordering` above are the home
+  // GPU's (ordinal `home`: the bucket data, the sum, the residual, the compressor); `others`
+  // the node's other GPUs a trainer may register a bucket on, copied to and from through
+  // `link`. Empty: every trainer's bucket is on the home GPU.
+  int home = 0;
+  std::vector<NodeDevice> others;
+  DeviceLink* link = nullptr;
 };
 
 }  // namespace spex

@@ -153,9 +153,14 @@ grpc::Status SpexService::RegisterBucket(grpc::ServerContext* ctx,
   }
   std::map<std::string, std::string> params(req->compressor().params().begin(),
                                             req->compressor().params().end());
-  auto grant =
-      engine_->RegisterBucket(req->session_id(), req->bucket_id(), req->elements(),
-                              req->compressor().name(), req->compressor().density(), params);
+  if (req->has_device_ordinal() && req->device_ordinal() < 0) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("device_ordinal must be a CUDA device ordinal (>= 0), got ",
+                                     req->device_ordinal()));
+  }
+  auto grant = engine_->RegisterBucket(
+      req->session_id(), req->bucket_id(), req->elements(), req->compressor().name(),
+      req->compressor().density(), params, req->has_device_ordinal() ? req->device_ordinal() : -1);
   if (!grant.ok()) return ToGrpc(grant.status());
   grant->buffer->Describe(resp->mutable_buffer());
   auto* layout = resp->mutable_layout();

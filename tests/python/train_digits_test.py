@@ -7,7 +7,8 @@ every rank after every step. Also: an unknown compressor or parameter stops the 
 training with the daemon's list of accepted names, a bucket the daemon sends dense (under
 --min_sparse_elements) is reported with that reason, and PyTorch's own hooks (fp16, PowerSGD,
 bf16 where gloo allows) run as peers for one short epoch each, and the LSTM language model
-(--model lstm) trains for a few steps."""
+(--model lstm) trains for a few steps and reports the update density per module; the /layer,
+/global and /mc run modifiers bucket and correct as documented."""
 
 import csv
 import json
@@ -169,6 +170,72 @@ class TrainDigitsTest(unittest.TestCase):
             self.assertIsNotNone(r["time_to_target_s"], r["label"])  # reached at once: ppl < vocabulary size
             self.assertLess(r["final_ppl"], 2000, r["label"])  # below a uniform guess over 2000 words
         self.assertLess(runs["micro@0.01"]["achieved_density"], 0.011)
+        # The embedding's gradient touches only the batch's words: under DDP's all-reduce it is
+        # sparser than the LSTM's, which every token touches; the table reports both.
+        nz = {m: v[0] / v[1] for m, v in runs["gloo"]["layer_nonzero"].items()}
+        self.assertEqual(set(nz), {"emb", "lstm", "dec"})
+        self.assertLess(nz["emb"], 0.5 * nz["lstm"])
+        self.assertIn("update density by module", proc.stdout)
+
+    def test_bucketing_and_momentum_correction_modifiers(self):
+        """/layer gives every parameter tensor its own DDP bucket (layer-wise selection), /global one
+        bucket for the model (global selection); /mc trains with the momentum in the hook."""
+        out = tempfile.mkdtemp(prefix="mods-", dir=os.environ.get("TEST_TMPDIR", "/tmp"))
+        proc = run_script(out, "--runs", "micro:0.01/layer,micro:0.01/global/mc", "--epochs", "1", "--hidden", "64",
+                          "--nodes", "1", timeout=120)
+        self.assertEqual(proc.returncode, 0, proc.stdout)
+        with open(os.path.join(out, "summary.json")) as f:
+            runs = {r["label"]: r for r in json.load(f)}
+        self.assertEqual(sorted(runs["micro@0.01/layer"]["buckets"]), sorted([64 * 64, 64, 64 * 64, 64, 640, 10]))
+        self.assertEqual(runs["micro@0.01/global/mc"]["buckets"], [64 * 64 + 64 + 64 * 64 + 64 + 640 + 10])
+        for r in runs.values():
+            self.assertTrue(r["params_identical"], r["label"])
+            self.assertEqual(set(r["layer_nonzero"]), {"linear0", "linear2", "linear4"})
+        self.assertIn("update density by module", proc.stdout)
+        bad = run_script(out, "--runs", "micro:0.01/layer/global", timeout=30)
+        self.assertNotEqual(bad.returncode, 0)
+        self.assertIn("/layer and /global exclude each other", bad.stdout)
+        bad = run_script(out, "--runs", "gloo/mc", timeout=30)
+        self.assertNotEqual(bad.returncode, 0)
+        self.assertIn("/wN and /mc need a sparse spex compressor", bad.stdout)
+
+    def test_momentum_correction_hook_against_hand_computed_values(self):
+        """The /mc hook hands u = m u + g to the exchange and zeroes u where the averaged result is
+        non-zero (momentum factor masking)."""
+        import importlib.util
+
+        import torch
+
+        spec = importlib.util.spec_from_file_location("train_digits", SCRIPT)
+        td = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(td)
+        handed, results = [], [torch.tensor([1.0, 0.0, 0.0, 0.0]), torch.tensor([0.0, 0.0, 2.0, 0.0])]
+
+        class Bucket:
+            def __init__(self, g):
+                self.g = g
+
+            def buffer(self):
+                return self.g
+
+            def index(self):
+                return 0
+
+        def inner(bucket):
+            handed.append(bucket.buffer().clone())
+            fut = torch.futures.Future()
+            fut.set_result(results[len(handed) - 1])
+            return fut
+
+        st = td.MomentumCorrection(inner, 0.5)
+        g1, g2 = torch.tensor([1.0, 2.0, 3.0, 4.0]), torch.tensor([10.0, 10.0, 10.0, 10.0])
+        td.momentum_corrected_hook(st, Bucket(g1.clone())).wait()
+        self.assertEqual(handed[0].tolist(), [1.0, 2.0, 3.0, 4.0])  # u1 = g1
+        self.assertEqual(st.u[0].tolist(), [0.0, 2.0, 3.0, 4.0])  # masked where result 1 is non-zero
+        out = td.momentum_corrected_hook(st, Bucket(g2.clone())).wait()
+        self.assertEqual(handed[1].tolist(), [10.0, 11.0, 11.5, 12.0])  # u2 = 0.5 u1 + g2
+        self.assertEqual(st.u[0].tolist(), [10.0, 11.0, 0.0, 12.0])
+        self.assertEqual(out.tolist(), results[1].tolist())
 
     def test_powersgd_takes_no_density(self):
         out = tempfile.mkdtemp(prefix="peers-bad-", dir=os.environ.get("TEST_TMPDIR", "/tmp"))

@@ -99,9 +99,10 @@ absl::StatusOr<Trainer> Trainer::Open(Engine* engine, uint32_t local_rank, uint3
 
 absl::StatusOr<BucketGrant> Trainer::Register(uint64_t bucket, uint64_t elements,
                                               const std::string& compressor, double density,
-                                              const std::map<std::string, std::string>& params) {
+                                              const std::map<std::string, std::string>& params,
+                                              int device) {
   absl::StatusOr<BucketGrant> g =
-      engine_->RegisterBucket(session_id_, bucket, elements, compressor, density, params);
+      engine_->RegisterBucket(session_id_, bucket, elements, compressor, density, params, device);
   if (!g.ok()) return g;
   Registered r;
   r.grant = *g;

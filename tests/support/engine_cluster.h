@@ -111,10 +111,12 @@ class Trainer {
                                       const std::string& job = "",
                                       const std::string& client = "test");
 
-  // Registers a bucket ("" and 0: the engine's default compressor and density).
+  // Registers a bucket ("" and 0: the engine's default compressor and density) on GPU
+  // `device` (-1: the home GPU; a device path with several GPUs, docs/design.md#multi-gpu).
   absl::StatusOr<BucketGrant> Register(uint64_t bucket, uint64_t elements,
                                        const std::string& compressor = "", double density = 0,
-                                       const std::map<std::string, std::string>& params = {});
+                                       const std::map<std::string, std::string>& params = {},
+                                       int device = -1);
   absl::Status Unregister(uint64_t bucket);
   absl::Status Goodbye() { return engine_->Goodbye(session_id_); }
 
