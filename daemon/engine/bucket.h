@@ -64,6 +64,11 @@ struct BucketExchange {
   uint64_t allreduce_probed = 0;
   uint64_t probe_allgather_ns = 0, probe_oktopk_ns = 0;
   uint64_t next_step = 0;
+  // Added to next_step for the step the compressor and the step-dependent policies see (the
+  // dense-fallback probe): 0, or the step a restored checkpoint was saved at (checkpoint.h),
+  // so a resumed run continues where it stopped while its trainers count from 0 again.
+  uint64_t step_base = 0;
+  uint64_t compute_step() const { return next_step + step_base; }
   // A merge group's local reduce (ReduceLocalChecked) already ran for step `reduced_step` and
   // its sum is in place, not yet committed: a member an agreement round left for a later group
   // keeps it, so that round's reduce is not done again (engine_group_exchange.cc, ReduceMember).

@@ -12,7 +12,7 @@ namespace spex {
 namespace {
 
 constexpr uint32_t kCheckpointMagic = 0x4b435053;  // "SPCK"
-constexpr uint16_t kCheckpointVersion = 1;
+constexpr uint16_t kCheckpointVersion = 2;
 constexpr uint64_t kMaxName = 1 << 12;
 
 std::string WorldText(const CheckpointWorld& w) {
@@ -24,7 +24,15 @@ std::string ParamsText(const std::map<std::string, std::string>& p) {
   return p.empty() ? "none" : absl::StrJoin(p, ",", absl::PairFormatter("="));
 }
 
+std::string PolicyOrNone(const std::string& p) { return p.empty() ? "none" : p; }
+
 }  // namespace
+
+std::string PolicyText(const BucketPolicy& p) {
+  return absl::StrCat(kBucketParamNonfinite, "=", AbslUnparseFlag(p.nonfinite), " ",
+                      kBucketParamSparseAllreduce, "=", AbslUnparseFlag(p.sparse_allreduce), " ",
+                      kBucketParamDenseFallback, "=", AbslUnparseFlag(p.dense_fallback));
+}
 
 std::string EncodeBucketCheckpoint(const BucketCheckpoint& c) {
   StateWriter w;
@@ -42,7 +50,19 @@ std::string EncodeBucketCheckpoint(const BucketCheckpoint& c) {
     w.PutString(v);
   }
   w.Put<double>(c.density);
+  w.PutString(c.policy);
   w.Put<uint64_t>(c.next_step);
+  w.Put<uint8_t>(c.mode);
+  w.Put<uint64_t>(c.probe_sparse_ns);
+  w.Put<uint64_t>(c.probe_dense_ns);
+  w.Put<uint8_t>(c.allreduce_probe ? 1 : 0);
+  w.Put<uint64_t>(c.allreduce_probed);
+  w.Put<uint64_t>(c.probe_allgather_ns);
+  w.Put<uint64_t>(c.probe_oktopk_ns);
+  w.Put<uint8_t>(c.oktopk ? 1 : 0);
+  w.Put<uint64_t>(c.oktopk_exchanges);
+  w.Put<float>(c.oktopk_threshold);
+  w.PutVector(c.oktopk_bounds);
   w.PutVector(c.residual);
   w.PutString(c.compressor_state);
   w.Seal();
@@ -86,19 +106,39 @@ absl::StatusOr<BucketCheckpoint> DecodeBucketCheckpoint(absl::string_view bytes)
     std::string k, v;
     if (r.GetString(&k, kMaxName) && r.GetString(&v, kMaxName)) c.params[k] = v;
   }
+  uint8_t allreduce_probe = 0, oktopk = 0;
   r.Get(&c.density);
+  r.GetString(&c.policy, kMaxName);
   r.Get(&c.next_step);
+  r.Get(&c.mode);
+  r.Get(&c.probe_sparse_ns);
+  r.Get(&c.probe_dense_ns);
+  r.Get(&allreduce_probe);
+  r.Get(&c.allreduce_probed);
+  r.Get(&c.probe_allgather_ns);
+  r.Get(&c.probe_oktopk_ns);
+  r.Get(&oktopk);
+  r.Get(&c.oktopk_exchanges);
+  r.Get(&c.oktopk_threshold);
+  r.GetVector(&c.oktopk_bounds, c.elements + 1);
   r.GetVector(&c.residual, c.elements);
   r.GetString(&c.compressor_state, body.size());
   if (!r.complete()) return absl::DataLossError("bucket checkpoint: malformed record");
+  if (c.mode > static_cast<uint8_t>(BucketExchange::Mode::kDense) || allreduce_probe > 1 ||
+      oktopk > 1 || !(c.density > 0 && c.density <= 1)) {
+    return absl::DataLossError("bucket checkpoint: a field is out of range (corrupt record)");
+  }
+  c.allreduce_probe = allreduce_probe == 1;
+  c.oktopk = oktopk == 1;
   c.world = {nodes, rank, local};
   return c;
 }
 
-absl::StatusOr<BucketCheckpoint> SaveBucket(const EngineBucket& b, const CheckpointWorld& world) {
-  if (b.mem.view.on_device) {
+absl::StatusOr<BucketCheckpoint> SaveBucket(const EngineBucket& b, const CheckpointWorld& world,
+                                            Primitives* prims) {
+  if (b.mem.view.on_device && prims == nullptr) {
     return absl::UnimplementedError(
-        absl::StrCat("bucket ", b.id, ": checkpointing a device bucket is not supported yet"));
+        absl::StrCat("bucket ", b.id, ": checkpointing a device bucket needs its primitives"));
   }
   BucketCheckpoint c;
   c.world = world;
@@ -107,18 +147,42 @@ absl::StatusOr<BucketCheckpoint> SaveBucket(const EngineBucket& b, const Checkpo
   c.compressor = b.compressor;
   c.params = b.params;
   c.density = b.out.density;
-  c.next_step = b.ex.next_step;
+  c.policy = PolicyText(b.policy);
+  c.next_step = b.ex.compute_step();
+  c.mode = static_cast<uint8_t>(b.ex.mode);
+  c.probe_sparse_ns = b.ex.probe_sparse_ns;
+  c.probe_dense_ns = b.ex.probe_dense_ns;
+  c.allreduce_probe = b.ex.allreduce_probe;
+  c.allreduce_probed = b.ex.allreduce_probed;
+  c.probe_allgather_ns = b.ex.probe_allgather_ns;
+  c.probe_oktopk_ns = b.ex.probe_oktopk_ns;
   if (b.ex.sparse != nullptr) {
-    absl::StatusOr<std::string> state = b.ex.sparse->compressor->SaveState();
+    const SparseState& st = *b.ex.sparse;
+    absl::StatusOr<std::string> state = st.compressor->SaveState();
     if (!state.ok()) return state.status();
     c.compressor_state = std::move(*state);
-    c.residual.assign(b.mem.view.acc, b.mem.view.acc + b.elements);
+    c.oktopk = st.oktopk;
+    c.oktopk_exchanges = st.oktopk_state.exchanges;
+    c.oktopk_threshold = st.oktopk_state.threshold;
+    c.oktopk_bounds = st.oktopk_state.bounds;
+    c.residual.resize(b.elements);
+    if (b.mem.view.on_device) {
+      if (absl::Status s =
+              prims->CopyToHost(c.residual.data(), b.mem.view.acc, b.elements * sizeof(float));
+          !s.ok()) {
+        return absl::Status(
+            s.code(),
+            absl::StrCat("bucket ", b.id, ": copying the residual from the device: ", s.message()));
+      }
+    } else {
+      std::memcpy(c.residual.data(), b.mem.view.acc, b.elements * sizeof(float));
+    }
   }
   return c;
 }
 
-absl::Status RestoreBucket(const BucketCheckpoint& c, const CheckpointWorld& world,
-                           EngineBucket* b) {
+absl::Status RestoreBucket(const BucketCheckpoint& c, const CheckpointWorld& world, EngineBucket* b,
+                           Primitives* prims) {
   const std::string what = absl::StrCat("bucket ", b->id, ": ");
   if (!(c.world == world)) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -126,36 +190,85 @@ absl::Status RestoreBucket(const BucketCheckpoint& c, const CheckpointWorld& wor
         WorldText(world),
         "; restart with the same nodes and trainers per node, or start this bucket fresh"));
   }
-  if (c.bucket_id != b->id || c.elements != b->elements) {
+  if (c.elements != b->elements) {
     return absl::FailedPreconditionError(
         absl::StrCat(what, "the checkpoint is of bucket ", c.bucket_id, " (", c.elements,
                      " elements), this is bucket ", b->id, " (", b->elements,
                      " elements); register the buckets as they were when it was saved"));
   }
   if (c.compressor != b->compressor || c.params != b->params) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        what, "the checkpoint used compressor ", c.compressor, " (", ParamsText(c.params),
-        "), this bucket uses ", b->compressor, " (", ParamsText(b->params), ")"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, "the checkpoint (of bucket ", c.bucket_id, ") used compressor ",
+                     c.compressor, " (", ParamsText(c.params), "), this bucket uses ",
+                     b->compressor, " (", ParamsText(b->params), ")"));
   }
-  if (b->mem.view.on_device) {
+  if (const std::string policy = PolicyText(b->policy); c.policy != policy) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, "the checkpoint (of bucket ", c.bucket_id, ") was saved with ",
+                     PolicyOrNone(c.policy), ", this bucket has ", policy,
+                     " (spexd flags or bucket parameters): use the same as when it was saved"));
+  }
+  if (b->mem.view.on_device && prims == nullptr) {
     return absl::UnimplementedError(
-        absl::StrCat(what, "restoring a device bucket is not supported yet"));
+        absl::StrCat(what, "restoring a device bucket needs its primitives"));
   }
   if ((b->ex.sparse != nullptr) != !c.compressor_state.empty()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(what, "the checkpoint and this bucket differ in being sparse"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, "the checkpoint (of bucket ", c.bucket_id, ") is of a ",
+        c.compressor_state.empty() ? "dense" : "sparse", " bucket, this one is ",
+        b->ex.sparse != nullptr ? "sparse" : "dense",
+        " (spexd's --min_sparse_elements or --compressor differ from when it was saved)"));
+  }
+  if (c.next_step < b->ex.next_step) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, "the checkpoint was saved at step ", c.next_step, ", this bucket is at step ",
+        b->ex.next_step, " already: load a checkpoint before the bucket's first exchange"));
   }
   if (b->ex.sparse != nullptr) {
     if (c.residual.size() != b->elements) {
       return absl::DataLossError(absl::StrCat(what, "the checkpoint's residual has ",
                                               c.residual.size(), " of ", b->elements, " elements"));
     }
-    // LoadState validates everything before it changes anything, so it goes first.
+    if (!c.oktopk_bounds.empty() &&
+        c.oktopk_bounds.size() != static_cast<size_t>(world.nodes) + 1) {
+      return absl::DataLossError(absl::StrCat(what, "the checkpoint's Ok-Topk regions have ",
+                                              c.oktopk_bounds.size(), " bounds for ", world.nodes,
+                                              " nodes"));
+    }
+    // LoadState validates everything before it changes anything, so it goes first; the device
+    // copy next (a failure there leaves a loaded compressor over the old residual, so the
+    // compressor is put back from its own saved state).
+    absl::StatusOr<std::string> before = b->ex.sparse->compressor->SaveState();
+    if (!before.ok()) return before.status();
     if (absl::Status s = b->ex.sparse->compressor->LoadState(c.compressor_state); !s.ok()) {
       return absl::Status(s.code(), absl::StrCat(what, s.message()));
     }
-    std::memcpy(b->mem.view.acc, c.residual.data(), c.residual.size() * sizeof(float));
+    if (b->mem.view.on_device) {
+      if (absl::Status s = prims->CopyFromHost(b->mem.view.acc, c.residual.data(),
+                                               c.residual.size() * sizeof(float));
+          !s.ok()) {
+        b->ex.sparse->compressor->LoadState(*before).IgnoreError();
+        return absl::Status(
+            s.code(), absl::StrCat(what, "copying the residual to the device: ", s.message()));
+      }
+    } else {
+      std::memcpy(b->mem.view.acc, c.residual.data(), c.residual.size() * sizeof(float));
+    }
+    SparseState& st = *b->ex.sparse;
+    st.oktopk = c.oktopk;
+    st.oktopk_state.exchanges = c.oktopk_exchanges;
+    st.oktopk_state.threshold = c.oktopk_threshold;
+    st.oktopk_state.bounds = c.oktopk_bounds;
   }
+  b->ex.mode = static_cast<BucketExchange::Mode>(c.mode);
+  b->ex.probe_sparse_ns = c.probe_sparse_ns;
+  b->ex.probe_dense_ns = c.probe_dense_ns;
+  b->ex.allreduce_probe = c.allreduce_probe;
+  b->ex.allreduce_probed = c.allreduce_probed;
+  b->ex.probe_allgather_ns = c.probe_allgather_ns;
+  b->ex.probe_oktopk_ns = c.probe_oktopk_ns;
+  b->ex.step_base = c.next_step - b->ex.next_step;
+  b->ex.reduced_step = UINT64_MAX;  // a merge group's kept sum holds the old residual
   b->out.density = c.density;
   return absl::OkStatus();
 }

@@ -2,9 +2,11 @@
 // trainers' checkpoint resumes the exchange where it was instead of with empty residuals and
 // fresh compressor controllers: the bucket's layout (id, elements, compressor and its
 // parameters), the world it was saved in (nodes, this node's rank, local trainers), the density
-// in effect, the step it was saved at, the error-feedback residual and the compressor's state blob
-// (Compressor::SaveState). Encoded as a versioned, checksummed record; a record that does not
-// fit the bucket it is loaded into is refused with what differs, never half applied.
+// in effect, the step it was saved at, the engine's per-bucket choices (the dense-fallback probe,
+// the sparse all-reduce and Ok-Topk's state), the error-feedback residual (float32, whatever the
+// bucket's data type) and the compressor's state blob (Compressor::SaveState). Encoded as a
+// versioned, checksummed record; a record that does not fit the bucket it is loaded into is
+// refused with what differs, never half applied.
 #pragma once
 
 #include <cstdint>
@@ -16,6 +18,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "daemon/engine/bucket.h"
+#include "kernels/primitives.h"
 
 namespace spex {
 
@@ -35,9 +38,24 @@ struct BucketCheckpoint {
   std::string compressor;
   std::map<std::string, std::string> params;
   double density = 1.0;
-  // The bucket's next step when saved. Recorded, not applied: the engine's step count is the
-  // trainers' (their shared header's), which starts again at 0 with the restarted trainers.
+  // The bucket's policies as RegisterBucket set them ("nonfinite=.. sparse_allreduce=..
+  // dense_fallback=.."): they decide how the saved choices below are used, so they must match.
+  std::string policy;
+  // The step the bucket's compressor would see next (the trainers' step plus the bucket's
+  // step_base). Restored as the new bucket's step_base, so that the compressor's step-dependent
+  // choices (partition rotation, random streams, schedules) go on where they were although the
+  // restarted trainers count their steps from 0 again.
   uint64_t next_step = 0;
+  // The engine's per-bucket choices (BucketExchange): the dense-fallback probe and the
+  // --sparse_allreduce=auto probe with their timings, the Ok-Topk choice and its state.
+  uint8_t mode = 0;  // BucketExchange::Mode
+  uint64_t probe_sparse_ns = 0, probe_dense_ns = 0;
+  bool allreduce_probe = false;
+  uint64_t allreduce_probed = 0, probe_allgather_ns = 0, probe_oktopk_ns = 0;
+  bool oktopk = false;
+  uint64_t oktopk_exchanges = 0;
+  float oktopk_threshold = 0;
+  std::vector<uint32_t> oktopk_bounds;
   std::vector<float> residual;   // elements floats; empty for a dense-only bucket
   std::string compressor_state;  // Compressor::SaveState; empty for a dense-only bucket
 };
@@ -46,15 +64,24 @@ std::string EncodeBucketCheckpoint(const BucketCheckpoint& c);
 // DataLoss for a truncated or corrupt record, FailedPrecondition for another format version.
 absl::StatusOr<BucketCheckpoint> DecodeBucketCheckpoint(absl::string_view bytes);
 
-// Takes a host bucket's checkpoint between steps (engine thread). Unimplemented for a device
-// bucket and for a compressor that does not save its state.
-absl::StatusOr<BucketCheckpoint> SaveBucket(const EngineBucket& b, const CheckpointWorld& world);
+// The text BucketCheckpoint::policy holds for a bucket's policies.
+std::string PolicyText(const BucketPolicy& p);
 
-// Loads `c` into `b` (engine thread, between steps): residual, compressor state, density. Refused
-// with FailedPrecondition naming both sides when the world (a different node count, rank or local
-// trainers: a checkpoint is one node's residual and controller state, which do not split or merge),
-// the bucket id, size, compressor or parameters differ; nothing of `b` changes then.
-absl::Status RestoreBucket(const BucketCheckpoint& c, const CheckpointWorld& world,
-                           EngineBucket* b);
+// Takes a bucket's checkpoint between steps (engine thread, or under the engine's mutex while
+// the engine is not inside the bucket). `prims`: the bucket memory's primitives, which copy a
+// device bucket's residual to the host (null: a device bucket is Unimplemented). Unimplemented
+// for a compressor that does not save its state.
+absl::StatusOr<BucketCheckpoint> SaveBucket(const EngineBucket& b, const CheckpointWorld& world,
+                                            Primitives* prims = nullptr);
+
+// Loads `c` into `b` (as SaveBucket, between steps): residual, compressor state, density, the
+// engine's choices and the step base. Refused with FailedPrecondition naming both sides when the
+// world (a different node count, rank or local trainers: a checkpoint is one node's residual and
+// controller state, which do not split or merge), the bucket's size, compressor, parameters or
+// policies differ; nothing of `b` changes then. The bucket id may differ (the caller says which
+// record goes to which bucket: a DDP hook's ids change with DDP's bucket generations); the
+// error messages name both. `prims` as for SaveBucket.
+absl::Status RestoreBucket(const BucketCheckpoint& c, const CheckpointWorld& world, EngineBucket* b,
+                           Primitives* prims = nullptr);
 
 }  // namespace spex

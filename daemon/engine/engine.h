@@ -129,6 +129,21 @@ class Engine {
   absl::StatusOr<ExchangeRecord> Exchange(uint64_t session_id, uint64_t bucket_id, uint64_t step,
                                           absl::Time deadline);
 
+  // Checkpointing (checkpoint.h, docs/checkpoint.md; engine_checkpoint.cc): this node's state
+  // of bucket `bucket_id` (residual, compressor state, density, the engine's choices, the step)
+  // as a record, taken between steps. The session's trainer must have registered the bucket and
+  // not handed in its next step (its ready word is the bucket's next step), so no step of the
+  // bucket is in flight; FAILED_PRECONDITION naming the step otherwise, and for a failed bucket.
+  // UNIMPLEMENTED under selection behind (--omgs_select / --rgmerge_select=behind), whose
+  // groups share a compressor across buckets.
+  absl::StatusOr<std::string> SaveBucketState(uint64_t session_id, uint64_t bucket_id);
+  // Loads a record SaveBucketState wrote (on this node of an earlier run of the same world)
+  // into the bucket, under the same conditions, before the bucket's exchanges reach the saved
+  // step: the bucket continues exactly where the saved one was. Refusals (nothing changes):
+  // DATA_LOSS for a corrupt or truncated record, FAILED_PRECONDITION naming what differs
+  // (world, size, compressor, parameters, policies) as RestoreBucket's.
+  absl::Status LoadBucketState(uint64_t session_id, uint64_t bucket_id, absl::string_view record);
+
   std::vector<BucketSummary> Buckets() const;
   std::vector<SessionSummary> Sessions() const;
   uint64_t total_exchanges() const;
@@ -251,6 +266,11 @@ class Engine {
   absl::Status WaitInputs(EngineBucket* b);
   absl::Status RecordOutput(EngineBucket* b);
   void ResetLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // SaveBucketState/LoadBucketState's common part: the session's bucket once it is between
+  // steps for that trainer (waits for a publish in progress), or why not.
+  absl::StatusOr<EngineBucket*> BucketBetweenStepsLocked(uint64_t session_id, uint64_t bucket_id,
+                                                         const char* what)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The memory and count limits for `session` registering bucket `bucket_id` (`existing` when
   // another trainer created it already); RESOURCE_EXHAUSTED naming the limit and its flag.
   absl::Status CheckLimitsLocked(const Session& session, const EngineBucket* existing,

@@ -39,7 +39,7 @@ void Engine::GatherControl(BucketPass& x) {
   }
   // From the deciding step on until a step runs (a non-finite step is skipped everywhere).
   if (b->ex.sparse != nullptr && b->ex.mode == BucketExchange::Mode::kProbe &&
-      x.step >= 2 * static_cast<uint64_t>(options_.probe_steps)) {
+      x.step + b->ex.step_base >= 2 * static_cast<uint64_t>(options_.probe_steps)) {
     x.control.sparse_us = b->ex.probe_sparse_ns / 1000;
     x.control.dense_us = b->ex.probe_dense_ns / 1000;
   }
@@ -143,9 +143,11 @@ absl::Status Engine::RunStep(BucketPass& x) {
     ApplyDensityLocked(x.control.density_key);
     density = b->out.density;
   }
-  const bool sparse = b->ex.sparse != nullptr && UseSparse(b, x.step, x.control);
+  // The compressor and the probe see the compute step (a restored bucket's base added).
+  const uint64_t step = x.step + b->ex.step_base;
+  const bool sparse = b->ex.sparse != nullptr && UseSparse(b, step, x.control);
   if (sparse && b->ex.allreduce_probe) ChooseSparseAllreduce(b, x.control);
-  StepItem item{&b->mem.view, b->ex.sparse.get(), x.step, density, &x.rec, x.reduced, x.reduce_now};
+  StepItem item{&b->mem.view, b->ex.sparse.get(), step, density, &x.rec, x.reduced, x.reduce_now};
   if (x.reduce_now && x.reduced.ok()) CommitLocalSum(&b->mem.view);
   const uint64_t t_work = MonotonicNanos();
   if (sparse) {

@@ -215,8 +215,8 @@ std::unique_ptr<Engine::WirePack> Engine::BuildPack(GroupPass& x, size_t first, 
     b->ex.reduced_step = UINT64_MAX;
     p->buckets.push_back(b);
     p->elements += b->elements;
-    p->items.push_back(
-        {&b->mem.view, b->ex.sparse.get(), b->ex.next_step, density[i], &rec, x.reduced[i], true});
+    p->items.push_back({&b->mem.view, b->ex.sparse.get(), b->ex.compute_step(), density[i], &rec,
+                        x.reduced[i], true});
     p->kinds.push_back(kind);
     x.packed[i] = true;
   }
@@ -241,7 +241,7 @@ void Engine::SendPack(GroupPass& x, std::unique_ptr<WirePack> p, uint64_t* local
       // Without stamps (an older client): when this engine took the group, late by up to
       // what it was busy with before.
       if (ready == 0) ready = static_cast<int64_t>(x.t0);
-      merger_->ObserveMember(b->id, p->items[j].step, ready, p->items[j].select_ns);
+      merger_->ObserveMember(b->id, p->recs[j].step, ready, p->items[j].select_ns);
     }
   }
   const uint64_t elements = p->elements;

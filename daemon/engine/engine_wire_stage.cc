@@ -82,7 +82,7 @@ void Engine::RunPack(WirePack* p) {
   char what[96];
   std::snprintf(what, sizeof(what), "merge group starting at bucket %llu step %llu",
                 static_cast<unsigned long long>(p->buckets[0]->id),
-                static_cast<unsigned long long>(p->items[0].step));
+                static_cast<unsigned long long>(p->recs[0].step));
   vote = AgreeOnAllNodes(env.coll, vote, what);
   lap(Phase::kCollective);
   const uint64_t end = MonotonicNanos();
@@ -92,7 +92,7 @@ void Engine::RunPack(WirePack* p) {
     for (int ph = 0; ph < kPhaseCount; ++ph) rec.phase_seconds[ph] = p->phase[ph];
     rec.total_seconds = (end - p->t0) * 1e-9;
     const bool terminal = !vote.ok();
-    Publish(b, p->items[j].step, vote, rec, terminal);
+    Publish(b, rec.step, vote, rec, terminal);  // the trainers' step (items': the compute step)
     if (options_.observers.empty()) continue;
     ExchangeEvent event;
     event.group_first = p->group_first;

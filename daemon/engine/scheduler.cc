@@ -76,7 +76,8 @@ const std::vector<EngineBucket*>& Scheduler::NextGroup(const BucketTable& table,
   for (size_t i = 0; i < window; ++i) {
     const EngineBucket* b = order_[i];
     const bool ready = LocallyReady(*b);
-    candidates_.push_back({b->id, b->ex.next_step, b->elements, ready, KindOf(*b),
+    // The compute step: a group never mixes a restored bucket with one that was not (step.h).
+    candidates_.push_back({b->id, b->ex.compute_step(), b->elements, ready, KindOf(*b),
                            ready ? b->ReadyStamp(local_trainers_) : 0});
   }
   size_t n = 1;

@@ -1,7 +1,8 @@
 // The bucket checkpoint record (daemon/engine/checkpoint.h): saved from a host bucket mid-run and
 // restored into a freshly registered one, the next step's selection and residual are
-// bit-identical to the original's; a record of another world, bucket or compressor is refused
-// naming both sides and changes nothing; truncated and corrupt records are refused.
+// bit-identical to the original's; a record of another world, bucket size, compressor or policy
+// is refused naming both sides and changes nothing (another bucket id is accepted); truncated and
+// corrupt records are refused.
 #include "daemon/engine/checkpoint.h"
 
 #include <cstring>
@@ -107,7 +108,9 @@ TEST(Checkpoint, MismatchesAreRefusedAndChangeNothing) {
                  nullptr,
                  "saved by node 1 of 2 with 3 local trainer(s), this daemon is node 1 of 4"});
   bad.push_back({{2, 1, 2}, nullptr, "this daemon is node 1 of 2 with 2 local trainer(s)"});
-  bad.push_back({kWorld, MakeBucket("sage", prims.get(), 8), "this is bucket 8"});
+  auto other_policy = MakeBucket("sage", prims.get());
+  other_policy->policy.nonfinite = NonfinitePolicy::kError;
+  bad.push_back({kWorld, std::move(other_policy), "this bucket has nonfinite=error"});
   bad.push_back({kWorld, MakeBucket("sage", prims.get(), 7, kN / 2), "(2048 elements)"});
   bad.push_back({kWorld, MakeBucket("topk", prims.get()),
                  "used compressor sage (none), this bucket uses topk (none)"});
@@ -119,6 +122,9 @@ TEST(Checkpoint, MismatchesAreRefusedAndChangeNothing) {
   }
   EXPECT_EQ(*target->ex.sparse->compressor->SaveState(), before);
   for (float v : target->mem.acc_host) ASSERT_EQ(v, 0.0f);
+  // The bucket id is the caller's choice (a DDP hook's ids change with DDP's generations).
+  auto renamed = MakeBucket("sage", prims.get(), 8);
+  EXPECT_TRUE(RestoreBucket(saved, kWorld, renamed.get()).ok());
 }
 
 TEST(Checkpoint, TruncatedAndCorruptRecordsAreRefused) {
@@ -135,8 +141,8 @@ TEST(Checkpoint, TruncatedAndCorruptRecordsAreRefused) {
     EXPECT_FALSE(DecodeBucketCheckpoint(corrupt).ok()) << "byte " << at << " flipped";
   }
   std::string version = bytes;
-  version[4] = 2;
-  EXPECT_NE(DecodeBucketCheckpoint(version).status().message().find("format version 2"),
+  version[4] = 3;
+  EXPECT_NE(DecodeBucketCheckpoint(version).status().message().find("format version 3"),
             std::string::npos);
   EXPECT_TRUE(DecodeBucketCheckpoint(bytes).ok());
 }
