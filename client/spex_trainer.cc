@@ -110,6 +110,9 @@ ABSL_FLAG(bool, quiet, false, "print only the summary");
 ABSL_FLAG(std::string, device, "cpu",
           "cpu: host buckets; cuda: device buckets from a daemon run with --device=cuda (needs a "
           "build with --config=cuda)");
+ABSL_FLAG(int, cuda_device, -1,
+          "--device=cuda: the GPU this trainer's buckets live on (it must be one of spexd's "
+          "--devices); -1: the daemon's home GPU");
 
 namespace {
 
@@ -246,6 +249,7 @@ int main(int argc, char** argv) {
       return 2;
     }
     opts.device = spex::v1::DEVICE_CUDA;
+    opts.cuda_device = absl::GetFlag(FLAGS_cuda_device);
   }
   const std::string mode = absl::GetFlag(FLAGS_mode);
   if (mode != "doorbell" && mode != "rpc" && mode != "alternate" && mode != "overlap") {

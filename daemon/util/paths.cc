@@ -143,10 +143,20 @@ absl::StatusOr<uid_t> CheckServerSocket(const std::string& socket,
         server));
   }
   const size_t slash = socket.rfind('/');
-  const std::string dir = slash == std::string::npos ? "."
-                          : slash == 0               ? "/"
-                                                     : socket.substr(0, slash);
-  if (dir[0] == '/') {
+  std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : socket.substr(0, slash);
+  if (dir[0] != '/') {
+    // A relative socket: its directory from the working directory (CheckPrivateDirectory checks
+    // the chain as written and, when it differs, the resolved one; "." and ".." are resolved).
+    char cwd[PATH_MAX];
+    if (getcwd(cwd, sizeof(cwd)) == nullptr) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot check the directory of the relative socket path ", socket,
+                       ": getcwd: ", strerror(errno), "; give an absolute path"));
+    }
+    const std::string base = cwd;
+    dir = dir == "." ? base : absl::StrCat(base == "/" ? "" : base, "/", dir);
+  }
+  {
     absl::Status mine = CheckPrivateDirectory(dir, getuid());
     if (!mine.ok() && server != getuid() && CheckPrivateDirectory(dir, server).ok()) {
       mine = absl::OkStatus();

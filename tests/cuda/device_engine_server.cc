@@ -37,6 +37,33 @@ absl::StatusOr<std::unique_ptr<DeviceEngineServer>> DeviceEngineServer::Start(
   return std::unique_ptr<DeviceEngineServer>(new DeviceEngineServer(std::move(impl)));
 }
 
+absl::StatusOr<std::unique_ptr<DeviceEngineServer>> DeviceEngineServer::Start(fake::FakeNode* node,
+                                                                              Options options) {
+  EngineClusterOptions o;
+  o.nodes = 1;
+  o.trainers = options.trainers;
+  o.engine.shm_tag = "devtest";
+  if (options.sparse) {
+    o.engine.min_sparse_elements = 0;
+    o.engine.dense_fallback = DenseFallback::kOff;
+  }
+  if (node == nullptr) {
+    o.cpu_primitives = true;
+  } else {
+    o.parts = [node](int) { return NodeParts{node->device_prims(), node->path()}; };
+    o.wrap = [node](int, std::unique_ptr<Collective> c) {
+      return fake::CheckedCollective(std::move(c), node->home());
+    };
+  }
+  auto impl = std::make_unique<Impl>(std::move(o));
+  if (!impl->cluster.status().ok()) return impl->cluster.status();
+  impl->service = std::make_unique<SpexService>(
+      &impl->cluster.engine(0), "test",
+      PeerCred{static_cast<uint32_t>(getuid()), static_cast<uint32_t>(getgid()),
+               static_cast<uint32_t>(getpid())});
+  return std::unique_ptr<DeviceEngineServer>(new DeviceEngineServer(std::move(impl)));
+}
+
 DeviceEngineServer::DeviceEngineServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 DeviceEngineServer::~DeviceEngineServer() {

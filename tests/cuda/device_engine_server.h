@@ -8,6 +8,7 @@
 #include "absl/status/statusor.h"
 #include "proto/spex.grpc.pb.h"
 #include "tests/cuda/fake_device.h"
+#include "tests/cuda/fake_node.h"
 
 namespace spex::test {
 
@@ -20,6 +21,10 @@ class DeviceEngineServer {
   };
   // Starts the engine on `device` (which must outlive the server), its collective checked.
   static absl::StatusOr<std::unique_ptr<DeviceEngineServer>> Start(fake::FakeDevice* device,
+                                                                   Options options);
+  // The same on the several fake GPUs of `node` (docs/design.md#multi-gpu), or on the CPU path
+  // (host buckets, CPU primitives) when `node` is null.
+  static absl::StatusOr<std::unique_ptr<DeviceEngineServer>> Start(fake::FakeNode* node,
                                                                    Options options);
   ~DeviceEngineServer();
 

@@ -198,5 +198,32 @@ TEST(ChooseDevice, RealProbeOnThisMachine) {
 #endif
 }
 
+// --devices: the list's syntax, and which GPUs one daemon serves (docs/design.md#multi-gpu).
+TEST(Devices, ParsesAListAndRefusesWhatIsNotOne) {
+  EXPECT_TRUE(ParseDeviceList("")->empty());
+  EXPECT_EQ(*ParseDeviceList("2,0, 3"), (std::vector<int>{2, 0, 3}));
+  for (const char* bad : {"0,,1", "a", "-1", "1,1", "0,2000", "1.5"}) {
+    absl::StatusOr<std::vector<int>> d = ParseDeviceList(bad);
+    ASSERT_FALSE(d.ok()) << bad;
+    EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(Contains(std::string(d.status().message()), "--devices")) << d.status();
+  }
+}
+
+TEST(Devices, ServesTheGivenGpusOrEveryUsableOne) {
+  const std::vector<int> usable = {0, 1, 2, 3};
+  EXPECT_EQ(*ServedDevices({}, usable, 0, 1), usable);  // alone on its host: all of them
+  EXPECT_EQ(*ServedDevices({}, usable, 1, 2), (std::vector<int>{1}));  // two daemons: one each
+  EXPECT_EQ(*ServedDevices({}, usable, 5, 6), (std::vector<int>{1}));
+  EXPECT_EQ(*ServedDevices({2, 0}, usable, 0, 1), (std::vector<int>{2, 0}));  // 2 is home
+  absl::StatusOr<std::vector<int>> missing = ServedDevices({1, 7}, usable, 0, 1);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kFailedPrecondition);
+  const std::string m(missing.status().message());
+  EXPECT_TRUE(Contains(m, "--devices names GPU 7")) << m;
+  EXPECT_TRUE(Contains(m, "usable GPUs: 0,1,2,3")) << m;
+  EXPECT_FALSE(ServedDevices({}, {}, 0, 1).ok());
+}
+
 }  // namespace
 }  // namespace spex

@@ -8,7 +8,8 @@
 # OpenMPI is used only where it has none: mixing the two failed on Ubuntu 24.04, "undefined
 # symbol: PMIx_Info_create"; that branch has not run on a GPU machine yet). What this was made
 # for and ran on: kernels/cuda/README.md.
-#   bazel build --config=cuda //tests/cuda/... //daemon:spexd //client:spex_trainer //client:spexctl
+#   bazel build --config=cuda //tests/cuda/... //daemon:spexd //client:spex_trainer //client:spexctl \
+#     //bench:sparse_exchange_trainer
 #   bash tests/cuda/gpu_bundle.sh pack /tmp/spex-gpu.tar.gz [BAZEL_BIN]
 #   (copy the tarball and this source tree over)
 #   bash tests/cuda/gpu_bundle.sh run /tmp/spex-gpu.tar.gz OUT_DIR   # in the source tree
@@ -23,13 +24,20 @@ pack)
   mkdir -p "$T/bin/tests/cuda" "$T/bin/daemon" "$T/bin/client" "$T/libs" "$T/pb2"
   bins="daemon/spexd client/spex_trainer client/spexctl"
   for t in cuda_primitives_test cuda_compressor_test cuda_ipc_buffer_test nccl_collective_test \
-    device_test cuda_error_test client_device_test radix_top_k_test device_math_test; do
+    device_test cuda_error_test client_device_test radix_top_k_test device_math_test \
+    multi_device_test multi_device_client_test; do
     bins="$bins tests/cuda/$t"
   done
   for b in $bins; do
     [ -x "$B/$b" ] || { echo "gpu_bundle: $B/$b missing: build with --config=cuda first" >&2; exit 1; }
     cp -L "$B/$b" "$T/bin/$b"
   done
+  # For gpu_check.sh's bench16 part (network_bench's trainer), when built.
+  if [ -x "$B/bench/sparse_exchange_trainer" ]; then
+    mkdir -p "$T/bin/bench"
+    cp -L "$B/bench/sparse_exchange_trainer" "$T/bin/bench/"
+    bins="$bins bench/sparse_exchange_trainer"
+  fi
   cp -rL "$B/_solib_k8" "$T/bin/_solib_k8"
   plugins=$(ls /usr/lib/x86_64-linux-gnu/openmpi/lib/openmpi3/*.so \
     /usr/lib/x86_64-linux-gnu/pmix2/lib/pmix/*.so 2>/dev/null || true)

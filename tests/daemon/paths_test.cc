@@ -130,5 +130,40 @@ TEST(Paths, RuntimeDirectoryIsPreferredWhenPrivate) {
   EXPECT_EQ(DefaultSocketBase(), absl::StrCat("/tmp/spex-", getuid()));
 }
 
+// The trainer's check of a relative socket path: its directory is resolved from the working
+// directory and checked like an absolute one (it was skipped before).
+TEST(Paths, RelativeSocketPathIsChecked) {
+  const std::string dir = TempDir();
+  ASSERT_EQ(mkdir((dir + "/open").c_str(), 0700), 0);
+  ASSERT_EQ(mkdir((dir + "/mine").c_str(), 0700), 0);
+  const int open_fd = Listen(dir + "/open/node.sock");
+  const int mine_fd = Listen(dir + "/mine/node.sock");
+  // Each check's probe connects and is never accepted: room for all of them in the backlog.
+  ASSERT_EQ(listen(open_fd, 16), 0);
+  ASSERT_EQ(listen(mine_fd, 16), 0);
+  ASSERT_EQ(chmod((dir + "/open").c_str(), 0777), 0);  // anyone could swap the socket there
+  char old_cwd[4096];
+  ASSERT_NE(getcwd(old_cwd, sizeof(old_cwd)), nullptr);
+  ASSERT_EQ(chdir(dir.c_str()), 0);
+  absl::StatusOr<uid_t> open_rel = CheckServerSocket("open/node.sock");
+  absl::StatusOr<uid_t> mine_rel = CheckServerSocket("mine/node.sock");
+  absl::StatusOr<uid_t> dotdot = CheckServerSocket("mine/../open/node.sock");
+  ASSERT_EQ(chdir((dir + "/open").c_str()), 0);
+  absl::StatusOr<uid_t> here = CheckServerSocket("node.sock");  // the directory is "."
+  ASSERT_EQ(chdir(old_cwd), 0);
+  EXPECT_EQ(open_rel.status().code(), absl::StatusCode::kPermissionDenied) << open_rel.status();
+  EXPECT_NE(open_rel.status().message().find(dir + "/open"), std::string::npos)
+      << open_rel.status();
+  EXPECT_EQ(dotdot.status().code(), absl::StatusCode::kPermissionDenied) << dotdot.status();
+  EXPECT_EQ(here.status().code(), absl::StatusCode::kPermissionDenied) << here.status();
+  ASSERT_TRUE(mine_rel.ok()) << mine_rel.status();
+  EXPECT_EQ(*mine_rel, getuid());
+  // The same directory given absolute: the same verdict.
+  EXPECT_EQ(CheckServerSocket(dir + "/open/node.sock").status().code(),
+            absl::StatusCode::kPermissionDenied);
+  close(open_fd);
+  close(mine_fd);
+}
+
 }  // namespace
 }  // namespace spex
