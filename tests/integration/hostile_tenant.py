@@ -158,32 +158,70 @@ s = socket.socket(socket.AF_UNIX); s.bind(sys.argv[1]); os.chmod(sys.argv[1], 0o
 print("listening", flush=True); time.sleep(30)
 '''
 
+# A 2-node world of the attacker's own daemons, 1 trainer per node. Node 0's trainer (raw RPCs,
+# never maps anything) keeps descriptors of its two buckets' segments; node 1's is a normal
+# client. After 2 good steps it cuts bucket 0 behind its header and goes on asking (RPC), and cuts
+# bucket 1 to nothing, header included, before any failure, and stays silent about it: node 1's
+# steps of both buckets must fail promptly (DATA_LOSS naming node 0), not at its exchange
+# timeout, and the next job on the same daemons must be exact from its first step.
 TRUNCATE = r'''
-import os, sys, grpc, json, numpy as np, spex
+import os, sys, threading, time, grpc, json, numpy as np, spex
 from spex.proto import spex_pb2 as pb, spex_pb2_grpc as pb_grpc
-sock = sys.argv[1]
-stub = pb_grpc.SpexStub(grpc.insecure_channel("unix:" + sock))
+s0, s1, n = sys.argv[1], sys.argv[2], 100000
+stub = pb_grpc.SpexStub(grpc.insecure_channel("unix:" + s0))
 h = stub.Hello(pb.HelloRequest(local_rank=0, local_size=1, protocol_version=1, client="truncator"), timeout=10)
-r = stub.RegisterBucket(pb.RegisterBucketRequest(session_id=h.session_id, bucket_id=0, elements=100000), timeout=10)
-fd = os.open("/dev/shm" + r.buffer.shm.name, os.O_RDWR)   # kept: the hostile trainer's own handle
-stub.Exchange(pb.ExchangeRequest(session_id=h.session_id, bucket_id=0, step=0), timeout=20)
-os.ftruncate(fd, 4096)
-try:
-    stub.Exchange(pb.ExchangeRequest(session_id=h.session_id, bucket_id=0, step=1), timeout=20)
-    step1 = "OK"
-except grpc.RpcError as e:
-    step1 = e.code().name + ": " + (e.details() or "")[:160]
-os.ftruncate(fd, 0)
-try:
-    stub.Exchange(pb.ExchangeRequest(session_id=h.session_id, bucket_id=0, step=2), timeout=5)
-except grpc.RpcError:
-    pass
+fds = []
+for b in (0, 1):
+    r = stub.RegisterBucket(pb.RegisterBucketRequest(session_id=h.session_id, bucket_id=b, elements=n), timeout=10)
+    fds.append(os.open("/dev/shm" + r.buffer.shm.name, os.O_RDWR))  # kept: the hostile trainer's own handles
+c1 = spex.Client(s1, local_rank=0, local_size=1, exchange_timeout=30)
+bk = [c1.register_bucket(b, n, compressor="dense") for b in (0, 1)]
+out = {"good_steps_exact": True}
+def node0(steps):
+    res = {}
+    for b, step in steps:
+        try:
+            stub.Exchange(pb.ExchangeRequest(session_id=h.session_id, bucket_id=b, step=step), timeout=30)
+            res[b] = "OK"
+        except grpc.RpcError as e:
+            res[b] = e.code().name + ": " + (e.details() or "")[:120]
+    return res
+for step in (0, 1):
+    t = threading.Thread(target=node0, args=([(0, step), (1, step)],)); t.start()
+    for b in (0, 1):
+        x = np.arange(n, dtype=np.float32) % 89 + step
+        y = np.array(c1.exchange(bk[b], x, mode="rpc"))
+        out["good_steps_exact"] &= bool(np.array_equal(y, x / 2))  # node 0 hands in zeros
+    t.join()
+os.ftruncate(fds[0], 4096)  # behind the header
+os.ftruncate(fds[1], 0)     # header included
+res0 = {}
+t = threading.Thread(target=lambda: res0.update(node0([(0, 2)]))); t.start()
+for b in (0, 1):
+    t0 = time.monotonic()
+    try:
+        c1.exchange(bk[b], np.ones(n, dtype=np.float32), mode="rpc")
+        out[f"node1_bucket{b}"] = "OK"
+    except spex.SpexError as e:
+        out[f"node1_bucket{b}"] = f"{e.code}: {str(e)[:120]}"
+    out[f"node1_bucket{b}_seconds"] = round(time.monotonic() - t0, 2)
+t.join()
+out["node0_bucket0"] = res0.get(0)
 stub.Goodbye(pb.GoodbyeRequest(session_id=h.session_id), timeout=10)
-# A new job on the same daemon: exact.
-with spex.Client(sock, local_rank=0, local_size=1) as c:
-    b = c.register_bucket(1, 1000, compressor="dense")
-    ok = bool(np.array_equal(c.exchange(b, np.arange(1000, dtype=np.float32), mode="rpc"), np.arange(1000, dtype=np.float32)))
-print(json.dumps({"step1": step1, "next_job_exact": ok}))
+c1.close()
+# The next job on the same daemons: exact from its first step.
+cs = [spex.Client(s, local_rank=0, local_size=1) for s in (s0, s1)]
+bs = [c.register_bucket(5, 1000, compressor="dense") for c in cs]
+ok = True
+for step in range(3):
+    xs = [np.arange(1000, dtype=np.float32) * (k + 1) + step for k in (0, 1)]
+    ys = [None, None]
+    def run(k): ys[k] = np.array(cs[k].exchange(bs[k], xs[k], mode="rpc"))
+    ts = [threading.Thread(target=run, args=(k,)) for k in (0, 1)]; [x.start() for x in ts]; [x.join() for x in ts]
+    ok &= all(y is not None and np.array_equal(y, (xs[0] + xs[1]) / 2) for y in ys)
+for c in cs: c.close()
+out["next_job_exact"] = bool(ok)
+print(json.dumps(out))
 '''
 
 
@@ -293,19 +331,30 @@ def main():
         opened, alive = (r.stdout.split() + ["0", "0"])[:2]
         record(f"connection_flood:{user}", int(alive) > 16, f"{opened} connected, {alive} kept open by spexd")
 
-    # 11. A truncated segment, on the attacker's own daemon (its own job), beside the victim's.
+    # 11. Truncated segments, in the attacker's own 2-node world (its own job), beside the victim's.
     adir = private_dir(ATTACKER, "attacker", 0o700)
-    asock = os.path.join(adir, "node.sock")
-    ad = start_daemon(ATTACKER, asock, os.path.join(W, "attacker-spexd.log"), "--local_trainers=1",
-                      "--dense_fallback=off")
-    r = py_as(ATTACKER, TRUNCATE, asock, timeout=120)
+    asocks = [os.path.join(adir, f"node{r}.sock") for r in (0, 1)]
+    ad = popen_as(ATTACKER, ["mpirun", "-np", "2", "--bind-to", "none", SPEXD,
+                             f"--socket={os.path.join(adir, 'node{rank}.sock')}", "--log_level=info", "--threads=1",
+                             "--local_trainers=1", "--dense_fallback=off"], os.path.join(W, "attacker-spexd.log"))
+    for _ in range(300):
+        if all(os.path.exists(s) for s in asocks) or ad.poll() is not None:
+            break
+        time.sleep(0.1)
+    r = py_as(ATTACKER, TRUNCATE, *asocks, timeout=150)
     try:
         t = json.loads(r.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
         t = {"error": (r.stdout + r.stderr)[-300:]}
     alive = ad.poll() is None
-    record("truncated_segment", not alive or t.get("step1", "OK") == "OK" or not t.get("next_job_exact"),
-           f"daemon alive={alive} {t}")
+    exact = t.get("good_steps_exact") and t.get("next_job_exact")
+    for b, what in ((0, "truncated_segment_behind_header"), (1, "truncated_segment_to_nothing")):
+        failed = str(t.get(f"node1_bucket{b}", "OK")).startswith("DATA_LOSS")
+        prompt = t.get(f"node1_bucket{b}_seconds", 99) < 5
+        record(what, not (alive and exact and failed and prompt),
+               f"daemons alive={alive}, node 1: {t.get(f'node1_bucket{b}')} after {t.get(f'node1_bucket{b}_seconds')} s; "
+               f"node 0: {t.get('node0_bucket0') if b == 0 else 'silent'}; good steps and next job exact={exact}"
+               + ("" if "error" not in t else f" {t['error']}"))
     stop(ad)
 
     # The victim's job finishes.
