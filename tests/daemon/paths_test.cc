@@ -10,7 +10,10 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
@@ -28,9 +31,26 @@ int Listen(const std::string& path) {
   return fd;
 }
 
-TEST(Paths, LiveSocketIsRefusedStaleOneRemoved) {
+// Directories under /tmp (socket paths must stay short), removed when the test program ends.
+struct TempDirs {
+  std::vector<std::string> made;
+  ~TempDirs() {
+    std::error_code ignored;
+    for (const std::string& d : made) std::filesystem::remove_all(d, ignored);
+  }
+};
+
+std::string TempDir() {
+  static TempDirs dirs;
   char tmpl[] = "/tmp/spex-paths-XXXXXX";
-  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  EXPECT_NE(mkdtemp(tmpl), nullptr);
+  dirs.made.push_back(tmpl);
+  return tmpl;
+}
+
+TEST(Paths, LiveSocketIsRefusedStaleOneRemoved) {
+  const std::string dir = TempDir();
+  const char* tmpl = dir.c_str();
   const std::string path = std::string(tmpl) + "/sub/d.sock";
   ASSERT_TRUE(PrepareSocketPath(path).ok());  // creates sub/
   int fd = Listen(path);
@@ -60,12 +80,6 @@ TEST(Paths, DefaultsAreUniquePerJobAndHost) {
 
 // A uid nobody on the test machine has: the test runs as root, who may chown to it.
 constexpr uid_t kStranger = 54321;
-
-std::string TempDir() {
-  char tmpl[] = "/tmp/spex-paths-XXXXXX";
-  EXPECT_NE(mkdtemp(tmpl), nullptr);
-  return tmpl;
-}
 
 TEST(Paths, DirectoryOfAnotherUserIsRefused) {
   if (geteuid() != 0) GTEST_SKIP() << "chown to another uid needs root";

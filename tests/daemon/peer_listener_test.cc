@@ -12,6 +12,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <string>
 
 #include "absl/time/clock.h"
@@ -68,6 +69,8 @@ class PeerListenerTest : public ::testing::Test {
   void TearDown() override {
     if (listener_ != nullptr) listener_->Stop();
     server_->Shutdown();
+    std::error_code ignored;
+    std::filesystem::remove_all(dir_, ignored);  // the test's socket directory under /tmp
   }
   void Listen(ListenerOptions o) {
     o.path = dir_ + "/s.sock";

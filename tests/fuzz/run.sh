@@ -67,4 +67,7 @@ for t in "${TARGETS[@]}"; do
     done
   fi
 done
+# A passing run leaves nothing behind (its corpus and logs are in a directory this script made);
+# a failing one keeps them for the inputs named above.
+if [ $failed -eq 0 ] && [ -z "${SPEX_FUZZ_WORK:-}" ]; then rm -rf "$WORK"; fi
 exit $((failed > 0))
