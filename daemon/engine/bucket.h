@@ -42,6 +42,7 @@ struct BucketMemory {
   BucketHeader* header = nullptr;
   std::vector<float> acc_host;       // CPU path: acc's storage
   std::vector<float> acc_next_host;  // CPU path, sparse with error feedback: acc_next's
+  std::vector<float> output_host;    // CPU path, half bucket: the float32 output before rounding
   std::unique_ptr<DeviceArray> acc_device;
   std::unique_ptr<DeviceArray> acc_next_device;  // device path, sparse with error feedback
   std::unique_ptr<Scratch> scratch;              // device path

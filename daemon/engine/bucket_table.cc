@@ -8,14 +8,16 @@ namespace spex {
 namespace {
 
 // The header trainers check when they attach (daemon/memory/layout.h), at the segment's start.
-BucketHeader* NewHeader(void* at, uint64_t id, uint64_t elements, uint32_t slots) {
+BucketHeader* NewHeader(void* at, uint64_t id, uint64_t elements, uint32_t slots,
+                        DType dtype = DType::kFloat32) {
   auto* h = new (at) BucketHeader();
   h->magic = kBucketMagic;
   h->version = kLayoutVersion;
   h->bucket_id = id;
   h->elements = elements;
   h->slots = slots;
-  h->slot_stride = SlotStride(elements);
+  h->dtype = static_cast<uint32_t>(dtype);
+  h->slot_stride = SlotStride(elements, DTypeSize(dtype));
   return h;
 }
 
@@ -36,6 +38,14 @@ absl::StatusOr<EngineBucket*> BucketTable::Create(const BucketSpec& spec) {
   BucketData& v = b->mem.view;
   v.id = spec.id;
   v.elements = spec.elements;
+  v.dtype = spec.policy.dtype;
+  v.wire = spec.policy.wire();
+  if (IsHalf(v.dtype) && device_.allocator != nullptr) {
+    return absl::UnimplementedError(absl::StrCat(
+        "bucket ", spec.id, ": ", DTypeName(v.dtype),
+        " buckets are served on the CPU path only so far; this spexd serves CUDA buffers: "
+        "register float32 (model.float()), or run spexd with --device=cpu"));
+  }
   absl::Status s = device_.allocator != nullptr ? AllocateDevice(b.get()) : AllocateHost(b.get());
   if (s.ok()) s = BuildCompressor(b.get(), spec.density);
   const uint32_t slots = options_->local_trainers;
@@ -80,13 +90,27 @@ absl::StatusOr<EngineBucket*> BucketTable::Create(const BucketSpec& spec) {
 // One shm segment: the header, then the input slots and the output.
 absl::Status BucketTable::AllocateHost(EngineBucket* b) {
   const uint32_t slots = options_->local_trainers;
-  auto shm = ShmBuffer::Create(BucketBytes(b->elements, slots),
+  const DType dtype = b->mem.view.dtype;
+  const size_t eb = DTypeSize(dtype);
+  auto shm = ShmBuffer::Create(BucketBytes(b->elements, slots, eb),
                                absl::StrCat(options_->shm_tag, "-b", b->id));
   if (!shm.ok()) return shm.status();
   b->mem.shm = std::move(*shm);
   uint8_t* base = static_cast<uint8_t*>(b->mem.shm->data());
-  b->mem.header = NewHeader(base, b->id, b->elements, slots);
+  b->mem.header = NewHeader(base, b->id, b->elements, slots, dtype);
   b->mem.view.pulled = b->mem.shm->pulled_flag();
+  if (IsHalf(dtype)) {
+    // Half slots and output in shm; the steps' float32 output is host staging (step.h).
+    for (uint32_t r = 0; r < slots; ++r) {
+      b->mem.view.half_input[r] =
+          reinterpret_cast<const uint16_t*>(base + InputOffset(b->elements, r, eb));
+    }
+    b->mem.view.half_output =
+        reinterpret_cast<uint16_t*>(base + OutputOffset(b->elements, slots, eb));
+    b->mem.output_host.assign(b->elements, 0.0f);
+    b->mem.view.output = b->mem.output_host.data();
+    return absl::OkStatus();
+  }
   for (uint32_t r = 0; r < slots; ++r) {
     b->mem.view.input[r] = reinterpret_cast<float*>(base + InputOffset(b->elements, r));
   }

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "daemon/engine/half_exchange.h"
 #include "daemon/engine/step.h"
 
 namespace spex {
@@ -14,6 +15,12 @@ bool PowerOfTwo(int x) { return (x & (x - 1)) == 0; }
 
 absl::Status LocalReduce(const StepEnv& env, const BucketData& b, bool add_to_acc) {
   const size_t n = b.elements;
+  if (IsHalf(b.dtype)) {
+    if (b.on_device) return absl::InternalError("a half bucket on the device path (a bug)");
+    half::SumWidenScaled(b.dtype, b.acc, add_to_acc ? b.acc : nullptr, b.half_input,
+                         env.local_trainers, 1.0f, n, false);
+    return absl::OkStatus();
+  }
   if (!add_to_acc) return env.prims->SumScaled(b.acc, b.input, env.local_trainers, 1.0f, n);
   for (int r = 0; r < env.local_trainers; ++r) env.prims->Accumulate(b.acc, b.input[r], n);
   return absl::OkStatus();
@@ -37,9 +44,17 @@ absl::Status ReduceLocalChecked(const StepEnv& env, const BucketData& b, bool sp
     y = b.output;
     if (PowerOfTwo(N * L)) scale = 1.0f / static_cast<float>(N * L);
   }
-  for (int r = 0; r < L; ++r) xs[count++] = b.input[r];
-  absl::Status s = check ? env.prims->SumScaledCheckFinite(y, xs, count, scale, n, first_bad)
-                         : env.prims->SumScaled(y, xs, count, scale, n);
+  absl::Status s;
+  if (IsHalf(b.dtype)) {
+    // The trainers' half inputs widened and summed in float32, in the order of the float32
+    // path (the residual first), in one pass (kernels/half.h).
+    *first_bad = half::SumWidenScaled(b.dtype, y, count > 0 ? xs[0] : nullptr, b.half_input, L,
+                                      scale, n, check);
+  } else {
+    for (int r = 0; r < L; ++r) xs[count++] = b.input[r];
+    s = check ? env.prims->SumScaledCheckFinite(y, xs, count, scale, n, first_bad)
+              : env.prims->SumScaled(y, xs, count, scale, n);
+  }
   if (b.pulled != nullptr && b.pulled->load(std::memory_order_acquire)) {
     return absl::DataLossError(absl::StrCat(
         "bucket ", b.id,
@@ -57,7 +72,9 @@ void CommitLocalSum(BucketData* b) {
 int NonfiniteInput(const StepEnv& env, const BucketData& b, size_t index) {
   for (int r = 0; r < env.local_trainers; ++r) {
     float v = 0;
-    if (b.on_device) {  // one float from the trainer's device slot
+    if (IsHalf(b.dtype)) {
+      v = HalfToFloat(b.dtype, b.half_input[r][index]);
+    } else if (b.on_device) {  // one float from the trainer's device slot
       if (!env.prims->CopyToHost(&v, b.input[r] + index, sizeof(v)).ok()) return -1;
     } else {
       v = b.input[r][index];
@@ -67,10 +84,10 @@ int NonfiniteInput(const StepEnv& env, const BucketData& b, size_t index) {
   return -1;
 }
 
-void RecordDense(size_t n, int nodes, ExchangeRecord* rec) {
-  // A ring all-reduce's traffic per node: 2 (N - 1) / N of the buffer each way.
-  rec->bytes_sent = rec->bytes_received =
-      nodes > 1 ? 2 * n * sizeof(float) * (nodes - 1) / nodes : 0;
+void RecordDense(size_t n, int nodes, ExchangeRecord* rec, DType wire) {
+  // A ring all-reduce's traffic per node: 2 (N - 1) / N of the buffer each way (so is the half
+  // exchange's reduce-scatter and all-gather, half_exchange.h).
+  rec->bytes_sent = rec->bytes_received = DenseWireBytes(n, nodes, wire);
   rec->gathered_elements = rec->selected_elements = n;
   rec->pattern = "D";
 }
@@ -107,7 +124,9 @@ void DenseStep(const StepEnv& env, absl::Span<StepItem> group, const Lap& lap) {
     }
     lap(Phase::kReduceLocal);
     // Issued even after a local failure (lockstep); the commit vote fails the step everywhere.
-    absl::Status c = env.coll->AllReduceScaled(src, b.output, n, scale);
+    absl::Status c = IsHalf(b.wire) && N > 1
+                         ? HalfAllReduceScaled(env.coll, b.wire, src, b.output, n, scale)
+                         : env.coll->AllReduceScaled(src, b.output, n, scale);
     if (s.ok()) s = c;
     lap(Phase::kCollective);
     if (item.sparse != nullptr) {  // nothing left behind
@@ -115,9 +134,13 @@ void DenseStep(const StepEnv& env, absl::Span<StepItem> group, const Lap& lap) {
       item.sparse->output_dense = true;
       item.sparse->touched.clear();
     }
-    RecordDense(n, N, item.rec);
+    RecordDense(n, N, item.rec, b.wire);
     if (item.status.ok()) item.status = s;
   }
+}
+
+void RoundOutput(const BucketData& b) {
+  if (IsHalf(b.dtype)) half::Narrow(b.dtype, b.output, b.half_output, b.elements);
 }
 
 }  // namespace spex

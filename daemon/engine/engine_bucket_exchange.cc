@@ -190,6 +190,8 @@ void Engine::CommitVote(BucketPass& x) {
 void Engine::PublishPass(BucketPass& x) {
   x.rec.total_seconds = (MonotonicNanos() - x.t0) * 1e-9;
   const uint64_t t_publish = x.clock.last_ns();  // the timeline's phases stay contiguous
+  // A half bucket's float32 result rounded once into the trainers' output (step.h).
+  if (x.status.ok()) RoundOutput(x.b->mem.view);
   Publish(x.b, x.step, x.status, x.rec, x.terminal);
   if (!x.observed) return;
   const uint64_t now = MonotonicNanos();

@@ -174,6 +174,8 @@ absl::Status SplitBucketParams(const EngineOptions& o,
   policy->sparse_allreduce = o.sparse_allreduce;
   policy->sparse_allreduce_param = false;
   policy->dense_fallback = o.dense_fallback;
+  policy->dtype = DType::kFloat32;
+  policy->wire_float32 = false;
   compressor_params->clear();
   for (const auto& [key, value] : params) {
     std::string error;
@@ -198,6 +200,21 @@ absl::Status SplitBucketParams(const EngineOptions& o,
                          ": accepted values auto, off (it overrides spexd --dense_fallback for "
                          "this bucket)"));
       }
+    } else if (key == kBucketParamDType) {
+      absl::StatusOr<DType> t = ParseDType(value);
+      if (!t.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("parameter ", kBucketParamDType, "=", QuotePrefix(value),
+                         ": accepted values float32, bfloat16, float16"));
+      }
+      policy->dtype = *t;
+    } else if (key == kBucketParamWireValues) {
+      if (value != "native" && value != "float32") {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "parameter ", kBucketParamWireValues, "=", QuotePrefix(value),
+            ": accepted values native (a half bucket's own type on the wire), float32"));
+      }
+      policy->wire_float32 = value == "float32";
     } else {
       compressor_params->emplace(key, value);
     }

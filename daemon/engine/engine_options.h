@@ -17,6 +17,7 @@
 #include "daemon/engine/observer.h"
 #include "daemon/merge/merger.h"
 #include "kernels/compressor.h"
+#include "kernels/half.h"
 #include "kernels/primitives.h"
 
 namespace spex {
@@ -150,14 +151,24 @@ absl::Status CheckSparseAllreduce(SparseAllreduce mode, bool from_param,
 inline constexpr char kBucketParamNonfinite[] = "nonfinite";
 inline constexpr char kBucketParamSparseAllreduce[] = "sparse_allreduce";
 inline constexpr char kBucketParamDenseFallback[] = "dense_fallback";
+//   dtype = float32 | bfloat16 | float16       (the bucket's data type: RegisterBucketRequest's
+//                                              dtype field sets it; docs/dtypes.md)
+//   wire_values = native | float32             (a half bucket's values on the wire: its own
+//                                              type, or float32)
+inline constexpr char kBucketParamDType[] = "dtype";
+inline constexpr char kBucketParamWireValues[] = "wire_values";
 struct BucketPolicy {
+  DType dtype = DType::kFloat32;
+  bool wire_float32 = false;  // wire_values=float32 on a half bucket
+  // The type of the values on the wire (float32 for a float32 bucket).
+  DType wire() const { return wire_float32 ? DType::kFloat32 : dtype; }
   NonfinitePolicy nonfinite = NonfinitePolicy::kPropagate;
   SparseAllreduce sparse_allreduce = SparseAllreduce::kAllGather;
   bool sparse_allreduce_param = false;  // set by the bucket's parameter (else the flag's)
   DenseFallback dense_fallback = DenseFallback::kAuto;
   bool operator==(const BucketPolicy& o) const {
     return nonfinite == o.nonfinite && sparse_allreduce == o.sparse_allreduce &&
-           dense_fallback == o.dense_fallback;
+           dense_fallback == o.dense_fallback && dtype == o.dtype && wire_float32 == o.wire_float32;
   }
   bool operator!=(const BucketPolicy& o) const { return !(*this == o); }
 };

@@ -110,6 +110,14 @@ absl::StatusOr<BucketGrant> Engine::RegisterBucket(
       }
     }
   }
+  if (IsHalf(policy.dtype) && options_.merger != MergerPolicy::kNone) {
+    return absl::UnimplementedError(
+        absl::StrCat("bucket ", bucket_id, ": ", DTypeName(policy.dtype),
+                     " buckets are not merged yet (spexd "
+                     "runs with --merger=",
+                     AbslUnparseFlag(options_.merger),
+                     "): run spexd with --merger=none, or register float32 buckets"));
+  }
   if (elements == 0 || elements >= (1ull << 32)) {
     return absl::InvalidArgumentError(
         absl::StrCat("bucket ", bucket_id, ": elements must be in 1..2^32-1, got ", elements));
@@ -150,13 +158,23 @@ absl::StatusOr<BucketGrant> Engine::RegisterBucket(
         "bucket ", bucket_id, " is registered with ", b->elements, " elements; this request says ",
         elements, ". Every trainer must register a bucket id with the same size"));
   }
+  if (policy.dtype != b->policy.dtype) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "bucket ", bucket_id, " is registered as ", DTypeName(b->policy.dtype),
+        "; this request says ", DTypeName(policy.dtype),
+        ". Every trainer must register a bucket id with the same data type (a mixed-precision "
+        "model: convert it to one type, or keep each type's tensors in buckets of their own)"));
+  }
   if ((!compressor_in.empty() && compressor != b->compressor) ||
       (density_in != 0 && density != b->out.density)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "bucket ", bucket_id, " is registered with compressor ", b->compressor, " at density ",
         b->out.density, "; this request asks for ", compressor, " at ", density));
   }
-  if (!params.empty() && (cparams != b->params || policy != b->policy)) {
+  // The data type alone (checked above) does not ask for the other parameters to match.
+  const bool other_params = std::any_of(
+      params.begin(), params.end(), [](const auto& kv) { return kv.first != kBucketParamDType; });
+  if (other_params && (cparams != b->params || policy != b->policy)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "bucket ", bucket_id, " is registered with other parameters than this request's (",
         kBucketParamNonfinite, "=", AbslUnparseFlag(b->policy.nonfinite), " ",
@@ -214,8 +232,9 @@ absl::StatusOr<BucketGrant> Engine::RegisterBucket(
     grant.device_input_offset = DeviceInputOffset(elements, rank);
     grant.device_output_offset = DeviceOutputOffset(elements, options_.local_trainers);
   } else {
-    grant.input_offset = InputOffset(elements, rank);
-    grant.output_offset = OutputOffset(elements, options_.local_trainers);
+    const size_t eb = DTypeSize(b->mem.view.dtype);
+    grant.input_offset = InputOffset(elements, rank, eb);
+    grant.output_offset = OutputOffset(elements, options_.local_trainers, eb);
   }
   grant.elements = elements;
   grant.compressor = b->compressor;

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "daemon/engine/half_exchange.h"
 #include "daemon/engine/wire.h"
 
 namespace spex {
@@ -90,7 +91,18 @@ absl::Status ExchangeIndexUnion(Collective* coll, Primitives* prims, const Spars
     local = prims->Gather(acc, args.elements, u.data(), u.size(), vals.data());
   }
   if (!local.ok()) std::fill(vals.begin(), vals.end(), 0.0f);
-  if (n > 1 && !vals.empty()) {
+  const bool half = IsHalf(args.wire) && n > 1;
+  if (half && !vals.empty()) {
+    // Half values on the wire, float32 sums, scaled and rounded once (half_exchange.h).
+    HalfAllReduceBytes hb;
+    if (absl::Status s = HalfAllReduceScaled(coll, args.wire, vals.data(), vals.data(), vals.size(),
+                                             args.scale, &hb);
+        !s.ok()) {
+      return s;
+    }
+    res->bytes_sent += hb.sent;
+    res->bytes_received += hb.received;
+  } else if (n > 1 && !vals.empty()) {
     if (absl::Status s =
             coll->AllReduce(vals.data(), vals.size(), ElemType::kFloat32, ReduceOp::kSum);
         !s.ok()) {
@@ -101,7 +113,7 @@ absl::Status ExchangeIndexUnion(Collective* coll, Primitives* prims, const Spars
   }
   if (!local.ok()) return local;
   // out is zero at every position of u (the caller's contract), so adding writes the average.
-  prims->Scale(vals.data(), args.scale, vals.size());
+  if (!half) prims->Scale(vals.data(), args.scale, vals.size());
   if (device != nullptr) {
     if (!u.empty()) {
       absl::Status s = device->prims->CopyFromHost(dev_vals, vals.data(), u.size() * 4);
@@ -122,8 +134,13 @@ absl::Status ExchangeSparseGather(Collective* coll, Primitives* prims,
                                   SparseExchangeResult* res, const DeviceSide* device) {
   const int n = coll->size();
   std::vector<uint8_t> mine;
-  EncodeChunk(args.group_id, args.step, args.elements, my_idx, my_val, args.fp16, args.scalars,
-              &mine);
+  if (IsHalf(args.wire)) {
+    EncodeChunk(args.group_id, args.step, args.elements, my_idx, my_val, args.wire, args.scalars,
+                &mine);
+  } else {
+    EncodeChunk(args.group_id, args.step, args.elements, my_idx, my_val, args.fp16, args.scalars,
+                &mine);
+  }
   std::vector<size_t> bytes;
   std::vector<uint8_t> all;
   if (absl::Status s = coll->AllGatherV(mine.data(), mine.size(), &bytes, &all); !s.ok()) return s;

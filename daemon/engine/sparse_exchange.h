@@ -26,6 +26,7 @@
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "daemon/transport/collective.h"
+#include "kernels/half.h"
 #include "kernels/primitives.h"
 
 namespace spex {
@@ -44,6 +45,9 @@ struct SparseExchangeArgs {
   uint32_t elements = 0;
   float scale = 1.0f;  // 1 / (nodes * local trainers)
   bool fp16 = false;   // B: values as float16 on the wire
+  // A half bucket's values on the wire (its own type, docs/dtypes.md): B's chunks carry them,
+  // A's values at the union are summed by HalfAllReduceScaled. float32: as fp16 says.
+  DType wire = DType::kFloat32;
   float scalars[4] = {};
 };
 

@@ -48,6 +48,13 @@ void SparseStepOne(const StepEnv& env, StepItem& item, const Lap& lap) {
   // global selection kept is zeroed, after the exchange (the rest stays in the residual).
   const bool zero_selected = pattern == Pattern::kSparseGather && !st.oktopk;
   if (s.ok()) keep(c.Select(step, b.acc, /*add=*/nullptr, zero_selected, &sel));
+  if (s.ok() && zero_selected && env.error_feedback && IsHalf(b.wire) && !b.on_device) {
+    // The values go out rounded to the bucket's type: what rounding took off stays in the
+    // residual (error feedback keeps it, as it keeps what was not selected).
+    for (size_t j = 0; j < sel.idx.size(); ++j) {
+      b.acc[sel.idx[j]] = sel.val[j] - HalfToFloat(b.wire, FloatToHalf(b.wire, sel.val[j]));
+    }
+  }
   if (!s.ok()) {  // contribute nothing; the step fails everywhere at the commit vote
     sel.idx.clear();
     sel.val.clear();
@@ -66,6 +73,7 @@ void SparseStepOne(const StepEnv& env, StepItem& item, const Lap& lap) {
   args.elements = static_cast<uint32_t>(n);
   args.scale = 1.0f / static_cast<float>(N * L);
   args.fp16 = env.fp16_values;
+  args.wire = st.oktopk ? DType::kFloat32 : b.wire;  // Ok-Topk: float32 values (docs/dtypes.md)
   std::memcpy(args.scalars, sel.scalars, sizeof(args.scalars));
   DeviceSide device_side{env.prims, b.scratch};
   const DeviceSide* dev = b.on_device ? &device_side : nullptr;
@@ -118,7 +126,12 @@ void FinishSparseExchange(const StepEnv& env, StepItem& item, absl::Status s,
     item.status = std::move(s);
     return;
   }
-  if (pattern == Pattern::kIndexUnion) {
+  if (pattern == Pattern::kIndexUnion && IsHalf(b.wire) && env.error_feedback && !b.on_device) {
+    // All of it was sent, rounded to the bucket's type: what rounding took off stays.
+    for (uint32_t u : res->gathered_idx) {
+      b.acc[u] -= HalfToFloat(b.wire, FloatToHalf(b.wire, b.acc[u]));
+    }
+  } else if (pattern == Pattern::kIndexUnion) {
     // Every node zeroes its residual at the whole union: all of it was sent.
     keep(ZeroAt(env, b, b.acc, res->gathered_idx));
   }

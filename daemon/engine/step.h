@@ -23,6 +23,7 @@
 #include "daemon/memory/layout.h"
 #include "daemon/transport/collective.h"
 #include "kernels/compressor.h"
+#include "kernels/half.h"
 #include "kernels/primitives.h"
 
 namespace spex {
@@ -41,8 +42,17 @@ struct StepEnv {
 struct BucketData {
   uint64_t id = 0;
   size_t elements = 0;
-  float* input[kMaxLocalTrainers] = {};  // the local trainers' input slots
-  float* output = nullptr;
+  float* input[kMaxLocalTrainers] = {};  // the local trainers' input slots (float32 buckets)
+  float* output = nullptr;  // a half bucket's: float32 staging, rounded into half_output
+  // A bfloat16/float16 bucket (host path only; docs/dtypes.md): the trainers' input slots and
+  // the published output are of `dtype` (input[] stays null); ReduceLocalChecked widens the
+  // inputs into float32, the steps work on float32 (`output` is host staging), and the engine
+  // rounds `output` once into `half_output` before publishing (RoundOutput). `wire`: the type
+  // of the values on the wire (dtype, or float32 with wire_values=float32).
+  DType dtype = DType::kFloat32;
+  DType wire = DType::kFloat32;
+  const uint16_t* half_input[kMaxLocalTrainers] = {};
+  uint16_t* half_output = nullptr;
   float* acc = nullptr;  // dense with L > 1: the local sum; sparse: residual + local sum
   // A sparse bucket on the host path with error feedback: where ReduceLocalChecked writes
   // residual + local sum, so the residual in acc survives a step that is skipped; the two swap
@@ -111,8 +121,12 @@ void CommitLocalSum(BucketData* b);
 // it reads one float per trainer back to the host.
 int NonfiniteInput(const StepEnv& env, const BucketData& b, size_t index);
 
-// A pattern-D exchange's record of n elements on `nodes` nodes (bytes, counts, pattern).
-void RecordDense(size_t n, int nodes, ExchangeRecord* rec);
+// A pattern-D exchange's record of n elements on `nodes` nodes (bytes, counts, pattern), with
+// values of `wire` on the wire.
+void RecordDense(size_t n, int nodes, ExchangeRecord* rec, DType wire = DType::kFloat32);
+// A half bucket: its float32 output rounded once into the published half output (a no-op for
+// a float32 bucket). The engine calls it before publishing a step that went ahead.
+void RoundOutput(const BucketData& b);
 
 // After a bucket's sparse exchange (SparseStep's, or a sparse member's of the fused step): the
 // record, the residual cleared at the union (pattern A) or wholly without error feedback, the

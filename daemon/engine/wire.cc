@@ -83,10 +83,19 @@ float HalfToFloat(uint16_t h) {
 void EncodeChunk(uint64_t group_id, uint64_t step, uint32_t elements,
                  absl::Span<const uint32_t> idx, absl::Span<const float> val, bool fp16,
                  const float scalars[4], std::vector<uint8_t>* out) {
-  const ChunkHeader h =
-      MakeHeader(group_id, step, elements, idx.size(), fp16 ? kChunkFp16 : 0, scalars);
+  EncodeChunk(group_id, step, elements, idx, val, fp16 ? DType::kFloat16 : DType::kFloat32, scalars,
+              out);
+}
+
+void EncodeChunk(uint64_t group_id, uint64_t step, uint32_t elements,
+                 absl::Span<const uint32_t> idx, absl::Span<const float> val, DType wire,
+                 const float scalars[4], std::vector<uint8_t>* out) {
+  const uint16_t flag = wire == DType::kFloat16    ? kChunkFp16
+                        : wire == DType::kBFloat16 ? kChunkBf16
+                                                   : 0;
+  const ChunkHeader h = MakeHeader(group_id, step, elements, idx.size(), flag, scalars);
   const size_t at = out->size();
-  out->resize(at + ChunkBytes(h.count, fp16));
+  out->resize(at + ChunkBytes(h.count, IsHalf(wire)));
   uint8_t* p = out->data() + at;
   std::memcpy(p, &h, sizeof(h));
   p += sizeof(h);
@@ -94,9 +103,9 @@ void EncodeChunk(uint64_t group_id, uint64_t step, uint32_t elements,
   p += idx.size() * 4;
   // The chunk holds idx.size() values: a shorter `val` leaves zeros, a longer one is cut.
   const size_t nv = std::min(val.size(), idx.size());
-  if (fp16) {
+  if (IsHalf(wire)) {
     for (size_t i = 0; i < nv; ++i) {
-      const uint16_t v = FloatToHalf(val[i]);
+      const uint16_t v = wire == DType::kFloat16 ? FloatToHalf(val[i]) : FloatToBf16(val[i]);
       std::memcpy(p + 2 * i, &v, 2);
     }
   } else {
@@ -130,9 +139,11 @@ absl::StatusOr<DecodedChunk> Decode(const uint8_t* data, size_t bytes, uint64_t 
   if (h.magic != kChunkMagic) return bad("bad magic");
   if (h.version != kChunkVersion)
     return bad(absl::StrCat("wire version ", h.version, ", this daemon speaks 1"));
-  if (h.flags & ~(kChunkFp16 | kChunkIndexOnly))
+  if (h.flags & ~(kChunkFp16 | kChunkIndexOnly | kChunkBf16))
     return bad(absl::StrCat("unknown flags 0x", absl::Hex(h.flags)));
+  if ((h.flags & kChunkFp16) && (h.flags & kChunkBf16)) return bad("both the fp16 and bf16 flags");
   if (index_only && (h.flags & kChunkFp16)) return bad("the fp16 flag on an index-only chunk");
+  if (index_only && (h.flags & kChunkBf16)) return bad("the bf16 flag on an index-only chunk");
   if (((h.flags & kChunkIndexOnly) != 0) != index_only) {
     return bad(index_only ? "a chunk with values where indices alone were expected"
                           : "an index-only chunk where values were expected");
@@ -146,7 +157,8 @@ absl::StatusOr<DecodedChunk> Decode(const uint8_t* data, size_t bytes, uint64_t 
   if (h.count > elements)
     return bad(absl::StrCat("count ", h.count, " exceeds the bucket's ", elements, " elements"));
   const bool fp16 = h.flags & kChunkFp16;
-  const size_t want = ChunkBytes(h.count, fp16, index_only);
+  const bool bf16 = h.flags & kChunkBf16;
+  const size_t want = ChunkBytes(h.count, fp16 || bf16, index_only);
   if (bytes != want)
     return bad(absl::StrCat(bytes, " bytes, but count ", h.count, " needs ", want));
   const uint8_t* raw_idx = data + sizeof(ChunkHeader);
@@ -172,6 +184,12 @@ absl::StatusOr<DecodedChunk> Decode(const uint8_t* data, size_t bytes, uint64_t 
       uint16_t x;
       std::memcpy(&x, v + 2ull * i, 2);
       d.values[i] = HalfToFloat(x);
+    }
+  } else if (bf16) {
+    for (uint32_t i = 0; i < h.count; ++i) {
+      uint16_t x;
+      std::memcpy(&x, v + 2ull * i, 2);
+      d.values[i] = Bf16ToFloat(x);
     }
   } else {
     if (h.count) std::memcpy(d.values.data(), v, 4ull * h.count);

@@ -1,6 +1,7 @@
 // A node's sparse contribution to one exchange, as it travels between daemons
 // (docs/algorithms.md#wire): a fixed 48-byte header, then `count` uint32 indices,
-// then `count` values (float32, or float16 when kChunkFp16 is set). Little-endian.
+// then `count` values (float32, float16 when kChunkFp16 is set, bfloat16 when kChunkBf16 is;
+// never both). Little-endian.
 // DecodeChunk validates everything against the bucket before anything is written: a bad peer
 // is an error, never an out-of-bounds write.
 #pragma once
@@ -12,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "kernels/half.h"
 
 namespace spex {
 
@@ -19,6 +21,7 @@ inline constexpr uint32_t kChunkMagic = 0x43585053;  // "SPXC"
 inline constexpr uint16_t kChunkVersion = 1;
 inline constexpr uint16_t kChunkFp16 = 1;
 inline constexpr uint16_t kChunkIndexOnly = 2;  // pattern A: indices, no value section
+inline constexpr uint16_t kChunkBf16 = 4;       // values as bfloat16 (a bfloat16 bucket's)
 
 struct ChunkHeader {
   uint32_t magic;
@@ -37,6 +40,11 @@ size_t ChunkBytes(uint32_t count, bool fp16, bool index_only = false);
 // Appends one encoded chunk to `out`.
 void EncodeChunk(uint64_t group_id, uint64_t step, uint32_t elements,
                  absl::Span<const uint32_t> idx, absl::Span<const float> val, bool fp16,
+                 const float scalars[4], std::vector<uint8_t>* out);
+// The same with the values as `wire` (kernels/half.h: float32, bfloat16 or float16, rounded to
+// nearest even); the bool form is wire = fp16 ? float16 : float32.
+void EncodeChunk(uint64_t group_id, uint64_t step, uint32_t elements,
+                 absl::Span<const uint32_t> idx, absl::Span<const float> val, DType wire,
                  const float scalars[4], std::vector<uint8_t>* out);
 
 // Appends one index-only chunk (flags = kChunkIndexOnly: the header and `idx`, no values).

@@ -45,7 +45,9 @@ struct BucketHeader {
   uint64_t bucket_id;  // offset 8
   uint64_t elements;   // offset 16
   uint32_t slots;      // offset 24: local trainers
-  uint32_t reserved;
+  // offset 28: the data type of the slots and the output (kernels/half.h DType: 0 float32,
+  // 1 bfloat16, 2 float16; an addition of layout version 1: the field was reserved and 0).
+  uint32_t dtype;
   uint64_t slot_stride;  // offset 32: bytes between input slots (multiple of 4096)
   alignas(64) std::atomic<uint32_t> published;  // offset 64: futex word, (uint32)(last step + 1)
   std::atomic<uint32_t> waiters;                // offset 68: trainers sleeping on published
@@ -71,6 +73,7 @@ static_assert(sizeof(DoorbellSegment) <= kPageBytes);
 static_assert(offsetof(BucketHeader, bucket_id) == 8);
 static_assert(offsetof(BucketHeader, elements) == 16);
 static_assert(offsetof(BucketHeader, slots) == 24);
+static_assert(offsetof(BucketHeader, dtype) == 28);
 static_assert(offsetof(BucketHeader, slot_stride) == 32);
 static_assert(offsetof(BucketHeader, published) == 64);
 static_assert(offsetof(BucketHeader, waiters) == 68);
@@ -82,18 +85,19 @@ static_assert(offsetof(BucketReadyLine, ready_ns) == 8);
 static_assert(sizeof(BucketReadyLine) == 64);
 static_assert(sizeof(BucketHeader) <= kPageBytes);
 
-inline size_t SlotStride(uint64_t elements) {
-  size_t bytes = elements * sizeof(float);
+// `elem_bytes`: 4 for float32, 2 for bfloat16 and float16 buckets.
+inline size_t SlotStride(uint64_t elements, size_t elem_bytes = sizeof(float)) {
+  size_t bytes = elements * elem_bytes;
   return (bytes + kPageBytes - 1) / kPageBytes * kPageBytes;
 }
-inline size_t InputOffset(uint64_t elements, uint32_t slot) {
-  return kPageBytes + slot * SlotStride(elements);
+inline size_t InputOffset(uint64_t elements, uint32_t slot, size_t elem_bytes = sizeof(float)) {
+  return kPageBytes + slot * SlotStride(elements, elem_bytes);
 }
-inline size_t OutputOffset(uint64_t elements, uint32_t slots) {
-  return kPageBytes + slots * SlotStride(elements);
+inline size_t OutputOffset(uint64_t elements, uint32_t slots, size_t elem_bytes = sizeof(float)) {
+  return kPageBytes + slots * SlotStride(elements, elem_bytes);
 }
-inline size_t BucketBytes(uint64_t elements, uint32_t slots) {
-  return kPageBytes + (slots + 1) * SlotStride(elements);
+inline size_t BucketBytes(uint64_t elements, uint32_t slots, size_t elem_bytes = sizeof(float)) {
+  return kPageBytes + (slots + 1) * SlotStride(elements, elem_bytes);
 }
 
 // A device bucket's data (the device path keeps the BucketHeader alone in a host shm page):

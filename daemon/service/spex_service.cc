@@ -148,11 +148,39 @@ grpc::Status SpexService::RegisterBucket(grpc::ServerContext* ctx,
                                          const v1::RegisterBucketRequest* req,
                                          v1::RegisterBucketResponse* resp) {
   if (absl::Status s = SessionCaller(ctx, req->session_id()); !s.ok()) return Refuse(s);
-  if (req->dtype() != v1::DTYPE_UNSPECIFIED && req->dtype() != v1::DTYPE_FLOAT32) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "only float32 buckets are supported");
-  }
   std::map<std::string, std::string> params(req->compressor().params().begin(),
                                             req->compressor().params().end());
+  // The data type travels to the engine as the bucket's dtype parameter (engine_options.h).
+  const char* dtype = nullptr;
+  switch (req->dtype()) {
+    case v1::DTYPE_UNSPECIFIED:
+    case v1::DTYPE_FLOAT32:
+      dtype = "float32";
+      break;
+    case v1::DTYPE_BFLOAT16:
+      dtype = "bfloat16";
+      break;
+    case v1::DTYPE_FLOAT16:
+      dtype = "float16";
+      break;
+    default:
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          absl::StrCat("bucket ", req->bucket_id(), ": unknown data type ",
+                                       static_cast<int>(req->dtype()),
+                                       "; this spexd knows DTYPE_FLOAT32, DTYPE_BFLOAT16 and "
+                                       "DTYPE_FLOAT16 (upgrade the daemon for newer types)"));
+  }
+  auto given = params.find("dtype");
+  if (given != params.end() && given->second != dtype && !(req->dtype() == v1::DTYPE_UNSPECIFIED)) {
+    return grpc::Status(
+        grpc::StatusCode::INVALID_ARGUMENT,
+        absl::StrCat("bucket ", req->bucket_id(), ": the request's dtype is ", dtype,
+                     " but its parameter dtype=", given->second, "; set one of them"));
+  }
+  if (given == params.end() && req->dtype() != v1::DTYPE_UNSPECIFIED &&
+      req->dtype() != v1::DTYPE_FLOAT32) {
+    params["dtype"] = dtype;  // float32 is the default: absent, as from an older client
+  }
   if (req->has_device_ordinal() && req->device_ordinal() < 0) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         absl::StrCat("device_ordinal must be a CUDA device ordinal (>= 0), got ",

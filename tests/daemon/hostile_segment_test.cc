@@ -256,7 +256,7 @@ TEST_F(HostileSegment, GarbageInEveryLayoutWordIsIgnored) {
       h->bucket_id = word(bucket == kA ? kB : kA);
       h->elements = word(kElems[bucket == kA ? 1 : 0] * 1000);
       h->slots = static_cast<uint32_t>(word(kMaxLocalTrainers * 4));
-      h->reserved = static_cast<uint32_t>(word(1));
+      h->dtype = static_cast<uint32_t>(word(1));  // the daemon keeps its own record of it
       h->slot_stride = word(delta);
       h->published.store(static_cast<uint32_t>(word(12345)));
       h->waiters.store(static_cast<uint32_t>(word(1u << 31)));

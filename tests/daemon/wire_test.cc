@@ -125,5 +125,34 @@ TEST(Wire, IndexOnlyChunksHaveTheirOwnDecoder) {
   EXPECT_NE(bad.status().message().find("node 1"), std::string::npos) << bad.status();
 }
 
+// A bfloat16 bucket's chunk: 2-byte values rounded to nearest even, flagged kChunkBf16; a chunk
+// flagged both fp16 and bf16, or a half flag on an index-only chunk, is refused.
+TEST(Wire, Bf16ValuesRoundTripAndBadFlagsAreRefused) {
+  std::vector<uint32_t> idx = {0, 5, 99};
+  std::vector<float> val = {1.5f, -2.25f, 1.00390625f};  // the last is a tie: rounds to 1.0
+  std::vector<uint8_t> buf;
+  EncodeChunk(7, 3, 100, idx, val, DType::kBFloat16, nullptr, &buf);
+  ASSERT_EQ(buf.size(), ChunkBytes(3, true));
+  auto d = DecodeChunk(buf.data(), buf.size(), 7, 3, 100, 1);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->values, (std::vector<float>{1.5f, -2.25f, 1.0f}));
+  ChunkHeader h;
+  std::memcpy(&h, buf.data(), sizeof(h));
+  EXPECT_EQ(h.flags, kChunkBf16);
+  h.flags = kChunkBf16 | kChunkFp16;
+  std::memcpy(buf.data(), &h, sizeof(h));
+  auto both = DecodeChunk(buf.data(), buf.size(), 7, 3, 100, 1);
+  ASSERT_FALSE(both.ok());
+  EXPECT_NE(both.status().message().find("both the fp16 and bf16"), std::string::npos);
+  std::vector<uint8_t> ix;
+  EncodeIndexChunk(7, 3, 100, idx, nullptr, &ix);
+  std::memcpy(&h, ix.data(), sizeof(h));
+  h.flags |= kChunkBf16;
+  std::memcpy(ix.data(), &h, sizeof(h));
+  auto half_ix = DecodeIndexChunk(ix.data(), ix.size(), 7, 3, 100, 1);
+  ASSERT_FALSE(half_ix.ok());
+  EXPECT_NE(half_ix.status().message().find("index-only"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace spex

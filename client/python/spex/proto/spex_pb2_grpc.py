@@ -64,6 +64,16 @@ class SpexStub(object):
                 request_serializer=spex_dot_proto_dot_spex__pb2.StopTimelineRequest.SerializeToString,
                 response_deserializer=spex_dot_proto_dot_spex__pb2.TimelineResponse.FromString,
                 )
+        self.SaveBucketState = channel.unary_stream(
+                '/spex.v1.Spex/SaveBucketState',
+                request_serializer=spex_dot_proto_dot_spex__pb2.SaveBucketStateRequest.SerializeToString,
+                response_deserializer=spex_dot_proto_dot_spex__pb2.BucketStateChunk.FromString,
+                )
+        self.LoadBucketState = channel.stream_unary(
+                '/spex.v1.Spex/LoadBucketState',
+                request_serializer=spex_dot_proto_dot_spex__pb2.BucketStateChunk.SerializeToString,
+                response_deserializer=spex_dot_proto_dot_spex__pb2.LoadBucketStateResponse.FromString,
+                )
 
 
 class SpexServicer(object):
@@ -145,6 +155,26 @@ class SpexServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SaveBucketState(self, request, context):
+        """Checkpointing (docs/checkpoint.md): this node's state of one bucket (its residual, compressor
+        state, density, step) as an opaque record, streamed in chunks of at most 512 KiB. Between
+        steps only: the session must have collected every step it handed in (FAILED_PRECONDITION).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def LoadBucketState(self, request_iterator, context):
+        """Gives a record SaveBucketState streamed (on this node, in an earlier run of the same world)
+        back to a registered bucket before its first exchange, in chunks; the bucket then continues
+        exactly where the saved one stopped. A record of another world, size, compressor or policy
+        is FAILED_PRECONDITION naming what differs, a corrupt or truncated one DATA_LOSS; a refused
+        record changes nothing.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SpexServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -197,6 +227,16 @@ def add_SpexServicer_to_server(servicer, server):
                     servicer.StopTimeline,
                     request_deserializer=spex_dot_proto_dot_spex__pb2.StopTimelineRequest.FromString,
                     response_serializer=spex_dot_proto_dot_spex__pb2.TimelineResponse.SerializeToString,
+            ),
+            'SaveBucketState': grpc.unary_stream_rpc_method_handler(
+                    servicer.SaveBucketState,
+                    request_deserializer=spex_dot_proto_dot_spex__pb2.SaveBucketStateRequest.FromString,
+                    response_serializer=spex_dot_proto_dot_spex__pb2.BucketStateChunk.SerializeToString,
+            ),
+            'LoadBucketState': grpc.stream_unary_rpc_method_handler(
+                    servicer.LoadBucketState,
+                    request_deserializer=spex_dot_proto_dot_spex__pb2.BucketStateChunk.FromString,
+                    response_serializer=spex_dot_proto_dot_spex__pb2.LoadBucketStateResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -375,5 +415,39 @@ class Spex(object):
         return grpc.experimental.unary_unary(request, target, '/spex.v1.Spex/StopTimeline',
             spex_dot_proto_dot_spex__pb2.StopTimelineRequest.SerializeToString,
             spex_dot_proto_dot_spex__pb2.TimelineResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def SaveBucketState(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(request, target, '/spex.v1.Spex/SaveBucketState',
+            spex_dot_proto_dot_spex__pb2.SaveBucketStateRequest.SerializeToString,
+            spex_dot_proto_dot_spex__pb2.BucketStateChunk.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def LoadBucketState(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(request_iterator, target, '/spex.v1.Spex/LoadBucketState',
+            spex_dot_proto_dot_spex__pb2.BucketStateChunk.SerializeToString,
+            spex_dot_proto_dot_spex__pb2.LoadBucketStateResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)

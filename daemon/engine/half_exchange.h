@@ -1,0 +1,35 @@
+// The dense exchange of a half-precision bucket (docs/dtypes.md): a sum-all-reduce whose wire
+// carries the bucket's type (2 bytes a value, half of float32's) while every sum is taken in
+// float32. MPI has no bfloat16/float16 sum, and an all-reduce over a user-defined half type
+// would round the partial sum at every hop; instead this is a reduce-scatter (a personalised
+// all-to-all of half chunks, each summed in float32 by its owner in rank order) followed by an
+// all-gather of the owners' results rounded once to the bucket's type: per node
+// 2 (N - 1) / N x 2 bytes a value each way, what a float32 ring all-reduce moves at 4.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "daemon/transport/collective.h"
+#include "kernels/half.h"
+
+namespace spex {
+
+struct HalfAllReduceBytes {
+  uint64_t sent = 0, received = 0;
+};
+
+// recv = round_t(scale * sum over ranks r of round_t(send_r)), widened back to float32 in recv
+// (send may equal recv). `t` is a half type. Every rank must call it with the same n, t and
+// scale. On one rank: recv = round_t(scale * round_t(send)). *bytes (may be null): this rank's
+// wire bytes.
+absl::Status HalfAllReduceScaled(Collective* coll, DType t, const float* send, float* recv,
+                                 size_t n, float scale, HalfAllReduceBytes* bytes = nullptr);
+
+// A ring all-reduce's bytes per node for n values of `t` on `nodes` nodes (each way).
+inline uint64_t DenseWireBytes(size_t n, int nodes, DType t) {
+  return nodes > 1 ? 2ull * n * DTypeSize(t) * (nodes - 1) / nodes : 0;
+}
+
+}  // namespace spex

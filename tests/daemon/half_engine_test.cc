@@ -1,0 +1,317 @@
+// bfloat16 and float16 buckets inside the engine (docs/dtypes.md), 2 nodes (threads over the
+// in-process collective) x 2 trainers per node, every registered compressor:
+//  - wire_values=float32: the half bucket's output must be, bit for bit, the float32 path's
+//    result for the widened inputs rounded once to the bucket's type (a float32 bucket of the
+//    same engines fed the widened inputs), and within one half ulp of the independent oracle
+//    (kernels/reference_cluster.h) over the widened inputs, rounded once, at every step;
+//  - native wire values (the default): within the half type's rounding of every node's
+//    contribution of the oracle on the first step; the dense bucket bit-exactly equal to an
+//    oracle computed here (local float32 sums, rounded for the wire, summed in float32 in rank
+//    order, rounded once), and its wire bytes half the float32 bucket's;
+//  - bad input: a trainer registering another type, unknown types and wire_values, a merger,
+//    a NaN in a half input (error policy names the trainer), the layout (2-byte slots).
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "daemon/engine/engine.h"
+#include "gtest/gtest.h"
+#include "kernels/compressor.h"
+#include "kernels/half.h"
+#include "kernels/reference/reference_primitives.h"
+#include "kernels/reference_cluster.h"
+#include "tests/support/engine_cluster.h"
+
+namespace spex::test {
+namespace {
+
+constexpr int kNodes = 2, kTrainers = 2, kSteps = 4;
+constexpr size_t kN = 12007;
+constexpr double kDensity = 0.01;
+
+// Deterministic, roughly Gaussian values with a few larger positions (as compressor_engine_test).
+float Value(int node, int trainer, uint64_t step, size_t i) {
+  uint64_t x = (static_cast<uint64_t>(node) << 56) ^ (static_cast<uint64_t>(trainer) << 48) ^
+               (step << 32) ^ i;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  x ^= x >> 31;
+  const double u1 = ((x & 0xffffffull) + 0.5) / 16777216.0,
+               u2 = (((x >> 24) & 0xffffffull) + 0.5) / 16777216.0;
+  const double g = std::sqrt(-2 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+  const double scale = 1.0 + 4.0 * ((i * 2654435761u) % 97 == 0);
+  return static_cast<float>(g * scale * 1e-2);
+}
+
+// The half input trainer t of node r hands in, and its float32 widening.
+uint16_t HalfValue(DType t, int node, int trainer, uint64_t step, size_t i) {
+  return FloatToHalf(t, Value(node, trainer, step, i));
+}
+
+// One ulp of type t at |x| (the spacing of t's values around x; the subnormal spacing near 0).
+float Ulp(DType t, float x) {
+  const int mant = t == DType::kBFloat16 ? 7 : 10;
+  const int emin = t == DType::kBFloat16 ? -126 : -14;
+  int e;
+  std::frexp(std::max(std::fabs(x), 1e-38f), &e);  // |x| in [2^(e-1), 2^e)
+  return std::ldexp(1.0f, std::max(e - 1, emin) - mant);
+}
+
+uint16_t* HalfAt(Trainer& tr, uint64_t bucket, uint64_t offset) {
+  return reinterpret_cast<uint16_t*>(reinterpret_cast<uint8_t*>(tr.header(bucket)) + offset);
+}
+
+struct Case {
+  std::string compressor;
+  DType dtype;
+};
+
+std::string CaseName(const ::testing::TestParamInfo<Case>& info) {
+  return info.param.compressor + "_" + DTypeName(info.param.dtype);
+}
+
+class HalfEngineTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(HalfEngineTest, RoundedOnceFromTheFloat32PathAndTheOracle) {
+  const Case& c = GetParam();
+  const DType t = c.dtype;
+  auto prims = MakeReferencePrimitives();
+  auto pattern = CompressorPattern(c.compressor);
+  ASSERT_TRUE(pattern.ok()) << pattern.status();
+
+  // The independent oracle over the widened inputs.
+  CompressorSpec spec;
+  spec.name = c.compressor;
+  spec.density = kDensity;
+  spec.elements = kN;
+  auto oracle = ReferenceCluster::Create(spec, kNodes, kTrainers, true, prims.get());
+  ASSERT_TRUE(oracle.ok()) << oracle.status();
+  std::vector<std::vector<float>> expected(kSteps, std::vector<float>(kN));
+  std::vector<std::vector<std::vector<float>>> widened(
+      kNodes, std::vector<std::vector<float>>(kTrainers, std::vector<float>(kN)));
+  for (int s = 0; s < kSteps; ++s) {
+    std::vector<std::vector<const float*>> ptrs(kNodes);
+    for (int r = 0; r < kNodes; ++r) {
+      for (int k = 0; k < kTrainers; ++k) {
+        for (size_t i = 0; i < kN; ++i) widened[r][k][i] = HalfToFloat(t, HalfValue(t, r, k, s, i));
+        ptrs[r].push_back(widened[r][k].data());
+      }
+    }
+    ASSERT_TRUE((*oracle)->Step(s, ptrs, expected[s].data()).ok());
+  }
+
+  EngineClusterOptions o;
+  o.nodes = kNodes;
+  o.trainers = kTrainers;
+  o.hub_timeout = absl::Seconds(30);
+  o.engine.shm_tag = "halftest";
+  o.engine.dense_fallback = DenseFallback::kOff;
+  o.engine.min_sparse_elements = 0;
+  EngineCluster cluster(o);
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status();
+  // Bucket 1: half, float32 on the wire. Bucket 2: float32 fed the widened inputs. Bucket 3:
+  // half, native wire values.
+  std::atomic<int> not_rounded_once{0}, off_oracle{0}, off_oracle_native{0}, bad_header{0};
+  std::atomic<uint64_t> bytes_native{0}, bytes_f32{0};
+  std::vector<std::string> errors(kNodes * kTrainers);
+  const std::map<std::string, std::string> half_f32wire = {{"dtype", DTypeName(t)},
+                                                           {"wire_values", "float32"}};
+  const std::map<std::string, std::string> half_native = {{"dtype", DTypeName(t)}};
+  cluster.ForEachTrainer([&](int r, int k) {
+    std::string& err = errors[r * kTrainers + k];
+    auto tr = Trainer::Open(&cluster.engine(r), k, kTrainers);
+    if (!tr.ok()) return void(err = tr.status().ToString());
+    for (auto [id, params] :
+         {std::pair{1, half_f32wire}, std::pair{2, std::map<std::string, std::string>{}},
+          std::pair{3, half_native}}) {
+      auto g = tr->Register(id, kN, c.compressor, kDensity, params);
+      if (!g.ok()) return void(err = g.status().ToString());
+    }
+    bad_header += tr->header(1)->dtype != static_cast<uint32_t>(t) ||
+                  tr->header(1)->slot_stride != SlotStride(kN, 2) || tr->header(2)->dtype != 0;
+    uint16_t* in1 = HalfAt(*tr, 1, tr->grant(1).input_offset);
+    const uint16_t* out1 = HalfAt(*tr, 1, tr->grant(1).output_offset);
+    uint16_t* in3 = HalfAt(*tr, 3, tr->grant(3).input_offset);
+    const uint16_t* out3 = HalfAt(*tr, 3, tr->grant(3).output_offset);
+    const float* out2 = tr->output(2);
+    for (int s = 0; s < kSteps; ++s) {
+      for (size_t i = 0; i < kN; ++i) in1[i] = in3[i] = HalfValue(t, r, k, s, i);
+      tr->Fill(2, [&](size_t i) { return HalfToFloat(t, HalfValue(t, r, k, s, i)); });
+      auto rec1 = tr->Exchange(1, s, absl::Seconds(30));
+      auto rec2 = tr->Exchange(2, s, absl::Seconds(30));
+      auto rec3 = tr->Exchange(3, s, absl::Seconds(30));
+      for (const auto* rec : {&rec1, &rec2, &rec3}) {
+        if (!rec->ok()) return void(err = rec->status().ToString());
+      }
+      if (r == 0 && k == 0 && s == 0) {
+        bytes_native = rec3->bytes_sent;
+        bytes_f32 = rec2->bytes_sent;
+      }
+      for (size_t i = 0; i < kN; ++i) {
+        not_rounded_once += out1[i] != FloatToHalf(t, out2[i]);
+        const float want = expected[s][i];
+        off_oracle += !(std::fabs(HalfToFloat(t, out1[i]) - want) <= Ulp(t, want));
+        if (s == 0) {
+          // Every node's value rounded to t on the wire, then the result once: within a few
+          // ulps of the largest contribution.
+          const float tol = 2 * Ulp(t, std::fabs(want)) + 2 * Ulp(t, 0.05f) / (kNodes * kTrainers);
+          off_oracle_native += !(std::fabs(HalfToFloat(t, out3[i]) - want) <= tol);
+        }
+      }
+    }
+  });
+  for (const std::string& e : errors) EXPECT_EQ(e, "");
+  EXPECT_EQ(bad_header.load(), 0) << "headers not saying the bucket's type and 2-byte stride";
+  EXPECT_EQ(not_rounded_once.load(), 0)
+      << "half outputs differing from the float32 path's result rounded once";
+  EXPECT_EQ(off_oracle.load(), 0) << "half outputs more than an ulp off the oracle's";
+  EXPECT_EQ(off_oracle_native.load(), 0) << "native-wire outputs off the oracle (first step)";
+  if (*pattern == Pattern::kDense) {
+    EXPECT_EQ(bytes_native.load() * 2, bytes_f32.load()) << "a dense half bucket sends half";
+  } else {
+    EXPECT_LT(bytes_native.load(), bytes_f32.load()) << "half values on the wire";
+  }
+}
+
+std::vector<Case> AllCases() {
+  std::vector<Case> cases;
+  for (const std::string& name : CompressorNames()) {
+    for (DType t : {DType::kBFloat16, DType::kFloat16}) cases.push_back({name, t});
+  }
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(AllCompressors, HalfEngineTest, ::testing::ValuesIn(AllCases()), CaseName);
+
+// The dense exchange with half values on the wire against an oracle computed here: each node's
+// local sum in float32 (trainer 0 + trainer 1, times 1/4: exact), rounded to t for the wire,
+// the nodes' values summed in float32 in rank order, rounded once. Bit for bit.
+TEST(HalfDenseExchange, BitExactAgainstTheWireOracle) {
+  for (DType t : {DType::kBFloat16, DType::kFloat16}) {
+    SCOPED_TRACE(DTypeName(t));
+    EngineClusterOptions o;
+    o.nodes = kNodes;
+    o.trainers = kTrainers;
+    o.engine.shm_tag = "halftest";
+    EngineCluster cluster(o);
+    ASSERT_TRUE(cluster.status().ok()) << cluster.status();
+    std::atomic<int> wrong{0};
+    cluster.ForEachTrainer([&](int r, int k) {
+      auto tr = Trainer::Open(&cluster.engine(r), k, kTrainers);
+      ASSERT_TRUE(tr.ok()) << tr.status();
+      ASSERT_TRUE(tr->Register(5, kN, "dense", 0, {{"dtype", DTypeName(t)}}).ok());
+      uint16_t* in = HalfAt(*tr, 5, tr->grant(5).input_offset);
+      const uint16_t* out = HalfAt(*tr, 5, tr->grant(5).output_offset);
+      for (int s = 0; s < 2; ++s) {
+        for (size_t i = 0; i < kN; ++i) in[i] = HalfValue(t, r, k, s, i);
+        auto rec = tr->Exchange(5, s);
+        ASSERT_TRUE(rec.ok()) << rec.status();
+        EXPECT_EQ(rec->pattern, "D");
+        for (size_t i = 0; i < kN; ++i) {
+          float sum = 0;
+          for (int node = 0; node < kNodes; ++node) {
+            const float local = (HalfToFloat(t, HalfValue(t, node, 0, s, i)) +
+                                 HalfToFloat(t, HalfValue(t, node, 1, s, i))) *
+                                0.25f;
+            const float wire = HalfToFloat(t, FloatToHalf(t, local));
+            sum = node == 0 ? wire : sum + wire;
+          }
+          wrong += out[i] != FloatToHalf(t, sum);
+        }
+      }
+    });
+    EXPECT_EQ(wrong.load(), 0);
+  }
+}
+
+EngineClusterOptions OneNode(int trainers = 2) {
+  EngineClusterOptions o;
+  o.nodes = 1;
+  o.trainers = trainers;
+  o.hub_timeout = absl::Seconds(5);
+  o.engine.shm_tag = "halftest";
+  return o;
+}
+
+TEST(HalfEngineErrors, TrainersRegisteringAnotherTypeAreRefusedNamingBoth) {
+  EngineCluster cluster(OneNode());
+  ASSERT_TRUE(cluster.status().ok());
+  Engine& e = cluster.engine(0);
+  auto a = e.Hello("", 0, 2, 0, "t");
+  auto b = e.Hello("", 1, 2, 0, "t");
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_TRUE(e.RegisterBucket(a->session_id, 4, 1000, "dense", 0, {{"dtype", "bfloat16"}}).ok());
+  auto f16 = e.RegisterBucket(b->session_id, 4, 1000, "dense", 0, {{"dtype", "float16"}});
+  ASSERT_EQ(f16.status().code(), absl::StatusCode::kInvalidArgument) << f16.status();
+  EXPECT_NE(f16.status().message().find("registered as bfloat16"), std::string::npos);
+  EXPECT_NE(f16.status().message().find("says float16"), std::string::npos);
+  auto f32 = e.RegisterBucket(b->session_id, 4, 1000, "dense", 0);
+  ASSERT_EQ(f32.status().code(), absl::StatusCode::kInvalidArgument) << f32.status();
+  EXPECT_NE(f32.status().message().find("says float32"), std::string::npos) << f32.status();
+  // The engine keeps serving: the same type attaches.
+  auto ok = e.RegisterBucket(b->session_id, 4, 1000, "dense", 0, {{"dtype", "bf16"}});
+  EXPECT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->output_offset - ok->input_offset, SlotStride(1000, 2)) << "2-byte slots";
+}
+
+TEST(HalfEngineErrors, UnknownTypeAndWireValuesNameTheAcceptedOnes) {
+  EngineCluster cluster(OneNode(1));
+  ASSERT_TRUE(cluster.status().ok());
+  Engine& e = cluster.engine(0);
+  auto a = e.Hello("", 0, 1, 0, "t");
+  ASSERT_TRUE(a.ok());
+  auto bad = e.RegisterBucket(a->session_id, 4, 1000, "topk", 0.01, {{"dtype", "int8"}});
+  ASSERT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("bfloat16"), std::string::npos) << bad.status();
+  bad = e.RegisterBucket(a->session_id, 4, 1000, "topk", 0.01,
+                         {{"dtype", "float16"}, {"wire_values", "int4"}});
+  ASSERT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("wire_values"), std::string::npos) << bad.status();
+  EXPECT_NE(bad.status().message().find("float32"), std::string::npos) << bad.status();
+  EXPECT_TRUE(e.RegisterBucket(a->session_id, 4, 1000, "topk", 0.01, {{"dtype", "float16"}}).ok());
+}
+
+TEST(HalfEngineErrors, AMergerRefusesHalfBucketsNamingTheFlag) {
+  EngineClusterOptions o = OneNode(1);
+  o.engine.merger = MergerPolicy::kFixed;
+  EngineCluster cluster(o);
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status();
+  Engine& e = cluster.engine(0);
+  auto a = e.Hello("", 0, 1, 0, "t");
+  ASSERT_TRUE(a.ok());
+  auto bad = e.RegisterBucket(a->session_id, 4, 1000, "topk", 0.01, {{"dtype", "bfloat16"}});
+  ASSERT_EQ(bad.status().code(), absl::StatusCode::kUnimplemented) << bad.status();
+  EXPECT_NE(bad.status().message().find("--merger=none"), std::string::npos) << bad.status();
+  EXPECT_TRUE(e.RegisterBucket(a->session_id, 4, 1000, "topk", 0.01).ok());
+}
+
+TEST(HalfEngineErrors, ANaNInAHalfInputFailsTheStepNamingTheTrainer) {
+  EngineClusterOptions o = OneNode();
+  o.engine.nonfinite = NonfinitePolicy::kError;
+  EngineCluster cluster(o);
+  ASSERT_TRUE(cluster.status().ok());
+  std::vector<absl::Status> st(2);
+  cluster.ForEachTrainer([&](int, int k) {
+    auto tr = Trainer::Open(&cluster.engine(0), k, 2);
+    ASSERT_TRUE(tr.ok());
+    ASSERT_TRUE(tr->Register(9, 500, "topk", 0.1, {{"dtype", "float16"}}).ok());
+    uint16_t* in = HalfAt(*tr, 9, tr->grant(9).input_offset);
+    for (size_t i = 0; i < 500; ++i) in[i] = FloatToF16(0.5f);
+    if (k == 1) in[123] = 0x7e00;  // NaN
+    st[k] = tr->Exchange(9, 0).status();
+    // The bucket goes on: the next step is clean.
+    for (size_t i = 0; i < 500; ++i) in[i] = FloatToF16(0.25f);
+    auto next = tr->Exchange(9, 1);
+    EXPECT_TRUE(next.ok()) << next.status();
+  });
+  for (const absl::Status& s : st) {
+    EXPECT_FALSE(s.ok());
+    EXPECT_NE(s.message().find("123"), std::string::npos) << s;
+    EXPECT_NE(s.message().find("local trainer 1"), std::string::npos) << s;
+  }
+}
+
+}  // namespace
+}  // namespace spex::test
