@@ -42,6 +42,7 @@ class LayoutTest(unittest.TestCase):
             ("BucketHeader", "bucket_id"): L.BUCKET_ID_OFFSET,
             ("BucketHeader", "elements"): L.BUCKET_ELEMENTS_OFFSET,
             ("BucketHeader", "slots"): L.BUCKET_SLOTS_OFFSET,
+            ("BucketHeader", "dtype"): L.BUCKET_DTYPE_OFFSET,
             ("BucketHeader", "slot_stride"): L.BUCKET_SLOT_STRIDE_OFFSET,
             ("BucketHeader", "published"): L.BUCKET_PUBLISHED_OFFSET,
             ("BucketHeader", "waiters"): L.BUCKET_WAITERS_OFFSET,
@@ -461,6 +462,97 @@ class SparseExchangeTest(ClusterTestCase):
             self.assertEqual(list(c.stats().buckets), [], "validation registered a bucket")
             b = c.register_bucket(0, 100, compressor="micro", density=0.01)  # the session is intact
             c.exchange(b, np.ones(100, np.float32))
+
+
+def half_node(socket: str, node: int, steps: int):
+    """One trainer of 2 nodes: a bfloat16 dense bucket (torch), a float16 dense bucket (numpy),
+    a float32 one and a bfloat16 topk bucket; returns every output and the buckets' wire bytes."""
+    import torch
+
+    out = {"bf16": [], "f16": [], "topk": []}
+    with spex.Client(socket) as c:
+        b16 = c.register_bucket(0, 5000, compressor="dense", dtype=torch.bfloat16)
+        f16 = c.register_bucket(1, 5000, compressor="dense", dtype="float16")
+        f32 = c.register_bucket(2, 5000, compressor="dense")
+        tk = c.register_bucket(3, 40000, compressor="topk", density=0.01, dtype="bf16")
+        for step in range(steps):
+            g = torch.Generator().manual_seed(100 * node + step)
+            x = torch.randn(5000, generator=g)
+            c.exchange(b16, x.to(torch.bfloat16))
+            out["bf16"].append(b16.output_tensor.float().clone())
+            out["f16"].append(np.array(c.exchange(f16, x.numpy().astype(np.float16)), dtype=np.float32))
+            c.exchange(f32, x.numpy())
+            c.exchange(tk, torch.randn(40000, generator=g).to(torch.bfloat16))
+            out["topk"].append(tk.output_tensor.float().clone())
+        st = {s.bucket_id: s for s in c.stats().buckets}
+        out["bytes"] = {k: st[i].last.bytes_sent for k, i in (("bf16", 0), ("f16", 1), ("f32", 2), ("topk", 3))}
+        out["dtypes"] = (b16.input_tensor.dtype, f16.input.dtype, tk.output_tensor.dtype, repr(b16))
+    return out
+
+
+class HalfBucketTest(ClusterTestCase):
+    """bfloat16 and float16 buckets through the Python client on 2 nodes (docs/dtypes.md): the
+    dense average equals an oracle computed here (each node's value rounded to the bucket's type
+    for the wire, summed in float32, halved, rounded once), half the float32 bucket's wire bytes;
+    a bfloat16 topk bucket; the bad input."""
+
+    def test_bf16_and_fp16_buckets_on_2_nodes(self):
+        import torch
+
+        cl = self.start_cluster(2, 1, "--dense_fallback=off", "--min_sparse_elements=0")
+        steps = 3
+        res = run_threads([lambda n=n: half_node(cl.socket(n), n, steps) for n in range(2)])
+        for r in res:
+            if isinstance(r, BaseException):
+                raise r
+        for step in range(steps):
+            xs = [torch.randn(5000, generator=torch.Generator().manual_seed(100 * n + step)) for n in range(2)]
+            for key, t in (("bf16", torch.bfloat16), ("f16", torch.float16)):
+                wire = [x.to(t).float() for x in xs]  # each node's input, already of the bucket's type
+                want = ((wire[0] + wire[1]) * 0.5).to(t).float()
+                for node in range(2):
+                    got = torch.as_tensor(np.asarray(res[node][key][step], dtype=np.float32))
+                    self.assertTrue(torch.equal(got, want), f"{key} step {step} node {node}")
+            self.assertTrue(torch.equal(res[0]["topk"][step], res[1]["topk"][step]), "topk outputs differ")
+            self.assertGreater(int((res[0]["topk"][step] != 0).sum()), 0)
+        by = res[0]["bytes"]
+        self.assertEqual(by["bf16"] * 2, by["f32"], by)
+        self.assertEqual(by["f16"] * 2, by["f32"], by)
+        self.assertEqual(res[0]["dtypes"][:3], (torch.bfloat16, np.float16, torch.bfloat16))
+        self.assertIn("dtype='bfloat16'", res[0]["dtypes"][3])
+
+    def test_half_bad_input(self):
+        import torch
+
+        cl = self.start_cluster(1, 2)
+        with spex.Client(cl.socket(0), local_rank=0, local_size=2) as a, \
+                spex.Client(cl.socket(0), local_rank=1, local_size=2) as b:
+            ba = a.register_bucket(0, 8, dtype="bfloat16")
+            with self.assertRaisesRegex(spex.SpexValueError, "registered as bfloat16; this request says float16"):
+                b.register_bucket(0, 8, dtype="float16")
+            with self.assertRaisesRegex(spex.SpexTypeError, "float32, bfloat16 or float16; got 'int8'"):
+                b.register_bucket(1, 8, dtype="int8")
+            with self.assertRaisesRegex(spex.SpexValueError, "wire_values"):
+                b.register_bucket(2, 8, dtype="float16", params={"wire_values": "int4"})
+            with self.assertRaisesRegex(spex.SpexTypeError, r"holds bfloat16; got a tensor of torch.float32"):
+                ba.write(torch.zeros(8))
+            with self.assertRaisesRegex(spex.SpexTypeError, "numpy lacks"):
+                ba.write(np.zeros(8, np.float32))
+            f16 = b.register_bucket(3, 8, dtype=np.float16)
+            with self.assertRaisesRegex(spex.SpexTypeError, r"holds float16; got a numpy array of float32"):
+                f16.write(np.zeros(8, np.float32))
+            # An unknown enum value on the wire (a newer client) is refused naming the known ones.
+            import spex.proto.spex_pb2 as pb
+
+            with self.assertRaisesRegex(spex.SpexError, "unknown data type 9"):
+                a._rpc("RegisterBucket", pb.RegisterBucketRequest(session_id=a.session_id, bucket_id=5,
+                                                                  elements=8, dtype=9), 10)
+            # The daemon keeps serving: a good bf16 exchange of both trainers.
+            bb = b.register_bucket(0, 8, dtype=torch.bfloat16)
+            res = run_threads([lambda: a.exchange(ba, torch.full((8,), 1.0, dtype=torch.bfloat16)) is not None,
+                               lambda: b.exchange(bb, torch.full((8,), 2.0, dtype=torch.bfloat16)) is not None])
+            self.assertEqual(res, [True, True])
+            self.assertTrue(torch.equal(ba.output_tensor, torch.full((8,), 1.5, dtype=torch.bfloat16)))
 
 
 class BadInputTest(ClusterTestCase):

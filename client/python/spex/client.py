@@ -77,6 +77,41 @@ class _DeviceView:
         self.output = output_ptr
 
 
+# A bucket's data types (docs/dtypes.md): the numpy view of its slots (bfloat16's bit patterns as
+# int16: numpy has no bfloat16; torch.from_numpy takes no uint16) and the proto enum.
+_NUMPY_DTYPES = {"float32": np.float32, "bfloat16": np.int16, "float16": np.float16}
+_PROTO_DTYPES = {"float32": "DTYPE_FLOAT32", "bfloat16": "DTYPE_BFLOAT16", "float16": "DTYPE_FLOAT16"}
+_DTYPE_ALIASES = {"float32": "float32", "fp32": "float32", "float": "float32", "bfloat16": "bfloat16",
+                  "bf16": "bfloat16", "float16": "float16", "fp16": "float16", "half": "float16"}
+
+
+def dtype_name(dtype: Any) -> str:
+    """The bucket type for `dtype`: a name ("float32", "bfloat16", "float16", or "fp32", "bf16",
+    "fp16"), a torch dtype or a numpy dtype; SpexTypeError naming the accepted ones otherwise."""
+    if dtype is None:
+        return "float32"
+    text = str(dtype).replace("torch.", "")
+    if not isinstance(dtype, str):
+        try:
+            text = np.dtype(dtype).name if not hasattr(dtype, "is_floating_point") else text
+        except TypeError:
+            pass
+    name = _DTYPE_ALIASES.get(text)
+    if name is None:
+        raise SpexTypeError(f"spex buckets hold float32, bfloat16 or float16; got {dtype!r}: convert the data "
+                            f"(e.g. tensor.float()) or register one of those")
+    return name
+
+
+def _torch_view(t: Any, dtype: str) -> Any:
+    """A torch tensor over the numpy view of a slot, as the bucket's type (bfloat16 from int16 bits)."""
+    if dtype == "bfloat16":
+        import torch
+
+        return t.view(torch.bfloat16)
+    return t
+
+
 class Bucket:
     """A registered bucket: this trainer's input slot and the node's shared output slot.
 
@@ -88,10 +123,15 @@ class Bucket:
     the next one is published; copy what you keep."""
 
     def __init__(self, client: "Client", bucket_id: int, elements: int, mapping: mmap.mmap,
-                 resp: "pb.RegisterBucketResponse", device: Optional[_DeviceView] = None):
+                 resp: "pb.RegisterBucketResponse", device: Optional[_DeviceView] = None,
+                 dtype: str = "float32"):
         self._client = client
         self.id = bucket_id
         self.elements = elements
+        # "float32", "bfloat16" or "float16": the type of the input slot and the output
+        # (docs/dtypes.md). numpy has no bfloat16: a bfloat16 bucket's numpy views are int16 bit
+        # patterns; its input_tensor / output_tensor are torch.bfloat16.
+        self.dtype: str = dtype
         self.compressor: str = resp.compressor.name
         self.density: float = resp.compressor.density
         self.next_step: int = resp.next_step
@@ -104,8 +144,9 @@ class Bucket:
         self._input: Optional[np.ndarray] = None
         self._output: Optional[np.ndarray] = None
         if device is None:
-            self._input = np.frombuffer(mapping, dtype=np.float32, count=elements, offset=resp.layout.input_offset)
-            out = np.frombuffer(mapping, dtype=np.float32, count=elements, offset=resp.layout.output_offset)
+            self._input = np.frombuffer(mapping, dtype=_NUMPY_DTYPES[dtype], count=elements,
+                                        offset=resp.layout.input_offset)
+            out = np.frombuffer(mapping, dtype=_NUMPY_DTYPES[dtype], count=elements, offset=resp.layout.output_offset)
             out.flags.writeable = False
             self._output = out
         self._input_tensor = None
@@ -153,7 +194,7 @@ class Bucket:
             else:
                 import torch
 
-                self._input_tensor = torch.from_numpy(self.input)
+                self._input_tensor = _torch_view(torch.from_numpy(self.input), self.dtype)
         return self._input_tensor
 
     @property
@@ -168,8 +209,9 @@ class Bucket:
             else:
                 import torch
 
-                view = np.frombuffer(self.header, dtype=np.float32, count=self.elements, offset=self._output_offset)
-                self._output_tensor = torch.from_numpy(view)
+                view = np.frombuffer(self.header, dtype=_NUMPY_DTYPES[self.dtype], count=self.elements,
+                                     offset=self._output_offset)
+                self._output_tensor = _torch_view(torch.from_numpy(view), self.dtype)
         return self._output_tensor
 
     def write(self, data: Any) -> None:
@@ -179,9 +221,12 @@ class Bucket:
         if self.closed:
             raise SpexError(f"bucket {self.id} was unregistered or its client closed")
         if isinstance(data, np.ndarray):
-            if data.dtype != np.float32:
-                raise SpexTypeError(f"bucket {self.id} holds float32; got a numpy array of {data.dtype}: "
-                                    f"convert it with .astype(np.float32)")
+            if self.dtype == "bfloat16":
+                raise SpexTypeError(f"bucket {self.id} holds bfloat16, which numpy lacks; got a numpy array of "
+                                    f"{data.dtype}: write a torch.bfloat16 tensor")
+            if data.dtype != _NUMPY_DTYPES[self.dtype]:
+                raise SpexTypeError(f"bucket {self.id} holds {self.dtype}; got a numpy array of {data.dtype}: "
+                                    f"convert it with .astype(np.{self.dtype})")
             if self.on_device:
                 raise SpexTypeError(f"bucket {self.id} lives in GPU memory (cuda:{self.cuda_device}, a client with "
                                     f"device='cuda'); got a numpy array: write a CUDA tensor "
@@ -196,9 +241,10 @@ class Bucket:
         except ImportError:  # pragma: no cover - torch is optional
             torch = None
         if torch is not None and isinstance(data, torch.Tensor):
-            if data.dtype != torch.float32:
-                raise SpexTypeError(f"bucket {self.id} holds float32; got a tensor of {data.dtype}: "
-                                    f"convert it with .float() (or register float32 parameters)")
+            if data.dtype != getattr(torch, self.dtype):
+                raise SpexTypeError(f"bucket {self.id} holds {self.dtype}; got a tensor of {data.dtype}: "
+                                    f"convert it with .to(torch.{self.dtype}) (or register the bucket with "
+                                    f"dtype={str(data.dtype).replace('torch.', '')!r})")
             problem = tensor_device_problem(data.device, self.on_device, self.cuda_device)
             if problem:
                 raise SpexTypeError(f"bucket {self.id}: {problem}")
@@ -207,7 +253,7 @@ class Bucket:
                                      f"tensor of {data.numel()} (shape {tuple(data.shape)})")
             self.input_tensor.copy_(data.detach().reshape(-1))
             return
-        raise SpexTypeError(f"bucket {self.id}: expected a float32 numpy array or torch tensor, got "
+        raise SpexTypeError(f"bucket {self.id}: expected a {self.dtype} numpy array or torch tensor, got "
                             f"{type(data).__name__}")
 
     def _release(self, cache: Optional[IpcHandleCache]) -> None:
@@ -222,6 +268,8 @@ class Bucket:
 
     def __repr__(self) -> str:
         where = f", cuda_device={self.cuda_device}" if self.on_device else ""
+        if self.dtype != "float32":
+            where += f", dtype={self.dtype!r}"
         return (f"Bucket(id={self.id}, elements={self.elements}, compressor={self.compressor!r}, "
                 f"density={self.density}, next_step={self.next_step}{where})")
 
@@ -482,8 +530,12 @@ class Client:
     # -- buckets ------------------------------------------------------------------------------
 
     def register_bucket(self, bucket_id: int, elements: int, compressor: Optional[str] = None,
-                        density: Optional[float] = None, params: Optional[Dict[str, str]] = None) -> Bucket:
-        """Registers bucket `bucket_id` of `elements` float32 values and maps its segment.
+                        density: Optional[float] = None, params: Optional[Dict[str, str]] = None,
+                        dtype: Any = "float32") -> Bucket:
+        """Registers bucket `bucket_id` of `elements` values of `dtype` ("float32", "bfloat16",
+        "float16", or a torch/numpy dtype; docs/dtypes.md) and maps its segment. A half bucket is
+        summed and compressed in float32 by the daemon and its result rounded once to its type;
+        params={"wire_values": "float32"} sends its values as float32.
 
         Every trainer of the job registers the same ids with the same sizes; within a step the
         daemon exchanges buckets in ascending id order, so number them in the order they become
@@ -500,10 +552,15 @@ class Client:
             raise SpexValueError(f"bucket id must be an integer in 0..2**64-1, got {bucket_id!r}")
         if density is not None and not 0 < density <= 1:
             raise SpexValueError(f"bucket {bucket_id}: density must be in (0, 1], got {density}")
+        dt = dtype_name(dtype)
+        if dt != "float32" and self._ipc is not None:
+            raise SpexTypeError(f"bucket {bucket_id}: {dt} buckets are served on the CPU path only so far; "
+                                f"register float32 or use a client with device='cpu'")
         cfg = pb.CompressorConfig(name=compressor or "", density=float(density or 0.0), params=params or {})
         req = pb.RegisterBucketRequest(session_id=self.session_id, bucket_id=int(bucket_id),
-                                       elements=int(elements), dtype=pb.DTYPE_FLOAT32, compressor=cfg)
+                                       elements=int(elements), dtype=getattr(pb, _PROTO_DTYPES[dt]), compressor=cfg)
         resp = self._rpc("RegisterBucket", req, self.connect_timeout)
+        eb = L.DTYPE_BYTES[dt]
         seg, lay = resp.buffer.shm, resp.layout
         n = int(elements)
         want_device = self._ipc is not None
@@ -516,7 +573,7 @@ class Client:
                 f"buffers; use spex.Client(device='cuda')", "FAILED_PRECONDITION")
         # A device bucket's shm segment is its header page alone; a host bucket's holds the data too.
         host_fits = (seg.size >= L.PAGE_BYTES if want_device else
-                     lay.input_offset + 4 * n <= seg.size and lay.output_offset + 4 * n <= seg.size)
+                     lay.input_offset + eb * n <= seg.size and lay.output_offset + eb * n <= seg.size)
         if not resp.buffer.HasField("shm") or lay.elements != n or lay.header_offset != 0 or not host_fits:
             raise SpexError(f"RegisterBucket: the daemon described a layout that does not fit its buffer "
                             f"(bucket {bucket_id})")
@@ -525,6 +582,13 @@ class Client:
               and _native.load32(mapping, L.BUCKET_VERSION_OFFSET) == L.LAYOUT_VERSION
               and _native.load64(mapping, L.BUCKET_ELEMENTS_OFFSET) == n
               and _native.load32(mapping, L.BUCKET_SLOTS_OFFSET) == self.local_size)
+        code = _native.load32(mapping, L.BUCKET_DTYPE_OFFSET) if ok else 0
+        if ok and code != L.DTYPE_CODES[dt]:
+            shm.release(mapping)
+            self._unregister_quietly(int(bucket_id))
+            raise SpexError(f"bucket {bucket_id}: the daemon's segment holds data type code {code}, not {dt}'s "
+                            f"{L.DTYPE_CODES[dt]}: client and daemon versions differ (an older spexd serves float32 "
+                            f"only: upgrade it)")
         if not ok:
             shm.release(mapping)
             raise SpexError("bucket segment has an unexpected layout: client and daemon versions differ")
@@ -536,7 +600,7 @@ class Client:
                 shm.release(mapping)
                 self._unregister_quietly(int(bucket_id))
                 raise
-        bucket = Bucket(self, int(bucket_id), n, mapping, resp, device)
+        bucket = Bucket(self, int(bucket_id), n, mapping, resp, device, dt)
         _native.store32(mapping, L.bucket_attached_offset(self.local_rank), 1)
         self._buckets[bucket.id] = bucket
         return bucket
@@ -782,6 +846,52 @@ class Client:
         return DaemonUnavailableError(
             f"spexd at {self.socket} shut down during the exchange of {doing} (doorbell shutdown flag); restart "
             f"the daemons, then the training job")
+
+    # -- checkpointing (docs/checkpoint.md) -----------------------------------------------------
+
+    STATE_CHUNK_BYTES = 1 << 19  # the daemon's chunk size for checkpoint records (its messages are < 1 MiB)
+
+    def save_bucket_state(self, bucket: Bucket, timeout: float = 600.0) -> bytes:
+        """This node's state of the bucket (residual, compressor state, density, step) as an
+        opaque record, streamed from the daemon. Between steps only: after every result this
+        trainer asked for, before handing in the next step."""
+        self._check_open()
+        if self._buckets.get(bucket.id) is not bucket:
+            raise SpexValueError(f"bucket {bucket.id} is not registered by this client")
+        req = pb.SaveBucketStateRequest(session_id=self.session_id, bucket_id=bucket.id)
+        parts, total = [], 0
+        try:
+            for chunk in self._stub.SaveBucketState(req, timeout=timeout):
+                parts.append(chunk.data)
+                total = chunk.total_bytes
+        except grpc.RpcError as e:
+            raise from_rpc_error(e, "SaveBucketState", self.socket, self.session_id) from None
+        record = b"".join(parts)
+        if len(record) != total:
+            raise SpexError(f"SaveBucketState(bucket {bucket.id}): {len(record)} of {total} bytes came")
+        return record
+
+    def load_bucket_state(self, bucket: Bucket, record: bytes, timeout: float = 600.0) -> None:
+        """Gives a record save_bucket_state returned (this node, an earlier run of the same
+        world) back to the registered bucket before its first exchange. Refusals name what
+        differs (world, size, compressor, policy; a corrupt record) and change nothing."""
+        self._check_open()
+        if self._buckets.get(bucket.id) is not bucket:
+            raise SpexValueError(f"bucket {bucket.id} is not registered by this client")
+        if not isinstance(record, (bytes, bytearray, memoryview)):
+            raise SpexTypeError(f"a bucket state record is bytes, got {type(record).__name__}")
+        record = bytes(record)
+        step = self.STATE_CHUNK_BYTES
+
+        def chunks():
+            for at in range(0, max(len(record), 1), step):
+                yield pb.BucketStateChunk(session_id=self.session_id, bucket_id=bucket.id,
+                                          total_bytes=len(record), data=record[at:at + step])
+
+        try:
+            self._stub.LoadBucketState(chunks(), timeout=timeout)
+        except grpc.RpcError as e:
+            raise from_rpc_error(e, "LoadBucketState", self.socket, self.session_id) from None
 
     # -- control ------------------------------------------------------------------------------
 

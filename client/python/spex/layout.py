@@ -11,6 +11,9 @@ BUCKET_MAGIC = 0x4B585053  # "SPXK"
 MAX_LOCAL_TRAINERS = 32
 PAGE_BYTES = 4096
 FLOAT_BYTES = 4
+# The BucketHeader's dtype codes (kernels/half.h DType) and element sizes.
+DTYPE_CODES = {"float32": 0, "bfloat16": 1, "float16": 2}
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 # DoorbellSegment: one per node and trainer generation.
 DOORBELL_MAGIC_OFFSET = 0
@@ -26,6 +29,7 @@ BUCKET_VERSION_OFFSET = 4
 BUCKET_ID_OFFSET = 8
 BUCKET_ELEMENTS_OFFSET = 16
 BUCKET_SLOTS_OFFSET = 24
+BUCKET_DTYPE_OFFSET = 28  # uint32: the slots' data type, one of DTYPE_CODES' values
 BUCKET_SLOT_STRIDE_OFFSET = 32
 BUCKET_PUBLISHED_OFFSET = 64  # futex word: (uint32)(last step + 1)
 BUCKET_WAITERS_OFFSET = 68  # trainers sleeping on published
@@ -60,9 +64,10 @@ def ready_ns_offset(local_rank: int) -> int:
     return ready_offset(local_rank) + BUCKET_READY_NS_OFFSET
 
 
-def slot_stride(elements: int) -> int:
-    """Bytes between input slots: the slot size rounded up to whole pages."""
-    nbytes = elements * FLOAT_BYTES
+def slot_stride(elements: int, elem_bytes: int = FLOAT_BYTES) -> int:
+    """Bytes between input slots: the slot size rounded up to whole pages (elem_bytes: 4 for
+    float32 buckets, 2 for bfloat16 and float16 ones)."""
+    nbytes = elements * elem_bytes
     return (nbytes + PAGE_BYTES - 1) // PAGE_BYTES * PAGE_BYTES
 
 

@@ -19,6 +19,22 @@ from rank 0), and each layout generation gets fresh ids, the previous generation
 unregistered first, so ids agree across nodes and the daemon's canonical order (ascending
 (step, id)) matches the order DDP hands buckets over.
 
+Checkpoints (docs/checkpoint.md): `state.state_dict()` holds this node's exchange state of every
+current bucket (residuals, compressor state, density, step; the daemon's opaque records) and
+`state.load_state_dict(d)` gives it back to the restarted job: every rank calls them, the dict
+goes into torch.save beside the model's and the optimiser's, and load_state_dict is called after
+register and before the first step. The records are applied when the hook registers its buckets
+in the first iteration; they must have the layout they were saved with (DDP rebuilds its buckets
+after a fresh DDP's first iteration, so a model whose rebuilt layout differs from the initial one
+needs find_unused_parameters=True, which does not rebuild).
+
+Half-precision models (docs/dtypes.md): a DDP bucket of bfloat16 or float16 gradients becomes
+a bucket of that type (half the shared memory and, by default, half the dense wire bytes); the
+daemon sums and compresses it in float32 and rounds the average once. A DDP bucket mixing types
+is refused. torch 1.13 on CPU cannot build DDP around a bfloat16 model over gloo (its initial
+broadcast: "Invalid scalar type"): build it with spex.torch.half_ddp(model), which checks that
+every rank holds the same parameters instead of broadcasting them.
+
 CUDA models (device="cuda", a daemon started with --device=cuda): the buckets live in the daemon's
 GPU memory. The hook copies DDP's CUDA bucket into the device input tensor on the current stream
 and records the input's IPC event there before ringing; the worker makes its current stream wait
@@ -40,6 +56,9 @@ from .cuda import CudaRuntime
 from .errors import SpexError, SpexTypeError, SpexValueError
 
 GENERATION_STRIDE = 1 << 20
+# The gradient types a DDP bucket may hold (docs/dtypes.md).
+_BUCKET_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+STATE_DICT_VERSION = 1
 
 
 class SpexHookState:
@@ -102,11 +121,15 @@ class SpexHookState:
         self.generation = -1
         self._buckets: Dict[int, Bucket] = {}
         self._sigs: Dict[int, Tuple[int, Tuple[int, ...]]] = {}
+        self._layout: Dict[int, List[int]] = {}  # per bucket index: _param_key
         self._rebuilt = bool(getattr(ddp, "_has_rebuilt_buckets", False))
         self._error: Optional[BaseException] = None
         self._timings: List[Tuple[int, int, int, float]] = []
         self._timings_lock = threading.Lock()
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        # load_state_dict's records by DDP bucket index, applied as the hook registers the
+        # buckets of its first generation (None: nothing to apply).
+        self._pending: Optional[Dict[int, Dict[str, Any]]] = None
         self._closed = False
         self._worker = threading.Thread(target=self._run, name="spex-hook-worker", daemon=True)
         self._worker.start()
@@ -149,17 +172,25 @@ class SpexHookState:
 
     # -- the hook -----------------------------------------------------------------------------
 
-    def _signature(self, grad_bucket: Any) -> Tuple[int, Tuple[int, ...]]:
-        return grad_bucket.buffer().numel(), tuple(id(p) for p in grad_bucket.parameters())
+    def _signature(self, grad_bucket: Any) -> Tuple[int, Tuple[int, ...], str]:
+        return (grad_bucket.buffer().numel(), tuple(id(p) for p in grad_bucket.parameters()),
+                str(grad_bucket.buffer().dtype))
 
     def _new_generation(self) -> None:
         for b in list(self._buckets.values()):
             self.client.unregister_bucket(b)
         self._buckets.clear()
         self._sigs.clear()
+        self._layout.clear()
         self.generation += 1
 
     def _begin_iteration(self, grad_bucket: Any) -> None:
+        if self._pending is not None and self.generation >= 0:
+            # The first iteration registered every bucket: a record left over had no bucket.
+            left, self._pending = sorted(self._pending), None
+            if left:
+                raise SpexError(f"the checkpoint's DDP buckets {left} had no bucket in this job's first iteration: "
+                                f"the bucket layout differs from when it was saved")
         rebuilt = bool(getattr(self.ddp, "_has_rebuilt_buckets", False))
         if self.generation < 0:
             self._new_generation()
@@ -175,9 +206,13 @@ class SpexHookState:
         b = self._buckets.get(index)
         if b is None:
             bucket_id = self.id_base + self.generation * GENERATION_STRIDE + index
-            b = self.client.register_bucket(bucket_id, sig[0], self.compressor, self.density, self.params)
+            b = self.client.register_bucket(bucket_id, sig[0], self.compressor, self.density, self.params,
+                                            dtype=grad_bucket.buffer().dtype)
             self._buckets[index] = b
             self._sigs[index] = sig
+            self._layout[index] = self._param_key(grad_bucket)
+            if self._pending is not None:
+                self._apply_pending(index, b, grad_bucket)
         elif self._sigs[index] != sig:
             raise SpexError(
                 f"DDP bucket {index} changed ({self._sigs[index][0]} -> {sig[0]} elements or other parameters) "
@@ -192,9 +227,14 @@ class SpexHookState:
         if self._error is not None:
             raise SpexError(f"the spex hook stopped after an earlier error: {self._error}") from self._error
         buf = grad_bucket.buffer()
-        if buf.dtype != torch.float32:
-            raise SpexTypeError(f"spex exchanges float32 gradients; DDP bucket {grad_bucket.index()} holds "
-                                f"{buf.dtype}: train a float32 model (model.float())")
+        if buf.dtype not in _BUCKET_DTYPES:
+            raise SpexTypeError(f"spex exchanges float32, bfloat16 or float16 gradients; DDP bucket "
+                                f"{grad_bucket.index()} holds {buf.dtype}: convert the model (model.float(), "
+                                f"model.to(torch.bfloat16))")
+        mixed = sorted({str(p.dtype) for p in grad_bucket.parameters() if p.dtype != buf.dtype})
+        if mixed:
+            raise SpexTypeError(f"DDP bucket {grad_bucket.index()} mixes data types ({buf.dtype} with "
+                                f"{', '.join(mixed)}): spex buckets hold one type; convert the model to one type")
         problem = self._device_problem(buf.device, f"DDP bucket {grad_bucket.index()}")
         if problem:
             raise SpexTypeError(problem)
@@ -248,6 +288,82 @@ class SpexHookState:
             except BaseException as e:  # noqa: BLE001 - every failure goes to DDP through the future
                 self._error = e
                 fut.set_exception(e)
+
+    # -- checkpoints ----------------------------------------------------------------------------
+
+    def _param_key(self, grad_bucket: Any) -> List[int]:
+        """The bucket's parameters as indices into the DDP model's parameters (their sizes in
+        the plain form without a DDP model), in the bucket's order."""
+        params = list(grad_bucket.parameters())
+        if self.ddp is not None:
+            index = {id(p): i for i, p in enumerate(self.ddp.parameters())}
+            return [index.get(id(p), -1) for p in params]
+        return [-int(p.numel()) for p in params]
+
+    def _world(self) -> Dict[str, int]:
+        return {"node_rank": int(self.client.node_rank), "node_count": int(self.client.node_count),
+                "local_trainers": int(self.client.hello.local_trainers)}
+
+    def state_dict(self) -> Dict[str, Any]:
+        """This node's exchange state of the current buckets, for torch.save beside the model
+        and the optimiser. Call it between steps (after optimizer.step()), on every rank; each
+        rank's dict restores its own node. Before the first step it holds no buckets."""
+        if self._error is not None:
+            raise SpexError(f"the spex hook stopped after an earlier error: {self._error}") from self._error
+        buckets = []
+        for index in sorted(self._buckets):
+            b = self._buckets[index]
+            buckets.append({"index": index, "elements": b.elements, "params": list(self._layout[index]),
+                            "record": self.client.save_bucket_state(b)})
+        return {"version": STATE_DICT_VERSION, "world": self._world(), "local_rank": int(self.client.local_rank),
+                "compressor": self.compressor, "density": self.density, "params": dict(self.params),
+                "buckets": buckets}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Restores what state_dict saved: call it after register and before the first step, on
+        every rank, with the dict its rank saved. The records go to the daemon as the hook
+        registers its buckets in the first iteration, where a bucket of another layout is
+        refused naming both. Another world (nodes, node rank, trainers per node) is refused here."""
+        if not isinstance(state, dict) or state.get("version") != STATE_DICT_VERSION:
+            got = state.get("version") if isinstance(state, dict) else type(state).__name__
+            raise SpexValueError(f"not a spex hook state_dict of version {STATE_DICT_VERSION} (got {got!r})")
+        if self.generation >= 0:
+            raise SpexError("load_state_dict after the first step: call it after register and before the "
+                            "first forward/backward")
+        world, mine = state.get("world"), self._world()
+        if world != mine:
+            raise SpexValueError(f"the checkpoint was saved on node {world.get('node_rank')} of "
+                                 f"{world.get('node_count')} with {world.get('local_trainers')} trainer(s) per "
+                                 f"node; this trainer's daemon is node {mine['node_rank']} of {mine['node_count']} "
+                                 f"with {mine['local_trainers']}: restart with the same nodes and trainers per node "
+                                 f"(and give each rank the dict it saved), or start without load_state_dict")
+        mine_c = (self.compressor, self.density, dict(self.params))
+        saved_c = (state.get("compressor"), state.get("density"), state.get("params"))
+        if saved_c != mine_c:
+            raise SpexValueError(f"the checkpoint used compressor={saved_c[0]!r}, density={saved_c[1]!r}, "
+                                 f"params={saved_c[2]!r}; this hook uses compressor={mine_c[0]!r}, "
+                                 f"density={mine_c[1]!r}, params={mine_c[2]!r}")
+        pending = {}
+        for entry in state.get("buckets", []):
+            if not isinstance(entry.get("record"), (bytes, bytearray)):
+                raise SpexValueError(f"bucket entry {entry.get('index')!r} of the state_dict has no record")
+            pending[int(entry["index"])] = entry
+        self._pending = pending
+
+    def _apply_pending(self, index: int, b: Bucket, grad_bucket: Any) -> None:
+        entry = self._pending.pop(index, None)
+        key = self._layout[index]
+        if entry is None:
+            raise SpexError(f"DDP bucket {index} ({b.elements} elements) has no state in the checkpoint (it saved "
+                            f"buckets {sorted(self._pending) or 'none'} besides): the bucket layout differs from "
+                            f"when it was saved")
+        if entry["elements"] != b.elements or list(entry["params"]) != list(key):
+            raise SpexError(f"DDP bucket {index} holds parameters {list(key)} ({b.elements} elements), the "
+                            f"checkpoint's bucket {index} held {list(entry['params'])} ({entry['elements']} elements): "
+                            f"DDP's bucket layout differs from when it was saved. A fresh DDP starts with its "
+                            f"initial layout and rebuilds it after the first iteration; construct DDP with "
+                            f"find_unused_parameters=True (it keeps the initial layout) in both runs")
+        self.client.load_bucket_state(b, entry["record"])
 
     # -- observability and shutdown -------------------------------------------------------------
 
@@ -348,4 +464,42 @@ def register(ddp: torch.nn.parallel.DistributedDataParallel, *, compressor: Opti
     return state
 
 
-__all__ = ["SpexHookState", "hook", "register", "GENERATION_STRIDE"]
+def half_ddp(module: torch.nn.Module, **ddp_kwargs: Any) -> torch.nn.parallel.DistributedDataParallel:
+    """DistributedDataParallel around a bfloat16/float16 `module` on a gloo process group, for
+    the spex hook (docs/dtypes.md). torch 1.13's DDP broadcasts rank 0's parameters when it is
+    built, and gloo cannot broadcast bfloat16 ("Invalid scalar type"); this builds DDP without
+    that broadcast and instead checks that every rank holds the same parameters and buffers
+    (SpexValueError naming the first rank that differs: seed every rank alike, e.g.
+    torch.manual_seed(0) before building the model, or load the same checkpoint). Buffers are
+    not broadcast before each forward either (broadcast_buffers=False unless given). Every rank
+    must call it (it all-gathers a digest). Register the spex hook on the result as usual."""
+    import hashlib
+
+    from torch.nn.parallel import distributed as ddp_module
+
+    group = ddp_kwargs.get("process_group")
+    h = hashlib.sha1()
+    for t in list(module.parameters()) + list(module.buffers()):
+        d = t.detach().cpu().contiguous()
+        if d.dtype == torch.bfloat16:
+            d = d.view(torch.int16)
+        h.update(str(tuple(d.shape)).encode())
+        h.update(d.numpy().tobytes())
+    world = dist.get_world_size(group)
+    digests: List[Any] = [None] * world
+    dist.all_gather_object(digests, h.hexdigest(), group=group)
+    for r, d in enumerate(digests):
+        if d != digests[0]:
+            raise SpexValueError(f"rank {r}'s initial parameters differ from rank 0's: half_ddp does not broadcast "
+                                 f"them (gloo cannot broadcast bfloat16); seed every rank alike "
+                                 f"(torch.manual_seed) before building the model, or load the same checkpoint")
+    ddp_kwargs.setdefault("broadcast_buffers", False)
+    saved = ddp_module._sync_module_states
+    ddp_module._sync_module_states = lambda **_: None  # checked equal above
+    try:
+        return torch.nn.parallel.DistributedDataParallel(module, **ddp_kwargs)
+    finally:
+        ddp_module._sync_module_states = saved
+
+
+__all__ = ["SpexHookState", "hook", "register", "half_ddp", "GENERATION_STRIDE"]
