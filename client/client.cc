@@ -4,6 +4,9 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
+
 #include "absl/strings/str_cat.h"
 #include "daemon/memory/futex.h"
 #include "daemon/util/paths.h"
@@ -352,6 +355,51 @@ absl::StatusOr<v1::GetStatsResponse> Client::Stats() {
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
   if (auto s = FromGrpc(stub_->GetStats(&ctx, req, &resp), "GetStats"); !s.ok()) return s;
   return resp;
+}
+
+absl::StatusOr<std::string> Client::SaveBucketState(const Bucket& bucket) {
+  v1::SaveBucketStateRequest req;
+  req.set_session_id(hello_.session_id());
+  req.set_bucket_id(bucket.id());
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(10));
+  std::unique_ptr<grpc::ClientReader<v1::BucketStateChunk>> reader =
+      stub_->SaveBucketState(&ctx, req);
+  std::string record;
+  v1::BucketStateChunk chunk;
+  while (reader->Read(&chunk)) {
+    if (record.empty()) record.reserve(chunk.total_bytes());
+    record.append(chunk.data());
+  }
+  const std::string what = absl::StrCat("SaveBucketState(bucket ", bucket.id(), ")");
+  if (auto s = FromGrpc(reader->Finish(), what); !s.ok()) return s;
+  if (record.size() != chunk.total_bytes()) {
+    return absl::DataLossError(
+        absl::StrCat(what, ": ", record.size(), " of ", chunk.total_bytes(), " bytes came"));
+  }
+  return record;
+}
+
+absl::Status Client::LoadBucketState(const Bucket& bucket, absl::string_view record) {
+  constexpr size_t kChunk = size_t{1} << 19;  // the service's kStateChunkBytes
+  v1::LoadBucketStateResponse resp;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(10));
+  std::unique_ptr<grpc::ClientWriter<v1::BucketStateChunk>> writer =
+      stub_->LoadBucketState(&ctx, &resp);
+  v1::BucketStateChunk chunk;
+  chunk.set_session_id(hello_.session_id());
+  chunk.set_bucket_id(bucket.id());
+  chunk.set_total_bytes(record.size());
+  size_t at = 0;
+  do {
+    const size_t n = std::min(kChunk, record.size() - at);
+    chunk.set_data(record.data() + at, n);
+    if (!writer->Write(chunk)) break;  // the daemon answered early: Finish says why
+    at += n;
+  } while (at < record.size());
+  writer->WritesDone();
+  return FromGrpc(writer->Finish(), absl::StrCat("LoadBucketState(bucket ", bucket.id(), ")"));
 }
 
 }  // namespace spex

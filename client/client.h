@@ -25,6 +25,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "daemon/memory/cuda_ipc_buffer.h"
@@ -138,6 +139,15 @@ class Client {
   // FailedPrecondition. Device buckets: `stream` as for Exchange.
   absl::Status Start(Bucket* bucket, void* stream = nullptr);
   absl::Status Wait(Bucket* bucket, void* stream = nullptr);
+
+  // Checkpointing (docs/checkpoint.md): this node's state of `bucket` (residual, compressor
+  // state, density, step) as an opaque record, streamed from the daemon. Call it between steps
+  // (after Exchange or Wait, before the next Start), on every node. Store the record with the
+  // trainer's checkpoint and hand it to LoadBucketState on the same node of the restarted job,
+  // after RegisterBucket and before the bucket's first exchange; refusals (another world, size,
+  // compressor, a corrupt record) name what differs and change nothing.
+  absl::StatusOr<std::string> SaveBucketState(const Bucket& bucket);
+  absl::Status LoadBucketState(const Bucket& bucket, absl::string_view record);
 
   absl::StatusOr<v1::GetStatsResponse> Stats();
   absl::Status Goodbye();

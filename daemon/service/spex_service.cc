@@ -332,4 +332,78 @@ grpc::Status SpexService::StopTimeline(grpc::ServerContext* ctx, const v1::StopT
   return grpc::Status::OK;
 }
 
+grpc::Status SpexService::SaveBucketState(grpc::ServerContext* ctx,
+                                          const v1::SaveBucketStateRequest* req,
+                                          grpc::ServerWriter<v1::BucketStateChunk>* writer) {
+  if (absl::Status s = SessionCaller(ctx, req->session_id()); !s.ok()) return Refuse(s);
+  absl::StatusOr<std::string> record =
+      engine_->SaveBucketState(req->session_id(), req->bucket_id());
+  if (!record.ok()) return ToGrpc(record.status());
+  v1::BucketStateChunk chunk;
+  chunk.set_session_id(req->session_id());
+  chunk.set_bucket_id(req->bucket_id());
+  chunk.set_total_bytes(record->size());
+  size_t at = 0;
+  do {
+    const size_t n = std::min(kStateChunkBytes, record->size() - at);
+    chunk.set_data(record->data() + at, n);
+    if (!writer->Write(chunk)) {
+      return grpc::Status(grpc::StatusCode::CANCELLED, "the client stopped reading the record");
+    }
+    at += n;
+  } while (at < record->size());
+  return grpc::Status::OK;
+}
+
+grpc::Status SpexService::LoadBucketState(grpc::ServerContext* ctx,
+                                          grpc::ServerReader<v1::BucketStateChunk>* reader,
+                                          v1::LoadBucketStateResponse*) {
+  v1::BucketStateChunk chunk;
+  if (!reader->Read(&chunk)) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "LoadBucketState: no chunk came; send the record SaveBucketState gave");
+  }
+  const uint64_t session = chunk.session_id(), bucket = chunk.bucket_id();
+  const uint64_t total = chunk.total_bytes();
+  if (absl::Status s = SessionCaller(ctx, session); !s.ok()) return Refuse(s);
+  // A record is the residual (4 bytes an element) and small state: more than twice that for the
+  // registered bucket is not one of its records, and is refused before anything is kept.
+  uint64_t limit = 0;
+  for (const BucketSummary& b : engine_->Buckets()) {
+    if (b.bucket_id == bucket) limit = 8 * b.elements + kStateChunkBytes;
+  }
+  if (limit == 0) {
+    return grpc::Status(grpc::StatusCode::NOT_FOUND,
+                        absl::StrCat("bucket ", bucket,
+                                     " is not registered; call RegisterBucket "
+                                     "before LoadBucketState"));
+  }
+  if (total > limit) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("bucket ", bucket, ": a record of ", total,
+                                     " bytes is too large for this bucket (at most ", limit,
+                                     "); it is not a checkpoint of a bucket of this size"));
+  }
+  std::string record;
+  record.reserve(total);
+  do {
+    if (chunk.session_id() != session || chunk.bucket_id() != bucket ||
+        chunk.total_bytes() != total || chunk.data().size() > kStateChunkBytes ||
+        record.size() + chunk.data().size() > total) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          absl::StrCat("bucket ", bucket,
+                                       ": malformed LoadBucketState stream at byte ", record.size(),
+                                       " (every chunk carries the same session, bucket and total, "
+                                       "at most 512 KiB of data, no more than the total)"));
+    }
+    record.append(chunk.data());
+  } while (reader->Read(&chunk));
+  if (record.size() != total) {
+    return grpc::Status(grpc::StatusCode::DATA_LOSS,
+                        absl::StrCat("bucket ", bucket, ": the record ended after ", record.size(),
+                                     " of ", total, " bytes (truncated)"));
+  }
+  return ToGrpc(engine_->LoadBucketState(session, bucket, record));
+}
+
 }  // namespace spex

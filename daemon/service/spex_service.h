@@ -60,6 +60,15 @@ class SpexService final : public v1::Spex::Service {
                              v1::TimelineResponse* resp) override;
   grpc::Status StopTimeline(grpc::ServerContext* ctx, const v1::StopTimelineRequest* req,
                             v1::TimelineResponse* resp) override;
+  // Checkpoint records travel in chunks of kStateChunkBytes (a record is about 4 bytes per
+  // element: one gRPC message would be hundreds of MB for a large bucket, and spexd takes none
+  // over 1 MiB).
+  static constexpr size_t kStateChunkBytes = size_t{1} << 19;
+  grpc::Status SaveBucketState(grpc::ServerContext* ctx, const v1::SaveBucketStateRequest* req,
+                               grpc::ServerWriter<v1::BucketStateChunk>* writer) override;
+  grpc::Status LoadBucketState(grpc::ServerContext* ctx,
+                               grpc::ServerReader<v1::BucketStateChunk>* reader,
+                               v1::LoadBucketStateResponse* resp) override;
 
  private:
   // The caller's kernel credentials; UNAUTHENTICATED when the connection is unknown.

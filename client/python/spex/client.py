@@ -364,8 +364,10 @@ class Client:
         except grpc.FutureTimeoutError:
             self._channel.close()
             raise DaemonUnavailableError(
-                f"spexd at {self.socket} does not answer within {self.connect_timeout:g} s (stale socket? "
-                f"start the daemon)") from None
+                f"spexd at {self.socket} does not answer within {self.connect_timeout:g} s: it closes a "
+                f"connection at once when --max_connections are open already or when your uid may not "
+                f"connect (its log names the refused connection); else it is stuck or gone (restart the "
+                f"daemon)") from None
         self._stub = pb_grpc.SpexStub(self._channel)
         req = pb.HelloRequest(job=self.job, local_rank=self.local_rank, local_size=self.local_size,
                               device=pb.DEVICE_CUDA if device == "cuda" else pb.DEVICE_CPU, client=client_name,
