@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "kernels/compressors/state_blob.h"
+#include "kernels/half.h"
 
 namespace spex {
 namespace {
@@ -51,6 +52,7 @@ std::string EncodeBucketCheckpoint(const BucketCheckpoint& c) {
   }
   w.Put<double>(c.density);
   w.PutString(c.policy);
+  w.Put<uint32_t>(c.dtype);
   w.Put<uint64_t>(c.next_step);
   w.Put<uint8_t>(c.mode);
   w.Put<uint64_t>(c.probe_sparse_ns);
@@ -109,6 +111,7 @@ absl::StatusOr<BucketCheckpoint> DecodeBucketCheckpoint(absl::string_view bytes)
   uint8_t allreduce_probe = 0, oktopk = 0;
   r.Get(&c.density);
   r.GetString(&c.policy, kMaxName);
+  r.Get(&c.dtype);
   r.Get(&c.next_step);
   r.Get(&c.mode);
   r.Get(&c.probe_sparse_ns);
@@ -125,7 +128,8 @@ absl::StatusOr<BucketCheckpoint> DecodeBucketCheckpoint(absl::string_view bytes)
   r.GetString(&c.compressor_state, body.size());
   if (!r.complete()) return absl::DataLossError("bucket checkpoint: malformed record");
   if (c.mode > static_cast<uint8_t>(BucketExchange::Mode::kDense) || allreduce_probe > 1 ||
-      oktopk > 1 || !(c.density > 0 && c.density <= 1)) {
+      oktopk > 1 || !(c.density > 0 && c.density <= 1) ||
+      c.dtype > static_cast<uint32_t>(DType::kFloat16)) {
     return absl::DataLossError("bucket checkpoint: a field is out of range (corrupt record)");
   }
   c.allreduce_probe = allreduce_probe == 1;
@@ -148,6 +152,7 @@ absl::StatusOr<BucketCheckpoint> SaveBucket(const EngineBucket& b, const Checkpo
   c.params = b.params;
   c.density = b.out.density;
   c.policy = PolicyText(b.policy);
+  c.dtype = static_cast<uint32_t>(b.mem.view.dtype);
   c.next_step = b.ex.compute_step();
   c.mode = static_cast<uint8_t>(b.ex.mode);
   c.probe_sparse_ns = b.ex.probe_sparse_ns;
@@ -207,6 +212,12 @@ absl::Status RestoreBucket(const BucketCheckpoint& c, const CheckpointWorld& wor
         absl::StrCat(what, "the checkpoint (of bucket ", c.bucket_id, ") was saved with ",
                      PolicyOrNone(c.policy), ", this bucket has ", policy,
                      " (spexd flags or bucket parameters): use the same as when it was saved"));
+  }
+  if (c.dtype != static_cast<uint32_t>(b->mem.view.dtype)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, "the checkpoint (of bucket ", c.bucket_id, ") is of a ",
+        DTypeName(static_cast<DType>(c.dtype)), " bucket, this one is ",
+        DTypeName(b->mem.view.dtype), ": register it with the type it was saved with"));
   }
   if (b->mem.view.on_device && prims == nullptr) {
     return absl::UnimplementedError(

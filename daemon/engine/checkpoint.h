@@ -41,6 +41,9 @@ struct BucketCheckpoint {
   // The bucket's policies as RegisterBucket set them ("nonfinite=.. sparse_allreduce=..
   // dense_fallback=.."): they decide how the saved choices below are used, so they must match.
   std::string policy;
+  // The bucket's data type (DType: float32, bfloat16, float16). The residual is float32 whatever
+  // it is; another type is refused all the same (the rounding into the output differs).
+  uint32_t dtype = 0;
   // The step the bucket's compressor would see next (the trainers' step plus the bucket's
   // step_base). Restored as the new bucket's step_base, so that the compressor's step-dependent
   // choices (partition rotation, random streams, schedules) go on where they were although the

@@ -111,6 +111,9 @@ TEST(Checkpoint, MismatchesAreRefusedAndChangeNothing) {
   auto other_policy = MakeBucket("sage", prims.get());
   other_policy->policy.nonfinite = NonfinitePolicy::kError;
   bad.push_back({kWorld, std::move(other_policy), "this bucket has nonfinite=error"});
+  auto half = MakeBucket("sage", prims.get());
+  half->mem.view.dtype = DType::kBFloat16;
+  bad.push_back({kWorld, std::move(half), "is of a float32 bucket, this one is bfloat16"});
   bad.push_back({kWorld, MakeBucket("sage", prims.get(), 7, kN / 2), "(2048 elements)"});
   bad.push_back({kWorld, MakeBucket("topk", prims.get()),
                  "used compressor sage (none), this bucket uses topk (none)"});
