@@ -36,9 +36,10 @@ bool Aligned(uint64_t offset, size_t alignment) { return offset % alignment == 0
 absl::StatusOr<BucketView> ResolveBucketView(const v1::RegisterBucketResponse& resp,
                                              size_t elements, uint32_t local_rank,
                                              uint32_t local_size, void* host_base, size_t host_size,
-                                             bool want_device, IpcHandleCache* cache) {
+                                             bool want_device, IpcHandleCache* cache,
+                                             uint32_t dtype) {
   const auto& layout = resp.layout();
-  const uint64_t bytes = static_cast<uint64_t>(elements) * sizeof(float);
+  const uint64_t bytes = static_cast<uint64_t>(elements) * (dtype == 0 ? sizeof(float) : 2);
   if (layout.elements() != elements ||
       !Fits(layout.header_offset(), sizeof(BucketHeader), host_size) ||
       !Aligned(layout.header_offset(), alignof(BucketHeader))) {
@@ -52,6 +53,11 @@ absl::StatusOr<BucketView> ResolveBucketView(const v1::RegisterBucketResponse& r
       v.header->slots != local_size) {
     return absl::FailedPreconditionError(
         "bucket segment has an unexpected layout: client and daemon versions differ");
+  }
+  if (v.header->dtype != dtype) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "bucket segment holds data type code ", v.header->dtype, ", this client registered ", dtype,
+        ": client and daemon versions differ (an older spexd serves float32 only)"));
   }
   const bool device_reply = resp.has_device_buffer();
   if (device_reply != want_device) {
@@ -186,7 +192,23 @@ absl::Status Client::Goodbye() {
 }
 
 absl::StatusOr<Bucket*> Client::RegisterBucket(uint64_t id, size_t elements,
-                                               const CompressorChoice& choice) {
+                                               const CompressorChoice& choice, v1::DataType dtype) {
+  uint32_t code = 0;  // the header's dtype code (layout.h)
+  if (dtype == v1::DTYPE_BFLOAT16) {
+    code = 1;
+  } else if (dtype == v1::DTYPE_FLOAT16) {
+    code = 2;
+  } else if (dtype != v1::DTYPE_FLOAT32 && dtype != v1::DTYPE_UNSPECIFIED) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("bucket ", id, ": data type ", static_cast<int>(dtype),
+                     " is none of DTYPE_FLOAT32, DTYPE_BFLOAT16, DTYPE_FLOAT16"));
+  }
+  if (code != 0 && options_.device == v1::DEVICE_CUDA) {
+    return absl::UnimplementedError(
+        absl::StrCat("bucket ", id,
+                     ": half-precision buckets are served on the CPU path only so far; "
+                     "register float32 or use a client with ClientOptions::device = DEVICE_CPU"));
+  }
   if (buckets_.count(id)) {
     return absl::AlreadyExistsError(
         absl::StrCat("bucket ", id, " is already registered by this client"));
@@ -195,7 +217,7 @@ absl::StatusOr<Bucket*> Client::RegisterBucket(uint64_t id, size_t elements,
   req.set_session_id(hello_.session_id());
   req.set_bucket_id(id);
   req.set_elements(elements);
-  req.set_dtype(v1::DTYPE_FLOAT32);
+  req.set_dtype(code == 0 ? v1::DTYPE_FLOAT32 : dtype);
   if (options_.device == v1::DEVICE_CUDA && options_.cuda_device >= 0) {
     req.set_device_ordinal(options_.cuda_device);
   }
@@ -214,13 +236,14 @@ absl::StatusOr<Bucket*> Client::RegisterBucket(uint64_t id, size_t elements,
   const auto& shm = resp.buffer().shm();
   auto mapping = ShmMapping::Attach(shm.name(), shm.size());
   if (!mapping.ok()) return mapping.status();
-  absl::StatusOr<BucketView> view =
-      ResolveBucketView(resp, elements, options_.local_rank, options_.local_size,
-                        (*mapping)->data(), shm.size(), ipc_cache_ != nullptr, ipc_cache_.get());
+  absl::StatusOr<BucketView> view = ResolveBucketView(
+      resp, elements, options_.local_rank, options_.local_size, (*mapping)->data(), shm.size(),
+      ipc_cache_ != nullptr, ipc_cache_.get(), code);
   if (!view.ok()) return view.status();
   auto b = std::make_unique<Bucket>();
   b->id_ = id;
   b->elements_ = elements;
+  b->dtype_ = code == 0 ? v1::DTYPE_FLOAT32 : dtype;
   b->view_ = *view;
   b->next_step_ = resp.next_step();
   b->compressor_ = resp.compressor().name();

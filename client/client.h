@@ -65,10 +65,13 @@ struct BucketView {
 // through `cache` (opened on first use, then reused); `cache` null means this client asked for
 // host buckets, and a device reply is then FailedPrecondition (and vice versa when
 // `want_device`). A device buffer must carry local_size + 1 IPC events.
+// `dtype`: the bucket's header dtype code (daemon/memory/layout.h: 0 float32, 1 bfloat16,
+// 2 float16), which the header must carry; half buckets have 2-byte slots (host path only).
 absl::StatusOr<BucketView> ResolveBucketView(const v1::RegisterBucketResponse& resp,
                                              size_t elements, uint32_t local_rank,
                                              uint32_t local_size, void* host_base, size_t host_size,
-                                             bool want_device, IpcHandleCache* cache);
+                                             bool want_device, IpcHandleCache* cache,
+                                             uint32_t dtype = 0);
 // Device buckets: before signalling "ready", records IPC event `local_rank` on `stream` (the
 // input slot is written once the work queued there before it is done).
 absl::Status MarkDeviceInputWritten(IpcHandleCache* cache, const BucketView& view,
@@ -98,8 +101,26 @@ class Bucket {
   bool on_device() const { return view_.device != nullptr; }
   int cuda_device() const { return on_device() ? view_.device->device : -1; }
   size_t elements() const { return elements_; }
-  absl::Span<float> input() { return {view_.input, elements_}; }
-  absl::Span<const float> output() const { return {view_.output, elements_}; }
+  // The bucket's type (docs/dtypes.md). input()/output() are a float32 bucket's (empty for a
+  // half one); half_input()/half_output() a bfloat16 or float16 bucket's bit patterns (empty
+  // for a float32 one; kernels/half.h converts).
+  v1::DataType dtype() const { return dtype_; }
+  bool half() const { return dtype_ == v1::DTYPE_BFLOAT16 || dtype_ == v1::DTYPE_FLOAT16; }
+  absl::Span<float> input() {
+    return half() ? absl::Span<float>() : absl::Span<float>(view_.input, elements_);
+  }
+  absl::Span<const float> output() const {
+    return half() ? absl::Span<const float>() : absl::Span<const float>(view_.output, elements_);
+  }
+  absl::Span<uint16_t> half_input() {
+    return half() ? absl::Span<uint16_t>(reinterpret_cast<uint16_t*>(view_.input), elements_)
+                  : absl::Span<uint16_t>();
+  }
+  absl::Span<const uint16_t> half_output() const {
+    return half() ? absl::Span<const uint16_t>(reinterpret_cast<const uint16_t*>(view_.output),
+                                               elements_)
+                  : absl::Span<const uint16_t>();
+  }
   uint64_t next_step() const { return next_step_; }
   const std::string& compressor() const { return compressor_; }
   double density() const { return density_; }
@@ -110,6 +131,7 @@ class Bucket {
   friend class Client;
   uint64_t id_ = 0;
   size_t elements_ = 0;
+  v1::DataType dtype_ = v1::DTYPE_FLOAT32;
   std::unique_ptr<ShmMapping> mapping_;
   BucketView view_;
   uint64_t next_step_ = 0;
@@ -124,8 +146,11 @@ class Client {
   static absl::StatusOr<std::unique_ptr<Client>> Connect(const ClientOptions& options);
   ~Client();  // says Goodbye
 
+  // `dtype`: DTYPE_FLOAT32 (default), DTYPE_BFLOAT16 or DTYPE_FLOAT16 (host buckets only; the
+  // daemon sums and compresses in float32 and rounds the average once, docs/dtypes.md).
   absl::StatusOr<Bucket*> RegisterBucket(uint64_t id, size_t elements,
-                                         const CompressorChoice& c = {});
+                                         const CompressorChoice& c = {},
+                                         v1::DataType dtype = v1::DTYPE_FLOAT32);
   // One exchange of the bucket's next step. On success the output span holds the average.
   // Device buckets: `stream` (a cudaStream_t; null = the legacy default stream) orders it, see
   // the top of this file; host buckets ignore it.

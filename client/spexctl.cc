@@ -113,19 +113,19 @@ int Stats(spex::v1::Spex::Stub* stub, const std::string& socket) {
   }
   std::printf("node %u/%u  collective %s  exchanges %lu\n", resp.node_rank(), resp.node_count(),
               resp.collective().c_str(), static_cast<unsigned long>(resp.exchanges()));
-  std::printf("%8s %12s %-12s %4s %9s %9s %9s %10s %10s %10s %10s  mean phases (ms)\n", "bucket",
-              "elements", "compressor", "pat", "exchanges", "target", "achieved", "gathered",
-              "sent", "received", "residual");
+  std::printf("%8s %12s %-8s %-12s %4s %9s %9s %9s %10s %10s %10s %10s  mean phases (ms)\n",
+              "bucket", "elements", "type", "compressor", "pat", "exchanges", "target", "achieved",
+              "gathered", "sent", "received", "residual");
   for (const auto& b : resp.buckets()) {
     std::string phases;
     for (const auto& p : b.mean_phases()) {
       if (p.seconds() > 0) phases += absl::StrFormat(" %s=%.3f", p.phase(), p.seconds() * 1e3);
     }
-    std::printf("%8lu %12lu %-12s %4s %9lu %9.4g %9.4g %10lu %10lu %10lu %10.4g %s\n",
+    std::printf("%8lu %12lu %-8s %-12s %4s %9lu %9.4g %9.4g %10lu %10lu %10lu %10.4g %s\n",
                 static_cast<unsigned long>(b.bucket_id()), static_cast<unsigned long>(b.elements()),
-                b.compressor().c_str(), b.last().pattern().c_str(),
-                static_cast<unsigned long>(b.exchanges()), b.last().target_density(),
-                b.last().achieved_density(),
+                b.dtype().empty() ? "float32" : b.dtype().c_str(), b.compressor().c_str(),
+                b.last().pattern().c_str(), static_cast<unsigned long>(b.exchanges()),
+                b.last().target_density(), b.last().achieved_density(),
                 static_cast<unsigned long>(b.last().gathered_elements()),
                 static_cast<unsigned long>(b.last().bytes_sent()),
                 static_cast<unsigned long>(b.last().bytes_received()), b.last().residual_norm(),

@@ -69,6 +69,7 @@ BucketSummary EngineBucket::Summary() const {
   s.bucket_id = id;
   s.elements = elements;
   s.compressor = compressor;
+  s.dtype = DTypeName(policy.dtype);
   s.state = BucketStateName(out.state);
   s.exchanges = out.exchanges;
   s.bytes_sent_total = out.bytes_sent_total;

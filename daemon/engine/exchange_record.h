@@ -36,6 +36,7 @@ struct BucketSummary {
   uint64_t bucket_id = 0;
   uint64_t elements = 0;
   std::string compressor;
+  std::string dtype;  // DTypeName of its data type
   std::string state;  // BucketStateName of its state
   uint64_t exchanges = 0;
   // Running totals over every exchange since the bucket was registered (they restart with a

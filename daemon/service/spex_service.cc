@@ -256,6 +256,7 @@ grpc::Status SpexService::GetStats(grpc::ServerContext* ctx, const v1::GetStatsR
     out->set_bucket_id(b.bucket_id);
     out->set_elements(b.elements);
     out->set_compressor(b.compressor);
+    out->set_dtype(b.dtype);
     out->set_exchanges(b.exchanges);
     out->set_bytes_sent_total(b.bytes_sent_total);
     out->set_bytes_received_total(b.bytes_received_total);

@@ -223,3 +223,41 @@ TEST(ClientDeviceBuckets, RealOpenerHereSaysWhyItCannotOpen) {
 
 }  // namespace
 }  // namespace spex
+
+// Half-precision host buckets (docs/dtypes.md): 2-byte slots, the header's dtype code checked.
+namespace spex {
+namespace {
+
+TEST(ClientHalfBuckets, HalfReplyResolvesWithTwoByteSlotsAndAWrongTypeIsRefused) {
+  std::vector<uint8_t> bytes(BucketBytes(kElements, kTrainers, 2), 0);
+  auto* h = new (bytes.data()) BucketHeader();
+  h->magic = kBucketMagic;
+  h->version = kLayoutVersion;
+  h->elements = kElements;
+  h->slots = kTrainers;
+  h->dtype = 1;  // bfloat16
+  h->slot_stride = SlotStride(kElements, 2);
+  v1::RegisterBucketResponse r = HostReply(1);
+  r.mutable_buffer()->mutable_shm()->set_size(bytes.size());
+  r.mutable_layout()->set_input_offset(InputOffset(kElements, 1, 2));
+  r.mutable_layout()->set_output_offset(OutputOffset(kElements, kTrainers, 2));
+  absl::StatusOr<BucketView> v = ResolveBucketView(r, kElements, 1, kTrainers, bytes.data(),
+                                                   bytes.size(), false, nullptr, /*dtype=*/1);
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(reinterpret_cast<uint8_t*>(v->input), bytes.data() + InputOffset(kElements, 1, 2));
+  // A client that registered float16 (or float32) against a bfloat16 segment is refused.
+  for (uint32_t other : {0u, 2u}) {
+    absl::StatusOr<BucketView> bad = ResolveBucketView(r, kElements, 1, kTrainers, bytes.data(),
+                                                       bytes.size(), false, nullptr, other);
+    ASSERT_EQ(bad.status().code(), absl::StatusCode::kFailedPrecondition) << other;
+    EXPECT_NE(bad.status().message().find("data type code 1"), std::string::npos) << bad.status();
+  }
+  // The float32 bucket's offsets would run past this segment: refused, not mapped.
+  r.mutable_layout()->set_output_offset(OutputOffset(kElements, kTrainers));
+  EXPECT_FALSE(ResolveBucketView(r, kElements, 1, kTrainers, bytes.data(), bytes.size() / 2 + 1,
+                                 false, nullptr, 1)
+                   .ok());
+}
+
+}  // namespace
+}  // namespace spex

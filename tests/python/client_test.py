@@ -487,6 +487,7 @@ def half_node(socket: str, node: int, steps: int):
         st = {s.bucket_id: s for s in c.stats().buckets}
         out["bytes"] = {k: st[i].last.bytes_sent for k, i in (("bf16", 0), ("f16", 1), ("f32", 2), ("topk", 3))}
         out["dtypes"] = (b16.input_tensor.dtype, f16.input.dtype, tk.output_tensor.dtype, repr(b16))
+        out["stat_dtypes"] = [st[i].dtype for i in range(4)]
     return out
 
 
@@ -520,6 +521,7 @@ class HalfBucketTest(ClusterTestCase):
         self.assertEqual(by["f16"] * 2, by["f32"], by)
         self.assertEqual(res[0]["dtypes"][:3], (torch.bfloat16, np.float16, torch.bfloat16))
         self.assertIn("dtype='bfloat16'", res[0]["dtypes"][3])
+        self.assertEqual(res[0]["stat_dtypes"], ["bfloat16", "float16", "float32", "bfloat16"])
 
     def test_half_bad_input(self):
         import torch
