@@ -140,7 +140,11 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
                                  absl::ToChronoSeconds(options.connect_timeout))) {
     return absl::UnavailableError(absl::StrCat("spexd at ", c->socket_, " does not answer within ",
                                                absl::FormatDuration(options.connect_timeout),
-                                               " (stale socket? start the daemon)"));
+                                               ": it closes a connection at once when "
+                                               "--max_connections are open already or when your "
+                                               "uid may not connect (its log names the refused "
+                                               "connection); else it is stuck or gone (restart "
+                                               "the daemon)"));
   }
   c->stub_ = v1::Spex::NewStub(channel);
   v1::HelloRequest req;

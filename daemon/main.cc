@@ -404,7 +404,8 @@ absl::Status Run(const absl::StatusOr<DaemonConfig>& loaded, SdNotifier& notifie
     return listener.status();
   }
   SpexService service(&engine, kVersion, listener->get(),
-                      {config.timeline_dir, config.timeline_max_bytes, config.max_exchange_wait},
+                      {config.timeline_dir, config.timeline_max_bytes, config.max_exchange_wait,
+                       std::max(1, config.rpc_threads - 3)},
                       &timeline);
   absl::StatusOr<std::unique_ptr<grpc::Server>> server = Serve(&service, listener->get(), config);
   if (!server.ok()) {

@@ -231,13 +231,32 @@ grpc::Status SpexService::SetDensity(grpc::ServerContext* ctx, const v1::SetDens
 grpc::Status SpexService::Exchange(grpc::ServerContext* ctx, const v1::ExchangeRequest* req,
                                    v1::ExchangeResponse* resp) {
   if (absl::Status s = SessionCaller(ctx, req->session_id()); !s.ok()) return Refuse(s);
-  // A waiting call holds one of the server's threads: never longer than --max_exchange_wait.
+  // A waiting call holds one of the server's threads: never longer than --max_exchange_wait,
+  // and never so many at once that short calls find no thread (gRPC would refuse those, and
+  // everyone's, with a bare "Server Threadpool Exhausted").
+  const int limit = options_.max_waiting_exchanges;
+  if (waiting_exchanges_.fetch_add(1) >= limit && limit > 0) {
+    waiting_exchanges_.fetch_sub(1);
+    return ToGrpc(absl::ResourceExhaustedError(absl::StrCat(
+        limit, " Exchange calls are already waiting in this spexd (--rpc_threads leaves ", limit,
+        " threads for waiting exchanges): wait for a result before asking for the next one, use "
+        "the doorbell path (mode='doorbell'), or restart spexd with a larger --rpc_threads")));
+  }
   const auto deadline = ctx->deadline();
-  absl::Time until = absl::Now() + options_.max_exchange_wait;
+  const absl::Time bound = absl::Now() + options_.max_exchange_wait;
+  absl::Time until = bound;
   if (deadline < std::chrono::system_clock::now() + std::chrono::hours(24 * 365)) {
     until = std::min(until, absl::FromChrono(deadline));
   }
   auto rec = engine_->Exchange(req->session_id(), req->bucket_id(), req->step(), until);
+  waiting_exchanges_.fetch_sub(1);
+  if (!rec.ok() && rec.status().code() == absl::StatusCode::kDeadlineExceeded && until == bound) {
+    return ToGrpc(absl::DeadlineExceededError(absl::StrCat(
+        rec.status().message(),
+        " (spexd --max_exchange_wait=", absl::FormatDuration(options_.max_exchange_wait),
+        " bounds one Exchange call's wait, whatever the client's deadline; call Exchange again "
+        "for the same step to keep waiting)")));
+  }
   if (!rec.ok()) return ToGrpc(rec.status());
   ToProto(*rec, resp->mutable_stats());
   return grpc::Status::OK;

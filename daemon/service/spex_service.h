@@ -6,6 +6,7 @@
 // timeline changes are the daemon user's. An Exchange waits at most --max_exchange_wait.
 #pragma once
 
+#include <atomic>
 #include <optional>
 #include <string>
 
@@ -26,6 +27,10 @@ class SpexService final : public v1::Spex::Service {
     uint64_t timeline_max_bytes = 0;
     // The longest an Exchange call waits, whatever deadline its client set.
     absl::Duration max_exchange_wait = absl::Minutes(10);
+    // Exchange calls waiting at once (each holds one of the server's threads); more are refused
+    // with RESOURCE_EXHAUSTED, so short calls (Hello, GetStats, Goodbye) always find a thread
+    // (spexd: --rpc_threads - 3). 0: no bound.
+    int max_waiting_exchanges = 0;
   };
   // `peers` names every call's caller (required: a call it cannot name is refused).
   // `timeline` (optional) serves StartTimeline/StopTimeline; without it they are UNIMPLEMENTED.
@@ -84,6 +89,7 @@ class SpexService final : public v1::Spex::Service {
   const std::optional<PeerCred> fixed_caller_;  // the in-process constructor's
   const Options options_;
   Timeline* timeline_;
+  std::atomic<int> waiting_exchanges_{0};  // Exchange calls inside the engine now
 };
 
 grpc::Status ToGrpc(const absl::Status& s);

@@ -158,6 +158,84 @@ s = socket.socket(socket.AF_UNIX); s.bind(sys.argv[1]); os.chmod(sys.argv[1], 0o
 print("listening", flush=True); time.sleep(30)
 '''
 
+# The resource limits, hit by the attacker on its own daemon (it is that daemon's user, the only
+# one who may hold calls there): spexd --local_trainers=2 --rpc_threads=6 (3 waiting exchanges)
+# --max_streams_per_connection=2 --max_exchange_wait=2s --max_connections=12 --timeline_dir
+# --timeline_max_bytes=20000. Each limit must answer with a clear error (or, for streams, queue
+# the calls beyond 2 on their connection), short calls must still be served during the flood, and
+# a job on the same daemon afterwards must be exact.
+LIMITS = r'''
+import json, os, socket, sys, threading, time, grpc, numpy as np, spex
+from spex.proto import spex_pb2 as pb, spex_pb2_grpc as g
+sock, tldir = sys.argv[1], sys.argv[2]
+def stub():  # its own connection (no shared subchannel)
+    return g.SpexStub(grpc.insecure_channel("unix:" + sock, options=[("grpc.use_local_subchannel_pool", 1)]))
+s = stub()
+h = [s.Hello(pb.HelloRequest(local_rank=r, local_size=2, protocol_version=1, client="limits"), timeout=10) for r in (0, 1)]
+for x in h:
+    s.RegisterBucket(pb.RegisterBucketRequest(session_id=x.session_id, bucket_id=0, elements=1000), timeout=10)
+out = {}
+def wait0(st, res, i):  # rank 0 waits for step 0, which rank 1 never hands in
+    t = time.monotonic()
+    try:
+        st.Exchange(pb.ExchangeRequest(session_id=h[0].session_id, bucket_id=0, step=0), timeout=30); r = "OK"
+    except grpc.RpcError as e:
+        r = e.code().name + ": " + (e.details() or "")
+    res.append((round(time.monotonic() - t, 2), r))
+res = []; wait0(s, res, 0)
+out["max_exchange_wait"] = res[0]
+res = []; one = stub()
+ts = [threading.Thread(target=wait0, args=(one, res, i)) for i in range(4)]; [t.start() for t in ts]; [t.join() for t in ts]
+out["streams_seconds"] = sorted(r[0] for r in res)
+res = []; stubs = [stub() for _ in range(8)]
+ts = [threading.Thread(target=wait0, args=(stubs[i], res, i)) for i in range(8)]; [t.start() for t in ts]
+time.sleep(0.5)
+try:
+    stub().GetStats(pb.GetStatsRequest(), timeout=5); out["short_call_during_flood"] = "OK"
+except grpc.RpcError as e:
+    out["short_call_during_flood"] = e.code().name + ": " + (e.details() or "")
+[t.join() for t in ts]
+out["threads"] = sorted(r[1][:160] for r in res)
+held = []
+for _ in range(20):
+    c = socket.socket(socket.AF_UNIX); c.connect(sock); held.append(c)
+time.sleep(0.5)
+try:
+    spex.Client(sock, local_rank=0, local_size=2, connect_timeout=5).close(); out["connection_over_limit"] = "OK"
+except spex.SpexError as e:
+    out["connection_over_limit"] = f"{type(e).__name__}: {e}"[:300]
+for c in held: c.close()
+time.sleep(0.5)
+s.StartTimeline(pb.StartTimelineRequest(path="t.json"), timeout=10)
+def ex(r, step):
+    s.Exchange(pb.ExchangeRequest(session_id=h[r].session_id, bucket_id=0, step=step), timeout=30)
+for step in range(150):
+    ts = [threading.Thread(target=ex, args=(r, step)) for r in (0, 1)]; [t.start() for t in ts]; [t.join() for t in ts]
+s.StopTimeline(pb.StopTimelineRequest(), timeout=10)
+path = os.path.join(tldir, "t.json")
+st = os.stat(path)
+try:
+    json.load(open(path)); valid = True
+except ValueError:
+    valid = False
+out["timeline"] = {"bytes": st.st_size, "mode": oct(st.st_mode & 0o777), "valid_json": valid}
+for x in h:
+    s.Goodbye(pb.GoodbyeRequest(session_id=x.session_id), timeout=10)
+cs = [spex.Client(sock, local_rank=r, local_size=2) for r in (0, 1)]
+bs = [c.register_bucket(1, 1000, compressor="dense") for c in cs]
+ok = True
+for step in range(3):
+    xs = [np.arange(1000, dtype=np.float32) * (r + 1) + step for r in (0, 1)]
+    ys = [None, None]
+    def run(r): ys[r] = np.array(cs[r].exchange(bs[r], xs[r], mode="rpc"))
+    ts = [threading.Thread(target=run, args=(r,)) for r in (0, 1)]; [t.start() for t in ts]; [t.join() for t in ts]
+    ok &= all(y is not None and np.array_equal(y, (xs[0] + xs[1]) / 2) for y in ys)
+for c in cs: c.close()
+out["job_after_exact"] = bool(ok)
+print(json.dumps(out))
+'''
+
+
 # A 2-node world of the attacker's own daemons, 1 trainer per node. Node 0's trainer (raw RPCs,
 # never maps anything) keeps descriptors of its two buckets' segments; node 1's is a normal
 # client. After 2 good steps it cuts bucket 0 behind its header and goes on asking (RPC), and cuts
@@ -356,6 +434,46 @@ def main():
                f"node 0: {t.get('node0_bucket0') if b == 0 else 'silent'}; good steps and next job exact={exact}"
                + ("" if "error" not in t else f" {t['error']}"))
     stop(ad)
+
+    # 12. The resource limits, on the attacker's own daemon.
+    ldir = private_dir(ATTACKER, "limits", 0o700)
+    ltl = private_dir(ATTACKER, "limits-timelines", 0o700)
+    lsock = os.path.join(ldir, "node.sock")
+    ld = start_daemon(ATTACKER, lsock, os.path.join(W, "limits-spexd.log"), "--local_trainers=2",
+                      "--rpc_threads=6", "--max_streams_per_connection=2", "--max_exchange_wait=2s",
+                      "--max_connections=12", f"--timeline_dir={ltl}", "--timeline_max_bytes=20000",
+                      "--dense_fallback=off")
+    r = py_as(ATTACKER, LIMITS, lsock, ltl, timeout=150)
+    try:
+        t = json.loads(r.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        t = {"error": (r.stdout + r.stderr)[-400:]}
+    alive = ld.poll() is None
+    after = alive and t.get("job_after_exact") is True
+    w = t.get("max_exchange_wait", [99, ""])
+    record("limit:max_exchange_wait", not (after and 1.5 <= w[0] < 10 and w[1].startswith("DEADLINE_EXCEEDED")
+                                           and "--max_exchange_wait" in w[1]), f"{w}")
+    sec = t.get("streams_seconds", [])
+    record("limit:max_streams_per_connection", not (after and len(sec) == 4 and sum(x < 3 for x in sec) == 2),
+           f"4 waiting calls on one connection ended after {sec} s (2 at a time)")
+    th = t.get("threads", [])
+    refused = [x for x in th if x.startswith("RESOURCE_EXHAUSTED") and "--rpc_threads" in x]
+    waited = [x for x in th if x.startswith("DEADLINE_EXCEEDED")]
+    others = sorted(set(th) - set(refused) - set(waited))
+    # 3 may wait at once; a refused call's connection is free again, so a late one may wait too.
+    record("limit:rpc_threads", not (after and len(th) == 8 and len(refused) >= 3 and not others and
+                                     t.get("short_call_during_flood") == "OK"),
+           f"{len(refused)} of {len(th)} waiting calls refused ({refused[:1]}), {len(waited)} waited, other answers "
+           f"{others}, GetStats during the flood: {t.get('short_call_during_flood')}")
+    c = str(t.get("connection_over_limit"))
+    record("limit:max_connections", not (after and c.startswith("DaemonUnavailableError") and "--max_connections" in c),
+           c)
+    tl = t.get("timeline", {})
+    record("limit:timeline_max_bytes", not (after and 0 < tl.get("bytes", 1 << 30) <= 20000 + 4096
+                                            and tl.get("mode") == "0o600" and tl.get("valid_json")),
+           f"{tl}; job on the same daemon afterwards exact={t.get('job_after_exact')}"
+           + ("" if "error" not in t else f" {t['error']}"))
+    stop(ld)
 
     # The victim's job finishes.
     open(stop_file, "w").close()

@@ -3,8 +3,10 @@
 # monitor turned attacker, a stranger), installs spexd and the Python client where they can run
 # them, and runs hostile_tenant.py as root: directory squatting, an impostor socket, a foreign
 # process connecting, stolen/guessed session ids, a forged pid, density and timeline changes by
-# another user, timeline paths outside --timeline_dir, connection floods and a truncated segment,
-# while the victim's job runs. Passes only when no attack succeeded and no job was disturbed;
+# another user, timeline paths outside --timeline_dir, connection floods, segments truncated in a
+# 2-node world (behind the header, and to nothing before any failure) and every resource limit
+# (--max_exchange_wait, --max_streams_per_connection, --rpc_threads, --max_connections,
+# --timeline_max_bytes) hit on the attacker's own daemon, while the victim's job runs. Passes only when no attack succeeded and no job was disturbed;
 # prints the figure. Needs root (useradd, runuser); the users are removed at the end.
 set -uo pipefail
 R="${RUNFILES_DIR:-${TEST_SRCDIR:-$PWD/..}}/spex"
