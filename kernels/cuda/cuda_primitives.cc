@@ -181,6 +181,36 @@ class CudaTopKPasses final : public gpu::RadixTopKPasses {
       : p_(p), x_(x), n_(n), idx_(idx), val_(val) {}
 
   absl::Status HighDigitHistogram(uint64_t* counts) override { return Histogram(false, 0, counts); }
+  // The histogram and the digit choice both on the device: 40 bytes come back, not the 2^16
+  // bins (512 KiB per pass, twice a TopK).
+  absl::StatusOr<gpu::DigitChoice> ChooseDigitPass(bool low, uint32_t high, uint64_t above,
+                                                   uint64_t k, uint64_t* total) override {
+    unsigned long long* device_counts = p_->digit_counts_.as<unsigned long long>();
+    auto* pick = reinterpret_cast<gpu::DigitPick*>(device_counts + gpu::kDigitBins);
+    SPEX_CUDA_RETURN_IF_ERROR(
+        gpu::LaunchKeyHistogram(p_->launch_, x_, n_, low, high, device_counts), "TopK histogram");
+    SPEX_CUDA_RETURN_IF_ERROR(gpu::LaunchPickDigit(p_->launch_, device_counts, above, k, pick),
+                              "TopK digit choice");
+    gpu::DigitPick h;
+    SPEX_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(&h, pick, sizeof(h), cudaMemcpyDeviceToHost, p_->launch_.stream),
+        "TopK digit readback");
+    if (absl::Status s = p_->Finish("TopK digit choice"); !s.ok()) return s;
+    *total = h.total;
+    if (h.ok == 0) {
+      if (k <= above) {
+        return absl::InternalError(absl::StrCat("radix top-k: k = ", k, " is not above the ", above,
+                                                " entries already known to be larger"));
+      }
+      return absl::InternalError(absl::StrCat("radix top-k: the histogram holds ", h.total,
+                                              " entries, fewer than the ", k - above, " needed"));
+    }
+    gpu::DigitChoice c;
+    c.digit = h.digit;
+    c.above = h.above;
+    c.in_digit = h.in_digit;
+    return c;
+  }
   absl::Status LowDigitHistogram(uint32_t high, uint64_t* counts) override {
     return Histogram(true, high, counts);
   }
@@ -264,7 +294,10 @@ absl::Status CudaPrimitives::Create(int device, std::unique_ptr<Primitives>* out
                             "cudaDeviceGetAttribute");
   p->launch_.max_blocks = std::max(1, sms) * 8;  // 8 x 256 threads per SM, then grid-stride
   if (absl::Status s = p->readback_.Reserve(sizeof(Readback)); !s.ok()) return s;
-  if (absl::Status s = p->digit_counts_.Reserve(gpu::kDigitBins * sizeof(uint64_t)); !s.ok()) {
+  // The bins, then the device's digit choice (CudaTopKPasses::ChooseDigitPass).
+  if (absl::Status s =
+          p->digit_counts_.Reserve(gpu::kDigitBins * sizeof(uint64_t) + sizeof(gpu::DigitPick));
+      !s.ok()) {
     return s;
   }
   *out = std::move(p);

@@ -96,5 +96,58 @@ SPEX_HD MomentsAcc MomentsCombine(const MomentsAcc& a, const MomentsAcc& b) {
   return m;
 }
 
+// The radix top-k's digit choice (radix_top_k.h ChooseDigit) on the device, in two levels so
+// one block of kPickChunks threads does it without copying the 2^16 bins back: chunk c holds
+// bins [c * kPickBins, (c + 1) * kPickBins); `partial[c]` is the sum of its bins. The digit
+// holding the k-th largest key (given `above` larger keys) is in the chunk c with
+// above + S(c) < k <= above + S(c) + partial[c], S(c) the sum of the chunks above c; inside it the
+// bins are scanned from the top as ChooseDigit does. ok = 0 when no digit holds it (k <= above,
+// or fewer than k - above entries).
+inline constexpr uint32_t kPickChunks = 1024;
+inline constexpr uint32_t kPickBins = 65536 / kPickChunks;
+
+struct DigitPick {
+  uint32_t digit = 0;
+  uint32_t ok = 0;
+  uint64_t above = 0;     // above + entries in digits > digit
+  uint64_t in_digit = 0;  // counts[digit]
+  uint64_t total = 0;     // every entry of the histogram
+};
+
+// The chunk level: which chunk, and the count above it (`partial` has kPickChunks entries).
+SPEX_HD uint32_t PickChunk(const unsigned long long* partial, uint64_t above, uint64_t k,
+                           uint64_t* seen_above_chunk, uint64_t* total) {
+  uint64_t seen = above, sum = 0;
+  uint32_t found = kPickChunks;
+  for (uint32_t c = kPickChunks; c-- > 0;) {
+    if (found == kPickChunks && k > seen && seen + partial[c] >= k) {
+      found = c;
+      *seen_above_chunk = seen;
+    }
+    seen += partial[c];
+    sum += partial[c];
+  }
+  *total = sum;
+  return found;
+}
+
+// The bin level inside chunk `c` (found by PickChunk, `seen` entries above it).
+SPEX_HD DigitPick PickInChunk(const unsigned long long* counts, uint32_t c, uint64_t seen,
+                              uint64_t k, uint64_t total) {
+  DigitPick p;
+  p.total = total;
+  for (uint32_t d = (c + 1) * kPickBins; d-- > c * kPickBins;) {
+    if (seen + counts[d] >= k) {
+      p.digit = d;
+      p.ok = 1;
+      p.above = seen;
+      p.in_digit = counts[d];
+      return p;
+    }
+    seen += counts[d];
+  }
+  return p;
+}
+
 }  // namespace gpu
 }  // namespace spex

@@ -123,6 +123,24 @@ __global__ void LowDigitKernel(const float* __restrict__ x, size_t n, uint32_t h
   }
 }
 
+__global__ void PickDigitKernel(const unsigned long long* __restrict__ counts, uint64_t above,
+                                uint64_t k, DigitPick* out) {
+  __shared__ unsigned long long partial[kPickChunks];
+  for (uint32_t c = threadIdx.x; c < kPickChunks; c += blockDim.x) {
+    unsigned long long s = 0;
+    for (uint32_t d = c * kPickBins; d < (c + 1) * kPickBins; ++d) s += counts[d];
+    partial[c] = s;
+  }
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  uint64_t seen = 0, total = 0;
+  const uint32_t c = PickChunk(partial, above, k, &seen, &total);
+  DigitPick p;
+  p.total = total;
+  if (c < kPickChunks) p = PickInChunk(counts, c, seen, k, total);
+  *out = p;
+}
+
 __global__ void EmitSelectedKernel(float* x, const uint32_t* sel, size_t m, bool zero,
                                    uint32_t* idx, float* __restrict__ val) {
   for (size_t j = ThreadIndex(); j < m; j += GridStride()) {
@@ -239,6 +257,12 @@ cudaError_t LaunchKeyHistogram(const Launch& l, const float* x, size_t n, bool l
   } else {
     HighDigitKernel<<<Blocks(l, n), kBlock, 0, l.stream>>>(x, n, counts);
   }
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchPickDigit(const Launch& l, const unsigned long long* counts, uint64_t above,
+                            uint64_t k, DigitPick* out) {
+  PickDigitKernel<<<1, kPickChunks, 0, l.stream>>>(counts, above, k, out);
   return cudaGetLastError();
 }
 

@@ -50,6 +50,10 @@ cudaError_t LaunchAbsHistogram16(const Launch& l, const float* x, size_t begin, 
 // low 16 bits among the keys whose high 16 bits equal `high`. Clears counts first.
 cudaError_t LaunchKeyHistogram(const Launch& l, const float* x, size_t n, bool low, uint32_t high,
                                unsigned long long* counts);
+// The radix top-k's digit choice on the device (device_math.h PickChunk/PickInChunk) from the
+// 2^16 `counts` of LaunchKeyHistogram: one block, writes the DigitPick to `out` (device memory).
+cudaError_t LaunchPickDigit(const Launch& l, const unsigned long long* counts, uint64_t above,
+                            uint64_t k, DigitPick* out);
 // For j < m: i = sel[j]; idx[j] = i; val[j] = x[i]; then x[i] = 0 when `zero`. sel may be idx.
 cudaError_t LaunchEmitSelected(const Launch& l, float* x, const uint32_t* sel, size_t m, bool zero,
                                uint32_t* idx, float* val);

@@ -30,22 +30,30 @@ absl::StatusOr<DigitChoice> ChooseDigit(const uint64_t* counts, uint64_t above, 
                                           " entries, fewer than the ", k - above, " needed"));
 }
 
-absl::StatusOr<TopKThreshold> FindTopKThreshold(uint64_t k, RadixTopKPasses& passes) {
+absl::StatusOr<DigitChoice> RadixTopKPasses::ChooseDigitPass(bool low, uint32_t high,
+                                                             uint64_t above, uint64_t k,
+                                                             uint64_t* total) {
   std::vector<uint64_t> counts(kDigitBins);
-  if (absl::Status s = passes.HighDigitHistogram(counts.data()); !s.ok()) return s;
-  absl::StatusOr<DigitChoice> high = ChooseDigit(counts.data(), 0, k);
-  if (!high.ok()) return high.status();
+  absl::Status s = low ? LowDigitHistogram(high, counts.data()) : HighDigitHistogram(counts.data());
+  if (!s.ok()) return s;
+  *total = 0;
+  for (uint64_t c : counts) *total += c;
+  return ChooseDigit(counts.data(), above, k);
+}
 
-  std::fill(counts.begin(), counts.end(), 0);
-  if (absl::Status s = passes.LowDigitHistogram(high->digit, counts.data()); !s.ok()) return s;
-  uint64_t in_high = 0;
-  for (uint64_t c : counts) in_high += c;
-  if (in_high != high->in_digit) {
+absl::StatusOr<TopKThreshold> FindTopKThreshold(uint64_t k, RadixTopKPasses& passes) {
+  uint64_t all = 0, in_high = UINT64_MAX;  // UINT64_MAX: the pass did not count
+  absl::StatusOr<DigitChoice> high = passes.ChooseDigitPass(false, 0, 0, k, &all);
+  if (!high.ok()) return high.status();
+  absl::StatusOr<DigitChoice> low =
+      passes.ChooseDigitPass(true, high->digit, high->above, k, &in_high);
+  // The second pass must see exactly the first pass's count of the chosen digit (checked
+  // before its choice's error, which a miscount would cause).
+  if (in_high != UINT64_MAX && in_high != high->in_digit) {
     return absl::InternalError(absl::StrCat("radix top-k: digit ", high->digit, " held ",
                                             high->in_digit, " entries in the first pass and ",
                                             in_high, " in the second"));
   }
-  absl::StatusOr<DigitChoice> low = ChooseDigit(counts.data(), high->above, k);
   if (!low.ok()) return low.status();
 
   TopKThreshold t;

@@ -19,10 +19,19 @@ namespace gpu {
 
 inline constexpr size_t kDigitBins = 65536;
 
+struct DigitChoice;
+
 // The data passes over x[0..n). Counts are 64-bit: one digit can hold all 2^32 entries.
 class RadixTopKPasses {
  public:
   virtual ~RadixTopKPasses() = default;
+  // The digit of the high (`low` false) or low 16 bits (inside high digit `high`) holding the
+  // k-th largest key, given `above` keys known to be larger, and in `total` the histogram's
+  // entry count (left alone when the pass itself fails). Default: the histogram pass below, its
+  // 2^16 counts on the host, ChooseDigit. The CUDA passes choose on the device and read back only
+  // the choice (issue 33 item 3: no per-step copy of the bins).
+  virtual absl::StatusOr<DigitChoice> ChooseDigitPass(bool low, uint32_t high, uint64_t above,
+                                                      uint64_t k, uint64_t* total);
   // counts[d] = number of i with MagnitudeKey(x[i]) >> 16 == d (kDigitBins entries, overwritten).
   virtual absl::Status HighDigitHistogram(uint64_t* counts) = 0;
   // counts[d] = number of i with key >> 16 == high and (key & 0xffff) == d (overwritten).

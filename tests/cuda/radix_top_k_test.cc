@@ -147,5 +147,58 @@ TEST(RadixTopK, InconsistentPassesAreAnError) {
   EXPECT_NE(got.status().message().find("second"), std::string::npos) << got.status();
 }
 
+// The device's digit choice (device_math.h PickChunk + PickInChunk, what PickDigitKernel runs in
+// one block) equals ChooseDigit on every histogram and k: sparse, dense, one full bin, empty
+// chunks, k at every chunk edge, and the refusals (k <= above, too few entries).
+TEST(RadixTopK, TheDeviceDigitChoiceMatchesChooseDigit) {
+  uint64_t seed = 7;
+  auto next = [&seed] { return SplitMix64(&seed); };
+  for (int shape = 0; shape < 4; ++shape) {
+    std::vector<unsigned long long> counts(gpu::kDigitBins, 0);
+    for (size_t d = 0; d < counts.size(); ++d) {
+      const uint64_t r = next();
+      if (shape == 0) counts[d] = r % 97 == 0 ? r % 5 : 0;                    // sparse
+      if (shape == 1) counts[d] = r % 3;                                      // dense
+      if (shape == 3) counts[d] = (d / gpu::kPickBins) % 3 == 1 ? r % 4 : 0;  // empty chunks
+    }
+    if (shape == 2) counts[12345] = 1000;  // one full bin
+    std::vector<uint64_t> as64(counts.begin(), counts.end());
+    std::vector<unsigned long long> partial(gpu::kPickChunks, 0);
+    uint64_t all = 0;
+    for (size_t d = 0; d < counts.size(); ++d) {
+      partial[d / gpu::kPickBins] += counts[d];
+      all += counts[d];
+    }
+    std::vector<uint64_t> ks = {1, 2, all / 3, all / 2, all - 1, all, all + 1};
+    uint64_t edge = 0;  // k just at and past each chunk's top
+    for (uint32_t c = gpu::kPickChunks; c-- > 0 && ks.size() < 200;) {
+      edge += partial[c];
+      ks.push_back(edge);
+      ks.push_back(edge + 1);
+    }
+    for (uint64_t above : {uint64_t{0}, uint64_t{17}}) {
+      for (uint64_t k0 : ks) {
+        const uint64_t k = k0 + above;
+        SCOPED_TRACE(testing::Message() << "shape " << shape << " above " << above << " k " << k);
+        absl::StatusOr<gpu::DigitChoice> want = gpu::ChooseDigit(as64.data(), above, k);
+        uint64_t seen = 0, total = 0;
+        const uint32_t c = gpu::PickChunk(partial.data(), above, k, &seen, &total);
+        gpu::DigitPick got;
+        if (c < gpu::kPickChunks) got = gpu::PickInChunk(counts.data(), c, seen, k, total);
+        EXPECT_EQ(total, all);
+        ASSERT_EQ(got.ok != 0, want.ok());
+        if (!want.ok()) continue;
+        EXPECT_EQ(got.digit, want->digit);
+        EXPECT_EQ(got.above, want->above);
+        EXPECT_EQ(got.in_digit, want->in_digit);
+      }
+      // k <= above: no digit.
+      uint64_t seen = 0, total = 0;
+      if (above > 0)
+        EXPECT_EQ(gpu::PickChunk(partial.data(), above, above, &seen, &total), gpu::kPickChunks);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace spex
