@@ -6,8 +6,9 @@ files (load_state_dict after register): the parameters end bit-identical (SHA-1)
 uninterrupted run on every rank for micro, dgc and sage; resumed without load_state_dict they
 differ. Also: another rank's dict (another node) and another compressor are refused by
 load_state_dict naming what differs; through the Python client, a record streamed in several
-1 MiB chunks loads, and a corrupt or truncated record is refused (DATA_LOSS) while the daemon
-keeps serving."""
+512 KiB chunks loads, and a corrupt or truncated record is refused (DATA_LOSS) while the daemon
+keeps serving. And, on a fake client: the hook's records go back to buckets of the same layout,
+another layout is refused naming both."""
 
 import json
 import os
@@ -204,6 +205,126 @@ class ClientCheckpointTest(unittest.TestCase):
         again.load_bucket_state(fresh, record)
         self.assertTrue(np.array_equal(np.array(again.exchange(fresh, x)), want),
                         "the restored bucket continues as the saved one")
+
+class _FakeBucket:
+    def __init__(self, bucket_id, elements):
+        import torch
+
+        self.id, self.elements, self.on_device, self.next_step = bucket_id, elements, False, 0
+        self.input_tensor = torch.zeros(elements)
+        self.output_tensor = torch.zeros(elements)
+
+
+class _FakeClient:
+    """What SpexHookState uses of spex.Client, recording the checkpoint calls (no daemon)."""
+
+    device, node_rank, node_count, local_rank, world_size, socket = "cpu", 0, 1, 0, 1, "fake"
+
+    class hello:  # noqa: N801 - mirrors the HelloResponse attribute
+        local_trainers = 1
+
+    def __init__(self):
+        self.loaded = []
+
+    def register_bucket(self, bucket_id, elements, *args, **kwargs):
+        return _FakeBucket(bucket_id, elements)
+
+    def unregister_bucket(self, b):
+        pass
+
+    def submit(self, b):
+        return 0
+
+    def wait(self, b, step):
+        pass
+
+    def save_bucket_state(self, b):
+        return f"record of {b.id}".encode()
+
+    def load_bucket_state(self, b, record):
+        self.loaded.append((b.id, record))
+
+    def close(self):
+        pass
+
+
+class _FakeGradBucket:
+    def __init__(self, index, params):
+        import torch
+
+        self._index, self._params = index, params
+        self._buffer = torch.cat([p.detach().reshape(-1) for p in params])
+
+    def index(self):
+        return self._index
+
+    def buffer(self):
+        return self._buffer
+
+    def parameters(self):
+        return self._params
+
+
+class HookStateTest(unittest.TestCase):
+    """state_dict / load_state_dict of the hook on a fake client: the records go to the buckets
+    of the same layout in the first iteration; another layout is refused naming both."""
+
+    def make(self):
+        import torch
+
+        import spex.torch
+
+        model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+
+        class Ddp:
+            process_group = None
+
+            def parameters(self):
+                return model.parameters()
+
+        client = _FakeClient()
+        state = spex.torch.SpexHookState(Ddp(), client=client)
+        self.addCleanup(state.close)
+        return state, client, list(model.parameters())
+
+    def test_records_go_back_to_the_same_layout(self):
+        state, _, p = self.make()
+        state(_FakeGradBucket(0, [p[3], p[2]])).wait()
+        state(_FakeGradBucket(1, [p[1], p[0]])).wait()
+        saved = state.state_dict()
+        self.assertEqual([(b["index"], b["params"], b["record"]) for b in saved["buckets"]],
+                         [(0, [3, 2], b"record of 0"), (1, [1, 0], b"record of 1")])
+        fresh, client, q = self.make()
+        fresh.load_state_dict(saved)
+        fresh(_FakeGradBucket(0, [q[3], q[2]])).wait()
+        fresh(_FakeGradBucket(1, [q[1], q[0]])).wait()
+        self.assertEqual(client.loaded, [(0, b"record of 0"), (1, b"record of 1")])
+
+    def test_another_layout_is_refused_naming_both(self):
+        from spex.errors import SpexError
+
+        state, _, p = self.make()
+        state(_FakeGradBucket(0, [p[3], p[2], p[1], p[0]])).wait()
+        saved = state.state_dict()
+        fresh, client, q = self.make()
+        fresh.load_state_dict(saved)
+        with self.assertRaises(SpexError) as e:
+            fresh(_FakeGradBucket(0, [q[0], q[1], q[2], q[3]]))
+        self.assertIn("holds parameters [0, 1, 2, 3]", str(e.exception))
+        self.assertIn("held [3, 2, 1, 0]", str(e.exception))
+        self.assertIn("find_unused_parameters=True", str(e.exception))
+        self.assertEqual(client.loaded, [])
+
+    def test_after_the_first_step_or_not_a_state_dict_is_refused(self):
+        from spex.errors import SpexError, SpexValueError
+
+        state, _, p = self.make()
+        with self.assertRaises(SpexValueError):
+            state.load_state_dict({"version": 99})
+        state(_FakeGradBucket(0, [p[0]])).wait()
+        with self.assertRaises(SpexError):
+            state.load_state_dict(state.state_dict())
+
 
 if __name__ == "__main__" and len(sys.argv) == 2 and sys.argv[1].startswith("{"):
     worker(json.loads(sys.argv[1]))
