@@ -65,6 +65,17 @@ else
     "spexd\[node 1/2\].*--device=cuda"
 fi
 expect_refusal bad_device_value 1 gpu "--device must be one of auto, cpu, cuda; got 'gpu'"
+# --devices that is not a list of distinct GPU ordinals stops spexd at its flag check.
+for bad in "0,x" "1,1"; do
+  log="$TMP/bad_devices.log"
+  timeout 60 mpirun -np 1 "$SPEXD" --socket="$TMP/bad_devices.sock" --devices="$bad" >"$log" 2>&1
+  rc=$? msg=""
+  [ $rc = 0 ] && msg="spexd --devices=$bad exited 0 (expected a refusal)"
+  grep -qE -- "--devices (must list CUDA device ordinals|names GPU 1 twice)" "$log" ||
+    msg="${msg:+$msg; }log lacks the --devices refusal"
+  [ -n "$msg" ] && { echo "--- $log"; cat "$log"; }
+  record "bad_devices_value_$bad" "$msg"
+done
 expect_serving cpu_serves cpu "--device=cpu: serving host buffers"
 
 # spex_trainer --device: cuda without a usable GPU (or CUDA in the build) refuses before it
