@@ -45,6 +45,7 @@ absl::Status ReduceLocalChecked(const StepEnv& env, const BucketData& b, bool sp
     if (PowerOfTwo(N * L)) scale = 1.0f / static_cast<float>(N * L);
   }
   absl::Status s;
+  b.half_output_ready = false;  // a new step's result comes
   if (IsHalf(b.dtype)) {
     // The trainers' half inputs widened and summed in float32, in the order of the float32
     // path (the residual first), in one pass (kernels/half.h).
@@ -124,9 +125,14 @@ void DenseStep(const StepEnv& env, absl::Span<StepItem> group, const Lap& lap) {
     }
     lap(Phase::kReduceLocal);
     // Issued even after a local failure (lockstep); the commit vote fails the step everywhere.
+    // A half bucket: half values on the wire, and the result straight into the trainers' half
+    // output (a sparse bucket's float32 output is kept too: its next sparse step reads it).
+    const bool direct = IsHalf(b.wire) && N > 1 && b.wire == b.dtype && item.sparse == nullptr;
     absl::Status c = IsHalf(b.wire) && N > 1
-                         ? HalfAllReduceScaled(env.coll, b.wire, src, b.output, n, scale)
+                         ? HalfAllReduceScaled(env.coll, b.wire, src, direct ? nullptr : b.output,
+                                               n, scale, nullptr, direct ? b.half_output : nullptr)
                          : env.coll->AllReduceScaled(src, b.output, n, scale);
+    b.half_output_ready = direct && c.ok();
     if (s.ok()) s = c;
     lap(Phase::kCollective);
     if (item.sparse != nullptr) {  // nothing left behind
@@ -139,7 +145,11 @@ void DenseStep(const StepEnv& env, absl::Span<StepItem> group, const Lap& lap) {
   }
 }
 
-void RoundOutput(const BucketData& b) {
+void RoundOutput(BucketData& b) {
+  if (b.half_output_ready) {  // the dense half exchange wrote it already
+    b.half_output_ready = false;
+    return;
+  }
   if (IsHalf(b.dtype)) half::Narrow(b.dtype, b.output, b.half_output, b.elements);
 }
 

@@ -20,12 +20,17 @@ struct HalfAllReduceBytes {
   uint64_t sent = 0, received = 0;
 };
 
+// The most nodes HalfAllReduceScaled serves (UNIMPLEMENTED beyond).
+inline constexpr int kMaxHalfNodes = 4096;
+
 // recv = round_t(scale * sum over ranks r of round_t(send_r)), widened back to float32 in recv
-// (send may equal recv). `t` is a half type. Every rank must call it with the same n, t and
-// scale. On one rank: recv = round_t(scale * round_t(send)). *bytes (may be null): this rank's
-// wire bytes.
+// (send may equal recv; recv null: not widened), and the same half values in half_out when it
+// is set (the bucket's published output: no widening and rounding again). `t` is a half type.
+// Every rank must call it with the same n, t and scale. On one rank: round_t(scale *
+// round_t(send)). *bytes (may be null): this rank's wire bytes.
 absl::Status HalfAllReduceScaled(Collective* coll, DType t, const float* send, float* recv,
-                                 size_t n, float scale, HalfAllReduceBytes* bytes = nullptr);
+                                 size_t n, float scale, HalfAllReduceBytes* bytes = nullptr,
+                                 uint16_t* half_out = nullptr);
 
 // A ring all-reduce's bytes per node for n values of `t` on `nodes` nodes (each way).
 inline uint64_t DenseWireBytes(size_t n, int nodes, DType t) {

@@ -53,6 +53,9 @@ struct BucketData {
   DType wire = DType::kFloat32;
   const uint16_t* half_input[kMaxLocalTrainers] = {};
   uint16_t* half_output = nullptr;
+  // The dense half exchange wrote this step's result into half_output directly (`output` is
+  // then stale): RoundOutput skips it. Reset by every step's ReduceLocalChecked.
+  mutable bool half_output_ready = false;
   float* acc = nullptr;  // dense with L > 1: the local sum; sparse: residual + local sum
   // A sparse bucket on the host path with error feedback: where ReduceLocalChecked writes
   // residual + local sum, so the residual in acc survives a step that is skipped; the two swap
@@ -126,7 +129,7 @@ int NonfiniteInput(const StepEnv& env, const BucketData& b, size_t index);
 void RecordDense(size_t n, int nodes, ExchangeRecord* rec, DType wire = DType::kFloat32);
 // A half bucket: its float32 output rounded once into the published half output (a no-op for
 // a float32 bucket). The engine calls it before publishing a step that went ahead.
-void RoundOutput(const BucketData& b);
+void RoundOutput(BucketData& b);
 
 // After a bucket's sparse exchange (SparseStep's, or a sparse member's of the fused step): the
 // record, the residual cleared at the union (pattern A) or wholly without error feedback, the
