@@ -378,6 +378,11 @@ grpc::Status SpexService::SaveBucketState(grpc::ServerContext* ctx,
 grpc::Status SpexService::LoadBucketState(grpc::ServerContext* ctx,
                                           grpc::ServerReader<v1::BucketStateChunk>* reader,
                                           v1::LoadBucketStateResponse*) {
+  // Before the first Read, which waits for the client: a monitor (--allow_uids) could otherwise
+  // hold a server thread per stream for as long as it likes.
+  if (absl::StatusOr<PeerCred> c = OwnerCaller(ctx, "LoadBucketState"); !c.ok()) {
+    return Refuse(c.status());
+  }
   v1::BucketStateChunk chunk;
   if (!reader->Read(&chunk)) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,

@@ -125,6 +125,14 @@ call("Goodbye_stolen", lambda: stub.Goodbye(pb.GoodbyeRequest(session_id=sid), t
 call("Goodbye_guessed", lambda: stub.Goodbye(pb.GoodbyeRequest(session_id=0x1234567890abcdef), timeout=10))
 call("SetDensity", lambda: stub.SetDensity(pb.SetDensityRequest(density=0.5), timeout=10))
 call("StartTimeline", lambda: stub.StartTimeline(pb.StartTimelineRequest(path="/tmp/spex-hostile-tl.json"), timeout=10))
+import threading
+answered = threading.Event()
+def stalled():  # a LoadBucketState stream that sends nothing until answered: it must not hold a thread
+    answered.wait(8)
+    return
+    yield
+call("LoadBucketState_stalled", lambda: stub.LoadBucketState(stalled(), timeout=4))
+answered.set()
 print(json.dumps(out))
 '''
 
@@ -380,6 +388,8 @@ def main():
            str(out.get("Goodbye_guessed")))
     record("forged_pid_hello", out.get("Hello_forged_pid", ["?"])[0] == "OK", str(out.get("Hello_forged_pid")))
     record("set_density_by_another_user", out.get("SetDensity", ["?"])[0] == "OK", str(out.get("SetDensity")))
+    record("stalled_load_stream_by_another_user", out.get("LoadBucketState_stalled", ["?"])[0] != "PERMISSION_DENIED",
+           str(out.get("LoadBucketState_stalled")))
     record("timeline_by_another_user", out.get("StartTimeline", ["?"])[0] == "OK" or
            os.path.exists("/tmp/spex-hostile-tl.json"), str(out.get("StartTimeline")))
 
