@@ -25,6 +25,7 @@
 #include "absl/strings/str_split.h"
 #include "bench/bench_util.h"
 #include "kernels/cpu/cpu_primitives.h"
+#include "kernels/half.h"
 #include "kernels/primitives.h"
 #include "kernels/reference/reference_primitives.h"
 
@@ -228,6 +229,38 @@ int Main() {
       check_rows.push_back({threads, t.ms, t.baseline_ms});
     }
   }
+  // Half-precision inputs (issue 30, docs/dtypes.md): the error-feedback local reduce (residual
+  // + 2 trainers' inputs) and a 1% selection with zeroing, the inputs bfloat16 / float16 (widened
+  // in the fused pass) against float32 inputs, paired run by run, one thread (the half passes
+  // are single-threaded). The goal: no more time per element than float32.
+  struct HalfRow {
+    std::string type;
+    double half_ms, f32_ms;
+  };
+  std::vector<HalfRow> half_rows;
+  if (std::string("half-input EF select").find(absl::GetFlag(FLAGS_only)) != std::string::npos) {
+    auto p = MakeCpuPrimitives(1);
+    std::vector<float> acc_next(n), x1(b.add);
+    const float* xs[3] = {b.y.data(), b.x0.data(), x1.data()};
+    for (DType t : {DType::kBFloat16, DType::kFloat16}) {
+      std::vector<uint16_t> h0(n), h1(n);
+      half::Narrow(t, b.x0.data(), h0.data(), n);
+      half::Narrow(t, x1.data(), h1.data(), n);
+      const uint16_t* hs[2] = {h0.data(), h1.data()};
+      const Timing tm = TimePaired(
+          reps,
+          [&] {
+            half::SumWidenScaled(t, acc_next.data(), b.y.data(), hs, 2, 1.0f, n, true);
+            p->SelectAbove(acc_next.data(), 0, n, t1, true, b.idx.data(), b.val.data(), n);
+          },
+          [&] {
+            size_t bad = 0;
+            (void)p->SumScaledCheckFinite(acc_next.data(), xs, 3, 1.0f, n, &bad);
+            p->SelectAbove(acc_next.data(), 0, n, t1, true, b.idx.data(), b.val.data(), n);
+          });
+      half_rows.push_back({DTypeName(t), tm.ms, tm.baseline_ms});
+    }
+  }
   if (absl::GetFlag(FLAGS_reference)) {
     std::vector<Row> ref_rows;
     auto ref = MakeReferencePrimitives();
@@ -243,6 +276,12 @@ int Main() {
   std::printf("CPU primitives, n = %zu floats (%.1f MB), SIMD target %s, median of %d\n", n,
               4.0 * n / 1e6, CpuPrimitivesTarget(), reps);
   std::printf("x memcpy: the primitive's time / memcpy of the same buffer, runs interleaved\n\n");
+  for (const HalfRow& r : half_rows) {
+    std::printf(
+        "EF reduce (residual + 2 %s inputs) + SelectAbove 1%% +zero, 1 thread: %.2f ms vs float32 "
+        "inputs %.2f ms = %.3fx per element (%s)\n",
+        r.type.c_str(), r.half_ms, r.f32_ms, r.half_ms / r.f32_ms, half::TargetName());
+  }
   for (const CheckRow& r : check_rows) {
     std::printf(
         "SumScaledCheckFinite (2 inputs), %d thread(s): %.2f ms vs SumScaled %.2f ms = %.3fx\n",
@@ -284,7 +323,15 @@ int Main() {
                    r.name, r.threads, r.ms, r.memcpy_ms, r.ms / r.memcpy_ms, r.bytes / r.ms / 1e6,
                    r.reference_ms, i + 1 < rows.size() ? "," : ""));
   }
-  absl::StrAppend(&json, "  ],\n  \"topk_vs_nth_element\": [\n    ", topk_json, "\n  ]\n}\n");
+  std::string half_json;
+  for (const HalfRow& r : half_rows) {
+    absl::StrAppend(&half_json, half_json.empty() ? "" : ",\n    ",
+                    absl::StrFormat("{\"inputs\": \"%s\", \"half_ms\": %.3f, \"float32_ms\": %.3f, "
+                                    "\"ratio\": %.4f}",
+                                    r.type, r.half_ms, r.f32_ms, r.half_ms / r.f32_ms));
+  }
+  absl::StrAppend(&json, "  ],\n  \"topk_vs_nth_element\": [\n    ", topk_json,
+                  "\n  ],\n  \"half_input_ef_select\": [\n    ", half_json, "\n  ]\n}\n");
 
   std::string path = absl::GetFlag(FLAGS_json_out);
   if (const char* ws = std::getenv("BUILD_WORKSPACE_DIRECTORY");

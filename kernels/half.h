@@ -6,8 +6,8 @@
 // Scalar conversions are here, inline; the bulk passes (widening, narrowing, and the fused
 // widen-and-sum of the local reduce) are Highway loops in kernels/cpu/half_kernels.cc. Both
 // round to nearest, ties to even, and are bit-exact: widening is exact for every half bit
-// pattern (NaN payloads kept), narrowing rounds once, overflows to +-Inf and keeps NaN a NaN
-// (quiet, sign kept).
+// pattern (NaN payloads kept; a float16 NaN comes out quiet), narrowing rounds once, overflows to
+// +-Inf and keeps NaN a NaN (quiet, sign kept).
 #pragma once
 
 #include <cmath>
@@ -57,7 +57,9 @@ inline float F16ToFloat(uint16_t h) {
     const float v = static_cast<float>(m) * 0x1p-24f;
     return BitsFloat(FloatBits(v) | sign);
   }
-  if (e == 31) return BitsFloat(sign | 0x7f800000u | (m << 13));  // Inf, NaN (payload kept)
+  if (e == 31) {  // Inf; NaN quiet, payload kept (as the F16C instruction widens it)
+    return BitsFloat(sign | 0x7f800000u | (m << 13) | (m != 0 ? 0x400000u : 0));
+  }
   return BitsFloat(sign | ((e + 112) << 23) | (m << 13));
 }
 

@@ -33,13 +33,23 @@ HWY_INLINE hn::Vec<DF> LoadWiden(const uint16_t* p) {
   const DU du;
   const DI di;
   const DH dh;
+#if HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL || \
+    HWY_TARGET == HWY_AVX3_ZEN4
+  if (!kBf16) {  // F16C's vcvtph2ps: exact, NaN quieted with its payload (as F16ToFloat)
+    const hn::Rebind<hwy::float16_t, DF> df16;
+    return hn::PromoteTo(df, hn::LoadU(df16, reinterpret_cast<const hwy::float16_t*>(p)));
+  }
+#endif
   const auto h = hn::PromoteTo(du, hn::LoadU(dh, p));
   if (kBf16) return hn::BitCast(df, hn::ShiftLeft<16>(h));
   const auto sign = hn::ShiftLeft<16>(hn::And(h, hn::Set(du, 0x8000u)));
   const auto e = hn::And(h, hn::Set(du, 0x7c00u));
   const auto em = hn::ShiftLeft<13>(hn::And(h, hn::Set(du, 0x7fffu)));
   const auto normal = hn::Add(em, hn::Set(du, 112u << 23));
-  const auto infnan = hn::Add(em, hn::Set(du, 224u << 23));
+  // Inf and NaN (quieted: bit 22 set where the mantissa is not 0).
+  const auto quiet = hn::IfThenElseZero(hn::Ne(hn::And(h, hn::Set(du, 0x3ffu)), hn::Zero(du)),
+                                        hn::Set(du, 0x400000u));
+  const auto infnan = hn::Or(hn::Add(em, hn::Set(du, 224u << 23)), quiet);
   // Subnormal (and zero): m * 2^-24, exact.
   const auto m = hn::BitCast(di, hn::And(h, hn::Set(du, 0x3ffu)));
   const auto sub = hn::BitCast(du, hn::Mul(hn::ConvertTo(df, m), hn::Set(df, 0x1p-24f)));
