@@ -3,10 +3,10 @@
 // step S, whose every node saved its buckets, and resumed on fresh engines that load them
 // (their trainers count from 0 again) hands every trainer the same outputs, bit for bit, as the
 // uninterrupted job for every step after S, so the parameters end identical; for dense, micro,
-// exdyna, topk, dgc, sage and sidco_e, without a merger, with rgmerge and with fixed. The same resume without
-// loading differs for every compressor that keeps state (all but dense). And: a record of another
-// node, another compressor, or a corrupt one is refused naming what differs while the bucket
-// goes on exchanging; saving in the middle of a step is refused.
+// exdyna, topk, dgc, sage and sidco_e, without a merger, with rgmerge and with fixed. The same
+// resume without loading differs for every compressor that keeps state (all but dense). And: a
+// record of another node, another compressor, or a corrupt one is refused naming what differs while
+// the bucket goes on exchanging; saving in the middle of a step is refused.
 #include <cstdint>
 #include <cstring>
 #include <map>
