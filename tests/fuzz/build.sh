@@ -23,7 +23,9 @@ PROTO=("$OUT/gen/proto/spex.pb.cc" "$OUT/gen/proto/spex.grpc.pb.cc")
 MEMORY=(daemon/memory/shm_buffer.cc daemon/memory/segment_guard.cc daemon/util/heap.cc daemon/util/log.cc
   daemon/util/paths.cc)
 CLIENT=(client/client.cc daemon/memory/cuda_ipc_buffer.cc kernels/cuda/cuda_error.cc)
-ENGINE=(daemon/engine/*.cc daemon/transport/agreement.cc daemon/transport/collective.cc
+# kernels/cpu/half_kernels.cc: the half-precision passes the engine's local reduce and the half
+# dense exchange call (Highway, -lhwy).
+ENGINE=(daemon/engine/*.cc kernels/cpu/half_kernels.cc daemon/transport/agreement.cc daemon/transport/collective.cc
   daemon/transport/inproc_collective.cc daemon/merge/*.cc
   daemon/service/spex_service.cc daemon/service/peer_listener.cc)
 # The service serves timelines (daemon/observe/timeline.cc); metrics (prometheus) are not needed.
@@ -38,7 +40,7 @@ ALL=(wire_fuzz compressor_fuzz header_fuzz requests_fuzz)
 TARGETS=("$@")
 ((${#TARGETS[@]})) || TARGETS=("${ALL[@]}")
 LIBS="$(pkg-config --libs grpc++ protobuf absl_status absl_statusor absl_strings absl_str_format \
-  absl_synchronization absl_time absl_hash absl_raw_hash_set absl_random_random) -lpthread -lrt"
+  absl_synchronization absl_time absl_hash absl_raw_hash_set absl_random_random) -lhwy -lpthread -lrt"
 
 # --- generated protos (only when spex.proto is newer)
 if [ ! -f "$OUT/gen/proto/spex.grpc.pb.cc" ] || [ proto/spex.proto -nt "$OUT/gen/proto/spex.grpc.pb.cc" ]; then

@@ -162,7 +162,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         req.set_elements(in.ConsumeIntegralInRange<int>(0, 3)
                              ? in.ConsumeIntegralInRange<uint64_t>(0, 5000)
                              : in.ConsumeIntegral<uint64_t>());
-        req.set_dtype(static_cast<spex::v1::DataType>(in.ConsumeIntegralInRange<int>(0, 2)));
+        // 0..3: unspecified, float32, bfloat16, float16; 4: an unknown type (refused).
+        req.set_dtype(static_cast<spex::v1::DataType>(in.ConsumeIntegralInRange<int>(0, 4)));
         auto* c = req.mutable_compressor();
         c->set_name(Pick(in, kNames));
         c->set_density(in.ConsumeBool() ? 0.0 : in.ConsumeFloatingPoint<double>());
