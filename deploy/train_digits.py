@@ -61,6 +61,10 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", default="gloo,fp16,powersgd:1,dense,micro:0.01",
                    help="comma-separated NAME[:DENSITY] (default %(default)s)")
+    p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32",
+                   help="the spex runs' model type: bf16 trains a bfloat16 MLP through bfloat16 buckets "
+                        "(DDP built by spex.torch.half_ddp; docs/dtypes.md); the gloo and PyTorch-hook runs stay "
+                        "float32 (gloo has no bfloat16 all-reduce in torch 1.13)")
     p.add_argument("--network", choices=["emulated", "loopback"], default="emulated",
                    help="emulated: every node on its own emulated host (network namespace, --rate, --latency-us; "
                         "needs root); loopback: every node on this machine (default %(default)s)")
@@ -303,9 +307,12 @@ def lstm_model(vocab: int):
 
 
 def params_digest(model) -> str:
+    import torch
+
     h = hashlib.sha1()
     for p in model.parameters():
-        h.update(p.detach().contiguous().numpy().tobytes())
+        d = p.detach().contiguous()
+        h.update((d.view(torch.int16) if d.dtype == torch.bfloat16 else d).numpy().tobytes())
     return h.hexdigest()[:16]
 
 
@@ -409,7 +416,17 @@ def train_one(cfg: Dict[str, Any], run: Dict[str, Any], data, run_index: int) ->
         # (The same single bucket makes a /global spex run's selection global over the model.)
         bucket_cap_mb = max(bucket_cap_mb, 2 * n_bytes / 2**20)
         dist._DEFAULT_FIRST_BUCKET_BYTES = int(bucket_cap_mb * 2**20)
-    ddp = DDP(model, bucket_cap_mb=bucket_cap_mb)
+    # --dtype bf16: the spex runs train a bfloat16 model (the same initial parameters on every
+    # rank, checked by half_ddp instead of DDP's broadcast, which gloo cannot do in bfloat16).
+    half = cfg.get("dtype") == "bf16" and not lstm and run["compressor"] != "gloo" and not is_peer(run)
+    pdtype = torch.bfloat16 if half else torch.float32
+    if half:
+        import spex.torch
+
+        model = model.to(torch.bfloat16)
+        ddp = spex.torch.half_ddp(model, bucket_cap_mb=bucket_cap_mb)
+    else:
+        ddp = DDP(model, bucket_cap_mb=bucket_cap_mb)
     dist._DEFAULT_FIRST_BUCKET_BYTES = first_bucket  # the reducer keeps the value it was built with
     steps_per_epoch = len(xtr) // (world * cfg["batch"])
     if lstm:
@@ -479,7 +496,7 @@ def train_one(cfg: Dict[str, Any], run: Dict[str, Any], data, run_index: int) ->
                 loss = torch.nn.functional.cross_entropy(ddp(seq[:, :-1]).reshape(-1, cfg["vocab"]),
                                                          seq[:, 1:].reshape(-1))
             else:
-                loss = torch.nn.functional.cross_entropy(ddp(xtr[idx]), ytr[idx])
+                loss = torch.nn.functional.cross_entropy(ddp(xtr[idx].to(pdtype)).float(), ytr[idx])
             loss.backward()
             if rank == 0:  # what the averaged update holds, per module (cheap next to the step)
                 for key, (nz, n) in layer_nonzero(model).items():
@@ -535,7 +552,7 @@ def train_one(cfg: Dict[str, Any], run: Dict[str, Any], data, run_index: int) ->
                 ppl = float(torch.exp(torch.nn.functional.cross_entropy(logits, target)))
                 acc = (logits.argmax(1) == target).float().mean().item() * 100
             else:
-                acc = (model(xte).argmax(1) == yte).float().mean().item() * 100
+                acc = (model(xte.to(pdtype)).float().argmax(1) == yte).float().mean().item() * 100
         dist.barrier()  # the same for the evaluation: every rank starts the next epoch together
         if spex_state is not None and rank == 0 and not cfg["stats_every"]:
             report = spex_state.exchange_report()
@@ -666,7 +683,7 @@ def launch(runs: List[Dict[str, Any]], args: argparse.Namespace, cluster) -> flo
                "lr": args.lr, "momentum": args.momentum, "batch": args.batch, "epochs": args.epochs,
                "stats_every": args.stats_every, "check_every": args.check_every, "quiet": args.quiet,
                "powersgd_one_bucket": args.powersgd_buckets == "one", "model": args.model, "vocab": args.vocab,
-               "bptt": args.bptt, "steps_per_epoch": args.steps_per_epoch}
+               "bptt": args.bptt, "steps_per_epoch": args.steps_per_epoch, "dtype": args.dtype}
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(local),
                    LOCAL_WORLD_SIZE=str(args.trainers), SPEX_SOCKET=cluster.socket(node), OMP_NUM_THREADS="1",
                    OPENBLAS_NUM_THREADS="1")
