@@ -22,6 +22,20 @@ from spex_test_util import ClusterTestCase, run_threads
 
 from fake_cuda import FakeCudaDaemon, FakeCudaRuntime, FakeGpu, fake_cuda_tensor
 
+
+class FakeParam:
+    """A DDP bucket's parameter as the hook sees it: its identity, its data type (the hook
+    refuses a bucket mixing types) and its size (the checkpoint's layout key)."""
+
+    dtype = torch.float32
+
+    def __init__(self, elements: int = 1):
+        self.elements = elements
+
+    def numel(self) -> int:
+        return self.elements
+
+
 TRAINERS = 2
 ORDINAL = 3
 
@@ -458,7 +472,7 @@ class HookTest(FakeDaemonCase):
         for s in states:
             self.addCleanup(s.close)
         sizes, steps = [3000, 20], 3
-        params = [object(), object()]
+        params = [FakeParam(n) for n in sizes]
 
         def trainer(rank: int) -> List[str]:
             runtimes[rank].set_stream(40 + rank)  # the autograd thread's current stream
@@ -503,7 +517,7 @@ class HookTest(FakeDaemonCase):
         state = spex.torch.SpexHookState(client=self.connect(0))
         self.addCleanup(state.close)
         with self.assertRaises(spex.SpexTypeError) as cm:
-            state(FakeGradBucket(0, torch.zeros(8), [object()]))
+            state(FakeGradBucket(0, torch.zeros(8), [FakeParam()]))
         for part in ("DDP bucket 0 is on cpu", "device='cuda'", "--device=cpu"):
             self.assertIn(part, str(cm.exception))
         with self.assertRaisesRegex(spex.SpexValueError, "the given client was opened with device='cuda'"):
@@ -537,7 +551,7 @@ class RealCpuDaemonTest(ClusterTestCase):
                 host.cuda_runtime
             state = spex.torch.SpexHookState(client=host)
             with self.assertRaises(spex.SpexTypeError) as cm:
-                state(FakeGradBucket(0, fake_cuda_tensor(np.zeros(16, np.float32), 0), [object()]))
+                state(FakeGradBucket(0, fake_cuda_tensor(np.zeros(16, np.float32), 0), [FakeParam()]))
             self.assertIn("pass device='cuda' to spex.torch.register", str(cm.exception))
             state.close()
             np.testing.assert_array_equal(host.exchange(b, np.full(16, 3, np.float32)), np.full(16, 3, np.float32))
