@@ -28,6 +28,7 @@
 #include "daemon/transport/inproc_collective.h"
 #include "daemon/util/log.h"
 #include "kernels/compressor.h"
+#include "kernels/half.h"
 #include "kernels/reference/reference_primitives.h"
 
 namespace {
@@ -88,6 +89,7 @@ struct Grant {
   uint32_t rank;
   std::unique_ptr<spex::ShmMapping> map;
   uint64_t input_offset;
+  spex::DType dtype = spex::DType::kFloat32;  // what the slots hold
 };
 
 }  // namespace
@@ -185,8 +187,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                   resp.layout().input_offset()};
           if (map.ok()) {
             g.map = std::move(*map);
-            Check(g.input_offset + 4 * g.elements <= g.map->size());
-            Check(resp.layout().output_offset() + 4 * g.elements <= g.map->size());
+            // Slots hold the bucket's type: 2 bytes an element for bfloat16 and float16.
+            g.dtype = req.dtype() == spex::v1::DTYPE_BFLOAT16  ? spex::DType::kBFloat16
+                      : req.dtype() == spex::v1::DTYPE_FLOAT16 ? spex::DType::kFloat16
+                                                               : spex::DType::kFloat32;
+            const uint64_t esize = spex::DTypeSize(g.dtype);
+            Check(g.input_offset + esize * g.elements <= g.map->size());
+            Check(resp.layout().output_offset() + esize * g.elements <= g.map->size());
             const auto* h = static_cast<const spex::BucketHeader*>(g.map->data());
             if (!scribbled.count(g.bucket)) {
               Check(h->magic == spex::kBucketMagic && h->elements == g.elements);
@@ -224,11 +231,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           bucket = g.bucket;
           step = g.next_step + in.ConsumeIntegralInRange<int>(-1, 1);
           if (g.map) {
-            float* x =
-                reinterpret_cast<float*>(static_cast<uint8_t*>(g.map->data()) + g.input_offset);
+            uint8_t* at = static_cast<uint8_t*>(g.map->data()) + g.input_offset;
             const float v = in.ConsumeFloatingPointInRange<float>(-4, 4);
-            for (uint64_t i = 0; i < g.elements; ++i) x[i] = v * std::sin(0.37f * i + step);
-            if (in.ConsumeIntegralInRange<int>(0, 15) == 0) x[0] = NAN;
+            const bool nan = in.ConsumeIntegralInRange<int>(0, 15) == 0;
+            for (uint64_t i = 0; i < g.elements; ++i) {
+              const float f = nan && i == 0 ? NAN : v * std::sin(0.37f * i + step);
+              if (g.dtype == spex::DType::kFloat32) {
+                std::memcpy(at + 4 * i, &f, 4);
+              } else {
+                const uint16_t h =
+                    g.dtype == spex::DType::kBFloat16 ? spex::FloatToBf16(f) : spex::FloatToF16(f);
+                std::memcpy(at + 2 * i, &h, 2);
+              }
+            }
           }
         } else {
           step = in.ConsumeIntegral<uint64_t>();

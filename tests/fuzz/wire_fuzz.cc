@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "daemon/engine/wire.h"
+#include "kernels/half.h"
 
 namespace {
 
@@ -21,15 +22,19 @@ void Check(bool ok) {
 void CheckDecoded(const spex::DecodedChunk& d, const uint8_t* data, size_t size, uint32_t elements,
                   bool index_only) {
   const bool fp16 = d.header.flags & spex::kChunkFp16;
+  const bool bf16 = d.header.flags & spex::kChunkBf16;
+  const spex::DType wire = fp16   ? spex::DType::kFloat16
+                           : bf16 ? spex::DType::kBFloat16
+                                  : spex::DType::kFloat32;
   Check(d.header.count <= elements);
-  Check(size == spex::ChunkBytes(d.header.count, fp16, index_only));
+  Check(size == spex::ChunkBytes(d.header.count, fp16 || bf16, index_only));
   for (uint32_t i = 0; i < d.header.count; ++i) {
     uint32_t ix;
     std::memcpy(&ix, reinterpret_cast<const uint8_t*>(d.idx) + 4ull * i, 4);
     Check(ix < elements);
   }
   Check(index_only ? d.values.empty() : d.values.size() == d.header.count);
-  // Re-encoding gives the same bytes (fp16: the values round-trip through float exactly).
+  // Re-encoding gives the same bytes (half values round-trip through float exactly).
   std::vector<uint32_t> idx(d.header.count);
   if (d.header.count) std::memcpy(idx.data(), d.idx, 4ull * d.header.count);
   std::vector<uint8_t> again;
@@ -37,16 +42,16 @@ void CheckDecoded(const spex::DecodedChunk& d, const uint8_t* data, size_t size,
     spex::EncodeIndexChunk(d.header.group_id, d.header.step, d.header.elements, idx,
                            d.header.scalars, &again);
   } else {
-    spex::EncodeChunk(d.header.group_id, d.header.step, d.header.elements, idx, d.values, fp16,
+    spex::EncodeChunk(d.header.group_id, d.header.step, d.header.elements, idx, d.values, wire,
                       d.header.scalars, &again);
   }
   Check(again.size() == size);
-  // NaN payloads in fp16 values may canonicalise: compare the header and the indices only.
+  // NaN payloads in half values may canonicalise: compare the header and the indices only.
   // DecodeIndexChunk tolerates the (meaningless) fp16 flag on an index-only chunk, which
   // EncodeIndexChunk never sets: compare the headers without it.
   spex::ChunkHeader h0 = d.header, h1;
   std::memcpy(&h1, again.data(), sizeof(h1));
-  if (index_only) h0.flags &= ~spex::kChunkFp16;
+  if (index_only) h0.flags &= ~(spex::kChunkFp16 | spex::kChunkBf16);
   Check(std::memcmp(&h0, &h1, sizeof(h0)) == 0);
   Check(std::memcmp(again.data() + sizeof(h1), data + sizeof(h1), 4ull * d.header.count) == 0);
 }
