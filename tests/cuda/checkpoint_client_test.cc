@@ -25,37 +25,13 @@ constexpr size_t kN = 300007;  // a record of 1.2 MB: three chunks
 
 // An engine (the fake device's, or the CPU path's for a null device) served over gRPC on a unix
 // socket of this process, stopped and unlinked when it goes out of scope.
-class Served {
+class Served : public ServedEngine {
  public:
   explicit Served(fake::FakeDevice* device)
-      : socket_(absl::StrCat("/tmp/spex-ckpttest-", getpid(), device ? "-dev" : "-cpu", ".sock")) {
-    unlink(socket_.c_str());
-    auto engine = device != nullptr
-                      ? DeviceEngineServer::Start(device, {1, true})
-                      : DeviceEngineServer::Start(static_cast<fake::FakeNode*>(nullptr), {1, true});
-    if (!engine.ok()) {
-      status_ = engine.status();
-      return;
-    }
-    engine_ = std::move(*engine);
-    grpc::ServerBuilder builder;
-    builder.AddListeningPort("unix:" + socket_, grpc::InsecureServerCredentials());
-    builder.RegisterService(engine_->service());
-    server_ = builder.BuildAndStart();
-    if (server_ == nullptr) status_ = absl::InternalError("the gRPC server did not start");
-  }
-  ~Served() {
-    if (server_ != nullptr) server_->Shutdown();
-    unlink(socket_.c_str());
-  }
-  const absl::Status& status() const { return status_; }
-  const std::string& socket() const { return socket_; }
-
- private:
-  std::string socket_;
-  absl::Status status_;
-  std::unique_ptr<DeviceEngineServer> engine_;
-  std::unique_ptr<grpc::Server> server_;
+      : ServedEngine(device != nullptr ? DeviceEngineServer::Start(device, {1, true})
+                                       : DeviceEngineServer::Start(
+                                             static_cast<fake::FakeNode*>(nullptr), {1, true}),
+                     device != nullptr ? "ckpttest-dev" : "ckpttest-cpu") {}
 };
 
 void Fill(Bucket* b, int step) {

@@ -2,7 +2,10 @@
 
 #include <unistd.h>
 
+#include "absl/strings/str_cat.h"
 #include "daemon/service/spex_service.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server_builder.h"
 #include "tests/support/engine_cluster.h"
 
 namespace spex::test {
@@ -75,6 +78,27 @@ v1::Spex::Service* DeviceEngineServer::service() { return impl_->service.get(); 
 
 bool DeviceEngineServer::device_buckets() const {
   return impl_->cluster.engine(0).device_buckets();
+}
+
+ServedEngine::ServedEngine(absl::StatusOr<std::unique_ptr<DeviceEngineServer>> engine,
+                           const std::string& tag)
+    : socket_(absl::StrCat("/tmp/spex-", tag, "-", getpid(), ".sock")) {
+  unlink(socket_.c_str());
+  if (!engine.ok()) {
+    status_ = engine.status();
+    return;
+  }
+  engine_ = std::move(*engine);
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("unix:" + socket_, grpc::InsecureServerCredentials());
+  builder.RegisterService(engine_->service());
+  server_ = builder.BuildAndStart();
+  if (server_ == nullptr) status_ = absl::InternalError("the gRPC server did not start");
+}
+
+ServedEngine::~ServedEngine() {
+  if (server_ != nullptr) server_->Shutdown();
+  unlink(socket_.c_str());
 }
 
 }  // namespace spex::test

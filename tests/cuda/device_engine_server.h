@@ -4,8 +4,11 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "grpcpp/server.h"
 #include "proto/spex.grpc.pb.h"
 #include "tests/cuda/fake_device.h"
 #include "tests/cuda/fake_node.h"
@@ -37,6 +40,26 @@ class DeviceEngineServer {
   struct Impl;
   explicit DeviceEngineServer(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
+};
+
+// A DeviceEngineServer served over gRPC on the unix socket /tmp/spex-<tag>-<pid>.sock of this
+// process (short: a socket path has a length limit), stopped and unlinked when it goes out of
+// scope. status() says why it is not serving (the engine's or the server's start failed).
+class ServedEngine {
+ public:
+  ServedEngine(absl::StatusOr<std::unique_ptr<DeviceEngineServer>> engine, const std::string& tag);
+  ~ServedEngine();
+  ServedEngine(const ServedEngine&) = delete;
+  ServedEngine& operator=(const ServedEngine&) = delete;
+
+  const absl::Status& status() const { return status_; }
+  const std::string& socket() const { return socket_; }
+
+ private:
+  std::string socket_;
+  absl::Status status_;
+  std::unique_ptr<DeviceEngineServer> engine_;
+  std::unique_ptr<grpc::Server> server_;
 };
 
 }  // namespace spex::test

@@ -107,35 +107,11 @@ TEST(DeviceService, RegisterBucketReplyCarriesTheDeviceDescriptor) {
 
 // A device engine served over gRPC on a unix socket of this process, stopped and unlinked when
 // it goes out of scope.
-class ServedDeviceEngine {
+class ServedDeviceEngine : public ServedEngine {
  public:
   ServedDeviceEngine(FakeDevice* device, uint32_t trainers, const std::string& tag)
-      : socket_(absl::StrCat("/tmp/spex-devtest-", tag, "-", getpid(), ".sock")) {
-    unlink(socket_.c_str());
-    auto engine = DeviceEngineServer::Start(device, {trainers, true});
-    if (!engine.ok()) {
-      status_ = engine.status();
-      return;
-    }
-    engine_ = std::move(*engine);
-    grpc::ServerBuilder builder;
-    builder.AddListeningPort("unix:" + socket_, grpc::InsecureServerCredentials());
-    builder.RegisterService(engine_->service());
-    server_ = builder.BuildAndStart();
-    if (server_ == nullptr) status_ = absl::InternalError("the gRPC server did not start");
-  }
-  ~ServedDeviceEngine() {
-    if (server_ != nullptr) server_->Shutdown();
-    unlink(socket_.c_str());
-  }
-  const absl::Status& status() const { return status_; }
-  const std::string& socket() const { return socket_; }
-
- private:
-  std::string socket_;
-  absl::Status status_;
-  std::unique_ptr<DeviceEngineServer> engine_;
-  std::unique_ptr<grpc::Server> server_;
+      : ServedEngine(DeviceEngineServer::Start(device, {static_cast<int>(trainers), true}),
+                     "devtest-" + tag) {}
 };
 
 // Trainer `rank` of `size` asking for device buckets through the fake IPC opener, which logs

@@ -31,35 +31,10 @@ constexpr int kSteps = 4;
 
 // An engine (on `node`, or the CPU path for null) served over gRPC on a unix socket of this
 // process, stopped and unlinked when it goes out of scope.
-class Served {
+class Served : public ServedEngine {
  public:
   Served(fake::FakeNode* node, const std::string& tag)
-      : socket_(absl::StrCat("/tmp/spex-mdevtest-", tag, "-", getpid(), ".sock")) {
-    unlink(socket_.c_str());
-    auto engine = DeviceEngineServer::Start(node, {kTrainers, true});
-    if (!engine.ok()) {
-      status_ = engine.status();
-      return;
-    }
-    engine_ = std::move(*engine);
-    grpc::ServerBuilder builder;
-    builder.AddListeningPort("unix:" + socket_, grpc::InsecureServerCredentials());
-    builder.RegisterService(engine_->service());
-    server_ = builder.BuildAndStart();
-    if (server_ == nullptr) status_ = absl::InternalError("the gRPC server did not start");
-  }
-  ~Served() {
-    if (server_ != nullptr) server_->Shutdown();
-    unlink(socket_.c_str());
-  }
-  const absl::Status& status() const { return status_; }
-  const std::string& socket() const { return socket_; }
-
- private:
-  std::string socket_;
-  absl::Status status_;
-  std::unique_ptr<DeviceEngineServer> engine_;
-  std::unique_ptr<grpc::Server> server_;
+      : ServedEngine(DeviceEngineServer::Start(node, {kTrainers, true}), "mdevtest-" + tag) {}
 };
 
 float Value(uint32_t t, int s, int b, size_t i) {
