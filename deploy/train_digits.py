@@ -498,13 +498,13 @@ def train_one(cfg: Dict[str, Any], run: Dict[str, Any], data, run_index: int) ->
             else:
                 loss = torch.nn.functional.cross_entropy(ddp(xtr[idx].to(pdtype)).float(), ytr[idx])
             loss.backward()
-            if rank == 0:  # what the averaged update holds, per module (cheap next to the step)
+            opt.step()
+            step_s = time.perf_counter() - t0
+            if rank == 0:  # what the averaged update held, per module (untimed; step() keeps .grad)
                 for key, (nz, n) in layer_nonzero(model).items():
                     acc = layer_nz.setdefault(key, [0, 0])
                     acc[0] += nz
                     acc[1] += n
-            opt.step()
-            step_s = time.perf_counter() - t0
             timings = state.pop_timings()
             exchange_s = sum(t[3] for t in timings)
             density = gath = float("nan")
