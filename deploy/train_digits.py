@@ -14,7 +14,7 @@ CSVs, summary.json and a PNG plot (accuracy against wall-clock time) under --res
 
 Runs: NAME[:DENSITY][/MOD...] with NAME a spexd compressor (dense, micro, topk, dgc, sidco_e, ...;
 modifiers: /wN DGC's density warm-up, 4x the target per remaining epoch over the first N epochs;
-/mc DGC's momentum correction, the momentum kept per trainer before the exchange and the optimizer
+/mc DGC's momentum correction (the hook's momentum_correction=--momentum), the momentum kept per trainer before the exchange and the optimizer
 run without it; /layer one DDP bucket per parameter tensor, so selection is layer-wise; /global one
 DDP bucket for the whole model, so selection is global; without either, DDP's 25 MB buckets), or a
 PyTorch peer registered as its documentation says: `gloo` (plain DDP all-reduce, no spex), `fp16`
@@ -178,39 +178,6 @@ def parse_runs(spec: str) -> List[Dict[str, Any]]:
     if not runs:
         sys.exit("train_digits: --runs names no run")
     return runs
-
-
-class MomentumCorrection:
-    """DGC's momentum correction (Lin et al., ICLR 2018) around the spex hook: each trainer keeps
-    its momentum u = m u + g per DDP bucket and hands u (not g) to the daemon, whose error
-    feedback then accumulates u as DGC's v does; the optimizer runs without momentum. Momentum
-    factor masking: u is zeroed where the averaged result is non-zero. DGC masks with the node's
-    own selection; the hook sees only the average, so it masks with the union of every node's
-    selection (a superset of its own)."""
-
-    def __init__(self, inner, momentum: float):
-        self.inner = inner
-        self.momentum = momentum
-        self.u: Dict[int, Any] = {}
-
-    def pop_timings(self):
-        return self.inner.pop_timings()
-
-
-def momentum_corrected_hook(state: MomentumCorrection, bucket):
-    buf = bucket.buffer()
-    u = state.u.get(bucket.index())
-    if u is None or u.numel() != buf.numel():  # first step, or DDP rebuilt its buckets
-        u = state.u[bucket.index()] = buf.detach().clone().zero_()
-    u.mul_(state.momentum).add_(buf)
-    buf.copy_(u)
-
-    def mask(f):
-        out = f.value()
-        u.masked_fill_(out.reshape(-1) != 0, 0.0)
-        return out
-
-    return state.inner(bucket).then(mask)
 
 
 def layer_nonzero(model) -> Dict[str, List[int]]:
@@ -454,11 +421,9 @@ def train_one(cfg: Dict[str, Any], run: Dict[str, Any], data, run_index: int) ->
         state = spex.torch.SpexHookState(ddp, compressor=run["compressor"], density=run["density"],
                                          params=run.get("params") or None, socket=cfg["socket"],
                                          local_rank=cfg["local_rank"], local_size=cfg["local_size"], mode=cfg["mode"],
-                                         id_base=run_index << 32)
-        if run.get("momentum_correction"):
-            ddp.register_comm_hook(MomentumCorrection(state, cfg["momentum"]), momentum_corrected_hook)
-        else:
-            ddp.register_comm_hook(state, spex.torch.hook)
+                                         id_base=run_index << 32,
+                                         momentum_correction=cfg["momentum"] if run.get("momentum_correction") else None)
+        ddp.register_comm_hook(state, spex.torch.hook)
     spex_state = state if not is_peer(run) else None
     # Momentum correction moves the momentum into the hook (before the exchange); the optimizer
     # then applies the averaged update as it is.

@@ -3,8 +3,8 @@ on 2 spexd x 2 trainers train a small MLP for 6 steps without a stop, and again 
 steps with the hook's state_dict saved by torch.save beside the model's and the optimiser's; the
 daemons and trainers are then stopped, fresh daemons started, and fresh trainers resume from the
 files (load_state_dict after register): the parameters end bit-identical (SHA-1) to the
-uninterrupted run on every rank for micro, dgc and sage; resumed without load_state_dict they
-differ. Also: another rank's dict (another node) and another compressor are refused by
+uninterrupted run on every rank for micro, dgc, sage and micro under the hook's momentum
+correction; resumed without load_state_dict they differ. Also: another rank's dict (another node) and another compressor are refused by
 load_state_dict naming what differs; through the Python client, a record streamed in several
 512 KiB chunks loads, and a corrupt or truncated record is refused (DATA_LOSS) while the daemon
 keeps serving. And, on a fake client: the hook's records go back to buckets of the same layout,
@@ -18,8 +18,11 @@ import tempfile
 import time
 import unittest
 
+from spex_test_util import FakeClient, FakeGradBucket
+
 STEPS, STOP = 6, 3
-COMPRESSORS = ["micro", "dgc", "sage"]
+# "micro/mc": micro under the hook's momentum correction (its u buffers are in the state_dict).
+COMPRESSORS = ["micro", "dgc", "sage", "micro/mc"]
 DAEMON_FLAGS = ["--min_sparse_elements=0", "--dense_fallback=off"]
 
 
@@ -50,8 +53,10 @@ def worker(cfg):
         # find_unused_parameters=True: DDP keeps its initial bucket layout (no rebuild), so the
         # resumed job's first step has the layout the checkpoint was saved with.
         ddp = DDP(model, find_unused_parameters=True)
-        state = spex.torch.register(ddp, compressor=compressor, density=0.1, socket=cfg["socket"])
-        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        name, _, mod = compressor.partition("/")
+        mc = 0.9 if mod == "mc" else None
+        state = spex.torch.register(ddp, compressor=name, density=0.1, socket=cfg["socket"], momentum_correction=mc)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.0 if mc else 0.9)
         if load is not None:
             saved = torch.load(load)
             model.load_state_dict(saved["model"])
@@ -71,7 +76,7 @@ def worker(cfg):
         return result
 
     def ckpt(c, r=rank):
-        return os.path.join(cfg["dir"], f"{c}-rank{r}.pt")
+        return os.path.join(cfg["dir"], f"{c.replace('/', '-')}-rank{r}.pt")
 
     if cfg["phase"] == "first":
         for c in COMPRESSORS:
@@ -206,65 +211,6 @@ class ClientCheckpointTest(unittest.TestCase):
         self.assertTrue(np.array_equal(np.array(again.exchange(fresh, x)), want),
                         "the restored bucket continues as the saved one")
 
-class _FakeBucket:
-    def __init__(self, bucket_id, elements):
-        import torch
-
-        self.id, self.elements, self.on_device, self.next_step = bucket_id, elements, False, 0
-        self.input_tensor = torch.zeros(elements)
-        self.output_tensor = torch.zeros(elements)
-
-
-class _FakeClient:
-    """What SpexHookState uses of spex.Client, recording the checkpoint calls (no daemon)."""
-
-    device, node_rank, node_count, local_rank, world_size, socket = "cpu", 0, 1, 0, 1, "fake"
-
-    class hello:  # noqa: N801 - mirrors the HelloResponse attribute
-        local_trainers = 1
-
-    def __init__(self):
-        self.loaded = []
-
-    def register_bucket(self, bucket_id, elements, *args, **kwargs):
-        return _FakeBucket(bucket_id, elements)
-
-    def unregister_bucket(self, b):
-        pass
-
-    def submit(self, b):
-        return 0
-
-    def wait(self, b, step):
-        pass
-
-    def save_bucket_state(self, b):
-        return f"record of {b.id}".encode()
-
-    def load_bucket_state(self, b, record):
-        self.loaded.append((b.id, record))
-
-    def close(self):
-        pass
-
-
-class _FakeGradBucket:
-    def __init__(self, index, params):
-        import torch
-
-        self._index, self._params = index, params
-        self._buffer = torch.cat([p.detach().reshape(-1) for p in params])
-
-    def index(self):
-        return self._index
-
-    def buffer(self):
-        return self._buffer
-
-    def parameters(self):
-        return self._params
-
-
 class HookStateTest(unittest.TestCase):
     """state_dict / load_state_dict of the hook on a fake client: the records go to the buckets
     of the same layout in the first iteration; another layout is refused naming both."""
@@ -282,34 +228,34 @@ class HookStateTest(unittest.TestCase):
             def parameters(self):
                 return model.parameters()
 
-        client = _FakeClient()
+        client = FakeClient()
         state = spex.torch.SpexHookState(Ddp(), client=client)
         self.addCleanup(state.close)
         return state, client, list(model.parameters())
 
     def test_records_go_back_to_the_same_layout(self):
         state, _, p = self.make()
-        state(_FakeGradBucket(0, [p[3], p[2]])).wait()
-        state(_FakeGradBucket(1, [p[1], p[0]])).wait()
+        state(FakeGradBucket(0, [p[3], p[2]])).wait()
+        state(FakeGradBucket(1, [p[1], p[0]])).wait()
         saved = state.state_dict()
         self.assertEqual([(b["index"], b["params"], b["record"]) for b in saved["buckets"]],
                          [(0, [3, 2], b"record of 0"), (1, [1, 0], b"record of 1")])
         fresh, client, q = self.make()
         fresh.load_state_dict(saved)
-        fresh(_FakeGradBucket(0, [q[3], q[2]])).wait()
-        fresh(_FakeGradBucket(1, [q[1], q[0]])).wait()
+        fresh(FakeGradBucket(0, [q[3], q[2]])).wait()
+        fresh(FakeGradBucket(1, [q[1], q[0]])).wait()
         self.assertEqual(client.loaded, [(0, b"record of 0"), (1, b"record of 1")])
 
     def test_another_layout_is_refused_naming_both(self):
         from spex.errors import SpexError
 
         state, _, p = self.make()
-        state(_FakeGradBucket(0, [p[3], p[2], p[1], p[0]])).wait()
+        state(FakeGradBucket(0, [p[3], p[2], p[1], p[0]])).wait()
         saved = state.state_dict()
         fresh, client, q = self.make()
         fresh.load_state_dict(saved)
         with self.assertRaises(SpexError) as e:
-            fresh(_FakeGradBucket(0, [q[0], q[1], q[2], q[3]]))
+            fresh(FakeGradBucket(0, [q[0], q[1], q[2], q[3]]))
         self.assertIn("holds parameters [0, 1, 2, 3]", str(e.exception))
         self.assertIn("held [3, 2, 1, 0]", str(e.exception))
         self.assertIn("find_unused_parameters=True", str(e.exception))
@@ -321,7 +267,7 @@ class HookStateTest(unittest.TestCase):
         state, _, p = self.make()
         with self.assertRaises(SpexValueError):
             state.load_state_dict({"version": 99})
-        state(_FakeGradBucket(0, [p[0]])).wait()
+        state(FakeGradBucket(0, [p[0]])).wait()
         with self.assertRaises(SpexError):
             state.load_state_dict(state.state_dict())
 

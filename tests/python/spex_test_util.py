@@ -70,3 +70,75 @@ class ClusterTestCase(unittest.TestCase):
         for s in contains or []:
             self.assertIn(s, str(result))
         return result
+
+
+class FakeBucket:
+    """What SpexHookState uses of spex.Bucket (no daemon)."""
+
+    def __init__(self, bucket_id, elements, compressor=None, dtype=None):
+        import torch
+
+        self.id, self.elements, self.on_device, self.next_step = bucket_id, elements, False, 0
+        self.compressor = compressor
+        self.input_tensor = torch.zeros(elements, dtype=dtype or torch.float32)
+        self.output_tensor = torch.zeros(elements, dtype=dtype or torch.float32)
+
+
+class FakeClient:
+    """What SpexHookState uses of spex.Client, with no daemon: records the checkpoint calls and
+    what the hook handed over (`handed`, one copy per step); each step's result is the next of
+    `results` (tensors), or zeros when none are left."""
+
+    device, node_rank, node_count, local_rank, world_size, socket = "cpu", 0, 1, 0, 1, "fake"
+
+    class hello:  # noqa: N801 - mirrors the HelloResponse attribute
+        local_trainers = 1
+
+    def __init__(self, results=None, compressor="micro"):
+        self.loaded, self.handed = [], []
+        self.results = list(results or [])
+        self.compressor = compressor
+
+    def validate_compressor(self, compressor, density=None, params=None):
+        pass
+
+    def register_bucket(self, bucket_id, elements, *args, dtype=None, **kwargs):
+        return FakeBucket(bucket_id, elements, self.compressor, dtype)
+
+    def unregister_bucket(self, b):
+        pass
+
+    def submit(self, b):
+        self.handed.append(b.input_tensor.clone())
+        return 0
+
+    def wait(self, b, step):
+        b.output_tensor.copy_(self.results.pop(0) if self.results else b.output_tensor.new_zeros(b.elements))
+
+    def save_bucket_state(self, b):
+        return f"record of {b.id}".encode()
+
+    def load_bucket_state(self, b, record):
+        self.loaded.append((b.id, record))
+
+    def close(self):
+        pass
+
+
+class FakeGradBucket:
+    """A DDP GradBucket over `params` (their values as the gradients), or over `buffer`."""
+
+    def __init__(self, index, params, buffer=None):
+        import torch
+
+        self._index, self._params = index, params
+        self._buffer = buffer if buffer is not None else torch.cat([p.detach().reshape(-1) for p in params])
+
+    def index(self):
+        return self._index
+
+    def buffer(self):
+        return self._buffer
+
+    def parameters(self):
+        return self._params

@@ -79,6 +79,12 @@ class SpexHookState:
         device: "cpu" (host buffers, CPU models) or "cuda" (the daemon's GPU buffers, CUDA models;
             spexd --device=cuda); default: the given client's, else "cpu".
         cuda_runtime: the CUDA calls of a device="cuda" client this state opens (tests: a fake).
+        momentum_correction: DGC's momentum correction with this momentum factor m in (0, 1),
+            e.g. 0.9 (None: off). The hook keeps u = m u + g per DDP bucket (float32, on the
+            gradients' device), hands u to the daemon instead of g, and zeroes u wherever the
+            averaged result is non-zero (momentum factor masking). The optimiser must then run
+            WITHOUT momentum (torch.optim.SGD(..., momentum=0)): the hook applies it before
+            the exchange. Sparse compressors only; u is saved by state_dict. docs/clients.md.
     """
 
     def __init__(self, ddp: Optional[torch.nn.parallel.DistributedDataParallel] = None, *,
@@ -87,7 +93,7 @@ class SpexHookState:
                  compressor: Optional[str] = None, density: Optional[float] = None,
                  params: Optional[Dict[str, str]] = None, mode: str = "doorbell", id_base: int = 0,
                  exchange_timeout: float = 300.0, device: Optional[str] = None,
-                 cuda_runtime: Optional[CudaRuntime] = None):
+                 cuda_runtime: Optional[CudaRuntime] = None, momentum_correction: Optional[float] = None):
         if device is not None and device not in DEVICES:
             raise SpexValueError(f"device must be one of {DEVICES}, got {device!r}")
         if client is not None and device is not None and device != client.device:
@@ -98,12 +104,24 @@ class SpexHookState:
             raise SpexValueError(f"density must be in (0, 1], got {density}")
         if id_base < 0 or id_base % GENERATION_STRIDE:
             raise SpexValueError(f"id_base must be a non-negative multiple of {GENERATION_STRIDE}, got {id_base}")
+        if momentum_correction is not None:
+            if not isinstance(momentum_correction, (int, float)) or not 0 < momentum_correction < 1:
+                raise SpexValueError(f"momentum_correction must be a momentum factor in (0, 1), e.g. 0.9, or None "
+                                     f"(off); got {momentum_correction!r}")
+            if compressor == "dense":
+                raise SpexValueError("momentum_correction needs a sparse compressor: under compressor='dense' "
+                                     "every element of the result is non-zero, so momentum factor masking would "
+                                     "clear the momentum every step; use the optimiser's momentum with dense")
         self.ddp = ddp
         self.compressor = compressor
         self.density = density
         self.params = dict(params or {})
         self.mode = mode
         self.id_base = id_base
+        self.momentum_correction = None if momentum_correction is None else float(momentum_correction)
+        # Momentum correction's u per DDP bucket index (float32; reset with the buckets when DDP
+        # rebuilds them, as the daemon's residuals are).
+        self._u: Dict[int, torch.Tensor] = {}
         self._own_client = client is None
         self.client = client or Client(socket, job=job, local_rank=local_rank, local_size=local_size,
                                        client_name="torch-hook", exchange_timeout=exchange_timeout,
@@ -182,6 +200,7 @@ class SpexHookState:
         self._buckets.clear()
         self._sigs.clear()
         self._layout.clear()
+        self._u.clear()
         self.generation += 1
 
     def _begin_iteration(self, grad_bucket: Any) -> None:
@@ -211,6 +230,12 @@ class SpexHookState:
             self._buckets[index] = b
             self._sigs[index] = sig
             self._layout[index] = self._param_key(grad_bucket)
+            if self.momentum_correction is not None:
+                if getattr(b, "compressor", None) == "dense":
+                    raise SpexValueError(f"momentum_correction needs a sparse compressor, but spexd runs DDP bucket "
+                                         f"{index} dense (its default compressor): pass compressor= (e.g. "
+                                         f"'micro'), or drop momentum_correction and use the optimiser's momentum")
+                self._u[index] = torch.zeros(sig[0], dtype=torch.float32, device=grad_bucket.buffer().device)
             if self._pending is not None:
                 self._apply_pending(index, b, grad_bucket)
         elif self._sigs[index] != sig:
@@ -243,9 +268,13 @@ class SpexHookState:
         elif self.generation < 0:
             raise SpexError(f"DDP handed over bucket {grad_bucket.index()} before bucket 0")
         b = self._bucket_for(grad_bucket)
+        u = self._u.get(grad_bucket.index())
+        src = buf.reshape(-1)
+        if u is not None:  # momentum correction: hand over u = m u + g
+            src = u.mul_(self.momentum_correction).add_(src)
         # Device buckets: the copy is queued on the current stream, where submit / record_input
         # record the input's IPC event after it.
-        b.input_tensor.copy_(buf.reshape(-1))
+        b.input_tensor.copy_(src)
         t0 = time.perf_counter()
         if self.mode == "doorbell":
             step = self.client.submit(b)
@@ -254,7 +283,17 @@ class SpexHookState:
             step = b.next_step
         fut = self._future(b)
         self._queue.put((b, step, fut, t0))
-        return fut
+        if u is None:
+            return fut
+
+        def mask(f: "torch.futures.Future[torch.Tensor]") -> torch.Tensor:
+            # Momentum factor masking, with the union of the nodes' selections: the hook sees
+            # only the average (DGC masks with the node's own selection, a subset).
+            out = f.value()
+            u.masked_fill_(out.reshape(-1) != 0, 0.0)
+            return out
+
+        return fut.then(mask)
 
     def _future(self, b: Bucket) -> "torch.futures.Future[torch.Tensor]":
         """A future for b's result: CUDA-aware for device buckets (completing it records an event
@@ -313,11 +352,14 @@ class SpexHookState:
         buckets = []
         for index in sorted(self._buckets):
             b = self._buckets[index]
-            buckets.append({"index": index, "elements": b.elements, "params": list(self._layout[index]),
-                            "record": self.client.save_bucket_state(b)})
+            entry = {"index": index, "elements": b.elements, "params": list(self._layout[index]),
+                     "record": self.client.save_bucket_state(b)}
+            if index in self._u:
+                entry["momentum"] = self._u[index].detach().to("cpu", copy=True)
+            buckets.append(entry)
         return {"version": STATE_DICT_VERSION, "world": self._world(), "local_rank": int(self.client.local_rank),
                 "compressor": self.compressor, "density": self.density, "params": dict(self.params),
-                "buckets": buckets}
+                "momentum_correction": self.momentum_correction, "buckets": buckets}
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Restores what state_dict saved: call it after register and before the first step, on
@@ -343,6 +385,10 @@ class SpexHookState:
             raise SpexValueError(f"the checkpoint used compressor={saved_c[0]!r}, density={saved_c[1]!r}, "
                                  f"params={saved_c[2]!r}; this hook uses compressor={mine_c[0]!r}, "
                                  f"density={mine_c[1]!r}, params={mine_c[2]!r}")
+        if state.get("momentum_correction") != self.momentum_correction:
+            raise SpexValueError(f"the checkpoint used momentum_correction={state.get('momentum_correction')!r}; "
+                                 f"this hook uses momentum_correction={self.momentum_correction!r}: register "
+                                 f"the hook as it was when saved")
         pending = {}
         for entry in state.get("buckets", []):
             if not isinstance(entry.get("record"), (bytes, bytearray)):
@@ -364,6 +410,12 @@ class SpexHookState:
                             f"initial layout and rebuilds it after the first iteration; construct DDP with "
                             f"find_unused_parameters=True (it keeps the initial layout) in both runs")
         self.client.load_bucket_state(b, entry["record"])
+        if index in self._u:
+            u = entry.get("momentum")
+            if u is None or u.numel() != b.elements:
+                raise SpexError(f"DDP bucket {index}: the checkpoint has no momentum of {b.elements} elements for "
+                                f"momentum_correction")
+            self._u[index].copy_(u.reshape(-1))
 
     # -- observability and shutdown -------------------------------------------------------------
 

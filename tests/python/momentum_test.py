@@ -1,0 +1,105 @@
+"""The DDP hook's momentum correction (spex.torch.register(..., momentum_correction=m)) on a fake
+client, against hand-computed values: the hook hands u = m u + g to the daemon, keeps u in
+float32 for half buckets, zeroes u where the averaged result is non-zero (momentum factor
+masking), starts u over when DDP rebuilds its buckets, saves and restores u with state_dict, and
+refuses bad factors and dense compressors naming the fix."""
+
+import unittest
+
+import torch
+
+import spex.torch
+from spex.errors import SpexError, SpexValueError
+from spex_test_util import FakeClient, FakeGradBucket
+
+
+_PARAMS = {}
+
+
+def grad(index, values, dtype=torch.float32):
+    """DDP bucket `index` holding gradient `values`: the same parameter object for the same size
+    and type (a new one would look like DDP rebuilding its buckets)."""
+    t = torch.tensor(values, dtype=dtype)
+    p = _PARAMS.setdefault((len(values), dtype), torch.nn.Parameter(t.clone()))
+    return FakeGradBucket(index, [p], buffer=t)
+
+
+class MomentumCorrectionTest(unittest.TestCase):
+    def make(self, m=0.5, results=None, compressor="micro", client_compressor="micro"):
+        client = FakeClient(results, compressor=client_compressor)
+        state = spex.torch.SpexHookState(None, client=client, compressor=compressor, momentum_correction=m)
+        self.addCleanup(state.close)
+        return state, client
+
+    def test_hands_over_u_and_masks_it_where_the_result_is_non_zero(self):
+        results = [torch.tensor([1.0, 0.0, 0.0, 0.0]), torch.tensor([0.0, 0.0, 2.0, 0.0])]
+        state, client = self.make(0.5, results)
+        state(grad(0, [1.0, 2.0, 3.0, 4.0])).wait()
+        self.assertEqual(client.handed[0].tolist(), [1.0, 2.0, 3.0, 4.0])  # u1 = g1
+        self.assertEqual(state._u[0].tolist(), [0.0, 2.0, 3.0, 4.0])  # masked where result 1 is non-zero
+        out = state(grad(0, [10.0, 10.0, 10.0, 10.0])).wait()
+        self.assertEqual(client.handed[1].tolist(), [10.0, 11.0, 11.5, 12.0])  # u2 = 0.5 u1 + g2
+        self.assertEqual(state._u[0].tolist(), [10.0, 11.0, 0.0, 12.0])
+        self.assertEqual(out.tolist(), [0.0, 0.0, 2.0, 0.0])
+
+    def test_without_it_the_gradient_goes_over_unchanged(self):
+        state, client = self.make(None, [torch.zeros(2)] * 2)
+        state(grad(0, [1.0, 2.0])).wait()
+        state(grad(0, [3.0, 4.0])).wait()
+        self.assertEqual(client.handed[1].tolist(), [3.0, 4.0])
+        self.assertEqual(state._u, {})
+
+    def test_half_buckets_keep_u_in_float32(self):
+        state, client = self.make(0.9)
+        g = [1.0, 0.0078125, -3.0]
+        want = torch.zeros(3)
+        for _ in range(5):  # results all zero: nothing is masked
+            state(grad(0, g, torch.bfloat16)).wait()
+            want = want * 0.9 + torch.tensor(g)
+        self.assertEqual(state._u[0].dtype, torch.float32)
+        self.assertTrue(torch.equal(state._u[0], want), f"{state._u[0]} != {want}")
+        self.assertEqual(client.handed[-1].dtype, torch.bfloat16)
+        self.assertTrue(torch.equal(client.handed[-1], want.to(torch.bfloat16)))
+
+    def test_a_rebuild_starts_u_over(self):
+        state, client = self.make(0.5)
+        state(grad(0, [1.0, 1.0])).wait()
+        state(grad(0, [1.0, 1.0, 1.0])).wait()  # bucket 0 changed: DDP rebuilt its buckets
+        self.assertEqual(client.handed[1].tolist(), [1.0, 1.0, 1.0])
+
+    def test_state_dict_restores_u(self):
+        state, client = self.make(0.5)
+        state(grad(0, [2.0, 4.0])).wait()
+        saved = state.state_dict()
+        self.assertEqual(saved["momentum_correction"], 0.5)
+        self.assertEqual(saved["buckets"][0]["momentum"].tolist(), [2.0, 4.0])
+        state(grad(0, [1.0, 1.0])).wait()
+        fresh, fresh_client = self.make(0.5)
+        fresh.load_state_dict(saved)
+        fresh(grad(0, [1.0, 1.0])).wait()
+        self.assertEqual(fresh_client.handed[0].tolist(), client.handed[1].tolist())  # [2, 3]
+        self.assertEqual(fresh_client.handed[0].tolist(), [2.0, 3.0])
+        other, _ = self.make(0.9)
+        with self.assertRaises(SpexValueError) as e:
+            other.load_state_dict(saved)
+        self.assertIn("momentum_correction=0.5", str(e.exception))
+        off, _ = self.make(None)
+        with self.assertRaises(SpexValueError):
+            off.load_state_dict(saved)
+
+    def test_bad_factors_and_dense_are_refused_naming_the_fix(self):
+        for bad in (0.0, 1.0, -0.5, 1.5, "0.9"):
+            with self.assertRaises(SpexValueError) as e:
+                spex.torch.SpexHookState(None, client=FakeClient(), momentum_correction=bad)
+            self.assertIn("momentum_correction must be a momentum factor in (0, 1)", str(e.exception))
+        with self.assertRaises(SpexValueError) as e:
+            spex.torch.SpexHookState(None, client=FakeClient(), compressor="dense", momentum_correction=0.9)
+        self.assertIn("needs a sparse compressor", str(e.exception))
+        state, _ = self.make(0.9, compressor=None, client_compressor="dense")  # the daemon's default: dense
+        with self.assertRaises(SpexValueError) as e:
+            state(grad(0, [1.0]))
+        self.assertIn("pass compressor=", str(e.exception))
+
+
+if __name__ == "__main__":
+    unittest.main()
