@@ -32,54 +32,6 @@ size_t ChunkBytes(uint32_t count, bool fp16, bool index_only) {
   return sizeof(ChunkHeader) + static_cast<size_t>(count) * (4 + (index_only ? 0 : fp16 ? 2 : 4));
 }
 
-uint16_t FloatToHalf(float f) {
-  uint32_t x;
-  std::memcpy(&x, &f, 4);
-  const uint32_t sign = (x >> 16) & 0x8000;
-  const int32_t exp = static_cast<int32_t>((x >> 23) & 0xff) - 127 + 15;
-  uint32_t mant = x & 0x7fffff;
-  if (((x >> 23) & 0xff) == 0xff)
-    return static_cast<uint16_t>(sign | 0x7c00 | (mant ? 0x200 : 0));  // Inf/NaN
-  if (exp >= 31) return static_cast<uint16_t>(sign | 0x7c00);          // overflow
-  if (exp <= 0) {                                                      // subnormal
-    if (exp < -10) return static_cast<uint16_t>(sign);
-    mant |= 0x800000;
-    const int shift = 14 - exp;
-    uint32_t half = mant >> shift;
-    const uint32_t rem = mant & ((1u << shift) - 1), mid = 1u << (shift - 1);
-    if (rem > mid || (rem == mid && (half & 1))) ++half;
-    return static_cast<uint16_t>(sign | half);
-  }
-  uint32_t half = sign | (static_cast<uint32_t>(exp) << 10) | (mant >> 13);
-  const uint32_t rem = mant & 0x1fff;
-  if (rem > 0x1000 || (rem == 0x1000 && (half & 1))) ++half;  // round to nearest even
-  return static_cast<uint16_t>(half);
-}
-
-float HalfToFloat(uint16_t h) {
-  const uint32_t sign = (h & 0x8000u) << 16;
-  uint32_t exp = (h >> 10) & 0x1f, mant = h & 0x3ff, x;
-  if (exp == 0) {
-    if (mant == 0) {
-      x = sign;
-    } else {
-      exp = 127 - 15 + 1;
-      while (!(mant & 0x400)) {
-        mant <<= 1;
-        --exp;
-      }
-      x = sign | (exp << 23) | ((mant & 0x3ff) << 13);
-    }
-  } else if (exp == 31) {
-    x = sign | 0x7f800000 | (mant << 13);
-  } else {
-    x = sign | ((exp + 127 - 15) << 23) | (mant << 13);
-  }
-  float f;
-  std::memcpy(&f, &x, 4);
-  return f;
-}
-
 void EncodeChunk(uint64_t group_id, uint64_t step, uint32_t elements,
                  absl::Span<const uint32_t> idx, absl::Span<const float> val, bool fp16,
                  const float scalars[4], std::vector<uint8_t>* out) {
@@ -105,7 +57,7 @@ void EncodeChunk(uint64_t group_id, uint64_t step, uint32_t elements,
   const size_t nv = std::min(val.size(), idx.size());
   if (IsHalf(wire)) {
     for (size_t i = 0; i < nv; ++i) {
-      const uint16_t v = wire == DType::kFloat16 ? FloatToHalf(val[i]) : FloatToBf16(val[i]);
+      const uint16_t v = FloatToHalf(wire, val[i]);  // kernels/half.h: RNE, NaN kept quiet
       std::memcpy(p + 2 * i, &v, 2);
     }
   } else {
@@ -179,17 +131,12 @@ absl::StatusOr<DecodedChunk> Decode(const uint8_t* data, size_t bytes, uint64_t 
   if (index_only) return d;
   const uint8_t* v = data + sizeof(ChunkHeader) + 4ull * h.count;
   d.values.resize(h.count);
-  if (fp16) {
+  if (fp16 || bf16) {  // widened exactly by kernels/half.h's conversions
+    const DType t = fp16 ? DType::kFloat16 : DType::kBFloat16;
     for (uint32_t i = 0; i < h.count; ++i) {
       uint16_t x;
       std::memcpy(&x, v + 2ull * i, 2);
-      d.values[i] = HalfToFloat(x);
-    }
-  } else if (bf16) {
-    for (uint32_t i = 0; i < h.count; ++i) {
-      uint16_t x;
-      std::memcpy(&x, v + 2ull * i, 2);
-      d.values[i] = Bf16ToFloat(x);
+      d.values[i] = HalfToFloat(t, x);
     }
   } else {
     if (h.count) std::memcpy(d.values.data(), v, 4ull * h.count);

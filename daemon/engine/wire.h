@@ -76,7 +76,4 @@ absl::StatusOr<DecodedChunk> DecodeChunk(const uint8_t* data, size_t bytes, uint
 absl::StatusOr<DecodedChunk> DecodeIndexChunk(const uint8_t* data, size_t bytes, uint64_t group_id,
                                               uint64_t step, uint32_t elements, int peer);
 
-uint16_t FloatToHalf(float f);
-float HalfToFloat(uint16_t h);
-
 }  // namespace spex

@@ -42,12 +42,62 @@ TEST(Wire, ChunkAtAnOddOffsetDecodesToAlignedIndices) {
   }
 }
 
-TEST(Wire, HalfConversionRoundsToNearest) {
-  EXPECT_EQ(HalfToFloat(FloatToHalf(1.0f / 3)), 0.333251953125f);
-  EXPECT_EQ(HalfToFloat(FloatToHalf(1e-7f)), 1.1920928955078125e-07f);  // subnormal
-  EXPECT_TRUE(std::isinf(HalfToFloat(FloatToHalf(1e6f))));
-  EXPECT_TRUE(std::isnan(HalfToFloat(FloatToHalf(NAN))));
-  EXPECT_EQ(HalfToFloat(FloatToHalf(-0.0f)), 0.0f);
+// The chunk's half values are kernels/half.h's conversions (the wire has no conversion of its
+// own): every one of the 65536 bit patterns of each half type, and floats that must round, go
+// out as FloatToHalf's bits and come back as HalfToFloat's value, bit for bit.
+TEST(Wire, HalfValuesAreKernelsHalfConversions) {
+  for (DType t : {DType::kFloat16, DType::kBFloat16}) {
+    SCOPED_TRACE(DTypeName(t));
+    const uint16_t flag = t == DType::kFloat16 ? kChunkFp16 : kChunkBf16;
+    std::vector<float> val;
+    for (uint32_t h = 0; h < 65536; ++h) val.push_back(HalfToFloat(t, static_cast<uint16_t>(h)));
+    // Between representable values (ties go to even), below the smallest subnormal, overflow,
+    // NaN with a payload, negative zero.
+    for (float f : {1.0f / 3, 1e-7f, 1e-9f, -2.5e-8f, 1e6f, -7e4f, 65520.0f, 65519.0f, 3e38f,
+                    1.00048828125f, 1.00146484375f, -0.0f}) {
+      val.push_back(f);
+    }
+    val.push_back(BitsFloat(0x7fa00001u));  // a signalling NaN with a payload
+    std::vector<uint32_t> idx(val.size());
+    for (uint32_t i = 0; i < idx.size(); ++i) idx[i] = i;
+    std::vector<uint8_t> buf;
+    EncodeChunk(9, 1, idx.size(), idx, val, t, nullptr, &buf);
+    ASSERT_EQ(buf.size(), ChunkBytes(idx.size(), true));
+    ChunkHeader h;
+    std::memcpy(&h, buf.data(), sizeof(h));
+    EXPECT_EQ(h.flags, flag);
+    const uint8_t* vals = buf.data() + sizeof(ChunkHeader) + 4 * idx.size();
+    auto d = DecodeChunk(buf.data(), buf.size(), 9, 1, idx.size(), 0);
+    ASSERT_TRUE(d.ok()) << d.status();
+    size_t wrong_bits = 0, wrong_values = 0;
+    for (size_t i = 0; i < val.size(); ++i) {
+      uint16_t bits;
+      std::memcpy(&bits, vals + 2 * i, 2);
+      wrong_bits += bits != FloatToHalf(t, val[i]);
+      wrong_values += FloatBits(d->values[i]) != FloatBits(HalfToFloat(t, bits));
+    }
+    EXPECT_EQ(wrong_bits, 0u);
+    EXPECT_EQ(wrong_values, 0u);
+    // Spot checks of the rounding itself, through the chunk.
+    const size_t at = 65536;
+    if (t == DType::kFloat16) {
+      EXPECT_EQ(d->values[at], 0.333251953125f);
+      EXPECT_EQ(d->values[at + 1], 1.1920928955078125e-07f);  // a subnormal
+      EXPECT_EQ(d->values[at + 2], 0.0f);                     // below half the smallest one
+      EXPECT_TRUE(std::isinf(d->values[at + 4]));
+      EXPECT_TRUE(std::isinf(d->values[at + 6]));  // 65520 is the tie to Inf
+      EXPECT_EQ(d->values[at + 7], 65504.0f);
+      EXPECT_EQ(d->values[at + 9], 1.0f);           // a tie: to even
+      EXPECT_EQ(d->values[at + 10], 1.001953125f);  // a tie: to even (up)
+    } else {
+      EXPECT_EQ(d->values[at], 0.333984375f);
+      EXPECT_EQ(d->values[at + 4], 999424.0f);
+    }
+    EXPECT_TRUE(std::signbit(d->values[at + 11]));  // -0 keeps its sign
+    EXPECT_EQ(d->values[at + 11], 0.0f);
+    EXPECT_TRUE(std::isnan(d->values[at + 12]));  // a NaN stays a NaN, quiet
+    EXPECT_NE(FloatBits(d->values[at + 12]) & 0x400000u, 0u);
+  }
 }
 
 TEST(Wire, MalformedChunksAreRejectedBeforeAnyWrite) {

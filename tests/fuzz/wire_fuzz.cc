@@ -75,12 +75,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     std::memcpy(&h, data, sizeof(h));
     Try(data, size, h.group_id, h.step, h.elements);
   }
-  // Half-float conversion: HalfToFloat(FloatToHalf(HalfToFloat(x))) == HalfToFloat(x) (non-NaN).
+  // Half conversions (kernels/half.h, the wire's): widening then rounding gives the same value
+  // back (non-NaN), for float16 and bfloat16.
   for (size_t i = 0; i + 2 <= size && i < 64; i += 2) {
     uint16_t x;
     std::memcpy(&x, data + i, 2);
-    const float f = spex::HalfToFloat(x);
-    if (f == f) Check(spex::HalfToFloat(spex::FloatToHalf(f)) == f);
+    for (spex::DType t : {spex::DType::kFloat16, spex::DType::kBFloat16}) {
+      const float f = spex::HalfToFloat(t, x);
+      if (f == f) Check(spex::HalfToFloat(t, spex::FloatToHalf(t, f)) == f);
+    }
   }
   return 0;
 }
