@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/base/status_macros.h"
@@ -140,3 +141,73 @@ absl::Status Scratch::TakeStatus() {
 }
 
 }  // namespace spex
+// The device-side histogram threshold's defaults (AbsHistogramEdge) and host staging.
+
+HistogramEdge Primitives::WalkHistogramEdge(const uint32_t* bins, uint32_t first_bin,
+                                            uint64_t quota) {
+  constexpr uint32_t kInfBin = 0xFF00;
+  const uint32_t lo = std::min(std::max<uint32_t>(first_bin, 1), kInfBin);
+  HistogramEdge e;
+  for (uint32_t b = kInfBin; b >= lo; --b) {
+    e.cum += bins[b];
+    if (e.cum >= quota) {
+      e.bin = b;
+      e.reached = 1;
+      e.in_edge = bins[b];
+      return e;
+    }
+  }
+  e.bin = lo;
+  e.in_edge = bins[lo];
+  return e;
+}
+
+absl::StatusOr<HistogramEdge> Primitives::AbsHistogramEdge(const float* x, size_t begin, size_t end,
+                                                           uint32_t first_bin, uint64_t quota) {
+  if (quota == 0) return absl::InvalidArgumentError("AbsHistogramEdge: quota must be at least 1");
+  if (first_bin > 0xFF00) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("AbsHistogramEdge: first_bin ", first_bin, " is above +Inf's bin 0xFF00"));
+  }
+  std::vector<uint32_t> bins(kHistogramBins, 0);
+  if (device() == Device::kCpu) {
+    AbsHistogram16From(x, begin, end, first_bin, bins.data());
+  } else {
+    // A device without its own walk: the bins are counted in its memory and copied back whole.
+    SPEX_ASSIGN_OR_RETURN(std::unique_ptr<ScratchBuffer> d, AllocScratch(kHistogramBins * 4));
+    auto* dbins = static_cast<uint32_t*>(d->data());
+    SPEX_RETURN_IF_ERROR(Fill(reinterpret_cast<float*>(dbins), 0.0f, kHistogramBins));
+    AbsHistogram16From(x, begin, end, first_bin, dbins);
+    SPEX_RETURN_IF_ERROR(
+        CopyToHost(bins.data() + first_bin, dbins + first_bin, (kHistogramBins - first_bin) * 4));
+  }
+  SPEX_RETURN_IF_ERROR(Health());
+  return WalkHistogramEdge(bins.data(), first_bin, quota);
+}
+
+absl::StatusOr<std::unique_ptr<ScratchBuffer>> Primitives::AllocHostStaging(size_t bytes) {
+  constexpr size_t kAlign = 64;
+  const size_t rounded = std::max<size_t>((bytes + kAlign - 1) / kAlign * kAlign, kAlign);
+  void* p = std::aligned_alloc(kAlign, rounded);
+  if (p == nullptr) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("host staging: cannot allocate ", bytes, " bytes"));
+  }
+  return std::unique_ptr<ScratchBuffer>(std::make_unique<HostScratch>(p, bytes));
+}
+
+absl::StatusOr<void*> Scratch::HostStaging(size_t bytes) {
+  if (staging_ == nullptr || staging_->bytes() < bytes) {
+    const size_t grown =
+        staging_ == nullptr ? bytes : std::max(bytes, staging_->bytes() + staging_->bytes() / 2);
+    staging_.reset();
+    absl::StatusOr<std::unique_ptr<ScratchBuffer>> fresh = p_->AllocHostStaging(grown);
+    if (!fresh.ok()) {
+      Fail(fresh.status());
+      return fresh.status();
+    }
+    staging_ = std::move(*fresh);
+  }
+  return staging_->data();
+}
+

@@ -34,6 +34,15 @@ struct AbsMoments {
 };
 
 // A block of memory of a Primitives implementation's device (host memory for host
+// Where a quota of the largest magnitudes ends in the 2^16-bin |x| histogram
+// (Primitives::AbsHistogramEdge; the histogram threshold of micro and exdyna).
+struct HistogramEdge {
+  uint32_t bin = 0;      // the edge bin (see AbsHistogramEdge)
+  uint32_t reached = 0;  // 1: bins bin..0xFF00 hold at least the quota; 0: the counted bins fewer
+  uint64_t cum = 0;      // entries in bins bin..0xFF00
+  uint64_t in_edge = 0;  // entries in bin `bin`
+};
+
 // implementations), freed with the object. Made by Primitives::AllocScratch.
 class ScratchBuffer {
  public:
@@ -128,6 +137,19 @@ class Primitives {
   virtual void AbsHistogram16From(const float* x, size_t begin, size_t end, uint32_t first_bin,
                                   uint32_t* bins);
 
+  // The AbsHistogram16From(x, begin, end, first_bin) bins walked from +Inf's bin (0xFF00) down
+  // to lo = max(first_bin, 1) (bin 0, zeros, and the NaN-only bins above 0xFF00 never count):
+  // the highest bin b in [lo, 0xFF00] such that bins b..0xFF00 hold at least `quota` (>= 1)
+  // entries, with reached = 1; when the bins from lo hold fewer, bin = lo, reached = 0 and cum
+  // their total. first_bin must be <= 0xFF00. Only the result leaves the device: a device
+  // implementation keeps the bins in its memory (kernels/cuda reads back 24 bytes, not 256 KiB).
+  // The default counts the bins (AbsHistogram16From) into a host array, or on a device into
+  // AllocScratch memory copied back, and walks them there.
+  virtual absl::StatusOr<HistogramEdge> AbsHistogramEdge(const float* x, size_t begin, size_t end,
+                                                         uint32_t first_bin, uint64_t quota);
+  // AbsHistogramEdge's walk over bins already counted (host memory), shared by every
+  // implementation's host side and by tests.
+  static HistogramEdge WalkHistogramEdge(const uint32_t* bins, uint32_t first_bin, uint64_t quota);
   // Memory movement, so that code written against this interface (the daemon's engine) never
   // touches device data with a raw memcpy or fill. The defaults are right for implementations
   // whose memory is host memory (memcpy, std::fill_n); a device implementation overrides all
@@ -141,6 +163,12 @@ class Primitives {
   virtual absl::Status CopyFromHost(void* dst, const void* host_src, size_t bytes);
 
   // `bytes` bytes (at least one) of this device's memory, 64-byte aligned, contents undefined:
+  // `bytes` bytes (at least one) of host memory that this device copies to and from fastest
+  // (kernels/cuda: page-locked, cudaMallocHost, so a copy is one DMA with no bounce through the
+  // runtime's own staging), 64-byte aligned: where a device step stages its selected pairs. The
+  // default is ordinary host memory.
+  virtual absl::StatusOr<std::unique_ptr<ScratchBuffer>> AllocHostStaging(size_t bytes);
+
   // scratch for a caller that hands the primitives output buffers of its own (a compressor's
   // selection, histogram or samples on a device). The default is host memory; a device
   // implementation overrides it (kernels/cuda: cudaMalloc). An error is an allocation failure.
@@ -197,6 +225,9 @@ std::unique_ptr<Primitives> MakeCpuPrimitives(int threads = 0);
 // or a cgroup cpuset left it), or the hardware concurrency where the mask cannot be read.
 // At least 1.
 int UsableCpus();
+  // At least `bytes` of host staging memory (Primitives::AllocHostStaging: pinned on a GPU),
+  // kept and grown like a slot: where a device selection is copied out to in one copy.
+  absl::StatusOr<void*> HostStaging(size_t bytes);
 
 // The CUDA implementation; returns an error where CUDA is not compiled in or no GPU is usable.
 // (Defined in kernels/cuda when built with --config=cuda, otherwise in kernels/cuda_stub.cc.)
@@ -204,5 +235,6 @@ absl::Status MakeCudaPrimitives(std::unique_ptr<Primitives>* out);
 // The same on GPU `device` (the daemon's chosen ordinal); InvalidArgument for an ordinal that
 // does not exist.
 absl::Status MakeCudaPrimitivesOnDevice(int device, std::unique_ptr<Primitives>* out);
+  std::unique_ptr<ScratchBuffer> staging_;
 
 }  // namespace spex

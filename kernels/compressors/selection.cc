@@ -2,10 +2,13 @@
 #include "kernels/compressors/selection.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <limits>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "kernels/base/status_macros.h"
 #include "kernels/compressors/device_scratch.h"
 
 namespace spex {
@@ -24,29 +27,22 @@ T* Slot(Scratch* s, int slot, size_t bytes) {
 // selected come back.
 size_t AppendAboveDevice(Primitives* p, float* acc, const float* add, size_t begin, size_t end,
                          float t, bool zero, size_t cap, Selection* out, Scratch* s) {
-  const size_t base = out->idx.size();
-  auto* idx = Slot<uint32_t>(s, kIdxSlot, cap * 4);
-  auto* val = Slot<float>(s, kValSlot, cap * 4);
-  if (idx == nullptr || val == nullptr) return 0;
+  // One slot as [indices (cap) | values (cap)]: when the count is the capacity (a count known
+  // beforehand), the pairs come out in one copy.
+  auto* idx = Slot<uint32_t>(s, kIdxSlot, cap * 8);
+  if (idx == nullptr) return 0;
+  auto* val = reinterpret_cast<float*>(idx + cap);
   size_t c = add ? p->AddSelectAbove(acc, add, begin, end, t, zero, idx, val, cap)
                  : p->SelectAbove(acc, begin, end, t, zero, idx, val, cap);
   if (c > cap) {  // as AppendAbove below
     if (zero) (void)p->ScatterAdd(acc, end, idx, val, cap);
     cap = c;
-    idx = Slot<uint32_t>(s, kIdxSlot, cap * 4);
-    val = Slot<float>(s, kValSlot, cap * 4);
-    if (idx == nullptr || val == nullptr) return 0;
+    idx = Slot<uint32_t>(s, kIdxSlot, cap * 8);
+    if (idx == nullptr) return 0;
+    val = reinterpret_cast<float*>(idx + cap);
     c = p->SelectAbove(acc, begin, end, t, zero, idx, val, cap);
   }
-  out->idx.resize(base + c);
-  out->val.resize(base + c);
-  if (!s->Fetch(out->idx.data() + base, idx, c * 4).ok() ||
-      !s->Fetch(out->val.data() + base, val, c * 4).ok()) {
-    out->idx.resize(base);
-    out->val.resize(base);
-    return 0;
-  }
-  return c;
+  return AppendPairsFromDevice(s, idx, val, c, out).ok() ? c : 0;
 }
 
 }  // namespace
@@ -90,18 +86,12 @@ size_t AppendTopK(Primitives* p, float* acc, size_t begin, size_t end, size_t k,
   if (p->device() != Device::kCpu) {
     Scratch local(p);
     Scratch* s = scratch != nullptr ? scratch : &local;
-    auto* idx = Slot<uint32_t>(s, kIdxSlot, k * 4);
-    auto* val = Slot<float>(s, kValSlot, k * 4);
-    if (idx == nullptr || val == nullptr) return 0;
+    // [indices | values] in one slot: TopK writes k of each, so one copy brings them out.
+    auto* idx = Slot<uint32_t>(s, kIdxSlot, k * 8);
+    if (idx == nullptr) return 0;
+    auto* val = reinterpret_cast<float*>(idx + k);
     const size_t w = p->TopK(acc + begin, end - begin, k, idx, val);
-    out->idx.resize(base + w);
-    out->val.resize(base + w);
-    if (!s->Fetch(out->idx.data() + base, idx, w * 4).ok() ||
-        !s->Fetch(out->val.data() + base, val, w * 4).ok()) {
-      out->idx.resize(base);
-      out->val.resize(base);
-      return 0;
-    }
+    if (!AppendPairsFromDevice(s, idx, val, w, out).ok()) return 0;
     if (begin != 0) {
       for (size_t j = base; j < base + w; ++j) out->idx[j] += static_cast<uint32_t>(begin);
     }
@@ -149,6 +139,76 @@ size_t TrimTopK(Primitives* p, Selection* out, size_t from, size_t k, Scratch* s
   out->idx.resize(from + w);
   out->val.resize(from + w);
   return w;
+}
+
+absl::Status AppendPairsFromDevice(Scratch* s, const uint32_t* idx, const float* val, size_t m,
+                                   Selection* out) {
+  if (m == 0) return absl::OkStatus();
+  absl::StatusOr<void*> h = s->HostStaging(m * 8);
+  if (!h.ok()) return h.status();  // kept in s
+  auto* hidx = static_cast<uint32_t*>(*h);
+  auto* hval = reinterpret_cast<float*>(hidx + m);
+  if (reinterpret_cast<const void*>(val) == reinterpret_cast<const void*>(idx + m)) {
+    SPEX_RETURN_IF_ERROR(s->Fetch(hidx, idx, m * 8));
+  } else {
+    SPEX_RETURN_IF_ERROR(s->Fetch(hidx, idx, m * 4));
+    SPEX_RETURN_IF_ERROR(s->Fetch(hval, val, m * 4));
+  }
+  out->idx.insert(out->idx.end(), hidx, hidx + m);
+  out->val.insert(out->val.end(), hval, hval + m);
+  return absl::OkStatus();
+}
+
+size_t AppendAboveTopDevice(Primitives* p, const float* acc, size_t begin, size_t end, float t,
+                            size_t count, size_t keep, Selection* out, Scratch* s,
+                            DeviceSelectTimes* times) {
+  if (end <= begin || count == 0 || keep == 0) return 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  // Every entry >= t into [indices (count) | values (count)]; nothing is zeroed, so casting away
+  // const is safe.
+  auto* idx = Slot<uint32_t>(s, kIdxSlot, count * 8);
+  if (idx == nullptr) return 0;
+  auto* val = reinterpret_cast<float*>(idx + count);
+  const size_t c = p->SelectAbove(const_cast<float*>(acc), begin, end, t, false, idx, val, count);
+  if (c > count) {
+    s->Fail(absl::InternalError(absl::StrCat("device selection: ", c, " entries at or above ",
+                                             "the histogram's edge, which counted ", count,
+                                             " (a bug)")));
+    return 0;
+  }
+  const uint32_t* kidx = idx;
+  const float* kval = val;
+  size_t m = c;
+  if (keep < c) {
+    // The exact top `keep` of the candidates' values, their positions ascending; the indices at
+    // those positions are gathered beside them ([indices | values] again, for one copy). Gather
+    // moves 32-bit words, so it carries the uint32 indices unchanged.
+    auto* pos = Slot<uint32_t>(s, kHostInSlot, keep * 4);
+    auto* top = Slot<uint32_t>(s, kValSlot, keep * 8);
+    if (pos == nullptr || top == nullptr) return 0;
+    auto* top_val = reinterpret_cast<float*>(top + keep);
+    m = p->TopK(val, c, keep, pos, top_val);
+    absl::Status g =
+        p->Gather(reinterpret_cast<const float*>(idx), c, pos, m, reinterpret_cast<float*>(top));
+    if (!g.ok()) {
+      s->Fail(g);
+      return 0;
+    }
+    kidx = top;
+    kval = m == keep ? top_val : nullptr;
+    if (kval == nullptr) {  // TopK wrote fewer than asked (not expected: c > keep)
+      s->Fail(absl::InternalError("device selection: TopK wrote fewer entries than asked"));
+      return 0;
+    }
+  }
+  const auto t1 = std::chrono::steady_clock::now();
+  if (!AppendPairsFromDevice(s, kidx, kval, m, out).ok()) return 0;
+  if (times != nullptr) {
+    const auto t2 = std::chrono::steady_clock::now();
+    times->compact_seconds += std::chrono::duration<double>(t1 - t0).count();
+    times->copy_out_seconds += std::chrono::duration<double>(t2 - t1).count();
+  }
+  return c;
 }
 
 void AccumulateOutside(Primitives* p, float* acc, const float* add, size_t n, size_t skip_begin,

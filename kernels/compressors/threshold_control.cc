@@ -77,6 +77,14 @@ bool SingleMagnitudeEdge(Primitives* p, float* acc, size_t begin, size_t end, fl
   return true;
 }
 
+// The smallest |val| of out's entries from `from` on (+Inf for none): the threshold a trimmed
+// selection applied.
+float MinMagnitude(const Selection& out, size_t from) {
+  float t = std::numeric_limits<float>::infinity();
+  for (size_t j = from; j < out.val.size(); ++j) t = std::min(t, std::fabs(out.val[j]));
+  return t;
+}
+
 }  // namespace
 
 float HistogramQuotaSelect(Primitives* p, const float* acc, size_t begin, size_t end, size_t quota,
@@ -93,22 +101,34 @@ float HistogramQuotaSelect(Primitives* p, const float* acc, size_t begin, size_t
   constexpr uint32_t kMargin = 32;
   // Counts the bins from `first` on (all of them for 0) and finds the edge: the highest bin b
   // where the bins from b up hold at least `quota` entries. False when the counted bins hold
-  // fewer (then only a full count can say where the edge is).
-  uint64_t cum = 0;
-  uint32_t b = kTop;
+  // fewer (then only a full count can say where the edge is). Host primitives count into `bins`
+  // and walk them here; device primitives walk them on the device (AbsHistogramEdge), so only
+  // the edge comes back, not the bins.
+  const bool device = p->device() != Device::kCpu;
+  HistogramEdge e;
   auto count_from = [&](uint32_t first) {
-    bins->assign(Primitives::kHistogramBins, 0);
-    (void)HistogramToHost(p, acc, begin, end, first, bins->data(), scratch);  // failure: scratch
-    cum = 0;
-    for (b = kTop; b >= std::max<uint32_t>(first, 1); --b) {
-      cum += (*bins)[b];
-      if (cum >= quota) return true;
+    if (device) {
+      absl::StatusOr<HistogramEdge> r = p->AbsHistogramEdge(acc, begin, end, first, quota);
+      if (!r.ok()) {
+        if (scratch != nullptr) scratch->Fail(r.status());
+        e = HistogramEdge();
+        e.bin = std::max<uint32_t>(first, 1);
+        return true;  // nothing counted: cum 0 selects nothing; the failure is in scratch
+      }
+      e = *r;
+    } else {
+      bins->assign(Primitives::kHistogramBins, 0);
+      (void)HistogramToHost(p, acc, begin, end, first, bins->data(), scratch);  // failure: scratch
+      e = Primitives::WalkHistogramEdge(bins->data(), first, quota);
     }
-    return false;
+    return e.reached != 0;
   };
   const uint32_t first =
       edge_hint != nullptr && *edge_hint > kMargin ? std::min(*edge_hint, kTop) - kMargin : 0;
   if (first == 0 || !count_from(first)) count_from(0);
+  // Not reached from bin 0: every non-zero entry is fewer than the quota; take them all.
+  uint32_t b = e.reached ? e.bin : 0;
+  const uint64_t cum = e.cum;
   if (edge_hint != nullptr) *edge_hint = std::max<uint32_t>(b, 1);
   if (b == 0) b = 1;  // fewer non-zero entries than the quota: take them all
   if (cum == 0) return kNone;
@@ -116,26 +136,28 @@ float HistogramQuotaSelect(Primitives* p, const float* acc, size_t begin, size_t
   float edge;
   std::memcpy(&edge, &bits, sizeof(edge));
   const size_t from = out->idx.size();
-  const size_t in_edge = (*bins)[b];
-  if (trim && cum > quota && in_edge > quota && b < kTop && p->device() == Device::kCpu) {
+  if (device) {
+    // Selected, cut to the quota and compacted on the device; one copy of the pairs comes out.
+    const size_t c =
+        AppendAboveTopDevice(p, acc, begin, end, edge, cum, trim ? quota : cum, out, scratch);
+    return !trim || c <= quota ? edge : MinMagnitude(*out, from);
+  }
+  const size_t in_edge = e.in_edge;
+  if (trim && cum > quota && in_edge > quota && b < kTop) {
     const uint32_t next_bits = (b + 1) << 15;
     float next;
     std::memcpy(&next, &next_bits, sizeof(next));
     // Casting away const is safe: nothing is zeroed (zero=false).
     if (SingleMagnitudeEdge(p, const_cast<float*>(acc), begin, end, edge, next, cum - in_edge,
                             in_edge, quota, out)) {
-      float t = kNone;
-      for (size_t j = from; j < out->val.size(); ++j) t = std::min(t, std::fabs(out->val[j]));
-      return t;
+      return MinMagnitude(*out, from);
     }
   }
   // The select's count is known: cum entries are >= edge (casting away const is safe: zero=false).
   AppendAbove(p, const_cast<float*>(acc), nullptr, begin, end, edge, false, cum, out, scratch);
   if (!trim || out->idx.size() - from <= quota) return edge;
   TrimTopK(p, out, from, quota, scratch);
-  float t = kNone;
-  for (size_t j = from; j < out->val.size(); ++j) t = std::min(t, std::fabs(out->val[j]));
-  return t;
+  return MinMagnitude(*out, from);
 }
 
 void SaveThresholdState(StateWriter* w, float th, uint64_t k_prev, uint32_t edge_hint) {

@@ -36,9 +36,13 @@ size_t EvenShare(size_t k, int parts, int part);
 
 // Selects at least `quota` of the largest |acc| in [begin, end) (exactly `quota` with trim, or
 // every non-zero entry when there are fewer), appending ascending indices to out. `bins` is
-// scratch (resized to 2^16). Returns the threshold actually applied (the bin edge, or the
-// smallest kept magnitude after trimming); +Inf when nothing is selected. `scratch`: see
-// device_scratch.h (device primitives).
+// host scratch for host primitives (resized to 2^16). Returns the threshold actually applied (the
+// bin edge, or the smallest kept magnitude after trimming); +Inf when nothing is selected.
+// `scratch`: see device_scratch.h (device primitives). On device primitives nothing that scales
+// with the range comes back: the bins are walked on the device (Primitives::AbsHistogramEdge,
+// 24 bytes back), the candidates are selected, cut to the quota and compacted there, and the
+// kept pairs come out in one copy into pinned host staging (AppendAboveTopDevice): 8 bytes per
+// selected entry.
 //
 // `edge_hint` (optional): the edge bin of this compressor's previous selection, updated here.
 // With a hint the histogram first counts only the bins from a little below it (most entries

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "kernels/cuda/cuda_error.h"
+#include "kernels/cuda/histogram_edge.h"
 #include "kernels/cuda/kernels.h"
 #include "kernels/cuda/radix_top_k.h"
 
@@ -108,6 +109,9 @@ class CudaPrimitives final : public Primitives {
   size_t AddSelectAbove(float* acc, const float* add, size_t begin, size_t end, float t, bool zero,
                         uint32_t* idx, float* val, size_t capacity) override;
   size_t TopK(const float* x, size_t n, size_t k, uint32_t* idx, float* val) override;
+  absl::StatusOr<HistogramEdge> AbsHistogramEdge(const float* x, size_t begin, size_t end,
+                                                 uint32_t first_bin, uint64_t quota) override;
+  absl::StatusOr<std::unique_ptr<ScratchBuffer>> AllocHostStaging(size_t bytes) override;
   AbsMoments Moments(const float* x, size_t n, float lower_bound) override;
   void Sample(const float* x, size_t n, size_t m, uint64_t seed, float* out) override;
   absl::Status ScatterAdd(float* y, size_t n, const uint32_t* idx, const float* val,
@@ -176,6 +180,7 @@ class CudaPrimitives final : public Primitives {
 
 // TopK's three passes on the GPU (see radix_top_k.h).
 class CudaTopKPasses final : public gpu::RadixTopKPasses {
+  Scratch edge_;  // AbsHistogramEdge: the 2^16 bins, then the EdgePick
  public:
   CudaTopKPasses(CudaPrimitives* p, const float* x, size_t n, uint32_t* idx, float* val)
       : p_(p), x_(x), n_(n), idx_(idx), val_(val) {}
@@ -601,3 +606,54 @@ absl::Status CudaPrimitivesError(const Primitives& p) {
 }
 
 }  // namespace spex
+// The histogram threshold on the device (histogram_edge.h): the bins stay in edge_, 24 bytes of
+// EdgePick come back.
+absl::StatusOr<HistogramEdge> CudaPrimitives::AbsHistogramEdge(const float* x, size_t begin,
+                                                               size_t end, uint32_t first_bin,
+                                                               uint64_t quota) {
+  if (quota == 0) return absl::InvalidArgumentError("AbsHistogramEdge: quota must be at least 1");
+  if (first_bin > gpu::kEdgeInfBin) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("AbsHistogramEdge: first_bin ", first_bin, " is above +Inf's bin 0xFF00"));
+  }
+  if (end > kMaxElements) {
+    return absl::InvalidArgumentError("AbsHistogramEdge: more than 2^32 elements");
+  }
+  static_assert(sizeof(gpu::EdgePick) == sizeof(HistogramEdge), "EdgePick is HistogramEdge");
+  absl::MutexLock lock(&mu_);
+  DeviceGuard guard(device_);
+  constexpr size_t kBinBytes = kHistogramBins * sizeof(uint32_t);
+  if (absl::Status s = edge_.Reserve(kBinBytes + sizeof(gpu::EdgePick)); !s.ok()) return s;
+  auto* pick = edge_.at<gpu::EdgePick>(kBinBytes);
+  SPEX_CUDA_RETURN_IF_ERROR(
+      gpu::LaunchHistogramEdge(launch_.stream, launch_.max_blocks, x, begin, end, first_bin, quota,
+                               edge_.as<uint32_t>(), pick),
+      "AbsHistogramEdge");
+  gpu::EdgePick h;
+  SPEX_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(&h, pick, sizeof(h), cudaMemcpyDeviceToHost, launch_.stream),
+      "AbsHistogramEdge readback");
+  if (absl::Status s = Finish("AbsHistogramEdge"); !s.ok()) return s;
+  HistogramEdge e;
+  e.bin = h.bin;
+  e.reached = h.reached;
+  e.cum = h.cum;
+  e.in_edge = h.in_edge;
+  return e;
+}
+
+// Page-locked host memory (cudaMallocHost): a device-to-host copy into it is one DMA straight
+// into the buffer, not a bounce through the runtime's own staging as for pageable memory.
+class PinnedHostBuffer final : public ScratchBuffer {
+ public:
+  PinnedHostBuffer(void* data, size_t bytes) : ScratchBuffer(data, bytes) {}
+  ~PinnedHostBuffer() override { cudaFreeHost(data()); }
+};
+
+absl::StatusOr<std::unique_ptr<ScratchBuffer>> CudaPrimitives::AllocHostStaging(size_t bytes) {
+  DeviceGuard guard(device_);
+  void* p = nullptr;
+  SPEX_CUDA_RETURN_IF_ERROR(cudaMallocHost(&p, std::max<size_t>(bytes, 64)), "AllocHostStaging");
+  return std::unique_ptr<ScratchBuffer>(std::make_unique<PinnedHostBuffer>(p, bytes));
+}
+

@@ -45,6 +45,21 @@ class FakeScratch final : public ScratchBuffer {
   std::unique_ptr<DeviceArray> array_;
 };
 
+// The device primitives' host staging: host memory registered as the fake device's pinned
+// memory while it lives.
+class PinnedStaging final : public ScratchBuffer {
+ public:
+  PinnedStaging(FakeDevice* d, std::unique_ptr<ScratchBuffer> b)
+      : ScratchBuffer(b->data(), b->bytes()), d_(d), b_(std::move(b)) {
+    d_->RegisterPinned(data(), bytes());
+  }
+  ~PinnedStaging() override { d_->UnregisterPinned(data()); }
+
+ private:
+  FakeDevice* d_;
+  std::unique_ptr<ScratchBuffer> b_;
+};
+
 // Primitives that check on which side of the fake device every pointer they get is, then
 // forward to the CPU primitives. `device_side`: they stand for the device's primitives.
 class CheckedPrimitives final : public Primitives {
@@ -128,6 +143,21 @@ class CheckedPrimitives final : public Primitives {
     Mine(bins, kHistogramBins * 4, "AbsHistogram16 bins");
     cpu_->AbsHistogram16(x, begin, end, bins);
   }
+  // The bins are counted and walked where the device keeps them (here: host memory standing for
+  // it, by the CPU primitives' default walk); what a GPU reads back is the edge alone, so that
+  // is what is counted as device-to-host staging.
+  absl::StatusOr<HistogramEdge> AbsHistogramEdge(const float* x, size_t begin, size_t end,
+                                                 uint32_t first_bin, uint64_t quota) override {
+    Mine(x + begin, end > begin ? (end - begin) * 4 : 0, "AbsHistogramEdge x");
+    if (device_side_) d_->CountStaging(true, sizeof(HistogramEdge));
+    return cpu_->AbsHistogramEdge(x, begin, end, first_bin, quota);
+  }
+  // Host memory either way; the device side's is registered as pinned, so copies into it count.
+  absl::StatusOr<std::unique_ptr<ScratchBuffer>> AllocHostStaging(size_t bytes) override {
+    absl::StatusOr<std::unique_ptr<ScratchBuffer>> b = cpu_->AllocHostStaging(bytes);
+    if (!b.ok() || !device_side_) return b;
+    return std::unique_ptr<ScratchBuffer>(std::make_unique<PinnedStaging>(d_, std::move(*b)));
+  }
   absl::Status Copy(float* dst, const float* src, size_t n) override {
     Mine(dst, n * 4, "Copy dst");
     Mine(src, n * 4, "Copy src");
@@ -141,6 +171,7 @@ class CheckedPrimitives final : public Primitives {
     Mine(src, bytes, "CopyToHost src");
     OnHost(host_dst, bytes, "CopyToHost dst");
     if (device_side_) d_->CountStaging(true, bytes);
+    if (device_side_ && d_->IsPinned(host_dst, bytes)) d_->CountPinned(bytes);
     return cpu_->CopyToHost(host_dst, src, bytes);
   }
   absl::Status CopyFromHost(void* dst, const void* host_src, size_t bytes) override {
@@ -455,6 +486,35 @@ void FakeDevice::Unregister(const void* p) {
     if (ranges_[i].begin == p) {
       ranges_.erase(ranges_.begin() + i);
       return;
+void FakeDevice::CountPinned(size_t bytes) {
+  absl::MutexLock lock(&mu_);
+  staging_.to_pinned_bytes += bytes;
+}
+
+void FakeDevice::RegisterPinned(const void* p, size_t bytes) {
+  absl::MutexLock lock(&mu_);
+  pinned_.push_back({static_cast<const uint8_t*>(p), bytes, nullptr});
+}
+
+void FakeDevice::UnregisterPinned(const void* p) {
+  absl::MutexLock lock(&mu_);
+  for (size_t i = 0; i < pinned_.size(); ++i) {
+    if (pinned_[i].begin == p) {
+      pinned_.erase(pinned_.begin() + i);
+      return;
+    }
+  }
+}
+
+bool FakeDevice::IsPinned(const void* p, size_t bytes) const {
+  const auto* q = static_cast<const uint8_t*>(p);
+  absl::MutexLock lock(&mu_);
+  for (const Range& r : pinned_) {
+    if (q >= r.begin && q + bytes <= r.begin + r.bytes) return true;
+  }
+  return false;
+}
+
     }
   }
 }

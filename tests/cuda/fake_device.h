@@ -72,6 +72,8 @@ struct Staging {
   uint64_t to_host_calls = 0, to_host_bytes = 0;
   uint64_t from_host_calls = 0, from_host_bytes = 0;
   uint64_t to_host_max_bytes = 0;  // the largest single device-to-host copy
+  // Device-to-host bytes into host staging from AllocHostStaging (pinned on a real GPU).
+  uint64_t to_pinned_bytes = 0;
   // How many copies of each size there were, per direction.
   std::map<uint64_t, uint64_t> to_host_sizes, from_host_sizes;
 };
@@ -112,6 +114,11 @@ class FakeDevice : public BufferAllocator, public SlotOrdering {
   std::vector<std::string> violations() const;
   Staging staging() const;
   void CountStaging(bool to_host, size_t bytes);
+  // Host staging the device primitives allocated (AllocHostStaging): a real GPU's pinned memory.
+  void RegisterPinned(const void* p, size_t bytes);
+  void UnregisterPinned(const void* p);
+  bool IsPinned(const void* p, size_t bytes) const;
+  void CountPinned(size_t bytes);
   int ordinal() const { return ordinal_; }
   int live_buffers() const;
   // Memory of this device (buffer: the FakeBuffer it belongs to, null for scratch).
@@ -129,6 +136,7 @@ class FakeDevice : public BufferAllocator, public SlotOrdering {
   std::unique_ptr<Primitives> device_prims_, host_prims_;
   mutable absl::Mutex mu_;
   std::vector<Range> ranges_ ABSL_GUARDED_BY(mu_);
+  std::vector<Range> pinned_ ABSL_GUARDED_BY(mu_);
   std::vector<Event> events_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> violations_ ABSL_GUARDED_BY(mu_);
   Staging staging_ ABSL_GUARDED_BY(mu_);
