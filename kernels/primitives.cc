@@ -140,7 +140,6 @@ absl::Status Scratch::TakeStatus() {
   return s;
 }
 
-}  // namespace spex
 // The device-side histogram threshold's defaults (AbsHistogramEdge) and host staging.
 
 HistogramEdge Primitives::WalkHistogramEdge(const uint32_t* bins, uint32_t first_bin,
@@ -211,3 +210,4 @@ absl::StatusOr<void*> Scratch::HostStaging(size_t bytes) {
   return staging_->data();
 }
 
+}  // namespace spex

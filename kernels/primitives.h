@@ -33,7 +33,6 @@ struct AbsMoments {
   float max = 0;  // max |x| (0 for no entries)
 };
 
-// A block of memory of a Primitives implementation's device (host memory for host
 // Where a quota of the largest magnitudes ends in the 2^16-bin |x| histogram
 // (Primitives::AbsHistogramEdge; the histogram threshold of micro and exdyna).
 struct HistogramEdge {
@@ -43,6 +42,7 @@ struct HistogramEdge {
   uint64_t in_edge = 0;  // entries in bin `bin`
 };
 
+// A block of memory of a Primitives implementation's device (host memory for host
 // implementations), freed with the object. Made by Primitives::AllocScratch.
 class ScratchBuffer {
  public:
@@ -136,7 +136,6 @@ class Primitives {
   // entries there where that is cheaper: they cost no increment). The default is AbsHistogram16.
   virtual void AbsHistogram16From(const float* x, size_t begin, size_t end, uint32_t first_bin,
                                   uint32_t* bins);
-
   // The AbsHistogram16From(x, begin, end, first_bin) bins walked from +Inf's bin (0xFF00) down
   // to lo = max(first_bin, 1) (bin 0, zeros, and the NaN-only bins above 0xFF00 never count):
   // the highest bin b in [lo, 0xFF00] such that bins b..0xFF00 hold at least `quota` (>= 1)
@@ -150,6 +149,7 @@ class Primitives {
   // AbsHistogramEdge's walk over bins already counted (host memory), shared by every
   // implementation's host side and by tests.
   static HistogramEdge WalkHistogramEdge(const uint32_t* bins, uint32_t first_bin, uint64_t quota);
+
   // Memory movement, so that code written against this interface (the daemon's engine) never
   // touches device data with a raw memcpy or fill. The defaults are right for implementations
   // whose memory is host memory (memcpy, std::fill_n); a device implementation overrides all
@@ -162,13 +162,13 @@ class Primitives {
   virtual absl::Status CopyToHost(void* host_dst, const void* src, size_t bytes);
   virtual absl::Status CopyFromHost(void* dst, const void* host_src, size_t bytes);
 
-  // `bytes` bytes (at least one) of this device's memory, 64-byte aligned, contents undefined:
   // `bytes` bytes (at least one) of host memory that this device copies to and from fastest
   // (kernels/cuda: page-locked, cudaMallocHost, so a copy is one DMA with no bounce through the
   // runtime's own staging), 64-byte aligned: where a device step stages its selected pairs. The
   // default is ordinary host memory.
   virtual absl::StatusOr<std::unique_ptr<ScratchBuffer>> AllocHostStaging(size_t bytes);
 
+  // `bytes` bytes (at least one) of this device's memory, 64-byte aligned, contents undefined:
   // scratch for a caller that hands the primitives output buffers of its own (a compressor's
   // selection, histogram or samples on a device). The default is host memory; a device
   // implementation overrides it (kernels/cuda: cudaMalloc). An error is an allocation failure.
@@ -207,6 +207,9 @@ class Scratch {
   }
   // The first failure kept (OK when there was none).
   const absl::Status& status() const { return status_; }
+  // At least `bytes` of host staging memory (Primitives::AllocHostStaging: pinned on a GPU),
+  // kept and grown like a slot: where a device selection is copied out to in one copy.
+  absl::StatusOr<void*> HostStaging(size_t bytes);
   // The first failure since the last call (then cleared); on a device also the primitives'
   // Health, so a failed kernel launch is reported with the results computed after it.
   absl::Status TakeStatus();
@@ -214,6 +217,7 @@ class Scratch {
  private:
   Primitives* p_;
   std::unique_ptr<ScratchBuffer> slots_[kSlots];
+  std::unique_ptr<ScratchBuffer> staging_;
   absl::Status status_;
 };
 
@@ -225,9 +229,6 @@ std::unique_ptr<Primitives> MakeCpuPrimitives(int threads = 0);
 // or a cgroup cpuset left it), or the hardware concurrency where the mask cannot be read.
 // At least 1.
 int UsableCpus();
-  // At least `bytes` of host staging memory (Primitives::AllocHostStaging: pinned on a GPU),
-  // kept and grown like a slot: where a device selection is copied out to in one copy.
-  absl::StatusOr<void*> HostStaging(size_t bytes);
 
 // The CUDA implementation; returns an error where CUDA is not compiled in or no GPU is usable.
 // (Defined in kernels/cuda when built with --config=cuda, otherwise in kernels/cuda_stub.cc.)
@@ -235,6 +236,5 @@ absl::Status MakeCudaPrimitives(std::unique_ptr<Primitives>* out);
 // The same on GPU `device` (the daemon's chosen ordinal); InvalidArgument for an ordinal that
 // does not exist.
 absl::Status MakeCudaPrimitivesOnDevice(int device, std::unique_ptr<Primitives>* out);
-  std::unique_ptr<ScratchBuffer> staging_;
 
 }  // namespace spex

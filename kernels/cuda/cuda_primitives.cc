@@ -176,11 +176,11 @@ class CudaPrimitives final : public Primitives {
   mutable absl::Mutex mu_;
   absl::Status error_;
   Scratch cub_temp_, indices_, ranks_, digit_counts_, readback_;
+  Scratch edge_;  // AbsHistogramEdge: the 2^16 bins, then the EdgePick
 };
 
 // TopK's three passes on the GPU (see radix_top_k.h).
 class CudaTopKPasses final : public gpu::RadixTopKPasses {
-  Scratch edge_;  // AbsHistogramEdge: the 2^16 bins, then the EdgePick
  public:
   CudaTopKPasses(CudaPrimitives* p, const float* x, size_t n, uint32_t* idx, float* val)
       : p_(p), x_(x), n_(n), idx_(idx), val_(val) {}
@@ -579,33 +579,6 @@ absl::StatusOr<std::unique_ptr<ScratchBuffer>> CudaPrimitives::AllocScratch(size
   return std::unique_ptr<ScratchBuffer>(std::make_unique<CudaScratchBuffer>(device_, p, bytes));
 }
 
-}  // namespace
-
-absl::Status MakeCudaPrimitivesOnDevice(int device, std::unique_ptr<Primitives>* out) {
-  if (out == nullptr) return absl::InvalidArgumentError("MakeCudaPrimitives: out is null");
-  return CudaPrimitives::Create(device, out);
-}
-
-absl::Status MakeCudaPrimitives(std::unique_ptr<Primitives>* out) {
-  if (out == nullptr) return absl::InvalidArgumentError("MakeCudaPrimitives: out is null");
-  out->reset();
-  int count = 0;
-  cudaError_t e = cudaGetDeviceCount(&count);
-  int device = 0;
-  if (e == cudaSuccess && count > 0) cudaGetDevice(&device);
-  cudaGetLastError();
-  return CudaPrimitives::Create(device, out);
-}
-
-absl::Status CudaPrimitivesError(const Primitives& p) {
-  const auto* cuda = dynamic_cast<const CudaPrimitives*>(&p);
-  if (cuda == nullptr) {
-    return absl::InvalidArgumentError("CudaPrimitivesError: not a CUDA Primitives object");
-  }
-  return cuda->error();
-}
-
-}  // namespace spex
 // The histogram threshold on the device (histogram_edge.h): the bins stay in edge_, 24 bytes of
 // EdgePick come back.
 absl::StatusOr<HistogramEdge> CudaPrimitives::AbsHistogramEdge(const float* x, size_t begin,
@@ -657,3 +630,30 @@ absl::StatusOr<std::unique_ptr<ScratchBuffer>> CudaPrimitives::AllocHostStaging(
   return std::unique_ptr<ScratchBuffer>(std::make_unique<PinnedHostBuffer>(p, bytes));
 }
 
+}  // namespace
+
+absl::Status MakeCudaPrimitivesOnDevice(int device, std::unique_ptr<Primitives>* out) {
+  if (out == nullptr) return absl::InvalidArgumentError("MakeCudaPrimitives: out is null");
+  return CudaPrimitives::Create(device, out);
+}
+
+absl::Status MakeCudaPrimitives(std::unique_ptr<Primitives>* out) {
+  if (out == nullptr) return absl::InvalidArgumentError("MakeCudaPrimitives: out is null");
+  out->reset();
+  int count = 0;
+  cudaError_t e = cudaGetDeviceCount(&count);
+  int device = 0;
+  if (e == cudaSuccess && count > 0) cudaGetDevice(&device);
+  cudaGetLastError();
+  return CudaPrimitives::Create(device, out);
+}
+
+absl::Status CudaPrimitivesError(const Primitives& p) {
+  const auto* cuda = dynamic_cast<const CudaPrimitives*>(&p);
+  if (cuda == nullptr) {
+    return absl::InvalidArgumentError("CudaPrimitivesError: not a CUDA Primitives object");
+  }
+  return cuda->error();
+}
+
+}  // namespace spex

@@ -468,24 +468,6 @@ void FakeDevice::CountStaging(bool to_host, size_t bytes) {
   }
 }
 
-int FakeDevice::live_buffers() const {
-  absl::MutexLock lock(&mu_);
-  int n = 0;
-  for (const Range& r : ranges_) n += r.buffer != nullptr;
-  return n;
-}
-
-void FakeDevice::Register(const void* p, size_t bytes, FakeBuffer* buffer) {
-  absl::MutexLock lock(&mu_);
-  ranges_.push_back({static_cast<const uint8_t*>(p), bytes, buffer});
-}
-
-void FakeDevice::Unregister(const void* p) {
-  absl::MutexLock lock(&mu_);
-  for (size_t i = 0; i < ranges_.size(); ++i) {
-    if (ranges_[i].begin == p) {
-      ranges_.erase(ranges_.begin() + i);
-      return;
 void FakeDevice::CountPinned(size_t bytes) {
   absl::MutexLock lock(&mu_);
   staging_.to_pinned_bytes += bytes;
@@ -515,6 +497,24 @@ bool FakeDevice::IsPinned(const void* p, size_t bytes) const {
   return false;
 }
 
+int FakeDevice::live_buffers() const {
+  absl::MutexLock lock(&mu_);
+  int n = 0;
+  for (const Range& r : ranges_) n += r.buffer != nullptr;
+  return n;
+}
+
+void FakeDevice::Register(const void* p, size_t bytes, FakeBuffer* buffer) {
+  absl::MutexLock lock(&mu_);
+  ranges_.push_back({static_cast<const uint8_t*>(p), bytes, buffer});
+}
+
+void FakeDevice::Unregister(const void* p) {
+  absl::MutexLock lock(&mu_);
+  for (size_t i = 0; i < ranges_.size(); ++i) {
+    if (ranges_[i].begin == p) {
+      ranges_.erase(ranges_.begin() + i);
+      return;
     }
   }
 }
