@@ -78,6 +78,46 @@ absl::Status Primitives::Health() const { return absl::OkStatus(); }
 
 namespace {
 
+absl::Status CheckHalfPass(const Primitives& p, DType t, const char* what) {
+  if (p.device() != Device::kCpu) {
+    return absl::UnimplementedError(absl::StrCat(
+        what,
+        ": this device's primitives have no half-precision passes (a bug: the device path "
+        "serves bfloat16/float16 buckets only with primitives that override them)"));
+  }
+  if (!IsHalf(t)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " on a ", DTypeName(t), " buffer (a bug)"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status Primitives::SumWidenHalf(DType t, float* y, const float* acc,
+                                      const uint16_t* const* xs, int count, float a, size_t n,
+                                      size_t* first_bad) {
+  SPEX_RETURN_IF_ERROR(CheckHalfPass(*this, t, "SumWidenHalf"));
+  if (count < 1) return absl::InvalidArgumentError("SumWidenHalf needs at least one input");
+  const size_t bad = half::SumWidenScaled(t, y, acc, xs, count, a, n, first_bad != nullptr);
+  if (first_bad != nullptr) *first_bad = bad;
+  return absl::OkStatus();
+}
+
+absl::Status Primitives::NarrowHalf(DType t, const float* x, uint16_t* y, size_t n) {
+  SPEX_RETURN_IF_ERROR(CheckHalfPass(*this, t, "NarrowHalf"));
+  half::Narrow(t, x, y, n);
+  return absl::OkStatus();
+}
+
+absl::Status Primitives::WidenHalf(DType t, const uint16_t* x, float* y, size_t n) {
+  SPEX_RETURN_IF_ERROR(CheckHalfPass(*this, t, "WidenHalf"));
+  half::Widen(t, x, y, n);
+  return absl::OkStatus();
+}
+
+namespace {
+
 // Host scratch: aligned heap memory.
 class HostScratch final : public ScratchBuffer {
  public:

@@ -18,6 +18,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "kernels/half.h"
 
 namespace spex {
 
@@ -173,6 +174,23 @@ class Primitives {
   // selection, histogram or samples on a device). The default is host memory; a device
   // implementation overrides it (kernels/cuda: cudaMalloc). An error is an allocation failure.
   virtual absl::StatusOr<std::unique_ptr<ScratchBuffer>> AllocScratch(size_t bytes);
+
+  // Half-precision buckets (bfloat16, float16; kernels/half.h, docs/dtypes.md): `t` is a half
+  // type and every uint16_t pointer holds its bit patterns in this device's memory. Each pass
+  // is bit-identical to kernels/half.h's pass of the same name on every implementation (round
+  // to nearest even, overflow to +-Inf, NaN kept quiet, widening exact). The defaults run
+  // kernels/half.h's passes and are right for host-memory implementations only: on another
+  // device they return Unimplemented (kernels/cuda overrides all three).
+  // half::SumWidenScaled: y[i] = a * (acc[i] + float(xs[0][i]) + ... + float(xs[count-1][i])),
+  // left to right in float32 (acc null: the sum starts at xs[0]; a == 1: no multiply); y may
+  // equal acc. `xs` is a host array of `count` (>= 1) device pointers. first_bad non-null: set
+  // to the lowest i whose y[i] is NaN or +-Inf, n when none (the local reduce's finite check).
+  virtual absl::Status SumWidenHalf(DType t, float* y, const float* acc, const uint16_t* const* xs,
+                                    int count, float a, size_t n, size_t* first_bad);
+  // half::Narrow: y[i] = x[i] rounded to `t`.
+  virtual absl::Status NarrowHalf(DType t, const float* x, uint16_t* y, size_t n);
+  // half::Widen: y[i] = float(x[i]).
+  virtual absl::Status WidenHalf(DType t, const uint16_t* x, float* y, size_t n);
 
   // The first failure of a call without a Status result (Accumulate, Scale, CountAbove, ...),
   // so a caller can refuse results computed after it: OK while there was none. Host

@@ -45,6 +45,7 @@ struct BucketMemory {
   std::vector<float> output_host;    // CPU path, half bucket: the float32 output before rounding
   std::unique_ptr<DeviceArray> acc_device;
   std::unique_ptr<DeviceArray> acc_next_device;  // device path, sparse with error feedback
+  std::unique_ptr<DeviceArray> output_device;    // device path, half bucket: the float32 output
   std::unique_ptr<Scratch> scratch;              // device path
   BucketData view;                               // what the steps see
   // Several GPUs (docs/design.md#multi-gpu): local trainer r's buffer on its own GPU

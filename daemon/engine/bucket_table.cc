@@ -40,12 +40,6 @@ absl::StatusOr<EngineBucket*> BucketTable::Create(const BucketSpec& spec) {
   v.elements = spec.elements;
   v.dtype = spec.policy.dtype;
   v.wire = spec.policy.wire();
-  if (IsHalf(v.dtype) && device_.allocator != nullptr) {
-    return absl::UnimplementedError(absl::StrCat(
-        "bucket ", spec.id, ": ", DTypeName(v.dtype),
-        " buckets are served on the CPU path only so far; this spexd serves CUDA buffers: "
-        "register float32 (model.float()), or run spexd with --device=cpu"));
-  }
   absl::Status s = device_.allocator != nullptr ? AllocateDevice(b.get()) : AllocateHost(b.get());
   if (s.ok()) s = BuildCompressor(b.get(), spec.density);
   const uint32_t slots = options_->local_trainers;
@@ -122,11 +116,13 @@ absl::Status BucketTable::AllocateHost(EngineBucket* b) {
 // allocator's buffer.
 absl::Status BucketTable::AllocateDevice(EngineBucket* b) {
   const uint32_t slots = options_->local_trainers;
+  const DType dtype = b->mem.view.dtype;
+  const size_t eb = DTypeSize(dtype);
   auto shm = ShmBuffer::Create(kPageBytes, absl::StrCat(options_->shm_tag, "-b", b->id));
   if (!shm.ok()) return shm.status();
   b->mem.shm = std::move(*shm);
-  b->mem.header = NewHeader(b->mem.shm->data(), b->id, b->elements, slots);
-  const size_t bytes = DeviceBucketBytes(b->elements, slots);
+  b->mem.header = NewHeader(b->mem.shm->data(), b->id, b->elements, slots, dtype);
+  const size_t bytes = DeviceBucketBytes(b->elements, slots, eb);
   auto data = device_.allocator->AllocateBucket(bytes, slots + 1);
   if (!data.ok()) return data.status();
   b->mem.data = std::move(*data);
@@ -135,10 +131,25 @@ absl::Status BucketTable::AllocateDevice(EngineBucket* b) {
                                             " bytes, ", bytes, " were asked for"));
   }
   uint8_t* base = static_cast<uint8_t*>(b->mem.data->data());
-  for (uint32_t r = 0; r < slots; ++r) {
-    b->mem.view.input[r] = reinterpret_cast<float*>(base + DeviceInputOffset(b->elements, r));
+  if (IsHalf(dtype)) {
+    // Half slots and output in the device buffer; the steps' float32 output is device scratch,
+    // rounded on the device into the half output before the output event (step.h).
+    for (uint32_t r = 0; r < slots; ++r) {
+      b->mem.view.half_input[r] =
+          reinterpret_cast<const uint16_t*>(base + DeviceInputOffset(b->elements, r, eb));
+    }
+    b->mem.view.half_output =
+        reinterpret_cast<uint16_t*>(base + DeviceOutputOffset(b->elements, slots, eb));
+    auto out = device_.allocator->AllocateScratch(b->elements * sizeof(float));
+    if (!out.ok()) return out.status();
+    b->mem.output_device = std::move(*out);
+    b->mem.view.output = static_cast<float*>(b->mem.output_device->data());
+  } else {
+    for (uint32_t r = 0; r < slots; ++r) {
+      b->mem.view.input[r] = reinterpret_cast<float*>(base + DeviceInputOffset(b->elements, r));
+    }
+    b->mem.view.output = reinterpret_cast<float*>(base + DeviceOutputOffset(b->elements, slots));
   }
-  b->mem.view.output = reinterpret_cast<float*>(base + DeviceOutputOffset(b->elements, slots));
   b->mem.view.on_device = true;
   b->mem.scratch = std::make_unique<Scratch>(prims_);
   b->mem.view.scratch = b->mem.scratch.get();
@@ -219,7 +230,7 @@ absl::Status BucketTable::PlaceSlot(EngineBucket* b, uint32_t slot, int device) 
   if (on == nullptr || on->allocator == nullptr || device_.link == nullptr) {
     return absl::InternalError(absl::StrCat("GPU ", device, " has no allocator or link"));
   }
-  const size_t bytes = DeviceBucketBytes(b->elements, 1);
+  const size_t bytes = DeviceBucketBytes(b->elements, 1, DTypeSize(b->mem.view.dtype));
   auto data = on->allocator->AllocateBucket(bytes, options_->local_trainers + 1);
   if (!data.ok()) {
     return absl::Status(data.status().code(),

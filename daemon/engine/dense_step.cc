@@ -15,11 +15,9 @@ bool PowerOfTwo(int x) { return (x & (x - 1)) == 0; }
 
 absl::Status LocalReduce(const StepEnv& env, const BucketData& b, bool add_to_acc) {
   const size_t n = b.elements;
-  if (IsHalf(b.dtype)) {
-    if (b.on_device) return absl::InternalError("a half bucket on the device path (a bug)");
-    half::SumWidenScaled(b.dtype, b.acc, add_to_acc ? b.acc : nullptr, b.half_input,
-                         env.local_trainers, 1.0f, n, false);
-    return absl::OkStatus();
+  if (IsHalf(b.dtype)) {  // on the bucket's device (kernels/half.h's pass on the host)
+    return env.prims->SumWidenHalf(b.dtype, b.acc, add_to_acc ? b.acc : nullptr, b.half_input,
+                                   env.local_trainers, 1.0f, n, nullptr);
   }
   if (!add_to_acc) return env.prims->SumScaled(b.acc, b.input, env.local_trainers, 1.0f, n);
   for (int r = 0; r < env.local_trainers; ++r) env.prims->Accumulate(b.acc, b.input[r], n);
@@ -48,9 +46,9 @@ absl::Status ReduceLocalChecked(const StepEnv& env, const BucketData& b, bool sp
   b.half_output_ready = false;  // a new step's result comes
   if (IsHalf(b.dtype)) {
     // The trainers' half inputs widened and summed in float32, in the order of the float32
-    // path (the residual first), in one pass (kernels/half.h).
-    *first_bad = half::SumWidenScaled(b.dtype, y, count > 0 ? xs[0] : nullptr, b.half_input, L,
-                                      scale, n, check);
+    // path (the residual first), in one pass (kernels/half.h; on the device, half.cu).
+    s = env.prims->SumWidenHalf(b.dtype, y, count > 0 ? xs[0] : nullptr, b.half_input, L, scale, n,
+                                check ? first_bad : nullptr);
   } else {
     for (int r = 0; r < L; ++r) xs[count++] = b.input[r];
     s = check ? env.prims->SumScaledCheckFinite(y, xs, count, scale, n, first_bad)
@@ -74,7 +72,13 @@ int NonfiniteInput(const StepEnv& env, const BucketData& b, size_t index) {
   for (int r = 0; r < env.local_trainers; ++r) {
     float v = 0;
     if (IsHalf(b.dtype)) {
-      v = HalfToFloat(b.dtype, b.half_input[r][index]);
+      uint16_t h = 0;
+      if (!b.on_device) {
+        h = b.half_input[r][index];
+      } else if (!env.prims->CopyToHost(&h, b.half_input[r] + index, sizeof(h)).ok()) {
+        return -1;
+      }
+      v = HalfToFloat(b.dtype, h);
     } else if (b.on_device) {  // one float from the trainer's device slot
       if (!env.prims->CopyToHost(&v, b.input[r] + index, sizeof(v)).ok()) return -1;
     } else {
@@ -127,11 +131,20 @@ void DenseStep(const StepEnv& env, absl::Span<StepItem> group, const Lap& lap) {
     // Issued even after a local failure (lockstep); the commit vote fails the step everywhere.
     // A half bucket: half values on the wire, and the result straight into the trainers' half
     // output (a sparse bucket's float32 output is kept too: its next sparse step reads it).
+    // On the device path the half values are rounded and widened on the device, and only they
+    // cross to the host and back (HalfAllReduceScaledOnDevice).
     const bool direct = IsHalf(b.wire) && N > 1 && b.wire == b.dtype && item.sparse == nullptr;
-    absl::Status c = IsHalf(b.wire) && N > 1
-                         ? HalfAllReduceScaled(env.coll, b.wire, src, direct ? nullptr : b.output,
-                                               n, scale, nullptr, direct ? b.half_output : nullptr)
-                         : env.coll->AllReduceScaled(src, b.output, n, scale);
+    absl::Status c;
+    if (IsHalf(b.wire) && N > 1) {
+      float* recv = direct ? nullptr : b.output;
+      uint16_t* half_out = direct ? b.half_output : nullptr;
+      c = b.on_device
+              ? HalfAllReduceScaledOnDevice(env.coll, env.prims, b.scratch, b.wire, src, recv, n,
+                                            scale, nullptr, half_out)
+              : HalfAllReduceScaled(env.coll, b.wire, src, recv, n, scale, nullptr, half_out);
+    } else {
+      c = env.coll->AllReduceScaled(src, b.output, n, scale);
+    }
     b.half_output_ready = direct && c.ok();
     if (s.ok()) s = c;
     lap(Phase::kCollective);
@@ -145,12 +158,13 @@ void DenseStep(const StepEnv& env, absl::Span<StepItem> group, const Lap& lap) {
   }
 }
 
-void RoundOutput(BucketData& b) {
+absl::Status RoundOutput(Primitives* prims, BucketData& b) {
   if (b.half_output_ready) {  // the dense half exchange wrote it already
     b.half_output_ready = false;
-    return;
+    return absl::OkStatus();
   }
-  if (IsHalf(b.dtype)) half::Narrow(b.dtype, b.output, b.half_output, b.elements);
+  if (!IsHalf(b.dtype)) return absl::OkStatus();
+  return prims->NarrowHalf(b.dtype, b.output, b.half_output, b.elements);
 }
 
 }  // namespace spex

@@ -173,8 +173,10 @@ absl::Status Engine::RunStep(BucketPass& x) {
 }
 
 void Engine::CommitVote(BucketPass& x) {
-  // Device path: the output event marks the result written (recorded on failure too, so no
-  // trainer waits on a stale record).
+  // Device path: a half bucket's result is rounded on the device before the output event,
+  // which marks the result written (recorded on failure too, so no trainer waits on a stale
+  // record). The host path rounds at publishing (PublishPass).
+  if (x.status.ok() && x.b->mem.view.on_device) x.status = RoundOutput(prims_, x.b->mem.view);
   if (absl::Status recorded = RecordOutput(x.b); x.status.ok()) x.status = recorded;
   if (!x.ran) return;
   // The commit vote: a step that failed on any node after the control round fails on every
@@ -190,8 +192,9 @@ void Engine::CommitVote(BucketPass& x) {
 void Engine::PublishPass(BucketPass& x) {
   x.rec.total_seconds = (MonotonicNanos() - x.t0) * 1e-9;
   const uint64_t t_publish = x.clock.last_ns();  // the timeline's phases stay contiguous
-  // A half bucket's float32 result rounded once into the trainers' output (step.h).
-  if (x.status.ok()) RoundOutput(x.b->mem.view);
+  // A half bucket's float32 result rounded once into the trainers' output (step.h); the
+  // device path did it before its output event (CommitVote).
+  if (x.status.ok() && !x.b->mem.view.on_device) x.status = RoundOutput(prims_, x.b->mem.view);
   Publish(x.b, x.step, x.status, x.rec, x.terminal);
   if (!x.observed) return;
   const uint64_t now = MonotonicNanos();
@@ -257,7 +260,8 @@ SlotOrdering* RemoteOrdering(const DevicePath& path, const BucketMemory& mem, in
 // step is the one-GPU step.
 absl::Status Engine::WaitInputs(EngineBucket* b) {
   if (device_.ordering == nullptr || b->mem.data == nullptr) return absl::OkStatus();
-  const size_t bytes = b->elements * sizeof(float);
+  const BucketData& v = b->mem.view;
+  const size_t bytes = b->elements * DTypeSize(v.dtype);
   for (int r = 0; r < options_.local_trainers; ++r) {
     SharedBuffer* own = b->mem.remote[r] != nullptr ? b->mem.remote[r].get() : b->mem.data.get();
     SlotOrdering* ordering =
@@ -269,8 +273,9 @@ absl::Status Engine::WaitInputs(EngineBucket* b) {
     if (s.ok() && b->mem.remote[r] != nullptr) {
       const auto* from =
           static_cast<const uint8_t*>(own->data()) + DeviceInputOffset(b->elements, 0);
-      s = device_.link->Copy(device_.home, b->mem.view.input[r], b->mem.remote_device[r], from,
-                             bytes);
+      void* to = IsHalf(v.dtype) ? static_cast<void*>(const_cast<uint16_t*>(v.half_input[r]))
+                                 : static_cast<void*>(v.input[r]);
+      s = device_.link->Copy(device_.home, to, b->mem.remote_device[r], from, bytes);
       if (!s.ok()) {
         return absl::Status(s.code(), absl::StrCat("bucket ", b->id, ": copying local trainer ", r,
                                                    "'s input from GPU ", b->mem.remote_device[r],
@@ -297,9 +302,14 @@ absl::Status Engine::RecordOutput(EngineBucket* b) {
   for (int r = 0; r < L; ++r) {
     if (b->mem.remote[r] == nullptr) continue;
     SharedBuffer* own = b->mem.remote[r].get();
-    auto* to = static_cast<uint8_t*>(own->data()) + DeviceOutputOffset(b->elements, 1);
-    absl::Status s = device_.link->Copy(b->mem.remote_device[r], to, device_.home,
-                                        b->mem.view.output, b->elements * sizeof(float));
+    // The published output: a half bucket's half values (rounded before this, CommitVote).
+    const BucketData& v = b->mem.view;
+    const size_t eb = DTypeSize(v.dtype);
+    auto* to = static_cast<uint8_t*>(own->data()) + DeviceOutputOffset(b->elements, 1, eb);
+    const void* from = IsHalf(v.dtype) ? static_cast<const void*>(v.half_output)
+                                       : static_cast<const void*>(v.output);
+    absl::Status s =
+        device_.link->Copy(b->mem.remote_device[r], to, device_.home, from, b->elements * eb);
     if (!s.ok()) {
       s = absl::Status(s.code(), absl::StrCat("bucket ", b->id, ": copying the output to GPU ",
                                               b->mem.remote_device[r], " (local trainer ", r,

@@ -223,16 +223,16 @@ absl::StatusOr<BucketGrant> Engine::RegisterBucket(
   doorbell_.Ring();  // a newly complete registration can change the canonical order
   BucketGrant grant;
   grant.buffer = b->mem.shm.get();
+  const size_t eb = DTypeSize(b->mem.view.dtype);
   if (b->mem.remote[rank] != nullptr) {
     grant.device_buffer = b->mem.remote[rank].get();
-    grant.device_input_offset = DeviceInputOffset(elements, 0);
-    grant.device_output_offset = DeviceOutputOffset(elements, 1);
+    grant.device_input_offset = DeviceInputOffset(elements, 0, eb);
+    grant.device_output_offset = DeviceOutputOffset(elements, 1, eb);
   } else if (b->mem.data != nullptr) {
     grant.device_buffer = b->mem.data.get();
-    grant.device_input_offset = DeviceInputOffset(elements, rank);
-    grant.device_output_offset = DeviceOutputOffset(elements, options_.local_trainers);
+    grant.device_input_offset = DeviceInputOffset(elements, rank, eb);
+    grant.device_output_offset = DeviceOutputOffset(elements, options_.local_trainers, eb);
   } else {
-    const size_t eb = DTypeSize(b->mem.view.dtype);
     grant.input_offset = InputOffset(elements, rank, eb);
     grant.output_offset = OutputOffset(elements, options_.local_trainers, eb);
   }

@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "daemon/transport/collective.h"
 #include "kernels/half.h"
+#include "kernels/primitives.h"
 
 namespace spex {
 
@@ -31,6 +32,18 @@ inline constexpr int kMaxHalfNodes = 4096;
 absl::Status HalfAllReduceScaled(Collective* coll, DType t, const float* send, float* recv,
                                  size_t n, float scale, HalfAllReduceBytes* bytes = nullptr,
                                  uint16_t* half_out = nullptr);
+
+// HalfAllReduceScaled for a device bucket (the device path, whose exchange runs on the host):
+// `send` (n floats of the primitives' device) is rounded to `t` there, the n half values go
+// down to the host, through the same exchange, and the result comes back up into half_out
+// (device; null: not kept) and, widened on the device, into recv (device; null: not widened).
+// Only half values cross between host and device; the result is HalfAllReduceScaled's bit for
+// bit. `scratch` (the bucket's) lends its slot 3 for the device half values. A device copy
+// that fails still takes part in the collectives (with zeros) and is returned after them.
+absl::Status HalfAllReduceScaledOnDevice(Collective* coll, Primitives* prims, Scratch* scratch,
+                                         DType t, const float* send, float* recv, size_t n,
+                                         float scale, HalfAllReduceBytes* bytes = nullptr,
+                                         uint16_t* half_out = nullptr);
 
 // A ring all-reduce's bytes per node for n values of `t` on `nodes` nodes (each way).
 inline uint64_t DenseWireBytes(size_t n, int nodes, DType t) {

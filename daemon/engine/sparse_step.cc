@@ -24,6 +24,36 @@ absl::Status ZeroAt(const StepEnv& env, const BucketData& b, float* x,
   return env.prims->ZeroAt(x, b.elements, static_cast<const uint32_t*>(*d), idx.size());
 }
 
+// The values went out rounded to the bucket's wire type on the device path: what rounding took
+// off stays in the device's residual, acc[idx[j]] += add[j] (the host computes add from values
+// it holds; the pairs go up through the bucket's scratch and are scatter-added there).
+absl::Status AddAtOnDevice(const StepEnv& env, const BucketData& b,
+                           const std::vector<uint32_t>& idx, const std::vector<float>& add) {
+  if (idx.empty()) return absl::OkStatus();
+  const std::vector<size_t> runs = {0, idx.size()};
+  return ScatterAddOnDevice(DeviceSide{env.prims, b.scratch}, b.acc,
+                            static_cast<uint32_t>(b.elements), idx, add, runs);
+}
+
+// Pattern A with a half wire on the device path: acc[u] -= round(acc[u]) at the union u, as
+// FinishSparseExchange does on the host (a + (-r) is a - r exactly): acc at the union comes
+// down, the negated roundings go up.
+absl::Status KeepUnionRoundingOnDevice(const StepEnv& env, const BucketData& b,
+                                       const std::vector<uint32_t>& u) {
+  if (u.empty()) return absl::OkStatus();
+  absl::StatusOr<void*> du = b.scratch->Upload(0, u.data(), u.size() * 4);
+  if (!du.ok()) return du.status();
+  absl::StatusOr<void*> dv = b.scratch->Get(1, u.size() * 4);
+  if (!dv.ok()) return dv.status();
+  absl::Status s = env.prims->Gather(b.acc, b.elements, static_cast<const uint32_t*>(*du), u.size(),
+                                     static_cast<float*>(*dv));
+  std::vector<float> v(u.size());
+  if (s.ok()) s = env.prims->CopyToHost(v.data(), *dv, v.size() * 4);
+  if (!s.ok()) return s;
+  for (float& x : v) x = -HalfToFloat(b.wire, FloatToHalf(b.wire, x));
+  return AddAtOnDevice(env, b, u, v);
+}
+
 void SparseStepOne(const StepEnv& env, StepItem& item, const Lap& lap) {
   const int L = env.local_trainers, N = env.coll->size();
   BucketData& b = *item.data;
@@ -48,11 +78,20 @@ void SparseStepOne(const StepEnv& env, StepItem& item, const Lap& lap) {
   // global selection kept is zeroed, after the exchange (the rest stays in the residual).
   const bool zero_selected = pattern == Pattern::kSparseGather && !st.oktopk;
   if (s.ok()) keep(c.Select(step, b.acc, /*add=*/nullptr, zero_selected, &sel));
-  if (s.ok() && zero_selected && env.error_feedback && IsHalf(b.wire) && !b.on_device) {
+  if (s.ok() && zero_selected && env.error_feedback && IsHalf(b.wire)) {
     // The values go out rounded to the bucket's type: what rounding took off stays in the
-    // residual (error feedback keeps it, as it keeps what was not selected).
-    for (size_t j = 0; j < sel.idx.size(); ++j) {
-      b.acc[sel.idx[j]] = sel.val[j] - HalfToFloat(b.wire, FloatToHalf(b.wire, sel.val[j]));
+    // residual (error feedback keeps it, as it keeps what was not selected). On the device the
+    // selection zeroed acc there, so adding the remainders writes them.
+    if (!b.on_device) {
+      for (size_t j = 0; j < sel.idx.size(); ++j) {
+        b.acc[sel.idx[j]] = sel.val[j] - HalfToFloat(b.wire, FloatToHalf(b.wire, sel.val[j]));
+      }
+    } else {
+      std::vector<float> rem(sel.val.size());
+      for (size_t j = 0; j < rem.size(); ++j) {
+        rem[j] = sel.val[j] - HalfToFloat(b.wire, FloatToHalf(b.wire, sel.val[j]));
+      }
+      keep(AddAtOnDevice(env, b, sel.idx, rem));
     }
   }
   if (!s.ok()) {  // contribute nothing; the step fails everywhere at the commit vote
@@ -126,7 +165,9 @@ void FinishSparseExchange(const StepEnv& env, StepItem& item, absl::Status s,
     item.status = std::move(s);
     return;
   }
-  if (pattern == Pattern::kIndexUnion && IsHalf(b.wire) && env.error_feedback && !b.on_device) {
+  if (pattern == Pattern::kIndexUnion && IsHalf(b.wire) && env.error_feedback && b.on_device) {
+    keep(KeepUnionRoundingOnDevice(env, b, res->gathered_idx));
+  } else if (pattern == Pattern::kIndexUnion && IsHalf(b.wire) && env.error_feedback) {
     // All of it was sent, rounded to the bucket's type: what rounding took off stays.
     for (uint32_t u : res->gathered_idx) {
       b.acc[u] -= HalfToFloat(b.wire, FloatToHalf(b.wire, b.acc[u]));

@@ -44,11 +44,13 @@ struct BucketData {
   size_t elements = 0;
   float* input[kMaxLocalTrainers] = {};  // the local trainers' input slots (float32 buckets)
   float* output = nullptr;  // a half bucket's: float32 staging, rounded into half_output
-  // A bfloat16/float16 bucket (host path only; docs/dtypes.md): the trainers' input slots and
-  // the published output are of `dtype` (input[] stays null); ReduceLocalChecked widens the
-  // inputs into float32, the steps work on float32 (`output` is host staging), and the engine
-  // rounds `output` once into `half_output` before publishing (RoundOutput). `wire`: the type
-  // of the values on the wire (dtype, or float32 with wire_values=float32).
+  // A bfloat16/float16 bucket (docs/dtypes.md): the trainers' input slots and the published
+  // output are of `dtype` (input[] stays null); ReduceLocalChecked widens the inputs into
+  // float32, the steps work on float32 (`output` is float32 staging: host memory on the CPU
+  // path, device scratch on the device path), and the engine rounds `output` once into
+  // `half_output` (RoundOutput: before publishing, and on the device path before the output
+  // event). `wire`: the type of the values on the wire (dtype, or float32 with
+  // wire_values=float32).
   DType dtype = DType::kFloat32;
   DType wire = DType::kFloat32;
   const uint16_t* half_input[kMaxLocalTrainers] = {};
@@ -127,9 +129,11 @@ int NonfiniteInput(const StepEnv& env, const BucketData& b, size_t index);
 // A pattern-D exchange's record of n elements on `nodes` nodes (bytes, counts, pattern), with
 // values of `wire` on the wire.
 void RecordDense(size_t n, int nodes, ExchangeRecord* rec, DType wire = DType::kFloat32);
-// A half bucket: its float32 output rounded once into the published half output (a no-op for
-// a float32 bucket). The engine calls it before publishing a step that went ahead.
-void RoundOutput(BucketData& b);
+// A half bucket: its float32 output rounded once into the published half output by `prims`
+// (the bucket memory's: on the device path a device pass); a no-op for a float32 bucket and
+// when the dense half exchange wrote the half output already. The engine calls it before
+// publishing a step that went ahead (device path: before recording the output event).
+absl::Status RoundOutput(Primitives* prims, BucketData& b);
 
 // After a bucket's sparse exchange (SparseStep's, or a sparse member's of the fused step): the
 // record, the residual cleared at the union (pattern A) or wholly without error feedback, the

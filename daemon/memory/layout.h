@@ -101,16 +101,20 @@ inline size_t BucketBytes(uint64_t elements, uint32_t slots, size_t elem_bytes =
 }
 
 // A device bucket's data (the device path keeps the BucketHeader alone in a host shm page):
-// input slot r at r * SlotStride(elements) of the device buffer, the output after the last
-// slot (see spex.proto RegisterBucketResponse.device_buffer).
-inline size_t DeviceInputOffset(uint64_t elements, uint32_t slot) {
-  return slot * SlotStride(elements);
+// input slot r at r * SlotStride(elements, elem_bytes) of the device buffer, the output after
+// the last slot (see spex.proto RegisterBucketResponse.device_buffer); a half bucket's slots
+// and output are 2 bytes an element, as on the host path.
+inline size_t DeviceInputOffset(uint64_t elements, uint32_t slot,
+                                size_t elem_bytes = sizeof(float)) {
+  return slot * SlotStride(elements, elem_bytes);
 }
-inline size_t DeviceOutputOffset(uint64_t elements, uint32_t slots) {
-  return slots * SlotStride(elements);
+inline size_t DeviceOutputOffset(uint64_t elements, uint32_t slots,
+                                 size_t elem_bytes = sizeof(float)) {
+  return slots * SlotStride(elements, elem_bytes);
 }
-inline size_t DeviceBucketBytes(uint64_t elements, uint32_t slots) {
-  return (slots + 1) * SlotStride(elements);
+inline size_t DeviceBucketBytes(uint64_t elements, uint32_t slots,
+                                size_t elem_bytes = sizeof(float)) {
+  return (slots + 1) * SlotStride(elements, elem_bytes);
 }
 
 }  // namespace spex

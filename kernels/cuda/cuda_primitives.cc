@@ -124,6 +124,10 @@ class CudaPrimitives final : public Primitives {
   absl::Status CopyToHost(void* host_dst, const void* src, size_t bytes) override;
   absl::Status CopyFromHost(void* dst, const void* host_src, size_t bytes) override;
   absl::StatusOr<std::unique_ptr<ScratchBuffer>> AllocScratch(size_t bytes) override;
+  absl::Status SumWidenHalf(DType t, float* y, const float* acc, const uint16_t* const* xs,
+                            int count, float a, size_t n, size_t* first_bad) override;
+  absl::Status NarrowHalf(DType t, const float* x, uint16_t* y, size_t n) override;
+  absl::Status WidenHalf(DType t, const uint16_t* x, float* y, size_t n) override;
   absl::Status Health() const override { return error(); }
 
   absl::Status error() const {
@@ -347,6 +351,53 @@ absl::Status CudaPrimitives::SumScaledCheckFinite(float* y, const float* const* 
   if (!r.ok()) return r.status();
   if (r->first_bad != ~0ull) *first_bad = static_cast<size_t>(r->first_bad);
   return absl::OkStatus();
+}
+
+// Half-precision buckets (half.cu). The widen-and-sum is one kernel; its finite check is the
+// float32 path's second pass over y and 8-byte read-back.
+absl::Status CudaPrimitives::SumWidenHalf(DType t, float* y, const float* acc,
+                                          const uint16_t* const* xs, int count, float a, size_t n,
+                                          size_t* first_bad) {
+  if (first_bad != nullptr) *first_bad = n;
+  if (!IsHalf(t)) return absl::InvalidArgumentError("SumWidenHalf on a float32 buffer (a bug)");
+  if (count < 1 || count > gpu::kMaxHalfInputs) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("SumWidenHalf takes 1 to ", gpu::kMaxHalfInputs, " inputs, not ", count));
+  }
+  absl::MutexLock lock(&mu_);
+  DeviceGuard guard(device_);
+  if (n == 0) return absl::OkStatus();
+  const char* op = "SumWidenHalf";
+  gpu::HalfInputs in{};
+  in.count = count;
+  for (int r = 0; r < count; ++r) in.x[r] = xs[r];
+  SPEX_CUDA_RETURN_IF_ERROR(
+      gpu::LaunchSumWidenHalf(launch_, t == DType::kBFloat16, y, acc, in, a != 1.0f, a, n), op);
+  if (first_bad == nullptr) return Finish(op);
+  unsigned long long* first = readback_.at<unsigned long long>(offsetof(Readback, first_bad));
+  SPEX_CUDA_RETURN_IF_ERROR(gpu::LaunchFirstNonfinite(launch_, y, n, first), op);
+  absl::StatusOr<Readback> r = ReadBack(op);
+  if (!r.ok()) return r.status();
+  if (r->first_bad != ~0ull) *first_bad = static_cast<size_t>(r->first_bad);
+  return absl::OkStatus();
+}
+
+absl::Status CudaPrimitives::NarrowHalf(DType t, const float* x, uint16_t* y, size_t n) {
+  if (!IsHalf(t)) return absl::InvalidArgumentError("NarrowHalf to float32 (a bug)");
+  absl::MutexLock lock(&mu_);
+  DeviceGuard guard(device_);
+  SPEX_CUDA_RETURN_IF_ERROR(gpu::LaunchNarrowHalf(launch_, t == DType::kBFloat16, x, y, n),
+                            "NarrowHalf");
+  return Finish("NarrowHalf");
+}
+
+absl::Status CudaPrimitives::WidenHalf(DType t, const uint16_t* x, float* y, size_t n) {
+  if (!IsHalf(t)) return absl::InvalidArgumentError("WidenHalf from float32 (a bug)");
+  absl::MutexLock lock(&mu_);
+  DeviceGuard guard(device_);
+  SPEX_CUDA_RETURN_IF_ERROR(gpu::LaunchWidenHalf(launch_, t == DType::kBFloat16, x, y, n),
+                            "WidenHalf");
+  return Finish("WidenHalf");
 }
 
 size_t CudaPrimitives::CountAbove(const float* x, size_t n, float t) {

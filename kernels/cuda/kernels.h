@@ -61,6 +61,23 @@ cudaError_t LaunchEmitSelected(const Launch& l, float* x, const uint32_t* sel, s
 cudaError_t LaunchTieFlags(const Launch& l, const float* x, size_t n, uint32_t key,
                            uint32_t* flags);
 
+// Half-precision buckets (half.cu; the conversions are half_math.h's). `bf16`: the values are
+// bfloat16, else float16.
+// The most half inputs one LaunchSumWidenHalf takes (a node's local trainers).
+inline constexpr int kMaxHalfInputs = 32;
+struct HalfInputs {
+  const uint16_t* x[kMaxHalfInputs];
+  int count;  // 1 .. kMaxHalfInputs
+};
+// y[i] = a * (acc[i] + widen(x[0][i]) + ... + widen(x[count-1][i])), left to right in float32
+// (acc null: the sum starts at x[0]; scale false: no multiply); y may equal acc.
+cudaError_t LaunchSumWidenHalf(const Launch& l, bool bf16, float* y, const float* acc,
+                               const HalfInputs& in, bool scale, float a, size_t n);
+// y[i] = x[i] rounded to the half type.
+cudaError_t LaunchNarrowHalf(const Launch& l, bool bf16, const float* x, uint16_t* y, size_t n);
+// y[i] = widen(x[i]).
+cudaError_t LaunchWidenHalf(const Launch& l, bool bf16, const uint16_t* x, float* y, size_t n);
+
 // cub-backed passes. With temp == nullptr they only set *temp_bytes (cub's two-phase use).
 cudaError_t CountAbove(void* temp, size_t* temp_bytes, const float* x, size_t n, float t,
                        unsigned long long* out, cudaStream_t stream);

@@ -180,6 +180,24 @@ class CheckedPrimitives final : public Primitives {
     if (device_side_) d_->CountStaging(false, bytes);
     return cpu_->CopyFromHost(dst, host_src, bytes);
   }
+  // The half passes: the CPU's (kernels/half.h), on this side's memory.
+  absl::Status SumWidenHalf(DType t, float* y, const float* acc, const uint16_t* const* xs,
+                            int count, float a, size_t n, size_t* first_bad) override {
+    Mine(y, n * 4, "SumWidenHalf y");
+    if (acc != nullptr) Mine(acc, n * 4, "SumWidenHalf acc");
+    for (int r = 0; r < count; ++r) Mine(xs[r], n * 2, "SumWidenHalf x");
+    return cpu_->SumWidenHalf(t, y, acc, xs, count, a, n, first_bad);
+  }
+  absl::Status NarrowHalf(DType t, const float* x, uint16_t* y, size_t n) override {
+    Mine(x, n * 4, "NarrowHalf x");
+    Mine(y, n * 2, "NarrowHalf y");
+    return cpu_->NarrowHalf(t, x, y, n);
+  }
+  absl::Status WidenHalf(DType t, const uint16_t* x, float* y, size_t n) override {
+    Mine(x, n * 2, "WidenHalf x");
+    Mine(y, n * 4, "WidenHalf y");
+    return cpu_->WidenHalf(t, x, y, n);
+  }
   absl::StatusOr<std::unique_ptr<ScratchBuffer>> AllocScratch(size_t bytes) override {
     if (!device_side_) return cpu_->AllocScratch(bytes);
     absl::StatusOr<std::unique_ptr<DeviceArray>> a = d_->AllocateScratch(bytes);

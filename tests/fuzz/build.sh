@@ -17,15 +17,15 @@ mkdir -p "$OUT/obj" "$OUT/gen"
 
 # --- sources per target
 WIRE=(daemon/engine/wire.cc)
-KERNELS=(kernels/primitives.cc kernels/compressor.cc kernels/error_feedback.cc
-  kernels/reference/reference_primitives.cc kernels/compressors/*.cc)
+# kernels/cpu/half_kernels.cc: the half-precision passes (Highway, -lhwy) that the Primitives
+# defaults, the engine's local reduce and the half dense exchange call.
+KERNELS=(kernels/primitives.cc kernels/cpu/half_kernels.cc kernels/compressor.cc
+  kernels/error_feedback.cc kernels/reference/reference_primitives.cc kernels/compressors/*.cc)
 PROTO=("$OUT/gen/proto/spex.pb.cc" "$OUT/gen/proto/spex.grpc.pb.cc")
 MEMORY=(daemon/memory/shm_buffer.cc daemon/memory/segment_guard.cc daemon/util/heap.cc daemon/util/log.cc
   daemon/util/paths.cc)
 CLIENT=(client/client.cc daemon/memory/cuda_ipc_buffer.cc kernels/cuda/cuda_error.cc)
-# kernels/cpu/half_kernels.cc: the half-precision passes the engine's local reduce and the half
-# dense exchange call (Highway, -lhwy).
-ENGINE=(daemon/engine/*.cc kernels/cpu/half_kernels.cc daemon/transport/agreement.cc daemon/transport/collective.cc
+ENGINE=(daemon/engine/*.cc daemon/transport/agreement.cc daemon/transport/collective.cc
   daemon/transport/inproc_collective.cc daemon/merge/*.cc
   daemon/service/spex_service.cc daemon/service/peer_listener.cc)
 # The service serves timelines (daemon/observe/timeline.cc); metrics (prometheus) are not needed.
