@@ -202,21 +202,9 @@ int Timeline(spex::v1::Spex::Stub* stub, const std::string& socket, const std::s
 volatile std::sig_atomic_t g_interrupted = 0;
 void OnInterrupt(int) { g_interrupted = 1; }
 
-// 1234 -> "1.2K", in powers of 1000; "-" for a negative (unknown) value.
-std::string Human(double v) {
-  if (v < 0) return "-";
-  const char* units = " KMGTP";
-  int u = 0;
-  while (v >= 999.5 && u < 5) {
-    v /= 1000;
-    ++u;
-  }
-  return u == 0 ? absl::StrFormat("%.0f", v) : absl::StrFormat("%.1f%c", v, units[u]);
-}
-
-// A live view: per bucket exchanges/s, bytes sent and received per second (deltas of the
-// daemon's running totals over the refresh interval, client/watch_rates.h), density and the last
-// exchange's phases; per node the sessions. The header gives the interval the rates are over.
+// A live view: per bucket its data type, exchanges/s, bytes sent and received per second (deltas of
+// the daemon's running totals over the refresh interval, client/watch_rates.h), density and the
+// last exchange's phases; per node the sessions. The header gives the interval the rates are over.
 // Redraws in place on a terminal, prints a block per refresh otherwise. Ends on Ctrl-C (SIGINT)
 // or SIGTERM, or after --count refreshes.
 int Watch(spex::v1::Spex::Stub* stub, const std::string& socket) {
@@ -264,24 +252,11 @@ int Watch(spex::v1::Spex::Stub* stub, const std::string& socket) {
       out += absl::StrFormat(
           "%s  spexd node %u/%u  collective %s  sessions %u  buckets %d  exchanges %u (%s/s%s)\n",
           clock, resp.node_rank(), resp.node_count(), resp.collective(), resp.sessions(),
-          resp.buckets_size(), resp.exchanges(), Human(total_rate),
+          resp.buckets_size(), resp.exchanges(), spex::HumanRate(total_rate),
           have_previous ? absl::StrFormat(" over %.3f s", dt) : "");
-      out += absl::StrFormat("%8s %-12s %-11s %3s %8s %9s %9s %8s %8s  %s\n", "bucket",
-                             "compressor", "state", "pat", "exch/s", "target", "achieved", "sent/s",
-                             "recv/s", "last exchange's phases (ms)");
+      out += spex::WatchHeader();
       const std::map<uint64_t, spex::BucketRates> rate = rates.Update(resp, dt);
-      for (const auto& b : resp.buckets()) {
-        const spex::BucketRates& r = rate.at(b.bucket_id());
-        std::string phases;
-        for (const auto& p : b.last().phases()) {
-          if (p.seconds() > 0) phases += absl::StrFormat(" %s=%.3f", p.phase(), p.seconds() * 1e3);
-        }
-        out += absl::StrFormat("%8u %-12s %-11s %3s %8s %9.4g %9.4g %8s %8s %s\n", b.bucket_id(),
-                               b.compressor(), b.state().empty() ? "-" : b.state(),
-                               b.exchanges() ? b.last().pattern() : "-", Human(r.exchanges),
-                               b.last().target_density(), b.last().achieved_density(),
-                               Human(r.bytes_sent), Human(r.bytes_received), phases);
-      }
+      for (const auto& b : resp.buckets()) out += spex::WatchRow(b, rate.at(b.bucket_id()));
       previous_total = resp.exchanges();
       have_previous = true;
     }

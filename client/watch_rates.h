@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <map>
+#include <string>
 
 #include "proto/spex.pb.h"
 
@@ -36,5 +37,14 @@ class WatchRates {
   bool have_previous_ = false;
   std::map<uint64_t, Counts> previous_;
 };
+
+// The table `spexctl watch` prints: its header line, and a bucket's row (id, compressor, data
+// type as `spexctl stats` shows it, state, pattern, exchanges/s, target and achieved density,
+// bytes sent and received per second, the last exchange's phases in ms). Both end in '\n'.
+std::string WatchHeader();
+std::string WatchRow(const v1::BucketStats& b, const BucketRates& r);
+
+// 1234 -> "1.2K", in powers of 1000; "-" for a negative (unknown) value.
+std::string HumanRate(double v);
 
 }  // namespace spex

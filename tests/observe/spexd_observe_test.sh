@@ -229,9 +229,10 @@ for i, f in enumerate(frames[1:], 1):
     if not re.search(r"exchanges \d+ \([0-9.]+[KMGTP]?/s over \d+\.\d{3} s\)", f): bad.append(f"frame {i}: no interval in the header")
     row = next((l.split() for l in f.splitlines() if re.match(r" +0 dense ", l)), None)
     if row is None: bad.append(f"frame {i}: no dense bucket row"); continue
-    # bucket compressor state pat exch/s target achieved sent/s recv/s phases...
-    rate, sent, recv = num(row[4]), num(row[7]), num(row[8])
-    if not rate: bad.append(f"frame {i}: exch/s {row[4]}"); continue
+    # bucket compressor type state pat exch/s target achieved sent/s recv/s phases...
+    if row[2] != "float32": bad.append(f"frame {i}: type {row[2]}, not float32")
+    rate, sent, recv = num(row[5]), num(row[8]), num(row[9])
+    if not rate: bad.append(f"frame {i}: exch/s {row[5]}"); continue
     for what, v in (("sent/s", sent), ("recv/s", recv)):
         if v is None or abs(v - 4000 * rate) > 0.1 * 4000 * rate:
             bad.append(f"frame {i}: dense {what} {v} for {rate} exchanges/s (4000 bytes each)")

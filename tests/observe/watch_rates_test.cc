@@ -97,5 +97,29 @@ TEST(WatchRatesTest, DaemonWithoutTotalsGivesUnknownBytes) {
   EXPECT_LT(rates.at(1).bytes_received, 0);
 }
 
+// The table's type column: the bucket's data type as `spexctl stats` shows it (float32 from a
+// daemon that leaves the field empty), under a "type" heading, before the state.
+TEST(WatchRowTest, ShowsTheBucketsDataType) {
+  v1::GetStatsResponse r;
+  v1::BucketStats* half = AddBucket(&r, 3, 5, 500, 500, 100);
+  half->set_compressor("micro");
+  half->set_dtype("bfloat16");
+  half->set_state("exchanging");
+  v1::BucketStats* old = AddBucket(&r, 4, 5, 500, 500, 100);
+  old->set_compressor("dense");
+  BucketRates rates;
+  rates.exchanges = 2.5;
+  rates.bytes_sent = 1500;
+  const std::string header = WatchHeader();
+  const std::string row = WatchRow(*half, rates);
+  EXPECT_NE(header.find("compressor   type     state"), std::string::npos) << header;
+  EXPECT_NE(row.find("       3 micro        bfloat16 exchanging"), std::string::npos) << row;
+  EXPECT_NE(row.find("1.5K"), std::string::npos) << row;
+  EXPECT_NE(WatchRow(*old, rates).find(" dense        float32  -"), std::string::npos)
+      << WatchRow(*old, rates);
+  // The column sits where the header puts it.
+  EXPECT_EQ(row.find("bfloat16"), header.find("type"));
+}
+
 }  // namespace
 }  // namespace spex
