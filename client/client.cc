@@ -207,12 +207,6 @@ absl::StatusOr<Bucket*> Client::RegisterBucket(uint64_t id, size_t elements,
         absl::StrCat("bucket ", id, ": data type ", static_cast<int>(dtype),
                      " is none of DTYPE_FLOAT32, DTYPE_BFLOAT16, DTYPE_FLOAT16"));
   }
-  if (code != 0 && options_.device == v1::DEVICE_CUDA) {
-    return absl::UnimplementedError(
-        absl::StrCat("bucket ", id,
-                     ": half-precision buckets are served on the CPU path only so far; "
-                     "register float32 or use a client with ClientOptions::device = DEVICE_CPU"));
-  }
   if (buckets_.count(id)) {
     return absl::AlreadyExistsError(
         absl::StrCat("bucket ", id, " is already registered by this client"));

@@ -66,7 +66,7 @@ struct BucketView {
 // host buckets, and a device reply is then FailedPrecondition (and vice versa when
 // `want_device`). A device buffer must carry local_size + 1 IPC events.
 // `dtype`: the bucket's header dtype code (daemon/memory/layout.h: 0 float32, 1 bfloat16,
-// 2 float16), which the header must carry; half buckets have 2-byte slots (host path only).
+// 2 float16), which the header must carry; half buckets have 2-byte slots (host and device).
 absl::StatusOr<BucketView> ResolveBucketView(const v1::RegisterBucketResponse& resp,
                                              size_t elements, uint32_t local_rank,
                                              uint32_t local_size, void* host_base, size_t host_size,
@@ -103,7 +103,7 @@ class Bucket {
   size_t elements() const { return elements_; }
   // The bucket's type (docs/dtypes.md). input()/output() are a float32 bucket's (empty for a
   // half one); half_input()/half_output() a bfloat16 or float16 bucket's bit patterns (empty
-  // for a float32 one; kernels/half.h converts).
+  // for a float32 one; kernels/half.h converts). On a device bucket all four are GPU memory.
   v1::DataType dtype() const { return dtype_; }
   bool half() const { return dtype_ == v1::DTYPE_BFLOAT16 || dtype_ == v1::DTYPE_FLOAT16; }
   absl::Span<float> input() {
@@ -146,8 +146,8 @@ class Client {
   static absl::StatusOr<std::unique_ptr<Client>> Connect(const ClientOptions& options);
   ~Client();  // says Goodbye
 
-  // `dtype`: DTYPE_FLOAT32 (default), DTYPE_BFLOAT16 or DTYPE_FLOAT16 (host buckets only; the
-  // daemon sums and compresses in float32 and rounds the average once, docs/dtypes.md).
+  // `dtype`: DTYPE_FLOAT32 (default), DTYPE_BFLOAT16 or DTYPE_FLOAT16 (host or device buckets;
+  // the daemon sums and compresses in float32 and rounds the average once, docs/dtypes.md).
   absl::StatusOr<Bucket*> RegisterBucket(uint64_t id, size_t elements,
                                          const CompressorChoice& c = {},
                                          v1::DataType dtype = v1::DTYPE_FLOAT32);

@@ -21,6 +21,7 @@
 #include "daemon/memory/shm_buffer.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "kernels/half.h"
 #include "proto/spex.pb.h"
 #include "tests/cuda/device_engine_server.h"
 #include "tests/cuda/fake_device.h"
@@ -207,6 +208,66 @@ TEST(DeviceService, ClientExchangesThroughTheDevicePath) {
     }
     EXPECT_EQ(logs[t].memory_opens, 2);  // one per bucket, reused every step
   }
+  for (const std::string& v : device.violations()) ADD_FAILURE() << v;
+}
+
+// Half buckets through the unchanged C++ client on the device path (docs/dtypes.md): a bfloat16
+// dense bucket and a float16 topk bucket registered with DEVICE_CUDA, written and read through
+// half_input()/half_output() on the device buffers; the dense average is exact (every input a
+// small integer, the average a multiple of 0.5), the topk output sparse.
+TEST(DeviceService, ClientExchangesHalfBucketsThroughTheDevicePath) {
+  const uint32_t L = 2;
+  const size_t n = 9000;
+  FakeDevice device(/*ordinal=*/0);
+  ServedDeviceEngine served(&device, L, "half");
+  ASSERT_TRUE(served.status().ok()) << served.status();
+  fake::FakeIpcOpener::Log logs[L];
+  std::vector<std::string> errors(L);
+  std::vector<std::thread> threads;
+  auto value = [](size_t i, uint32_t t, int s) {
+    return static_cast<float>((i * 7 + t * 13 + s) % 101) - 50;
+  };
+  for (uint32_t t = 0; t < L; ++t) {
+    threads.emplace_back([&, t] {
+      std::string& err = errors[t];
+      auto client = ConnectDeviceTrainer(served.socket(), t, L, &logs[t]);
+      if (!client.ok()) return void(err = client.status().ToString());
+      auto dense = (*client)->RegisterBucket(1, n, {"dense", 0}, v1::DTYPE_BFLOAT16);
+      if (!dense.ok()) return void(err = dense.status().ToString());
+      auto sparse = (*client)->RegisterBucket(2, n, {"topk", 0.01}, v1::DTYPE_FLOAT16);
+      if (!sparse.ok()) return void(err = sparse.status().ToString());
+      if (!(*dense)->on_device() || !(*dense)->half() || (*dense)->half_input().size() != n ||
+          !(*dense)->input().empty()) {
+        return void(err = "not a half device bucket");
+      }
+      for (int s = 0; s < 3; ++s) {
+        for (Bucket* b : {*dense, *sparse}) {
+          const DType type = b == *dense ? DType::kBFloat16 : DType::kFloat16;
+          absl::Span<uint16_t> in = b->half_input();
+          for (size_t i = 0; i < n; ++i) in[i] = FloatToHalf(type, value(i, t, s));
+          const ExchangeMode mode = s % 2 ? ExchangeMode::kRpc : ExchangeMode::kDoorbell;
+          if (absl::Status st = (*client)->Exchange(b, mode, nullptr); !st.ok()) {
+            return void(err = st.ToString());
+          }
+        }
+        absl::Span<const uint16_t> out = (*dense)->half_output();
+        for (size_t i = 0; i < n; ++i) {
+          const float want = (value(i, 0, s) + value(i, 1, s)) / 2;
+          if (out[i] != FloatToBf16(want)) {
+            return void(err = absl::StrCat("step ", s, " element ", i, ": ", Bf16ToFloat(out[i]),
+                                           ", expected ", want));
+          }
+        }
+        size_t nonzero = 0;
+        for (uint16_t x : (*sparse)->half_output()) nonzero += (x & 0x7fff) != 0;
+        if (nonzero == 0 || nonzero > 2 * n / 100 + 2) {
+          return void(err = absl::StrCat("step ", s, ": sparse output has ", nonzero, " nonzeros"));
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (const std::string& e : errors) EXPECT_EQ(e, "");
   for (const std::string& v : device.violations()) ADD_FAILURE() << v;
 }
 

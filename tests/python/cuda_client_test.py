@@ -354,6 +354,46 @@ class DeviceBucketTest(FakeDaemonCase):
     def test_event_order_around_rpc_exchanges(self):
         self._ordering("rpc")
 
+    def test_half_buckets_are_half_views_with_averages_rounded_once(self):
+        """bfloat16 and float16 device buckets (docs/dtypes.md): 2-byte slots in the IPC buffer,
+        the header's dtype, tensors of the bucket's type over the device memory, and the average
+        of the widened inputs rounded once to the type, through both signalling paths."""
+        for dtype in (torch.bfloat16, torch.float16):
+            name = str(dtype).replace("torch.", "")
+            with self.subTest(dtype=name):
+                runtimes = [FakeCudaRuntime(self.gpu) for _ in range(TRAINERS)]
+                clients = [self.connect(r, runtimes[r]) for r in range(TRAINERS)]
+                n, bid = 3001, 40 + (dtype == torch.float16)
+                buckets = [c.register_bucket(bid, n, dtype=dtype) for c in clients]
+                a = self.daemon.bucket_allocation(bid)
+                self.assertEqual(a.nbytes, L.device_bucket_bytes(n, TRAINERS, 2))
+                for rank, b in enumerate(buckets):
+                    self.assertEqual(b.dtype, name)
+                    self.assertEqual(b.input_tensor.dtype, dtype)
+                    self.assertEqual(b.output_tensor.dtype, dtype)
+                    self.assertEqual(b.input_tensor.device, torch.device("cuda", ORDINAL))
+                    self.assertEqual(b.input_tensor.data_ptr(), a.base + L.device_input_offset(n, rank, 2))
+                    self.assertEqual(b.output_tensor.data_ptr(), a.base + L.device_output_offset(n, TRAINERS, 2))
+                    with self.assertRaisesRegex(spex.SpexTypeError, f"holds {name}; got a tensor of torch.float32"):
+                        b.write(fake_cuda_tensor(np.zeros(n, np.float32), ORDINAL))
+
+                def trainer(rank: int) -> List[str]:
+                    bad = []
+                    for step in range(3):
+                        grads = torch.from_numpy(values(rank, step, 5, n) / 7).to(dtype)
+                        out = clients[rank].exchange(buckets[rank], grads.as_subclass(type(buckets[rank].input_tensor)),
+                                                     mode="rpc" if step == 2 else "doorbell")
+                        widened = [torch.from_numpy(values(r, step, 5, n) / 7).to(dtype).float()
+                                   for r in range(TRAINERS)]
+                        want = ((widened[0] + widened[1]) * 0.5).to(dtype)
+                        got = torch.Tensor(out.float())
+                        if out is not buckets[rank].output_tensor or not torch.equal(got, want.float()):
+                            bad.append(f"rank {rank} step {step}: {got[:4].tolist()} != {want[:4].float().tolist()}")
+                    return bad
+
+                for r in run_threads([lambda r=r: trainer(r) for r in range(TRAINERS)], timeout=60):
+                    self.assertEqual(r, [])
+
     def test_write_takes_cuda_float32_tensors_of_the_bucket_size_only(self):
         c = self.connect(0)
         self.connect(1)
@@ -512,6 +552,40 @@ class HookTest(FakeDaemonCase):
 
     def test_hook_passes_cuda_buckets_through_the_rpc(self):
         self._hook_run("rpc")
+
+    def test_hook_passes_half_cuda_buckets(self):
+        """A bfloat16 and a float16 DDP bucket of CUDA gradients become device buckets of their
+        type; the future holds the half output tensor, the average rounded once."""
+        runtimes = [FakeCudaRuntime(self.gpu) for _ in range(TRAINERS)]
+        states = [spex.torch.SpexHookState(client=self.connect(r, runtimes[r])) for r in range(TRAINERS)]
+        for s in states:
+            self.addCleanup(s.close)
+        dtypes, n = [torch.bfloat16, torch.float16], 700
+        params = []
+        for dt in dtypes:
+            p = FakeParam(n)
+            p.dtype = dt
+            params.append(p)
+
+        def grads(rank: int, step: int, i: int) -> torch.Tensor:
+            return torch.from_numpy(values(rank, step, i, n) / 3).to(dtypes[i])
+
+        def trainer(rank: int) -> List[str]:
+            bad = []
+            for step in range(2):
+                futs = [states[rank](FakeGradBucket(i, grads(rank, step, i).as_subclass(
+                    type(fake_cuda_tensor(np.zeros(1, np.float32), ORDINAL))), [params[i]])) for i in range(2)]
+                for i, f in enumerate(futs):
+                    out = f.wait()
+                    want = ((grads(0, step, i).float() + grads(1, step, i).float()) * 0.5).to(dtypes[i])
+                    if out.dtype != dtypes[i] or not torch.equal(torch.Tensor(out.float()), want.float()):
+                        bad.append(f"rank {rank} bucket {i} step {step}: {out.dtype} {out.float()[:3].tolist()}")
+            return bad
+
+        for r in run_threads([lambda r=r: trainer(r) for r in range(TRAINERS)], timeout=60):
+            self.assertEqual(r, [])
+        self.assertEqual([b.dtype for b in states[0].buckets], ["bfloat16", "float16"])
+        self.assertEqual([b.on_device for b in states[0].buckets], [True, True])
 
     def test_cuda_hook_refuses_cpu_tensors_and_models(self):
         state = spex.torch.SpexHookState(client=self.connect(0))

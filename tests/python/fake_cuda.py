@@ -81,6 +81,28 @@ class Allocation:
     def floats(self, offset: int, elements: int) -> np.ndarray:
         return self.memory[offset:offset + 4 * elements].view(np.float32)
 
+    def halves(self, offset: int, elements: int) -> np.ndarray:
+        """A bfloat16/float16 bucket's bit patterns (uint16)."""
+        return self.memory[offset:offset + 2 * elements].view(np.uint16)
+
+
+# The bucket types a fake buffer is viewed as: bytes per element, and the header's dtype code.
+_ELEM_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def _widen(bits: np.ndarray, dtype: str) -> np.ndarray:
+    if dtype == "bfloat16":
+        return (bits.astype(np.uint32) << 16).view(np.float32)
+    return bits.view(np.float16).astype(np.float32)
+
+
+def _narrow(values: np.ndarray, dtype: str) -> np.ndarray:
+    """float32 -> the half type's bits, round to nearest even (finite values: the fake's inputs)."""
+    if dtype == "bfloat16":
+        u = values.astype(np.float32).view(np.uint32).astype(np.uint64)
+        return ((u + 0x7fff + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    return values.astype(np.float16).view(np.uint16)
+
 
 class FakeGpu:
     """Allocations by handle and the shared ordered log of (kind, bucket id, event, stream,
@@ -200,15 +222,21 @@ class FakeCudaRuntime(CudaRuntime):
         a, index = self._event(event, device)
         self.gpu.append(("wait", a.bucket_id, index, stream, self._observed(a, index)))
 
-    def tensor(self, pointer: int, elements: int, device: int, writable: bool) -> torch.Tensor:
+    def tensor(self, pointer: int, elements: int, device: int, writable: bool,
+               dtype: str = "float32") -> torch.Tensor:
         with self._lock:
             opened = list(self._open)
+        eb = _ELEM_BYTES[dtype]
         for a in self.gpu.allocations:
-            if a.base in opened and a.base <= pointer and pointer + 4 * elements <= a.base + a.nbytes:
+            if a.base in opened and a.base <= pointer and pointer + eb * elements <= a.base + a.nbytes:
                 if a.device != device:
                     raise AssertionError(f"fake GPU: memory of GPU {a.device} viewed as cuda:{device}")
-                return fake_cuda_tensor(a.floats(pointer - a.base, elements), device)
-        raise AssertionError(f"fake GPU: no open IPC buffer holds {elements} floats at {pointer:#x}")
+                if dtype == "float32":
+                    return fake_cuda_tensor(a.floats(pointer - a.base, elements), device)
+                bits = a.halves(pointer - a.base, elements)
+                t = torch.from_numpy(bits.view(np.int16)).view(getattr(torch, dtype))
+                return t.as_subclass(fake_cuda_type(device))
+        raise AssertionError(f"fake GPU: no open IPC buffer holds {elements} {dtype} values at {pointer:#x}")
 
     def current_stream(self, device: int) -> int:
         return getattr(self._local, "stream", 0)
@@ -235,6 +263,7 @@ class _FakeBucket:
         self.alloc = alloc
         self.sessions: set = set()
         self.errors: Dict[int, str] = {}
+        self.dtype = "float32"
 
 
 class FakeCudaDaemon(pb_grpc.SpexServicer):
@@ -331,6 +360,8 @@ class FakeCudaDaemon(pb_grpc.SpexServicer):
     def RegisterBucket(self, req: Any, ctx: grpc.ServicerContext) -> Any:
         rank = self._rank(req.session_id, ctx)
         n = req.elements
+        dtype = {pb.DTYPE_BFLOAT16: "bfloat16", pb.DTYPE_FLOAT16: "float16"}.get(req.dtype, "float32")
+        eb = _ELEM_BYTES[dtype]
         if n == 0:
             ctx.abort(grpc.StatusCode.INVALID_ARGUMENT, f"bucket {req.bucket_id}: elements must be > 0")
         with self._lock:
@@ -344,12 +375,17 @@ class FakeCudaDaemon(pb_grpc.SpexServicer):
                     _native.store32(header, off, value)
                 _native.store64(header, L.BUCKET_ID_OFFSET, req.bucket_id)
                 _native.store64(header, L.BUCKET_ELEMENTS_OFFSET, n)
-                _native.store64(header, L.BUCKET_SLOT_STRIDE_OFFSET, L.slot_stride(n))
-                alloc = self.gpu.allocate(L.device_bucket_bytes(n, self.trainers), self.trainers + 1)
+                _native.store64(header, L.BUCKET_SLOT_STRIDE_OFFSET, L.slot_stride(n, eb))
+                _native.store32(header, L.BUCKET_DTYPE_OFFSET, L.DTYPE_CODES[dtype])
+                alloc = self.gpu.allocate(L.device_bucket_bytes(n, self.trainers, eb), self.trainers + 1)
                 alloc.header, alloc.bucket_id = header, req.bucket_id
                 b = self._buckets[req.bucket_id] = _FakeBucket(req.bucket_id, n, name, header, alloc)
+                b.dtype = dtype
             elif b.elements != n:
                 ctx.abort(grpc.StatusCode.INVALID_ARGUMENT, f"bucket {req.bucket_id} has {b.elements} elements")
+            elif b.dtype != dtype:
+                ctx.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"bucket {req.bucket_id} is registered as {b.dtype}; this request says {dtype}")
             b.sessions.add(req.session_id)
             a = b.alloc
         resp = pb.RegisterBucketResponse(
@@ -359,8 +395,8 @@ class FakeCudaDaemon(pb_grpc.SpexServicer):
             next_step=_native.load32(b.header, L.BUCKET_PUBLISHED_OFFSET),
             device_buffer=pb.BufferDescriptor(cuda_ipc=pb.CudaIpcDescriptor(
                 mem_handle=a.memory_handle, event_handles=a.event_handles, size=a.nbytes, device_ordinal=a.device)),
-            device_layout=pb.BucketLayout(input_offset=L.device_input_offset(n, rank),
-                                          output_offset=L.device_output_offset(n, self.trainers), elements=n))
+            device_layout=pb.BucketLayout(input_offset=L.device_input_offset(n, rank, eb),
+                                          output_offset=L.device_output_offset(n, self.trainers, eb), elements=n))
         if self.mutate is not None:
             self.mutate(resp)
         return resp
@@ -428,6 +464,12 @@ class FakeCudaDaemon(pb_grpc.SpexServicer):
         if late:
             b.errors[step] = f"bucket {b.id} step {step}: input events of trainers {late} not recorded before ready"
             status = 1
+        elif b.dtype != "float32":  # widened, summed and averaged in float32, rounded once
+            eb = _ELEM_BYTES[b.dtype]
+            inputs = [_widen(a.halves(L.device_input_offset(n, r, eb), n), b.dtype) for r in range(self.trainers)]
+            avg = np.multiply(np.sum(inputs, axis=0, dtype=np.float32), np.float32(1.0 / self.trainers))
+            a.halves(L.device_output_offset(n, self.trainers, eb), n)[:] = _narrow(avg, b.dtype)
+            a.records[self.trainers] += 1
         else:
             inputs = [a.floats(L.device_input_offset(n, r), n) for r in range(self.trainers)]
             out = a.floats(L.device_output_offset(n, self.trainers), n)

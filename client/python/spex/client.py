@@ -184,13 +184,13 @@ class Bucket:
 
     @property
     def input_tensor(self):
-        """This trainer's input slot as a float32 torch tensor: over the shared memory of `input`
-        (host buckets), or a CUDA tensor over the daemon's device buffer (device buckets)."""
+        """This trainer's input slot as a torch tensor of the bucket's type: over the shared memory of
+        `input` (host buckets), or a CUDA tensor over the daemon's device buffer (device buckets)."""
         if self._input_tensor is None:
             if self.on_device:
                 dev = self._device_view()
                 self._input_tensor = self._client.cuda_runtime.tensor(dev.input, self.elements, self.cuda_device,
-                                                                      True)
+                                                                      True, self.dtype)
             else:
                 import torch
 
@@ -199,13 +199,13 @@ class Bucket:
 
     @property
     def output_tensor(self):
-        """The output slot as a float32 torch tensor (shares memory, a CUDA tensor for device
-        buckets; do not write to it)."""
+        """The output slot as a torch tensor of the bucket's type (shares memory, a CUDA tensor for
+        device buckets; do not write to it)."""
         if self._output_tensor is None:
             if self.on_device:
                 dev = self._device_view()
                 self._output_tensor = self._client.cuda_runtime.tensor(dev.output, self.elements, self.cuda_device,
-                                                                       False)
+                                                                       False, self.dtype)
             else:
                 import torch
 
@@ -215,8 +215,8 @@ class Bucket:
         return self._output_tensor
 
     def write(self, data: Any) -> None:
-        """Copies `data` into the input slot: a float32 numpy array or CPU torch tensor for a host
-        bucket, a float32 CUDA tensor for a device bucket (copied on the current stream), with
+        """Copies `data` into the input slot: a numpy array or CPU torch tensor of the bucket's type
+        for a host bucket, a CUDA tensor of its type for a device bucket (copied on the current stream), with
         exactly `elements` entries, any shape. Other dtypes, sizes or devices raise, never convert."""
         if self.closed:
             raise SpexError(f"bucket {self.id} was unregistered or its client closed")
@@ -533,7 +533,7 @@ class Client:
 
     def register_bucket(self, bucket_id: int, elements: int, compressor: Optional[str] = None,
                         density: Optional[float] = None, params: Optional[Dict[str, str]] = None,
-                        dtype: Any = "float32") -> Bucket:
+                        dtype: Any = "float32", cuda_device: Optional[int] = None) -> Bucket:
         """Registers bucket `bucket_id` of `elements` values of `dtype` ("float32", "bfloat16",
         "float16", or a torch/numpy dtype; docs/dtypes.md) and maps its segment. A half bucket is
         summed and compressed in float32 by the daemon and its result rounded once to its type;
@@ -544,6 +544,9 @@ class Client:
         ready. `compressor`/`density` override the daemon's defaults for this bucket (e.g.
         "dense", "micro", "topk"; density in (0, 1]); `params` are compressor parameters.
         A device='cuda' client opens the bucket's CUDA IPC buffer here, once (see IpcHandleCache).
+        `cuda_device` (device='cuda' only): the GPU ordinal the trainer's tensors live on, sent as
+        RegisterBucketRequest.device_ordinal so a spexd serving several GPUs (--devices) places this
+        trainer's input and output there (docs/design.md#multi-gpu); None: the daemon's home GPU.
         """
         self._check_open()
         if bucket_id in self._buckets:
@@ -555,12 +558,16 @@ class Client:
         if density is not None and not 0 < density <= 1:
             raise SpexValueError(f"bucket {bucket_id}: density must be in (0, 1], got {density}")
         dt = dtype_name(dtype)
-        if dt != "float32" and self._ipc is not None:
-            raise SpexTypeError(f"bucket {bucket_id}: {dt} buckets are served on the CPU path only so far; "
-                                f"register float32 or use a client with device='cpu'")
         cfg = pb.CompressorConfig(name=compressor or "", density=float(density or 0.0), params=params or {})
         req = pb.RegisterBucketRequest(session_id=self.session_id, bucket_id=int(bucket_id),
                                        elements=int(elements), dtype=getattr(pb, _PROTO_DTYPES[dt]), compressor=cfg)
+        if cuda_device is not None:
+            if self._ipc is None:
+                raise SpexValueError(f"bucket {bucket_id}: cuda_device={cuda_device!r} is for device='cuda' clients; "
+                                     f"this one asked spexd for host buffers")
+            if not isinstance(cuda_device, (int, np.integer)) or isinstance(cuda_device, bool) or cuda_device < 0:
+                raise SpexValueError(f"bucket {bucket_id}: cuda_device must be a GPU ordinal >= 0, got {cuda_device!r}")
+            req.device_ordinal = int(cuda_device)
         resp = self._rpc("RegisterBucket", req, self.connect_timeout)
         eb = L.DTYPE_BYTES[dt]
         seg, lay = resp.buffer.shm, resp.layout
@@ -597,7 +604,7 @@ class Client:
         device = None
         if want_device:
             try:
-                device = self._attach_device(int(bucket_id), n, resp)
+                device = self._attach_device(int(bucket_id), n, resp, eb)
             except SpexError:
                 shm.release(mapping)
                 self._unregister_quietly(int(bucket_id))
@@ -607,7 +614,7 @@ class Client:
         self._buckets[bucket.id] = bucket
         return bucket
 
-    def _attach_device(self, bucket_id: int, n: int, resp: "pb.RegisterBucketResponse") -> _DeviceView:
+    def _attach_device(self, bucket_id: int, n: int, resp: "pb.RegisterBucketResponse", eb: int = 4) -> _DeviceView:
         """Opens (or reuses) the reply's CUDA IPC buffer and locates this trainer's input and the
         output in it, checking that both fit and that there is one event per trainer plus the output."""
         assert self._ipc is not None
@@ -617,7 +624,7 @@ class Client:
             raise type(e)(f"bucket {bucket_id}: {e}", e.code) from None
         dl = resp.device_layout
         problem = None
-        if dl.elements != n or dl.input_offset + 4 * n > m.size or dl.output_offset + 4 * n > m.size:
+        if dl.elements != n or dl.input_offset + eb * n > m.size or dl.output_offset + eb * n > m.size:
             problem = (f"RegisterBucket: the daemon described a device layout that does not fit its buffer "
                        f"(bucket {bucket_id}: {n} elements, input at {dl.input_offset}, output at {dl.output_offset}, "
                        f"{m.size} bytes)")

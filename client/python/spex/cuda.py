@@ -117,8 +117,9 @@ class CudaRuntime:
         for the event's last record."""
         raise NotImplementedError
 
-    def tensor(self, pointer: int, elements: int, device: int, writable: bool) -> Any:
-        """A float32 torch tensor of `elements` over the device memory at `pointer`, no copy.
+    def tensor(self, pointer: int, elements: int, device: int, writable: bool, dtype: str = "float32") -> Any:
+        """A torch tensor of `elements` values of `dtype` ("float32", "bfloat16" or "float16": the
+        bucket's type) over the device memory at `pointer`, no copy.
         `writable` is False for a bucket's output: a runtime may refuse writes to it (the fake
         does); CudartRuntime cannot, as torch has no read-only CUDA tensors."""
         raise NotImplementedError
@@ -206,9 +207,14 @@ class _CudaArrayView:
     first seen on a GPU), and its tensors have no read-only state to carry it anyway, so the output
     tensor of a device bucket is writable memory the trainer must only read."""
 
-    def __init__(self, pointer: int, elements: int):
-        self.__cuda_array_interface__ = {"shape": (elements,), "typestr": "<f4", "data": (pointer, False),
+    def __init__(self, pointer: int, elements: int, typestr: str = "<f4"):
+        self.__cuda_array_interface__ = {"shape": (elements,), "typestr": typestr, "data": (pointer, False),
                                          "strides": None, "version": 2}
+
+
+# The CUDA Array Interface's type of each bucket type; it has no bfloat16, so a bfloat16 bucket is
+# viewed as int16 and reinterpreted (Tensor.view(torch.bfloat16): same memory, no copy).
+_TYPESTRS = {"float32": "<f4", "float16": "<f2", "bfloat16": "<i2"}
 
 
 def _cuda_torch() -> Any:
@@ -304,10 +310,14 @@ class CudartRuntime(CudaRuntime):
             self._check(self._lib.cudaStreamWaitEvent(ctypes.c_void_p(stream), ctypes.c_void_p(event), 0),
                         "cudaStreamWaitEvent(IPC event)")
 
-    def tensor(self, pointer: int, elements: int, device: int, writable: bool) -> Any:
+    def tensor(self, pointer: int, elements: int, device: int, writable: bool, dtype: str = "float32") -> Any:
         torch = _cuda_torch()
-        t = torch.as_tensor(_CudaArrayView(pointer, elements), device=torch.device("cuda", device))
-        if t.data_ptr() != pointer or t.dtype != torch.float32 or t.numel() != elements:
+        if dtype not in _TYPESTRS:
+            raise CudaRuntimeError(f"no device tensor of {dtype!r}: the bucket types are {sorted(_TYPESTRS)}")
+        t = torch.as_tensor(_CudaArrayView(pointer, elements, _TYPESTRS[dtype]), device=torch.device("cuda", device))
+        if dtype == "bfloat16":
+            t = t.view(torch.bfloat16)
+        if t.data_ptr() != pointer or t.dtype != getattr(torch, dtype) or t.numel() != elements:
             raise CudaRuntimeError(f"torch.as_tensor copied the device buffer at {pointer:#x} instead of viewing it")
         return t
 

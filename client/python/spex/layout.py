@@ -91,19 +91,20 @@ def bucket_bytes(elements: int, slots: int) -> int:
 # slot (DeviceInputOffset / DeviceOutputOffset / DeviceBucketBytes in layout.h).
 
 
-def device_input_offset(elements: int, slot: int) -> int:
-    """Offset of input slot `slot` in a device bucket's CUDA IPC buffer."""
-    return slot * slot_stride(elements)
+def device_input_offset(elements: int, slot: int, elem_bytes: int = FLOAT_BYTES) -> int:
+    """Offset of input slot `slot` in a device bucket's CUDA IPC buffer (elem_bytes: 2 for
+    bfloat16 and float16 buckets)."""
+    return slot * slot_stride(elements, elem_bytes)
 
 
-def device_output_offset(elements: int, slots: int) -> int:
+def device_output_offset(elements: int, slots: int, elem_bytes: int = FLOAT_BYTES) -> int:
     """Offset of the output in a device bucket's CUDA IPC buffer with `slots` input slots."""
-    return slots * slot_stride(elements)
+    return slots * slot_stride(elements, elem_bytes)
 
 
-def device_bucket_bytes(elements: int, slots: int) -> int:
+def device_bucket_bytes(elements: int, slots: int, elem_bytes: int = FLOAT_BYTES) -> int:
     """Total size of a device bucket's CUDA IPC buffer."""
-    return (slots + 1) * slot_stride(elements)
+    return (slots + 1) * slot_stride(elements, elem_bytes)
 
 
 def _check_rank(local_rank: int) -> None:
