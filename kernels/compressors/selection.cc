@@ -2,7 +2,6 @@
 #include "kernels/compressors/selection.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -160,10 +159,8 @@ absl::Status AppendPairsFromDevice(Scratch* s, const uint32_t* idx, const float*
 }
 
 size_t AppendAboveTopDevice(Primitives* p, const float* acc, size_t begin, size_t end, float t,
-                            size_t count, size_t keep, Selection* out, Scratch* s,
-                            DeviceSelectTimes* times) {
+                            size_t count, size_t keep, Selection* out, Scratch* s) {
   if (end <= begin || count == 0 || keep == 0) return 0;
-  const auto t0 = std::chrono::steady_clock::now();
   // Every entry >= t into [indices (count) | values (count)]; nothing is zeroed, so casting away
   // const is safe.
   auto* idx = Slot<uint32_t>(s, kIdxSlot, count * 8);
@@ -201,13 +198,7 @@ size_t AppendAboveTopDevice(Primitives* p, const float* acc, size_t begin, size_
       return 0;
     }
   }
-  const auto t1 = std::chrono::steady_clock::now();
   if (!AppendPairsFromDevice(s, kidx, kval, m, out).ok()) return 0;
-  if (times != nullptr) {
-    const auto t2 = std::chrono::steady_clock::now();
-    times->compact_seconds += std::chrono::duration<double>(t1 - t0).count();
-    times->copy_out_seconds += std::chrono::duration<double>(t2 - t1).count();
-  }
   return c;
 }
 

@@ -36,13 +36,6 @@ size_t AppendTopK(Primitives* p, float* acc, size_t begin, size_t end, size_t k,
 // lower position, i.e. the lower index), keeping them ascending. Returns the kept count.
 size_t TrimTopK(Primitives* p, Selection* out, size_t from, size_t k, Scratch* scratch = nullptr);
 
-// Where a device selection's time went (optional, for bench/device_step_bench): the selection
-// and compaction on the device, and the one copy of the selected pairs out to host staging.
-struct DeviceSelectTimes {
-  double compact_seconds = 0;
-  double copy_out_seconds = 0;
-};
-
 // Device primitives only (scratch required): the `count` entries of [begin, end) with
 // |acc[i]| >= t (`count` is known beforehand, from a histogram), cut on the device to the exact
 // top `keep` by |acc| when keep < count (ties toward the lower index, as TrimTopK), compacted
@@ -51,8 +44,7 @@ struct DeviceSelectTimes {
 // ascending order. Nothing is zeroed. Returns how many were >= t (before the cut); a failure is
 // kept in scratch and appends nothing. Bytes to the host: 8 per kept pair.
 size_t AppendAboveTopDevice(Primitives* p, const float* acc, size_t begin, size_t end, float t,
-                            size_t count, size_t keep, Selection* out, Scratch* scratch,
-                            DeviceSelectTimes* times = nullptr);
+                            size_t count, size_t keep, Selection* out, Scratch* scratch);
 
 // Device primitives: the m pairs at device idx[0..m), val[0..m) appended to out through the
 // Scratch's host staging (one copy when val == idx + m, as the helpers here lay them out).

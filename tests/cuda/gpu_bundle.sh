@@ -9,7 +9,7 @@
 # symbol: PMIx_Info_create"; that branch has not run on a GPU machine yet). What this was made
 # for and ran on: kernels/cuda/README.md.
 #   bazel build --config=cuda //tests/cuda/... //daemon:spexd //client:spex_trainer //client:spexctl \
-#     //bench:sparse_exchange_trainer
+#     //bench:sparse_exchange_trainer //bench:device_step_bench
 #   bash tests/cuda/gpu_bundle.sh pack /tmp/spex-gpu.tar.gz [BAZEL_BIN]
 #   (copy the tarball and this source tree over)
 #   bash tests/cuda/gpu_bundle.sh run /tmp/spex-gpu.tar.gz OUT_DIR   # in the source tree
@@ -22,10 +22,12 @@ pack)
   T=$(mktemp -d)
   trap 'rm -rf "$T"' EXIT
   mkdir -p "$T/bin/tests/cuda" "$T/bin/daemon" "$T/bin/client" "$T/libs" "$T/pb2"
-  bins="daemon/spexd client/spex_trainer client/spexctl"
+  mkdir -p "$T/bin/bench"
+  # device_step_bench: gpu_check.sh's timing part (the sparse step's phases, issue 33 item 3).
+  bins="daemon/spexd client/spex_trainer client/spexctl bench/device_step_bench"
   for t in cuda_primitives_test cuda_compressor_test cuda_ipc_buffer_test nccl_collective_test \
     device_test cuda_error_test client_device_test radix_top_k_test device_math_test \
-    multi_device_test multi_device_client_test; do
+    multi_device_test multi_device_client_test histogram_edge_test device_traffic_test; do
     bins="$bins tests/cuda/$t"
   done
   for b in $bins; do
@@ -34,7 +36,6 @@ pack)
   done
   # For gpu_check.sh's bench16 part (network_bench's trainer), when built.
   if [ -x "$B/bench/sparse_exchange_trainer" ]; then
-    mkdir -p "$T/bin/bench"
     cp -L "$B/bench/sparse_exchange_trainer" "$T/bin/bench/"
     bins="$bins bench/sparse_exchange_trainer"
   fi

@@ -3,7 +3,8 @@
 // Primitives::WalkHistogramEdge, the walk the host path and the default implementation use, on
 // sparse, dense, single-bin and NaN-heavy histograms, with every first bin and quota at the
 // chunk edges; and Primitives::AbsHistogramEdge (the default, on the CPU primitives) agrees with
-// counting the bins itself, and refuses a zero quota and a first bin above +Inf's.
+// counting the bins itself, and refuses a zero quota and a first bin above +Inf's; on a GPU (only
+// there) the CUDA implementation against the CPU's.
 #include "kernels/cuda/histogram_edge.h"
 
 #include <cmath>
@@ -125,6 +126,44 @@ TEST(HistogramEdge, DefaultAbsHistogramEdgeMatchesItsBins) {
   const absl::Status high = p->AbsHistogramEdge(x.data(), 0, x.size(), 0xFF01, 1).status();
   EXPECT_EQ(high.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(high.message().find("0xFF00"), std::string::npos) << high;
+}
+
+// On a GPU (skips without one): the CUDA AbsHistogramEdge equals the CPU primitives' on gradient-
+// like data with zeros, +-Inf and NaNs, for every first bin and quota tried, and its host staging
+// takes a copy.
+TEST(HistogramEdge, CudaEqualsTheCpu) {
+  std::unique_ptr<Primitives> gpu;
+  if (absl::Status s = MakeCudaPrimitives(&gpu); !s.ok()) GTEST_SKIP() << s;
+  std::unique_ptr<Primitives> cpu = MakeCpuPrimitives(1);
+  std::mt19937 gen(11);
+  std::exponential_distribution<float> expo(300.0f);
+  std::vector<float> x(1000003);
+  for (float& v : x) v = (gen() % 2 ? 1 : -1) * expo(gen);
+  for (size_t i = 0; i < x.size(); i += 997) x[i] = 0;
+  x[17] = -std::numeric_limits<float>::infinity();
+  x[18] = std::numeric_limits<float>::quiet_NaN();
+  auto d = gpu->AllocScratch(x.size() * 4);
+  ASSERT_TRUE(d.ok()) << d.status();
+  ASSERT_TRUE(gpu->CopyFromHost((*d)->data(), x.data(), x.size() * 4).ok());
+  const float* dx = static_cast<const float*>((*d)->data());
+  for (size_t begin : {size_t{0}, size_t{333}}) {
+    for (uint32_t first : {0u, 0x3800u, 0x3b00u, 0xFF00u}) {
+      for (uint64_t quota : {uint64_t{1}, uint64_t{10000}, uint64_t{250000}, uint64_t{2000000}}) {
+        SCOPED_TRACE(::testing::Message() << begin << " " << first << " " << quota);
+        auto want = cpu->AbsHistogramEdge(x.data(), begin, x.size(), first, quota);
+        auto got = gpu->AbsHistogramEdge(dx, begin, x.size(), first, quota);
+        ASSERT_TRUE(want.ok() && got.ok()) << got.status();
+        EXPECT_EQ(got->bin, want->bin);
+        EXPECT_EQ(got->reached, want->reached);
+        EXPECT_EQ(got->cum, want->cum);
+        EXPECT_EQ(got->in_edge, want->in_edge);
+      }
+    }
+  }
+  auto staging = gpu->AllocHostStaging(4096);
+  ASSERT_TRUE(staging.ok()) << staging.status();
+  ASSERT_TRUE(gpu->CopyToHost((*staging)->data(), dx, 4096).ok());
+  EXPECT_EQ(std::memcmp((*staging)->data(), x.data(), 4096), 0);
 }
 
 }  // namespace
