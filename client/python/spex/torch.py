@@ -225,8 +225,12 @@ class SpexHookState:
         b = self._buckets.get(index)
         if b is None:
             bucket_id = self.id_base + self.generation * GENERATION_STRIDE + index
+            # A CUDA bucket lives where its gradients are: the daemon places this trainer's buffers on
+            # that GPU (spexd --devices; docs/design.md#multi-gpu).
+            where = grad_bucket.buffer().device
             b = self.client.register_bucket(bucket_id, sig[0], self.compressor, self.density, self.params,
-                                            dtype=grad_bucket.buffer().dtype)
+                                            dtype=grad_bucket.buffer().dtype,
+                                            cuda_device=where.index if where.type == "cuda" else None)
             self._buckets[index] = b
             self._sigs[index] = sig
             self._layout[index] = self._param_key(grad_bucket)
