@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/half.h"
 #include "kernels/primitives.h"
 #include "kernels/reference/reference_primitives.h"
 #include "tests/cuda/test_data.h"
@@ -417,6 +418,72 @@ TEST_P(DevicePrimitivesTest, AbsHistogram16AddsToTheBins) {
     p_->AbsHistogram16(mem_->Put(x), begin, end, dbins);
     EXPECT_EQ(mem_->Get(dbins, bins.size()), bins) << "n=" << n;
   }
+}
+
+// The half-precision passes (bfloat16/float16 buckets, docs/dtypes.md) against kernels/half.h's
+// host passes, bit for bit: every half pattern widened; narrowing at every rounding boundary of
+// float32 (each top-16-bit pattern with low bits at and around the bfloat16 and float16
+// rounding points) and of gradients with NaN/Inf; the fused widen-and-sum with and without the
+// residual, scaled or not, in place, with the non-finite check.
+TEST_P(DevicePrimitivesTest, HalfPassesEqualKernelsHalf) {
+  for (DType t : {DType::kBFloat16, DType::kFloat16}) {
+    SCOPED_TRACE(DTypeName(t));
+    std::vector<uint16_t> all(65536);
+    for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<uint16_t>(i);
+    std::vector<float> want(all.size());
+    half::Widen(t, all.data(), want.data(), all.size());
+    float* wide = mem_->Put(std::vector<float>(all.size(), 7.0f));
+    ASSERT_TRUE(p_->WidenHalf(t, mem_->Put(all), wide, all.size()).ok());
+    EXPECT_TRUE(SameBits(mem_->Get(wide, all.size()), want)) << "WidenHalf";
+
+    std::vector<float> x = Gradient(4099, 21);
+    AddSpecials(&x, 22);
+    for (uint32_t hi = 0; hi < 65536; ++hi) {
+      for (uint32_t lo : {0x0000u, 0x0fffu, 0x1000u, 0x1001u, 0x7fffu, 0x8000u, 0x8001u, 0xffffu}) {
+        uint32_t u = (hi << 16) | lo;
+        float f;
+        std::memcpy(&f, &u, 4);
+        x.push_back(f);
+      }
+    }
+    std::vector<uint16_t> narrow_want(x.size());
+    half::Narrow(t, x.data(), narrow_want.data(), x.size());
+    uint16_t* narrow = mem_->Put(std::vector<uint16_t>(x.size(), 7));
+    ASSERT_TRUE(p_->NarrowHalf(t, mem_->Put(x), narrow, x.size()).ok());
+    EXPECT_EQ(mem_->Get(narrow, x.size()), narrow_want) << "NarrowHalf";
+
+    for (size_t n : kSizes) {
+      std::vector<std::vector<uint16_t>> in(3, std::vector<uint16_t>(n));
+      for (int r = 0; r < 3; ++r) {
+        std::vector<float> g = Gradient(n, 30 + r);
+        if (r == 2) AddSpecials(&g, 33);
+        half::Narrow(t, g.data(), in[r].data(), n);
+      }
+      const std::vector<float> acc0 = Gradient(n, 34);
+      for (bool with_acc : {false, true}) {
+        for (float a : {1.0f, 0.25f, 1.0f / 3}) {
+          for (bool check : {false, true}) {
+            SCOPED_TRACE(::testing::Message() << "n=" << n << " acc=" << with_acc << " a=" << a
+                                              << " check=" << check);
+            const int count = with_acc ? 2 : 3;  // with the residual: the first two inputs
+            const uint16_t* host_xs[3] = {in[0].data(), in[1].data(), in[2].data()};
+            std::vector<float> y_want = acc0;  // in place over acc when with_acc
+            const size_t bad_want = half::SumWidenScaled(
+                t, y_want.data(), with_acc ? y_want.data() : nullptr, host_xs, count, a, n, check);
+            const uint16_t* dev_xs[3] = {mem_->Put(in[0]), mem_->Put(in[1]), mem_->Put(in[2])};
+            float* y = mem_->Put(acc0);
+            size_t bad = 12345;
+            ASSERT_TRUE(p_->SumWidenHalf(t, y, with_acc ? y : nullptr, dev_xs, count, a, n,
+                                         check ? &bad : nullptr)
+                            .ok());
+            EXPECT_TRUE(SameBits(mem_->Get(y, n), y_want)) << "SumWidenHalf";
+            if (check) EXPECT_EQ(bad, bad_want) << "first non-finite index";
+          }
+        }
+      }
+    }
+  }
+  EXPECT_TRUE(p_->Health().ok()) << p_->Health();
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, DevicePrimitivesTest, ::testing::Values("cpu", "cuda"),

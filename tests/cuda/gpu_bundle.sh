@@ -27,7 +27,8 @@ pack)
   bins="daemon/spexd client/spex_trainer client/spexctl bench/device_step_bench"
   for t in cuda_primitives_test cuda_compressor_test cuda_ipc_buffer_test nccl_collective_test \
     device_test cuda_error_test client_device_test radix_top_k_test device_math_test \
-    multi_device_test multi_device_client_test histogram_edge_test device_traffic_test; do
+    multi_device_test multi_device_client_test histogram_edge_test device_traffic_test \
+    half_device_test; do
     bins="$bins tests/cuda/$t"
   done
   for b in $bins; do

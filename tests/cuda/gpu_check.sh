@@ -10,7 +10,9 @@
 #     two spex_trainer --device=cuda --verify, for dense and sparse compressors over both
 #     signalling paths and overlapped Start/Wait;
 #  3. the Python client's device buckets and the DDP hook on CUDA buckets (gpu_python_check.py),
-#     when python3 imports torch (with CUDA) and spex;
+#     when python3 imports torch (with CUDA) and spex; it includes bfloat16 and float16 device
+#     buckets (half.cu's kernels, bit for bit against torch's rounding; cuda_primitives_test's
+#     HalfPassesEqualKernelsHalf checks the same kernels against kernels/half.h in part 1);
 #  4. a first timing: one 25,557,032-float bucket exchanged by spexd --device=cuda and by
 #     spexd --device=cpu (all cores, --threads=0) on the same machine, dense and five compressors
 #     at 0.01, p50 per step, and the engine's mean time per phase of each run (spexctl stats,
@@ -50,7 +52,7 @@ want() { [[ "$CHECKS" == *" $1 "* ]]; }
 # 1. Test binaries.
 want tests && for t in cuda_primitives_test cuda_compressor_test cuda_ipc_buffer_test nccl_collective_test \
   device_test cuda_error_test client_device_test radix_top_k_test device_math_test \
-  multi_device_test multi_device_client_test histogram_edge_test device_traffic_test; do
+  multi_device_test multi_device_client_test histogram_edge_test device_traffic_test half_device_test; do
   [ -x "$BIN/tests/cuda/$t" ] || { result "$t (not in $BIN)" 1; continue; }
   timeout 180 "$BIN/tests/cuda/$t" --gtest_brief=1 >"$OUT/$t.log" 2>&1
   rc=$?

@@ -11,6 +11,11 @@ trainer; none of this project's build machines has a GPU, so it is not part of t
    of the two trainers, 3 steps; every gradient DDP hands back must equal the mean of both ranks'
    local gradients (computed on a copy of the model without DDP, all_gathered over gloo on the
    CPU), within 1e-6 relative.
+3. Half buckets on the GPU (docs/dtypes.md): a bfloat16 and a float16 dense bucket of 1,048,576
+   values and a bfloat16 topk@0.01 bucket, 4 steps: the dense output must equal, bit for bit,
+   torch's rounding of the float32 average of the widened inputs (the daemon widens, sums in
+   float32 and rounds once on the GPU, half.cu); the topk output's non-zeros at step 0 equal it
+   at their positions and are about 1% of the bucket.
 Exits 0 and prints "python cuda OK" on success.
 """
 
@@ -44,6 +49,41 @@ def check_client(sock: str, rank: int) -> None:
                                      f"{out[bad].item()}, want {want[bad].item()}")
         c.unregister_bucket(b)
     print(f"rank {rank}: client device bucket exact over 8 steps (doorbell and rpc)", flush=True)
+
+
+def check_half_client(sock: str, rank: int) -> None:
+    n = 1 << 20
+    torch.cuda.set_device(0)
+    with spex.Client(sock, local_rank=rank, local_size=2, device="cuda") as c:
+        buckets = [(c.register_bucket(10, n, compressor="dense", dtype=torch.bfloat16), torch.bfloat16),
+                   (c.register_bucket(11, n, compressor="dense", dtype=torch.float16), torch.float16),
+                   (c.register_bucket(12, n, compressor="topk", density=0.01, dtype=torch.bfloat16),
+                    torch.bfloat16)]
+        base = (torch.arange(n, device="cuda", dtype=torch.float32) % 1999 - 999) / 37
+        for step in range(4):
+            mode = "doorbell" if step % 2 == 0 else "rpc"
+            for b, dtype in buckets:
+                if not b.on_device or b.input_tensor.dtype != dtype:
+                    raise SystemExit(f"bucket {b.id} is not a {dtype} device bucket")
+                mine = (base * (rank + 1) + step).to(dtype)
+                out = c.exchange(b, mine, mode=mode)
+                widened = [(base * (r + 1) + step).to(dtype).float() for r in range(2)]
+                want = ((widened[0] + widened[1]) * 0.5).to(dtype)
+                if out.dtype != dtype:
+                    raise SystemExit(f"half bucket {b.id}: output tensor of {out.dtype}, not {dtype}")
+                if b.id != 12 and not torch.equal(out.view(torch.int16), want.view(torch.int16)):
+                    bad = (out.view(torch.int16) != want.view(torch.int16)).nonzero()[0].item()
+                    raise SystemExit(f"half bucket {b.id} step {step} ({mode}): output[{bad}] = "
+                                     f"{out[bad].item()}, want {want[bad].item()}")
+                if b.id == 12 and step == 0:
+                    nz = out != 0
+                    count = int(nz.sum().item())
+                    if not 0.005 * n <= count <= 0.02 * n or not torch.equal(out[nz].float(), want[nz].float()):
+                        raise SystemExit(f"half topk bucket step 0: {count} non-zeros, or values off the "
+                                         f"average")
+        for b, _ in buckets:
+            c.unregister_bucket(b)
+    print(f"rank {rank}: bfloat16/float16 device buckets rounded once, exact over 4 steps", flush=True)
 
 
 def check_ddp(sock: str, rank: int, port: int) -> None:
@@ -90,6 +130,7 @@ def check_ddp(sock: str, rank: int, port: int) -> None:
 def main() -> None:
     sock, rank, port = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     check_client(sock, rank)
+    check_half_client(sock, rank)
     check_ddp(sock, rank, port)
     print("python cuda OK", flush=True)
 
