@@ -85,7 +85,9 @@ ABSL_FLAG(int64_t, max_session_bytes, 0,
           "Most memory the buckets one trainer registered may take; 0 = --max_daemon_bytes.");
 ABSL_FLAG(int64_t, max_daemon_bytes, 0,
           "Most memory all buckets of this node may take; 0 = half the machine's memory, and no "
-          "more than /dev/shm has free at start.");
+          "more than /dev/shm has free at start. With several GPUs (--devices) the three "
+          "--max_*_bytes limits count memory on every one of them: a trainer's buffer on a GPU "
+          "other than the first counts too.");
 ABSL_FLAG(int, max_buckets_per_session, 4096, "Most buckets one trainer may register.");
 ABSL_FLAG(bool, fp16_values, false, "Send pattern-B values as float16 (indices stay uint32).");
 ABSL_FLAG(spex::SparseAllreduce, sparse_allreduce, spex::SparseAllreduce::kAllGather,

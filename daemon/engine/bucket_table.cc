@@ -266,9 +266,22 @@ bool BucketTable::SparseCandidate(const std::string& compressor, uint64_t elemen
   return compressor != "dense" && elements >= options_->min_sparse_elements;
 }
 
+uint64_t BucketTable::RemoteBytes(uint64_t elements, DType dtype, int device) const {
+  if (device_.allocator == nullptr || device < 0 || device == device_.home) return 0;
+  return DeviceBucketBytes(elements, 1, DTypeSize(dtype));
+}
+
+uint64_t BucketTable::SlotRemoteBytes(const EngineBucket& b, uint32_t slot) const {
+  if (b.mem.remote[slot] == nullptr) return 0;
+  return RemoteBytes(b.elements, b.mem.view.dtype, b.mem.remote_device[slot]);
+}
+
 uint64_t BucketTable::TotalBytes() const {
   uint64_t total = 0;
-  for (const auto& [id, b] : buckets_) total += Footprint(b->elements, b->ex.sparse != nullptr);
+  for (const auto& [id, b] : buckets_) {
+    total += Footprint(b->elements, b->ex.sparse != nullptr);
+    for (uint32_t s = 0; s < kMaxLocalTrainers; ++s) total += SlotRemoteBytes(*b, s);
+  }
   return total;
 }
 

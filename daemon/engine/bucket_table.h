@@ -41,7 +41,13 @@ class BucketTable {
   // a compressor whose pattern is dense turns out dense too, once built).
   bool SparseCandidate(const std::string& compressor, uint64_t elements) const;
   uint64_t ShmBytes(uint64_t elements) const;
-  // Every bucket's footprint.
+  // Several GPUs: the buffer a local trainer's bucket of `elements` values of `dtype` takes on
+  // GPU `device` when that is not the home GPU (DeviceBucketBytes(elements, 1)), else 0; and
+  // what local trainer `slot`'s buffer of `b` takes there now (0 when it has none).
+  uint64_t RemoteBytes(uint64_t elements, DType dtype, int device) const;
+  uint64_t SlotRemoteBytes(const EngineBucket& b, uint32_t slot) const;
+  // Every bucket's footprint, with its trainers' buffers on the other GPUs: the --max_*_bytes
+  // limits count memory on every GPU of --devices.
   uint64_t TotalBytes() const;
   EngineBucket* Find(uint64_t id);
   void Erase(uint64_t id);

@@ -272,10 +272,12 @@ class Engine {
                                                          const char* what)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The memory and count limits for `session` registering bucket `bucket_id` (`existing` when
-  // another trainer created it already); RESOURCE_EXHAUSTED naming the limit and its flag.
+  // another trainer created it already) of `dtype` on GPU `device` (-1: home; a buffer there
+  // counts too); RESOURCE_EXHAUSTED naming the limit and its flag.
   absl::Status CheckLimitsLocked(const Session& session, const EngineBucket* existing,
                                  uint64_t bucket_id, uint64_t elements,
-                                 const std::string& compressor) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                                 const std::string& compressor, DType dtype, int device)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Notices trainers that died without Goodbye: frees their sessions and marks their local
   // ranks dead for the rest of the job (the steps they left fail on every node, naming them).
   void ReapDeadTrainersLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

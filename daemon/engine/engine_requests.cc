@@ -140,7 +140,8 @@ absl::StatusOr<BucketGrant> Engine::RegisterBucket(
   EngineBucket* b = buckets_.Find(bucket_id);
   const uint64_t bit = 1ull << rank;
   if (b == nullptr || !(b->out.registered_mask & bit)) {
-    if (absl::Status s = CheckLimitsLocked(**session, b, bucket_id, elements, compressor);
+    if (absl::Status s =
+            CheckLimitsLocked(**session, b, bucket_id, elements, compressor, policy.dtype, device);
         !s.ok()) {
       return s;
     }
@@ -214,7 +215,8 @@ absl::StatusOr<BucketGrant> Engine::RegisterBucket(
     b->out.registered_mask |= bit;
     ++b->out.registrations;
     (*session)->buckets++;
-    (*session)->bytes += buckets_.Footprint(b->elements, b->ex.sparse != nullptr);
+    (*session)->bytes += buckets_.Footprint(b->elements, b->ex.sparse != nullptr) +
+                         buckets_.SlotRemoteBytes(*b, rank);
     if (b->out.registered_mask == (1ull << options_.local_trainers) - 1 &&
         b->out.state == BucketState::kRegistering) {
       b->MoveTo(BucketState::kWaiting);
@@ -245,7 +247,7 @@ absl::StatusOr<BucketGrant> Engine::RegisterBucket(
 
 absl::Status Engine::CheckLimitsLocked(const Session& session, const EngineBucket* existing,
                                        uint64_t bucket_id, uint64_t elements,
-                                       const std::string& compressor) {
+                                       const std::string& compressor, DType dtype, int device) {
   if (session.buckets >= static_cast<uint32_t>(options_.max_buckets_per_session)) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "bucket ", bucket_id, ": this session already registered ", session.buckets,
@@ -253,24 +255,42 @@ absl::Status Engine::CheckLimitsLocked(const Session& session, const EngineBucke
         "; merge small tensors into larger buckets or raise the limit"));
   }
   const bool sparse = buckets_.SparseCandidate(compressor, elements);
-  const uint64_t need = existing != nullptr
-                            ? buckets_.Footprint(existing->elements, existing->ex.sparse != nullptr)
-                            : buckets_.Footprint(elements, sparse);
+  const uint64_t footprint =
+      existing != nullptr ? buckets_.Footprint(existing->elements, existing->ex.sparse != nullptr)
+                          : buckets_.Footprint(elements, sparse);
+  // Several GPUs: this trainer's buffer on its own GPU counts, on every limit, like the home
+  // GPU's memory (docs/design.md#multi-gpu); a buffer it left there on an earlier registration
+  // is reused and exists already.
+  const uint64_t remote = buckets_.RemoteBytes(elements, dtype, device);
+  const uint32_t rank = session.local_rank;
+  const bool remote_exists = existing != nullptr && remote > 0 &&
+                             existing->mem.remote[rank] != nullptr &&
+                             existing->mem.remote_device[rank] == device;
+  uint64_t others_remote = 0;  // the other trainers' buffers of this bucket on other GPUs
+  for (uint32_t s = 0; existing != nullptr && s < kMaxLocalTrainers; ++s) {
+    if (s != rank) others_remote += buckets_.SlotRemoteBytes(*existing, s);
+  }
+  const uint64_t need = footprint + remote;
   auto over = [&](const char* what, const char* flag, uint64_t have, uint64_t limit) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "bucket ", bucket_id, " (", elements, " elements) needs ", Bytes(need), "; ", what, " ",
-        have ? absl::StrCat("already holds ", Bytes(have), " and ") : "", "may hold ", Bytes(limit),
-        " (", flag, "). Use smaller buckets or raise ", flag));
+        "bucket ", bucket_id, " (", elements, " elements) needs ", Bytes(need),
+        remote > 0 ? absl::StrCat(" (", Bytes(remote), " of it on GPU ", device, ")") : "", "; ",
+        what, " ", have ? absl::StrCat("already holds ", Bytes(have), " and ") : "", "may hold ",
+        Bytes(limit), " (", flag, "). Use smaller buckets or raise ", flag));
   };
-  if (need > limits_.bucket) return over("a bucket", "--max_bucket_bytes", 0, limits_.bucket);
+  if (need + others_remote > limits_.bucket) {
+    return over("a bucket", "--max_bucket_bytes", others_remote, limits_.bucket);
+  }
   if (session.bytes + need > limits_.session) {
     return over("this session", "--max_session_bytes", session.bytes, limits_.session);
   }
-  if (existing != nullptr) return absl::OkStatus();  // its memory exists already
+  // An existing bucket's home memory exists already; only a new buffer on another GPU is new.
+  const uint64_t added = existing != nullptr ? (remote_exists ? 0 : remote) : need;
   const uint64_t total = buckets_.TotalBytes();
-  if (total + need > limits_.daemon) {
+  if (added > 0 && total + added > limits_.daemon) {
     return over("this daemon", "--max_daemon_bytes", total, limits_.daemon);
   }
+  if (existing != nullptr) return absl::OkStatus();
   struct statvfs v;
   const uint64_t shm = buckets_.ShmBytes(elements);
   if (statvfs("/dev/shm", &v) == 0 && shm > static_cast<uint64_t>(v.f_bavail) * v.f_frsize) {
@@ -297,7 +317,8 @@ absl::Status Engine::UnregisterBucket(uint64_t session_id, uint64_t bucket_id) {
   b->out.registered_mask &= ~bit;
   ++b->out.registrations;
   (*session)->buckets--;
-  (*session)->bytes -= buckets_.Footprint(b->elements, b->ex.sparse != nullptr);
+  (*session)->bytes -= buckets_.Footprint(b->elements, b->ex.sparse != nullptr) +
+                       buckets_.SlotRemoteBytes(*b, (*session)->local_rank);
   if (b->out.state == BucketState::kWaiting) b->MoveTo(BucketState::kRegistering);
   if (b->out.registered_mask == 0) {
     while ((processing_ || wire_inflight_ > 0) && !stop_) published_cv_.Wait(&mu_);
