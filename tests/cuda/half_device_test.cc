@@ -66,6 +66,9 @@ struct Layout {
   // devices[node][t % size]. Empty: the CPU path.
   std::vector<std::vector<int>> devices;
   bool peer = true;
+  // kAuto: the probe's first 2 x probe_steps (3) steps alternate sparse and dense by step
+  // number, so both runs take the same exchanges within kSteps.
+  DenseFallback fallback = DenseFallback::kOff;
 };
 
 struct Run {
@@ -83,7 +86,8 @@ EngineClusterOptions Options(const Layout& l, std::vector<std::unique_ptr<FakeNo
   o.hub_timeout = absl::Seconds(30);
   o.engine.shm_tag = "halfdevtest";
   o.engine.min_sparse_elements = 0;
-  o.engine.dense_fallback = DenseFallback::kOff;
+  o.engine.dense_fallback = l.fallback;
+  o.engine.probe_steps = 3;
   o.engine.residual_norm_every = 1;
   if (l.devices.empty()) {
     o.cpu_primitives = true;
@@ -253,6 +257,20 @@ std::vector<Case> AllCases() {
 
 INSTANTIATE_TEST_SUITE_P(AllCompressors, HalfDeviceTest, ::testing::ValuesIn(AllCases()), CaseName);
 
+// The dense-fallback probe runs some steps of the sparse buckets dense: the dense half exchange
+// with a float32 output widened on the device (a sparse bucket's next step reads it).
+TEST(HalfDeviceFallback, SparseBucketsStepsRunDenseBitIdenticalToTheCpuPath) {
+  for (const char* compressor : {"topk", "micro"}) {
+    SCOPED_TRACE(compressor);
+    Layout l;
+    l.compressor = compressor;
+    l.dtype = DType::kBFloat16;
+    l.devices = {{0}, {0}};
+    l.fallback = DenseFallback::kAuto;
+    ExpectSameAsCpu(l);
+  }
+}
+
 // Several GPUs on one node: trainer 1's buffer on GPU 1, its input gathered to GPU 0 and the
 // half output delivered back, with and without peer access.
 TEST(HalfMultiDevice, TrainersOnTwoGpusBitIdenticalToTheCpuPath) {
@@ -396,6 +414,77 @@ TEST(HalfDeviceErrors, ANaNInAHalfInputFailsTheStepNamingTheTrainer) {
   EXPECT_EQ(wrong, 0);
   EXPECT_EQ(next[0], next[1]);
   EXPECT_TRUE(device.violations().empty());
+}
+
+// A half device bucket's checkpoint (docs/checkpoint.md): 2 nodes stopped after 2 of 4 steps
+// and resumed on fresh engines and fake devices from their records give the uninterrupted job's
+// half outputs bit for bit; resumed without the records they differ.
+struct HalfJob {
+  std::vector<std::vector<uint16_t>> out;  // [step * 2 + node]
+  std::vector<std::string> saved, errors;
+};
+
+HalfJob RunHalfJob(int first, int last, const std::vector<std::string>* load, bool save) {
+  constexpr int kJobNodes = 2;
+  HalfJob job;
+  job.out.assign(kSteps * kJobNodes, {});
+  job.saved.assign(kJobNodes, "");
+  job.errors.assign(kJobNodes, "");
+  std::vector<std::unique_ptr<FakeNode>> nodes;
+  Layout l;
+  l.nodes = kJobNodes;
+  l.trainers = 1;
+  l.devices = {{0}, {0}};
+  EngineCluster cluster(Options(l, &nodes));
+  if (!cluster.status().ok()) {
+    job.errors[0] = cluster.status().ToString();
+    return job;
+  }
+  cluster.ForEachTrainer([&](int n, int) {
+    std::string& err = job.errors[n];
+    auto tr = Trainer::Open(&cluster.engine(n), 0, 1);
+    if (!tr.ok()) return void(err = tr.status().ToString());
+    auto g = tr->Register(kNative, kN, "topk", kDensity, {{"dtype", "bfloat16"}});
+    if (!g.ok()) return void(err = g.status().ToString());
+    if (g->device_buffer == nullptr) return void(err = "not a device bucket");
+    if (load != nullptr) {
+      absl::Status s = cluster.engine(n).LoadBucketState(tr->session_id(), kNative, (*load)[n]);
+      if (!s.ok()) return void(err = s.ToString());
+    }
+    for (int s = 0; s + first < last; ++s) {
+      auto* in = reinterpret_cast<uint16_t*>(tr->input(kNative));
+      for (size_t i = 0; i < kN; ++i) in[i] = FloatToBf16(Value(n, 0, kNative, s + first, i));
+      auto rec = tr->Exchange(kNative, s);
+      if (!rec.ok()) return void(err = rec.status().ToString());
+      const auto* out = reinterpret_cast<const uint16_t*>(tr->output(kNative));
+      job.out[(s + first) * kJobNodes + n].assign(out, out + kN);
+    }
+    if (save) {
+      auto rec = cluster.engine(n).SaveBucketState(tr->session_id(), kNative);
+      if (!rec.ok()) return void(err = rec.status().ToString());
+      job.saved[n] = *rec;
+    }
+  });
+  return job;
+}
+
+TEST(HalfDeviceCheckpoint, AResumedHalfDeviceJobIsBitIdentical) {
+  constexpr int kStop = 2;
+  const HalfJob whole = RunHalfJob(0, kSteps, nullptr, false);
+  const HalfJob before = RunHalfJob(0, kStop, nullptr, true);
+  const HalfJob resumed = RunHalfJob(kStop, kSteps, &before.saved, false);
+  const HalfJob fresh = RunHalfJob(kStop, kSteps, nullptr, false);
+  for (const HalfJob* j : {&whole, &before, &resumed, &fresh}) {
+    for (const std::string& e : j->errors) ASSERT_EQ(e, "");
+  }
+  auto same_from = [](const HalfJob& a, const HalfJob& b, int first) {
+    for (size_t j = first * 2; j < a.out.size(); ++j) {
+      if (a.out[j].empty() || a.out[j] != b.out[j]) return false;
+    }
+    return true;
+  };
+  EXPECT_TRUE(same_from(resumed, whole, kStop)) << "the resumed half device job differs";
+  EXPECT_FALSE(same_from(fresh, whole, kStop)) << "resuming without the records should differ";
 }
 
 // The CUDA kernels' conversions (half_math.h) against kernels/half.h.
