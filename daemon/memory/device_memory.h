@@ -35,9 +35,10 @@ class BufferAllocator {
   virtual ~BufferAllocator() = default;
   // The device the memory is on (the engine checks that it matches its Primitives).
   virtual Device device() const = 0;
-  // A bucket's data buffer of `bytes` bytes (DeviceBucketBytes(elements, slots): the input
-  // slots, then the output) with `events` ordering events (slots + 1: one per input slot, then
-  // the output), zero-filled. Its Describe() is what trainers attach (a cuda_ipc descriptor).
+  // A bucket's data buffer of `bytes` bytes (DeviceBucketBytes(elements, slots, element size):
+  // the input slots, then the output, 2 bytes an element for bfloat16/float16 buckets, 4 for
+  // float32) with `events` ordering events (slots + 1: one per input slot, then the output),
+  // zero-filled. Its Describe() is what trainers attach (a cuda_ipc descriptor).
   virtual absl::StatusOr<std::unique_ptr<SharedBuffer>> AllocateBucket(size_t bytes,
                                                                        int events) = 0;
   // `bytes` bytes of engine-private device memory, zero-filled.
