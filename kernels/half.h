@@ -97,6 +97,17 @@ void Narrow(DType t, const float* x, uint16_t* y, size_t n);
 // is NaN or +-Inf when `check` (n when none, or unchecked).
 size_t SumWidenScaled(DType t, float* y, const float* acc, const uint16_t* const* xs, int count,
                       float a, size_t n, bool check);
+// SumWidenScaled's y rounded once to `t` and stored as half values (the float32 sum is never
+// stored): y[i] = round_t(a * (acc[i] + float(xs[0][i]) + ...)), bit for bit Narrow of
+// SumWidenScaled's y. y may equal one of xs (the sum is written in place), not overlap it
+// otherwise. Returns the lowest i whose float32 sum is NaN or +-Inf when `check` (n when none).
+size_t SumWidenNarrow(DType t, uint16_t* y, const float* acc, const uint16_t* const* xs, int count,
+                      float a, size_t n, bool check);
+// The wire's rounding kept in an error-feedback residual (docs/dtypes.md), at `count` distinct
+// positions: acc[idx[j]] = v - float(round_t(v)), where v = val[j] (pattern B: the selected
+// values, whose positions the selection zeroed) or, with val == nullptr, acc[idx[j]] itself
+// (pattern A: acc at the union, all of which was sent). Bit for bit the scalar formula.
+void KeepRounding(DType t, float* acc, const uint32_t* idx, const float* val, size_t count);
 // Name of the Highway target these passes run on.
 const char* TargetName();
 

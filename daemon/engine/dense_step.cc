@@ -25,7 +25,7 @@ absl::Status LocalReduce(const StepEnv& env, const BucketData& b, bool add_to_ac
 }
 
 absl::Status ReduceLocalChecked(const StepEnv& env, const BucketData& b, bool sparse, bool check,
-                                size_t* first_bad) {
+                                size_t* first_bad, bool half_in_output) {
   const int L = env.local_trainers, N = env.coll->size();
   const size_t n = b.elements;
   *first_bad = n;
@@ -44,7 +44,15 @@ absl::Status ReduceLocalChecked(const StepEnv& env, const BucketData& b, bool sp
   }
   absl::Status s;
   b.half_output_ready = false;  // a new step's result comes
-  if (IsHalf(b.dtype)) {
+  b.half_sum_in_output =
+      half_in_output && !sparse && IsHalf(b.dtype) && b.wire == b.dtype && !b.on_device && N > 1;
+  if (b.half_sum_in_output) {
+    // Rounded as HalfAllReduceScaled would round it, in the same pass as the sum and the check:
+    // no float32 staging and no separate narrowing pass (kernels/half.h SumWidenNarrow).
+    const size_t bad =
+        half::SumWidenNarrow(b.dtype, b.half_output, nullptr, b.half_input, L, scale, n, check);
+    if (check) *first_bad = bad;
+  } else if (IsHalf(b.dtype)) {
     // The trainers' half inputs widened and summed in float32, in the order of the float32
     // path (the residual first), in one pass (kernels/half.h; on the device, half.cu).
     s = env.prims->SumWidenHalf(b.dtype, y, count > 0 ? xs[0] : nullptr, b.half_input, L, scale, n,
@@ -135,7 +143,10 @@ void DenseStep(const StepEnv& env, absl::Span<StepItem> group, const Lap& lap) {
     // cross to the host and back (HalfAllReduceScaledOnDevice).
     const bool direct = IsHalf(b.wire) && N > 1 && b.wire == b.dtype && item.sparse == nullptr;
     absl::Status c;
-    if (IsHalf(b.wire) && N > 1) {
+    if (item.reduced && b.half_sum_in_output) {
+      // The local sum is in the trainers' half output already, rounded: exchanged there.
+      c = HalfAllReduceInPlace(env.coll, b.wire, b.half_output, n, scale);
+    } else if (IsHalf(b.wire) && N > 1) {
       float* recv = direct ? nullptr : b.output;
       uint16_t* half_out = direct ? b.half_output : nullptr;
       c = b.on_device

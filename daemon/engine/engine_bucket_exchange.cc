@@ -71,7 +71,10 @@ void Engine::WaitAndReduce(BucketPass& x) {
   // A dense bucket under propagate needs no check: its all-reduce carries NaN/Inf anyway.
   const bool check = sparse_bucket || b->policy.nonfinite == NonfinitePolicy::kError;
   size_t first_bad = b->elements;
-  x.reduced = ReduceLocalChecked(env_, b->mem.view, sparse_bucket, check, &first_bad);
+  // A dense half bucket's sum goes straight into its half output, rounded (DenseStep exchanges
+  // it there); a merge group's path (engine_group_exchange.cc) keeps the float32 staging.
+  x.reduced = ReduceLocalChecked(env_, b->mem.view, sparse_bucket, check, &first_bad,
+                                 /*half_in_output=*/true);
   b->ex.reduced_step = UINT64_MAX;                  // this step's own sum replaces a merge group's
   if (x.reduced.ok() && first_bad < b->elements) {  // rare: find which trainer
     const int r = NonfiniteInput(env_, b->mem.view, first_bad);

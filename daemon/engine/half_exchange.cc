@@ -1,5 +1,5 @@
-// HalfAllReduceScaled (half_exchange.h): reduce-scatter through AllToAllV, all-gather through
-// AllGather, both over half values.
+// HalfAllReduceScaled and HalfAllReduceInPlace (half_exchange.h): reduce-scatter through an
+// all-to-all of equal chunks, all-gather in place, both over half values.
 #include "daemon/engine/half_exchange.h"
 
 #include <algorithm>
@@ -13,9 +13,7 @@ namespace spex {
 namespace {
 
 struct Scratch16 {
-  std::vector<uint16_t> mine, owned, all;
-  std::vector<float> sum;
-  std::vector<std::vector<uint8_t>> out, in;
+  std::vector<uint16_t> mine, in;
 };
 
 // Scratch kept by the calling thread (the engine's or the wire stage's) across exchanges:
@@ -39,62 +37,36 @@ absl::Status CheckHalfExchange(Collective* coll, DType t) {
 // chunk travels padded to c values so that the all-gather's blocks are equal.
 size_t ChunkValues(size_t n, int nodes) { return (n + nodes - 1) / nodes; }
 
-// The exchange of this rank's n half values, already in scratch.mine (c * N values, zero
-// padded): the owners' float32 sums, scaled and rounded once, gathered into scratch.all (its
-// first n values are the result).
-absl::Status ExchangeNarrowed(Collective* coll, DType t, Scratch16& scratch, size_t n, float scale,
-                              HalfAllReduceBytes* bytes) {
+// The exchange of this rank's n half values in data[0, c * N) (zero padded past n), in place:
+// an all-to-all of equal chunks straight from `data` into scratch.in, the owner's chunk summed
+// in float32 in rank order, scaled and rounded once into its own chunk of `data` (one fused
+// pass), and an all-gather of the owners' chunks into `data` in place. No other copy.
+absl::Status ExchangeInPlace(Collective* coll, DType t, Scratch16& scratch, uint16_t* data,
+                             size_t n, float scale, HalfAllReduceBytes* bytes) {
   const int N = coll->size(), me = coll->rank();
   const size_t c = ChunkValues(n, N);
-  std::vector<uint16_t>& mine = scratch.mine;
-  std::vector<std::vector<uint8_t>>& out = scratch.out;
-  std::vector<std::vector<uint8_t>>& in = scratch.in;
-  out.resize(N);
+  uint16_t* own = data + me * c;
+  if (N == 1) {
+    const uint16_t* chunk[1] = {data};
+    half::SumWidenNarrow(t, data, nullptr, chunk, 1, scale, n, false);
+    return absl::OkStatus();
+  }
+  std::vector<uint16_t>& in = scratch.in;
+  in.resize(c * N);
+  if (absl::Status s = coll->AllToAll(data, c * 2, in.data()); !s.ok()) return s;
   const uint16_t* chunk[kMaxHalfNodes];
-  std::vector<std::vector<uint16_t>> aligned;
-  if (N > 1) {
-    for (int r = 0; r < N; ++r) {
-      if (r == me) {  // our own chunk stays here
-        out[r].clear();
-        continue;
-      }
-      out[r].resize(c * 2);
-      std::memcpy(out[r].data(), mine.data() + r * c, c * 2);
-    }
-    if (absl::Status s = coll->AllToAllV(out, &in); !s.ok()) return s;
-    for (int r = 0; r < N; ++r) {
-      if (r == me) continue;
-      if (in[r].size() != c * 2) {
-        return absl::DataLossError(absl::StrCat("half dense exchange: node ", r, " sent ",
-                                                in[r].size(), " bytes, ", c * 2, " expected"));
-      }
-      chunk[r] = reinterpret_cast<const uint16_t*>(in[r].data());
-      if (reinterpret_cast<uintptr_t>(chunk[r]) % alignof(uint16_t) != 0) {
-        aligned.emplace_back(c);
-        std::memcpy(aligned.back().data(), in[r].data(), c * 2);
-        chunk[r] = aligned.back().data();
-      }
-    }
-  }
-  chunk[me] = mine.data() + me * c;
-  // The owner's sum in float32, in rank order, scaled and rounded once (one fused pass).
-  std::vector<float>& sum = scratch.sum;
-  sum.resize(c);
-  half::SumWidenScaled(t, sum.data(), nullptr, chunk, N, scale, c, false);
-  std::vector<uint16_t>& owned = scratch.owned;
-  owned.resize(c);
-  half::Narrow(t, sum.data(), owned.data(), c);
-  std::vector<uint16_t>& all = scratch.all;
-  if (N > 1) {
-    all.resize(c * N);
-    if (absl::Status s = coll->AllGather(owned.data(), c * 2, all.data()); !s.ok()) return s;
-  } else {
-    all = owned;
-  }
-  if (bytes != nullptr && N > 1) {
-    bytes->sent = bytes->received = 2ull * (N - 1) * c * 2;
-  }
+  for (int r = 0; r < N; ++r) chunk[r] = in.data() + r * c;
+  half::SumWidenNarrow(t, own, nullptr, chunk, N, scale, c, false);
+  if (absl::Status s = coll->AllGather(own, c * 2, data); !s.ok()) return s;
+  if (bytes != nullptr) bytes->sent = bytes->received = 2ull * (N - 1) * c * 2;
   return absl::OkStatus();
+}
+
+// `mine` resized to the padded c * N values, the padding zeroed.
+uint16_t* Padded(std::vector<uint16_t>& mine, size_t n, int N) {
+  mine.resize(ChunkValues(n, N) * N);
+  std::fill(mine.begin() + n, mine.end(), uint16_t{0});
+  return mine.data();
 }
 
 }  // namespace
@@ -106,13 +78,27 @@ absl::Status HalfAllReduceScaled(Collective* coll, DType t, const float* send, f
   if (bytes != nullptr) *bytes = {};
   if (n == 0) return absl::OkStatus();
   Scratch16& scratch = ThreadScratch();
-  std::vector<uint16_t>& mine = scratch.mine;
-  mine.resize(ChunkValues(n, coll->size()) * coll->size());
-  half::Narrow(t, send, mine.data(), n);
-  std::fill(mine.begin() + n, mine.end(), uint16_t{0});
-  if (absl::Status s = ExchangeNarrowed(coll, t, scratch, n, scale, bytes); !s.ok()) return s;
-  if (half_out != nullptr) std::memcpy(half_out, scratch.all.data(), n * 2);
-  if (recv != nullptr) half::Widen(t, scratch.all.data(), recv, n);
+  uint16_t* mine = Padded(scratch.mine, n, coll->size());
+  half::Narrow(t, send, mine, n);
+  if (absl::Status s = ExchangeInPlace(coll, t, scratch, mine, n, scale, bytes); !s.ok()) return s;
+  if (half_out != nullptr) std::memcpy(half_out, mine, n * 2);
+  if (recv != nullptr) half::Widen(t, mine, recv, n);
+  return absl::OkStatus();
+}
+
+absl::Status HalfAllReduceInPlace(Collective* coll, DType t, uint16_t* data, size_t n, float scale,
+                                  HalfAllReduceBytes* bytes) {
+  if (absl::Status s = CheckHalfExchange(coll, t); !s.ok()) return s;
+  if (bytes != nullptr) *bytes = {};
+  if (n == 0) return absl::OkStatus();
+  Scratch16& scratch = ThreadScratch();
+  const int N = coll->size();
+  if (n % N == 0) return ExchangeInPlace(coll, t, scratch, data, n, scale, bytes);
+  // Chunks padded past n: through scratch (a copy in and out).
+  uint16_t* mine = Padded(scratch.mine, n, N);
+  std::memcpy(mine, data, n * 2);
+  if (absl::Status s = ExchangeInPlace(coll, t, scratch, mine, n, scale, bytes); !s.ok()) return s;
+  std::memcpy(data, mine, n * 2);
   return absl::OkStatus();
 }
 
@@ -126,7 +112,7 @@ absl::Status HalfAllReduceScaledOnDevice(Collective* coll, Primitives* prims, Sc
   if (scratch == nullptr) return absl::InternalError("a device half exchange without scratch");
   Scratch16& host = ThreadScratch();
   std::vector<uint16_t>& mine = host.mine;
-  mine.resize(ChunkValues(n, coll->size()) * coll->size());
+  Padded(mine, n, coll->size());
   // Rounded on the device; only the half values come down.
   absl::StatusOr<void*> dev = scratch->Get(3, n * 2);
   absl::Status local = dev.status();
@@ -134,13 +120,14 @@ absl::Status HalfAllReduceScaledOnDevice(Collective* coll, Primitives* prims, Sc
   if (local.ok()) local = prims->NarrowHalf(t, send, dev_half, n);
   if (local.ok()) local = prims->CopyToHost(mine.data(), dev_half, n * 2);
   if (!local.ok()) std::fill(mine.begin(), mine.begin() + n, uint16_t{0});
-  std::fill(mine.begin() + n, mine.end(), uint16_t{0});
-  if (absl::Status s = ExchangeNarrowed(coll, t, host, n, scale, bytes); !s.ok()) return s;
+  if (absl::Status s = ExchangeInPlace(coll, t, host, mine.data(), n, scale, bytes); !s.ok()) {
+    return s;
+  }
   if (!local.ok()) return local;
   // The result goes up once, as half values; widened there where a float32 copy is wanted.
   uint16_t* up = half_out != nullptr ? half_out : dev_half;
   if (half_out == nullptr && recv == nullptr) return absl::OkStatus();
-  if (absl::Status s = prims->CopyFromHost(up, host.all.data(), n * 2); !s.ok()) return s;
+  if (absl::Status s = prims->CopyFromHost(up, mine.data(), n * 2); !s.ok()) return s;
   if (recv != nullptr) return prims->WidenHalf(t, up, recv, n);
   return absl::OkStatus();
 }

@@ -33,6 +33,14 @@ absl::Status HalfAllReduceScaled(Collective* coll, DType t, const float* send, f
                                  size_t n, float scale, HalfAllReduceBytes* bytes = nullptr,
                                  uint16_t* half_out = nullptr);
 
+// The same exchange over half values already rounded: data[i] (n values of `t`, this rank's
+// round_t(send)) becomes round_t(scale * sum over ranks of data_r[i]), in place, bit for bit
+// HalfAllReduceScaled's half_out. For a dense half bucket whose local sum was rounded straight
+// into the trainers' output (ReduceLocalChecked): no float32 staging, no conversion pass, and
+// (n a multiple of the nodes) no copy; otherwise one copy in and out of padded scratch.
+absl::Status HalfAllReduceInPlace(Collective* coll, DType t, uint16_t* data, size_t n, float scale,
+                                  HalfAllReduceBytes* bytes = nullptr);
+
 // HalfAllReduceScaled for a device bucket (the device path, whose exchange runs on the host):
 // `send` (n floats of the primitives' device) is rounded to `t` there, the n half values go
 // down to the host, through the same exchange, and the result comes back up into half_out

@@ -82,10 +82,8 @@ void SparseStepOne(const StepEnv& env, StepItem& item, const Lap& lap) {
     // The values go out rounded to the bucket's type: what rounding took off stays in the
     // residual (error feedback keeps it, as it keeps what was not selected). On the device the
     // selection zeroed acc there, so adding the remainders writes them.
-    if (!b.on_device) {
-      for (size_t j = 0; j < sel.idx.size(); ++j) {
-        b.acc[sel.idx[j]] = sel.val[j] - HalfToFloat(b.wire, FloatToHalf(b.wire, sel.val[j]));
-      }
+    if (!b.on_device) {  // one vector pass (kernels/half.h)
+      half::KeepRounding(b.wire, b.acc, sel.idx.data(), sel.val.data(), sel.idx.size());
     } else {
       std::vector<float> rem(sel.val.size());
       for (size_t j = 0; j < rem.size(); ++j) {
@@ -168,10 +166,9 @@ void FinishSparseExchange(const StepEnv& env, StepItem& item, absl::Status s,
   if (pattern == Pattern::kIndexUnion && IsHalf(b.wire) && env.error_feedback && b.on_device) {
     keep(KeepUnionRoundingOnDevice(env, b, res->gathered_idx));
   } else if (pattern == Pattern::kIndexUnion && IsHalf(b.wire) && env.error_feedback) {
-    // All of it was sent, rounded to the bucket's type: what rounding took off stays.
-    for (uint32_t u : res->gathered_idx) {
-      b.acc[u] -= HalfToFloat(b.wire, FloatToHalf(b.wire, b.acc[u]));
-    }
+    // All of it was sent, rounded to the bucket's type: what rounding took off stays (one
+    // gather-convert-scatter pass, kernels/half.h).
+    half::KeepRounding(b.wire, b.acc, res->gathered_idx.data(), nullptr, res->gathered_idx.size());
   } else if (pattern == Pattern::kIndexUnion) {
     // Every node zeroes its residual at the whole union: all of it was sent.
     keep(ZeroAt(env, b, b.acc, res->gathered_idx));

@@ -58,6 +58,10 @@ struct BucketData {
   // The dense half exchange wrote this step's result into half_output directly (`output` is
   // then stale): RoundOutput skips it. Reset by every step's ReduceLocalChecked.
   mutable bool half_output_ready = false;
+  // ReduceLocalChecked rounded this step's local sum straight into half_output (a dense half
+  // bucket whose wire is its type, on the host, several nodes, asked for by the caller):
+  // DenseStep exchanges it there in place (HalfAllReduceInPlace) and `output` is not written.
+  mutable bool half_sum_in_output = false;
   float* acc = nullptr;  // dense with L > 1: the local sum; sparse: residual + local sum
   // A sparse bucket on the host path with error feedback: where ReduceLocalChecked writes
   // residual + local sum, so the residual in acc survives a step that is skipped; the two swap
@@ -115,9 +119,12 @@ absl::Status LocalReduce(const StepEnv& env, const BucketData& b, bool add_to_ac
 //    feedback, else acc = the inputs' sum;
 //  - a dense-only bucket: output = the inputs' sum, times 1 / (nodes x local trainers) when that
 //    is a power of two (exact; DenseStep then all-reduces the output in place).
+//  - with `half_in_output`, a dense-only half bucket on the host whose wire is its type, on
+//    several nodes: that sum rounded once into half_output instead (b.half_sum_in_output), the
+//    float32 sum never stored (the finite check is on it all the same).
 // *first_bad: the lowest index whose sum is NaN or +-Inf; b.elements when none or unchecked.
 absl::Status ReduceLocalChecked(const StepEnv& env, const BucketData& b, bool sparse, bool check,
-                                size_t* first_bad);
+                                size_t* first_bad, bool half_in_output = false);
 // The step goes ahead: residual + local sum becomes acc (a swap with acc_next, whose memory
 // takes the next step's sum). No-op without acc_next.
 void CommitLocalSum(BucketData* b);

@@ -22,6 +22,23 @@ size_t ElemSize(ElemType t) {
   return 0;
 }
 
+absl::Status Collective::AllToAll(const void* send, size_t block_bytes, void* recv) {
+  const int n = size();
+  std::vector<std::vector<uint8_t>> out(n), in;
+  const uint8_t* from = static_cast<const uint8_t*>(send);
+  for (int r = 0; r < n; ++r) out[r].assign(from + r * block_bytes, from + (r + 1) * block_bytes);
+  if (absl::Status s = AllToAllV(out, &in); !s.ok()) return s;
+  for (int r = 0; r < n; ++r) {
+    if (in[r].size() != block_bytes) {
+      return absl::DataLossError(absl::StrCat("AllToAll: rank ", r, " sent ", in[r].size(),
+                                              " bytes, ", block_bytes, " expected"));
+    }
+    if (block_bytes)
+      std::memcpy(static_cast<uint8_t*>(recv) + r * block_bytes, in[r].data(), block_bytes);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Collective::AllToAllV(const std::vector<std::vector<uint8_t>>& send,
                                    std::vector<std::vector<uint8_t>>* recv) {
   const int n = size();

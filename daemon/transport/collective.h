@@ -35,7 +35,8 @@ class Collective {
                                        float scale) = 0;
 
   // Every rank contributes `bytes` bytes (the same number on every rank); `recv` gets
-  // size() * bytes, rank r's block at r * bytes.
+  // size() * bytes, rank r's block at r * bytes. `send` may be this rank's own block of `recv`
+  // (recv + rank() * bytes: gathered in place); otherwise the two must not overlap.
   virtual absl::Status AllGather(const void* send, size_t bytes, void* recv) = 0;
 
   // Variable-size all-gather: rank r contributes send_bytes bytes; `counts` gets every rank's
@@ -50,6 +51,13 @@ class Collective {
   // (MPI_Alltoallv) where the volume matters.
   virtual absl::Status AllToAllV(const std::vector<std::vector<uint8_t>>& send,
                                  std::vector<std::vector<uint8_t>>* recv);
+
+  // Personalised exchange of equal blocks between contiguous buffers: block r of `send`
+  // (size() blocks of block_bytes) goes to rank r, and `recv` (size() blocks, not overlapping
+  // send) gets rank r's block for this rank at r * block_bytes. Every rank passes the same
+  // block_bytes. The default goes through AllToAllV (copies into and out of its vectors); MPI
+  // sends from and receives into the buffers themselves (MPI_Alltoall).
+  virtual absl::Status AllToAll(const void* send, size_t block_bytes, void* recv);
 
   virtual absl::Status Broadcast(void* data, size_t bytes, int root) = 0;
   virtual absl::Status Barrier() = 0;

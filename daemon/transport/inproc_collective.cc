@@ -55,7 +55,9 @@ class InProcessCollective : public Collective {
         if (slots[r].bytes != bytes) return SizeMismatch("AllGather", r, slots[r].bytes, bytes);
       }
       for (int r = 0; r < size(); ++r) {
-        if (bytes) std::memcpy(static_cast<uint8_t*>(recv) + r * bytes, slots[r].data, bytes);
+        uint8_t* to = static_cast<uint8_t*>(recv) + r * bytes;
+        // Gathered in place: this rank's block is there already (and the others read it now).
+        if (bytes && to != slots[r].data) std::memcpy(to, slots[r].data, bytes);
       }
       return absl::OkStatus();
     });

@@ -151,9 +151,29 @@ absl::Status MpiCollective::AllReduceScaled(const float* send, float* recv, size
 
 absl::Status MpiCollective::AllGather(const void* send, size_t bytes, void* recv) {
   if (absl::Status s = CheckCount(bytes, "AllGather"); !s.ok()) return s;
-  return Check(MPI_Allgather(send, static_cast<int>(bytes), MPI_BYTE, recv, static_cast<int>(bytes),
-                             MPI_BYTE, comm_),
-               "MPI_Allgather");
+  const int b = static_cast<int>(bytes);
+  // This rank's block already in place: MPI_IN_PLACE (MPI forbids aliased buffers otherwise).
+  const void* from = send == static_cast<const uint8_t*>(recv) + static_cast<size_t>(rank_) * bytes
+                         ? MPI_IN_PLACE
+                         : send;
+  if (passive_wait()) {
+    MPI_Request req;
+    return Finish(MPI_Iallgather(from, b, MPI_BYTE, recv, b, MPI_BYTE, comm_, &req), &req,
+                  "MPI_Iallgather");
+  }
+  return Check(MPI_Allgather(from, b, MPI_BYTE, recv, b, MPI_BYTE, comm_), "MPI_Allgather");
+}
+
+absl::Status MpiCollective::AllToAll(const void* send, size_t block_bytes, void* recv) {
+  if (absl::Status s = CheckCount(block_bytes, "AllToAll block"); !s.ok()) return s;
+  if (absl::Status s = CheckCount(block_bytes * size_, "AllToAll total"); !s.ok()) return s;
+  const int b = static_cast<int>(block_bytes);
+  if (passive_wait()) {
+    MPI_Request req;
+    return Finish(MPI_Ialltoall(send, b, MPI_BYTE, recv, b, MPI_BYTE, comm_, &req), &req,
+                  "MPI_Ialltoall");
+  }
+  return Check(MPI_Alltoall(send, b, MPI_BYTE, recv, b, MPI_BYTE, comm_), "MPI_Alltoall");
 }
 
 absl::Status MpiCollective::AllGatherV(const void* send, size_t send_bytes,

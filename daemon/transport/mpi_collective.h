@@ -43,6 +43,8 @@ class MpiCollective : public Collective {
   // only what is addressed to it (the default moves every rank's blocks to every rank).
   absl::Status AllToAllV(const std::vector<std::vector<uint8_t>>& send,
                          std::vector<std::vector<uint8_t>>* recv) override;
+  // MPI_Alltoall straight between the caller's buffers (no copies, no size round).
+  absl::Status AllToAll(const void* send, size_t block_bytes, void* recv) override;
   absl::Status Broadcast(void* data, size_t bytes, int root) override;
   absl::Status Barrier() override;
 

@@ -26,12 +26,14 @@ using DU = hn::RebindToUnsigned<DF>;
 using DI = hn::RebindToSigned<DF>;
 using DH = hn::Rebind<uint16_t, DF>;  // as many 16-bit lanes as float lanes
 
+template <bool kBf16>
+HWY_INLINE hn::Vec<DF> WidenBits(hn::Vec<DU> h);
+
 // N half values at p, widened to float lanes.
 template <bool kBf16>
 HWY_INLINE hn::Vec<DF> LoadWiden(const uint16_t* p) {
   const DF df;
   const DU du;
-  const DI di;
   const DH dh;
 #if HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL || \
     HWY_TARGET == HWY_AVX3_ZEN4
@@ -40,7 +42,15 @@ HWY_INLINE hn::Vec<DF> LoadWiden(const uint16_t* p) {
     return hn::PromoteTo(df, hn::LoadU(df16, reinterpret_cast<const hwy::float16_t*>(p)));
   }
 #endif
-  const auto h = hn::PromoteTo(du, hn::LoadU(dh, p));
+  return WidenBits<kBf16>(hn::PromoteTo(du, hn::LoadU(dh, p)));
+}
+
+// Half values (one per 32-bit lane, zero-extended) widened to float lanes.
+template <bool kBf16>
+HWY_INLINE hn::Vec<DF> WidenBits(hn::Vec<DU> h) {
+  const DF df;
+  const DU du;
+  const DI di;
   if (kBf16) return hn::BitCast(df, hn::ShiftLeft<16>(h));
   const auto sign = hn::ShiftLeft<16>(hn::And(h, hn::Set(du, 0x8000u)));
   const auto e = hn::And(h, hn::Set(du, 0x7c00u));
@@ -58,13 +68,12 @@ HWY_INLINE hn::Vec<DF> LoadWiden(const uint16_t* p) {
   return hn::BitCast(df, hn::Or(bits, sign));
 }
 
-// Float lanes rounded (ties to even) to N half values at p.
+// Float lanes rounded (ties to even) to half values, one per 32-bit lane.
 template <bool kBf16>
-HWY_INLINE void NarrowStore(hn::Vec<DF> v, uint16_t* p) {
+HWY_INLINE hn::Vec<DU> NarrowBits(hn::Vec<DF> v) {
   const DF df;
   const DU du;
   const DI di;
-  const DH dh;
   const auto u = hn::BitCast(du, v);
   const auto a = hn::And(u, hn::Set(du, 0x7fffffffu));
   const auto is_nan = hn::Gt(hn::BitCast(di, a), hn::Set(di, 0x7f800000));
@@ -91,7 +100,15 @@ HWY_INLINE void NarrowStore(hn::Vec<DF> v, uint16_t* p) {
     bits = hn::IfThenElse(hn::RebindMask(du, is_nan), nan, bits);
     out = hn::Or(bits, sign);
   }
-  hn::StoreU(hn::DemoteTo(dh, hn::BitCast(di, out)), dh, p);
+  return out;
+}
+
+// Float lanes rounded (ties to even) to N half values at p.
+template <bool kBf16>
+HWY_INLINE void NarrowStore(hn::Vec<DF> v, uint16_t* p) {
+  const DI di;
+  const DH dh;
+  hn::StoreU(hn::DemoteTo(dh, hn::BitCast(di, NarrowBits<kBf16>(v))), dh, p);
 }
 
 template <bool kBf16>
@@ -153,6 +170,87 @@ size_t SumLoop(float* y, const float* acc, const uint16_t* const* xs, int count,
   return first_bad;
 }
 
+// SumLoop's sum rounded to half values at y (never stored as float32). y may be one of xs:
+// every input of a vector is loaded before its lanes are stored.
+template <bool kBf16>
+size_t SumNarrowLoop(uint16_t* y, const float* acc, const uint16_t* const* xs, int count, float a,
+                     size_t n, bool check) {
+  const DF df;
+  const size_t N = hn::Lanes(df);
+  const auto av = hn::Set(df, a);
+  const bool scale = a != 1.0f;
+  size_t first_bad = n;
+  size_t i = 0;
+  auto widen1 = [](uint16_t h) { return kBf16 ? Bf16ToFloat(h) : F16ToFloat(h); };
+  auto sum1 = [&](size_t j) {
+    int r = 0;
+    float v = acc != nullptr ? acc[j] : widen1(xs[r++][j]);
+    for (; r < count; ++r) v += widen1(xs[r][j]);
+    return scale ? v * a : v;
+  };
+  for (; i + N <= n; i += N) {
+    int r = 0;
+    auto v = acc != nullptr ? hn::LoadU(df, acc + i) : LoadWiden<kBf16>(xs[r++] + i);
+    for (; r < count; ++r) v = hn::Add(v, LoadWiden<kBf16>(xs[r] + i));
+    if (scale) v = hn::Mul(v, av);
+    if (check && first_bad == n) {
+      const auto d = hn::Sub(v, v);
+      if (HWY_UNLIKELY(!hn::AllTrue(df, hn::Eq(d, d)))) {
+        for (size_t j = i; j < i + N; ++j) {
+          if (!std::isfinite(sum1(j))) {
+            first_bad = j;
+            break;
+          }
+        }
+      }
+    }
+    NarrowStore<kBf16>(v, y + i);
+  }
+  for (; i < n; ++i) {
+    const float v = sum1(i);
+    if (check && first_bad == n && !std::isfinite(v)) first_bad = i;
+    y[i] = kBf16 ? FloatToBf16(v) : FloatToF16(v);
+  }
+  return first_bad;
+}
+
+size_t SumNarrowImpl(bool bf16, uint16_t* y, const float* acc, const uint16_t* const* xs, int count,
+                     float a, size_t n, bool check) {
+  return bf16 ? SumNarrowLoop<true>(y, acc, xs, count, a, n, check)
+              : SumNarrowLoop<false>(y, acc, xs, count, a, n, check);
+}
+
+// acc[idx[j]] = v - float(round(v)), v = val[j] (val set) or acc[idx[j]]: gathered and
+// scattered a vector at a time (indices below 2^31; a vector holding a larger one goes lane by
+// lane).
+template <bool kBf16>
+void KeepRoundingLoop(float* acc, const uint32_t* idx, const float* val, size_t count) {
+  const DF df;
+  const DI di;
+  const size_t N = hn::Lanes(df);
+  auto one = [&](size_t j) {
+    const float v = val != nullptr ? val[j] : acc[idx[j]];
+    acc[idx[j]] = v - (kBf16 ? Bf16ToFloat(FloatToBf16(v)) : F16ToFloat(FloatToF16(v)));
+  };
+  size_t j = 0;
+  for (; j + N <= count; j += N) {
+    const auto vi = hn::LoadU(di, reinterpret_cast<const int32_t*>(idx + j));
+    if (HWY_UNLIKELY(!hn::AllFalse(di, hn::Lt(vi, hn::Zero(di))))) {
+      for (size_t q = j; q < j + N; ++q) one(q);
+      continue;
+    }
+    const auto v = val != nullptr ? hn::LoadU(df, val + j) : hn::GatherIndex(df, acc, vi);
+    const auto r = hn::Sub(v, WidenBits<kBf16>(NarrowBits<kBf16>(v)));
+    hn::ScatterIndex(r, df, acc, vi);
+  }
+  for (; j < count; ++j) one(j);
+}
+
+void KeepRoundingImpl(bool bf16, float* acc, const uint32_t* idx, const float* val, size_t count) {
+  bf16 ? KeepRoundingLoop<true>(acc, idx, val, count)
+       : KeepRoundingLoop<false>(acc, idx, val, count);
+}
+
 void WidenImpl(bool bf16, const uint16_t* x, float* y, size_t n) {
   bf16 ? WidenLoop<true>(x, y, n) : WidenLoop<false>(x, y, n);
 }
@@ -200,6 +298,17 @@ HWY_EXPORT(WidenImpl);
 HWY_EXPORT(NarrowImpl);
 HWY_EXPORT(SumImpl);
 HWY_EXPORT(TargetImpl);
+HWY_EXPORT(KeepRoundingImpl);
+HWY_EXPORT(SumNarrowImpl);
+
+size_t SumWidenNarrow(DType t, uint16_t* y, const float* acc, const uint16_t* const* xs, int count,
+                      float a, size_t n, bool check) {
+  return HWY_DYNAMIC_DISPATCH(SumNarrowImpl)(t == DType::kBFloat16, y, acc, xs, count, a, n, check);
+}
+
+void KeepRounding(DType t, float* acc, const uint32_t* idx, const float* val, size_t count) {
+  HWY_DYNAMIC_DISPATCH(KeepRoundingImpl)(t == DType::kBFloat16, acc, idx, val, count);
+}
 
 void Widen(DType t, const uint16_t* x, float* y, size_t n) {
   HWY_DYNAMIC_DISPATCH(WidenImpl)(t == DType::kBFloat16, x, y, n);

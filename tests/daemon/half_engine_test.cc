@@ -16,7 +16,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "daemon/engine/engine.h"
+#include "daemon/engine/half_exchange.h"
 #include "gtest/gtest.h"
 #include "kernels/compressor.h"
 #include "kernels/half.h"
@@ -186,44 +188,89 @@ std::vector<Case> AllCases() {
 INSTANTIATE_TEST_SUITE_P(AllCompressors, HalfEngineTest, ::testing::ValuesIn(AllCases()), CaseName);
 
 // The dense exchange with half values on the wire against an oracle computed here: each node's
-// local sum in float32 (trainer 0 + trainer 1, times 1/4: exact), rounded to t for the wire,
-// the nodes' values summed in float32 in rank order, rounded once. Bit for bit.
+// local sum in float32 (trainer 0 + trainer 1, times 1 / (nodes x trainers) when that is a power
+// of two: exact), rounded to t for the wire, the nodes' values summed in float32 in rank order,
+// scaled there otherwise, rounded once. Bit for bit, on 2 and 3 nodes (the scale before and
+// after the wire), with n a multiple of the nodes (the exchange in place in the trainers'
+// output) and not (padded chunks through scratch).
 TEST(HalfDenseExchange, BitExactAgainstTheWireOracle) {
   for (DType t : {DType::kBFloat16, DType::kFloat16}) {
-    SCOPED_TRACE(DTypeName(t));
-    EngineClusterOptions o;
-    o.nodes = kNodes;
-    o.trainers = kTrainers;
-    o.engine.shm_tag = "halftest";
-    EngineCluster cluster(o);
-    ASSERT_TRUE(cluster.status().ok()) << cluster.status();
-    std::atomic<int> wrong{0};
-    cluster.ForEachTrainer([&](int r, int k) {
-      auto tr = Trainer::Open(&cluster.engine(r), k, kTrainers);
-      ASSERT_TRUE(tr.ok()) << tr.status();
-      ASSERT_TRUE(tr->Register(5, kN, "dense", 0, {{"dtype", DTypeName(t)}}).ok());
-      uint16_t* in = HalfAt(*tr, 5, tr->grant(5).input_offset);
-      const uint16_t* out = HalfAt(*tr, 5, tr->grant(5).output_offset);
-      for (int s = 0; s < 2; ++s) {
-        for (size_t i = 0; i < kN; ++i) in[i] = HalfValue(t, r, k, s, i);
-        auto rec = tr->Exchange(5, s);
-        ASSERT_TRUE(rec.ok()) << rec.status();
-        EXPECT_EQ(rec->pattern, "D");
-        for (size_t i = 0; i < kN; ++i) {
-          float sum = 0;
-          for (int node = 0; node < kNodes; ++node) {
-            const float local = (HalfToFloat(t, HalfValue(t, node, 0, s, i)) +
-                                 HalfToFloat(t, HalfValue(t, node, 1, s, i))) *
-                                0.25f;
-            const float wire = HalfToFloat(t, FloatToHalf(t, local));
-            sum = node == 0 ? wire : sum + wire;
+    for (int nodes : {2, 3}) {
+      for (size_t n : {kN, size_t{12006}}) {
+        SCOPED_TRACE(absl::StrCat(DTypeName(t), " nodes ", nodes, " n ", n));
+        EngineClusterOptions o;
+        o.nodes = nodes;
+        o.trainers = kTrainers;
+        o.engine.shm_tag = "halftest";
+        EngineCluster cluster(o);
+        ASSERT_TRUE(cluster.status().ok()) << cluster.status();
+        const bool pow2 = nodes == 2;
+        const float scale = 1.0f / static_cast<float>(nodes * kTrainers);
+        std::atomic<int> wrong{0};
+        cluster.ForEachTrainer([&](int r, int k) {
+          auto tr = Trainer::Open(&cluster.engine(r), k, kTrainers);
+          ASSERT_TRUE(tr.ok()) << tr.status();
+          ASSERT_TRUE(tr->Register(5, n, "dense", 0, {{"dtype", DTypeName(t)}}).ok());
+          uint16_t* in = HalfAt(*tr, 5, tr->grant(5).input_offset);
+          const uint16_t* out = HalfAt(*tr, 5, tr->grant(5).output_offset);
+          for (int s = 0; s < 2; ++s) {
+            for (size_t i = 0; i < n; ++i) in[i] = HalfValue(t, r, k, s, i);
+            auto rec = tr->Exchange(5, s);
+            ASSERT_TRUE(rec.ok()) << rec.status();
+            EXPECT_EQ(rec->pattern, "D");
+            EXPECT_EQ(rec->bytes_sent, DenseWireBytes(n, nodes, t));
+            for (size_t i = 0; i < n; ++i) {
+              float sum = 0;
+              for (int node = 0; node < nodes; ++node) {
+                float local = HalfToFloat(t, HalfValue(t, node, 0, s, i)) +
+                              HalfToFloat(t, HalfValue(t, node, 1, s, i));
+                if (pow2) local *= scale;
+                const float wire = HalfToFloat(t, FloatToHalf(t, local));
+                sum = node == 0 ? wire : sum + wire;
+              }
+              wrong += out[i] != FloatToHalf(t, pow2 ? sum : sum * scale);
+            }
           }
-          wrong += out[i] != FloatToHalf(t, sum);
-        }
+        });
+        EXPECT_EQ(wrong.load(), 0);
       }
-    });
-    EXPECT_EQ(wrong.load(), 0);
+    }
   }
+}
+
+// A dense half bucket under --nonfinite=error: the local sum rounded straight into the output
+// still checks the float32 sum; a NaN of one trainer fails the step on every node, naming the
+// trainer and the index, and the next step is exact again.
+TEST(HalfDenseExchange, ANaNInADenseHalfInputFailsTheStepNamingTheTrainer) {
+  EngineClusterOptions o;
+  o.nodes = kNodes;
+  o.trainers = kTrainers;
+  o.engine.shm_tag = "halftest";
+  o.engine.nonfinite = NonfinitePolicy::kError;
+  EngineCluster cluster(o);
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status();
+  const DType t = DType::kBFloat16;
+  std::atomic<int> failed{0}, named{0}, wrong{0};
+  cluster.ForEachTrainer([&](int r, int k) {
+    auto tr = Trainer::Open(&cluster.engine(r), k, kTrainers);
+    ASSERT_TRUE(tr.ok()) << tr.status();
+    ASSERT_TRUE(tr->Register(6, 1000, "dense", 0, {{"dtype", "bfloat16"}}).ok());
+    uint16_t* in = HalfAt(*tr, 6, tr->grant(6).input_offset);
+    const uint16_t* out = HalfAt(*tr, 6, tr->grant(6).output_offset);
+    for (size_t i = 0; i < 1000; ++i) in[i] = FloatToHalf(t, 0.5f);
+    if (r == 1 && k == 1) in[321] = FloatToHalf(t, NAN);
+    auto bad = tr->Exchange(6, 0);
+    failed += !bad.ok();
+    named += !bad.ok() && bad.status().message().find("321") != std::string::npos &&
+             bad.status().message().find("local trainer 1") != std::string::npos;
+    for (size_t i = 0; i < 1000; ++i) in[i] = FloatToHalf(t, 0.25f * (r + 1));
+    auto next = tr->Exchange(6, 1);
+    ASSERT_TRUE(next.ok()) << next.status();
+    for (size_t i = 0; i < 1000; ++i) wrong += out[i] != FloatToHalf(t, 0.375f);
+  });
+  EXPECT_EQ(failed.load(), kNodes * kTrainers);
+  EXPECT_EQ(named.load(), kNodes * kTrainers);
+  EXPECT_EQ(wrong.load(), 0);
 }
 
 EngineClusterOptions OneNode(int trainers = 2) {

@@ -183,6 +183,85 @@ TEST_P(HalfTest, SumWidenScaledMatchesScalarAndFindsNonfinite) {
   }
 }
 
+// SumWidenNarrow is Narrow(SumWidenScaled) bit for bit, tails included, written in place over
+// one of its inputs too, and reports the first non-finite sum as SumWidenScaled does.
+TEST_P(HalfTest, SumWidenNarrowIsNarrowOfSumWidenScaled) {
+  const Format f = GetParam();
+  std::mt19937 rng(17);
+  std::normal_distribution<float> g(0.0f, 3.0f);
+  for (size_t n : {size_t{0}, size_t{1}, size_t{7}, size_t{33}, size_t{1000}, size_t{4099}}) {
+    for (int count : {1, 2, 4}) {
+      for (bool with_acc : {false, true}) {
+        for (float scale : {1.0f, 0.25f, 1.0f / 3}) {
+          std::vector<std::vector<uint16_t>> in(count, std::vector<uint16_t>(n));
+          std::vector<const uint16_t*> ptr;
+          for (auto& v : in) {
+            for (auto& h : v) h = FloatToHalf(f.type, g(rng));
+            ptr.push_back(v.data());
+          }
+          std::vector<float> acc(n), sum(n);
+          for (auto& a : acc) a = g(rng) * 1e3f;  // float16 sums that overflow too
+          const float* accp = with_acc ? acc.data() : nullptr;
+          if (n > 20) in[count - 1][n - 5] = FloatToHalf(f.type, NAN);
+          const size_t want_bad =
+              half::SumWidenScaled(f.type, sum.data(), accp, ptr.data(), count, scale, n, true);
+          std::vector<uint16_t> want(n), got(n, 0xabcd);
+          half::Narrow(f.type, sum.data(), want.data(), n);
+          EXPECT_EQ(
+              half::SumWidenNarrow(f.type, got.data(), accp, ptr.data(), count, scale, n, true),
+              want_bad);
+          EXPECT_EQ(got, want) << "n " << n << " count " << count;
+          // In place over the last input.
+          EXPECT_EQ(half::SumWidenNarrow(f.type, in[count - 1].data(), accp, ptr.data(), count,
+                                         scale, n, false),
+                    n);
+          EXPECT_EQ(in[count - 1], want) << "in place, n " << n << " count " << count;
+        }
+      }
+    }
+  }
+}
+
+// KeepRounding against the scalar formula, bit for bit: pattern B (from the selected values) and
+// A (in place), at sorted and shuffled distinct positions, values of every kind (normal, ties,
+// subnormal, overflowing, Inf, NaN), counts around the vector width; other positions untouched.
+TEST_P(HalfTest, KeepRoundingMatchesScalar) {
+  const Format f = GetParam();
+  std::mt19937 rng(5);
+  std::normal_distribution<float> g(0.0f, 3.0f);
+  const float specials[] = {1e-6f,     -3e-8f, 1e-40f,         7e4f,  3e38f,   INFINITY,
+                            -INFINITY, NAN,    1.00048828125f, -0.0f, 65520.0f};
+  const size_t n = 5000;
+  for (size_t count : {size_t{0}, size_t{1}, size_t{15}, size_t{16}, size_t{17}, size_t{1234}}) {
+    for (bool from_val : {false, true}) {
+      for (bool shuffled : {false, true}) {
+        std::vector<float> acc(n);
+        for (size_t i = 0; i < n; ++i) acc[i] = i % 13 == 0 ? specials[i / 13 % 11] : g(rng);
+        std::vector<uint32_t> idx(n);
+        for (uint32_t i = 0; i < n; ++i) idx[i] = i;
+        std::shuffle(idx.begin(), idx.end(), rng);
+        idx.resize(count);
+        if (!shuffled) std::sort(idx.begin(), idx.end());
+        std::vector<float> val(count);
+        for (size_t j = 0; j < count; ++j) val[j] = j % 7 == 0 ? specials[j / 7 % 11] : g(rng);
+        std::vector<float> want = acc;
+        for (size_t j = 0; j < count; ++j) {
+          const float v = from_val ? val[j] : want[idx[j]];
+          want[idx[j]] = v - HalfToFloat(f.type, FloatToHalf(f.type, v));
+        }
+        half::KeepRounding(f.type, acc.data(), idx.data(), from_val ? val.data() : nullptr, count);
+        size_t wrong = 0;
+        for (size_t i = 0; i < n; ++i) {
+          // NaN - x is a NaN either way; its bits are the operand's, compared like the rest.
+          wrong += FloatBits(acc[i]) != FloatBits(want[i]);
+        }
+        EXPECT_EQ(wrong, 0u) << "count " << count << " from_val " << from_val << " shuffled "
+                             << shuffled;
+      }
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Types, HalfTest, ::testing::Values(kBf16, kF16),
                          [](const auto& info) { return std::string(DTypeName(info.param.type)); });
 
