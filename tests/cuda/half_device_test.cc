@@ -10,7 +10,10 @@
 //    element each way);
 //  - trainers on two fake GPUs (with and without peer access): bit-identical too;
 //  - a trainer registering another type, and a NaN in a half input, get the CPU path's errors;
-//    the layout on the device is 2-byte slots and the header says the type;
+//    under nonfinite=propagate the NaN reaches the half outputs; the layout on the device is
+//    2-byte slots and the header says the type;
+//  - the dense-fallback probe (sparse buckets' steps run dense) and a checkpoint resume of a
+//    half device bucket are bit-identical too;
 //  - half_math.h (the CUDA kernels' conversions, compiled here for the host) equals
 //    kernels/half.h for every half pattern and at every rounding boundary of float32.
 #include <atomic>
@@ -413,6 +416,51 @@ TEST(HalfDeviceErrors, ANaNInAHalfInputFailsTheStepNamingTheTrainer) {
   EXPECT_LE(selected, 55);
   EXPECT_EQ(wrong, 0);
   EXPECT_EQ(next[0], next[1]);
+  EXPECT_TRUE(device.violations().empty());
+}
+
+// nonfinite=propagate: a NaN in one trainer's half input makes a sparse half bucket's whole
+// output NaN (FillNonfinite into the device's float32 output, rounded on the device) for every
+// trainer, and the next clean step is normal again; a dense one carries the NaN where it was.
+TEST(HalfDeviceErrors, UnderPropagateANaNInputGivesNaNOutputs) {
+  fake::FakeDevice device;
+  EngineClusterOptions o = OneDeviceNode(&device, 2);
+  o.engine.nonfinite = NonfinitePolicy::kPropagate;
+  o.engine.min_sparse_elements = 0;
+  o.engine.dense_fallback = DenseFallback::kOff;
+  EngineCluster cluster(o);
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status();
+  std::vector<std::string> errors(2);
+  std::vector<int> nan_sparse(2), nan_dense(2), nan_next(2);
+  cluster.ForEachTrainer([&](int, int k) {
+    std::string& err = errors[k];
+    auto tr = Trainer::Open(&cluster.engine(0), k, 2);
+    if (!tr.ok()) return void(err = tr.status().ToString());
+    for (uint64_t id : {7, 8}) {
+      if (!tr->Register(id, 400, id == 7 ? "topk" : "dense", 0.1, {{"dtype", "bfloat16"}}).ok()) {
+        return void(err = "register");
+      }
+    }
+    for (int s = 0; s < 2; ++s) {
+      for (uint64_t id : {7, 8}) {
+        auto* in = reinterpret_cast<uint16_t*>(tr->input(id));
+        for (size_t i = 0; i < 400; ++i) in[i] = FloatToBf16(0.5f + i * 0.01f);
+        if (s == 0 && k == 1) in[17] = 0x7fc0;  // NaN
+        auto rec = tr->Exchange(id, s);
+        if (!rec.ok()) return void(err = rec.status().ToString());
+        const auto* out = reinterpret_cast<const uint16_t*>(tr->output(id));
+        int nans = 0;
+        for (size_t i = 0; i < 400; ++i) nans += std::isnan(Bf16ToFloat(out[i]));
+        (s == 1 ? nan_next : id == 7 ? nan_sparse : nan_dense)[k] += nans;
+      }
+    }
+  });
+  for (int k = 0; k < 2; ++k) {
+    EXPECT_EQ(errors[k], "");
+    EXPECT_EQ(nan_sparse[k], 400) << "trainer " << k << ": the sparse bucket's output all NaN";
+    EXPECT_EQ(nan_dense[k], 1) << "trainer " << k << ": the dense bucket's NaN where it was";
+    EXPECT_EQ(nan_next[k], 0) << "trainer " << k << ": the next step clean";
+  }
   EXPECT_TRUE(device.violations().empty());
 }
 
