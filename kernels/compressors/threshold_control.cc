@@ -105,12 +105,14 @@ float HistogramQuotaSelect(Primitives* p, const float* acc, size_t begin, size_t
   // and walk them here; device primitives walk them on the device (AbsHistogramEdge), so only
   // the edge comes back, not the bins.
   const bool device = p->device() != Device::kCpu;
+  Scratch local(p);  // device primitives without a caller's Scratch (failures then stay local)
+  if (device && scratch == nullptr) scratch = &local;
   HistogramEdge e;
   auto count_from = [&](uint32_t first) {
     if (device) {
       absl::StatusOr<HistogramEdge> r = p->AbsHistogramEdge(acc, begin, end, first, quota);
       if (!r.ok()) {
-        if (scratch != nullptr) scratch->Fail(r.status());
+        scratch->Fail(r.status());
         e = HistogramEdge();
         e.bin = std::max<uint32_t>(first, 1);
         return true;  // nothing counted: cum 0 selects nothing; the failure is in scratch
