@@ -3,8 +3,9 @@
 // Primitives::WalkHistogramEdge, the walk the host path and the default implementation use, on
 // sparse, dense, single-bin and NaN-heavy histograms, with every first bin and quota at the
 // chunk edges; and Primitives::AbsHistogramEdge (the default, on the CPU primitives) agrees with
-// counting the bins itself, and refuses a zero quota and a first bin above +Inf's; on a GPU (only
-// there) the CUDA implementation against the CPU's.
+// counting the bins itself, and refuses a zero quota and a first bin above +Inf's; the default on
+// a device that has no walk of its own (the bins copied back); on a GPU (only there) the CUDA
+// implementation against the CPU's.
 #include "kernels/cuda/histogram_edge.h"
 
 #include <cmath>
@@ -126,6 +127,76 @@ TEST(HistogramEdge, DefaultAbsHistogramEdgeMatchesItsBins) {
   const absl::Status high = p->AbsHistogramEdge(x.data(), 0, x.size(), 0xFF01, 1).status();
   EXPECT_EQ(high.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(high.message().find("0xFF00"), std::string::npos) << high;
+}
+
+// A device without an AbsHistogramEdge of its own (the default's device branch): the CPU
+// primitives claiming Device::kCuda, counting what they copy to the host. The default counts the
+// bins in AllocScratch memory and copies back the bins from first_bin on.
+class DeviceWithoutEdge final : public Primitives {
+ public:
+  DeviceWithoutEdge() : p_(MakeCpuPrimitives(1)) {}
+  uint64_t to_host = 0;
+  Device device() const override { return Device::kCuda; }
+  void Accumulate(float* y, const float* x, size_t n) override { p_->Accumulate(y, x, n); }
+  void Scale(float* x, float a, size_t n) override { p_->Scale(x, a, n); }
+  size_t CountAbove(const float* x, size_t n, float t) override { return p_->CountAbove(x, n, t); }
+  size_t SelectAbove(float* x, size_t b, size_t e, float t, bool z, uint32_t* i, float* v,
+                     size_t c) override {
+    return p_->SelectAbove(x, b, e, t, z, i, v, c);
+  }
+  size_t AddSelectAbove(float* acc, const float* add, size_t b, size_t e, float t, bool z,
+                        uint32_t* i, float* v, size_t c) override {
+    return p_->AddSelectAbove(acc, add, b, e, t, z, i, v, c);
+  }
+  size_t TopK(const float* x, size_t n, size_t k, uint32_t* i, float* v) override {
+    return p_->TopK(x, n, k, i, v);
+  }
+  AbsMoments Moments(const float* x, size_t n, float lb) override { return p_->Moments(x, n, lb); }
+  void Sample(const float* x, size_t n, size_t m, uint64_t seed, float* out) override {
+    p_->Sample(x, n, m, seed, out);
+  }
+  absl::Status ScatterAdd(float* y, size_t n, const uint32_t* i, const float* v,
+                          size_t m) override {
+    return p_->ScatterAdd(y, n, i, v, m);
+  }
+  absl::Status Gather(const float* x, size_t n, const uint32_t* i, size_t m, float* out) override {
+    return p_->Gather(x, n, i, m, out);
+  }
+  absl::Status ZeroAt(float* x, size_t n, const uint32_t* i, size_t m) override {
+    return p_->ZeroAt(x, n, i, m);
+  }
+  void AbsHistogram16(const float* x, size_t b, size_t e, uint32_t* bins) override {
+    p_->AbsHistogram16(x, b, e, bins);
+  }
+  absl::Status CopyToHost(void* dst, const void* src, size_t bytes) override {
+    to_host += bytes;
+    return p_->CopyToHost(dst, src, bytes);
+  }
+
+ private:
+  std::unique_ptr<Primitives> p_;
+};
+
+TEST(HistogramEdge, TheDefaultOnADeviceCopiesTheBinsBackAndAgrees) {
+  std::unique_ptr<Primitives> cpu = MakeCpuPrimitives(1);
+  DeviceWithoutEdge dev;
+  std::mt19937 gen(5);
+  std::exponential_distribution<float> expo(100.0f);
+  std::vector<float> x(70001);
+  for (float& v : x) v = (gen() % 2 ? 1 : -1) * expo(gen);
+  for (uint32_t first : {0u, 0x3a00u}) {
+    for (uint64_t quota : {uint64_t{1}, uint64_t{700}, uint64_t{100000}}) {
+      auto want = cpu->AbsHistogramEdge(x.data(), 3, x.size(), first, quota);
+      const uint64_t before = dev.to_host;
+      auto got = dev.AbsHistogramEdge(x.data(), 3, x.size(), first, quota);
+      ASSERT_TRUE(want.ok() && got.ok()) << got.status();
+      EXPECT_EQ(got->bin, want->bin);
+      EXPECT_EQ(got->reached, want->reached);
+      EXPECT_EQ(got->cum, want->cum);
+      EXPECT_EQ(got->in_edge, want->in_edge);
+      EXPECT_EQ(dev.to_host - before, (Primitives::kHistogramBins - first) * 4);
+    }
+  }
 }
 
 // On a GPU (skips without one): the CUDA AbsHistogramEdge equals the CPU primitives' on gradient-
