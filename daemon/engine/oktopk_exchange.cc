@@ -227,8 +227,11 @@ absl::Status ExchangeOkTopk(Collective* coll, Primitives* prims, const SparseExc
     part_val[o].push_back(my_val[j]);
   }
   std::vector<std::vector<uint8_t>> send(n), recv;
+  // The selections' values as ExchangeSparseGather sends them: a half bucket's own type
+  // (args.wire), else float32 or float16 (--fp16_values).
+  const DType wire = IsHalf(args.wire) ? args.wire : args.fp16 ? DType::kFloat16 : DType::kFloat32;
   for (int q = 0; q < n; ++q) {
-    EncodeChunk(args.group_id, args.step, args.elements, part_idx[q], part_val[q], args.fp16,
+    EncodeChunk(args.group_id, args.step, args.elements, part_idx[q], part_val[q], wire,
                 args.scalars, &send[q]);
     if (q != me) r.bytes_sent += send[q].size();
   }

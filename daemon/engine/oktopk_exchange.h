@@ -4,7 +4,9 @@
 //     selected fewer than P), they are all-gathered and validated, and b_j is their mean, so
 //     skewed selections (all in one region) get balanced regions;
 //  1. every node splits its (index, value) selection by region (node r owns [b_r, b_{r+1})) and
-//     sends each part to its owner in the wire format (AllToAllV);
+//     sends each part to its owner in the wire format (AllToAllV), its values of the bucket's
+//     wire type (args.wire: bfloat16/float16 for a half bucket; else float32, or float16 with
+//     args.fp16), as ExchangeSparseGather's chunks;
 //  2. each owner validates what it received and sums it per index in node order, each value
 //     times `scale` first, exactly as ExchangeSparseGather adds into a zeroed output;
 //  3. global selection: "all" keeps every reduced entry; "topk" keeps about k of them: on exact

@@ -110,7 +110,7 @@ void SparseStepOne(const StepEnv& env, StepItem& item, const Lap& lap) {
   args.elements = static_cast<uint32_t>(n);
   args.scale = 1.0f / static_cast<float>(N * L);
   args.fp16 = env.fp16_values;
-  args.wire = st.oktopk ? DType::kFloat32 : b.wire;  // Ok-Topk: float32 values (docs/dtypes.md)
+  args.wire = b.wire;  // a half bucket's own type, Ok-Topk's reduce-scatter too (docs/dtypes.md)
   std::memcpy(args.scalars, sel.scalars, sizeof(args.scalars));
   DeviceSide device_side{env.prims, b.scratch};
   const DeviceSide* dev = b.on_device ? &device_side : nullptr;
@@ -129,8 +129,18 @@ void SparseStepOne(const StepEnv& env, StepItem& item, const Lap& lap) {
     x = ExchangeOkTopk(env.coll, env.host_prims, args, o, &st.oktopk_state, sel.idx, sel.val,
                        b.output, &ok, dev);
     // Error feedback: the residual is zeroed where this node's selection was kept globally
-    // (with global "all", its whole selection); the rest of what it sent stays.
-    if (x.ok() && s.ok()) x = ZeroAt(env, b, b.acc, ok.my_kept);
+    // (with global "all", its whole selection); the rest of what it sent stays. Half values on
+    // the wire: where kept, what rounding took off stays instead of 0 (acc still holds the
+    // selected values there: Ok-Topk selects without zeroing).
+    if (x.ok() && s.ok() && IsHalf(args.wire) && env.error_feedback) {
+      if (!b.on_device) {
+        half::KeepRounding(b.wire, b.acc, ok.my_kept.data(), nullptr, ok.my_kept.size());
+      } else {
+        x = KeepUnionRoundingOnDevice(env, b, ok.my_kept);
+      }
+    } else if (x.ok() && s.ok()) {
+      x = ZeroAt(env, b, b.acc, ok.my_kept);
+    }
     res = std::move(ok);
   } else {
     x = ExchangeSparseGather(env.coll, env.host_prims, args, sel.idx, sel.val, b.output, &res, dev);

@@ -13,6 +13,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -271,6 +272,68 @@ TEST(HalfDenseExchange, ANaNInADenseHalfInputFailsTheStepNamingTheTrainer) {
   EXPECT_EQ(failed.load(), kNodes * kTrainers);
   EXPECT_EQ(named.load(), kNodes * kTrainers);
   EXPECT_EQ(wrong.load(), 0);
+}
+
+// Ok-Topk (sparse_allreduce=oktopk) sends a half bucket's selections in its own type too: with
+// the global selection "all" its result is, bit for bit, the sparse all-gather's, so a half
+// bucket through Ok-Topk must give the same outputs at every step as one through the
+// all-gather, both keeping the wire's rounding in the residual (a residual zeroed instead would
+// drift apart from the second step); and it sends fewer bytes than with float32 values.
+TEST(HalfOkTopk, HalfValuesOnTheWireAsTheSparseAllGather) {
+  for (DType t : {DType::kBFloat16, DType::kFloat16}) {
+    SCOPED_TRACE(DTypeName(t));
+    EngineClusterOptions o;
+    o.nodes = kNodes;
+    o.trainers = kTrainers;
+    o.hub_timeout = absl::Seconds(30);
+    o.engine.shm_tag = "halftest";
+    o.engine.dense_fallback = DenseFallback::kOff;
+    o.engine.min_sparse_elements = 0;
+    o.engine.oktopk_global = OkTopkSelect::kAll;
+    EngineCluster cluster(o);
+    ASSERT_TRUE(cluster.status().ok()) << cluster.status();
+    const std::string type = DTypeName(t);
+    // 1: all-gather, 2: Ok-Topk, 3: Ok-Topk with float32 values on the wire.
+    const std::map<uint64_t, std::map<std::string, std::string>> params = {
+        {1, {{"dtype", type}, {"sparse_allreduce", "allgather"}}},
+        {2, {{"dtype", type}, {"sparse_allreduce", "oktopk"}}},
+        {3, {{"dtype", type}, {"sparse_allreduce", "oktopk"}, {"wire_values", "float32"}}}};
+    std::atomic<int> differ{0}, nonzero{0};
+    std::atomic<uint64_t> bytes_half{0}, bytes_f32{0};
+    std::vector<std::string> errors(kNodes * kTrainers);
+    cluster.ForEachTrainer([&](int r, int k) {
+      std::string& err = errors[r * kTrainers + k];
+      auto tr = Trainer::Open(&cluster.engine(r), k, kTrainers);
+      if (!tr.ok()) return void(err = tr.status().ToString());
+      for (const auto& [id, p] : params) {
+        auto g = tr->Register(id, kN, "topk", kDensity, p);
+        if (!g.ok()) return void(err = g.status().ToString());
+      }
+      for (int s = 0; s < kSteps; ++s) {
+        for (uint64_t id : {1, 2, 3}) {
+          uint16_t* in = HalfAt(*tr, id, tr->grant(id).input_offset);
+          for (size_t i = 0; i < kN; ++i) in[i] = HalfValue(t, r, k, s, i);
+        }
+        for (uint64_t id : {1, 2, 3}) {
+          auto rec = tr->Exchange(id, s, absl::Seconds(30));
+          if (!rec.ok()) return void(err = rec.status().ToString());
+          if (r == 0 && k == 0 && s == 1 && id == 2) bytes_half = rec->bytes_sent;
+          if (r == 0 && k == 0 && s == 1 && id == 3) bytes_f32 = rec->bytes_sent;
+        }
+        const uint16_t* gather = HalfAt(*tr, 1, tr->grant(1).output_offset);
+        const uint16_t* oktopk = HalfAt(*tr, 2, tr->grant(2).output_offset);
+        for (size_t i = 0; i < kN; ++i) {
+          differ += gather[i] != oktopk[i];
+          nonzero += (oktopk[i] & 0x7fff) != 0;
+        }
+      }
+    });
+    for (const std::string& e : errors) EXPECT_EQ(e, "");
+    EXPECT_EQ(differ.load(), 0) << "Ok-Topk's half bucket differs from the all-gather's";
+    EXPECT_GT(nonzero.load(), 0);
+    EXPECT_GT(bytes_half.load(), 0u);
+    EXPECT_LT(bytes_half.load(), bytes_f32.load()) << "half values on Ok-Topk's wire";
+  }
 }
 
 EngineClusterOptions OneNode(int trainers = 2) {
