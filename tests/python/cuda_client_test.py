@@ -136,6 +136,21 @@ class TorchViewTest(unittest.TestCase):
         else:  # a CUDA build: a view of the pointer, no copy
             self.assertEqual(t.data_ptr(), 0x1000)
 
+    def test_half_typestrs_parse_up_to_cuda(self):
+        """The typestrs of half buckets' views (float16 <f2, bfloat16 <i2 viewed as bfloat16):
+        torch accepts them, and a CPU array of each type views as the bucket's type."""
+        for dtype, want in (("float16", torch.float16), ("bfloat16", torch.int16)):
+            view = cuda._CudaArrayView(0x2000, 8, cuda._TYPESTRS[dtype])
+            try:
+                torch.as_tensor(view, device=torch.device("cuda", 0))
+            except TypeError as e:
+                self.fail(f"torch refused the {dtype} CUDA Array Interface: {e}")
+            except (RuntimeError, AssertionError) as e:
+                self.assertRegex(str(e), "(?i)cuda")
+            host = np.zeros(8, dtype=np.dtype(cuda._TYPESTRS[dtype]))
+            self.assertEqual(torch.from_numpy(host).dtype, want)
+        self.assertEqual(torch.zeros(8, dtype=torch.int16).view(torch.bfloat16).dtype, torch.bfloat16)
+
 
 class RealRuntimeHereTest(unittest.TestCase):
     """libcudart through ctypes on this GPU-less machine: it loads (or says clearly why not) and
