@@ -10,6 +10,12 @@
 //     node is rank 0 of --nodes simulated nodes (pattern A compressors run every node, so the
 //     residual is zeroed at the real union; MiCRO/ExDyna/DEFT/CLT-k select in 1/nodes of it).
 //     The density column is node 0's own count / n. The issue's goals are evaluated at the end.
+//     --dtypes adds half-input rows (issue 30, docs/dtypes.md): with a half type listed, every
+//     dtype's step begins with the engine's local reduce of --local_trainers trainers' inputs of
+//     that type (widened and summed in float32 for a half type, in one pass), and a half type's
+//     step also keeps the wire's rounding in the residual as the engine does (pattern B at the
+//     selection, A at the union); each half row gets its time as a ratio to the float32 row of
+//     the same compressor and configuration measured in the same run (`vs_float32`).
 //     --input / --inputs pick the input kind(s): heavy (the above) or a tie-heavy one (constant,
 //     zero, distinct2/3/16, ramp, reversed; issue 12 item 4b); with heavy and others, every row
 //     also gets its time as a ratio to heavy's (printed as a table, `vs_heavy` in the JSON, and a
@@ -47,6 +53,7 @@
 #include "kernels/compressor.h"
 #include "kernels/cpu/cpu_primitives.h"
 #include "kernels/error_feedback.h"
+#include "kernels/half.h"
 #include "kernels/primitives.h"
 
 using spex::bench::FlagList;
@@ -75,6 +82,13 @@ ABSL_FLAG(std::string, inputs, "",
           "heavy,constant,zero,distinct2,distinct3,distinct16,ramp,reversed; with heavy among "
           "them, each row also gets its time as a ratio to heavy (same compressor, size, density "
           "and threads)");
+ABSL_FLAG(std::string, dtypes, "float32",
+          "comma-separated input types for part 1: float32, bfloat16, float16; with a half type, "
+          "every type's step includes the local reduce of --local_trainers inputs of that type "
+          "and each half row is compared with the float32 row of the same run");
+ABSL_FLAG(int, local_trainers, 2,
+          "trainers' inputs summed by the local reduce of every step when --dtypes lists a half "
+          "type");
 ABSL_FLAG(int64_t, synthetic_n, 1126410, "floats per gradient of the synthetic sequence");
 
 namespace spex {
@@ -153,6 +167,7 @@ struct Nodes {
   std::vector<uint64_t> counts;
   std::vector<uint32_t> gathered;
   int nodes = 1;
+  DType dtype = DType::kFloat32;  // a half type: the wire's rounding stays in the residual
 
   static void Check(const absl::Status& s, const Compressor& c) {
     if (!s.ok()) {
@@ -165,8 +180,16 @@ struct Nodes {
     const Pattern p = c[0]->pattern();
     double ms = 0;
     for (size_t r = 0; r < c.size(); ++r) {
-      const float* g = grad(step, static_cast<int>(r));
-      const double t = Ms([&] { Check(ef[r]->Select(c[r].get(), step, g, &sel[r]), *c[r]); });
+      // grad() is timed: with --dtypes it runs the local reduce of the trainers' inputs.
+      const double t = Ms([&] {
+        const float* g = grad(step, static_cast<int>(r));
+        Check(ef[r]->Select(c[r].get(), step, g, &sel[r]), *c[r]);
+        if (IsHalf(dtype) && p == Pattern::kSparseGather && ef[r]->enabled()) {
+          // As sparse_step.cc: the values go out rounded, the rounding stays in the residual.
+          half::KeepRounding(dtype, ef[r]->acc(), sel[r].idx.data(), sel[r].val.data(),
+                             sel[r].idx.size());
+        }
+      });
       if (r == 0) ms += t;
     }
     gathered.clear();
@@ -185,9 +208,17 @@ struct Nodes {
         }
       }
     }
+    const bool round_union = IsHalf(dtype) && p == Pattern::kIndexUnion;
     for (size_t r = 0; r < c.size(); ++r) {
       const double t = Ms([&] {
-        Check(ef[r]->Complete(c[r].get(), step, {counts, gathered}), *c[r]);
+        if (round_union) {
+          // As sparse_step.cc: every value at the union went out rounded; the rounding stays in
+          // the residual instead of the zeroing (so Update is called without Complete's ZeroAt).
+          half::KeepRounding(dtype, ef[r]->acc(), gathered.data(), nullptr, gathered.size());
+          Check(c[r]->Update(step, {counts, gathered}), *c[r]);
+        } else {
+          Check(ef[r]->Complete(c[r].get(), step, {counts, gathered}), *c[r]);
+        }
       });
       if (r == 0) ms += t;
     }
@@ -205,7 +236,32 @@ struct CostRow {
   double nth_ms = 0;    // topk only
   std::string input;    // the input kind (--input / --inputs)
   double vs_heavy = 0;  // ms / the heavy input's ms of the same configuration (0: not measured)
+  std::string dtype = "float32";  // the trainers' input type (--dtypes)
+  double vs_float32 = 0;          // ms / the float32 row's ms of the same configuration (half rows)
 };
+
+// Part 1's input types (--dtypes); exits naming the accepted names on a bad one.
+std::vector<DType> InputTypes() {
+  std::vector<DType> out;
+  for (const std::string& name : FlagList<std::string>(absl::GetFlag(FLAGS_dtypes))) {
+    absl::StatusOr<DType> t = ParseDType(name);
+    if (!t.ok()) {
+      std::fprintf(stderr, "--dtypes: %s\n", std::string(t.status().message()).c_str());
+      std::exit(2);
+    }
+    out.push_back(*t);
+  }
+  if (out.empty()) out.push_back(DType::kFloat32);
+  return out;
+}
+
+// With a half type in --dtypes every step runs the local reduce of the trainers' inputs.
+bool LocalReduceMode() {
+  for (DType t : InputTypes()) {
+    if (IsHalf(t)) return true;
+  }
+  return false;
+}
 
 // The input kinds of part 1: --inputs, else --input.
 std::vector<std::string> InputKinds() {
@@ -246,6 +302,14 @@ std::vector<CostRow> RunCost() {
   const int nodes = absl::GetFlag(FLAGS_nodes);
   const std::string only = absl::GetFlag(FLAGS_only);
   const std::vector<std::string> kinds = InputKinds();
+  const std::vector<DType> types = InputTypes();
+  const bool reduce = LocalReduceMode();
+  const int L = absl::GetFlag(FLAGS_local_trainers);
+  constexpr int kMaxL = 16;
+  if (reduce && (L < 1 || L > kMaxL)) {
+    std::fprintf(stderr, "--local_trainers=%d: give 1 to %d\n", L, kMaxL);
+    std::exit(2);
+  }
   for (const std::string& kind : kinds) {
     if (!Input(kind, 1, 1)) {
       std::fprintf(stderr,
@@ -266,6 +330,13 @@ std::vector<CostRow> RunCost() {
         return pool.data() + (step * 1000003u + static_cast<uint64_t>(node) * 7777777u) % n;
       };
       auto memcpy_fn = [&] { std::memcpy(copy_dst.data(), pool.data(), n * sizeof(float)); };
+      // --dtypes: trainer t of node r reads its own window of the pool (of the input's type),
+      // and the local reduce writes node r's float32 sum.
+      auto window = [&](uint64_t step, int node, int trainer) {
+        return (step * 1000003u + static_cast<uint64_t>(node * L + trainer) * 7777777u) % n;
+      };
+      std::map<DType, std::vector<uint16_t>> half_pool;
+      std::vector<std::vector<float>> sums(reduce ? nodes : 0);
       for (double d : FlagList<double>(absl::GetFlag(FLAGS_densities))) {
         // Scale so that 1 / (2 sqrt(k)), where the threshold controllers (micro/exdyna reference,
         // thresh, sage) start, is the target quantile of |gradient|.
@@ -279,39 +350,81 @@ std::vector<CostRow> RunCost() {
                 ? 1.0f
                 : static_cast<float>(1.0 / (2.0 * std::sqrt(static_cast<double>(k)))) / mag[k - 1];
         for (size_t i = 0; i < 2 * n; ++i) pool[i] = raw[i] * scale;
+        for (DType t : types) {
+          if (!IsHalf(t)) continue;
+          half_pool[t].resize(2 * n);
+          half::Narrow(t, pool.data(), half_pool[t].data(), 2 * n);
+        }
         for (int threads : FlagList<int>(absl::GetFlag(FLAGS_threads))) {
           std::unique_ptr<Primitives> prims = MakeCpuPrimitives(threads);
           std::printf(
               "\nn=%zu d=%g threads=%d input=%s (rank 0 of %d nodes; ratio = time / memcpy of "
               "the same buffer, interleaved)\n",
               n, d, threads, kind.c_str(), nodes);
-          std::printf("  %-20s %3s %10s %10s %9s %10s\n", "compressor", "pat", "ms", "memcpy ms",
-                      "x memcpy", "density");
+          if (reduce) {
+            std::printf(
+                "  every step: the local reduce of %d trainers' inputs of the row's type "
+                "(half: widened and summed in float32, %s), then the selection\n",
+                L, half::TargetName());
+          }
+          std::printf("  %-20s %3s %8s %10s %10s %9s %10s\n", "compressor", "pat", "inputs", "ms",
+                      "memcpy ms", "x memcpy", "density");
           for (const Variant& v : Variants()) {
             if (!only.empty() && v.label.find(only) == std::string::npos) continue;
-            Nodes node;
-            node.nodes = nodes;
-            const bool all_nodes = *CompressorPattern(v.name) == Pattern::kIndexUnion;
-            for (int r = 0; r < (all_nodes ? nodes : 1); ++r) {
-              auto made = MakeCompressor({v.name, d, v.params, r, nodes, n}, prims.get());
-              if (!made.ok()) {
-                std::fprintf(stderr, "%s: %s\n", v.label.c_str(), made.status().ToString().c_str());
-                std::exit(1);
+            // One set of nodes per input type, stepped in turn within every rep (interleaved:
+            // a change of load hits every type alike). Node r's gradient: a window of the
+            // pool, or (--dtypes) the local sum of its trainers' inputs of that type.
+            const size_t T = types.size();
+            std::vector<Nodes> node(T);
+            std::vector<std::function<const float*(uint64_t, int)>> step_grad(T);
+            for (size_t ti = 0; ti < T; ++ti) {
+              const DType dt = types[ti];
+              step_grad[ti] = [&, dt](uint64_t step, int r) -> const float* {
+                if (!reduce) return grad(step, r);
+                std::vector<float>& y = sums[r];
+                y.resize(n);
+                size_t bad = 0;
+                if (IsHalf(dt)) {
+                  const uint16_t* hs[kMaxL];
+                  for (int t = 0; t < L; ++t) hs[t] = half_pool[dt].data() + window(step, r, t);
+                  half::SumWidenScaled(dt, y.data(), nullptr, hs, L, 1.0f, n, true);
+                } else {
+                  const float* xs[kMaxL];
+                  for (int t = 0; t < L; ++t) xs[t] = pool.data() + window(step, r, t);
+                  (void)prims->SumScaledCheckFinite(y.data(), xs, L, 1.0f, n, &bad);
+                }
+                return y.data();
+              };
+              node[ti].nodes = nodes;
+              node[ti].dtype = dt;
+              const bool all_nodes = *CompressorPattern(v.name) == Pattern::kIndexUnion;
+              for (int r = 0; r < (all_nodes ? nodes : 1); ++r) {
+                auto made = MakeCompressor({v.name, d, v.params, r, nodes, n}, prims.get());
+                if (!made.ok()) {
+                  std::fprintf(stderr, "%s: %s\n", v.label.c_str(),
+                               made.status().ToString().c_str());
+                  std::exit(1);
+                }
+                node[ti].c.push_back(std::move(*made));
+                node[ti].ef.push_back(std::make_unique<ErrorFeedback>(prims.get(), n));
               }
-              node.c.push_back(std::move(*made));
-              node.ef.push_back(std::make_unique<ErrorFeedback>(prims.get(), n));
+              node[ti].sel.resize(node[ti].c.size());
+              node[ti].counts.assign(nodes, 0);
             }
-            node.sel.resize(node.c.size());
-            node.counts.assign(nodes, 0);
             uint64_t step = 0;
-            for (int w = 0; w < warm; ++w, ++step) node.Step(step, grad);
-            std::vector<double> t, tb, tn;
-            double achieved = 0;
+            for (int w = 0; w < warm; ++w, ++step) {
+              for (size_t ti = 0; ti < T; ++ti) node[ti].Step(step, step_grad[ti]);
+            }
+            std::vector<std::vector<double>> t(T);
+            std::vector<double> tb, tn;
+            std::vector<double> achieved(T, 0.0);
             const bool topk = v.name == "topk";
             for (int r = 0; r < reps; ++r, ++step) {
               tb.push_back(Ms(memcpy_fn));
-              t.push_back(node.Step(step, grad));
-              achieved += static_cast<double>(node.sel[0].count()) / n / reps;
+              for (size_t ti = 0; ti < T; ++ti) {
+                t[ti].push_back(node[ti].Step(step, step_grad[ti]));
+                achieved[ti] += static_cast<double>(node[ti].sel[0].count()) / n / reps;
+              }
               if (topk) {
                 const float* g = grad(step, 0);
                 tn.push_back(Ms([&] {
@@ -319,27 +432,32 @@ std::vector<CostRow> RunCost() {
                 }));
               }
             }
-            CostRow row{n,
-                        d,
-                        threads,
-                        v.label,
-                        PatternName(node.c[0]->pattern()),
-                        Median(t),
-                        Median(tb),
-                        Median(t) / Median(tb),
-                        achieved,
-                        0,
-                        kind};
-            if (topk) row.nth_ms = Median(tn);
-            std::printf("  %-20s %3s %10.3f %10.3f %9.3f %10.5f", v.label.c_str(),
-                        row.pattern.c_str(), row.ms, row.memcpy_ms, row.vs_memcpy, row.achieved);
-            if (topk) {
-              std::printf("   plain nth_element top-k %.2f ms: topk %.1fx faster", row.nth_ms,
-                          row.nth_ms / row.ms);
+            for (size_t ti = 0; ti < T; ++ti) {
+              CostRow row{n,
+                          d,
+                          threads,
+                          v.label,
+                          PatternName(node[ti].c[0]->pattern()),
+                          Median(t[ti]),
+                          Median(tb),
+                          Median(t[ti]) / Median(tb),
+                          achieved[ti],
+                          0,
+                          kind};
+              row.dtype = DTypeName(types[ti]);
+              const bool show_nth = topk && ti == 0;
+              if (show_nth) row.nth_ms = Median(tn);
+              std::printf("  %-20s %3s %8s %10.3f %10.3f %9.3f %10.5f", v.label.c_str(),
+                          row.pattern.c_str(), row.dtype.c_str(), row.ms, row.memcpy_ms,
+                          row.vs_memcpy, row.achieved);
+              if (show_nth) {
+                std::printf("   plain nth_element top-k %.2f ms: topk %.1fx faster", row.nth_ms,
+                            row.nth_ms / row.ms);
+              }
+              std::printf("\n");
+              std::fflush(stdout);
+              rows.push_back(row);
             }
-            std::printf("\n");
-            std::fflush(stdout);
-            rows.push_back(row);
           }
         }
       }
@@ -349,8 +467,17 @@ std::vector<CostRow> RunCost() {
   for (CostRow& r : rows) {
     for (const CostRow& h : rows) {
       if (h.input == "heavy" && h.n == r.n && h.density == r.density && h.threads == r.threads &&
-          h.label == r.label && h.ms > 0) {
+          h.label == r.label && h.dtype == r.dtype && h.ms > 0) {
         r.vs_heavy = r.ms / h.ms;
+      }
+    }
+  }
+  // Half rows: their time / the float32 row's, same compressor and configuration.
+  for (CostRow& r : rows) {
+    for (const CostRow& f : rows) {
+      if (r.dtype != "float32" && f.dtype == "float32" && f.input == r.input && f.n == r.n &&
+          f.density == r.density && f.threads == r.threads && f.label == r.label && f.ms > 0) {
+        r.vs_float32 = r.ms / f.ms;
       }
     }
   }
@@ -380,12 +507,14 @@ void PrintHeavyRatios(const std::vector<CostRow>& rows) {
       std::printf("\n");
       last = at;
     }
-    std::printf("  %-20s %9.2f", h->label.c_str(), h->ms);
+    const std::string label =
+        h->dtype == "float32" ? h->label : absl::StrCat(h->label, " ", h->dtype);
+    std::printf("  %-20s %9.2f", label.c_str(), h->ms);
     for (const std::string& k : kinds) {
       double v = 0;
       for (const CostRow& r : rows) {
         if (r.input == k && r.n == h->n && r.density == h->density && r.threads == h->threads &&
-            r.label == h->label) {
+            r.label == h->label && r.dtype == h->dtype) {
           v = r.vs_heavy;
         }
       }
@@ -394,6 +523,42 @@ void PrintHeavyRatios(const std::vector<CostRow>& rows) {
       } else {
         std::printf(" %10s", "-");
       }
+    }
+    std::printf("\n");
+  }
+}
+
+// With --dtypes: per configuration, each half type's time / float32's (same compressor).
+void PrintHalfRatios(const std::vector<CostRow>& rows) {
+  std::vector<std::string> halves;
+  for (DType t : InputTypes()) {
+    if (IsHalf(t)) halves.push_back(DTypeName(t));
+  }
+  if (halves.empty()) return;
+  std::printf(
+      "\ntime with half inputs / time with float32 inputs (same compressor, n, d, threads, "
+      "input kind; local reduce + selection + error feedback)\n");
+  std::string last;
+  for (const CostRow& f : rows) {
+    if (f.dtype != "float32") continue;
+    const std::string at =
+        absl::StrFormat("n=%d d=%g threads=%d input=%s", f.n, f.density, f.threads, f.input);
+    if (at != last) {
+      std::printf("  %-36s %10s", at.c_str(), "f32 ms");
+      for (const std::string& h : halves) std::printf(" %10s", h.c_str());
+      std::printf("\n");
+      last = at;
+    }
+    std::printf("  %-36s %10.2f", f.label.c_str(), f.ms);
+    for (const std::string& h : halves) {
+      double v = 0;
+      for (const CostRow& r : rows) {
+        if (r.dtype == h && r.input == f.input && r.n == f.n && r.density == f.density &&
+            r.threads == f.threads && r.label == f.label) {
+          v = r.vs_float32;
+        }
+      }
+      std::printf(" %9.3fx", v);
     }
     std::printf("\n");
   }
@@ -460,23 +625,6 @@ class SyntheticSource : public GradSource {
   std::vector<float> sigma_, noise_;
 };
 
-float HalfToFloat(uint16_t h) {
-  const uint32_t sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ffu;
-  float f;
-  if (exp == 0) {
-    f = std::ldexp(static_cast<float>(man), -24);
-    uint32_t b;
-    std::memcpy(&b, &f, 4);
-    b |= sign;
-    std::memcpy(&f, &b, 4);
-    return f;
-  }
-  const uint32_t bits =
-      sign | (exp == 31 ? (0xffu << 23) | (man << 13) : ((exp + 112) << 23) | (man << 13));
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
 // The real trace written by bench/make_grad_trace.py (format in its docstring).
 class TraceSource : public GradSource {
  public:
@@ -517,7 +665,7 @@ class TraceSource : public GradSource {
       if (!in_) return false;
       std::vector<float>& g = (*grads)[r];
       g.resize(n_);
-      for (size_t i = 0; i < n_; ++i) g[i] = HalfToFloat(half_[i]) * scale;
+      for (size_t i = 0; i < n_; ++i) g[i] = F16ToFloat(half_[i]) * scale;
     }
     return true;
   }
@@ -613,8 +761,11 @@ std::vector<RatioRow> RunRatio(GradSource* src, int nodes) {
 std::string Json(const std::vector<CostRow>& cost, const std::vector<RatioRow>& ratio,
                  const std::vector<std::string>& goals) {
   std::string j = absl::StrCat(
-      "{\n  \"simd_target\": \"", CpuPrimitivesTarget(), "\",\n  \"inputs\": [\"",
-      absl::StrJoin(InputKinds(), "\", \""), "\"],\n  \"reps\": ", absl::GetFlag(FLAGS_reps),
+      "{\n  \"simd_target\": \"", CpuPrimitivesTarget(), "\",\n  \"half_target\": \"",
+      half::TargetName(), "\",\n  \"inputs\": [\"", absl::StrJoin(InputKinds(), "\", \""),
+      "\"],\n  \"dtypes\": \"", absl::GetFlag(FLAGS_dtypes), "\",\n  \"local_reduce_inputs\": ",
+      LocalReduceMode() ? absl::GetFlag(FLAGS_local_trainers) : 0,
+      ",\n  \"reps\": ", absl::GetFlag(FLAGS_reps),
       ",\n  \"nodes_simulated\": ", absl::GetFlag(FLAGS_nodes), ",\n  \"cost\": [\n");
   for (size_t i = 0; i < cost.size(); ++i) {
     const CostRow& r = cost[i];
@@ -624,7 +775,11 @@ std::string Json(const std::vector<CostRow>& cost, const std::vector<RatioRow>& 
                                         "%.4f, \"achieved_density\": %.6f",
                                         r.input, r.n, r.density, r.threads, r.label, r.pattern,
                                         r.ms, r.memcpy_ms, r.vs_memcpy, r.achieved));
+    absl::StrAppend(&j, absl::StrFormat(", \"dtype\": \"%s\"", r.dtype));
     if (r.vs_heavy > 0) absl::StrAppend(&j, absl::StrFormat(", \"vs_heavy\": %.3f", r.vs_heavy));
+    if (r.vs_float32 > 0) {
+      absl::StrAppend(&j, absl::StrFormat(", \"vs_float32\": %.4f", r.vs_float32));
+    }
     if (r.nth_ms > 0) {
       absl::StrAppend(
           &j, absl::StrFormat(
@@ -661,7 +816,8 @@ std::vector<std::string> Goals(const std::vector<CostRow>& cost,
     out.push_back(absl::StrCat(ok ? "PASS " : "MISS ", what));
   };
   auto base = [](const std::string& label) { return label.substr(0, label.find(':')); };
-  for (const CostRow& r : cost) {
+  // The memcpy goals are for the float32 step without a local reduce (--dtypes unset).
+  for (const CostRow& r : LocalReduceMode() ? std::vector<CostRow>{} : cost) {
     const std::string at =
         absl::StrFormat("input=%s n=%d d=%g threads=%d", r.input, r.n, r.density, r.threads);
     const std::string b = base(r.label);
@@ -670,7 +826,7 @@ std::vector<std::string> Goals(const std::vector<CostRow>& cost,
       add(r.vs_memcpy <= 1.0,
           absl::StrFormat("%s <= 1.0x memcpy at 1 thread (%s): %.2fx", r.label, at, r.vs_memcpy));
     }
-    if (r.label == "topk") {
+    if (r.label == "topk" && r.nth_ms > 0) {
       add(r.nth_ms / r.ms >= 5,
           absl::StrFormat("topk >= 5x faster than nth_element (%s): %.1fx", at, r.nth_ms / r.ms));
     }
@@ -679,6 +835,28 @@ std::vector<std::string> Goals(const std::vector<CostRow>& cost,
       add(r.vs_memcpy <= 3.0,
           absl::StrFormat("%s <= 3x memcpy (%s): %.2fx", r.label, at, r.vs_memcpy));
     }
+  }
+  // Issue 30: a half-input selection with error feedback costs no more per element than the
+  // float32 one (same compressor and configuration, same run): per half type and configuration,
+  // the median over compressors and the worst.
+  std::map<std::string, std::vector<const CostRow*>> by_half;
+  for (const CostRow& r : cost) {
+    if (r.vs_float32 <= 0) continue;
+    by_half[absl::StrFormat("%s inputs, input=%s n=%d d=%g threads=%d", r.dtype, r.input, r.n,
+                            r.density, r.threads)]
+        .push_back(&r);
+  }
+  for (auto& [key, rs] : by_half) {
+    std::vector<double> v;
+    const CostRow* worst = rs[0];
+    for (const CostRow* r : rs) {
+      v.push_back(r->vs_float32);
+      if (r->vs_float32 > worst->vs_float32) worst = r;
+    }
+    add(Median(v) <= 1.0,
+        absl::StrFormat("%s: median over %d compressors <= 1.0x the float32-input time: %.3fx "
+                        "(worst %s %.3fx)",
+                        key, v.size(), Median(v), worst->label, worst->vs_float32));
   }
   // Issue 12 item 4b: no input kind sends a compressor down a path 20x slower than heavy's.
   std::map<std::string, const CostRow*> worst;  // per kind and configuration
@@ -719,6 +897,7 @@ int Main() {
   if (absl::GetFlag(FLAGS_cost)) {
     cost = RunCost();
     PrintHeavyRatios(cost);
+    PrintHalfRatios(cost);
   }
   if (absl::GetFlag(FLAGS_ratio)) {
     const int nodes = 4, steps = absl::GetFlag(FLAGS_ratio_steps);

@@ -233,12 +233,14 @@ int Main() {
   // + 2 trainers' inputs) and a 1% selection with zeroing, the inputs bfloat16 / float16 (widened
   // in the fused pass) against float32 inputs, paired run by run, one thread (the half passes
   // are single-threaded). The goal: no more time per element than float32.
+  // Also the dense local reduce (2 trainers' inputs, scaled) and the residual at a 1% union
+  // (pattern A: a half bucket keeps the wire's rounding there, float32 zeroes it).
   struct HalfRow {
-    std::string type;
+    std::string what, type;
     double half_ms, f32_ms;
   };
   std::vector<HalfRow> half_rows;
-  if (std::string("half-input EF select").find(absl::GetFlag(FLAGS_only)) != std::string::npos) {
+  if (std::string("half-input").find(absl::GetFlag(FLAGS_only)) != std::string::npos) {
     auto p = MakeCpuPrimitives(1);
     std::vector<float> acc_next(n), x1(b.add);
     const float* xs[3] = {b.y.data(), b.x0.data(), x1.data()};
@@ -258,7 +260,25 @@ int Main() {
             (void)p->SumScaledCheckFinite(acc_next.data(), xs, 3, 1.0f, n, &bad);
             p->SelectAbove(acc_next.data(), 0, n, t1, true, b.idx.data(), b.val.data(), n);
           });
-      half_rows.push_back({DTypeName(t), tm.ms, tm.baseline_ms});
+      half_rows.push_back({"EF reduce (residual + 2 inputs) + SelectAbove 1% +zero", DTypeName(t),
+                           tm.ms, tm.baseline_ms});
+      const float* xs2[2] = {b.x0.data(), x1.data()};
+      const Timing dense = TimePaired(
+          reps, [&] { half::SumWidenScaled(t, acc_next.data(), nullptr, hs, 2, 0.25f, n, true); },
+          [&] {
+            size_t bad = 0;
+            (void)p->SumScaledCheckFinite(acc_next.data(), xs2, 2, 0.25f, n, &bad);
+          });
+      half_rows.push_back({"dense local reduce (2 inputs, x 1/4, finite check)", DTypeName(t),
+                           dense.ms, dense.baseline_ms});
+      const Timing keep = TimePaired(
+          reps,
+          [&] { half::KeepRounding(t, acc_next.data(), b.sel.data(), nullptr, b.sel.size()); },
+          [&] { (void)p->ZeroAt(acc_next.data(), n, b.sel.data(), b.sel.size()); },
+          // Fresh values each time (not timed): remainders of remainders would go subnormal.
+          [&] { std::memcpy(acc_next.data(), b.x0.data(), n * sizeof(float)); });
+      half_rows.push_back({"residual at a 1% union: KeepRounding vs ZeroAt", DTypeName(t), keep.ms,
+                           keep.baseline_ms});
     }
   }
   if (absl::GetFlag(FLAGS_reference)) {
@@ -277,10 +297,9 @@ int Main() {
               4.0 * n / 1e6, CpuPrimitivesTarget(), reps);
   std::printf("x memcpy: the primitive's time / memcpy of the same buffer, runs interleaved\n\n");
   for (const HalfRow& r : half_rows) {
-    std::printf(
-        "EF reduce (residual + 2 %s inputs) + SelectAbove 1%% +zero, 1 thread: %.2f ms vs float32 "
-        "inputs %.2f ms = %.3fx per element (%s)\n",
-        r.type.c_str(), r.half_ms, r.f32_ms, r.half_ms / r.f32_ms, half::TargetName());
+    std::printf("%s, %s inputs, 1 thread: %.2f ms vs float32 %.2f ms = %.3fx (%s)\n",
+                r.what.c_str(), r.type.c_str(), r.half_ms, r.f32_ms, r.half_ms / r.f32_ms,
+                half::TargetName());
   }
   for (const CheckRow& r : check_rows) {
     std::printf(
@@ -326,12 +345,12 @@ int Main() {
   std::string half_json;
   for (const HalfRow& r : half_rows) {
     absl::StrAppend(&half_json, half_json.empty() ? "" : ",\n    ",
-                    absl::StrFormat("{\"inputs\": \"%s\", \"half_ms\": %.3f, \"float32_ms\": %.3f, "
-                                    "\"ratio\": %.4f}",
-                                    r.type, r.half_ms, r.f32_ms, r.half_ms / r.f32_ms));
+                    absl::StrFormat("{\"what\": \"%s\", \"inputs\": \"%s\", \"half_ms\": %.3f, "
+                                    "\"float32_ms\": %.3f, \"ratio\": %.4f}",
+                                    r.what, r.type, r.half_ms, r.f32_ms, r.half_ms / r.f32_ms));
   }
   absl::StrAppend(&json, "  ],\n  \"topk_vs_nth_element\": [\n    ", topk_json,
-                  "\n  ],\n  \"half_input_ef_select\": [\n    ", half_json, "\n  ]\n}\n");
+                  "\n  ],\n  \"half_input\": [\n    ", half_json, "\n  ]\n}\n");
 
   std::string path = absl::GetFlag(FLAGS_json_out);
   if (const char* ws = std::getenv("BUILD_WORKSPACE_DIRECTORY");
