@@ -268,6 +268,8 @@ void Engine::PublishUnpacked(GroupPass& x) {
     rec.compressor = b->compressor;
     for (int p = 0; p < kPhaseCount; ++p) rec.phase_seconds[p] = x.phase[p];
     rec.total_seconds = (end - x.t0) * 1e-9;
+    // A half member's float32 result rounded once into the trainers' output (step.h).
+    if (x.st[i].ok() && !b->mem.view.on_device) x.st[i] = RoundOutput(prims_, b->mem.view);
     Publish(b, b->ex.next_step, x.st[i], rec, /*terminal=*/false);
     if (options_.observers.empty()) continue;
     ExchangeEvent event;

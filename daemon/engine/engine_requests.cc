@@ -111,12 +111,17 @@ absl::StatusOr<BucketGrant> Engine::RegisterBucket(
     }
   }
   if (IsHalf(policy.dtype) && options_.merger != MergerPolicy::kNone) {
-    return absl::UnimplementedError(
-        absl::StrCat("bucket ", bucket_id, ": ", DTypeName(policy.dtype),
-                     " buckets are not merged yet (spexd "
-                     "runs with --merger=",
-                     AbslUnparseFlag(options_.merger),
-                     "): run spexd with --merger=none, or register float32 buckets"));
+    // Merged half buckets: the fused exchange carries one value type for the whole group, so a
+    // half member's values travel as float32 (as wire_values=float32: nothing rounded on the
+    // wire, the result rounded once at publish). The device path does not merge them yet.
+    if (device_buckets()) {
+      return absl::UnimplementedError(
+          absl::StrCat("bucket ", bucket_id, ": ", DTypeName(policy.dtype),
+                       " buckets on the device path are not merged yet (spexd runs with --merger=",
+                       AbslUnparseFlag(options_.merger),
+                       "): run spexd with --merger=none, or register float32 buckets"));
+    }
+    policy.wire_float32 = true;
   }
   if (elements == 0 || elements >= (1ull << 32)) {
     return absl::InvalidArgumentError(

@@ -92,7 +92,10 @@ void Engine::RunPack(WirePack* p) {
     for (int ph = 0; ph < kPhaseCount; ++ph) rec.phase_seconds[ph] = p->phase[ph];
     rec.total_seconds = (end - p->t0) * 1e-9;
     const bool terminal = !vote.ok();
-    Publish(b, rec.step, vote, rec, terminal);  // the trainers' step (items': the compute step)
+    // A half member's float32 result rounded once into the trainers' output (step.h).
+    absl::Status out = vote;
+    if (out.ok() && !b->mem.view.on_device) out = RoundOutput(env.prims, b->mem.view);
+    Publish(b, rec.step, out, rec, terminal || !out.ok());  // the trainers' step
     if (options_.observers.empty()) continue;
     ExchangeEvent event;
     event.group_first = p->group_first;

@@ -145,6 +145,12 @@ void LocalDense(const StepEnv& env, Member& m, float scale, bool pow2, float* sl
     // A sparse bucket going dense this step sends everything, residual included.
     Keep(&m.s, LocalReduce(env, b, env.error_feedback));
     if (m.s.ok()) m.s = env.prims->Copy(slice, b.acc, n);
+  } else if (IsHalf(b.dtype)) {
+    // A half member (host): its inputs widened and summed in float32 into the slice (scaled
+    // when exact, as below), in one pass.
+    Keep(&m.s, env.prims->SumWidenHalf(b.dtype, slice, nullptr, b.half_input, L,
+                                       pow2 ? scale : 1.0f, n, nullptr));
+    if (pow2) m.post_scale = 1.0f;
   } else if (pow2) {
     // DenseStep's exact pre-scaled path: the scaled local sum, reduced with scale 1.
     Keep(&m.s, env.prims->SumScaled(slice, b.input, L, scale, n));

@@ -8,8 +8,9 @@
 //    contribution of the oracle on the first step; the dense bucket bit-exactly equal to an
 //    oracle computed here (local float32 sums, rounded for the wire, summed in float32 in rank
 //    order, rounded once), and its wire bytes half the float32 bucket's;
-//  - bad input: a trainer registering another type, unknown types and wire_values, a merger,
-//    a NaN in a half input (error policy names the trainer), the layout (2-byte slots).
+//  - merge groups (--merger=fixed, omgs, rgmerge): the float32 path's result rounded once;
+//  - bad input: a trainer registering another type, unknown types and wire_values, a NaN in a
+//    half input (error policy names the trainer), the layout (2-byte slots).
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -383,18 +384,64 @@ TEST(HalfEngineErrors, UnknownTypeAndWireValuesNameTheAcceptedOnes) {
   EXPECT_TRUE(e.RegisterBucket(a->session_id, 4, 1000, "topk", 0.01, {{"dtype", "float16"}}).ok());
 }
 
-TEST(HalfEngineErrors, AMergerRefusesHalfBucketsNamingTheFlag) {
-  EngineClusterOptions o = OneNode(1);
-  o.engine.merger = MergerPolicy::kFixed;
-  EngineCluster cluster(o);
-  ASSERT_TRUE(cluster.status().ok()) << cluster.status();
-  Engine& e = cluster.engine(0);
-  auto a = e.Hello("", 0, 1, 0, "t");
-  ASSERT_TRUE(a.ok());
-  auto bad = e.RegisterBucket(a->session_id, 4, 1000, "topk", 0.01, {{"dtype", "bfloat16"}});
-  ASSERT_EQ(bad.status().code(), absl::StatusCode::kUnimplemented) << bad.status();
-  EXPECT_NE(bad.status().message().find("--merger=none"), std::string::npos) << bad.status();
-  EXPECT_TRUE(e.RegisterBucket(a->session_id, 4, 1000, "topk", 0.01).ok());
+// Half buckets in merge groups (--merger=fixed, omgs, rgmerge): a half member's values travel
+// as float32 in the fused exchange, and its output is, bit for bit, the float32 path's result
+// for the widened inputs rounded once: a float32 bucket of the same group fed the widened
+// inputs, at every step, for a dense, a pattern B and a pattern A compressor.
+TEST(HalfMerged, RoundedOnceFromTheFloat32PathUnderEveryMerger) {
+  struct M {
+    MergerPolicy policy;
+    const char* name;
+  };
+  for (const M& merger : {M{MergerPolicy::kFixed, "fixed"}, M{MergerPolicy::kOmgs, "omgs"},
+                          M{MergerPolicy::kRgmerge, "rgmerge"}}) {
+    for (const char* compressor : {"dense", "topk", "micro"}) {
+      for (DType t : {DType::kBFloat16, DType::kFloat16}) {
+        SCOPED_TRACE(absl::StrCat(merger.name, " ", compressor, " ", DTypeName(t)));
+        EngineClusterOptions o;
+        o.nodes = kNodes;
+        o.trainers = kTrainers;
+        o.hub_timeout = absl::Seconds(30);
+        o.engine.shm_tag = "halftest";
+        o.engine.merger = merger.policy;
+        o.engine.dense_fallback = DenseFallback::kOff;
+        o.engine.min_sparse_elements = 0;
+        EngineCluster cluster(o);
+        ASSERT_TRUE(cluster.status().ok()) << cluster.status();
+        std::atomic<int> not_rounded_once{0}, nonzero{0};
+        std::vector<std::string> errors(kNodes * kTrainers);
+        cluster.ForEachTrainer([&](int r, int k) {
+          std::string& err = errors[r * kTrainers + k];
+          auto tr = Trainer::Open(&cluster.engine(r), k, kTrainers);
+          if (!tr.ok()) return void(err = tr.status().ToString());
+          auto g1 = tr->Register(1, kN, compressor, kDensity, {{"dtype", DTypeName(t)}});
+          if (!g1.ok()) return void(err = g1.status().ToString());
+          auto g2 = tr->Register(2, kN, compressor, kDensity);
+          if (!g2.ok()) return void(err = g2.status().ToString());
+          uint16_t* in1 = HalfAt(*tr, 1, tr->grant(1).input_offset);
+          const uint16_t* out1 = HalfAt(*tr, 1, tr->grant(1).output_offset);
+          const float* out2 = tr->output(2);
+          for (int s = 0; s < kSteps; ++s) {
+            for (size_t i = 0; i < kN; ++i) in1[i] = HalfValue(t, r, k, s, i);
+            tr->Fill(2, [&](size_t i) { return HalfToFloat(t, HalfValue(t, r, k, s, i)); });
+            auto rec1 = tr->Exchange(1, s, absl::Seconds(30));
+            auto rec2 = tr->Exchange(2, s, absl::Seconds(30));
+            for (const auto* rec : {&rec1, &rec2}) {
+              if (!rec->ok()) return void(err = rec->status().ToString());
+            }
+            for (size_t i = 0; i < kN; ++i) {
+              not_rounded_once += out1[i] != FloatToHalf(t, out2[i]);
+              nonzero += out2[i] != 0;
+            }
+          }
+        });
+        for (const std::string& e : errors) EXPECT_EQ(e, "");
+        EXPECT_EQ(not_rounded_once.load(), 0)
+            << "merged half outputs differing from the float32 path's result rounded once";
+        EXPECT_GT(nonzero.load(), 0);
+      }
+    }
+  }
 }
 
 TEST(HalfEngineErrors, ANaNInAHalfInputFailsTheStepNamingTheTrainer) {
