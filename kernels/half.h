@@ -106,7 +106,8 @@ size_t SumWidenNarrow(DType t, uint16_t* y, const float* acc, const uint16_t* co
 // The wire's rounding kept in an error-feedback residual (docs/dtypes.md), at `count` distinct
 // positions: acc[idx[j]] = v - float(round_t(v)), where v = val[j] (pattern B: the selected
 // values, whose positions the selection zeroed) or, with val == nullptr, acc[idx[j]] itself
-// (pattern A: acc at the union, all of which was sent). Bit for bit the scalar formula.
+// (pattern A: acc at the union, all of which was sent). Bit for bit the scalar formula; the
+// conversion is vectorised, the loads and stores at idx go lane by lane.
 void KeepRounding(DType t, float* acc, const uint32_t* idx, const float* val, size_t count);
 // Name of the Highway target these passes run on.
 const char* TargetName();
