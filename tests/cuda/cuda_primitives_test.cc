@@ -463,8 +463,8 @@ TEST_P(DevicePrimitivesTest, HalfPassesEqualKernelsHalf) {
       for (bool with_acc : {false, true}) {
         for (float a : {1.0f, 0.25f, 1.0f / 3}) {
           for (bool check : {false, true}) {
-            SCOPED_TRACE(::testing::Message() << "n=" << n << " acc=" << with_acc << " a=" << a
-                                              << " check=" << check);
+            SCOPED_TRACE(::testing::Message()
+                         << "n=" << n << " acc=" << with_acc << " a=" << a << " check=" << check);
             const int count = with_acc ? 2 : 3;  // with the residual: the first two inputs
             const uint16_t* host_xs[3] = {in[0].data(), in[1].data(), in[2].data()};
             std::vector<float> y_want = acc0;  // in place over acc when with_acc
