@@ -18,6 +18,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/primitives.h"
+#include "tests/support/forwarding_primitives.h"
 
 namespace spex {
 namespace {
@@ -132,49 +133,15 @@ TEST(HistogramEdge, DefaultAbsHistogramEdgeMatchesItsBins) {
 // A device without an AbsHistogramEdge of its own (the default's device branch): the CPU
 // primitives claiming Device::kCuda, counting what they copy to the host. The default counts the
 // bins in AllocScratch memory and copies back the bins from first_bin on.
-class DeviceWithoutEdge final : public Primitives {
+class DeviceWithoutEdge final : public test::ForwardingPrimitives {
  public:
-  DeviceWithoutEdge() : p_(MakeCpuPrimitives(1)) {}
+  DeviceWithoutEdge() : ForwardingPrimitives(MakeCpuPrimitives(1)) {}
   uint64_t to_host = 0;
   Device device() const override { return Device::kCuda; }
-  void Accumulate(float* y, const float* x, size_t n) override { p_->Accumulate(y, x, n); }
-  void Scale(float* x, float a, size_t n) override { p_->Scale(x, a, n); }
-  size_t CountAbove(const float* x, size_t n, float t) override { return p_->CountAbove(x, n, t); }
-  size_t SelectAbove(float* x, size_t b, size_t e, float t, bool z, uint32_t* i, float* v,
-                     size_t c) override {
-    return p_->SelectAbove(x, b, e, t, z, i, v, c);
-  }
-  size_t AddSelectAbove(float* acc, const float* add, size_t b, size_t e, float t, bool z,
-                        uint32_t* i, float* v, size_t c) override {
-    return p_->AddSelectAbove(acc, add, b, e, t, z, i, v, c);
-  }
-  size_t TopK(const float* x, size_t n, size_t k, uint32_t* i, float* v) override {
-    return p_->TopK(x, n, k, i, v);
-  }
-  AbsMoments Moments(const float* x, size_t n, float lb) override { return p_->Moments(x, n, lb); }
-  void Sample(const float* x, size_t n, size_t m, uint64_t seed, float* out) override {
-    p_->Sample(x, n, m, seed, out);
-  }
-  absl::Status ScatterAdd(float* y, size_t n, const uint32_t* i, const float* v,
-                          size_t m) override {
-    return p_->ScatterAdd(y, n, i, v, m);
-  }
-  absl::Status Gather(const float* x, size_t n, const uint32_t* i, size_t m, float* out) override {
-    return p_->Gather(x, n, i, m, out);
-  }
-  absl::Status ZeroAt(float* x, size_t n, const uint32_t* i, size_t m) override {
-    return p_->ZeroAt(x, n, i, m);
-  }
-  void AbsHistogram16(const float* x, size_t b, size_t e, uint32_t* bins) override {
-    p_->AbsHistogram16(x, b, e, bins);
-  }
   absl::Status CopyToHost(void* dst, const void* src, size_t bytes) override {
     to_host += bytes;
-    return p_->CopyToHost(dst, src, bytes);
+    return inner()->CopyToHost(dst, src, bytes);
   }
-
- private:
-  std::unique_ptr<Primitives> p_;
 };
 
 TEST(HistogramEdge, TheDefaultOnADeviceCopiesTheBinsBackAndAgrees) {

@@ -17,6 +17,7 @@
 #include "kernels/compressor.h"
 #include "kernels/reference/reference_primitives.h"
 #include "tests/support/engine_cluster.h"
+#include "tests/support/forwarding_primitives.h"
 
 namespace spex {
 namespace {
@@ -47,56 +48,30 @@ absl::Status Injected(const char* where) {
 }
 
 // The reference primitives, with SumScaled and Health breakable on one node.
-class FaultyPrimitives : public Primitives {
+class FaultyPrimitives : public test::ForwardingPrimitives {
  public:
   FaultyPrimitives(Injector* inj, bool faulty)
-      : p_(MakeReferencePrimitives()), inj_(inj), faulty_(faulty) {}
-  Device device() const override { return p_->device(); }
-  void Accumulate(float* y, const float* x, size_t n) override { p_->Accumulate(y, x, n); }
-  void Scale(float* x, float a, size_t n) override { p_->Scale(x, a, n); }
+      : ForwardingPrimitives(MakeReferencePrimitives()), inj_(inj), faulty_(faulty) {}
   absl::Status SumScaled(float* y, const float* const* xs, int count, float a, size_t n) override {
-    absl::Status s = p_->SumScaled(y, xs, count, a, n);
+    absl::Status s = inner()->SumScaled(y, xs, count, a, n);
     if (faulty_ && inj_->Take(Fault::kReduce)) return Injected("SumScaled");
     return s;
-  }
-  size_t CountAbove(const float* x, size_t n, float t) override { return p_->CountAbove(x, n, t); }
-  size_t SelectAbove(float* x, size_t b, size_t e, float t, bool z, uint32_t* i, float* v,
-                     size_t c) override {
-    return p_->SelectAbove(x, b, e, t, z, i, v, c);
-  }
-  size_t AddSelectAbove(float* acc, const float* add, size_t b, size_t e, float t, bool z,
-                        uint32_t* i, float* v, size_t c) override {
-    return p_->AddSelectAbove(acc, add, b, e, t, z, i, v, c);
-  }
-  size_t TopK(const float* x, size_t n, size_t k, uint32_t* i, float* v) override {
-    return p_->TopK(x, n, k, i, v);
-  }
-  AbsMoments Moments(const float* x, size_t n, float lb) override { return p_->Moments(x, n, lb); }
-  void Sample(const float* x, size_t n, size_t m, uint64_t seed, float* out) override {
-    p_->Sample(x, n, m, seed, out);
   }
   absl::Status ScatterAdd(float* y, size_t n, const uint32_t* i, const float* v,
                           size_t m) override {
     if (faulty_ && inj_->Take(Fault::kScatterAdd)) return Injected("ScatterAdd");
-    return p_->ScatterAdd(y, n, i, v, m);
+    return inner()->ScatterAdd(y, n, i, v, m);
   }
   absl::Status Gather(const float* x, size_t n, const uint32_t* i, size_t m, float* out) override {
     if (faulty_ && inj_->Take(Fault::kGather)) return Injected("Gather");
-    return p_->Gather(x, n, i, m, out);
-  }
-  absl::Status ZeroAt(float* x, size_t n, const uint32_t* i, size_t m) override {
-    return p_->ZeroAt(x, n, i, m);
-  }
-  void AbsHistogram16(const float* x, size_t b, size_t e, uint32_t* bins) override {
-    p_->AbsHistogram16(x, b, e, bins);
+    return inner()->Gather(x, n, i, m, out);
   }
   absl::Status Health() const override {
     if (faulty_ && inj_->Take(Fault::kHealth)) return Injected("device health");
-    return p_->Health();
+    return inner()->Health();
   }
 
  private:
-  std::unique_ptr<Primitives> p_;
   Injector* inj_;
   bool faulty_;
 };

@@ -20,6 +20,7 @@
 #include "kernels/cpu/cpu_primitives.h"
 #include "kernels/error_feedback.h"
 #include "kernels/primitives.h"
+#include "tests/support/forwarding_primitives.h"
 
 namespace spex {
 namespace {
@@ -375,43 +376,10 @@ TEST(Registry, RejectsBadSpecsWithWhatIsAccepted) {
 }
 
 // CPU primitives that claim to be a GPU's.
-class DevicePrimitives : public Primitives {
+class DevicePrimitives : public test::ForwardingPrimitives {
  public:
+  DevicePrimitives() : ForwardingPrimitives(MakeCpuPrimitives(1)) {}
   Device device() const override { return Device::kCuda; }
-  void Accumulate(float* y, const float* x, size_t n) override { p_->Accumulate(y, x, n); }
-  void Scale(float* x, float a, size_t n) override { p_->Scale(x, a, n); }
-  size_t CountAbove(const float* x, size_t n, float t) override { return p_->CountAbove(x, n, t); }
-  size_t SelectAbove(float* x, size_t b, size_t e, float t, bool z, uint32_t* i, float* v,
-                     size_t c) override {
-    return p_->SelectAbove(x, b, e, t, z, i, v, c);
-  }
-  size_t AddSelectAbove(float* a, const float* d, size_t b, size_t e, float t, bool z, uint32_t* i,
-                        float* v, size_t c) override {
-    return p_->AddSelectAbove(a, d, b, e, t, z, i, v, c);
-  }
-  size_t TopK(const float* x, size_t n, size_t k, uint32_t* i, float* v) override {
-    return p_->TopK(x, n, k, i, v);
-  }
-  AbsMoments Moments(const float* x, size_t n, float lb) override { return p_->Moments(x, n, lb); }
-  void Sample(const float* x, size_t n, size_t m, uint64_t s, float* o) override {
-    p_->Sample(x, n, m, s, o);
-  }
-  absl::Status ScatterAdd(float* y, size_t n, const uint32_t* i, const float* v,
-                          size_t m) override {
-    return p_->ScatterAdd(y, n, i, v, m);
-  }
-  absl::Status Gather(const float* x, size_t n, const uint32_t* i, size_t m, float* o) override {
-    return p_->Gather(x, n, i, m, o);
-  }
-  absl::Status ZeroAt(float* x, size_t n, const uint32_t* i, size_t m) override {
-    return p_->ZeroAt(x, n, i, m);
-  }
-  void AbsHistogram16(const float* x, size_t b, size_t e, uint32_t* bins) override {
-    p_->AbsHistogram16(x, b, e, bins);
-  }
-
- private:
-  std::unique_ptr<Primitives> p_ = MakeCpuPrimitives(1);
 };
 
 // Every sparse compressor runs on device scratch and is built on device primitives (their device
