@@ -1,26 +1,14 @@
 // Grid-stride kernels for the elementwise, indexed and histogram primitives (see kernels.h).
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cstdint>
 
+#include "kernels/cuda/grid.h"
 #include "kernels/cuda/kernels.h"
 
 namespace spex {
 namespace gpu {
 namespace {
-
-__device__ __forceinline__ size_t ThreadIndex() {
-  return static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-}
-__device__ __forceinline__ size_t GridStride() {
-  return static_cast<size_t>(gridDim.x) * blockDim.x;
-}
-
-unsigned Blocks(const Launch& l, size_t work) {
-  const size_t needed = (work + kBlock - 1) / kBlock;
-  return static_cast<unsigned>(std::max<size_t>(1, std::min<size_t>(needed, l.max_blocks)));
-}
 
 __global__ void AccumulateKernel(float* __restrict__ y, const float* __restrict__ x, size_t n) {
   for (size_t i = ThreadIndex(); i < n; i += GridStride()) y[i] += x[i];

@@ -5,27 +5,15 @@
 // of the CPU pass, so results equal the CPU path's bit for bit.
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cstdint>
 
+#include "kernels/cuda/grid.h"
 #include "kernels/cuda/half_math.h"
 #include "kernels/cuda/kernels.h"
 
 namespace spex {
 namespace gpu {
 namespace {
-
-__device__ __forceinline__ size_t ThreadIndex() {
-  return static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-}
-__device__ __forceinline__ size_t GridStride() {
-  return static_cast<size_t>(gridDim.x) * blockDim.x;
-}
-
-unsigned Blocks(const Launch& l, size_t work) {
-  const size_t needed = (work + kBlock - 1) / kBlock;
-  return static_cast<unsigned>(std::max<size_t>(1, std::min<size_t>(needed, l.max_blocks)));
-}
 
 template <bool kBf16>
 __global__ void SumWidenHalfKernel(float* y, const float* acc, HalfInputs in, bool scale, float a,
