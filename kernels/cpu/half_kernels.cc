@@ -32,12 +32,12 @@ HWY_INLINE hn::Vec<DF> WidenBits(hn::Vec<DU> h);
 // N half values at p, widened to float lanes.
 template <bool kBf16>
 HWY_INLINE hn::Vec<DF> LoadWiden(const uint16_t* p) {
-  const DF df;
   const DU du;
   const DH dh;
 #if HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL || \
     HWY_TARGET == HWY_AVX3_ZEN4
   if (!kBf16) {  // F16C's vcvtph2ps: exact, NaN quieted with its payload (as F16ToFloat)
+    const DF df;
     const hn::Rebind<hwy::float16_t, DF> df16;
     return hn::PromoteTo(df, hn::LoadU(df16, reinterpret_cast<const hwy::float16_t*>(p)));
   }
