@@ -239,7 +239,7 @@ class SpexHookState:
                     raise SpexValueError(f"momentum_correction needs a sparse compressor, but spexd runs DDP bucket "
                                          f"{index} dense (its default compressor): pass compressor= (e.g. "
                                          f"'micro'), or drop momentum_correction and use the optimiser's momentum")
-                self._u[index] = torch.zeros(sig[0], dtype=torch.float32, device=grad_bucket.buffer().device)
+                self._u[index] = torch.zeros(sig[0], dtype=torch.float32, device=where)
             if self._pending is not None:
                 self._apply_pending(index, b, grad_bucket)
         elif self._sigs[index] != sig:
