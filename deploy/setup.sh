@@ -36,6 +36,8 @@ PKGS=(
   systemd
   # spexrun's ssh path, tested for real against sshd inside emulated hosts (tests/python/spexrun_test.py)
   openssh-server openssh-client
+  # scale simulation (bench/scale: smpicxx, smpirun of SimGrid SMPI)
+  libsimgrid-dev
 )
 
 missing=()
