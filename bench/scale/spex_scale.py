@@ -1,0 +1,399 @@
+#!/usr/bin/python3
+"""How spex's exchange scales (docs/scale.md): its own exchange code on simulated clusters
+(SimGrid SMPI), the peers' collectives in the same simulation, and the cost model behind the
+choice of exchange.
+
+    python3 bench/scale/spex_scale.py whatif --nodes 256 --gbps 10 --latency-us 5 --model resnet50 --density 0.01
+    python3 bench/scale/spex_scale.py whatif ... --simulate        # also simulate (minutes at 256+)
+    python3 bench/scale/spex_scale.py sweep --out bench/results/scale_sweep.json [--max-nodes 1024]
+    python3 bench/scale/spex_scale.py plot bench/results/scale_sweep.json --out docs/scale_star.png
+
+The harness (bench/scale/scale_harness.cc) is built by bench/scale/build.sh with smpicxx; every
+simulated rank runs spex's real collective, control round, commit vote and exchange code, or a
+stand-in with the same MPI calls and byte counts where the real code's memory grows as P^2.
+Simulated times are deterministic: one step per configuration is enough.
+"""
+import argparse
+import csv
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+DEFAULT_OUT = os.path.join(HERE, "out")
+
+TOPOLOGIES = ("star", "fattree", "fattree2", "fattree4")  # fattreeN: N:1 oversubscribed leaves
+LEAF = 8  # hosts per leaf switch of the fat-trees
+
+
+def build(out=DEFAULT_OUT):
+    """Builds (or brings up to date) the harness and the cost model's front; returns out."""
+    subprocess.run(["bash", os.path.join(HERE, "build.sh"), out], check=True, cwd=REPO)
+    return out
+
+
+def platform_xml(topology, nodes, gbps, link_latency_us):
+    """A SimGrid platform of `nodes` hosts node-0.. with links of gbps Gbit/s and
+    link_latency_us us each way (a star's route crosses 2 links, a fat-tree's up to 4)."""
+    if topology not in TOPOLOGIES:
+        raise ValueError(f"topology must be one of {', '.join(TOPOLOGIES)}, not {topology!r}")
+    common = (f'prefix="node-" suffix="" radical="0-{nodes - 1}" speed="1Gf" bw="{gbps}Gbps" '
+              f'lat="{link_latency_us}us" sharing_policy="SPLITDUPLEX"')
+    if topology == "star" or nodes <= LEAF:
+        # Every node's own full-duplex link to one non-blocking switch (no backbone).
+        cluster = f'<cluster id="c" {common}/>'
+    else:
+        if nodes % LEAF:
+            raise ValueError(f"a fat-tree needs a multiple of {LEAF} nodes, not {nodes}")
+        over = {"fattree": 1, "fattree2": 2, "fattree4": 4}[topology]
+        up = LEAF // over  # uplinks per leaf switch (= top switches)
+        leaves = nodes // LEAF
+        cluster = (f'<cluster id="c" {common} topology="FAT_TREE" '
+                   f'topo_parameters="2;{LEAF},{leaves};1,{up};1,1"/>')
+    return ("<?xml version='1.0'?>\n"
+            '<!DOCTYPE platform SYSTEM "https://simgrid.org/simgrid.dtd">\n'
+            f'<platform version="4.1">\n  {cluster}\n</platform>\n')
+
+
+def simulate(nodes, op, elements, density=0.01, gbps=10, link_latency_us=2, topology="star",
+             wire="float32", steps=1, factors="off", control=True, psgd=None, idx_file=None,
+             out=DEFAULT_OUT, timeout=None):
+    """Runs the harness under smpirun; returns its JSON (times are simulated seconds) with the
+    run's wall time (wall_s) and its conditions added."""
+    with tempfile.TemporaryDirectory(prefix="spex_scale_") as tmp:
+        plat = os.path.join(tmp, "platform.xml")
+        hosts = os.path.join(tmp, "hosts")
+        with open(plat, "w") as f:
+            f.write(platform_xml(topology, nodes, gbps, link_latency_us))
+        with open(hosts, "w") as f:
+            f.write("".join(f"node-{i}\n" for i in range(nodes)))
+        cmd = ["smpirun", "-np", str(nodes), "-platform", plat, "-hostfile", hosts,
+               "--cfg=smpi/coll-selector:ompi", "--cfg=smpi/simulate-computation:no",
+               "--cfg=smpi/shared-malloc:local", "--log=root.thres:critical",
+               "--log=smpi_colls.thres:error"]
+        if nodes >= 1024:
+            # The neighbour-exchange all-gather packs indexed datatypes into gigabytes of private
+            # memory at 1,024 ranks; the ring has the same bandwidth term.
+            cmd.append("--cfg=smpi/allgatherv:mpich_ring")
+        if factors == "off":
+            cmd += ["--cfg=smpi/bw-factor:0:1", "--cfg=smpi/lat-factor:0:1",
+                    "--cfg=network/crosstraffic:0"]
+        elif factors != "default":
+            cmd += list(factors)  # calibrated: the caller's --cfg options
+        cmd += [os.path.join(out, "scale_harness"), f"--op={op}", f"--n={elements}",
+                f"--density={density}", f"--wire={wire}", f"--steps={steps}",
+                f"--control={1 if control else 0}"]
+        if psgd:
+            cmd.append("--psgd=" + ",".join(str(int(x)) for x in psgd))
+        if idx_file:
+            cmd.append(f"--idx_file={idx_file}")
+        t0 = time.time()
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=tmp)
+        wall = time.time() - t0
+    lines = [l for l in r.stdout.splitlines() if l.startswith("{")]
+    if r.returncode != 0 or not lines:
+        raise RuntimeError(f"smpirun failed ({r.returncode}): {' '.join(cmd)}\n{r.stderr[-3000:]}")
+    res = json.loads(lines[-1])
+    res.update(wall_s=round(wall, 2), topology=topology, gbps=gbps, link_latency_us=link_latency_us,
+               density=density, factors=factors if isinstance(factors, str) else "calibrated")
+    return res
+
+
+def step_time(res, step=None):
+    """Control round + exchange + commit vote of one step (the mean over steps when None)."""
+    steps = res["steps"] if step is None else [res["steps"][step]]
+    return sum(s["control_s"] + s["exchange_s"] + s["vote_s"] for s in steps) / len(steps)
+
+
+def oktopk_time(res, recompute_every=32):
+    """Ok-Topk's time per exchange averaged over its cycle: step 0 is exact (histograms), the
+    others use the threshold."""
+    exact = step_time(res, 0)
+    rest = step_time(res, 1) if len(res["steps"]) > 1 else exact
+    return (exact + (recompute_every - 1) * rest) / recompute_every
+
+
+def model(nodes, gbps, latency_us, elements, k, value_bytes=4, skew=1.0, control=True,
+          out=DEFAULT_OUT):
+    """The cost model (daemon/engine/exchange_cost.h); latency_us is node to node."""
+    r = subprocess.run([os.path.join(out, "exchange_cost"), str(nodes), str(gbps), str(latency_us),
+                        str(elements), str(k), str(value_bytes), str(skew), "1" if control else "0"],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        raise ValueError(r.stderr.strip())
+    return json.loads(r.stdout)
+
+
+# Layer shapes, for PowerSGD's matrices and the buckets' sizes.
+def resnet50_shapes():
+    """torchvision's ResNet-50 (as bench/resnet50_profile.py builds it): 25,557,032 parameters."""
+    shapes = [(64, 3, 7, 7), (64,), (64,)]
+    cin = 64
+    for width, blocks, stride in ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2)):
+        for b in range(blocks):
+            cout = 4 * width
+            shapes += [(width, cin, 1, 1), (width,), (width,), (width, width, 3, 3), (width,), (width,),
+                       (cout, width, 1, 1), (cout,), (cout,)]
+            if b == 0:
+                shapes += [(cout, cin, 1, 1), (cout,), (cout,)]
+            cin = cout
+    return shapes + [(1000, 2048), (1000,)]
+
+
+def mlp_shapes(hidden=3200):
+    """The main job's MLP (deploy/train_digits.py): 64-3200-3200-10, 10,479,210 parameters."""
+    return [(hidden, 64), (hidden,), (hidden, hidden), (hidden,), (10, hidden), (10,)]
+
+
+MODELS = {"resnet50": resnet50_shapes, "mlp": mlp_shapes}
+
+
+def numel(shape):
+    return math.prod(shape)
+
+
+def powersgd_sizes(shapes, rank):
+    """PyTorch's powerSGD_hook per bucket: tensors of one dimension, and matrices whose
+    compression would not halve them (min_compression_rate 2), are all-reduced uncompressed;
+    every other tensor, viewed as (shape[0], rest), sends P (rows x rank) and Q (cols x rank).
+    Returns the floats of the three all-reduces (uncompressed, all P, all Q)."""
+    u = p = q = 0
+    for s in shapes:
+        if len(s) < 2:
+            u += numel(s)
+            continue
+        m, n = s[0], numel(s[1:])
+        r = min(rank, m, n)
+        if (m + n) * r * 2 > m * n:
+            u += m * n
+        else:
+            p += m * r
+            q += n * r
+    return u, p, q
+
+
+PEER_OPS = ("ddp", "ddp_fp16", "powersgd1", "powersgd4")
+
+
+def simulate_point(nodes, elements, density, gbps, link_latency_us, topology="star", shapes=None,
+                   ops=("dense", "gather", "oktopk") + PEER_OPS, real_gather_max=16, out=DEFAULT_OUT,
+                   factors="off", timeout=None, log=None):
+    """Every exchange and peer at one point; returns {op: seconds per exchange}, with the
+    harness's records under 'runs'."""
+    times, runs = {}, []
+    for op in ops:
+        kw = dict(nodes=nodes, elements=elements, density=density, gbps=gbps,
+                  link_latency_us=link_latency_us, topology=topology, factors=factors, out=out,
+                  timeout=timeout)
+        if op == "gather":
+            # The real code keeps every node's chunk on every node (P^2 memory): the stand-in
+            # beyond real_gather_max nodes (the suite checks the two agree).
+            r = simulate(op="gather" if nodes <= real_gather_max else "gather_standin", **kw)
+            t = step_time(r)
+        elif op == "oktopk":
+            r = simulate(op="oktopk", steps=2, **kw)
+            t = oktopk_time(r)
+        elif op in ("ddp", "ddp_fp16", "dense"):
+            r = simulate(op=op, **kw)
+            t = step_time(r)
+        elif op.startswith("powersgd"):
+            rank = int(op[len("powersgd"):])
+            sizes = powersgd_sizes(shapes or [(elements,)], rank)
+            r = simulate(op="powersgd", psgd=sizes, **kw)
+            t = step_time(r)
+        else:
+            raise ValueError(op)
+        r["what"] = op
+        runs.append(r)
+        times[op] = t
+        if log:
+            log(f"  P={nodes} {topology} {gbps} Gbit/s {link_latency_us} us {op}: {t * 1e3:.3f} ms "
+                f"(simulated in {r['wall_s']} s)")
+    return {"times": times, "runs": runs}
+
+
+def cmd_whatif(a):
+    out = build(a.build_dir)
+    if a.model:
+        shapes = MODELS[a.model]()
+        elements = sum(numel(s) for s in shapes)
+    else:
+        if not a.elements:
+            sys.exit("whatif: give --model (resnet50, mlp) or --elements")
+        shapes, elements = [(a.elements,)], a.elements
+    k = max(1, int(a.density * elements))
+    buckets = max(1, a.buckets)
+    per = -(-elements // buckets)
+    kb = max(1, int(a.density * per))
+    vb = 2 if a.values in ("bfloat16", "float16") else 4
+    try:
+        m = model(a.nodes, a.gbps, a.latency_us, per, kb, vb, a.skew, True, out)
+    except ValueError as e:
+        sys.exit(f"whatif: {e}")
+    print(f"spex on {a.nodes} nodes, {a.gbps} Gbit/s, {a.latency_us} us node to node; "
+          f"{elements:,} elements in {buckets} bucket(s), density {a.density} (k = {k:,}), "
+          f"{a.values} values")
+    print("cost model (per step, all buckets; control round and commit vote included):")
+    for name in ("dense", "allgather", "oktopk"):
+        print(f"  {name:10s} {m[name + '_s'] * buckets * 1e3:10.3f} ms")
+    print(f"  auto picks {m['best']} (control round + vote: {m['control_s'] * buckets * 1e3:.3f} ms)")
+    result = {"inputs": vars(a), "elements": elements, "k": k, "model": m}
+    if a.simulate:
+        if a.nodes > 1024:
+            sys.exit("whatif --simulate: at most 1,024 nodes")
+        print("simulating (SimGrid SMPI, star, factors off; minutes from 256 nodes on)...")
+        # A star's route crosses two links: each gets half the node-to-node latency.
+        sim = simulate_point(a.nodes, per, a.density, a.gbps, a.latency_us / 2, "star", shapes,
+                             out=out, log=print)
+        for name, t in sim["times"].items():
+            print(f"  {name:10s} {t * buckets * 1e3:10.3f} ms (simulated)")
+        result["simulated"] = sim
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+def sweep_points(a):
+    pts = []
+    nodes = [p for p in (2, 4, 8, 16, 32, 64, 128, 256, 512, 1024) if p <= a.max_nodes]
+    for topo in a.topologies.split(","):
+        for gbps in [float(x) for x in a.rates.split(",")]:
+            for lat in [float(x) for x in a.latencies.split(",")]:
+                for p in nodes:
+                    if topo != "star" and p <= LEAF:
+                        continue  # one leaf: the star
+                    pts.append((topo, gbps, lat, p))
+    return pts
+
+
+def cmd_sweep(a):
+    out = build(a.build_dir)
+    shapes = MODELS[a.model]()
+    elements = sum(numel(s) for s in shapes) if not a.elements else a.elements
+    k = max(1, int(a.density * elements))
+    rows, done = [], set()
+    if a.resume and os.path.exists(a.out):
+        with open(a.out) as f:
+            rows = json.load(f)["points"]
+        done = {(r["topology"], r["gbps"], r["link_latency_us"], r["nodes"]) for r in rows}
+    t_start = time.time()
+    for topo, gbps, lat, p in sweep_points(a):
+        if (topo, gbps, lat, p) in done:
+            continue
+        if a.budget_s and time.time() - t_start > a.budget_s:
+            print(f"sweep: budget of {a.budget_s} s spent; the rest is not simulated")
+            break
+        sim = simulate_point(p, elements, a.density, gbps, lat, topo, shapes, out=out,
+                             real_gather_max=a.real_gather_max, log=print)
+        m = model(p, gbps, 2 * lat, elements, k, 4, 1.0, True, out)  # star: 2 links a route
+        t = sim["times"]
+        best = min(("dense", "allgather", "oktopk"),
+                   key=lambda x: t["gather" if x == "allgather" else x])
+        tb = t["gather" if best == "allgather" else best]
+        chosen = t["gather" if m["best"] == "allgather" else m["best"]]
+        rows.append({"topology": topo, "gbps": gbps, "link_latency_us": lat, "nodes": p,
+                     "elements": elements, "k": k, "density": a.density, "times_s": t,
+                     "model_s": m, "best": best, "auto": m["best"],
+                     "auto_over_best": chosen / tb, "runs": sim["runs"]})
+        with open(a.out, "w") as f:
+            json.dump({"model": a.model, "elements": elements, "density": a.density,
+                       "points": rows}, f, indent=1)
+    csv_path = os.path.splitext(a.out)[0] + ".csv"
+    with open(csv_path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["topology", "gbps", "link_latency_us", "nodes", "dense_s", "gather_s", "oktopk_s",
+                    "ddp_s", "ddp_fp16_s", "powersgd1_s", "powersgd4_s", "model_dense_s",
+                    "model_allgather_s", "model_oktopk_s", "best", "auto", "auto_over_best"])
+        for r in rows:
+            t, m = r["times_s"], r["model_s"]
+            w.writerow([r["topology"], r["gbps"], r["link_latency_us"], r["nodes"]] +
+                       [f"{t[x]:.6g}" for x in ("dense", "gather", "oktopk", "ddp", "ddp_fp16",
+                                                "powersgd1", "powersgd4")] +
+                       [f"{m[x]:.6g}" for x in ("dense_s", "allgather_s", "oktopk_s")] +
+                       [r["best"], r["auto"], f"{r['auto_over_best']:.4f}"])
+    worst = max(rows, key=lambda r: r["auto_over_best"]) if rows else None
+    if worst:
+        print(f"sweep: {len(rows)} points; auto's choice over the best: worst "
+              f"{worst['auto_over_best']:.3f} at P={worst['nodes']} {worst['topology']} "
+              f"{worst['gbps']} Gbit/s {worst['link_latency_us']} us")
+    print(f"sweep: {a.out}, {csv_path}")
+
+
+def cmd_plot(a):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    with open(a.sweep) as f:
+        data = json.load(f)
+    pts = [p for p in data["points"] if p["topology"] == a.topology]
+    keys = sorted({(p["gbps"], p["link_latency_us"]) for p in pts})
+    fig, axes = plt.subplots(1, len(keys), figsize=(5 * len(keys), 4.2), squeeze=False)
+    for ax, (gbps, lat) in zip(axes[0], keys):
+        sel = sorted((p for p in pts if p["gbps"] == gbps and p["link_latency_us"] == lat),
+                     key=lambda p: p["nodes"])
+        xs = [p["nodes"] for p in sel]
+        for op, label, style in (("dense", "spex dense", "k-"), ("gather", "spex all-gather", "r-o"),
+                                 ("oktopk", "spex Ok-Topk", "b-s"), ("ddp", "DDP ring fp32", "k:"),
+                                 ("ddp_fp16", "DDP fp16", "g:"), ("powersgd1", "PowerSGD r=1", "m--"),
+                                 ("powersgd4", "PowerSGD r=4", "c--")):
+            ax.plot(xs, [p["times_s"][op] for p in sel], style, label=label, markersize=3)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("nodes P")
+        ax.set_ylabel("simulated seconds per exchange")
+        ax.set_title(f"{a.topology}, {gbps:g} Gbit/s, {lat:g} us/link")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(f"{data['model']}: {data['elements']:,} elements, density {data['density']}")
+    fig.tight_layout()
+    fig.savefig(a.out, dpi=90)
+    print(f"plot: {a.out}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--build-dir", default=DEFAULT_OUT)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    w = sub.add_parser("whatif", help="what would spex do on my cluster")
+    w.add_argument("--nodes", type=int, required=True)
+    w.add_argument("--gbps", type=float, required=True, help="each node's link, Gbit/s")
+    w.add_argument("--latency-us", type=float, default=5.0, help="one-way node-to-node latency")
+    w.add_argument("--model", choices=sorted(MODELS), help="layer shapes (n and PowerSGD's sizes)")
+    w.add_argument("--elements", type=int, help="the gradient's elements (instead of --model)")
+    w.add_argument("--buckets", type=int, default=1, help="equal buckets the gradient is cut into")
+    w.add_argument("--density", type=float, default=0.01)
+    w.add_argument("--values", choices=("float32", "bfloat16", "float16"), default="float32")
+    w.add_argument("--skew", type=float, default=1.0,
+                   help="Ok-Topk's busiest region over the mean (1: uniform selections)")
+    w.add_argument("--simulate", action="store_true", help="also simulate (star, factors off)")
+    w.add_argument("--json", help="write the answer as JSON here")
+    w.set_defaults(fn=cmd_whatif)
+    s = sub.add_parser("sweep", help="the benchmark: simulate a grid of clusters")
+    s.add_argument("--out", required=True)
+    s.add_argument("--model", choices=sorted(MODELS), default="resnet50")
+    s.add_argument("--elements", type=int, help="bucket elements (default: the model's)")
+    s.add_argument("--density", type=float, default=0.01)
+    s.add_argument("--topologies", default="star")
+    s.add_argument("--rates", default="10,100", help="Gbit/s, comma-separated")
+    s.add_argument("--latencies", default="2", help="us per link, comma-separated")
+    s.add_argument("--max-nodes", type=int, default=64)
+    s.add_argument("--real-gather-max", type=int, default=16)
+    s.add_argument("--budget-s", type=float, default=0, help="stop starting points after this")
+    s.add_argument("--resume", action="store_true", help="keep the points already in --out")
+    s.set_defaults(fn=cmd_sweep)
+    p = sub.add_parser("plot", help="log-log plot of a sweep")
+    p.add_argument("sweep")
+    p.add_argument("--topology", default="star")
+    p.add_argument("--out", required=True)
+    p.set_defaults(fn=cmd_plot)
+    a = ap.parse_args()
+    a.fn(a)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,147 @@
+// The exchange cost model (exchange_cost.h): latency-bandwidth terms of the collectives each
+// exchange issues, in the order the engine issues them.
+#include "daemon/engine/exchange_cost.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+
+namespace spex {
+namespace {
+
+// ceil(log2(P)): the rounds of recursive doubling or halving.
+double Rounds(int nodes) {
+  return nodes > 1 ? std::ceil(std::log2(static_cast<double>(nodes))) : 0;
+}
+
+constexpr double kHeaderBytes = 48;       // a wire chunk's header (wire.h)
+constexpr double kControlBytes = 20 * 8;  // the control round's words (control_round.cc)
+constexpr double kVoteBytes = 3 * 8;      // the commit vote's words (agreement.cc)
+constexpr double kHistogramBytes = 256 * 8;
+
+}  // namespace
+
+const char* ExchangeChoiceName(ExchangeChoice c) {
+  switch (c) {
+    case ExchangeChoice::kDense:
+      return "dense";
+    case ExchangeChoice::kAllGather:
+      return "allgather";
+    case ExchangeChoice::kOkTopk:
+      return "oktopk";
+  }
+  return "?";
+}
+
+double ExchangeCosts::Of(ExchangeChoice c) const {
+  switch (c) {
+    case ExchangeChoice::kDense:
+      return dense_s;
+    case ExchangeChoice::kAllGather:
+      return allgather_s;
+    case ExchangeChoice::kOkTopk:
+      return oktopk_s;
+  }
+  return 0;
+}
+
+// Small buffers: recursive doubling (log2 P rounds of the whole buffer). Large ones:
+// Rabenseifner's reduce-scatter by recursive halving and all-gather by recursive doubling, which
+// moves 2 (P-1)/P of the buffer, as a ring does, in 2 log2 P rounds.
+double AllReduceTime(const LinkModel& link, int nodes, double bytes) {
+  if (nodes <= 1) return 0;
+  const double rounds = Rounds(nodes);
+  if (bytes < 8192) return rounds * (link.latency_s + bytes / link.bytes_per_s);
+  return 2 * rounds * link.latency_s + 2.0 * (nodes - 1) / nodes * bytes / link.bytes_per_s;
+}
+
+// The ring: P-1 rounds, each forwarding one node's block (the largest block sets a round's time).
+double AllGatherTime(const LinkModel& link, int nodes, double bytes_per_node) {
+  if (nodes <= 1) return 0;
+  if (bytes_per_node * nodes < 8192) {
+    return Rounds(nodes) * link.latency_s + (nodes - 1) * bytes_per_node / link.bytes_per_s;
+  }
+  return (nodes - 1) * (link.latency_s + bytes_per_node / link.bytes_per_s);
+}
+
+// Every pair's block at once (a linear all-to-all): the node's link carries P-1 blocks.
+double AllToAllTime(const LinkModel& link, int nodes, double bytes_per_pair) {
+  if (nodes <= 1) return 0;
+  return link.latency_s + (nodes - 1) * bytes_per_pair / link.bytes_per_s;
+}
+
+absl::Status CheckExchangeInputs(const LinkModel& link, const ExchangeShape& s) {
+  if (s.nodes < 1)
+    return absl::InvalidArgumentError(absl::StrCat("nodes must be >= 1, not ", s.nodes));
+  if (!(link.bytes_per_s > 0) || !std::isfinite(link.bytes_per_s)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the link rate must be positive and finite, not ", link.bytes_per_s, " B/s"));
+  }
+  if (!(link.latency_s >= 0) || !std::isfinite(link.latency_s)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the latency must be >= 0 and finite, not ", link.latency_s, " s"));
+  }
+  if (s.elements == 0) return absl::InvalidArgumentError("elements must be > 0");
+  if (s.k > s.elements) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("k (", s.k, ") must be <= elements (", s.elements, "): lower the density"));
+  }
+  if (s.value_bytes != 2 && s.value_bytes != 4) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "value_bytes must be 4 (float32) or 2 (bfloat16, float16), not ", s.value_bytes));
+  }
+  if (!(s.skew >= 1) || !std::isfinite(s.skew) || s.skew > s.nodes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "skew (the busiest Ok-Topk region's share over the mean) must be in [1, nodes], not ",
+        s.skew));
+  }
+  if (s.recompute_every < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("recompute_every must be >= 1, not ", s.recompute_every));
+  }
+  return absl::OkStatus();
+}
+
+ExchangeCosts EstimateExchange(const LinkModel& link, const ExchangeShape& s) {
+  ExchangeCosts c;
+  const int p = s.nodes;
+  const double n = static_cast<double>(s.elements), k = static_cast<double>(s.k);
+  const double pair = 4.0 + s.value_bytes;  // an (index, value) pair on the wire
+  if (s.control) {
+    c.control_s = AllReduceTime(link, p, kControlBytes) + AllReduceTime(link, p, kVoteBytes);
+  }
+  // Dense: one all-reduce of the bucket (float32: MPI_Allreduce; a half bucket: an all-to-all of
+  // n/P-value chunks and the all-gather of the owners' sums, the same volume as a ring).
+  if (s.value_bytes == 4) {
+    c.dense_s = AllReduceTime(link, p, 4.0 * n);
+  } else {
+    const double chunk = std::ceil(n / p) * s.value_bytes;
+    c.dense_s = AllToAllTime(link, p, chunk) + AllGatherTime(link, p, chunk);
+  }
+  // Pattern B: every node's count (an int), then every node's chunk to every node.
+  c.allgather_s = AllGatherTime(link, p, 4) + AllGatherTime(link, p, kHeaderBytes + k * pair);
+  // Ok-Topk: block sizes (all-to-all of ints), the selections by region (the busiest owner
+  // receives skew x k / P pairs from each node), the flags all-reduce (P + 1 int64), the kept
+  // entries' count and all-gather (about k float32 pairs over all owners, the busiest skew x k
+  // / P); the exact selection's 4 histogram all-reduces and tie-count all-gather once every
+  // recompute_every exchanges; the regions' re-agreement (every 64) is left out.
+  if (p > 1) {
+    const double region = s.skew * k / p;
+    c.oktopk_s = AllToAllTime(link, p, 4) + AllToAllTime(link, p, kHeaderBytes + region * pair) +
+                 AllReduceTime(link, p, 8.0 * (p + 1)) + AllGatherTime(link, p, 4) +
+                 AllGatherTime(link, p, kHeaderBytes + region * 8.0) +
+                 (4 * AllReduceTime(link, p, kHistogramBytes) + AllGatherTime(link, p, 8)) /
+                     s.recompute_every;
+  }
+  c.dense_s += c.control_s;
+  c.allgather_s += c.control_s;
+  c.oktopk_s += c.control_s;
+  c.best = ExchangeChoice::kDense;
+  for (ExchangeChoice e : {ExchangeChoice::kAllGather, ExchangeChoice::kOkTopk}) {
+    if (c.Of(e) < c.Of(c.best)) c.best = e;
+  }
+  return c;
+}
+
+}  // namespace spex

@@ -1,0 +1,63 @@
+// The cost model of one bucket's exchange on a cluster (docs/scale.md#the-cost-model): the time
+// of the dense all-reduce, the sparse all-gather (pattern B) and Ok-Topk for P nodes, n elements
+// and k selected per node on a link of a given rate and latency, each with the control round and
+// the commit vote every exchange pays. It exists so that a user (bench/scale/spex_scale.py
+// whatif) and the scale simulation can say which exchange wins where without running a cluster;
+// the SimGrid simulation of the real code (bench/scale) checks it.
+//
+// The terms follow the algorithms Open MPI's default decision (as SimGrid's ompi selector
+// copies it) picks: recursive doubling for small all-reduces and all-gathers, the ring for large
+// all-reduces and all-gathers, a linear all-to-all. A message costs latency + bytes / rate on a
+// full-duplex, non-blocking network (no oversubscription, no contention beyond the node's link).
+//
+// spexd does not use this model to decide: --dense_fallback=auto and --sparse_allreduce=auto
+// measure (they alternate the candidates for 2 x --probe_steps steps and keep the faster on the
+// slowest node). The model predicts what those probes find, for clusters one cannot measure.
+#pragma once
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+
+namespace spex {
+
+struct LinkModel {
+  double bytes_per_s = 1.25e9;  // each node's link, each direction (10 Gbit/s = 1.25e9)
+  double latency_s = 4e-6;      // one message from node to node (a star: twice a link's latency)
+};
+
+struct ExchangeShape {
+  int nodes = 2;             // P
+  uint64_t elements = 0;     // n, the bucket's elements
+  uint64_t k = 0;            // elements each node selects (pattern B), <= n
+  int value_bytes = 4;       // a value on the wire: 4 (float32), 2 (bfloat16, float16, fp16_values)
+  double skew = 1.0;         // Ok-Topk: the busiest region's selected entries over the mean (>= 1)
+  int recompute_every = 32;  // Ok-Topk: one exact selection (4 histogram all-reduces) every so many
+  bool control = true;       // count the control round and the commit vote
+};
+
+enum class ExchangeChoice { kDense, kAllGather, kOkTopk };
+const char* ExchangeChoiceName(ExchangeChoice c);  // "dense", "allgather", "oktopk"
+
+struct ExchangeCosts {
+  double control_s = 0;    // control round + commit vote (included in each total below)
+  double dense_s = 0;      // dense all-reduce of n values of value_bytes
+  double allgather_s = 0;  // pattern B: count all-gather + all-gatherv of (index, value) chunks
+  double oktopk_s = 0;     // Ok-Topk, topk global selection, averaged over recompute_every
+  ExchangeChoice best = ExchangeChoice::kDense;  // the cheapest (ties: dense, then allgather)
+  double Of(ExchangeChoice c) const;
+};
+
+// INVALID_ARGUMENT naming the field to fix: nodes < 1, rate or latency not positive and finite,
+// elements 0, k > elements, value_bytes not 2 or 4, skew outside [1, nodes], recompute_every < 1.
+absl::Status CheckExchangeInputs(const LinkModel& link, const ExchangeShape& shape);
+
+// The model's times. The inputs must pass CheckExchangeInputs.
+ExchangeCosts EstimateExchange(const LinkModel& link, const ExchangeShape& shape);
+
+// The terms, for the simulation's checks: one collective's time on P nodes.
+double AllReduceTime(const LinkModel& link, int nodes, double bytes);
+double AllGatherTime(const LinkModel& link, int nodes, double bytes_per_node);
+double AllToAllTime(const LinkModel& link, int nodes, double bytes_per_pair);
+
+}  // namespace spex
