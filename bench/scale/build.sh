@@ -55,17 +55,26 @@ link=()
 for l in "${libs[@]}"; do
   if [[ -e "/usr/lib/x86_64-linux-gnu/lib$l.so" || -e "/usr/lib/lib$l.so" ]]; then link+=("-l$l"); fi
 done
-smpicxx "${flags[@]}" -o "$out/scale_harness" "${objs[@]}" "${link[@]}"
+# Relinked only when an object is newer: a simulation running the harness must not see it
+# rewritten under it.
+relink=0
+[[ -f "$out/scale_harness" ]] || relink=1
+for o in "${objs[@]}"; do [[ "$o" -nt "$out/scale_harness" ]] && relink=1; done
+if ((relink)); then
+  smpicxx "${flags[@]}" -o "$out/scale_harness.tmp" "${objs[@]}" "${link[@]}"
+  mv -f "$out/scale_harness.tmp" "$out/scale_harness"
+fi
 # The cost model's command-line front (plain g++: it makes no MPI call).
 if [[ ! -f "$out/exchange_cost" || daemon/engine/exchange_cost.cc -nt "$out/exchange_cost" ||
   daemon/engine/exchange_cost.h -nt "$out/exchange_cost" ||
   bench/scale/exchange_cost_main.cc -nt "$out/exchange_cost" ]]; then
-  g++ -std=c++17 -O1 -I. -o "$out/exchange_cost" daemon/engine/exchange_cost.cc \
+  g++ -std=c++17 -O1 -I. -o "$out/exchange_cost.tmp" daemon/engine/exchange_cost.cc \
     bench/scale/exchange_cost_main.cc -labsl_status -labsl_strings -labsl_int128 \
     -labsl_raw_logging_internal -labsl_throw_delegate -labsl_str_format_internal -labsl_cord \
     -labsl_cord_internal -labsl_cordz_info -labsl_cordz_functions -labsl_cordz_handle \
     -labsl_synchronization -labsl_time -labsl_time_zone -labsl_base -labsl_spinlock_wait \
     -labsl_strerror -labsl_stacktrace -labsl_symbolize -labsl_debugging_internal \
     -labsl_demangle_internal -labsl_malloc_internal
+  mv -f "$out/exchange_cost.tmp" "$out/exchange_cost"
 fi
 echo "build.sh: $out/scale_harness $out/exchange_cost"

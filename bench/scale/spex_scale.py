@@ -290,7 +290,9 @@ def cmd_sweep(a):
             break
         sim = simulate_point(p, elements, a.density, gbps, lat, topo, shapes, out=out,
                              real_gather_max=a.real_gather_max, log=print)
-        m = model(p, gbps, 2 * lat, elements, k, 4, 1.0, True, out)  # star: 2 links a route
+        # A route crosses 2 links on a star, 4 between the leaves of a fat-tree.
+        hops = 2 if topo == "star" or p <= LEAF else 4
+        m = model(p, gbps, hops * lat, elements, k, 4, 1.0, True, out)
         t = sim["times"]
         best = min(("dense", "allgather", "oktopk"),
                    key=lambda x: t["gather" if x == "allgather" else x])
@@ -355,6 +357,136 @@ def cmd_plot(a):
     print(f"plot: {a.out}")
 
 
+def cmd_table(a):
+    """Markdown tables of one or more sweeps: per (topology, rate, latency), the simulated time of
+    every exchange and peer against P, the fastest of spex's three and auto's (the model's) pick."""
+    rows = []
+    for path in a.sweeps:
+        with open(path) as f:
+            rows += json.load(f)["points"]
+    keys = sorted({(r["topology"], r["gbps"], r["link_latency_us"]) for r in rows})
+    for topo, gbps, lat in keys:
+        sel = sorted((r for r in rows if (r["topology"], r["gbps"], r["link_latency_us"]) ==
+                      (topo, gbps, lat)), key=lambda r: r["nodes"])
+        print(f"\n{topo}, {gbps:g} Gbit/s, {lat:g} us per link (ms per exchange):\n")
+        print("| P | spex dense | spex all-gather | spex Ok-Topk | DDP fp32 | DDP fp16 | PowerSGD r=1 "
+              "| PowerSGD r=4 | fastest of spex's | auto picks | auto / fastest |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
+        for r in sel:
+            t = r["times_s"]
+            cells = " | ".join(f"{t[x] * 1e3:.2f}" for x in ("dense", "gather", "oktopk", "ddp",
+                                                                "ddp_fp16", "powersgd1", "powersgd4"))
+            print(f"| {r['nodes']} | {cells} | {r['best']} | {r['auto']} | {r['auto_over_best']:.3f} |")
+
+
+def cmd_grid(a):
+    """The cost model over every point of the issue's grid (rates x latencies x P): where each
+    exchange wins, and by how much over the next best."""
+    out = a.build_dir
+    shapes = MODELS[a.model]()
+    n = sum(numel(s) for s in shapes)
+    result = []
+    for d in [float(x) for x in a.densities.split(",")]:
+        k = max(1, int(d * n))
+        for gbps in [float(x) for x in a.rates.split(",")]:
+            for lat in [float(x) for x in a.latencies.split(",")]:
+                line = []
+                for p in (2, 4, 8, 16, 32, 64, 128, 256, 512, 1024):
+                    m = model(p, gbps, 2 * lat, n, k, 4, 1.0, True, out)
+                    line.append(m["best"])
+                    result.append({"density": d, "gbps": gbps, "link_latency_us": lat, "nodes": p,
+                                   **m})
+                print(f"d={d} {gbps:g} Gbit/s {lat:g} us/link: " +
+                      " ".join(f"{p}:{b[0].upper()}" for p, b in
+                               zip((2, 4, 8, 16, 32, 64, 128, 256, 512, 1024), line)))
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump({"model": a.model, "elements": n, "points": result}, f, indent=1)
+
+
+def measured_emulated():
+    """The emulated cluster's own measurements (2 and 4 hosts at 1 Gbit/s, 25,557,032 elements):
+    the collective phase (wire) of the dense exchange (bench/network_bench.py, the median over its
+    compressors' dense rows) and of the all-gather and Ok-Topk exchanges of topk at density 0.01
+    and 0.001 (bench/oktopk_network_bench.py, ABBA in one run), in seconds."""
+    res = os.path.join(REPO, "bench", "results")
+    out = []
+    with open(os.path.join(res, "network.json")) as f:
+        net = json.load(f)
+    for c in net["configs"]:
+        if c["rate"] != "1gbit":
+            continue
+        dense = sorted(r["dense_wire_ms"] for r in c["runs"])
+        out.append({"hosts": c["hosts"], "op": "dense", "density": None,
+                    "measured_s": dense[len(dense) // 2] / 1e3, "source": "network.json"})
+    with open(os.path.join(res, "oktopk_network.json")) as f:
+        ok = json.load(f)
+    for c in ok["configs"]:
+        for r in c["runs"]:
+            if r["compressor"] != "topk":
+                continue
+            for op, key in (("gather", "allgather"), ("oktopk", "oktopk")):
+                out.append({"hosts": c["hosts"], "op": op, "density": r["density"],
+                            "measured_s": r[key]["wire_ms"] / 1e3, "source": "oktopk_network.json"})
+    return out
+
+
+def cmd_calibrate(a):
+    """Fits SMPI's bandwidth factors and the link latency to the emulated cluster's measurements:
+    each point is simulated with the factors off at link latency 0 and at 50 us (the simulated
+    time is then bw_part / factor + latency_part x L / 50 us exactly), the parameters are
+    fitted on the log ratios, and every point is simulated again with the fitted values."""
+    out = build(a.build_dir)
+    n = 25557032
+    pts = measured_emulated()
+
+    def run(pt, lat, cfg):
+        kw = dict(nodes=pt["hosts"], elements=n, density=pt["density"] or 0.01, gbps=1,
+                  link_latency_us=lat, out=out, factors=cfg)
+        if pt["op"] == "oktopk":
+            return oktopk_time(simulate(op="oktopk", steps=2, **kw))
+        return step_time(simulate(op=pt["op"], **kw))
+
+    for pt in pts:
+        pt["bw_part_s"] = run(pt, 0, "off")
+        pt["lat_part_s_per_50us"] = run(pt, 50, "off") - pt["bw_part_s"]
+        print(f"  {pt['hosts']} hosts {pt['op']} d={pt['density']}: measured {pt['measured_s'] * 1e3:.1f} ms, "
+              f"simulated bandwidth part {pt['bw_part_s'] * 1e3:.1f} ms, latency part "
+              f"{pt['lat_part_s_per_50us'] * 1e3:.3f} ms per 50 us")
+    # Three parameters: a bandwidth factor for large messages (>= 4 MiB: the dense all-reduce's
+    # blocks), one for smaller ones (the sparse exchanges' chunks), and the link latency. SMPI
+    # applies a factor by message size (smpi/bw-factor: "0:small;4194304:large").
+    for pt in pts:
+        pt["large"] = pt["op"] == "dense"
+    best = None
+    lats = [x * 25 for x in range(0, 121)]
+    for fl in [x / 100 for x in range(30, 151)]:
+        for fs in [x / 100 for x in range(10, 151)]:
+            for lat in lats:
+                err = 0.0
+                for pt in pts:
+                    t = pt["bw_part_s"] / (fl if pt["large"] else fs) + pt["lat_part_s_per_50us"] * lat / 50
+                    err += math.log(t / pt["measured_s"]) ** 2
+                if best is None or err < best[0]:
+                    best = (err, fl, fs, lat)
+    _, fl, fs, lat = best
+    print(f"calibrate: bandwidth factor {fl} (messages >= 4 MiB), {fs} (smaller), link latency {lat} us")
+    cfg = [f"--cfg=smpi/bw-factor:0:{fs};4194304:{fl}", "--cfg=smpi/lat-factor:0:1",
+           "--cfg=network/crosstraffic:0"]
+    for pt in pts:
+        pt["simulated_s"] = run(pt, lat, cfg)
+        pt["error"] = pt["simulated_s"] / pt["measured_s"] - 1
+        print(f"  {pt['hosts']} hosts {pt['op']:6s} d={pt['density']}: measured {pt['measured_s'] * 1e3:8.1f} ms, "
+              f"simulated {pt['simulated_s'] * 1e3:8.1f} ms ({pt['error'] * 100:+.0f}%)")
+    within = sum(abs(p["error"]) <= 0.15 for p in pts)
+    print(f"calibrate: {within} of {len(pts)} points within 15%")
+    with open(a.out, "w") as fh:
+        json.dump({"bw_factor_large": fl, "bw_factor_small": fs, "link_latency_us": lat,
+                   "smpi_cfg": cfg, "elements": n, "gbps": 1,
+                   "points": pts, "within_15pct": within}, fh, indent=1)
+    print(f"calibrate: {a.out}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build-dir", default=DEFAULT_OUT)
@@ -391,6 +523,19 @@ def main():
     p.add_argument("--topology", default="star")
     p.add_argument("--out", required=True)
     p.set_defaults(fn=cmd_plot)
+    t = sub.add_parser("table", help="markdown tables of sweeps")
+    t.add_argument("sweeps", nargs="+")
+    t.set_defaults(fn=cmd_table)
+    g = sub.add_parser("grid", help="the cost model's pick over rates x latencies x P")
+    g.add_argument("--model", choices=sorted(MODELS), default="resnet50")
+    g.add_argument("--densities", default="0.01,0.001")
+    g.add_argument("--rates", default="1,10,25,100")
+    g.add_argument("--latencies", default="1,5,25", help="us per link (a route crosses two)")
+    g.add_argument("--out")
+    g.set_defaults(fn=cmd_grid)
+    c = sub.add_parser("calibrate", help="fit the network factors to the emulated cluster")
+    c.add_argument("--out", required=True)
+    c.set_defaults(fn=cmd_calibrate)
     a = ap.parse_args()
     a.fn(a)
 
