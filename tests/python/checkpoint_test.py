@@ -1,14 +1,19 @@
 """Checkpoint and restore through real daemons and the DDP hook (issue 29): 4 DDP processes (gloo)
-on 2 spexd x 2 trainers train a small MLP for 6 steps without a stop, and again stopped after 3
-steps with the hook's state_dict saved by torch.save beside the model's and the optimiser's; the
-daemons and trainers are then stopped, fresh daemons started, and fresh trainers resume from the
-files (load_state_dict after register): the parameters end bit-identical (SHA-1) to the
-uninterrupted run on every rank for micro, dgc, sage and micro under the hook's momentum
-correction; resumed without load_state_dict they differ. Also: another rank's dict (another node) and another compressor are refused by
-load_state_dict naming what differs; through the Python client, a record streamed in several
-512 KiB chunks loads, and a corrupt or truncated record is refused (DATA_LOSS) while the daemon
-keeps serving. And, on a fake client: the hook's records go back to buckets of the same layout,
-another layout is refused naming both."""
+on 2 spexd x 2 trainers train an MLP for 6 steps, the hook's state_dict saved by torch.save
+beside the model's and the optimiser's after step 3; the daemons and trainers are then stopped,
+fresh daemons started, and fresh trainers resume from the files (load_state_dict after
+register). DDP is built as users build it (defaults, find_unused_parameters=False): its first
+iteration after the restart has one bucket of every parameter in model order, while the
+checkpoint holds its rebuilt layout (two buckets, in reverse order), so the hook maps the saved
+state per parameter. The parameters end bit-identical (SHA-1) to the uninterrupted run on every
+rank for dense, micro, exdyna, topk, dgc, sage and sidco_e, each sparse one also under the
+hook's momentum correction, and for micro with find_unused_parameters=True (no rebuild);
+resumed without load_state_dict every sparse one differs. Also: another rank's dict (another
+node) and another compressor are refused by load_state_dict naming what differs; through the
+Python client, a record streamed in several 512 KiB chunks loads, and a corrupt or truncated
+record is refused (DATA_LOSS) while the daemon keeps serving. And, on a fake client: the hook's
+records go back to the saved buckets, DDP buckets of another layout are mapped onto them per
+parameter, another model is refused naming the parameter."""
 
 import json
 import os
@@ -21,9 +26,12 @@ import unittest
 from spex_test_util import FakeClient, FakeGradBucket
 
 STEPS, STOP = 6, 3
-# "micro/mc": micro under the hook's momentum correction (its u buffers are in the state_dict).
-COMPRESSORS = ["micro", "dgc", "sage", "micro/mc"]
+SPARSE = ["micro", "exdyna", "topk", "dgc", "sage", "sidco_e"]
+# "/mc": under the hook's momentum correction (its u buffers are in the state_dict); "/unused":
+# DDP built with find_unused_parameters=True (it keeps its initial layout, no rebuild).
+COMPRESSORS = ["dense"] + SPARSE + [f"{c}/mc" for c in SPARSE] + ["micro/unused"]
 DAEMON_FLAGS = ["--min_sparse_elements=0", "--dense_fallback=off"]
+HIDDEN = 512  # 284,682 parameters: DDP's initial bucket holds all of them, its rebuilt layout two
 
 
 def worker(cfg):
@@ -42,18 +50,18 @@ def worker(cfg):
 
     def make():
         torch.manual_seed(0)
-        return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
+        return torch.nn.Sequential(torch.nn.Linear(32, HIDDEN), torch.nn.ReLU(), torch.nn.Linear(HIDDEN, HIDDEN),
+                                   torch.nn.ReLU(), torch.nn.Linear(HIDDEN, 10))
 
     def batch(step):
         gen = torch.Generator().manual_seed(1000 * rank + step)
         return torch.randn(8, 32, generator=gen), torch.randint(0, 10, (8,), generator=gen)
 
     def train(compressor, first, last, load=None, save=None):
+        """Steps [first, last); saves the checkpoint `save` after step STOP (and trains on)."""
         model = make()
-        # find_unused_parameters=True: DDP keeps its initial bucket layout (no rebuild), so the
-        # resumed job's first step has the layout the checkpoint was saved with.
-        ddp = DDP(model, find_unused_parameters=True)
         name, _, mod = compressor.partition("/")
+        ddp = DDP(model, find_unused_parameters=(mod == "unused"))
         mc = 0.9 if mod == "mc" else None
         state = spex.torch.register(ddp, compressor=name, density=0.1, socket=cfg["socket"], momentum_correction=mc)
         opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.0 if mc else 0.9)
@@ -68,8 +76,9 @@ def worker(cfg):
             opt.zero_grad()
             torch.nn.functional.cross_entropy(ddp(x), y).backward()
             opt.step()
-        if save is not None:
-            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "spex": state.state_dict()}, save)
+            if save is not None and step + 1 == STOP:
+                torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "spex": state.state_dict()},
+                           save)
         result = digest(model)
         state.close()
         dist.barrier()
@@ -80,18 +89,19 @@ def worker(cfg):
 
     if cfg["phase"] == "first":
         for c in COMPRESSORS:
-            out[f"whole {c}"] = train(c, 0, STEPS)
-            out[f"first {c}"] = train(c, 0, STOP, save=ckpt(c))
+            out[f"whole {c}"] = train(c, 0, STEPS, save=ckpt(c))
     else:
         for c in COMPRESSORS:
             out[f"resumed {c}"] = train(c, STOP, STEPS, load=ckpt(c))
+            if c == "dense":
+                continue  # dense keeps no state: resumed without it, it is the same
             # The same resume without the exchange state (the model and optimiser restored).
             saved = torch.load(ckpt(c))
             saved["spex"] = None
             torch.save(saved, ckpt(c) + ".nospex")
             out[f"unrestored {c}"] = train(c, STOP, STEPS, load=ckpt(c) + ".nospex")
         # Refusals before any step: another node's dict, another compressor's.
-        ddp = DDP(make(), find_unused_parameters=True)
+        ddp = DDP(make())
         state = spex.torch.register(ddp, compressor="micro", density=0.1, socket=cfg["socket"])
         other = torch.load(ckpt("micro", (rank + 2) % 4))["spex"]
         try:
@@ -157,6 +167,8 @@ class DdpCheckpointTest(unittest.TestCase):
 
     def test_resume_without_the_exchange_state_differs(self):
         for c in COMPRESSORS:
+            if c == "dense":
+                continue
             for first, second in zip(self.first, self.second):
                 self.assertNotEqual(second[f"unrestored {c}"], first[f"whole {c}"], f"{c}, rank {first['rank']}")
 
@@ -212,15 +224,16 @@ class ClientCheckpointTest(unittest.TestCase):
                         "the restored bucket continues as the saved one")
 
 class HookStateTest(unittest.TestCase):
-    """state_dict / load_state_dict of the hook on a fake client: the records go to the buckets
-    of the same layout in the first iteration; another layout is refused naming both."""
+    """state_dict / load_state_dict of the hook on a fake client: the records go back to the saved
+    buckets; DDP buckets of another layout are mapped onto them per parameter; another model is
+    refused naming the parameter."""
 
-    def make(self):
+    def make(self, results=None, out_features=2):
         import torch
 
         import spex.torch
 
-        model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+        model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, out_features))
 
         class Ddp:
             process_group = None
@@ -228,7 +241,7 @@ class HookStateTest(unittest.TestCase):
             def parameters(self):
                 return model.parameters()
 
-        client = FakeClient()
+        client = FakeClient(results)
         state = spex.torch.SpexHookState(Ddp(), client=client)
         self.addCleanup(state.close)
         return state, client, list(model.parameters())
@@ -242,23 +255,49 @@ class HookStateTest(unittest.TestCase):
                          [(0, [3, 2], b"record of 0"), (1, [1, 0], b"record of 1")])
         fresh, client, q = self.make()
         fresh.load_state_dict(saved)
-        fresh(FakeGradBucket(0, [q[3], q[2]])).wait()
+        out = fresh(FakeGradBucket(0, [q[3], q[2]])).wait()
         fresh(FakeGradBucket(1, [q[1], q[0]])).wait()
         self.assertEqual(client.loaded, [(0, b"record of 0"), (1, b"record of 1")])
+        self.assertEqual(out.data_ptr(), fresh.buckets[0].output_tensor.data_ptr(), "the same layout: no copies")
 
-    def test_another_layout_is_refused_naming_both(self):
+    def test_another_layout_is_mapped_per_parameter(self):
+        import torch
+
+        state, _, p = self.make()
+        state(FakeGradBucket(0, [p[3], p[2]])).wait()  # the saved (rebuilt) layout: 2 + 6, 3 + 12 elements
+        state(FakeGradBucket(1, [p[1], p[0]])).wait()
+        saved = state.state_dict()
+        # The resumed job's first iteration: DDP's initial layout, one bucket in model order.
+        results = [torch.arange(100.0, 115.0), torch.arange(200.0, 208.0)]  # saved bucket 1 is complete first
+        fresh, client, q = self.make(results)
+        fresh.load_state_dict(saved)
+        g = [torch.full((t.numel(),), float(i + 1)) for i, t in enumerate(q)]
+        out = fresh(FakeGradBucket(0, q, buffer=torch.cat(g))).wait()
+        self.assertEqual(client.loaded, [(0, b"record of 0"), (1, b"record of 1")])
+        self.assertEqual([b.elements for b in fresh.buckets], [8, 15])
+        self.assertEqual(client.handed[0].tolist(), [2.0] * 3 + [1.0] * 12)  # saved bucket 1: p1, p0
+        self.assertEqual(client.handed[1].tolist(), [4.0] * 2 + [3.0] * 6)  # saved bucket 0: p3, p2
+        want = torch.cat([results[0][3:], results[0][:3], results[1][2:], results[1][:2]])  # p0, p1, p2, p3
+        self.assertTrue(torch.equal(out, want), f"{out} != {want}")
+        # DDP's rebuilt layout is the saved one again: no copies, and no new buckets.
+        ids = [b.id for b in fresh.buckets]
+        out = fresh(FakeGradBucket(0, [q[3], q[2]])).wait()
+        fresh(FakeGradBucket(1, [q[1], q[0]])).wait()
+        self.assertEqual([b.id for b in fresh.buckets], ids)
+        self.assertEqual(out.data_ptr(), fresh.buckets[0].output_tensor.data_ptr())
+
+    def test_another_model_is_refused_naming_the_parameter(self):
         from spex.errors import SpexError
 
         state, _, p = self.make()
         state(FakeGradBucket(0, [p[3], p[2], p[1], p[0]])).wait()
         saved = state.state_dict()
-        fresh, client, q = self.make()
+        fresh, client, q = self.make(out_features=5)
         fresh.load_state_dict(saved)
         with self.assertRaises(SpexError) as e:
             fresh(FakeGradBucket(0, [q[0], q[1], q[2], q[3]]))
-        self.assertIn("holds parameters [0, 1, 2, 3]", str(e.exception))
-        self.assertIn("held [3, 2, 1, 0]", str(e.exception))
-        self.assertIn("find_unused_parameters=True", str(e.exception))
+        self.assertIn("held 23 elements", str(e.exception))
+        self.assertIn("the model differs from the saved one", str(e.exception))
         self.assertEqual(client.loaded, [])
 
     def test_after_the_first_step_or_not_a_state_dict_is_refused(self):

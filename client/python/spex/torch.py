@@ -20,13 +20,17 @@ unregistered first, so ids agree across nodes and the daemon's canonical order (
 (step, id)) matches the order DDP hands buckets over.
 
 Checkpoints (docs/checkpoint.md): `state.state_dict()` holds this node's exchange state of every
-current bucket (residuals, compressor state, density, step; the daemon's opaque records) and
-`state.load_state_dict(d)` gives it back to the restarted job: every rank calls them, the dict
-goes into torch.save beside the model's and the optimiser's, and load_state_dict is called after
-register and before the first step. The records are applied when the hook registers its buckets
-in the first iteration; they must have the layout they were saved with (DDP rebuilds its buckets
-after a fresh DDP's first iteration, so a model whose rebuilt layout differs from the initial one
-needs find_unused_parameters=True, which does not rebuild).
+current bucket (residuals, compressor state, density, step; the daemon's opaque records) with
+the bucket's parameters, and `state.load_state_dict(d)` gives it back to the restarted job:
+every rank calls them, the dict goes into torch.save beside the model's and the optimiser's, and
+load_state_dict is called after register and before the first step. A resumed hook exchanges
+the saved buckets (same ids, same parameters in the same order), whatever layout DDP hands it:
+a fresh DDP's first iteration uses its initial layout (one bucket of every parameter, unless
+find_unused_parameters=True) and rebuilds after it, so the hook copies each DDP bucket's
+gradients parameter by parameter into the saved buckets, rings each saved bucket once all its
+parameters are in, and completes the DDP bucket's future with its parameters' averages copied
+back. Where DDP's bucket holds exactly one saved bucket's parameters in its order (after the
+rebuild, as a rule) that copy is skipped, as without a checkpoint.
 
 Half-precision models (docs/dtypes.md): a DDP bucket of bfloat16 or float16 gradients becomes
 a bucket of that type (half the shared memory and, by default, half the dense wire bytes); the
@@ -146,8 +150,22 @@ class SpexHookState:
         self._timings_lock = threading.Lock()
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         # load_state_dict's records by DDP bucket index, applied as the hook registers the
-        # buckets of its first generation (None: nothing to apply).
+        # buckets of its first generation (None: nothing to apply). Plain form only (no DDP model:
+        # the saved parameters cannot be told apart, so the layout must be the saved one).
         self._pending: Optional[Dict[int, Dict[str, Any]]] = None
+        # With a DDP model, load_state_dict's whole dict, turned into the saved layout in the first
+        # iteration (_restore_layout).
+        self._restore: Optional[Dict[str, Any]] = None
+        # The saved layout of a resumed job (_restore_layout): the hook's buckets are the saved
+        # ones and DDP's buckets are mapped onto them per parameter. _keep: it stays for the whole
+        # job (it was saved after DDP's rebuild, or from a DDP that does not rebuild); otherwise
+        # DDP's rebuild starts a generation of DDP's layout, as in the uninterrupted job.
+        self._mapped = False
+        self._keep = False
+        self._where: Dict[int, Tuple[int, int, int]] = {}  # parameter index -> (bucket, offset, numel)
+        self._plans: Dict[Any, List[Tuple[int, int, int, int]]] = {}  # DDP bucket signature -> copies
+        self._left: Dict[int, int] = {}  # per saved bucket: elements still to come this iteration
+        self._futs: Dict[int, Tuple[Any, Any]] = {}  # per saved bucket: (result, masked) this iteration
         self._closed = False
         self._worker = threading.Thread(target=self._run, name="spex-hook-worker", daemon=True)
         self._worker.start()
@@ -201,6 +219,11 @@ class SpexHookState:
         self._sigs.clear()
         self._layout.clear()
         self._u.clear()
+        self._mapped = self._keep = False
+        self._where.clear()
+        self._plans.clear()
+        self._left.clear()
+        self._futs.clear()
         self.generation += 1
 
     def _begin_iteration(self, grad_bucket: Any) -> None:
@@ -212,10 +235,24 @@ class SpexHookState:
                                 f"the bucket layout differs from when it was saved")
         rebuilt = bool(getattr(self.ddp, "_has_rebuilt_buckets", False))
         if self.generation < 0:
-            self._new_generation()
+            if self._restore is not None:
+                restore, self._restore = self._restore, None
+                self._restore_layout(restore)
+            else:
+                self._new_generation()
+        elif self._mapped:
+            if rebuilt != self._rebuilt and not self._keep:
+                self._new_generation()  # a layout saved before DDP's rebuild: follow it, as the saved job did
         elif rebuilt != self._rebuilt or self._sigs.get(0) != self._signature(grad_bucket):
             self._new_generation()
         self._rebuilt = rebuilt
+        if self._mapped:
+            unfinished = sorted(j for j, n in self._left.items() if n > 0)
+            if unfinished:
+                raise SpexError(f"the checkpoint's buckets {unfinished} did not get all their parameters' gradients "
+                                f"in the last iteration: DDP's buckets no longer hold the saved parameters")
+            self._left = {j: b.elements for j, b in self._buckets.items()}
+            self._futs = {}
 
     def _bucket_for(self, grad_bucket: Any) -> Bucket:
         index = grad_bucket.index()
@@ -271,22 +308,33 @@ class SpexHookState:
             self._begin_iteration(grad_bucket)
         elif self.generation < 0:
             raise SpexError(f"DDP handed over bucket {grad_bucket.index()} before bucket 0")
+        if self._mapped:
+            return self._mapped_call(grad_bucket, buf)
         b = self._bucket_for(grad_bucket)
-        u = self._u.get(grad_bucket.index())
-        src = buf.reshape(-1)
+        fut = self._future(b)
+        self._hand_over(grad_bucket.index(), b, buf.reshape(-1), fut)
+        return self._masked(grad_bucket.index(), fut)
+
+    def _hand_over(self, index: int, b: Bucket, src: torch.Tensor, fut: Any) -> None:
+        """Puts src (the bucket's gradients) into b's input slot, rings and queues fut for the worker."""
+        u = self._u.get(index)
         if u is not None:  # momentum correction: hand over u = m u + g
             src = u.mul_(self.momentum_correction).add_(src)
         # Device buckets: the copy is queued on the current stream, where submit / record_input
         # record the input's IPC event after it.
-        b.input_tensor.copy_(src)
+        if src is not b.input_tensor:
+            b.input_tensor.copy_(src)
         t0 = time.perf_counter()
         if self.mode == "doorbell":
             step = self.client.submit(b)
         else:
             self.client.record_input(b)
             step = b.next_step
-        fut = self._future(b)
         self._queue.put((b, step, fut, t0))
+
+    def _masked(self, index: int, fut: Any) -> Any:
+        """fut, or under momentum correction a future that first masks u where the result is non-zero."""
+        u = self._u.get(index)
         if u is None:
             return fut
 
@@ -298,6 +346,69 @@ class SpexHookState:
             return out
 
         return fut.then(mask)
+
+    def _mapped_call(self, grad_bucket: Any, buf: torch.Tensor) -> "torch.futures.Future[torch.Tensor]":
+        """A DDP bucket of a resumed job, mapped onto the saved buckets per parameter."""
+        sig = self._signature(grad_bucket)
+        plan = self._plans.get(sig)
+        if plan is None:
+            plan = self._plans[sig] = self._plan(grad_bucket)
+        flat = buf.reshape(-1)
+        touched: List[int] = []
+        for j, src, dst, n in plan:
+            if j not in touched:
+                touched.append(j)
+            b = self._buckets[j]
+            if j not in self._futs:
+                fut = self._future(b)
+                self._futs[j] = (fut, self._masked(j, fut))
+            if n == b.elements == flat.numel():  # DDP's bucket is this saved bucket: no copies
+                self._left[j] = 0
+                self._hand_over(j, b, flat, self._futs[j][0])
+                return self._futs[j][1]
+            b.input_tensor[dst:dst + n].copy_(flat[src:src + n])
+            self._left[j] -= n
+            if self._left[j] == 0:  # every parameter of the saved bucket is in: ring it
+                self._hand_over(j, b, b.input_tensor, self._futs[j][0])
+        parts = [self._futs[j][1] for j in touched]
+
+        def gather(f: Any) -> torch.Tensor:
+            outs = {j: p.value() for j, p in zip(touched, f.value())}
+            for j, src, dst, n in plan:
+                flat[src:src + n].copy_(outs[j].reshape(-1)[dst:dst + n])
+            return buf
+
+        return torch.futures.collect_all(parts).then(gather)
+
+    def _plan(self, grad_bucket: Any) -> List[Tuple[int, int, int, int]]:
+        """(saved bucket, offset in DDP's bucket, offset in the saved bucket, elements) of each
+        run of consecutive parameters of a DDP bucket."""
+        index = {id(p): i for i, p in enumerate(self.ddp.parameters())}
+        plan: List[List[int]] = []
+        offset = 0
+        for p in grad_bucket.parameters():
+            i = index.get(id(p), -1)
+            where = self._where.get(i)
+            if where is None or where[2] != p.numel():
+                raise SpexError(f"DDP bucket {grad_bucket.index()} holds parameter {i} ({p.numel()} elements), which "
+                                f"no bucket of the checkpoint holds with that size: the model differs from the saved "
+                                f"one")
+            j, dst, n = where
+            last = plan[-1] if plan else None
+            if last is not None and last[0] == j and last[1] + last[3] == offset and last[2] + last[3] == dst:
+                last[3] += n
+            else:
+                plan.append([j, offset, dst, n])
+            offset += n
+        if offset != grad_bucket.buffer().numel():
+            raise SpexError(f"DDP bucket {grad_bucket.index()} holds {grad_bucket.buffer().numel()} elements, its "
+                            f"parameters {offset}: spex maps buckets without padding between parameters")
+        if grad_bucket.buffer().device.type != "cpu" and not (len(plan) == 1 and plan[0][3] == offset ==
+                                                              self._buckets[plan[0][0]].elements):
+            raise SpexError(f"DDP bucket {grad_bucket.index()} is not one of the checkpoint's buckets, and mapping "
+                            f"CUDA buckets per parameter is not implemented: build DDP with "
+                            f"find_unused_parameters=True (it keeps its initial layout) in both runs")
+        return [tuple(x) for x in plan]  # type: ignore[misc]
 
     def _future(self, b: Bucket) -> "torch.futures.Future[torch.Tensor]":
         """A future for b's result: CUDA-aware for device buckets (completing it records an event
@@ -343,6 +454,19 @@ class SpexHookState:
             return [index.get(id(p), -1) for p in params]
         return [-int(p.numel()) for p in params]
 
+    def _settled(self) -> bool:
+        """Whether the current layout stays for the rest of the job: DDP has rebuilt its buckets
+        (it does so once) or never will (find_unused_parameters=True without static_graph), or
+        the layout is a resumed job's that was settled when saved."""
+        if self._mapped:
+            return self._keep
+        ddp = self.ddp
+        if ddp is None:
+            return False
+        if getattr(ddp, "_has_rebuilt_buckets", False):
+            return True
+        return not (getattr(ddp, "static_graph", False) or not getattr(ddp, "find_unused_parameters", True))
+
     def _world(self) -> Dict[str, int]:
         return {"node_rank": int(self.client.node_rank), "node_count": int(self.client.node_count),
                 "local_trainers": int(self.client.hello.local_trainers)}
@@ -356,20 +480,24 @@ class SpexHookState:
         buckets = []
         for index in sorted(self._buckets):
             b = self._buckets[index]
-            entry = {"index": index, "elements": b.elements, "params": list(self._layout[index]),
-                     "record": self.client.save_bucket_state(b)}
+            entry = {"index": index, "id": b.id - self.id_base, "elements": b.elements,
+                     "params": list(self._layout[index]), "record": self.client.save_bucket_state(b)}
             if index in self._u:
                 entry["momentum"] = self._u[index].detach().to("cpu", copy=True)
             buckets.append(entry)
         return {"version": STATE_DICT_VERSION, "world": self._world(), "local_rank": int(self.client.local_rank),
                 "compressor": self.compressor, "density": self.density, "params": dict(self.params),
-                "momentum_correction": self.momentum_correction, "buckets": buckets}
+                "momentum_correction": self.momentum_correction, "generation": max(self.generation, 0),
+                "settled": self._settled(), "buckets": buckets}
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Restores what state_dict saved: call it after register and before the first step, on
-        every rank, with the dict its rank saved. The records go to the daemon as the hook
-        registers its buckets in the first iteration, where a bucket of another layout is
-        refused naming both. Another world (nodes, node rank, trainers per node) is refused here."""
+        every rank, with the dict its rank saved. In the first iteration the hook registers the
+        saved buckets, gives the daemon their records and maps DDP's buckets onto them per
+        parameter (another model is refused there, naming the parameter). Another world (nodes,
+        node rank, trainers per node) or compressor is refused here. In the plain form (no DDP
+        model) the records go to the DDP buckets of the same index, which must hold the saved
+        layout."""
         if not isinstance(state, dict) or state.get("version") != STATE_DICT_VERSION:
             got = state.get("version") if isinstance(state, dict) else type(state).__name__
             raise SpexValueError(f"not a spex hook state_dict of version {STATE_DICT_VERSION} (got {got!r})")
@@ -398,7 +526,67 @@ class SpexHookState:
             if not isinstance(entry.get("record"), (bytes, bytearray)):
                 raise SpexValueError(f"bucket entry {entry.get('index')!r} of the state_dict has no record")
             pending[int(entry["index"])] = entry
-        self._pending = pending
+        if self.ddp is not None:
+            self._restore = state
+        else:
+            self._pending = pending
+
+    def _restore_layout(self, state: Dict[str, Any]) -> None:
+        """The first iteration of a resumed job: registers the saved buckets (their ids and
+        parameters), loads their records and momentum, and maps DDP's buckets onto them."""
+        entries = sorted(state.get("buckets", []), key=lambda e: int(e["index"]))
+        self.generation = max(int(state.get("generation", 0)), 0)
+        if not entries:  # saved before the first step: nothing to restore
+            self.generation -= 1
+            self._new_generation()
+            return
+        params = list(self.ddp.parameters())
+        where: Dict[int, Tuple[int, int, int]] = {}
+        for e in entries:
+            offset = 0
+            for i in e["params"]:
+                if not isinstance(i, int) or not 0 <= i < len(params) or i in where:
+                    raise SpexError(f"the checkpoint's bucket {e['index']} holds parameter {i}, which this model "
+                                    f"{'has twice' if i in where else 'does not have'} ({len(params)} parameters): "
+                                    f"the model differs from the saved one")
+                where[i] = (int(e["index"]), offset, params[i].numel())
+                offset += params[i].numel()
+            if offset != e["elements"]:
+                raise SpexError(f"the checkpoint's bucket {e['index']} held {e['elements']} elements, this model's "
+                                f"parameters {list(e['params'])} have {offset}: the model differs from the saved one")
+        trained = {i for i, p in enumerate(params) if p.requires_grad}
+        if set(where) != trained:
+            raise SpexError(f"this model trains parameters {sorted(trained - set(where))} that the checkpoint does "
+                            f"not hold, and the checkpoint holds {sorted(set(where) - trained)} that it does not "
+                            f"train: the model differs from the saved one")
+        for e in entries:
+            j, key = int(e["index"]), list(e["params"])
+            mine = [params[i] for i in key]
+            dtypes = sorted({str(p.dtype) for p in mine})
+            if len(dtypes) != 1:
+                raise SpexTypeError(f"the checkpoint's bucket {j} holds parameters of types {', '.join(dtypes)}: "
+                                    f"spex buckets hold one type; convert the model to one type")
+            where_dev = mine[0].device
+            bucket_id = self.id_base + int(e.get("id", self.generation * GENERATION_STRIDE + j))
+            b = self.client.register_bucket(bucket_id, e["elements"], self.compressor, self.density, self.params,
+                                            dtype=mine[0].dtype,
+                                            cuda_device=where_dev.index if where_dev.type == "cuda" else None)
+            self._buckets[j] = b
+            self._layout[j] = key
+            if self.momentum_correction is not None:
+                if getattr(b, "compressor", None) == "dense":
+                    raise SpexValueError(f"momentum_correction needs a sparse compressor, but spexd runs bucket {j} "
+                                         f"dense (its default compressor): pass compressor= (e.g. 'micro'), or drop "
+                                         f"momentum_correction and use the optimiser's momentum")
+                u = e.get("momentum")
+                if u is None or u.numel() != b.elements:
+                    raise SpexError(f"bucket {j}: the checkpoint has no momentum of {b.elements} elements for "
+                                    f"momentum_correction")
+                self._u[j] = u.reshape(-1).to(device=where_dev, dtype=torch.float32, copy=True)
+            self.client.load_bucket_state(b, e["record"])
+        self._where = where
+        self._mapped = True
+        self._keep = bool(state.get("settled", False))
 
     def _apply_pending(self, index: int, b: Bucket, grad_bucket: Any) -> None:
         entry = self._pending.pop(index, None)
@@ -410,9 +598,9 @@ class SpexHookState:
         if entry["elements"] != b.elements or list(entry["params"]) != list(key):
             raise SpexError(f"DDP bucket {index} holds parameters {list(key)} ({b.elements} elements), the "
                             f"checkpoint's bucket {index} held {list(entry['params'])} ({entry['elements']} elements): "
-                            f"DDP's bucket layout differs from when it was saved. A fresh DDP starts with its "
-                            f"initial layout and rebuilds it after the first iteration; construct DDP with "
-                            f"find_unused_parameters=True (it keeps the initial layout) in both runs")
+                            f"the bucket layout differs from when it was saved. Pass the DDP model to "
+                            f"SpexHookState(ddp=...) (spex.torch.register does): the hook then maps the checkpoint "
+                            f"onto DDP's buckets per parameter")
         self.client.load_bucket_state(b, entry["record"])
         if index in self._u:
             u = entry.get("momentum")
