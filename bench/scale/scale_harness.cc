@@ -198,11 +198,12 @@ int main(int argc, char** argv) {
 
   const std::string& op = a.op;
   const bool spex_op = op == "dense" || op == "dense_half" || op == "dense_half_standin" ||
-                       op == "gather" || op == "gather_standin" || op == "oktopk";
+                       op == "gather" || op == "gather_standin" || op == "oktopk" ||
+                       op == "oktopk_standin";
   const bool peer_op = op == "ddp" || op == "ddp_fp16" || op == "powersgd";
   if (!spex_op && !peer_op) {
-    Die("--op must be dense, dense_half, dense_half_standin, gather, gather_standin, oktopk, ddp, "
-        "ddp_fp16 or powersgd");
+    Die("--op must be dense, dense_half, dense_half_standin, gather, gather_standin, oktopk, "
+        "oktopk_standin, ddp, ddp_fp16 or powersgd");
   }
   if (op == "dense_half" || op == "dense_half_standin") {
     if (wire == spex::DType::kFloat32) Die("--op=dense_half needs --wire=bfloat16 or float16");
@@ -216,6 +217,7 @@ int main(int argc, char** argv) {
     val = Values(idx.size(), rank, a.seed);
   }
   std::unique_ptr<Shared> send, recv;
+  std::vector<uint64_t> standin_parts;  // oktopk_standin: this node's selected entries by owner
   const size_t c = (a.n + nodes - 1) / nodes;  // dense_half's chunk (the code's ChunkValues)
   if (op == "dense" || op == "ddp") {
     send = SEND_BUFFER(a.n * 4);
@@ -234,6 +236,20 @@ int main(int argc, char** argv) {
     // Every node's chunk of k pairs (the code's ChunkBytes), gathered into one shared buffer.
     send = SEND_BUFFER(spex::ChunkBytes(k, IsHalf(wire)));
     recv = RECV_BUFFER(spex::ChunkBytes(k, IsHalf(wire)) * nodes);
+  } else if (op == "oktopk_standin") {
+    // The parts this node sends, by owner (its selection over equal regions), computed once; the
+    // selection itself is not kept (1,024 nodes x k pairs would not fit).
+    std::vector<uint32_t> sel = Selection(a, k, rank, nodes);
+    const std::vector<uint32_t> bounds = spex::EqualRegions(static_cast<uint32_t>(a.n), nodes);
+    standin_parts.assign(nodes, 0);
+    int o = 0;
+    for (uint32_t i : sel) {
+      while (i >= bounds[o + 1]) ++o;
+      ++standin_parts[o];
+    }
+    const size_t most = 4 * spex::ChunkBytes(k, IsHalf(wire)) + 64ull * nodes;
+    send = SEND_BUFFER(most);
+    recv = RECV_BUFFER(most);
   } else if (op == "powersgd") {
     const uint64_t most = std::max({a.psgd[0], a.psgd[1], a.psgd[2]});
     send = SEND_BUFFER(most * 4);
@@ -250,6 +266,7 @@ int main(int argc, char** argv) {
   std::vector<Phase> phases;
   Bytes bytes;
   std::vector<int> standin_counts(nodes), standin_displs(nodes);
+
   for (int step = 0; step < a.steps; ++step) {
     Phase ph;
     MPI_Barrier(MPI_COMM_WORLD);
@@ -330,6 +347,72 @@ int main(int argc, char** argv) {
             "oktopk");
       b.sent = res.bytes_sent;
       b.received = res.bytes_received;
+    } else if (op == "oktopk_standin") {
+      // ExchangeOkTopk's collectives (MpiCollective's MPI calls) with this node's parts by equal
+      // regions and k / P kept entries per owner: the regions' re-agreement every 64 exchanges,
+      // the block sizes and the parts (MPI_Alltoall, MPI_Alltoallv), the flags all-reduce, the
+      // exact selection's 4 histogram all-reduces and tie counts every 32, the kept entries.
+      const bool f16 = IsHalf(wire);
+      if (step % 64 == 0 && nodes > 1) {
+        std::vector<uint32_t> offer(nodes - 1), all(static_cast<size_t>(nodes) * (nodes - 1));
+        CheckMpi(MPI_Allgather(offer.data(), (nodes - 1) * 4, MPI_BYTE, all.data(), (nodes - 1) * 4,
+                               MPI_BYTE, MPI_COMM_WORLD),
+                 "allgather(regions)");
+      }
+      std::vector<int> sc(nodes), sd(nodes), rc(nodes), rd(nodes);
+      int total = 0;
+      for (int q = 0; q < nodes; ++q) {
+        sc[q] = static_cast<int>(spex::ChunkBytes(standin_parts[q], f16));
+        sd[q] = total;
+        total += sc[q];
+        if (q != rank) b.sent += sc[q];
+      }
+      CheckMpi(MPI_Alltoall(sc.data(), 1, MPI_INT, rc.data(), 1, MPI_INT, MPI_COMM_WORLD),
+               "alltoall(counts)");
+      int rtotal = 0;
+      for (int q = 0; q < nodes; ++q) {
+        rd[q] = rtotal;
+        rtotal += rc[q];
+        if (q != rank) b.received += rc[q];
+      }
+      const size_t room = 4 * spex::ChunkBytes(k, f16) + 64ull * nodes;
+      if (static_cast<size_t>(total) > room || static_cast<size_t>(rtotal) > room)
+        Die("oktopk_standin: parts beyond the stand-in's buffers");
+      CheckMpi(MPI_Alltoallv(send->p, sc.data(), sd.data(), MPI_BYTE, recv->p, rc.data(), rd.data(),
+                             MPI_BYTE, MPI_COMM_WORLD),
+               "alltoallv");
+      std::vector<int64_t> flags(nodes + 1, 0);
+      CheckMpi(MPI_Allreduce(MPI_IN_PLACE, flags.data(), nodes + 1, MPI_INT64_T, MPI_SUM,
+                             MPI_COMM_WORLD),
+               "allreduce(flags)");
+      if (step % 32 == 0) {
+        std::vector<uint64_t> h(256, 0);
+        for (int round = 0; round < 4; ++round) {
+          CheckMpi(
+              MPI_Allreduce(MPI_IN_PLACE, h.data(), 256, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD),
+              "allreduce(histogram)");
+        }
+        uint64_t mine = 0;
+        std::vector<uint64_t> ties(nodes);
+        CheckMpi(MPI_Allgather(&mine, 8, MPI_BYTE, ties.data(), 8, MPI_BYTE, MPI_COMM_WORLD),
+                 "allgather(ties)");
+      }
+      const uint64_t kept = k / nodes + (static_cast<uint64_t>(rank) < k % nodes ? 1 : 0);
+      int mine = static_cast<int>(spex::ChunkBytes(kept, false));
+      CheckMpi(MPI_Allgather(&mine, 1, MPI_INT, standin_counts.data(), 1, MPI_INT, MPI_COMM_WORLD),
+               "allgather(counts)");
+      int gtotal = 0;
+      for (int r = 0; r < nodes; ++r) {
+        standin_displs[r] = gtotal;
+        gtotal += standin_counts[r];
+      }
+      if (static_cast<size_t>(gtotal) > room)
+        Die("oktopk_standin: kept entries beyond the buffers");
+      CheckMpi(MPI_Allgatherv(send->p, mine, MPI_BYTE, recv->p, standin_counts.data(),
+                              standin_displs.data(), MPI_BYTE, MPI_COMM_WORLD),
+               "allgatherv(kept)");
+      b.sent += mine;
+      b.received += gtotal - mine;
     } else if (op == "ddp") {
       CheckMpi(MPI_Allreduce(send->p, recv->p, static_cast<int>(a.n), MPI_FLOAT, MPI_SUM,
                              MPI_COMM_WORLD),

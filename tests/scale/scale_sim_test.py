@@ -5,7 +5,8 @@ on a star of 10 Gbit/s links with the network model's factors off:
     all-reduce 2 (P-1)/P x 2n / B, the sparse all-gather (ExchangeSparseGather) (P-1) x 8k / B,
     each within 1% (link latency 0.1 us: the analytic costs are the bandwidth terms);
   - the stand-ins (same MPI calls, same byte counts, shared buffers) report the real code's
-    byte counts and take its simulated time;
+    byte counts and take its simulated time (Ok-Topk's, whose parts and kept entries follow
+    equal regions and k/P per owner, within 1% of both);
   - the cost model (daemon/engine/exchange_cost.h) is within 5% of the simulated dense,
     all-gather and Ok-Topk exchanges with their control round and commit vote at 2 us per link,
     and picks the simulation's fastest.
@@ -66,6 +67,16 @@ def main():
         for key in ("bytes_sent", "bytes_received"):
             check(hs[key] == half[key], f"P={p} half stand-in {key} {hs[key]} == real code's {half[key]}")
         check(near(hs["steps"][0]["exchange_s"], th, 1e-6), f"P={p} half stand-in's time == real code's")
+        # Ok-Topk's stand-in: its parts by equal regions and k/P kept entries per owner, against
+        # the real code's (rebalanced regions, the kept set found by the histograms).
+        ok = spex_scale.simulate(op="oktopk", steps=2, **kw)
+        oks = spex_scale.simulate(op="oktopk_standin", steps=2, **kw)
+        for key in ("bytes_sent", "bytes_received", "max_bytes_received"):
+            check(near(oks[key], ok[key], 0.01),
+                  f"P={p} Ok-Topk stand-in {key} {oks[key]} within 1% of the real code's {ok[key]}")
+        for step in (0, 1):
+            a_, b_ = ok["steps"][step]["exchange_s"], oks["steps"][step]["exchange_s"]
+            check(near(b_, a_, 0.01), f"P={p} Ok-Topk stand-in step {step} {b_:.6g} s within 1% of {a_:.6g} s")
         # The cost model against the simulation, control round and commit vote included.
         sim = {}
         kw.update(link_latency_us=2, control=True)
