@@ -286,6 +286,24 @@ class HookStateTest(unittest.TestCase):
         self.assertEqual([b.id for b in fresh.buckets], ids)
         self.assertEqual(out.data_ptr(), fresh.buckets[0].output_tensor.data_ptr())
 
+    def test_a_layout_saved_before_ddps_rebuild_is_followed_and_said_inexact(self):
+        state, _, p = self.make()
+        state.ddp.find_unused_parameters = False  # DDP as usual: it rebuilds after its first iteration
+        state(FakeGradBucket(0, [p[0], p[1], p[2], p[3]])).wait()
+        saved = state.state_dict()
+        self.assertFalse(saved["settled"])
+        fresh, client, q = self.make()
+        fresh.ddp.find_unused_parameters = False
+        fresh.load_state_dict(saved)
+        with self.assertWarnsRegex(RuntimeWarning, "saved before DDP rebuilt its buckets"):
+            fresh(FakeGradBucket(0, [q[0], q[1], q[2], q[3]])).wait()
+        self.assertEqual(client.loaded, [(0, b"record of 0")])
+        fresh.ddp._has_rebuilt_buckets = True  # DDP rebuilt: the hook follows, as the saved job did
+        fresh(FakeGradBucket(0, [q[3], q[2]])).wait()
+        fresh(FakeGradBucket(1, [q[1], q[0]])).wait()
+        self.assertEqual([b.id for b in fresh.buckets], [1 << 20, (1 << 20) + 1])
+        self.assertTrue(fresh.state_dict()["settled"])
+
     def test_another_model_is_refused_naming_the_parameter(self):
         from spex.errors import SpexError
 

@@ -50,6 +50,7 @@ hook, is refused with SpexTypeError naming the fix.
 import queue
 import threading
 import time
+import warnings
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
@@ -460,6 +461,10 @@ class SpexHookState:
         the layout is a resumed job's that was settled when saved."""
         if self._mapped:
             return self._keep
+        return self._settled_ddp()
+
+    def _settled_ddp(self) -> bool:
+        """Whether DDP's bucket layout stays as it is: it has rebuilt it, or never will."""
         ddp = self.ddp
         if ddp is None:
             return False
@@ -587,6 +592,11 @@ class SpexHookState:
         self._where = where
         self._mapped = True
         self._keep = bool(state.get("settled", False))
+        if not self._keep and not self._settled_ddp():
+            warnings.warn("spex: this checkpoint was saved before DDP rebuilt its buckets (after the job's first "
+                          "step); the job it came from ran its next step on the rebuilt layout, which this DDP "
+                          "learns only in this iteration, so the resumed job does not continue exactly. Checkpoint "
+                          "after the second step or later (docs/checkpoint.md)", RuntimeWarning, stacklevel=2)
 
     def _apply_pending(self, index: int, b: Bucket, grad_bucket: Any) -> None:
         entry = self._pending.pop(index, None)
