@@ -1,8 +1,9 @@
 """The DDP hook's momentum correction (spex.torch.register(..., momentum_correction=m)) on a fake
 client, against hand-computed values: the hook hands u = m u + g to the daemon, keeps u in
 float32 for half buckets, zeroes u where the averaged result is non-zero (momentum factor
-masking), starts u over when DDP rebuilds its buckets, saves and restores u with state_dict, and
-refuses bad factors and dense compressors naming the fix."""
+masking), starts u over when DDP rebuilds its buckets, saves and restores u with state_dict (also
+onto another DDP bucket layout, per parameter), and refuses bad factors and dense compressors
+naming the fix."""
 
 import unittest
 
@@ -86,6 +87,35 @@ class MomentumCorrectionTest(unittest.TestCase):
         off, _ = self.make(None)
         with self.assertRaises(SpexValueError):
             off.load_state_dict(saved)
+
+    def test_u_follows_its_parameters_onto_another_ddp_layout(self):
+        # A resumed job (docs/checkpoint.md): u is saved per saved bucket, in that bucket's parameter
+        # order, and DDP's first bucket after the restart holds the parameters in another order.
+        a, b = torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(3))
+
+        class Ddp:
+            process_group = None
+
+            def parameters(self):
+                return iter([a, b])
+
+        def make(results=None):
+            client = FakeClient(results)
+            state = spex.torch.SpexHookState(Ddp(), client=client, compressor="micro", momentum_correction=0.5)
+            self.addCleanup(state.close)
+            return state, client
+
+        state, _ = make()
+        state(FakeGradBucket(0, [b, a], buffer=torch.tensor([3.0, 4.0, 5.0, 1.0, 2.0]))).wait()
+        saved = state.state_dict()
+        self.assertEqual(saved["buckets"][0]["momentum"].tolist(), [3.0, 4.0, 5.0, 1.0, 2.0])
+        fresh, client = make([torch.tensor([0.0, 7.0, 0.0, 9.0, 0.0])])
+        fresh.load_state_dict(saved)
+        out = fresh(FakeGradBucket(0, [a, b], buffer=torch.tensor([10.0, 20.0, 30.0, 40.0, 50.0]))).wait()
+        # u = 0.5 u + g in the saved order (b, a): [0.5*3+30, 0.5*4+40, 0.5*5+50, 0.5*1+10, 0.5*2+20]
+        self.assertEqual(client.handed[0].tolist(), [31.5, 42.0, 52.5, 10.5, 21.0])
+        self.assertEqual(fresh._u[0].tolist(), [31.5, 0.0, 52.5, 0.0, 21.0])  # masked where the result is non-zero
+        self.assertEqual(out.tolist(), [9.0, 0.0, 0.0, 7.0, 0.0])  # back in DDP's order (a, b)
 
     def test_bad_factors_and_dense_are_refused_naming_the_fix(self):
         for bad in (0.0, 1.0, -0.5, 1.5, "0.9"):
