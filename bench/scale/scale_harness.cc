@@ -19,7 +19,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -45,7 +44,6 @@ struct Args {
   std::string wire = "float32";  // float32 | bfloat16 | float16 (sparse values, dense_half type)
   bool control = true;           // control round and commit vote around spex's exchanges
   uint64_t seed = 1;
-  std::string idx_file;  // sorted uint32 positions of a real gradient's selection (see below)
   uint64_t psgd[3] = {0, 0, 0};  // powersgd: uncompressed, P and Q floats
 };
 
@@ -77,15 +75,12 @@ Args Parse(int argc, char** argv) {
       a.control = std::atoi(v) != 0;
     } else if (const char* v = val("--seed=")) {
       a.seed = std::strtoull(v, nullptr, 10);
-    } else if (const char* v = val("--idx_file=")) {
-      a.idx_file = v;
     } else if (const char* v = val("--psgd=")) {
       if (std::sscanf(v, "%lu,%lu,%lu", &a.psgd[0], &a.psgd[1], &a.psgd[2]) != 3)
         Die("--psgd= takes three float counts: uncompressed,P,Q");
     } else {
       std::fprintf(stderr, "scale_harness: unknown argument %s\n", argv[i]);
-      Die("arguments: --op= --n= --density= --steps= --wire= --control= --seed= --idx_file= "
-          "--psgd=");
+      Die("arguments: --op= --n= --density= --steps= --wire= --control= --seed= --psgd=");
     }
   }
   if (a.n == 0 || a.n > 0xffffffffull) Die("--n must be 1 .. 2^32-1 elements");
@@ -102,44 +97,23 @@ spex::DType WireType(const std::string& w) {
                           : spex::DType::kFloat32;
 }
 
-// This rank's k selected positions (sorted, distinct). Uniform: one random position in each of k
-// equal strata of [0, n). From a file (a real gradient's selection over n0 positions, sorted
-// uint32): the file's positions scaled to [0, n) and shifted by a rank-dependent offset of
-// n / (16 P) per rank, so the nodes' selections share the gradient's skew but overlap partly, as
-// different data shards' selections of one model do.
-std::vector<uint32_t> Selection(const Args& a, uint64_t k, int rank, int nodes) {
+// This rank's k selected positions (sorted, distinct): one random position in each of k equal
+// strata of [0, n), different on every node. (Selections of real gradients, skewed and partly
+// shared between nodes, are not simulated yet.)
+std::vector<uint32_t> Selection(const Args& a, uint64_t k, int rank) {
   std::vector<uint32_t> idx;
   idx.reserve(k);
-  if (a.idx_file.empty()) {
-    const double stride = static_cast<double>(a.n) / k;
-    uint64_t state = spex::StepSeed(a.seed, rank, 0);
-    for (uint64_t j = 0; j < k; ++j) {
-      const uint64_t s = spex::SplitMix64(&state);
-      const double u = (s >> 11) * (1.0 / 9007199254740992.0);
-      uint64_t i = static_cast<uint64_t>((j + u) * stride);
-      if (i >= a.n) i = a.n - 1;
-      if (!idx.empty() && i <= idx.back()) i = idx.back() + 1;
-      if (i >= a.n) break;
-      idx.push_back(static_cast<uint32_t>(i));
-    }
-    return idx;
-  }
-  std::ifstream f(a.idx_file, std::ios::binary);
-  if (!f) Die("cannot open --idx_file");
-  uint64_t header[2];  // n0, count
-  f.read(reinterpret_cast<char*>(header), sizeof(header));
-  if (!f || header[0] == 0 || header[1] == 0) Die("--idx_file: bad header (n0, count as uint64)");
-  std::vector<uint32_t> src(header[1]);
-  f.read(reinterpret_cast<char*>(src.data()), src.size() * 4);
-  if (!f) Die("--idx_file: truncated");
-  // Take k positions of the file's selection spread evenly over it (k may differ from count).
-  const uint64_t shift = a.n / (16ull * nodes) * rank;
+  const double stride = static_cast<double>(a.n) / k;
+  uint64_t state = spex::StepSeed(a.seed, rank, 0);
   for (uint64_t j = 0; j < k; ++j) {
-    const uint64_t p = src[j * src.size() / k];
-    idx.push_back(static_cast<uint32_t>((p * a.n / header[0] + shift) % a.n));
+    const uint64_t s = spex::SplitMix64(&state);
+    const double u = (s >> 11) * (1.0 / 9007199254740992.0);
+    uint64_t i = static_cast<uint64_t>((j + u) * stride);
+    if (i >= a.n) i = a.n - 1;
+    if (!idx.empty() && i <= idx.back()) i = idx.back() + 1;
+    if (i >= a.n) break;
+    idx.push_back(static_cast<uint32_t>(i));
   }
-  std::sort(idx.begin(), idx.end());
-  idx.erase(std::unique(idx.begin(), idx.end()), idx.end());
   return idx;
 }
 
@@ -213,7 +187,7 @@ int main(int argc, char** argv) {
   std::vector<uint32_t> idx;
   std::vector<float> val;
   if (op == "gather" || op == "oktopk") {
-    idx = Selection(a, k, rank, nodes);
+    idx = Selection(a, k, rank);
     val = Values(idx.size(), rank, a.seed);
   }
   std::unique_ptr<Shared> send, recv;
@@ -239,7 +213,7 @@ int main(int argc, char** argv) {
   } else if (op == "oktopk_standin") {
     // The parts this node sends, by owner (its selection over equal regions), computed once; the
     // selection itself is not kept (1,024 nodes x k pairs would not fit).
-    std::vector<uint32_t> sel = Selection(a, k, rank, nodes);
+    std::vector<uint32_t> sel = Selection(a, k, rank);
     const std::vector<uint32_t> bounds = spex::EqualRegions(static_cast<uint32_t>(a.n), nodes);
     standin_parts.assign(nodes, 0);
     int o = 0;

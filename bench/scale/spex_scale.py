@@ -61,8 +61,8 @@ def platform_xml(topology, nodes, gbps, link_latency_us):
 
 
 def simulate(nodes, op, elements, density=0.01, gbps=10, link_latency_us=2, topology="star",
-             wire="float32", steps=1, factors="off", control=True, psgd=None, idx_file=None,
-             out=DEFAULT_OUT, timeout=None):
+             wire="float32", steps=1, factors="off", control=True, psgd=None, out=DEFAULT_OUT,
+             timeout=None):
     """Runs the harness under smpirun; returns its JSON (times are simulated seconds) with the
     run's wall time (wall_s) and its conditions added."""
     with tempfile.TemporaryDirectory(prefix="spex_scale_") as tmp:
@@ -90,8 +90,6 @@ def simulate(nodes, op, elements, density=0.01, gbps=10, link_latency_us=2, topo
                 f"--control={1 if control else 0}"]
         if psgd:
             cmd.append("--psgd=" + ",".join(str(int(x)) for x in psgd))
-        if idx_file:
-            cmd.append(f"--idx_file={idx_file}")
         t0 = time.time()
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=tmp)
         wall = time.time() - t0
@@ -346,12 +344,22 @@ def cmd_plot(a):
     for ax, (gbps, lat) in zip(axes[0], keys):
         sel = sorted((p for p in pts if p["gbps"] == gbps and p["link_latency_us"] == lat),
                      key=lambda p: p["nodes"])
-        xs = [p["nodes"] for p in sel]
         for op, label, style in (("dense", "spex dense", "k-"), ("gather", "spex all-gather", "r-o"),
                                  ("oktopk", "spex Ok-Topk", "b-s"), ("ddp", "DDP ring fp32", "k:"),
                                  ("ddp_fp16", "DDP fp16", "g:"), ("powersgd1", "PowerSGD r=1", "m--"),
                                  ("powersgd4", "PowerSGD r=4", "c--")):
-            ax.plot(xs, [p["times_s"][op] for p in sel], style, label=label, markersize=3)
+            have = [p for p in sel if op in p["times_s"]]
+            ax.plot([p["nodes"] for p in have], [p["times_s"][op] for p in have], style,
+                    label=label, markersize=3)
+        # The cost model's spex exchanges out to 1,024 nodes (thin): where nothing was simulated.
+        if a.model_lines:
+            allp = [2 ** i for i in range(1, 11)]
+            hops = 2 if a.topology == "star" else 4
+            k = max(1, int(data["density"] * data["elements"]))
+            ms = [model(p, gbps, hops * lat, data["elements"], k, 4, 1.0, True, a.build_dir)
+                  for p in allp]
+            for key, style in (("dense_s", "k-"), ("allgather_s", "r-"), ("oktopk_s", "b-")):
+                ax.plot(allp, [m[key] for m in ms], style, linewidth=0.6, alpha=0.5)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("nodes P")
@@ -359,7 +367,8 @@ def cmd_plot(a):
         ax.set_title(f"{a.topology}, {gbps:g} Gbit/s, {lat:g} us/link")
         ax.grid(True, which="both", alpha=0.3)
     axes[0][0].legend(fontsize=7)
-    fig.suptitle(f"{data['model']}: {data['elements']:,} elements, density {data['density']}")
+    fig.suptitle(f"{data['model']}: {data['elements']:,} elements, density {data['density']}" +
+                 ("\nsimulated (thick), cost model (thin)" if a.model_lines else ""), fontsize=10)
     fig.tight_layout()
     fig.savefig(a.out, dpi=90)
     print(f"plot: {a.out}")
@@ -546,6 +555,8 @@ def main():
     p = sub.add_parser("plot", help="log-log plot of a sweep")
     p.add_argument("sweep")
     p.add_argument("--topology", default="star")
+    p.add_argument("--model-lines", action="store_true",
+                   help="add the cost model's spex exchanges to 1,024 nodes as thin lines")
     p.add_argument("--out", required=True)
     p.set_defaults(fn=cmd_plot)
     t = sub.add_parser("table", help="markdown tables of sweeps")
