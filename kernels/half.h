@@ -83,6 +83,13 @@ inline uint16_t FloatToHalf(DType t, float f) {
   return t == DType::kBFloat16 ? FloatToBf16(f) : FloatToF16(f);
 }
 
+// Whether v survives rounding to `t`: false only for a finite v that rounds to +-Inf (float16:
+// |v| >= 65520; bfloat16: past its largest value by half an ulp or more). A wire that rounds a
+// value to `t` checks this first and sends wider where it fails (docs/dtypes.md).
+inline bool HalfFits(DType t, float v) {
+  return !std::isfinite(v) || std::isfinite(HalfToFloat(t, FloatToHalf(t, v)));
+}
+
 // Bulk passes (Highway, dispatched at run time to the CPU's best target; single-threaded).
 // `t` must be a half type.
 namespace half {
@@ -107,7 +114,9 @@ size_t SumWidenNarrow(DType t, uint16_t* y, const float* acc, const uint16_t* co
 // positions: acc[idx[j]] = v - float(round_t(v)), where v = val[j] (pattern B: the selected
 // values, whose positions the selection zeroed) or, with val == nullptr, acc[idx[j]] itself
 // (pattern A: acc at the union, all of which was sent). Bit for bit the scalar formula; the
-// conversion is vectorised, the loads and stores at idx go lane by lane.
+// conversion is vectorised, the loads and stores at idx go lane by lane. Only for values that
+// went out rounded to `t`, so every v fits (HalfFits): a value past t's range is sent as
+// float32 instead and its residual is zeroed, never left at -Inf.
 void KeepRounding(DType t, float* acc, const uint32_t* idx, const float* val, size_t count);
 // Name of the Highway target these passes run on.
 const char* TargetName();

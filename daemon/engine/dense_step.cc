@@ -156,6 +156,15 @@ void DenseStep(const StepEnv& env, absl::Span<StepItem> group, const Lap& lap) {
     } else {
       c = env.coll->AllReduceScaled(src, b.output, n, scale);
     }
+    if (c.ok() && s.ok() && item.sparse != nullptr && IsHalf(b.wire) && N > 1 &&
+        !std::isfinite(env.prims->AccumulateMoments(b.output, nullptr, n, -1.0f, false).sum)) {
+      // A sparse bucket's residual and local sum are finite (checked), so a non-finite result
+      // is the unscaled sum of some node narrowed past the type's range (or an average past
+      // it). Every node holds the same result and decides alike: the residual goes again as
+      // float32, scaled first (as DDP divides before it sums), never as an infinity.
+      env.prims->Scale(b.acc, scale, n);
+      c = env.coll->AllReduceScaled(b.acc, b.output, n, 1.0f);
+    }
     b.half_output_ready = direct && c.ok();
     if (s.ok()) s = c;
     lap(Phase::kCollective);

@@ -228,8 +228,14 @@ absl::Status ExchangeOkTopk(Collective* coll, Primitives* prims, const SparseExc
   }
   std::vector<std::vector<uint8_t>> send(n), recv;
   // The selections' values as ExchangeSparseGather sends them: a half bucket's own type
-  // (args.wire), else float32 or float16 (--fp16_values).
-  const DType wire = IsHalf(args.wire) ? args.wire : args.fp16 ? DType::kFloat16 : DType::kFloat32;
+  // (args.wire), else float32 or float16 (--fp16_values); every part as float32 where some
+  // value of the selection would not fit (wire.h ValuesWire), so the residual's update is one
+  // rule for the whole selection.
+  const DType wire = ValuesWire(IsHalf(args.wire) ? args.wire
+                                : args.fp16       ? DType::kFloat16
+                                                  : DType::kFloat32,
+                                my_val);
+  r.values_sent = wire;
   for (int q = 0; q < n; ++q) {
     EncodeChunk(args.group_id, args.step, args.elements, part_idx[q], part_val[q], wire,
                 args.scalars, &send[q]);

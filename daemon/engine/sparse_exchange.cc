@@ -2,6 +2,7 @@
 #include "daemon/engine/sparse_exchange.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -91,17 +92,40 @@ absl::Status ExchangeIndexUnion(Collective* coll, Primitives* prims, const Spars
     local = prims->Gather(acc, args.elements, u.data(), u.size(), vals.data());
   }
   if (!local.ok()) std::fill(vals.begin(), vals.end(), 0.0f);
-  const bool half = IsHalf(args.wire) && n > 1;
+  bool half = IsHalf(args.wire) && n > 1;
+  bool prescaled = false;  // the float32 exchange after a half one that did not fit
   if (half && !vals.empty()) {
     // Half values on the wire, float32 sums, scaled and rounded once (half_exchange.h).
     HalfAllReduceBytes hb;
-    if (absl::Status s = HalfAllReduceScaled(coll, args.wire, vals.data(), vals.data(), vals.size(),
+    std::vector<float> sum(vals.size());
+    if (absl::Status s = HalfAllReduceScaled(coll, args.wire, vals.data(), sum.data(), vals.size(),
                                              args.scale, &hb);
         !s.ok()) {
       return s;
     }
     res->bytes_sent += hb.sent;
     res->bytes_received += hb.received;
+    // acc is finite (the local reduce checks it), so a non-finite result means some node's value
+    // or the average did not fit the type. Every node holds the same result and decides alike:
+    // the values go again as float32, each scaled first (as DDP divides before it sums), and the
+    // residual is zeroed at the union (nothing was rounded) instead of keeping -Inf.
+    bool finite = true;
+    for (float v : sum) finite = finite && std::isfinite(v);
+    if (finite) {
+      vals.swap(sum);
+    } else {
+      half = false;
+      prims->Scale(vals.data(), args.scale, vals.size());
+      if (absl::Status s =
+              coll->AllReduce(vals.data(), vals.size(), ElemType::kFloat32, ReduceOp::kSum);
+          !s.ok()) {
+        return s;
+      }
+      res->bytes_sent += vals.size() * 4;
+      res->bytes_received += vals.size() * 4;
+      prescaled = true;
+    }
+    if (finite) res->values_sent = args.wire;
   } else if (n > 1 && !vals.empty()) {
     if (absl::Status s =
             coll->AllReduce(vals.data(), vals.size(), ElemType::kFloat32, ReduceOp::kSum);
@@ -113,7 +137,7 @@ absl::Status ExchangeIndexUnion(Collective* coll, Primitives* prims, const Spars
   }
   if (!local.ok()) return local;
   // out is zero at every position of u (the caller's contract), so adding writes the average.
-  if (!half) prims->Scale(vals.data(), args.scale, vals.size());
+  if (!half && !prescaled) prims->Scale(vals.data(), args.scale, vals.size());
   if (device != nullptr) {
     if (!u.empty()) {
       absl::Status s = device->prims->CopyFromHost(dev_vals, vals.data(), u.size() * 4);
@@ -134,13 +158,12 @@ absl::Status ExchangeSparseGather(Collective* coll, Primitives* prims,
                                   SparseExchangeResult* res, const DeviceSide* device) {
   const int n = coll->size();
   std::vector<uint8_t> mine;
-  if (IsHalf(args.wire)) {
-    EncodeChunk(args.group_id, args.step, args.elements, my_idx, my_val, args.wire, args.scalars,
-                &mine);
-  } else {
-    EncodeChunk(args.group_id, args.step, args.elements, my_idx, my_val, args.fp16, args.scalars,
-                &mine);
-  }
+  // A half bucket's own type, else float32 or float16 (--fp16_values); float32 where a value
+  // would not fit (ValuesWire: never narrowed into an infinity).
+  const DType asked = IsHalf(args.wire) ? args.wire : args.fp16 ? DType::kFloat16 : DType::kFloat32;
+  res->values_sent = ValuesWire(asked, my_val);
+  EncodeChunk(args.group_id, args.step, args.elements, my_idx, my_val, res->values_sent,
+              args.scalars, &mine);
   std::vector<size_t> bytes;
   std::vector<uint8_t> all;
   if (absl::Status s = coll->AllGatherV(mine.data(), mine.size(), &bytes, &all); !s.ok()) return s;

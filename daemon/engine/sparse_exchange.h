@@ -1,8 +1,12 @@
 // The sparse exchange patterns (docs/algorithms.md#patterns), over any Collective:
 //  A: index all-gather (counts implied by the variable-size gather) -> union of indices ->
-//     every node's acc at the union, summed by an all-reduce -> out[I] = sum * scale.
+//     every node's acc at the union, summed by an all-reduce -> out[I] = sum * scale. With
+//     half values on the wire, a result that is not finite (a node's value, or the average,
+//     past the type's range: every node sees the same result) is exchanged again in float32,
+//     each value scaled first, so no value is narrowed into an infinity.
 //  B: all-gather of (index, value) chunks in the wire format (no padding) -> validate ->
-//     scatter-add every node's chunk into out, * scale.
+//     scatter-add every node's chunk into out, * scale. A chunk whose values do not all fit
+//     the half wire type goes out as float32 (wire.h ValuesWire).
 // Both add into the output positions they touch, which must be zero: the caller zeroes the
 // positions of the previous step (kept in `touched`) before calling, so the output slot stays
 // exact without a full memset per step.
@@ -37,6 +41,10 @@ struct SparseExchangeResult {
   std::vector<uint32_t> gathered_idx;  // A: the union; B: every node's indices, concatenated
   uint64_t bytes_sent = 0;
   uint64_t bytes_received = 0;
+  // The type this node's values went out as: a half wire's own type, or float32 where one did
+  // not fit it (wire.h ValuesWire; A: where the half exchange's result was not finite). The
+  // residual keeps the wire's rounding only when they went out rounded (docs/dtypes.md).
+  DType values_sent = DType::kFloat32;
 };
 
 struct SparseExchangeArgs {

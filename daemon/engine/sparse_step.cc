@@ -78,20 +78,6 @@ void SparseStepOne(const StepEnv& env, StepItem& item, const Lap& lap) {
   // global selection kept is zeroed, after the exchange (the rest stays in the residual).
   const bool zero_selected = pattern == Pattern::kSparseGather && !st.oktopk;
   if (s.ok()) keep(c.Select(step, b.acc, /*add=*/nullptr, zero_selected, &sel));
-  if (s.ok() && zero_selected && env.error_feedback && IsHalf(b.wire)) {
-    // The values go out rounded to the bucket's type: what rounding took off stays in the
-    // residual (error feedback keeps it, as it keeps what was not selected). On the device the
-    // selection zeroed acc there, so adding the remainders writes them.
-    if (!b.on_device) {  // one vector pass (kernels/half.h)
-      half::KeepRounding(b.wire, b.acc, sel.idx.data(), sel.val.data(), sel.idx.size());
-    } else {
-      std::vector<float> rem(sel.val.size());
-      for (size_t j = 0; j < rem.size(); ++j) {
-        rem[j] = sel.val[j] - HalfToFloat(b.wire, FloatToHalf(b.wire, sel.val[j]));
-      }
-      keep(AddAtOnDevice(env, b, sel.idx, rem));
-    }
-  }
   if (!s.ok()) {  // contribute nothing; the step fails everywhere at the commit vote
     sel.idx.clear();
     sel.val.clear();
@@ -131,8 +117,9 @@ void SparseStepOne(const StepEnv& env, StepItem& item, const Lap& lap) {
     // Error feedback: the residual is zeroed where this node's selection was kept globally
     // (with global "all", its whole selection); the rest of what it sent stays. Half values on
     // the wire: where kept, what rounding took off stays instead of 0 (acc still holds the
-    // selected values there: Ok-Topk selects without zeroing).
-    if (x.ok() && s.ok() && IsHalf(args.wire) && env.error_feedback) {
+    // selected values there: Ok-Topk selects without zeroing); sent as float32 because one did
+    // not fit (ValuesWire), nothing was rounded: zeroed.
+    if (x.ok() && s.ok() && IsHalf(b.wire) && IsHalf(ok.values_sent) && env.error_feedback) {
       if (!b.on_device) {
         half::KeepRounding(b.wire, b.acc, ok.my_kept.data(), nullptr, ok.my_kept.size());
       } else {
@@ -144,6 +131,23 @@ void SparseStepOne(const StepEnv& env, StepItem& item, const Lap& lap) {
     res = std::move(ok);
   } else {
     x = ExchangeSparseGather(env.coll, env.host_prims, args, sel.idx, sel.val, b.output, &res, dev);
+    if (x.ok() && s.ok() && zero_selected && env.error_feedback && IsHalf(b.wire) &&
+        IsHalf(res.values_sent)) {
+      // The values went out rounded to the bucket's type: what rounding took off stays in the
+      // residual (error feedback keeps it, as it keeps what was not selected). Where one did
+      // not fit, the chunk went as float32 (ValuesWire): nothing was rounded, and the
+      // selection's zeros stay. On the device the selection zeroed acc there, so adding the
+      // remainders writes them.
+      if (!b.on_device) {  // one vector pass (kernels/half.h)
+        half::KeepRounding(b.wire, b.acc, sel.idx.data(), sel.val.data(), sel.idx.size());
+      } else {
+        std::vector<float> rem(sel.val.size());
+        for (size_t j = 0; j < rem.size(); ++j) {
+          rem[j] = sel.val[j] - HalfToFloat(b.wire, FloatToHalf(b.wire, sel.val[j]));
+        }
+        x = AddAtOnDevice(env, b, sel.idx, rem);
+      }
+    }
   }
   keep(x);
   lap(Phase::kCollective);
@@ -173,9 +177,12 @@ void FinishSparseExchange(const StepEnv& env, StepItem& item, absl::Status s,
     item.status = std::move(s);
     return;
   }
-  if (pattern == Pattern::kIndexUnion && IsHalf(b.wire) && env.error_feedback && b.on_device) {
+  // The union's values went out rounded to the bucket's type unless the half exchange's result
+  // was not finite and they went again as float32 (res->values_sent; sparse_exchange.h).
+  const bool rounded = IsHalf(b.wire) && IsHalf(res->values_sent);
+  if (pattern == Pattern::kIndexUnion && rounded && env.error_feedback && b.on_device) {
     keep(KeepUnionRoundingOnDevice(env, b, res->gathered_idx));
-  } else if (pattern == Pattern::kIndexUnion && IsHalf(b.wire) && env.error_feedback) {
+  } else if (pattern == Pattern::kIndexUnion && rounded && env.error_feedback) {
     // All of it was sent, rounded to the bucket's type: what rounding took off stays (one
     // gather-convert-scatter pass, kernels/half.h).
     half::KeepRounding(b.wire, b.acc, res->gathered_idx.data(), nullptr, res->gathered_idx.size());

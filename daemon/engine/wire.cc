@@ -65,6 +65,14 @@ void EncodeChunk(uint64_t group_id, uint64_t step, uint32_t elements,
   }
 }
 
+DType ValuesWire(DType wire, absl::Span<const float> val) {
+  if (!IsHalf(wire)) return wire;
+  for (float v : val) {
+    if (!HalfFits(wire, v)) return DType::kFloat32;
+  }
+  return wire;
+}
+
 void EncodeIndexChunk(uint64_t group_id, uint64_t step, uint32_t elements,
                       absl::Span<const uint32_t> idx, const float scalars[4],
                       std::vector<uint8_t>* out) {

@@ -47,6 +47,12 @@ void EncodeChunk(uint64_t group_id, uint64_t step, uint32_t elements,
                  absl::Span<const uint32_t> idx, absl::Span<const float> val, DType wire,
                  const float scalars[4], std::vector<uint8_t>* out);
 
+// The type a node's values go out as when `wire` is asked for: `wire` itself, unless some value
+// would round to +-Inf in it (a float16 value past 65504, a bfloat16 one past its range): then
+// float32, for the whole chunk. Every chunk says its type in its flags, so receivers need no
+// agreement; a value is never narrowed into an infinity it was not (docs/dtypes.md).
+DType ValuesWire(DType wire, absl::Span<const float> val);
+
 // Appends one index-only chunk (flags = kChunkIndexOnly: the header and `idx`, no values).
 void EncodeIndexChunk(uint64_t group_id, uint64_t step, uint32_t elements,
                       absl::Span<const uint32_t> idx, const float scalars[4],
