@@ -20,15 +20,6 @@ extra_pass=0; extra_fail=0
 echo "== build (default configuration) [${SECONDS} s]"
 "${BAZEL[@]}" build "${TEST_FLAGS[@]}" //... || { echo "default build failed"; extra_fail=$((extra_fail + 1)); }
 
-if [ -d kernels/cuda ] && grep -q "spex_cuda" .bazelrc && ls kernels/cuda/*.cu >/dev/null 2>&1; then
-  echo "== build --config=cuda (compile and link only; no GPU here) [${SECONDS} s]"
-  if "${BAZEL[@]}" build --config=cuda "${TEST_FLAGS[@]}" //kernels/... //daemon/... //tests/...; then
-    extra_pass=$((extra_pass + 1)); echo "cuda build: passed"
-  else
-    extra_fail=$((extra_fail + 1)); echo "cuda build: FAILED"
-  fi
-fi
-
 echo "== format (tests/format_check.sh) [${SECONDS} s]"
 if bash tests/format_check.sh; then
   extra_pass=$((extra_pass + 1))
@@ -39,24 +30,35 @@ fi
 echo "== tests [${SECONDS} s]"
 "${BAZEL[@]}" test "${TEST_FLAGS[@]}" //tests/... 2>&1 | tail -n 60
 
+# The CUDA configuration shares the default output tree (only targets that depend on
+# //third_party:cuda_runtime differ), so it is built after the default tests have run: built
+# before them, those targets would be compiled for CUDA and then compiled back.
+if [ -d kernels/cuda ] && grep -q "spex_cuda" .bazelrc && ls kernels/cuda/*.cu >/dev/null 2>&1; then
+  echo "== build --config=cuda (compile and link only; no GPU here) [${SECONDS} s]"
+  if "${BAZEL[@]}" build --config=cuda "${TEST_FLAGS[@]}" //kernels/... //daemon/... //tests/...; then
+    extra_pass=$((extra_pass + 1)); echo "cuda build: passed"
+  else
+    extra_fail=$((extra_fail + 1)); echo "cuda build: FAILED"
+  fi
+fi
+
 # Sanitizers: own output trees (--platform_suffix in .bazelrc), so the default build stays.
-# ASan+UBSan: every C++ test (unit and in-process; not the mpirun/shell/Python ones).
-# TSan: the in-process engine tests and the in-process collective (many threads, one process).
-# compressor_conformance_test is left out of ASan (30 s here, over 5 minutes instrumented): every
-# compressor runs instrumented in the per-algorithm tests and in tests/fuzz's compressor_fuzz.
-# The in-process collective's 1,048,576-element conformance cases are left out of ASan, as they are of TSan
-# (about 100 s instrumented); they run in the default configuration, and the smaller sizes run
-# the same code instrumented.
-ASAN_TARGETS=$("${BAZEL[@]}" query 'kind(cc_test, tests(//tests/...)) except //tests/kernels:compressor_conformance_test' 2>/dev/null)
+# Which C++ tests run instrumented is chosen by tags in the BUILD files (docs/testing.md):
+# ASan+UBSan runs every cc_test except those tagged "no_asan" (pure arithmetic whose kernels are
+# also run instrumented by the engine tests and tests/fuzz's compressor_fuzz, and GPU-only cases
+# that skip here); TSan runs the cc_tests tagged "tsan" (the in-process engine tests and the
+# in-process collective: many threads, one process). The in-process collective's
+# 1,048,576-element conformance cases are left out of both (about 100 s under ASan, minutes under
+# TSan); they run in the default configuration, and the smaller sizes run the same code
+# instrumented.
+ASAN_TARGETS=$("${BAZEL[@]}" query 'kind(cc_test, tests(//tests/...)) except attr(tags, "\bno_asan\b", tests(//tests/...))' 2>/dev/null)
 echo "== tests under ASan+UBSan (--config=asan) [${SECONDS} s]"
 # shellcheck disable=SC2086
 "${BAZEL[@]}" test --config=asan "${TEST_FLAGS[@]}" --test_arg=--gtest_filter=-*n1048576* \
   $ASAN_TARGETS 2>&1 | tail -n 40
 # TSan: abseil compiled from Debian's source with the sanitizer (deploy/fetch_abseil_source.sh,
-# run by setup.sh; third_party/absl_src.BUILD), so TSan sees absl::Mutex's synchronisation. The
-# in-process collective's 1,048,576-element conformance cases take minutes instrumented; its
-# smaller sizes run, and the engine tests move megabytes through it anyway.
-TSAN_TARGETS=$("${BAZEL[@]}" query 'attr(name, "engine_test$|^step_failure_test$|^inproc_collective_test$|^nonfinite_test$", kind(cc_test, tests(//tests/daemon/...)))' 2>/dev/null)
+# run by setup.sh; third_party/absl_src.BUILD), so TSan sees absl::Mutex's synchronisation.
+TSAN_TARGETS=$("${BAZEL[@]}" query 'attr(tags, "\btsan\b", kind(cc_test, tests(//tests/...)))' 2>/dev/null)
 echo "== engine tests under TSan (--config=tsan) [${SECONDS} s]"
 if [ -f /opt/spex/abseil-src/.spex-version ]; then
   # shellcheck disable=SC2086
