@@ -255,6 +255,19 @@ absl::StatusOr<DaemonConfig> LoadConfig() {
         absl::StrCat("--max_exchange_wait must be a positive duration such as 10m, got ",
                      absl::FormatDuration(c.max_exchange_wait)));
   }
+  const int streams = absl::GetFlag(FLAGS_max_checkpoint_streams);
+  if (streams < 0 || streams > 100000) {
+    errors.push_back(absl::StrCat(
+        "--max_checkpoint_streams must be in 0..100000 (0: --local_trainers), got ", streams));
+  } else {
+    c.max_checkpoint_streams = streams;
+  }
+  c.checkpoint_stream_timeout = absl::GetFlag(FLAGS_checkpoint_stream_timeout);
+  if (c.checkpoint_stream_timeout <= absl::ZeroDuration()) {
+    errors.push_back(
+        absl::StrCat("--checkpoint_stream_timeout must be a positive duration such as 1m, got ",
+                     absl::FormatDuration(c.checkpoint_stream_timeout)));
+  }
 
   if (!errors.empty()) return absl::InvalidArgumentError(absl::StrJoin(errors, "; "));
   return c;

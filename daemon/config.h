@@ -46,6 +46,8 @@ struct DaemonConfig {
   int rpc_threads = 64;
   int max_streams_per_connection = 16;
   absl::Duration max_exchange_wait = absl::Minutes(10);
+  int max_checkpoint_streams = 0;  // 0: --local_trainers
+  absl::Duration checkpoint_stream_timeout = absl::Minutes(1);
 };
 
 // Reads and checks every flag. InvalidArgument listing every bad flag, each with what it

@@ -19,13 +19,21 @@ ABSL_FLAG(int, max_connections, 64,
           "Each trainer holds one or two.");
 ABSL_FLAG(int, rpc_threads, 64,
           "Most threads serving calls (gRPC's resource quota); beyond it a call fails with "
-          "RESOURCE_EXHAUSTED. A waiting Exchange holds one.");
+          "RESOURCE_EXHAUSTED. A waiting Exchange holds one, as does an open checkpoint stream.");
 ABSL_FLAG(int, max_streams_per_connection, 16,
           "Most calls one connection may have in flight at once (HTTP/2 "
           "MAX_CONCURRENT_STREAMS).");
 ABSL_FLAG(absl::Duration, max_exchange_wait, absl::Minutes(10),
           "The longest an Exchange call waits for its result, whatever deadline the client set "
           "(then DEADLINE_EXCEEDED).");
+ABSL_FLAG(int, max_checkpoint_streams, 0,
+          "Most checkpoint streams (SaveBucketState, LoadBucketState) open at once; more get "
+          "RESOURCE_EXHAUSTED. 0 = --local_trainers (each trainer saves or loads one bucket at a "
+          "time). Each stream holds a thread (counted with waiting Exchange calls) and its "
+          "record's memory (counted against --max_session_bytes and --max_daemon_bytes).");
+ABSL_FLAG(absl::Duration, checkpoint_stream_timeout, absl::Minutes(1),
+          "The longest a checkpoint stream stays open, whatever deadline the client set: a "
+          "client that stops sending or reading its record is cancelled then.");
 ABSL_FLAG(std::string, job, "",
           "Job name: part of the default socket path; when set, trainers must name the same job. "
           "Default: $SPEX_JOB, else $SLURM_JOB_ID, else 'default' (and not enforced).");

@@ -20,6 +20,8 @@ ABSL_DECLARE_FLAG(int, max_connections);
 ABSL_DECLARE_FLAG(int, rpc_threads);
 ABSL_DECLARE_FLAG(int, max_streams_per_connection);
 ABSL_DECLARE_FLAG(absl::Duration, max_exchange_wait);
+ABSL_DECLARE_FLAG(int, max_checkpoint_streams);
+ABSL_DECLARE_FLAG(absl::Duration, checkpoint_stream_timeout);
 ABSL_DECLARE_FLAG(std::string, job);
 ABSL_DECLARE_FLAG(int, local_trainers);
 ABSL_DECLARE_FLAG(std::string, compressor);

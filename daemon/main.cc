@@ -403,10 +403,13 @@ absl::Status Run(const absl::StatusOr<DaemonConfig>& loaded, SdNotifier& notifie
     engine.JoinFor(absl::Seconds(1));
     return listener.status();
   }
-  SpexService service(&engine, kVersion, listener->get(),
-                      {config.timeline_dir, config.timeline_max_bytes, config.max_exchange_wait,
-                       std::max(1, config.rpc_threads - 3)},
-                      &timeline);
+  SpexService service(
+      &engine, kVersion, listener->get(),
+      {config.timeline_dir, config.timeline_max_bytes, config.max_exchange_wait,
+       std::max(1, config.rpc_threads - 3),
+       config.max_checkpoint_streams > 0 ? config.max_checkpoint_streams : opts.local_trainers,
+       config.checkpoint_stream_timeout},
+      &timeline);
   absl::StatusOr<std::unique_ptr<grpc::Server>> server = Serve(&service, listener->get(), config);
   if (!server.ok()) {
     engine.RequestStop();

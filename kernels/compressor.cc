@@ -138,6 +138,7 @@ absl::Status Compressor::Update(uint64_t step, const Gathered& g) {
 namespace {
 constexpr uint32_t kStateMagic = 0x53585053;  // "SPXS"
 constexpr uint16_t kStateVersion = 1;
+constexpr uint64_t kMaxStateCalls = uint64_t{1} << 48;
 
 absl::Status NotSupported(const std::string& name) {
   return absl::UnimplementedError(
@@ -216,6 +217,11 @@ absl::Status Compressor::LoadState(absl::string_view blob) {
   }
   if (!(density > 0 && density <= 1)) {
     return absl::DataLossError(absl::StrCat(what, "density ", density, " out of (0, 1]"));
+  }
+  // One call a step: no run reaches 2^48 (a checkpoint's step has the same bound).
+  if (calls > kMaxStateCalls) {
+    return absl::DataLossError(absl::StrCat(what, "call count ", calls, " beyond ", kMaxStateCalls,
+                                            " (corrupt or forged)"));
   }
   StateReader own_reader(own);
   if (!LoadOwnState(own_reader) || !own_reader.ok() || own_reader.left() != 0) {

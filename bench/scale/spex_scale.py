@@ -295,19 +295,11 @@ def cmd_sweep(a):
         sim = simulate_point(p, elements, a.density, gbps, lat, topo, shapes, out=out,
                              ops=tuple(a.ops.split(",")), real_gather_max=a.real_gather_max,
                              log=print)
-        # A route crosses 2 links on a star, 4 between the leaves of a fat-tree.
-        hops = 2 if topo == "star" or p <= LEAF else 4
-        m = model(p, gbps, hops * lat, elements, k, 4, 1.0, True, out)
-        t = sim["times"]
-        mine = [x for x in ("dense", "allgather", "oktopk")
-                if ("gather" if x == "allgather" else x) in t]
-        best = min(mine, key=lambda x: t["gather" if x == "allgather" else x])
-        tb = t["gather" if best == "allgather" else best]
-        chosen = t.get("gather" if m["best"] == "allgather" else m["best"], float("nan"))
-        rows.append({"topology": topo, "gbps": gbps, "link_latency_us": lat, "nodes": p,
-                     "elements": elements, "k": k, "density": a.density, "times_s": t,
-                     "model_s": m, "best": best, "auto": m["best"],
-                     "auto_over_best": chosen / tb, "runs": sim["runs"]})
+        row = {"topology": topo, "gbps": gbps, "link_latency_us": lat, "nodes": p,
+               "elements": elements, "k": k, "density": a.density, "times_s": sim["times"],
+               "runs": sim["runs"]}
+        auto_check(row, out)
+        rows.append(row)
         with open(a.out, "w") as f:
             json.dump({"model": a.model, "elements": elements, "density": a.density,
                        "points": rows}, f, indent=1)
@@ -372,6 +364,32 @@ def cmd_plot(a):
     fig.tight_layout()
     fig.savefig(a.out, dpi=90)
     print(f"plot: {a.out}")
+
+
+def auto_check(row, out):
+    """The cost model at a sweep's point and its pick against the simulation (in place)."""
+    p, topo = row["nodes"], row["topology"]
+    hops = 2 if topo == "star" or p <= LEAF else 4  # links a route crosses
+    m = model(p, row["gbps"], hops * row["link_latency_us"], row["elements"], row["k"], 4, 1.0,
+              True, out)
+    t = row["times_s"]
+    mine = [x for x in ("dense", "allgather", "oktopk") if ("gather" if x == "allgather" else x) in t]
+    best = min(mine, key=lambda x: t["gather" if x == "allgather" else x])
+    chosen = t.get("gather" if m["best"] == "allgather" else m["best"], float("nan"))
+    row.update(model_s=m, best=best, auto=m["best"],
+               auto_over_best=chosen / t["gather" if best == "allgather" else best])
+
+
+def cmd_remodel(a):
+    """Recomputes the cost model's times and pick at every point of sweeps already run."""
+    for path in a.sweeps:
+        with open(path) as f:
+            data = json.load(f)
+        for row in data["points"]:
+            auto_check(row, a.build_dir)
+        with open(path, "w") as f:
+            json.dump(data, f, indent=1)
+        print(f"remodel: {path}")
 
 
 def cmd_table(a):
@@ -559,6 +577,9 @@ def main():
                    help="add the cost model's spex exchanges to 1,024 nodes as thin lines")
     p.add_argument("--out", required=True)
     p.set_defaults(fn=cmd_plot)
+    r = sub.add_parser("remodel", help="recompute the cost model's pick at every swept point")
+    r.add_argument("sweeps", nargs="+")
+    r.set_defaults(fn=cmd_remodel)
     t = sub.add_parser("table", help="markdown tables of sweeps")
     t.add_argument("sweeps", nargs="+")
     t.set_defaults(fn=cmd_table)

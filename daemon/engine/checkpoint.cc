@@ -1,11 +1,13 @@
 // Encoding, decoding and applying one bucket's checkpoint record (checkpoint.h).
 #include "daemon/engine/checkpoint.h"
 
+#include <cmath>
 #include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "daemon/memory/layout.h"
 #include "kernels/compressors/state_blob.h"
 #include "kernels/half.h"
 
@@ -26,6 +28,55 @@ std::string ParamsText(const std::map<std::string, std::string>& p) {
 }
 
 std::string PolicyOrNone(const std::string& p) { return p.empty() ? "none" : p; }
+
+// The first field of a decoded record that no run can have produced, described; empty when
+// every field is within bounds.
+std::string OutOfBounds(const BucketCheckpoint& c, int32_t nodes, int32_t rank, int32_t local) {
+  if (nodes < 1 || rank < 0 || rank >= nodes || local < 1 ||
+      local > static_cast<int32_t>(kMaxLocalTrainers)) {
+    return absl::StrCat("world node ", rank, " of ", nodes, " with ", local,
+                        " local trainer(s) is not a world");
+  }
+  if (c.elements == 0 || c.elements > kMaxCheckpointElements) {
+    return absl::StrCat("bucket size ", c.elements, " out of 1..", kMaxCheckpointElements);
+  }
+  if (c.next_step > kMaxCheckpointStep) {
+    return absl::StrCat("step ", c.next_step, " beyond ", kMaxCheckpointStep);
+  }
+  for (uint64_t ns :
+       {c.probe_sparse_ns, c.probe_dense_ns, c.probe_allgather_ns, c.probe_oktopk_ns}) {
+    if (ns > kMaxCheckpointProbeNs) {
+      return absl::StrCat("a probe timing of ", ns, " ns beyond ", kMaxCheckpointProbeNs);
+    }
+  }
+  // Counts of exchanges the bucket ran: no more than its steps.
+  if (c.allreduce_probed > c.next_step || c.oktopk_exchanges > c.next_step) {
+    return absl::StrCat("exchange counts (", c.allreduce_probed, " probed, ", c.oktopk_exchanges,
+                        " Ok-Topk) beyond the record's step ", c.next_step);
+  }
+  if (!std::isfinite(c.oktopk_threshold) || c.oktopk_threshold < 0) {
+    return absl::StrCat("Ok-Topk threshold ", c.oktopk_threshold, " is not a finite magnitude");
+  }
+  if (!c.oktopk_bounds.empty()) {
+    bool ordered = c.oktopk_bounds.front() == 0 && c.oktopk_bounds.back() == c.elements;
+    for (size_t i = 1; ordered && i < c.oktopk_bounds.size(); ++i) {
+      ordered = c.oktopk_bounds[i - 1] <= c.oktopk_bounds[i];
+    }
+    if (!ordered) {
+      return absl::StrCat("Ok-Topk regions do not run in order from 0 to ", c.elements);
+    }
+  }
+  if (!c.residual.empty() && c.residual.size() != c.elements) {
+    return absl::StrCat("residual of ", c.residual.size(), " values for ", c.elements, " elements");
+  }
+  // The engine never keeps a non-finite remainder (a step with one changes no residual).
+  for (size_t i = 0; i < c.residual.size(); ++i) {
+    if (!std::isfinite(c.residual[i])) {
+      return absl::StrCat("residual value ", c.residual[i], " at index ", i, " is not finite");
+    }
+  }
+  return "";
+}
 
 }  // namespace
 
@@ -132,6 +183,13 @@ absl::StatusOr<BucketCheckpoint> DecodeBucketCheckpoint(absl::string_view bytes)
       c.dtype > static_cast<uint32_t>(DType::kFloat16)) {
     return absl::DataLossError("bucket checkpoint: a field is out of range (corrupt record)");
   }
+  // The seal is a checksum, not a signature: whoever can write the file can rewrite a field and
+  // seal it again. Every field is bounded by what a run can have produced, so a rewritten record
+  // can at worst restore a state a run might have reached.
+  if (std::string bad = OutOfBounds(c, nodes, rank, local); !bad.empty()) {
+    return absl::DataLossError(
+        absl::StrCat("bucket checkpoint: ", bad, " (not a record spexd wrote; corrupt or forged)"));
+  }
   c.allreduce_probe = allreduce_probe == 1;
   c.oktopk = oktopk == 1;
   c.world = {nodes, rank, local};
@@ -230,10 +288,15 @@ absl::Status RestoreBucket(const BucketCheckpoint& c, const CheckpointWorld& wor
         b->ex.sparse != nullptr ? "sparse" : "dense",
         " (spexd's --min_sparse_elements or --compressor differ from when it was saved)"));
   }
-  if (c.next_step < b->ex.next_step) {
+  // Only a bucket that has not exchanged yet: one that has would mix the record's residual and
+  // controller state into a run that already moved on from its own (and its step base would
+  // shift the compressor's steps under the trainers' feet).
+  if (b->ex.next_step != 0) {
     return absl::FailedPreconditionError(absl::StrCat(
-        what, "the checkpoint was saved at step ", c.next_step, ", this bucket is at step ",
-        b->ex.next_step, " already: load a checkpoint before the bucket's first exchange"));
+        what, "the checkpoint was saved at step ", c.next_step, ", this bucket has run ",
+        b->ex.next_step,
+        " step(s) already: load a checkpoint before the bucket's first exchange (as a restarted "
+        "job does)"));
   }
   if (b->ex.sparse != nullptr) {
     if (c.residual.size() != b->elements) {

@@ -63,8 +63,17 @@ struct BucketCheckpoint {
   std::string compressor_state;  // Compressor::SaveState; empty for a dense-only bucket
 };
 
+// What a record's fields may hold (DecodeBucketCheckpoint refuses more): a bucket's elements
+// (RegisterBucket takes fewer than 2^32), its step (2^48 steps: decades of training at a step a
+// microsecond), a probe's summed timing (2^53 ns: over 100 days).
+inline constexpr uint64_t kMaxCheckpointElements = (uint64_t{1} << 32) - 1;
+inline constexpr uint64_t kMaxCheckpointStep = uint64_t{1} << 48;
+inline constexpr uint64_t kMaxCheckpointProbeNs = uint64_t{1} << 53;
+
 std::string EncodeBucketCheckpoint(const BucketCheckpoint& c);
-// DataLoss for a truncated or corrupt record, FailedPrecondition for another format version.
+// DataLoss for a truncated or corrupt record, or one with a field out of the bounds above or of
+// what a run produces (a world that is none, exchange counts beyond the step, Ok-Topk regions out
+// of order, a non-finite residual or threshold); FailedPrecondition for another format version.
 absl::StatusOr<BucketCheckpoint> DecodeBucketCheckpoint(absl::string_view bytes);
 
 // The text BucketCheckpoint::policy holds for a bucket's policies.

@@ -23,6 +23,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -143,6 +144,16 @@ class Engine {
   // DATA_LOSS for a corrupt or truncated record, FAILED_PRECONDITION naming what differs
   // (world, size, compressor, parameters, policies) as RestoreBucket's.
   absl::Status LoadBucketState(uint64_t session_id, uint64_t bucket_id, absl::string_view record);
+  // Memory a checkpoint stream holds outside the buckets (a record being received, decoded or
+  // sent, and the copy it is encoded from): charged against --max_session_bytes (the session's
+  // buckets and streams) and --max_daemon_bytes (every bucket and stream of the node) before the
+  // caller allocates it, RESOURCE_EXHAUSTED naming the flag when it does not fit; released by
+  // ReleaseCheckpointBytes when the stream ends. Registrations count the streams' bytes too.
+  absl::Status ReserveCheckpointBytes(uint64_t session_id, uint64_t bucket_id, uint64_t bytes);
+  void ReleaseCheckpointBytes(uint64_t session_id, uint64_t bytes);
+  uint64_t checkpoint_bytes() const;  // reserved now, every stream together
+  // Tests only: SaveBucketState calls `hook` after taking its copy, before encoding it.
+  void SetSaveCopiedHookForTest(std::function<void()> hook) { save_copied_hook_ = std::move(hook); }
 
   std::vector<BucketSummary> Buckets() const;
   std::vector<SessionSummary> Sessions() const;
@@ -317,6 +328,10 @@ class Engine {
   StepEnv wire_env_;  // env_ over wire_coll_
   std::thread wire_thread_;
   uint64_t total_exchanges_ ABSL_GUARDED_BY(mu_) = 0;
+  // Checkpoint streams' memory (ReserveCheckpointBytes): every stream's, and per session.
+  uint64_t checkpoint_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<uint64_t, uint64_t> checkpoint_session_bytes_ ABSL_GUARDED_BY(mu_);
+  std::function<void()> save_copied_hook_;
   uint64_t density_version_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t density_key_ ABSL_GUARDED_BY(mu_) = 0;          // this node's newest change
   uint64_t applied_density_key_ ABSL_GUARDED_BY(mu_) = 0;  // the change in effect

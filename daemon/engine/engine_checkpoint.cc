@@ -1,6 +1,7 @@
 // The engine's checkpoint requests from the RPC threads (engine.h: SaveBucketState,
-// LoadBucketState): a bucket's record (checkpoint.h) is taken or applied under the engine's
-// mutex while the bucket is between steps, so the engine thread never sees half of it.
+// LoadBucketState): a bucket's record (checkpoint.h) is copied or applied under the engine's
+// mutex while the bucket is between steps, so the engine thread never sees half of it; encoding
+// and decoding run outside the mutex.
 #include "absl/strings/str_cat.h"
 #include "daemon/engine/checkpoint.h"
 #include "daemon/engine/engine.h"
@@ -51,12 +52,20 @@ absl::StatusOr<EngineBucket*> Engine::BucketBetweenStepsLocked(uint64_t session_
 }
 
 absl::StatusOr<std::string> Engine::SaveBucketState(uint64_t session_id, uint64_t bucket_id) {
-  absl::MutexLock lock(&mu_);
-  absl::StatusOr<EngineBucket*> b = BucketBetweenStepsLocked(session_id, bucket_id, "saving");
-  if (!b.ok()) return b.status();
-  const CheckpointWorld world{collective_->size(), collective_->rank(), options_.local_trainers};
-  absl::StatusOr<BucketCheckpoint> c = SaveBucket(**b, world, prims_);
+  absl::StatusOr<BucketCheckpoint> c;
+  {
+    // Only the copy (the residual and the compressor's state) under the lock: every exchange of
+    // the node waits while it is held.
+    absl::MutexLock lock(&mu_);
+    absl::StatusOr<EngineBucket*> b = BucketBetweenStepsLocked(session_id, bucket_id, "saving");
+    if (!b.ok()) return b.status();
+    const CheckpointWorld world{collective_->size(), collective_->rank(), options_.local_trainers};
+    c = SaveBucket(**b, world, prims_);
+  }
   if (!c.ok()) return c.status();
+  if (save_copied_hook_) save_copied_hook_();
+  // Encoding and sealing (another copy and a checksum over up to hundreds of MB) from the copy,
+  // while the node's exchanges go on.
   return EncodeBucketCheckpoint(*c);
 }
 

@@ -286,12 +286,16 @@ absl::Status Engine::CheckLimitsLocked(const Session& session, const EngineBucke
   if (need + others_remote > limits_.bucket) {
     return over("a bucket", "--max_bucket_bytes", others_remote, limits_.bucket);
   }
-  if (session.bytes + need > limits_.session) {
-    return over("this session", "--max_session_bytes", session.bytes, limits_.session);
+  // Checkpoint streams in flight hold memory too (ReserveCheckpointBytes).
+  auto streams = checkpoint_session_bytes_.find(session.id);
+  const uint64_t session_bytes =
+      session.bytes + (streams == checkpoint_session_bytes_.end() ? 0 : streams->second);
+  if (session_bytes + need > limits_.session) {
+    return over("this session", "--max_session_bytes", session_bytes, limits_.session);
   }
   // An existing bucket's home memory exists already; only a new buffer on another GPU is new.
   const uint64_t added = existing != nullptr ? (remote_exists ? 0 : remote) : need;
-  const uint64_t total = buckets_.TotalBytes();
+  const uint64_t total = buckets_.TotalBytes() + checkpoint_bytes_;
   if (added > 0 && total + added > limits_.daemon) {
     return over("this daemon", "--max_daemon_bytes", total, limits_.daemon);
   }
@@ -305,6 +309,46 @@ absl::Status Engine::CheckLimitsLocked(const Session& session, const EngineBucke
         " free; free /dev/shm or use smaller buckets"));
   }
   return absl::OkStatus();
+}
+
+absl::Status Engine::ReserveCheckpointBytes(uint64_t session_id, uint64_t bucket_id,
+                                            uint64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<Session*> session = sessions_.Get(session_id);
+  if (!session.ok()) return session.status();
+  uint64_t& mine = checkpoint_session_bytes_[session_id];
+  auto over = [&](const char* what, const char* flag, uint64_t have, uint64_t limit) {
+    if (mine == 0) checkpoint_session_bytes_.erase(session_id);
+    return absl::ResourceExhaustedError(
+        absl::StrCat("bucket ", bucket_id, ": a checkpoint stream needs ", Bytes(bytes), "; ", what,
+                     " already holds ", Bytes(have), " and may hold ", Bytes(limit), " (", flag,
+                     "). Save or load fewer buckets at once, unregister buckets or raise ", flag));
+  };
+  const uint64_t session_bytes = (*session)->bytes + mine;
+  if (session_bytes + bytes > limits_.session) {
+    return over("this session", "--max_session_bytes", session_bytes, limits_.session);
+  }
+  const uint64_t total = buckets_.TotalBytes() + checkpoint_bytes_;
+  if (total + bytes > limits_.daemon) {
+    return over("this daemon", "--max_daemon_bytes", total, limits_.daemon);
+  }
+  mine += bytes;
+  checkpoint_bytes_ += bytes;
+  return absl::OkStatus();
+}
+
+void Engine::ReleaseCheckpointBytes(uint64_t session_id, uint64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  checkpoint_bytes_ -= std::min(checkpoint_bytes_, bytes);
+  auto it = checkpoint_session_bytes_.find(session_id);
+  if (it == checkpoint_session_bytes_.end()) return;
+  it->second -= std::min(it->second, bytes);
+  if (it->second == 0) checkpoint_session_bytes_.erase(it);
+}
+
+uint64_t Engine::checkpoint_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return checkpoint_bytes_;
 }
 
 absl::Status Engine::UnregisterBucket(uint64_t session_id, uint64_t bucket_id) {

@@ -46,14 +46,24 @@ double ExchangeCosts::Of(ExchangeChoice c) const {
   return 0;
 }
 
-// Small buffers: recursive doubling (log2 P rounds of the whole buffer). Large ones:
-// Rabenseifner's reduce-scatter by recursive halving and all-gather by recursive doubling, which
-// moves 2 (P-1)/P of the buffer, as a ring does, in 2 log2 P rounds.
+// Rounds of a small all-reduce under Open MPI 4.1's fixed decision (as SimGrid's ompi selector
+// copies it): recursive doubling (log2 P rounds) below 32 nodes and from 64 to 127; from 32 to 63
+// Rabenseifner or the segmented ring, and from 128 on the reduce + broadcast of the
+// "nonoverlapping" algorithm: about 2 log2 P rounds.
+double SmallAllReduceRounds(int nodes) {
+  const double r = Rounds(nodes);
+  return (nodes >= 32 && nodes < 64) || nodes >= 128 ? 2 * r : r;
+}
+
+// Small buffers: SmallAllReduceRounds of the whole buffer. Large ones: Rabenseifner's
+// reduce-scatter by recursive halving and all-gather by recursive doubling, which moves
+// 2 (P-1)/P of the buffer, as a ring does, in 2 log2 P rounds.
 double AllReduceTime(const LinkModel& link, int nodes, double bytes) {
   if (nodes <= 1) return 0;
-  const double rounds = Rounds(nodes);
-  if (bytes < 8192) return rounds * (link.latency_s + bytes / link.bytes_per_s);
-  return 2 * rounds * link.latency_s + 2.0 * (nodes - 1) / nodes * bytes / link.bytes_per_s;
+  if (bytes < 8192) {
+    return SmallAllReduceRounds(nodes) * (link.latency_s + bytes / link.bytes_per_s);
+  }
+  return 2 * Rounds(nodes) * link.latency_s + 2.0 * (nodes - 1) / nodes * bytes / link.bytes_per_s;
 }
 
 // The ring: P-1 rounds, each forwarding one node's block (the largest block sets a round's time).
@@ -65,9 +75,13 @@ double AllGatherTime(const LinkModel& link, int nodes, double bytes_per_node) {
   return (nodes - 1) * (link.latency_s + bytes_per_node / link.bytes_per_s);
 }
 
-// Every pair's block at once (a linear all-to-all): the node's link carries P-1 blocks.
+// Open MPI 4.1's all-to-all(v) of larger blocks: pairwise (P-1 rounds of one block each way)
+// below 4 nodes, from 64 to 127 and from 256 to 1,023; otherwise linear (every block posted at
+// once: one latency, the node's link carrying P-1 blocks).
 double AllToAllTime(const LinkModel& link, int nodes, double bytes_per_pair) {
   if (nodes <= 1) return 0;
+  const bool pairwise = nodes < 4 || (nodes >= 64 && nodes < 128) || (nodes >= 256 && nodes < 1024);
+  if (pairwise) return (nodes - 1) * (link.latency_s + bytes_per_pair / link.bytes_per_s);
   return link.latency_s + (nodes - 1) * bytes_per_pair / link.bytes_per_s;
 }
 
@@ -128,7 +142,11 @@ ExchangeCosts EstimateExchange(const LinkModel& link, const ExchangeShape& s) {
   // recompute_every exchanges; the regions' re-agreement (every 64) is left out.
   if (p > 1) {
     const double region = s.skew * k / p;
-    c.oktopk_s = AllToAllTime(link, p, 4) + AllToAllTime(link, p, kHeaderBytes + region * pair) +
+    // The block sizes' all-to-all of ints: Bruck's log2 P rounds from 32 nodes, one latency
+    // (linear) below.
+    const double sizes =
+        (p >= 32 ? Rounds(p) : 1) * link.latency_s + (p - 1) * 4 / link.bytes_per_s;
+    c.oktopk_s = sizes + AllToAllTime(link, p, kHeaderBytes + region * pair) +
                  AllReduceTime(link, p, 8.0 * (p + 1)) + AllGatherTime(link, p, 4) +
                  AllGatherTime(link, p, kHeaderBytes + region * 8.0) +
                  (4 * AllReduceTime(link, p, kHistogramBytes) + AllGatherTime(link, p, 8)) /

@@ -5,10 +5,11 @@
 // whatif) and the scale simulation can say which exchange wins where without running a cluster;
 // the SimGrid simulation of the real code (bench/scale) checks it.
 //
-// The terms follow the algorithms Open MPI's default decision (as SimGrid's ompi selector
-// copies it) picks: recursive doubling for small all-reduces and all-gathers, the ring for large
-// all-reduces and all-gathers, a linear all-to-all. A message costs latency + bytes / rate on a
-// full-duplex, non-blocking network (no oversubscription, no contention beyond the node's link).
+// The terms follow the algorithms Open MPI 4.1's fixed decision (as SimGrid's ompi selector
+// copies it) picks by node count and size: recursive doubling or reduce + broadcast for small
+// all-reduces, Rabenseifner for large ones, the ring all-gather, a linear or pairwise
+// all-to-all(v). A message costs latency + bytes / rate on a full-duplex, non-blocking network
+// (no oversubscription, no contention beyond the node's link).
 //
 // spexd does not use this model to decide: --dense_fallback=auto and --sparse_allreduce=auto
 // measure (they alternate the candidates for 2 x --probe_steps steps and keep the faster on the

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "daemon/util/log.h"
 
 namespace spex {
 namespace {
@@ -39,13 +40,138 @@ absl::StatusOr<std::string> TimelineFile(const std::string& dir, const std::stri
 
 }  // namespace
 
-SpexService::SpexService(Engine* engine, std::string version, PeerCred caller)
+SpexService::SpexService(Engine* engine, std::string version, PeerCred caller, Options options)
     : engine_(engine),
       version_(std::move(version)),
       peers_(nullptr),
       fixed_caller_(caller),
-      options_(Options()),
+      options_(std::move(options)),
       timeline_(nullptr) {}
+
+SpexService::~SpexService() {
+  {
+    absl::MutexLock lock(&watch_mu_);
+    watch_stop_ = true;
+    watch_cv_.Signal();
+  }
+  if (watcher_.joinable()) watcher_.join();
+}
+
+class SpexService::StreamSlot {
+ public:
+  explicit StreamSlot(SpexService* service) : service_(service) {}
+  StreamSlot(const StreamSlot&) = delete;
+  StreamSlot& operator=(const StreamSlot&) = delete;
+  ~StreamSlot() {
+    if (watched_) {
+      absl::MutexLock lock(&service_->watch_mu_);
+      service_->watched_.erase(watch_id_);
+    }
+    Shrink(0);
+    if (counted_) {
+      service_->checkpoint_streams_.fetch_sub(1);
+      service_->waiting_exchanges_.fetch_sub(1);
+    }
+  }
+  // Charges `bytes` more of the record's memory to `session` (Engine::ReserveCheckpointBytes).
+  absl::Status Charge(uint64_t session, uint64_t bucket, uint64_t bytes) {
+    absl::Status s = service_->engine_->ReserveCheckpointBytes(session, bucket, bytes);
+    if (!s.ok()) return s;
+    session_ = session;
+    bytes_ += bytes;
+    return absl::OkStatus();
+  }
+  // Keeps only `bytes` of the charge.
+  void Shrink(uint64_t bytes) {
+    if (bytes >= bytes_) return;
+    service_->engine_->ReleaseCheckpointBytes(session_, bytes_ - bytes);
+    bytes_ = bytes;
+  }
+  // Why the stream ended early: its --checkpoint_stream_timeout passed (the watcher cancelled
+  // it) or its client cancelled it; OK while neither.
+  absl::Status Ended(grpc::ServerContext* ctx, const std::string& what) const {
+    bool timed_out = false;
+    if (watched_) {
+      absl::MutexLock lock(&service_->watch_mu_);
+      auto it = service_->watched_.find(watch_id_);
+      timed_out = it != service_->watched_.end() && it->second.cancelled;
+    }
+    if (timed_out) {
+      return absl::DeadlineExceededError(
+          absl::StrCat(what, ": the stream stayed open longer than --checkpoint_stream_timeout=",
+                       absl::FormatDuration(service_->options_.checkpoint_stream_timeout),
+                       " and was cancelled; send or read the record without pausing"));
+    }
+    if (ctx != nullptr && ctx->IsCancelled()) {
+      return absl::CancelledError(absl::StrCat(what, ": the client cancelled the stream"));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  friend class SpexService;
+  SpexService* const service_;
+  bool counted_ = false;  // holds a stream slot and a thread slot
+  bool watched_ = false;  // watch_id_ is in watched_
+  uint64_t watch_id_ = 0;
+  uint64_t session_ = 0, bytes_ = 0;  // the memory charged
+};
+
+absl::Status SpexService::OpenStream(grpc::ServerContext* ctx, const char* what, StreamSlot* slot) {
+  const int streams = options_.max_checkpoint_streams;
+  if (checkpoint_streams_.fetch_add(1) >= streams && streams > 0) {
+    checkpoint_streams_.fetch_sub(1);
+    return absl::ResourceExhaustedError(absl::StrCat(
+        what, ": ", streams,
+        " checkpoint streams (SaveBucketState, LoadBucketState) are already open in this spexd "
+        "(--max_checkpoint_streams=",
+        streams,
+        "): save or load fewer buckets at once, or restart spexd with a larger "
+        "--max_checkpoint_streams"));
+  }
+  const int threads = options_.max_waiting_exchanges;
+  if (waiting_exchanges_.fetch_add(1) >= threads && threads > 0) {
+    waiting_exchanges_.fetch_sub(1);
+    checkpoint_streams_.fetch_sub(1);
+    return absl::ResourceExhaustedError(absl::StrCat(
+        what, ": ", threads,
+        " calls (waiting Exchange calls and checkpoint streams) already hold threads in this "
+        "spexd (--rpc_threads leaves ",
+        threads, " threads for them): try again, or restart spexd with a larger --rpc_threads"));
+  }
+  slot->counted_ = true;
+  if (ctx == nullptr) return absl::OkStatus();
+  absl::MutexLock lock(&watch_mu_);
+  slot->watch_id_ = next_watch_id_++;
+  slot->watched_ = true;
+  watched_[slot->watch_id_] = {ctx, absl::Now() + options_.checkpoint_stream_timeout};
+  if (!watcher_.joinable()) watcher_ = std::thread([this] { WatchStreams(); });
+  watch_cv_.Signal();
+  return absl::OkStatus();
+}
+
+void SpexService::WatchStreams() {
+  absl::MutexLock lock(&watch_mu_);
+  while (!watch_stop_) {
+    const absl::Time now = absl::Now();
+    absl::Time next = absl::InfiniteFuture();
+    for (auto& [id, w] : watched_) {
+      if (w.cancelled) continue;
+      if (w.deadline <= now) {
+        // Ends the Read or Write the stream's thread is blocked in (both return false).
+        w.cancelled = true;
+        w.ctx->TryCancel();
+        SPEX_LOG(WARNING) << "a checkpoint stream from " << w.ctx->peer()
+                          << " stayed open longer than --checkpoint_stream_timeout="
+                          << absl::FormatDuration(options_.checkpoint_stream_timeout)
+                          << "; cancelled";
+      } else {
+        next = std::min(next, w.deadline);
+      }
+    }
+    watch_cv_.WaitWithDeadline(&watch_mu_, next);
+  }
+}
 
 absl::StatusOr<PeerCred> SpexService::Caller(grpc::ServerContext* ctx) const {
   if (fixed_caller_.has_value()) return *fixed_caller_;
@@ -101,6 +227,7 @@ void ToProto(const ExchangeRecord& rec, v1::ExchangeStats* out) {
     auto* ph = out->add_phases();
     ph->set_phase(PhaseName(static_cast<Phase>(p)));
     ph->set_seconds(rec.phase_seconds[p]);
+    ph->set_cpu_seconds(rec.phase_cpu_seconds[p]);
   }
 }
 
@@ -238,9 +365,12 @@ grpc::Status SpexService::Exchange(grpc::ServerContext* ctx, const v1::ExchangeR
   if (waiting_exchanges_.fetch_add(1) >= limit && limit > 0) {
     waiting_exchanges_.fetch_sub(1);
     return ToGrpc(absl::ResourceExhaustedError(absl::StrCat(
-        limit, " Exchange calls are already waiting in this spexd (--rpc_threads leaves ", limit,
-        " threads for waiting exchanges): wait for a result before asking for the next one, use "
-        "the doorbell path (mode='doorbell'), or restart spexd with a larger --rpc_threads")));
+        limit,
+        " calls (waiting Exchange calls and checkpoint streams) already hold threads in this "
+        "spexd (--rpc_threads leaves ",
+        limit,
+        " threads for them): wait for a result before asking for the next one, use the doorbell "
+        "path (mode='doorbell'), or restart spexd with a larger --rpc_threads")));
   }
   const auto deadline = ctx->deadline();
   const absl::Time bound = absl::Now() + options_.max_exchange_wait;
@@ -285,6 +415,7 @@ grpc::Status SpexService::GetStats(grpc::ServerContext* ctx, const v1::GetStatsR
       auto* ph = out->add_mean_phases();
       ph->set_phase(PhaseName(static_cast<Phase>(p)));
       ph->set_seconds(b.mean_phase_seconds[p]);
+      ph->set_cpu_seconds(b.mean_phase_cpu_seconds[p]);
     }
   }
   return grpc::Status::OK;
@@ -356,9 +487,28 @@ grpc::Status SpexService::SaveBucketState(grpc::ServerContext* ctx,
                                           const v1::SaveBucketStateRequest* req,
                                           grpc::ServerWriter<v1::BucketStateChunk>* writer) {
   if (absl::Status s = SessionCaller(ctx, req->session_id()); !s.ok()) return Refuse(s);
+  const std::string what = absl::StrCat("bucket ", req->bucket_id(), ": SaveBucketState");
+  // The slot before anything is copied: the stream holds a thread until its client has read
+  // the whole record, and the record's memory until then.
+  StreamSlot slot(this);
+  if (absl::Status s = OpenStream(ctx, what.c_str(), &slot); !s.ok()) return Refuse(s);
+  uint64_t elements = 0;
+  for (const BucketSummary& b : engine_->Buckets()) {
+    if (b.bucket_id == req->bucket_id()) elements = b.elements;
+  }
+  // The copy and the encoded record exist together for a moment: at most the bound a loaded
+  // record has (below) each. An unregistered bucket is the engine's NOT_FOUND.
+  if (elements > 0) {
+    if (absl::Status s =
+            slot.Charge(req->session_id(), req->bucket_id(), 2 * (8 * elements + kStateChunkBytes));
+        !s.ok()) {
+      return ToGrpc(s);
+    }
+  }
   absl::StatusOr<std::string> record =
       engine_->SaveBucketState(req->session_id(), req->bucket_id());
   if (!record.ok()) return ToGrpc(record.status());
+  slot.Shrink(record->size());  // the copy is gone; the record stays until it is sent
   v1::BucketStateChunk chunk;
   chunk.set_session_id(req->session_id());
   chunk.set_bucket_id(req->bucket_id());
@@ -368,7 +518,10 @@ grpc::Status SpexService::SaveBucketState(grpc::ServerContext* ctx,
     const size_t n = std::min(kStateChunkBytes, record->size() - at);
     chunk.set_data(record->data() + at, n);
     if (!writer->Write(chunk)) {
-      return grpc::Status(grpc::StatusCode::CANCELLED, "the client stopped reading the record");
+      absl::Status s = slot.Ended(ctx, what);
+      return ToGrpc(s.ok() ? absl::CancelledError(
+                                 absl::StrCat(what, ": the client stopped reading the record"))
+                           : s);
     }
     at += n;
   } while (at < record->size());
@@ -383,8 +536,12 @@ grpc::Status SpexService::LoadBucketState(grpc::ServerContext* ctx,
   if (absl::StatusOr<PeerCred> c = OwnerCaller(ctx, "LoadBucketState"); !c.ok()) {
     return Refuse(c.status());
   }
+  // A slot and a deadline before the first Read: a stalled stream holds a thread until then.
+  StreamSlot slot(this);
+  if (absl::Status s = OpenStream(ctx, "LoadBucketState", &slot); !s.ok()) return Refuse(s);
   v1::BucketStateChunk chunk;
   if (!reader->Read(&chunk)) {
+    if (absl::Status s = slot.Ended(ctx, "LoadBucketState"); !s.ok()) return ToGrpc(s);
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         "LoadBucketState: no chunk came; send the record SaveBucketState gave");
   }
@@ -409,6 +566,8 @@ grpc::Status SpexService::LoadBucketState(grpc::ServerContext* ctx,
                                      " bytes is too large for this bucket (at most ", limit,
                                      "); it is not a checkpoint of a bucket of this size"));
   }
+  // The record and its decoded copy, charged before the first byte is kept.
+  if (absl::Status s = slot.Charge(session, bucket, 2 * total); !s.ok()) return ToGrpc(s);
   std::string record;
   record.reserve(total);
   do {
@@ -423,6 +582,10 @@ grpc::Status SpexService::LoadBucketState(grpc::ServerContext* ctx,
     }
     record.append(chunk.data());
   } while (reader->Read(&chunk));
+  if (absl::Status s = slot.Ended(ctx, absl::StrCat("bucket ", bucket, ": LoadBucketState"));
+      !s.ok()) {
+    return ToGrpc(s);
+  }
   if (record.size() != total) {
     return grpc::Status(grpc::StatusCode::DATA_LOSS,
                         absl::StrCat("bucket ", bucket, ": the record ended after ", record.size(),

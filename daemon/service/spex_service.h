@@ -3,13 +3,19 @@
 // authorised by its caller's kernel credentials (PeerListener): sessions are opened only by the
 // daemon's own user (or root) and bound to the opening process, so a session id from a log or a
 // guess is useless to any other process; ListSessions shows ids only to their owner; density and
-// timeline changes are the daemon user's. An Exchange waits at most --max_exchange_wait.
+// timeline changes are the daemon user's. An Exchange waits at most --max_exchange_wait; a
+// checkpoint stream stays open at most --checkpoint_stream_timeout, at most
+// --max_checkpoint_streams are open at once, and their records' memory is charged against the
+// engine's --max_session_bytes and --max_daemon_bytes before it is allocated.
 #pragma once
 
 #include <atomic>
+#include <map>
 #include <optional>
 #include <string>
+#include <thread>
 
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "daemon/engine/engine.h"
 #include "daemon/observe/timeline.h"
@@ -27,10 +33,16 @@ class SpexService final : public v1::Spex::Service {
     uint64_t timeline_max_bytes = 0;
     // The longest an Exchange call waits, whatever deadline its client set.
     absl::Duration max_exchange_wait = absl::Minutes(10);
-    // Exchange calls waiting at once (each holds one of the server's threads); more are refused
-    // with RESOURCE_EXHAUSTED, so short calls (Hello, GetStats, Goodbye) always find a thread
-    // (spexd: --rpc_threads - 3). 0: no bound.
+    // Calls that hold one of the server's threads while they wait, at once: Exchange calls and
+    // checkpoint streams together; more are refused with RESOURCE_EXHAUSTED, so short calls
+    // (Hello, GetStats, Goodbye) always find a thread (spexd: --rpc_threads - 3). 0: no bound.
     int max_waiting_exchanges = 0;
+    // Checkpoint streams (SaveBucketState, LoadBucketState) open at once; more are refused with
+    // RESOURCE_EXHAUSTED naming --max_checkpoint_streams. 0: no bound.
+    int max_checkpoint_streams = 0;
+    // The longest a checkpoint stream may stay open, whatever its client's deadline: then it is
+    // cancelled (--checkpoint_stream_timeout).
+    absl::Duration checkpoint_stream_timeout = absl::Minutes(1);
   };
   // `peers` names every call's caller (required: a call it cannot name is refused).
   // `timeline` (optional) serves StartTimeline/StopTimeline; without it they are UNIMPLEMENTED.
@@ -42,8 +54,11 @@ class SpexService final : public v1::Spex::Service {
         options_(std::move(options)),
         timeline_(timeline) {}
   // In-process use (tests, the fuzzer, calls without a connection): every call is taken to come
-  // from `caller`; default options, no timeline.
-  SpexService(Engine* engine, std::string version, PeerCred caller);
+  // from `caller`; no timeline.
+  SpexService(Engine* engine, std::string version, PeerCred caller, Options options);
+  SpexService(Engine* engine, std::string version, PeerCred caller)
+      : SpexService(engine, std::move(version), caller, Options()) {}
+  ~SpexService() override;
 
   grpc::Status Hello(grpc::ServerContext* ctx, const v1::HelloRequest* req,
                      v1::HelloResponse* resp) override;
@@ -83,13 +98,36 @@ class SpexService final : public v1::Spex::Service {
   // The caller, PERMISSION_DENIED unless it opened `session_id`.
   absl::Status SessionCaller(grpc::ServerContext* ctx, uint64_t session_id) const;
 
+  // A checkpoint stream's slot (one of --max_checkpoint_streams, and a held thread) and its
+  // deadline; the slot is freed and the deadline dropped when it is destroyed.
+  class StreamSlot;
+  // RESOURCE_EXHAUSTED naming the flag when no slot is free.
+  absl::Status OpenStream(grpc::ServerContext* ctx, const char* what, StreamSlot* slot);
+  // Cancels the streams whose --checkpoint_stream_timeout passed (a stalled client leaves its
+  // stream blocked in a Read or Write that only a cancellation ends).
+  void WatchStreams();
+
   Engine* engine_;
   std::string version_;
   const PeerListener* peers_;
   const std::optional<PeerCred> fixed_caller_;  // the in-process constructor's
   const Options options_;
   Timeline* timeline_;
-  std::atomic<int> waiting_exchanges_{0};  // Exchange calls inside the engine now
+  std::atomic<int> waiting_exchanges_{0};   // Exchange calls and checkpoint streams now
+  std::atomic<int> checkpoint_streams_{0};  // checkpoint streams open now
+
+  // The checkpoint streams' deadlines (WatchStreams); the watcher starts with the first stream.
+  struct Watched {
+    grpc::ServerContext* ctx;
+    absl::Time deadline;
+    bool cancelled = false;
+  };
+  absl::Mutex watch_mu_;
+  absl::CondVar watch_cv_;
+  std::map<uint64_t, Watched> watched_ ABSL_GUARDED_BY(watch_mu_);
+  uint64_t next_watch_id_ ABSL_GUARDED_BY(watch_mu_) = 0;
+  bool watch_stop_ ABSL_GUARDED_BY(watch_mu_) = false;
+  std::thread watcher_;
 };
 
 grpc::Status ToGrpc(const absl::Status& s);

@@ -6,7 +6,9 @@
 // exdyna, topk, dgc, sage and sidco_e, without a merger, with rgmerge and with fixed. The same
 // resume without loading differs for every compressor that keeps state (all but dense). And: a
 // record of another node, another compressor, or a corrupt one is refused naming what differs while
-// the bucket goes on exchanging; saving in the middle of a step is refused.
+// the bucket goes on exchanging; saving in the middle of a step is refused, and so is loading
+// after the bucket's first exchange. Saving does not stall the node's other exchanges while the
+// record is encoded.
 #include <cstdint>
 #include <cstring>
 #include <map>
@@ -241,6 +243,16 @@ TEST(CheckpointEngine, RefusalsNameWhatDiffersAndTheBucketGoesOn) {
         if (absl::Status st = tr->WaitPublished(b, s); !st.ok()) err = st.ToString();
       }
     }
+    // After the bucket's first exchange a record is refused, even one saved at the step the
+    // bucket is at (its step base would move the compressor under the trainers).
+    if (t == 0 && r == 0) {
+      absl::Status s = e.LoadBucketState(tr->session_id(), 0, before.saved[0][0]);
+      EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+      EXPECT_NE(s.message().find("has run 2 step(s) already: load a checkpoint before the "
+                                 "bucket's first exchange"),
+                std::string::npos)
+          << s;
+    }
     // The refused loads changed nothing: the bucket exchanged on and saves fine.
     if (t == 0) {
       auto rec = e.SaveBucketState(tr->session_id(), 0);
@@ -248,6 +260,48 @@ TEST(CheckpointEngine, RefusalsNameWhatDiffersAndTheBucketGoesOn) {
     }
   });
   for (const std::string& e : errors) EXPECT_EQ(e, "");
+}
+
+// Saving copies the bucket under the engine's mutex and encodes and seals the copy outside it:
+// while a record is being encoded, another bucket of the node exchanges (with the encoding
+// under the mutex, that exchange waited until the save returned).
+TEST(CheckpointEngine, EncodingARecordDoesNotStallTheNode) {
+  EngineClusterOptions o = Options("topk", MergerPolicy::kNone);
+  o.nodes = 1;
+  o.trainers = 1;
+  EngineCluster cluster(o);
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status();
+  Engine& e = cluster.engine(0);
+  auto tr = Trainer::Open(&e, 0, 1);
+  ASSERT_TRUE(tr.ok()) << tr.status();
+  ASSERT_TRUE(tr->Register(0, kSizes[0], "topk", 0.05).ok());
+  ASSERT_TRUE(tr->Register(1, kSizes[1], "topk", 0.05).ok());
+  for (int b = 0; b < 2; ++b) {
+    tr->Fill(b, [&](size_t i) { return Value(0, 0, 0, b, i); });
+    tr->MarkReady(b, 0);
+  }
+  for (int b = 0; b < 2; ++b) ASSERT_TRUE(tr->WaitPublished(b, 0).ok());
+  absl::Status during = absl::UnknownError("the hook did not run");
+  std::vector<float> out;
+  e.SetSaveCopiedHookForTest([&] {
+    tr->Fill(0, [&](size_t i) { return Value(0, 0, 1, 0, i); });
+    tr->MarkReady(0, 1);
+    during = tr->WaitPublished(0, 1, absl::Seconds(3));
+    if (during.ok()) out.assign(tr->output(0), tr->output(0) + kSizes[0]);
+  });
+  absl::StatusOr<std::string> rec = e.SaveBucketState(tr->session_id(), 1);
+  e.SetSaveCopiedHookForTest(nullptr);
+  ASSERT_TRUE(rec.ok()) << rec.status();
+  EXPECT_TRUE(during.ok()) << "bucket 0's step during bucket 1's save: " << during;
+  EXPECT_EQ(out.size(), kSizes[0]);
+  // The record is whole and loads into a fresh bucket of a fresh node.
+  o.engine.shm_tag = "ckptfresh";  // beside the first cluster's segments
+  EngineCluster fresh(o);
+  ASSERT_TRUE(fresh.status().ok()) << fresh.status();
+  auto again = Trainer::Open(&fresh.engine(0), 0, 1);
+  ASSERT_TRUE(again.ok()) << again.status();
+  ASSERT_TRUE(again->Register(1, kSizes[1], "topk", 0.05).ok());
+  EXPECT_TRUE(fresh.engine(0).LoadBucketState(again->session_id(), 1, *rec).ok());
 }
 
 // Another number of local trainers per node is refused, naming both worlds.

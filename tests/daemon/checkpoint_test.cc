@@ -2,10 +2,13 @@
 // restored into a freshly registered one, the next step's selection and residual are
 // bit-identical to the original's; a record of another world, bucket size, compressor or policy
 // is refused naming both sides and changes nothing (another bucket id is accepted); truncated and
-// corrupt records are refused.
+// corrupt records are refused, and so are records whose fields were rewritten and sealed again
+// beyond what a run produces (the seal is a checksum, not a signature).
 #include "daemon/engine/checkpoint.h"
 
 #include <cstring>
+#include <functional>
+#include <limits>
 #include <memory>
 #include <random>
 #include <string>
@@ -13,6 +16,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/compressor.h"
+#include "kernels/compressors/state_blob.h"
 #include "kernels/error_feedback.h"
 #include "kernels/primitives.h"
 
@@ -148,6 +152,138 @@ TEST(Checkpoint, TruncatedAndCorruptRecordsAreRefused) {
   EXPECT_NE(DecodeBucketCheckpoint(version).status().message().find("format version 3"),
             std::string::npos);
   EXPECT_TRUE(DecodeBucketCheckpoint(bytes).ok());
+}
+
+// The seal is a checksum: the daemon's own user can rewrite any field and seal the record again.
+// Every field out of what a run can produce is refused at decoding (DATA_LOSS naming it); the
+// bounds themselves are accepted.
+TEST(Checkpoint, ForgedFieldsAreRefused) {
+  auto prims = MakeCpuPrimitives(1);
+  auto original = MakeBucket("sage", prims.get());
+  Step(*original, 0);
+  const BucketCheckpoint saved = *SaveBucket(*original, kWorld);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  struct Forgery {
+    std::function<void(BucketCheckpoint*)> forge;
+    std::string expect;
+  };
+  const std::vector<Forgery> forgeries = {
+      {[](BucketCheckpoint* c) { c->next_step = UINT64_MAX; }, "step 18446744073709551615"},
+      {[](BucketCheckpoint* c) { c->next_step = kMaxCheckpointStep + 1; }, "beyond"},
+      {[](BucketCheckpoint* c) {
+         c->world = {0, 0, 3};
+       },
+       "is not a world"},
+      {[](BucketCheckpoint* c) {
+         c->world = {2, 2, 3};
+       },
+       "is not a world"},
+      {[](BucketCheckpoint* c) {
+         c->world = {2, 1, 0};
+       },
+       "is not a world"},
+      {[](BucketCheckpoint* c) {
+         c->world = {2, 1, 33};
+       },
+       "is not a world"},
+      {[](BucketCheckpoint* c) { c->probe_dense_ns = UINT64_MAX; }, "probe timing"},
+      {[](BucketCheckpoint* c) { c->probe_oktopk_ns = kMaxCheckpointProbeNs + 1; }, "probe timing"},
+      {[](BucketCheckpoint* c) { c->oktopk_exchanges = c->next_step + 1; }, "exchange counts"},
+      {[](BucketCheckpoint* c) { c->allreduce_probed = c->next_step + 1; }, "exchange counts"},
+      {[nan](BucketCheckpoint* c) { c->oktopk_threshold = nan; }, "threshold"},
+      {[inf](BucketCheckpoint* c) { c->oktopk_threshold = inf; }, "threshold"},
+      {[](BucketCheckpoint* c) { c->oktopk_threshold = -1; }, "threshold"},
+      {[](BucketCheckpoint* c) {
+         c->oktopk_bounds = {0, 3000, 1000};
+       },
+       "regions"},
+      {[](BucketCheckpoint* c) {
+         c->oktopk_bounds = {0, 1000, kN - 1};
+       },
+       "regions"},
+      {[](BucketCheckpoint* c) {
+         c->oktopk_bounds = {1, 1000, kN};
+       },
+       "regions"},
+      {[inf](BucketCheckpoint* c) { c->residual[17] = -inf; }, "at index 17 is not finite"},
+      {[nan](BucketCheckpoint* c) { c->residual[kN - 1] = nan; }, "is not finite"},
+  };
+  for (size_t i = 0; i < forgeries.size(); ++i) {
+    BucketCheckpoint forged = saved;
+    forgeries[i].forge(&forged);
+    const absl::StatusOr<BucketCheckpoint> d =
+        DecodeBucketCheckpoint(EncodeBucketCheckpoint(forged));
+    EXPECT_EQ(d.status().code(), absl::StatusCode::kDataLoss)
+        << "forgery " << i << ": " << d.status();
+    EXPECT_NE(d.status().message().find(forgeries[i].expect), std::string::npos)
+        << "forgery " << i << ": " << d.status();
+  }
+  // At the bounds: accepted, and the step restored as the bucket's base.
+  BucketCheckpoint edge = saved;
+  edge.next_step = kMaxCheckpointStep;
+  edge.probe_dense_ns = kMaxCheckpointProbeNs;
+  edge.oktopk_exchanges = edge.allreduce_probed = kMaxCheckpointStep;
+  edge.oktopk_bounds = {0, 0, kN};
+  const absl::StatusOr<BucketCheckpoint> d = DecodeBucketCheckpoint(EncodeBucketCheckpoint(edge));
+  ASSERT_TRUE(d.ok()) << d.status();
+  auto target = MakeBucket("sage", prims.get());
+  ASSERT_TRUE(RestoreBucket(*d, kWorld, target.get()).ok());
+  EXPECT_EQ(target->ex.compute_step(), kMaxCheckpointStep);
+}
+
+// The compressor's state blob inside the record: a call count no run reaches is refused by
+// LoadState, and the bucket keeps its state.
+TEST(Checkpoint, ForgedCompressorCallCountIsRefused) {
+  auto prims = MakeCpuPrimitives(1);
+  auto original = MakeBucket("sage", prims.get());
+  Step(*original, 0);
+  BucketCheckpoint forged = *SaveBucket(*original, kWorld);
+  // The blob's fields (kernels/compressor.cc): magic, version, name, elements, node count and
+  // rank, density, call count, the compressor's own fields; then the seal.
+  StateReader r(SealedBody(forged.compressor_state));
+  uint32_t magic = 0;
+  uint16_t version = 0;
+  std::string name, own;
+  uint64_t n = 0, calls = 0;
+  int32_t count = 0, rank = 0;
+  double density = 0;
+  r.Get(&magic);
+  r.Get(&version);
+  r.GetString(&name, 256);
+  r.Get(&n);
+  r.Get(&count);
+  r.Get(&rank);
+  r.Get(&density);
+  r.Get(&calls);
+  r.GetString(&own, forged.compressor_state.size());
+  ASSERT_TRUE(r.complete());
+  ASSERT_EQ(calls, 1u);
+  auto with_calls = [&](uint64_t forged_calls) {
+    StateWriter w;
+    w.Put<uint32_t>(magic);
+    w.Put<uint16_t>(version);
+    w.PutString(name);
+    w.Put<uint64_t>(n);
+    w.Put<int32_t>(count);
+    w.Put<int32_t>(rank);
+    w.Put<double>(density);
+    w.Put<uint64_t>(forged_calls);
+    w.PutString(own);
+    w.Seal();
+    return w.bytes();
+  };
+  auto target = MakeBucket("sage", prims.get());
+  const std::string before = *target->ex.sparse->compressor->SaveState();
+  forged.compressor_state = with_calls(UINT64_MAX);
+  const absl::StatusOr<BucketCheckpoint> d = DecodeBucketCheckpoint(EncodeBucketCheckpoint(forged));
+  ASSERT_TRUE(d.ok()) << d.status();
+  const absl::Status s = RestoreBucket(*d, kWorld, target.get());
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_NE(s.message().find("call count 18446744073709551615"), std::string::npos) << s;
+  EXPECT_EQ(*target->ex.sparse->compressor->SaveState(), before);
+  forged.compressor_state = with_calls(uint64_t{1} << 48);
+  EXPECT_TRUE(RestoreBucket(forged, kWorld, target.get()).ok());
 }
 
 }  // namespace

@@ -441,7 +441,8 @@ class NoIssueNumbers(unittest.TestCase):
                 rel = os.path.normpath(os.path.join(rel_root, f))
                 if f.endswith(".md") and rel not in checked:
                     unseen.append(rel)
-        self.assertEqual(sorted(unseen), [], "documents this test does not see")
+        self.assertEqual(sorted(unseen), [], "documents this test does not see: add each to the data of "
+                         "tests/docs/BUILD (a filegroup or exports_files of its package)")
 
 
 class NothingCalledUnwritten(unittest.TestCase):

@@ -20,6 +20,54 @@ STEPS = 6
 HIDDEN = 512  # 301,066 parameters: one bucket before DDP's rebuild, two after
 
 
+def cpu_gradscaler():
+    """torch's GradScaler on the CPU. torch 1.13 runs it on CUDA only: its constructor disables
+    it without CUDA, scale() asserts a CUDA tensor, and its two kernels
+    (_amp_foreach_non_finite_check_and_unscale_, _amp_update_scale_) have no CPU version. This
+    subclass keeps GradScaler's own step/unscale_/update logic and does what those kernels do,
+    in Python; the gradients are float16 (a float16 model with no float32 master copy)."""
+    from unittest import mock
+
+    import torch
+    import torch.cuda.amp.grad_scaler as gs
+
+    def update_scale(scale, growth_tracker, found_inf, growth, backoff, interval):
+        if found_inf.item() > 0:
+            scale.mul_(backoff)
+            growth_tracker.fill_(0)
+        elif growth_tracker.item() + 1 == interval:
+            scale.mul_(growth)
+            growth_tracker.fill_(0)
+        else:
+            growth_tracker.add_(1)
+        return scale
+
+    torch._amp_update_scale_ = update_scale
+
+    class CpuGradScaler(gs.GradScaler):
+        def __init__(self, **kwargs):
+            with mock.patch.object(gs, "amp_definitely_not_available", return_value=False):
+                super().__init__(**kwargs)
+
+        def scale(self, outputs):
+            if self._scale is None:
+                self._lazy_init_scale_growth_tracker(outputs.device)
+            return outputs * self._scale
+
+        def _unscale_grads_(self, optimizer, inv_scale, found_inf, allow_fp16):
+            with torch.no_grad():
+                for group in optimizer.param_groups:
+                    for p in group["params"]:
+                        if p.grad is None:
+                            continue
+                        if not torch.isfinite(p.grad).all():
+                            found_inf.fill_(1.0)
+                        p.grad.copy_(p.grad.float() * inv_scale)
+            return {found_inf.device: found_inf}
+
+    return CpuGradScaler
+
+
 def worker(cfg):
     import torch
     import torch.distributed as dist
@@ -33,6 +81,18 @@ def worker(cfg):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=cfg["rendezvous"], rank=rank, world_size=world)
     out = {"rank": rank}
+    CpuGradScaler = cpu_gradscaler()
+
+    class HalfLinear(torch.nn.Module):
+        """A float16 model whose forward the CPU runs in torch 1.13 (an elementwise product and
+        a sum): the gradient of w is the input times the loss scale."""
+
+        def __init__(self, n):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(n, dtype=torch.float16))
+
+        def forward(self, x):
+            return (self.w * x).sum()
 
     def make(seed=0, dtype=torch.float32):
         torch.manual_seed(seed)
@@ -163,6 +223,47 @@ def worker(cfg):
     probe.close()
     dist.barrier()
 
+    # A float16 model under dynamic loss scaling (torch's GradScaler; docs/dtypes.md): through
+    # the hook (topk, always sparse: pattern B; micro with the dense probe steps: pattern A and
+    # a sparse bucket's dense step) and through DDP's own fp16 all-reduce, on the same
+    # gradients. Step 2 hands in 40,000 on every rank at 64 positions: finite, and so is the
+    # average, but a node's sum of two is past float16's range. Step 4 overflows on rank 3
+    # (+Inf). Each run must skip exactly the steps DDP skips and keep DDP's scale after every
+    # step; its parameters stay finite.
+    out["gradscaler"] = {}
+    for label, comp, params, base in (("ddp", None, None, None),
+                                      ("topk", "topk", {"dense_fallback": "off"}, 8 << 32),
+                                      ("micro", "micro", {}, 9 << 32)):
+        model = HalfLinear(32768)
+        ddp = DDP(model)
+        state = None
+        if comp is not None:
+            state = spex.torch.register(ddp, socket=cfg["socket"], compressor=comp, density=0.01,
+                                        params=params, id_base=base)
+        opt = torch.optim.SGD(model.parameters(), lr=1e-6)
+        scaler = CpuGradScaler(init_scale=1024.0, growth_interval=3)
+        gen = torch.Generator().manual_seed(999 + rank)
+        rec = {"scale": [], "skipped": [], "finite": True}
+        for step in range(8):
+            scale = scaler.get_scale()
+            x = torch.randn(32768, generator=gen) * 0.01
+            if step == 2:
+                x[:64] = 40000.0 / scale  # the gradient is x times the scale: 40,000
+            if step == 4 and rank == 3:
+                x[7] = 1e5 / scale  # past 65,504: +Inf in float16
+            opt.zero_grad()
+            scaler.scale(ddp(x.half())).backward()
+            scaler.step(opt)
+            scaler.update()
+            rec["scale"].append(scale)
+            rec["skipped"].append(scaler.get_scale() < scale)
+            rec["finite"] = rec["finite"] and bool(torch.isfinite(model.w).all())
+        if state is not None:
+            rec["dtypes"] = sorted({b.dtype for b in state.buckets})
+            state.close()
+        dist.barrier()
+        out["gradscaler"][label] = rec
+
     # A float64 model: the hook refuses with a message naming the fix, backward raises it.
     d64 = DDP(make(dtype=torch.float64))
     state = spex.torch.register(d64, socket=cfg["socket"], id_base=2 << 32)
@@ -281,6 +382,17 @@ class DdpHookTest(unittest.TestCase):
             self.assertIn("rank 1", self.results[r]["half_ddp_error"])
             self.assertIn("mixes data types", self.results[r]["mixed_error"] or "")
             self.assertIn("torch.float32", self.results[r]["mixed_error"])
+
+    def test_gradscaler_recovers_after_an_overflow_step_as_under_ddp(self):
+        for r in self.results:
+            runs = r["gradscaler"]
+            ddp = runs["ddp"]
+            self.assertEqual(ddp["skipped"], [s == 4 for s in range(8)], "DDP skips only the +Inf step")
+            for label in ("topk", "micro"):
+                self.assertEqual(runs[label]["dtypes"], ["float16"], label)
+                self.assertEqual(runs[label]["skipped"], ddp["skipped"], f"rank {r['rank']} {label}")
+                self.assertEqual(runs[label]["scale"], ddp["scale"], f"rank {r['rank']} {label}")
+                self.assertTrue(runs[label]["finite"], f"rank {r['rank']} {label}: parameters not finite")
 
     def test_float64_model_raises_a_clear_error(self):
         for r in self.results:

@@ -2,10 +2,12 @@
 session to the process that opened it (the kernel's SO_PEERCRED, not the request), so another
 process holding the id gets PERMISSION_DENIED for every session request while the owner carries
 on exactly; Hello's pid is the kernel's; the client refuses a socket served by another user or
-kept in a directory others can write; an Exchange's wait is bounded by --max_exchange_wait.
+kept in a directory others can write (also one reached through another user's symlink and
+".."); an Exchange's wait is bounded by --max_exchange_wait.
 Runs as root (a child process takes another uid to serve an impostor socket)."""
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -126,6 +128,38 @@ class ServerCheckTest(unittest.TestCase):
         with self.assertRaises(spex.SpexSecurityError) as e:
             spex.Client(path, connect_timeout=5)
         self.assertIn("may be written by other users", str(e.exception))
+
+    def test_socket_directory_is_checked_through_symlinks(self):
+        """D/link/../x.sock with `link` another user's symlink: the kernel goes through the link
+        (the socket is in the link's target's parent, which that user controls); the check must
+        look at that path as the C++ client does, not at D/x.sock (".." taken as text)."""
+        if os.geteuid() != 0:
+            self.fail("this test runs as root (it gives a directory and a symlink to another uid)")
+        base = tempfile.mkdtemp(prefix="spex-dotdot-")
+        self.addCleanup(shutil.rmtree, base, True)
+        os.chmod(base, 0o755)
+        theirs = os.path.join(base, "theirs")  # the other user's directory, and the socket's
+        os.makedirs(os.path.join(theirs, "sub"))
+        for d in (theirs, os.path.join(theirs, "sub")):
+            os.chown(d, STRANGER, STRANGER)
+        mine = os.path.join(base, "mine")
+        os.mkdir(mine, 0o700)
+        link = os.path.join(mine, "link")
+        os.symlink(os.path.join(theirs, "sub"), link)
+        os.lchown(link, STRANGER, STRANGER)
+        self.serve_as(os.getuid(), theirs)  # our own daemon, in a directory another user owns
+        with self.assertRaises(spex.SpexSecurityError) as e:
+            spex.Client(os.path.join(link, "..", "x.sock"), connect_timeout=5)
+        self.assertIn(f"symlink owned by uid {STRANGER}", str(e.exception))
+        # Relative, from the private directory: the same.
+        cwd = os.getcwd()
+        os.chdir(mine)
+        try:
+            with self.assertRaises(spex.SpexSecurityError) as e:
+                spex.Client("link/../x.sock", connect_timeout=5)
+            self.assertIn(f"symlink owned by uid {STRANGER}", str(e.exception))
+        finally:
+            os.chdir(cwd)
 
     def test_default_path_prefers_a_private_runtime_directory(self):
         d = tempfile.mkdtemp(prefix="spex-xdg-")

@@ -97,6 +97,19 @@ def peer_uid(sock: _socket.socket) -> tuple:
     return struct.unpack("3i", sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, struct.calcsize("3i")))
 
 
+def socket_directory(path: str) -> str:
+    """The directory of `path` as the kernel reaches it and the C++ client checks it: the text
+    before the last '/', a relative one under the working directory, with "." and ".." left in
+    place. (os.path.abspath would drop "link/.." as text, while the kernel goes through the
+    symlink first: the check would look at a directory the socket is not in.)"""
+    slash = path.rfind("/")
+    directory = "." if slash < 0 else "/" if slash == 0 else path[:slash]
+    if not directory.startswith("/"):
+        cwd = os.getcwd()
+        directory = cwd if directory == "." else ("" if cwd == "/" else cwd) + "/" + directory
+    return directory
+
+
 def check_server(path: str, sock: _socket.socket, trusted: Iterable[int] = ()) -> int:
     """After `sock` connected to `path`: raises SpexSecurityError unless the listening process runs
     as a trusted user (trusted_server_uids) and the socket's directory is private to this user or
@@ -111,7 +124,7 @@ def check_server(path: str, sock: _socket.socket, trusted: Iterable[int] = ()) -
             f"the process listening at {path} (pid {pid}) runs as {_who(uid)}, not as you or root (you are "
             f"{_who(os.getuid())}): it may be another user's impostor waiting for your gradients. Use your own daemon's socket; if "
             f"this is your site's shared daemon, set SPEX_TRUST_SERVER_UIDS={uid}")
-    directory = os.path.dirname(os.path.abspath(path))
+    directory = socket_directory(path)
     problem = private_directory_problem(directory, os.getuid())
     if problem is not None and uid != os.getuid() and private_directory_problem(directory, uid) is None:
         problem = None

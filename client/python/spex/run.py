@@ -29,10 +29,12 @@ own control lines, which start with CONTROL; spexrun writes "go" (start the trai
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import re
 import shlex
+import shutil
 import signal
 import socket as _socket
 import subprocess
@@ -43,9 +45,25 @@ import queue
 from dataclasses import dataclass
 from typing import Dict, IO, List, Optional, Sequence, Tuple
 
-from .cluster import _signal, find_spexd
+from .cluster import _signal, children_of, find_spexd
+from .paths import private_directory_problem
 
 CONTROL = "@spexrun@ "
+# How an agent on another host starts (python -c AGENT_BOOT --agent ...): it reads one JSON line
+# of variables from its stdin (byte by byte, so nothing after the line is taken from the agent),
+# puts them in its environment and becomes `python -m spex.run --agent ...`. The values thus
+# never appear on a command line there or here. Only the standard library: PYTHONPATH may be
+# among the variables.
+AGENT_BOOT = """import json, os, sys
+line = b""
+while not line.endswith(b"\\n"):
+    c = os.read(0, 1)
+    if not c:
+        sys.exit(0)
+    line += c
+os.environ.update(json.loads(line))
+os.execv(sys.executable, [sys.executable, "-m", "spex.run", *sys.argv[1:]])
+"""
 # Environment variables an agent on another host gets from the launcher (as mpirun's -x would
 # pass them), besides the ones named with -x: the Python and library search paths, the virtual
 # environment, and spex's and Open MPI's own settings.
@@ -67,11 +85,16 @@ class Host:
 # -- host lists ---------------------------------------------------------------------------------
 
 _HOST_RE = re.compile(r"^[A-Za-z0-9_.\-]+$")
+_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 def _check_host(name: str, where: str) -> None:
     if not name:
         raise LaunchError(f"{where}: empty host name")
+    if name.startswith("-"):
+        # ssh and mpirun would read it as an option (-oProxyCommand=... runs a command).
+        raise LaunchError(f"{where}: '{name}' is not a host name: it starts with '-', which ssh and mpirun would "
+                          f"read as an option; give the host's name or address")
     if not _HOST_RE.match(name):
         raise LaunchError(f"{where}: '{name}' is not a host name (letters, digits, '.', '-', '_')")
 
@@ -189,6 +212,8 @@ def slurm_hosts(env: Dict[str, str]) -> Optional[List[Host]]:
     if not nodelist:
         return None
     names = expand_hostlist(nodelist)
+    for n in names:
+        _check_host(n, f"SLURM host list {nodelist}")
     tasks = env.get("SLURM_TASKS_PER_NODE") or env.get("SLURM_JOB_CPUS_PER_NODE")
     per_node = expand_tasks_per_node(tasks) if tasks else [1] * len(names)
     if len(per_node) != len(names):
@@ -240,10 +265,7 @@ class Agent:
 
     def trainer_env(self, local_rank: int) -> Dict[str, str]:
         a = self.a
-        env = dict(os.environ)
-        for kv in a.env or []:
-            k, _, v = kv.partition("=")
-            env[k] = v
+        env = dict(os.environ)  # -x variables included: they came in the agent's environment
         env.update({
             "RANK": str(a.rank_base + local_rank), "LOCAL_RANK": str(local_rank),
             "WORLD_SIZE": str(a.world), "LOCAL_WORLD_SIZE": str(a.local_size),
@@ -365,12 +387,103 @@ def agent_main(argv: Sequence[str]) -> int:
     p.add_argument("--master-port", type=int, required=True)
     p.add_argument("--start-timeout", type=float, default=60.0)
     p.add_argument("--grace", type=float, default=3.0)
-    p.add_argument("--env", action="append")
     p.add_argument("command", nargs=argparse.REMAINDER)
     a = p.parse_args(argv)
     if a.command and a.command[0] == "--":
         a.command = a.command[1:]
     return Agent(a).run()
+
+
+# -- the watchdog: stops the daemon world when spexrun dies ---------------------------------------
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
+def watchdog_main(argv: Sequence[str]) -> int:
+    """spexrun --watchdog LAUNCHER_PID GRACE: reads what spexrun started from its stdin, one line
+    each ("mpirun PID SOCKET_DIR", "emulated SCRIPT DIR OWN"), until "done" (spexrun stopped it
+    all itself) or end-of-file (spexrun died: SIGKILL, a crash). Then: SIGTERM to mpirun (it
+    forwards it to every spexd, which removes its socket and segments), SIGKILL to its process
+    group after GRACE + 10 s, the segments of daemons that did not stop cleanly and the socket
+    directory removed; an emulated cluster is torn down (every process in its hosts, the
+    namespaces, sockets and segments). The agents end by themselves: their stdin closed too."""
+    launcher, grace = argv[0], float(argv[1])
+    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)  # a terminal's or the group's signals are spexrun's to handle
+    told: List[List[str]] = []
+    for line in sys.stdin:
+        words = line.split()
+        if words == ["done"]:
+            return 0
+        if words:
+            told.append(words)
+    if not told:
+        return 0
+    def say(text: str) -> None:  # to spexrun's stderr, which may have gone with it
+        try:
+            sys.stderr.write(f"spexrun (watchdog): {text}\n")
+            sys.stderr.flush()
+        except OSError:
+            pass
+
+    for words in told:
+        if words[0] == "mpirun" and len(words) == 3:
+            pid, socket_dir = int(words[1]), words[2]
+            if _alive(pid) and socket_dir.encode() in _cmdline(pid):  # not a reused pid
+                say(f"spexrun (pid {launcher}) is gone; stopping its daemons (mpirun pid {pid})")
+                daemons = children_of(pid)
+                _signal(pid, signal.SIGTERM)
+                deadline = time.monotonic() + grace + 10
+                while _alive(pid) and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                _killpg(pid, signal.SIGKILL)
+                for d in daemons:  # a daemon SIGKILLed here left its segments
+                    if not _alive(d):
+                        for name in os.listdir("/dev/shm"):
+                            if name.startswith(f"spex-{d}-"):
+                                try:
+                                    os.unlink(os.path.join("/dev/shm", name))
+                                except OSError:
+                                    pass
+            shutil.rmtree(socket_dir, ignore_errors=True)
+        elif words[0] == "emulated" and len(words) == 4:
+            say(f"spexrun (pid {launcher}) is gone; tearing its emulated cluster down")
+            subprocess.run(["bash", words[1], "down", words[2]], stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+            if words[3] == "1":
+                shutil.rmtree(words[2], ignore_errors=True)
+    return 0
+
+
+def make_private_dirs(path: str) -> None:
+    """Creates `path` and its parent (/tmp/spex-<uid>) with mode 0700 where missing, and refuses
+    (LaunchError naming the owner and the fix) either when another user owns it or its symlink,
+    or others can write it: checked before anything is created inside, so spexrun never follows
+    another user's symlink."""
+    for d in (os.path.dirname(path), path):
+        try:
+            os.mkdir(d, 0o700)
+        except FileExistsError:
+            pass
+        except OSError as e:
+            raise LaunchError(f"cannot create the socket directory {d}: {e.strerror}") from None
+        problem = private_directory_problem(d, os.getuid())
+        if problem is not None:
+            raise LaunchError(problem)
 
 
 # -- the launcher -------------------------------------------------------------------------------
@@ -402,6 +515,43 @@ class Launcher:
         self.socket_dir = f"/tmp/spex-{os.getuid()}/{self.job}"
         self.from_slurm = a.hosts is None and a.hostfile is None and a.emulated is None and \
             slurm_hosts(dict(os.environ)) is not None
+        self.watchdog: Optional[subprocess.Popen] = None
+
+    # -- the watchdog: the daemons end with spexrun, even a SIGKILLed one --
+
+    def start_watchdog(self) -> None:
+        """Starts `spexrun --watchdog` (its own session, so a signal to spexrun's process group
+        leaves it): spexrun holds the only write end of its stdin, so when spexrun ends without
+        saying "done" (SIGKILL, a crash) it reads end-of-file and stops what it was told of."""
+        try:
+            self.watchdog = subprocess.Popen([sys.executable, "-m", "spex.run", "--watchdog", str(os.getpid()),
+                                              str(self.a.grace)], stdin=subprocess.PIPE,
+                                             stdout=subprocess.DEVNULL, start_new_session=True)
+        except OSError as e:
+            self.say(f"warning: cannot start the watchdog ({e.strerror}): if spexrun is killed with SIGKILL, "
+                     f"stop its daemons by hand")
+
+    def watch(self, line: str) -> None:
+        """Tells the watchdog what to stop should spexrun die."""
+        if self.watchdog is None:
+            return
+        try:
+            self.watchdog.stdin.write((line + "\n").encode())
+            self.watchdog.stdin.flush()
+        except (BrokenPipeError, OSError):
+            pass
+
+    def stop_watchdog(self) -> None:
+        """Everything is stopped: the watchdog leaves without doing anything."""
+        if self.watchdog is None:
+            return
+        self.watch("done")
+        try:
+            self.watchdog.stdin.close()
+            self.watchdog.wait(timeout=10)
+        except (BrokenPipeError, OSError, subprocess.TimeoutExpired):
+            pass
+        self.watchdog = None
 
     def say(self, text: str) -> None:
         with self.out_lock:
@@ -429,10 +579,11 @@ class Launcher:
             self.cluster = EmulatedCluster(a.spexd, hosts=a.emulated, trainers=a.slots, args=flags, rate=a.rate,
                                            latency_us=a.latency_us, start_timeout=a.start_timeout)
             self.say(self.cluster.up())
+            self.watch(f"emulated {self.cluster.script} {self.cluster.dir} {int(self.cluster._own_dir)}")
             self.cluster.start()
             return
         spexd = find_spexd(a.spexd)
-        os.makedirs(self.socket_dir, mode=0o700, exist_ok=True)
+        make_private_dirs(self.socket_dir)
         cmd = ["mpirun", "--bind-to", "none"]
         if a.rsh_agent:
             cmd += ["--mca", "plm_rsh_agent", a.rsh_agent]
@@ -451,6 +602,7 @@ class Launcher:
             env.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
         self.daemons = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                         stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        self.watch(f"mpirun {self.daemons.pid} {self.socket_dir}")
         threading.Thread(target=self._pump_daemons, daemon=True).start()
 
     def _pump_daemons(self) -> None:
@@ -497,36 +649,54 @@ class Launcher:
                "--socket", self.socket(n), "--rank-base", str(rank_base), "--local-size", str(h.slots),
                "--world", str(self.world), "--master-addr", self.master_addr(), "--master-port", str(port),
                "--start-timeout", str(a.start_timeout), "--grace", str(a.grace)]
-        for kv in a.x or []:
-            cmd += ["--env", kv if "=" in kv else f"{kv}={os.environ.get(kv, '')}"]
         return cmd + ["--", *a.command]
 
-    def forwarded_env(self) -> List[str]:
-        out = []
-        for k, v in sorted(os.environ.items()):
-            if k in FORWARD_NAMES or k.startswith(FORWARD_PREFIXES):
-                out.append(f"{k}={v}")
+    def x_env(self) -> Dict[str, str]:
+        """The variables named with -x (NAME: this process's value, "" when unset)."""
+        out = {}
+        for kv in self.a.x or []:
+            k, eq, v = kv.partition("=")
+            out[k] = v if eq else os.environ.get(k, "")
+        return out
+
+    def forwarded_env(self) -> Dict[str, str]:
+        """What an agent on another host gets: the forwarded variables and the -x ones."""
+        out = {k: v for k, v in os.environ.items() if k in FORWARD_NAMES or k.startswith(FORWARD_PREFIXES)}
+        out.update(self.x_env())
         return out
 
     def start_agent(self, n: int, rank_base: int, port: int) -> subprocess.Popen:
+        """Starts host n's agent. No variable's value goes on a command line, which every user of
+        a host can read (/proc/PID/cmdline, ps): an agent on this host (or an emulated one) gets
+        the -x variables in its environment; an agent on another host is started as
+        AGENT_BOOT, which reads the forwarded and -x variables from its stdin (one JSON line,
+        written here) before it becomes the agent."""
         h = self.hosts[n]
         argv = self.agent_command(n, rank_base, port)
         pipes = dict(stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         if self.cluster is not None:
-            return self.cluster.popen(n, argv, env=dict(os.environ), **pipes)
+            return self.cluster.popen(n, argv, env={**os.environ, **self.x_env()}, **pipes)
         if is_local(h.name):
-            return subprocess.Popen(argv, **pipes)
-        remote = (f"cd {shlex.quote(os.getcwd())} 2>/dev/null; exec env "
-                  + " ".join(shlex.quote(kv) for kv in self.forwarded_env()) + " "
-                  + " ".join(shlex.quote(x) for x in argv))
+            return subprocess.Popen(argv, env={**os.environ, **self.x_env()}, **pipes)
+        boot = [sys.executable, "-c", AGENT_BOOT, *argv[3:]]  # argv[:3]: python -m spex.run
         if self.from_slurm and not self.a.rsh_agent:
-            # Inside the allocation: a step on that host (srun forwards the environment and the
-            # working directory, and stdin to the step's one task); --overlap shares the CPUs
-            # the daemons' step holds.
-            return subprocess.Popen(["srun", "--nodes=1", "--ntasks=1", f"--nodelist={h.name}", "--overlap",
-                                     "--kill-on-bad-exit=0", "--quiet", *argv], **pipes)
-        rsh = shlex.split(self.a.rsh_agent) if self.a.rsh_agent else ["ssh", "-o", "BatchMode=yes", "-T"]
-        return subprocess.Popen([*rsh, h.name, remote], **pipes)
+            # Inside the allocation: a step on that host (srun forwards the working directory,
+            # and stdin to the step's one task); --overlap shares the CPUs the daemons' step
+            # holds.
+            cmd = ["srun", "--nodes=1", "--ntasks=1", f"--nodelist={h.name}", "--overlap", "--kill-on-bad-exit=0",
+                   "--quiet", *boot]
+        else:
+            remote = f"cd {shlex.quote(os.getcwd())} 2>/dev/null; exec " + " ".join(shlex.quote(x) for x in boot)
+            rsh = shlex.split(self.a.rsh_agent) if self.a.rsh_agent else ["ssh", "-o", "BatchMode=yes", "-T"]
+            # "--": nothing after it is an option of the agent, whatever the host's name.
+            cmd = [*rsh, "--", h.name, remote]
+        proc = subprocess.Popen(cmd, **pipes)
+        try:
+            proc.stdin.write((json.dumps(self.forwarded_env()) + "\n").encode())
+            proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            pass  # the agent is gone already: pump_agent reports it
+        return proc
 
     def pump_agent(self, n: int, proc: subprocess.Popen) -> None:
         for raw in iter(proc.stdout.readline, b""):
@@ -591,6 +761,7 @@ class Launcher:
     def run(self) -> int:
         a = self.a
         port = a.master_port or random.randrange(29500, 39500)
+        self.start_watchdog()
         self.say(f"{len(self.hosts)} host(s) ({', '.join(f'{self.host_label(n)}:{h.slots}' for n, h in enumerate(self.hosts))}), "
                  f"{self.world} trainers; job {self.job}")
         self.start_daemons()
@@ -685,7 +856,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rsh-agent", metavar="CMD",
                    help="how to reach other hosts (default: ssh -o BatchMode=yes; srun inside a SLURM allocation)")
     p.add_argument("-x", action="append", metavar="NAME[=VALUE]",
-                   help="pass an environment variable to the trainers (repeatable)")
+                   help="pass an environment variable to the trainers (repeatable); values travel in the "
+                        "agents' environment or their ssh connection, never on a command line")
     p.add_argument("--master-port", type=int, default=0, help="MASTER_PORT (default: a random port)")
     p.add_argument("--start-timeout", type=float, default=60.0,
                    help="seconds every daemon has to answer its health check (default 60)")
@@ -717,6 +889,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "--agent":
         return agent_main(argv[1:])
+    if argv and argv[0] == "--watchdog":
+        return watchdog_main(argv[1:])
     parser = build_parser()
     a = parser.parse_args(argv)
     if a.command and a.command[0] == "--":
@@ -724,6 +898,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         if not a.command:
             raise LaunchError("no command to run: spexrun [options] -- CMD ARGS... (e.g. -- python3 train.py)")
+        for kv in a.x or []:
+            name = kv.partition("=")[0]
+            if not _ENV_NAME_RE.match(name):
+                raise LaunchError(f"-x {kv}: '{name}' is not a variable name (letters, digits, '_'; not a digit "
+                                  f"first): -x NAME passes this shell's value, -x NAME=VALUE a value")
         hosts = resolve_hosts(a, os.environ)
         if a.emulated is None and len(hosts) > 1 and any(h.name in LOCAL_NAMES for h in hosts):
             raise LaunchError("a local name (localhost) beside other hosts: name this host as the others reach it")
@@ -752,6 +931,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         launcher.shutdown()
+        launcher.stop_watchdog()
     return rc
 
 
