@@ -2,7 +2,9 @@
 // with the same answer, so a check that fails on one node stops every node the same way.
 #include "daemon/transport/agreement.h"
 
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 
@@ -24,12 +26,31 @@ absl::Status AgreeOnAllNodes(Collective* coll, const absl::Status& local, absl::
     return absl::Status(s.code(), absl::StrCat("agreeing on ", what, ": ", s.message()));
   }
   if (v[0] == 0) return absl::OkStatus();
-  if (!local.ok()) return local;
   const uint64_t failed = nodes - v[1];
+  // Every node knows now that some node failed and which: a second all-reduce (only on this
+  // failure path) carries that node's message, the others contributing zeros, so MAX leaves its
+  // bytes as they are.
+  uint64_t text[kAgreementTextWords] = {};
+  if (rank == failed) {
+    const absl::string_view m = local.message();
+    std::memcpy(text, m.data(), std::min(m.size(), sizeof(text) - 1));
+  }
+  if (absl::Status s =
+          coll->AllReduce(text, kAgreementTextWords, ElemType::kUint64, ReduceOp::kMax);
+      !s.ok()) {
+    return local.ok()
+               ? absl::Status(s.code(), absl::StrCat("agreeing on ", what, ": ", s.message()))
+               : local;
+  }
+  if (!local.ok()) return local;
+  const char* bytes = reinterpret_cast<const char*>(text);
+  const absl::string_view reason(bytes, strnlen(bytes, sizeof(text) - 1));
+  const bool cut = reason.size() == sizeof(text) - 1;
   const auto code = static_cast<absl::StatusCode>(static_cast<uint32_t>(v[2]));
   return absl::Status(code == absl::StatusCode::kOk ? absl::StatusCode::kUnknown : code,
-                      absl::StrCat("node ", failed, " failed ", what, ": see node ", failed,
-                                   "'s log for the cause"));
+                      absl::StrCat("node ", failed, " failed ", what, ": ",
+                                   reason.empty() ? "(no message)" : reason, cut ? "..." : "",
+                                   " (node ", failed, "'s words; see its log)"));
 }
 
 }  // namespace spex

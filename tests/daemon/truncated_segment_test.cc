@@ -7,8 +7,9 @@
 // segment of bucket A goes to nothing, header included, before any failure, while node 0's
 // trainer (another process in real life, whose writes never reach the daemon's memory) does not
 // touch it again. Node 1's step of A still fails within seconds (not its exchange timeout),
-// naming node 0, for the per-bucket path and a merger's, dense and sparse; bucket B goes on, and
-// the next job runs exactly from its first step.
+// naming node 0 and node 0's reason (the shrunk segment, carried by the commit vote), for the
+// per-bucket path and a merger's, dense and sparse; bucket B goes on, and the next job runs
+// exactly from its first step.
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -117,6 +118,10 @@ TEST_F(TruncatedSegment, ShrunkSegmentFailsItsBucketNotTheDaemon) {
     EXPECT_FALSE(s[node].ok()) << "node " << node << " published a step over vanished inputs";
   }
   EXPECT_TRUE(absl::StrContains(s[0].message(), "shrank the bucket's shared segment")) << s[0];
+  // The other node gets node 0's reason too, not only "node 0 failed bucket B step S".
+  EXPECT_EQ(s[1].code(), absl::StatusCode::kDataLoss) << s[1];
+  EXPECT_TRUE(absl::StrContains(s[1].message(), "node 0 failed bucket")) << s[1];
+  EXPECT_TRUE(absl::StrContains(s[1].message(), "shrank the bucket's shared segment")) << s[1];
   EXPECT_TRUE(seg->pulled());
   EXPECT_EQ(SegmentGuard::repairs(), repairs + 1);
   ExpectExact(kB, 1);  // the other bucket carries on
@@ -199,6 +204,7 @@ TEST_F(TruncatedSegment, CutToNothingBeforeAnyFailureFailsEveryNodePromptly) {
     EXPECT_LT(took, absl::Seconds(5)) << "node 1 waited " << took << " for a cut segment: " << a;
     EXPECT_EQ(a.code(), absl::StatusCode::kDataLoss) << a;
     EXPECT_TRUE(absl::StrContains(a.message(), "node 0")) << a;
+    EXPECT_TRUE(absl::StrContains(a.message(), "shrank the bucket's shared segment")) << a;
     EXPECT_TRUE(seg->pulled());
     for (const BucketSummary& s : cluster_->engine(0).Buckets()) {
       if (s.bucket_id == kA) {
