@@ -1,13 +1,28 @@
 // exchange_cost: the exchange cost model (daemon/engine/exchange_cost.h) from the command line,
 // for bench/scale/spex_scale.py (its whatif command and the comparison with the simulation).
 //   exchange_cost NODES GBIT_PER_S LATENCY_US ELEMENTS K VALUE_BYTES SKEW CONTROL(0|1)
-// prints one JSON object: the model's times in seconds and the cheapest exchange.
+// prints one JSON object: the model's times in seconds and the cheapest exchange;
+//   exchange_cost allreduce NODES GBIT_PER_S LATENCY_US BYTES...
+// prints the model's time of one all-reduce of each size (the peers: DDP, PowerSGD).
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 
 #include "daemon/engine/exchange_cost.h"
 
 int main(int argc, char** argv) {
+  if (argc >= 5 && std::string(argv[1]) == "allreduce") {
+    spex::LinkModel link;
+    link.bytes_per_s = std::strtod(argv[3], nullptr) * 1e9 / 8;
+    link.latency_s = std::strtod(argv[4], nullptr) * 1e-6;
+    std::printf("[");
+    for (int i = 5; i < argc; ++i) {
+      std::printf("%s%.9g", i > 5 ? ", " : "",
+                  spex::AllReduceTime(link, std::atoi(argv[2]), std::strtod(argv[i], nullptr)));
+    }
+    std::printf("]\n");
+    return 0;
+  }
   if (argc != 9) {
     std::fprintf(stderr,
                  "usage: exchange_cost NODES GBIT_PER_S LATENCY_US ELEMENTS K VALUE_BYTES SKEW "

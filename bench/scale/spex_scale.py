@@ -177,6 +177,20 @@ def powersgd_sizes(shapes, rank):
     return u, p, q
 
 
+def peer_model(nodes, gbps, latency_us, elements, shapes, out=DEFAULT_OUT):
+    """The cost model's all-reduce times of the peers: DDP (float32, fp16 bytes) and PowerSGD
+    (its three all-reduces at ranks 1 and 4), one bucket."""
+    sizes = {"ddp": [4 * elements], "ddp_fp16": [2 * elements]}
+    for r in (1, 4):
+        sizes[f"powersgd{r}"] = [4 * x for x in powersgd_sizes(shapes, r) if x]
+    res = {}
+    for name, bs in sizes.items():
+        cmd = [os.path.join(out, "exchange_cost"), "allreduce", str(nodes), str(gbps), str(latency_us)]
+        r = subprocess.run(cmd + [str(b) for b in bs], capture_output=True, text=True, check=True)
+        res[name] = sum(json.loads(r.stdout))
+    return res
+
+
 PEER_OPS = ("ddp", "ddp_fp16", "powersgd1", "powersgd4")
 
 
@@ -245,7 +259,12 @@ def cmd_whatif(a):
     for name in ("dense", "allgather", "oktopk"):
         print(f"  {name:10s} {m[name + '_s'] * buckets * 1e3:10.3f} ms")
     print(f"  auto picks {m['best']} (control round + vote: {m['control_s'] * buckets * 1e3:.3f} ms)")
-    result = {"inputs": vars(a), "elements": elements, "k": k, "model": m}
+    peers = peer_model(a.nodes, a.gbps, a.latency_us, elements, shapes, out)
+    print("peers, cost model (their all-reduces only; their compute is not counted):")
+    for name, t in peers.items():
+        print(f"  {name:10s} {t * 1e3:10.3f} ms")
+    result = {"inputs": {x: y for x, y in vars(a).items() if x != "fn"}, "elements": elements,
+              "k": k, "model": m, "peers_model": peers}
     if a.simulate:
         if a.nodes > 1024:
             sys.exit("whatif --simulate: at most 1,024 nodes")

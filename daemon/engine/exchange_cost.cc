@@ -46,24 +46,56 @@ double ExchangeCosts::Of(ExchangeChoice c) const {
   return 0;
 }
 
-// Rounds of a small all-reduce under Open MPI 4.1's fixed decision (as SimGrid's ompi selector
-// copies it): recursive doubling (log2 P rounds) below 32 nodes and from 64 to 127; from 32 to 63
-// Rabenseifner or the segmented ring, and from 128 on the reduce + broadcast of the
-// "nonoverlapping" algorithm: about 2 log2 P rounds.
-double SmallAllReduceRounds(int nodes) {
-  const double r = Rounds(nodes);
-  return (nodes >= 32 && nodes < 64) || nodes >= 128 ? 2 * r : r;
+// Open MPI 4.1's fixed choice of all-reduce algorithm for a commutative operation by node count
+// and size (coll_tuned_decision_fixed.c, as SimGrid's ompi selector copies it).
+enum class AllReduceAlg { kReduceBcast, kRecursiveDoubling, kRing, kSegmentedRing, kRabenseifner };
+
+AllReduceAlg ChooseAllReduce(int p, double m) {
+  using A = AllReduceAlg;
+  if (p < 4) {
+    if (m < 8) return A::kRing;
+    if (m < 4096) return A::kRecursiveDoubling;
+    if (m < 8192) return A::kRing;
+    if (m < 16384) return A::kRecursiveDoubling;
+    if (m < 65536) return A::kRing;
+    if (m < 262144) return A::kSegmentedRing;
+    return A::kRabenseifner;
+  }
+  if (p < 8) return m < 16 ? A::kRing : m < 8192 ? A::kRecursiveDoubling : A::kRabenseifner;
+  if (p < 16) return m < 8192 ? A::kRecursiveDoubling : A::kRabenseifner;
+  if (p < 32) {
+    return m < 64 ? A::kSegmentedRing : m < 4096 ? A::kRecursiveDoubling : A::kRabenseifner;
+  }
+  if (p < 64) return m < 128 ? A::kSegmentedRing : A::kRabenseifner;
+  if (p < 128) return m < 262144 ? A::kRecursiveDoubling : A::kRabenseifner;
+  if (p < 256) {
+    return m < 131072 ? A::kReduceBcast : m < 262144 ? A::kRecursiveDoubling : A::kRabenseifner;
+  }
+  if (p < 512) return m < 4096 ? A::kReduceBcast : A::kRabenseifner;
+  return m < 2048 ? A::kReduceBcast : m < 16384 ? A::kRecursiveDoubling : A::kRabenseifner;
 }
 
-// Small buffers: SmallAllReduceRounds of the whole buffer. Large ones: Rabenseifner's
-// reduce-scatter by recursive halving and all-gather by recursive doubling, which moves
-// 2 (P-1)/P of the buffer, as a ring does, in 2 log2 P rounds.
+// One all-reduce of `bytes` by the algorithm Open MPI picks. Recursive doubling: log2 P rounds of
+// the whole buffer; reduce + broadcast (binomial trees): twice that; the ring: 2 (P-1) rounds of
+// a P-th (a segmented ring of fewer elements than nodes runs as recursive doubling);
+// Rabenseifner: recursive halving and doubling, 2 log2 P rounds moving 2 (P-1)/P of the buffer.
 double AllReduceTime(const LinkModel& link, int nodes, double bytes) {
   if (nodes <= 1) return 0;
-  if (bytes < 8192) {
-    return SmallAllReduceRounds(nodes) * (link.latency_s + bytes / link.bytes_per_s);
+  const double r = Rounds(nodes), a = link.latency_s, b = link.bytes_per_s;
+  switch (ChooseAllReduce(nodes, bytes)) {
+    case AllReduceAlg::kReduceBcast:
+      return 2 * r * (a + bytes / b);
+    case AllReduceAlg::kRecursiveDoubling:
+      return r * (a + bytes / b);
+    case AllReduceAlg::kSegmentedRing:
+      if (bytes < 8.0 * nodes) return r * (a + bytes / b);
+      [[fallthrough]];
+    case AllReduceAlg::kRing:
+      return 2 * (nodes - 1) * (a + bytes / nodes / b);
+    case AllReduceAlg::kRabenseifner:
+      break;
   }
-  return 2 * Rounds(nodes) * link.latency_s + 2.0 * (nodes - 1) / nodes * bytes / link.bytes_per_s;
+  return 2 * r * a + 2.0 * (nodes - 1) / nodes * bytes / b;
 }
 
 // The ring: P-1 rounds, each forwarding one node's block (the largest block sets a round's time).

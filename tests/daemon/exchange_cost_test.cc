@@ -130,7 +130,9 @@ TEST(ExchangeCost, AllGatherGrowsWithNodesOkTopkDoesNot) {
   const ExchangeCosts c64 = EstimateExchange(link, Shape(64, 25557032, 0.01));
   const ExchangeCosts c1024 = EstimateExchange(link, Shape(1024, 25557032, 0.01));
   EXPECT_NEAR(c1024.allgather_s / c64.allgather_s, 1023.0 / 63.0, 0.01);
-  EXPECT_LT(c1024.oktopk_s / c64.oktopk_s, 1.05);
+  // Ok-Topk's pairs stay about 2k a node; only its small words grow with P (the flags' P + 1
+  // words, P chunk headers).
+  EXPECT_LT(c1024.oktopk_s / c64.oktopk_s, 1.1);
   EXPECT_GT(c1024.allgather_s / c1024.dense_s, 9.0);  // the all-gather 10x the ring at 1,024
 }
 
