@@ -3,7 +3,8 @@ Every process trains the same model twice in lockstep, once through the spex hoo
 once with DDP's own gloo all-reduce, and records after every step the parameters' digest and
 the largest difference to the gloo model; also DDP's bucket rebuild (fresh bucket ids per
 generation, the previous generation unregistered), the RPC path with the plain
-register_comm_hook form, and the errors for a float64 model, a wrong world size, an unknown
+register_comm_hook form, a float16 model under torch's GradScaler (the hook must skip exactly
+the steps DDP skips, after a step whose node sums are past float16's range), and the errors for a float64 model, a wrong world size, an unknown
 compressor or parameter given to spex.torch.register, and nodes whose bucket ids differ (the
 daemon's "bucket order differs", which must reach backward() on every rank, never hang)."""
 
