@@ -113,13 +113,15 @@ int Stats(spex::v1::Spex::Stub* stub, const std::string& socket) {
   }
   std::printf("node %u/%u  collective %s  exchanges %lu\n", resp.node_rank(), resp.node_count(),
               resp.collective().c_str(), static_cast<unsigned long>(resp.exchanges()));
-  std::printf("%8s %12s %-8s %-12s %4s %9s %9s %9s %10s %10s %10s %10s  mean phases (ms)\n",
+  std::printf("%8s %12s %-8s %-12s %4s %9s %9s %9s %10s %10s %10s %10s  mean phases (ms/CPU ms)\n",
               "bucket", "elements", "type", "compressor", "pat", "exchanges", "target", "achieved",
               "gathered", "sent", "received", "residual");
   for (const auto& b : resp.buckets()) {
     std::string phases;
     for (const auto& p : b.mean_phases()) {
-      if (p.seconds() > 0) phases += absl::StrFormat(" %s=%.3f", p.phase(), p.seconds() * 1e3);
+      if (p.seconds() <= 0) continue;
+      phases += absl::StrFormat(" %s=%.3f", p.phase(), p.seconds() * 1e3);
+      if (p.cpu_seconds() > 0) phases += absl::StrFormat("/%.3f", p.cpu_seconds() * 1e3);
     }
     std::printf("%8lu %12lu %-8s %-12s %4s %9lu %9.4g %9.4g %10lu %10lu %10lu %10.4g %s\n",
                 static_cast<unsigned long>(b.bucket_id()), static_cast<unsigned long>(b.elements()),

@@ -52,7 +52,10 @@ void BucketOutcome::Count(const ExchangeRecord& rec) {
   exchanges++;
   bytes_sent_total += rec.bytes_sent;
   bytes_received_total += rec.bytes_received;
-  for (int p = 0; p < kPhaseCount; ++p) phase_sum[p] += rec.phase_seconds[p];
+  for (int p = 0; p < kPhaseCount; ++p) {
+    phase_sum[p] += rec.phase_seconds[p];
+    phase_cpu_sum[p] += rec.phase_cpu_seconds[p];
+  }
 }
 
 int64_t EngineBucket::ReadyStamp(int local_trainers) const {
@@ -77,6 +80,7 @@ BucketSummary EngineBucket::Summary() const {
   s.last = out.last;
   for (int p = 0; p < kPhaseCount; ++p) {
     s.mean_phase_seconds[p] = out.exchanges ? out.phase_sum[p] / out.exchanges : 0;
+    s.mean_phase_cpu_seconds[p] = out.exchanges ? out.phase_cpu_sum[p] / out.exchanges : 0;
   }
   return s;
 }

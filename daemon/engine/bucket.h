@@ -94,6 +94,7 @@ struct BucketOutcome {
   uint64_t bytes_received_total = 0;
   ExchangeRecord last;
   double phase_sum[kPhaseCount] = {};
+  double phase_cpu_sum[kPhaseCount] = {};
   // The target density in effect: written by the engine thread under the engine's mutex, so
   // the engine thread may read it without the mutex.
   double density = 0;

@@ -193,6 +193,7 @@ std::unique_ptr<Engine::WirePack> Engine::BuildPack(GroupPass& x, size_t first, 
   auto p = std::make_unique<WirePack>();
   p->t0 = x.t0;
   std::copy(x.phase, x.phase + kPhaseCount, p->phase);
+  std::copy(x.phase_cpu, x.phase_cpu + kPhaseCount, p->phase_cpu);
   std::vector<size_t> at;  // the members that run
   for (size_t i = first; i < first + len && i < x.m; ++i) {
     x.group_of[i] = first;
@@ -225,7 +226,7 @@ std::unique_ptr<Engine::WirePack> Engine::BuildPack(GroupPass& x, size_t first, 
 
 void Engine::SendPack(GroupPass& x, std::unique_ptr<WirePack> p, uint64_t* local_since) {
   // The local half here, on the engine thread; the wire half in RunPack.
-  PhaseClock clock(p->phase, nullptr, MonotonicNanos());
+  PhaseClock clock(p->phase, p->phase_cpu, nullptr, MonotonicNanos());
   FusedScratch* scratch = &fused_scratch_[next_scratch_];
   next_scratch_ ^= 1;
   // Selection behind (a static plan's group of one compressor): the whole step on the wire
@@ -266,7 +267,10 @@ void Engine::PublishUnpacked(GroupPass& x) {
     rec.bucket_id = b->id;
     rec.step = b->ex.next_step;
     rec.compressor = b->compressor;
-    for (int p = 0; p < kPhaseCount; ++p) rec.phase_seconds[p] = x.phase[p];
+    for (int p = 0; p < kPhaseCount; ++p) {
+      rec.phase_seconds[p] = x.phase[p];
+      rec.phase_cpu_seconds[p] = x.phase_cpu[p];
+    }
     rec.total_seconds = (end - x.t0) * 1e-9;
     // A half member's float32 result rounded once into the trainers' output (step.h).
     if (x.st[i].ok() && !b->mem.view.on_device) x.st[i] = RoundOutput(prims_, b->mem.view);

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <ctime>
 #include <memory>
 #include <vector>
 
@@ -25,20 +26,36 @@
 
 namespace spex {
 
+// The calling thread's CPU time (user + system), in nanoseconds.
+inline uint64_t ThreadCpuNanos() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
+}
+
 // Times an exchange's phases: Mark(p) adds the time since the previous mark (or the start) to
-// `phase_seconds[p]` and, with `spans`, records the interval there (for observers).
+// `phase_seconds[p]`, the calling thread's CPU time over it to `phase_cpu_seconds[p]` and, with
+// `spans`, records the interval there (for observers). A clock is used by one thread.
 class PhaseClock {
  public:
-  PhaseClock(double* phase_seconds, std::vector<PhaseSpan>* spans, uint64_t start_ns)
-      : phase_seconds_(phase_seconds), spans_(spans), last_ns_(start_ns) {}
+  PhaseClock(double* phase_seconds, double* phase_cpu_seconds, std::vector<PhaseSpan>* spans,
+             uint64_t start_ns)
+      : phase_seconds_(phase_seconds),
+        phase_cpu_seconds_(phase_cpu_seconds),
+        spans_(spans),
+        last_ns_(start_ns),
+        last_cpu_ns_(ThreadCpuNanos()) {}
   PhaseClock(const PhaseClock&) = delete;
   PhaseClock& operator=(const PhaseClock&) = delete;
 
   void Mark(Phase p) {
     const uint64_t now = MonotonicNanos();
+    const uint64_t cpu = ThreadCpuNanos();
     phase_seconds_[static_cast<int>(p)] += (now - last_ns_) * 1e-9;
+    phase_cpu_seconds_[static_cast<int>(p)] += (cpu - last_cpu_ns_) * 1e-9;
     if (spans_ != nullptr) spans_->push_back({p, last_ns_, now});
     last_ns_ = now;
+    last_cpu_ns_ = cpu;
   }
   // The end of the last phase marked (the start when none was).
   uint64_t last_ns() const { return last_ns_; }
@@ -49,8 +66,10 @@ class PhaseClock {
 
  private:
   double* const phase_seconds_;
+  double* const phase_cpu_seconds_;
   std::vector<PhaseSpan>* const spans_;
   uint64_t last_ns_;
+  uint64_t last_cpu_ns_;
 };
 
 // One iteration of the engine thread's loop: what the scheduler picked (capacity reused).
@@ -73,7 +92,7 @@ struct Engine::BucketPass {
         step(bucket->ex.next_step),
         observed(observed_by_any),
         t0(MonotonicNanos()),
-        clock(rec.phase_seconds, observed ? &event.spans : nullptr, t0),
+        clock(rec.phase_seconds, rec.phase_cpu_seconds, observed ? &event.spans : nullptr, t0),
         lap(clock.AsLap()) {
     rec.bucket_id = b->id;
     rec.step = step;
@@ -109,7 +128,7 @@ struct Engine::GroupPass {
         candidates(member_candidates),
         agreed(agreed_merger),
         t0(MonotonicNanos()),
-        clock(phase, nullptr, t0),
+        clock(phase, phase_cpu, nullptr, t0),
         lap(clock.AsLap()) {}
   GroupPass(const GroupPass&) = delete;
   GroupPass& operator=(const GroupPass&) = delete;
@@ -119,7 +138,8 @@ struct Engine::GroupPass {
   const bool agreed;  // an agreed merger (the round agrees on a prefix), else a static plan
   const uint64_t t0;  // the group's start (its records' total time)
   double phase[kPhaseCount] = {};
-  PhaseClock clock;  // into phase
+  double phase_cpu[kPhaseCount] = {};  // the engine thread's CPU time per phase
+  PhaseClock clock;                    // into phase and phase_cpu
   const Lap lap;
   size_t offered = 0;  // the members offered to the group round
   GroupRoundInput in;
@@ -137,10 +157,11 @@ struct Engine::GroupPass {
 
 // A packed group between its local half (the group pass) and its publishing (RunPack).
 struct Engine::WirePack {
-  uint64_t t0 = 0;                 // the group's start (the records' total time)
-  double phase[kPhaseCount] = {};  // the group's phases so far, then the pack's own
-  uint64_t group_first = 0;        // the pack's first member's id (observers)
-  uint32_t group_size = 0;         // the pack's members, skipped ones included (observers)
+  uint64_t t0 = 0;                     // the group's start (the records' total time)
+  double phase[kPhaseCount] = {};      // the group's phases so far, then the pack's own
+  double phase_cpu[kPhaseCount] = {};  // and their CPU time (each on the thread that ran it)
+  uint64_t group_first = 0;            // the pack's first member's id (observers)
+  uint32_t group_size = 0;             // the pack's members, skipped ones included (observers)
   std::vector<EngineBucket*> buckets;
   uint64_t elements = 0;             // the members' sizes summed (Merger::PackHandedOff/PackDone)
   std::vector<ExchangeRecord> recs;  // items[j].rec == &recs[j]

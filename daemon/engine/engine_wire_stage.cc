@@ -59,7 +59,7 @@ void Engine::WireLoop() {
 void Engine::RunPack(WirePack* p) {
   const StepEnv& env = overlapping() ? wire_env_ : env_;
   const uint64_t wire_begin = MonotonicNanos();
-  PhaseClock clock(p->phase, nullptr, wire_begin);
+  PhaseClock clock(p->phase, p->phase_cpu, nullptr, wire_begin);
   const Lap lap = clock.AsLap();
   if (p->behind != nullptr) {
     FusedBehindStep(env, p->behind, absl::MakeSpan(p->items), lap);
@@ -89,7 +89,10 @@ void Engine::RunPack(WirePack* p) {
   for (size_t j = 0; j < p->buckets.size(); ++j) {
     EngineBucket* b = p->buckets[j];
     ExchangeRecord& rec = p->recs[j];
-    for (int ph = 0; ph < kPhaseCount; ++ph) rec.phase_seconds[ph] = p->phase[ph];
+    for (int ph = 0; ph < kPhaseCount; ++ph) {
+      rec.phase_seconds[ph] = p->phase[ph];
+      rec.phase_cpu_seconds[ph] = p->phase_cpu[ph];
+    }
     rec.total_seconds = (end - p->t0) * 1e-9;
     const bool terminal = !vote.ok();
     // A half member's float32 result rounded once into the trainers' output (step.h).

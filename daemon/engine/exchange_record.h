@@ -22,6 +22,9 @@ struct ExchangeRecord {
   uint64_t bytes_received = 0;
   double residual_norm = 0;
   double phase_seconds[kPhaseCount] = {};
+  // CPU time (user + system) of the thread that ran each phase, over the phase: near its
+  // seconds while it computes or polls, near 0 while it sleeps (a passive MPI wait, a futex).
+  double phase_cpu_seconds[kPhaseCount] = {};
   double total_seconds = 0;
   uint64_t gathered_elements = 0;
   uint64_t selected_elements = 0;
@@ -45,6 +48,7 @@ struct BucketSummary {
   uint64_t bytes_received_total = 0;
   ExchangeRecord last;
   double mean_phase_seconds[kPhaseCount] = {};
+  double mean_phase_cpu_seconds[kPhaseCount] = {};
 };
 
 struct SessionSummary {

@@ -169,8 +169,14 @@ Metrics::Metrics(int node_rank)
       counter("spex_merge_phase_seconds_total",
               "Time the engine spent in each phase of those exchanges, counted once per merge "
               "group (spex_phase_seconds gives every member a group's whole phase).");
+  prometheus::Family<prometheus::Counter>* group_phase_cpu =
+      counter("spex_phase_cpu_seconds_total",
+              "CPU time (user + system) of the daemon thread that ran each phase of those "
+              "exchanges, over the phase, counted once per merge group: its rate is the cores "
+              "each phase takes (a wait inside MPI polls, a passive one sleeps).");
   for (int p = 0; p < kPhaseCount; ++p) {
     group_phase_[p] = &group_phase->Add({{"phase", PhaseName(static_cast<Phase>(p))}});
+    group_phase_cpu_[p] = &group_phase_cpu->Add({{"phase", PhaseName(static_cast<Phase>(p))}});
   }
 }
 
@@ -249,7 +255,10 @@ void Metrics::OnExchange(const ExchangeEvent& e) {
   if (e.group_size <= 1 || rec.bucket_id == e.group_first) {
     groups_->Increment();
     group_seconds_->Increment((e.end_ns - e.begin_ns) * 1e-9);
-    for (int p = 0; p < kPhaseCount; ++p) group_phase_[p]->Increment(rec.phase_seconds[p]);
+    for (int p = 0; p < kPhaseCount; ++p) {
+      group_phase_[p]->Increment(rec.phase_seconds[p]);
+      group_phase_cpu_[p]->Increment(rec.phase_cpu_seconds[p]);
+    }
   }
 }
 

@@ -85,7 +85,8 @@ class Metrics final : public ExchangeObserver {
   // Node-wide: one per exchange the engine ran (a merge group, or a bucket exchanged alone).
   prometheus::Counter* groups_;
   prometheus::Counter* group_seconds_;
-  prometheus::Counter* group_phase_[kPhaseCount];  // per phase, once per group
+  prometheus::Counter* group_phase_[kPhaseCount];      // per phase, once per group
+  prometheus::Counter* group_phase_cpu_[kPhaseCount];  // their CPU time, once per group
 
   // The engine thread's only.
   std::unordered_map<uint64_t, std::unique_ptr<BucketSeries>> buckets_;

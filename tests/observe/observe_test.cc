@@ -245,6 +245,17 @@ TEST(MetricsTest, KnownRunPassesPromtoolAndCarriesItsValues) {
     EXPECT_GT(per_group, 0) << phase;
     EXPECT_NEAR(per_group, per_bucket, 1e-6 + 1e-9 * per_bucket) << phase;
   }
+  // Their CPU time, per phase: present (Value gives -1 for a missing series), some of it while
+  // reducing and compressing, and never more than the phase's time (one thread ran each).
+  double cpu_total = 0;
+  for (const char* phase : {"wait_local", "reduce_local", "compress", "collective", "publish"}) {
+    const double wall = Value(text, "spex_merge_phase_seconds_total", {{"phase", phase}});
+    const double cpu = Value(text, "spex_phase_cpu_seconds_total", {{"phase", phase}});
+    EXPECT_GE(cpu, 0) << phase;
+    EXPECT_LE(cpu, wall + 1e-4) << phase;
+    cpu_total += cpu;
+  }
+  EXPECT_GT(cpu_total, 0);
   EXPECT_EQ(Value(text, "spex_buckets", {{"state", "waiting"}}), 2);
   EXPECT_EQ(Value(text, "spex_buckets", {{"state", "failed"}}), 0);
 }
