@@ -270,11 +270,16 @@ def cmd_whatif(a):
             sys.exit("whatif --simulate: at most 1,024 nodes")
         print("simulating (SimGrid SMPI, star, factors off; minutes from 256 nodes on)...")
         # A star's route crosses two links: each gets half the node-to-node latency.
+        # spex: one bucket's exchange, times the buckets; the peers: the whole gradient once.
         sim = simulate_point(a.nodes, per, a.density, a.gbps, a.latency_us / 2, "star", shapes,
-                             out=out, log=print)
+                             ops=("dense", "gather", "oktopk"), out=out, log=print)
+        peers_sim = simulate_point(a.nodes, elements, a.density, a.gbps, a.latency_us / 2, "star",
+                                   shapes, ops=PEER_OPS, out=out, log=print)
         for name, t in sim["times"].items():
             print(f"  {name:10s} {t * buckets * 1e3:10.3f} ms (simulated)")
-        result["simulated"] = sim
+        for name, t in peers_sim["times"].items():
+            print(f"  {name:10s} {t * 1e3:10.3f} ms (simulated)")
+        result["simulated"] = {"spex_per_bucket": sim, "peers": peers_sim}
     if a.json:
         with open(a.json, "w") as f:
             json.dump(result, f, indent=1)
