@@ -111,7 +111,8 @@ void Engine::AgreeGroup(GroupPass& x) {
                kind,        options_.fp16_values && kind == MergeKind::kPatternB};
   }
   const EngineBucket* head = x.group[0];
-  x.in.plan_due = merger_->PlanDue(head->ex.next_step);
+  const MergePlanner* planner = merger_->planner();
+  x.in.plan_due = planner != nullptr && planner->PlanDue(head->ex.next_step);
   x.in.config = {merger_->name(), options_.merge.limits.window,
                  options_.merge.limits.max_group_elements, merger_->ConfigHash(), overlapping()};
   x.in.offer = keys;
@@ -235,22 +236,23 @@ void Engine::SendPack(GroupPass& x, std::unique_ptr<WirePack> p, uint64_t* local
   if (p->behind == nullptr) {
     p->fx.Prepare(env_, absl::MakeSpan(p->items), p->kinds, scratch, clock.AsLap());
   }
-  if (merger_->measures()) {
+  MergeMeter* meter = merger_->meter();
+  if (meter != nullptr && meter->measures()) {
     for (size_t j = 0; j < p->items.size(); ++j) {
       const EngineBucket* b = p->buckets[j];
       int64_t ready = b->ReadyStamp(options_.local_trainers);  // docs/merging.md 2.6
       // Without stamps (an older client): when this engine took the group, late by up to
       // what it was busy with before.
       if (ready == 0) ready = static_cast<int64_t>(x.t0);
-      merger_->ObserveMember(b->id, p->recs[j].step, ready, p->items[j].select_ns);
+      meter->ObserveMember(b->id, p->recs[j].step, ready, p->items[j].select_ns);
     }
   }
   const uint64_t elements = p->elements;
   const int64_t local_ns = static_cast<int64_t>(MonotonicNanos() - *local_since);
   HandOff(std::move(p));
   *local_since = MonotonicNanos();  // on the wire from now (with --merge_overlap)
-  if (overlapping()) {
-    merger_->PackHandedOff(elements, local_ns, static_cast<int64_t>(*local_since));
+  if (overlapping() && meter != nullptr) {
+    meter->PackHandedOff(elements, local_ns, static_cast<int64_t>(*local_since));
   }
 }
 
@@ -340,6 +342,9 @@ BehindGroup* Engine::BehindFor(WirePack* p) {
 }
 
 void Engine::AgreePlan(uint64_t step, double density) {
+  // Every node runs the agreement's collectives once any node asked; only a merger that plans
+  // brings inputs and takes the plan (the group round's configuration hash keeps mergers equal).
+  MergePlanner* planner = merger_->planner();
   std::vector<PlanBucket> buckets;
   {
     absl::MutexLock lock(&mu_);
@@ -350,21 +355,23 @@ void Engine::AgreePlan(uint64_t step, double density) {
       }
     }
   }
-  std::vector<uint64_t> words = merger_->PlanInputs(buckets);
+  std::vector<uint64_t> words;
+  if (planner != nullptr) words = planner->PlanInputs(buckets);
   absl::Status s = RunPlanAgreement(collective_, buckets, &words);
+  if (planner == nullptr) return;
   if (!s.ok()) {
     SPEX_LOG(WARNING) << "--merger=" << merger_->name() << ": no plan (" << s.message()
                       << "); it keeps merging what is ready";
-    merger_->AbandonPlan(std::string(s.message()));
+    planner->AbandonPlan(std::string(s.message()));
     return;
   }
   PlanContext ctx;
   ctx.nodes = collective_->size();
   ctx.density = density;
-  merger_->InstallPlan(buckets, words, step, ctx);
+  planner->InstallPlan(buckets, words, step, ctx);
   SPEX_LOG(INFO) << "--merger=" << merger_->name() << ": plan over " << buckets.size()
                  << " buckets agreed at step " << step << " (effective from step " << step + 1
-                 << "): " << merger_->PlanSummary();
+                 << "): " << planner->PlanSummary();
 }
 
 }  // namespace spex

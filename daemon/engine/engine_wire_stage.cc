@@ -66,14 +66,15 @@ void Engine::RunPack(WirePack* p) {
   } else {
     p->fx.Exchange(env, lap);
   }
-  if (merger_->measures()) {  // every pack: the link's start-up and per-byte cost
+  MergeMeter* meter = merger_->meter();
+  if (meter != nullptr && meter->measures()) {  // every pack: the link's start-up and per-byte cost
     uint64_t bytes = 0;
     bool ok = true;
     for (size_t j = 0; j < p->items.size(); ++j) {
       bytes += p->recs[j].bytes_received;
       ok = ok && p->items[j].status.ok();
     }
-    if (ok) merger_->ObserveExchange(bytes, static_cast<int64_t>(MonotonicNanos() - wire_begin));
+    if (ok) meter->ObserveExchange(bytes, static_cast<int64_t>(MonotonicNanos() - wire_begin));
   }
   absl::Status vote;
   for (const StepItem& item : p->items) {
@@ -105,8 +106,8 @@ void Engine::RunPack(WirePack* p) {
     event.group_size = p->group_size;
     NotifyObservers(&event, rec, vote.code(), terminal, b->elements, p->t0, end, MonotonicNanos());
   }
-  if (overlapping()) {  // the wire stage's whole occupancy, for rgmerge's --rgmerge_bind=late
-    merger_->PackDone(p->elements, static_cast<int64_t>(MonotonicNanos() - wire_begin));
+  if (overlapping() && meter != nullptr) {  // the wire's occupancy, for --rgmerge_bind=late
+    meter->PackDone(p->elements, static_cast<int64_t>(MonotonicNanos() - wire_begin));
   }
 }
 

@@ -86,7 +86,9 @@ const std::vector<EngineBucket*>& Scheduler::NextGroup(const BucketTable& table,
     if (merger_->AgreedAt(candidates_.front().step)) {
       pick_.agreed = true;
       int64_t deadline = 0;
-      merger_->ExchangeIdleSince(idle_since_ns);
+      if (MergeMeter* meter = merger_->meter(); meter != nullptr) {
+        meter->ExchangeIdleSince(idle_since_ns);
+      }
       n = merger_->Offer(candidates_, now_ns, &deadline);
       if (n == 0) {
         pick_.linger_until_ns = deadline;

@@ -1,8 +1,11 @@
 // The Merger seam's common code (merger.h): the `none` merger, the config hash every node
-// compares, the group limits and ready prefix the mergers share, and the --merger flag parsing.
+// compares, the group limits and ready prefix the mergers share, the --merger flag parsing and
+// the policy dispatch (MakeMerger) to the factories of mergers.h.
 #include "daemon/merge/merger.h"
 
 #include "absl/strings/str_cat.h"
+#include "daemon/merge/merge_timing.h"
+#include "daemon/merge/mergers.h"
 
 namespace spex {
 namespace {
@@ -89,6 +92,51 @@ std::string AbslUnparseFlag(MergerPolicy v) {
 }
 
 std::unique_ptr<Merger> MakeNoMerger() { return std::unique_ptr<Merger>(new NoMerger()); }
+
+absl::StatusOr<std::unique_ptr<Merger>> MakeMerger(MergerPolicy policy, const MergeParams& params) {
+  switch (policy) {
+    case MergerPolicy::kNone:
+      return MakeNoMerger();
+    case MergerPolicy::kFixed: {
+      FixedOptions o;
+      o.threshold_bytes = params.fixed_threshold_bytes;
+      o.cycle_ms = params.fixed_cycle_ms;
+      o.limits = params.limits;
+      return MakeFixedMerger(o);
+    }
+    case MergerPolicy::kOmgs: {
+      OmgsOptions o;
+      o.mode = params.omgs_mode;
+      o.plan_step = params.plan_step;
+      o.threshold_elements = params.omgs_threshold_elements;
+      o.count = params.omgs_count;
+      o.select_behind = params.omgs_select_behind;
+      o.alpha_ns = params.merge_alpha_us * 1000;
+      o.limits = params.limits;
+      return MakeOmgsMerger(o);
+    }
+    case MergerPolicy::kRgmerge: {
+      RgmergeOptions o;
+      o.limits = params.limits;
+      o.model = params.rgmerge_model;
+      o.plan_step = params.plan_step;
+      o.slack_ns = params.rgmerge_slack_us * 1000;
+      o.equal_tail = params.rgmerge_equal_tail;
+      o.select_behind = params.rgmerge_select_behind;
+      o.alpha_ns = params.merge_alpha_us * 1000;
+      o.linger_auto = params.rgmerge_linger_auto;
+      if (params.rgmerge_linger_max_us < 0 || params.rgmerge_linger_max_us > kMaxLingerNs / 1000) {
+        return absl::InvalidArgumentError(absl::StrCat("--rgmerge_linger_max_us must be in [0, ",
+                                                       kMaxLingerNs / 1000, "]; got ",
+                                                       params.rgmerge_linger_max_us));
+      }
+      o.linger_max_ns = params.rgmerge_linger_max_us * 1000;
+      o.bind_late = params.rgmerge_bind_late;
+      return MakeRgmergeMerger(o);
+    }
+  }
+  return absl::InvalidArgumentError("--merger: unknown policy");
+}
 
 absl::StatusOr<std::unique_ptr<Merger>> MakeMerger(MergerPolicy policy) {
   return MakeMerger(policy, MergeParams());

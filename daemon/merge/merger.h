@@ -13,10 +13,18 @@
 // Every group obeys GroupRules: one step, a probing (P) bucket alone, at most max_group_elements
 // unless a single bucket is larger on its own.
 //
-// Implemented here: none (static, one bucket per exchange) and, in mergers.h, the pure grouping
-// logic of fixed, omgs (threshold, count) and rgmerge (ready, and model: agreed while it
-// measures, then the static plan of rgmerge_model.h); the group agreement round and the
-// fused exchange are daemon/engine/group_round.h and fused_step.h, and the engine runs the groups
+// Three jobs, three interfaces: Merger groups (every merger), MergeMeter takes local timings
+// (Merger::meter(): rgmerge's linger and late binding, and the planning mergers) and MergePlanner
+// agrees on a plan computed from them (Merger::planner(): rgmerge's model, omgs's mgs); a merger
+// without a side returns null for it.
+//
+// Implemented here: none (static, one bucket per exchange) and the policy dispatch; in
+// mergers.h the factories of fixed, omgs (threshold, count, mgs) and rgmerge (ready, and model:
+// agreed while it measures, then the static plan of rgmerge_model.h), one file per policy
+// (fixed_merger.cc, omgs_merger.cc, omgs_mgs_merger.cc, rgmerge_ready_merger.cc,
+// rgmerge_model_merger.cc) over the timing machinery of merge_timing.h and the plan table of
+// plan_table.h. The group agreement round and the fused exchange are daemon/engine/group_round.h,
+// fused_step.h and fused_behind_step.h, and the engine runs the groups
 // (engine_group_exchange.cc, Engine::ProcessGroup).
 #pragma once
 
@@ -67,6 +75,37 @@ size_t ClampGroup(absl::Span<const MergeCandidate> c, size_t want, const GroupLi
 // at the head's step, not P, within the first `window`. 0 when the head itself is not offerable.
 size_t ReadyPrefix(absl::Span<const MergeCandidate> c, size_t window);
 
+// Measuring (docs/merging.md 2.6), implemented by the mergers that read local timings
+// (rgmerge's linger and late binding, and the mergers that measure before they plan). The engine
+// reports to Merger::meter() when it is not null. Every method is thread-safe: the wire thread
+// reports too. The stage timings (ExchangeIdleSince, PackHandedOff, PackDone) default to nothing,
+// for a meter that does not read them.
+class MergeMeter {
+ public:
+  virtual ~MergeMeter() = default;
+  // Whether the engine reports members and exchanges now (ObserveMember, ObserveExchange; a
+  // merger that plans stops asking once its plan agreement ran). The other reports always come.
+  virtual bool measures() const = 0;
+  // A member's timings at `step`: when it became ready on this node (the latest trainer's
+  // ready_ns stamp, CLOCK_MONOTONIC) and its Select time (0 for a dense member).
+  virtual void ObserveMember(uint64_t bucket_id, uint64_t step, int64_t ready_ns,
+                             int64_t select_ns) = 0;
+  // A pack's wire half (every sub-exchange of it): the bytes this node received and how long
+  // it took.
+  virtual void ObserveExchange(uint64_t bytes, int64_t ns) = 0;
+  // When this node's last exchange ended (`now` while one is on the wire). The scheduler tells
+  // an agreed merger before every Offer (rgmerge's linger and late binding read it).
+  virtual void ExchangeIdleSince(int64_t /*ns*/) {}
+  // With --merge_overlap, local timings of the engine's two stages (rgmerge's --rgmerge_bind=late
+  // reads them). PackHandedOff (engine thread): a pack of `elements` goes on the wire at
+  // `wire_start_ns`, after its local work took `local_ns` (for a round's first pack the round
+  // itself, the local reduce and Prepare; for a later pack of the same round its Prepare).
+  // PackDone (wire thread): a pack's wire half took `wire_ns`.
+  virtual void PackHandedOff(uint64_t /*elements*/, int64_t /*local_ns*/,
+                             int64_t /*wire_start_ns*/) {}
+  virtual void PackDone(uint64_t /*elements*/, int64_t /*wire_ns*/) {}
+};
+
 // A registered bucket as a plan sees it (canonical order: ascending id).
 struct PlanBucket {
   uint64_t bucket_id = 0;
@@ -80,6 +119,30 @@ struct PlanContext {
   double density = 0.01;  // the head bucket's agreed target density
 };
 
+// Plan agreement (docs/merging.md 2.6), implemented by the mergers that measure before they plan
+// (rgmerge --rgmerge_plan=model, omgs --omgs_mode=mgs). The engine runs the agreement
+// (Engine::AgreePlan) through Merger::planner() when it is not null. Engine thread only.
+class MergePlanner {
+ public:
+  virtual ~MergePlanner() = default;
+  // Whether the group round of a head at `step` asks for the plan agreement (every node runs it
+  // when any asks, after that round).
+  virtual bool PlanDue(uint64_t step) const = 0;
+  // This node's plan inputs for `buckets` as integer words; the agreement takes their maximum
+  // over nodes (the slowest node's timings) and hands the same words to InstallPlan everywhere.
+  virtual std::vector<uint64_t> PlanInputs(absl::Span<const PlanBucket> buckets) = 0;
+  // Computes the plan from the agreed words; it takes effect at step `step` + 1. The same
+  // inputs on every node give the same plan (integer arithmetic), and the merger's ConfigHash()
+  // covers it.
+  virtual void InstallPlan(absl::Span<const PlanBucket> buckets, absl::Span<const uint64_t> agreed,
+                           uint64_t step, const PlanContext& ctx) = 0;
+  // The agreement failed alike on every node (`why`): no plan, the merger keeps running agreed.
+  virtual void AbandonPlan(const std::string& why) = 0;
+  // The installed plan for logs ("group lengths ..., inputs ..."); empty without one.
+  virtual std::string PlanSummary() const = 0;
+};
+
+// Grouping: which buckets the next exchange fuses.
 class Merger {
  public:
   virtual ~Merger() = default;
@@ -94,44 +157,6 @@ class Merger {
   // (rgmerge --rgmerge_plan=model) is agreed until its plan takes effect, static from then on.
   // The answer depends only on agreed data (the head's step, the agreed plan).
   virtual bool AgreedAt(uint64_t /*step*/) const { return agreed(); }
-
-  // Measuring mergers (docs/merging.md 2.6). measures(): the engine reports timings (until the plan
-  // agreement ran; thread-safe, the wire thread asks too). Both reports are thread-safe (the wire
-  // thread reports exchanges).
-  virtual bool measures() const { return false; }
-  // A member's timings at `step`: when it became ready on this node (the latest trainer's
-  // ready_ns stamp, CLOCK_MONOTONIC) and its Select time (0 for a dense member).
-  virtual void ObserveMember(uint64_t /*bucket_id*/, uint64_t /*step*/, int64_t /*ready_ns*/,
-                             int64_t /*select_ns*/) {}
-  // A pack's wire half (every sub-exchange of it): the bytes this node received and how long
-  // it took.
-  virtual void ObserveExchange(uint64_t /*bytes*/, int64_t /*ns*/) {}
-  // Whether the group round of a head at `step` asks for the plan agreement (every node runs it
-  // when any asks, after that round).
-  virtual bool PlanDue(uint64_t /*step*/) const { return false; }
-  // This node's plan inputs for `buckets` as integer words; the agreement takes their maximum
-  // over nodes (the slowest node's timings) and hands the same words to InstallPlan everywhere.
-  virtual std::vector<uint64_t> PlanInputs(absl::Span<const PlanBucket> /*buckets*/) { return {}; }
-  // Computes the plan from the agreed words; it takes effect at step `step` + 1. The same
-  // inputs on every node give the same plan (integer arithmetic), and ConfigHash() covers it.
-  virtual void InstallPlan(absl::Span<const PlanBucket> /*buckets*/,
-                           absl::Span<const uint64_t> /*agreed*/, uint64_t /*step*/,
-                           const PlanContext& /*ctx*/) {}
-  // Agreed mergers: when this node's last exchange ended (`now` while one is on the wire). The
-  // scheduler tells it before every Offer (a local timing: rgmerge's linger reads it).
-  virtual void ExchangeIdleSince(int64_t /*ns*/) {}
-  // With --merge_overlap, local timings of the engine's two stages (rgmerge's --rgmerge_bind=late
-  // reads them). PackHandedOff (engine thread): a pack of `elements` goes on the wire at
-  // `wire_start_ns`, after its local work took `local_ns` (for a round's first pack the round
-  // itself, the local reduce and Prepare; for a later pack of the same round its Prepare).
-  // PackDone (wire thread): a pack's wire half took `wire_ns`. Thread-safe.
-  virtual void PackHandedOff(uint64_t /*elements*/, int64_t /*local_ns*/,
-                             int64_t /*wire_start_ns*/) {}
-  virtual void PackDone(uint64_t /*elements*/, int64_t /*wire_ns*/) {}
-  // The agreement failed alike on every node (`why`): no plan, the merger keeps running agreed.
-  virtual void AbandonPlan(const std::string& /*why*/) {}
-  // The installed plan for logs ("group lengths ..., inputs ..."); empty without one.
-  virtual std::string PlanSummary() const { return ""; }
   // Hash of the merger's name and every parameter that must match across nodes (carried as
   // cfg/~cfg in the agreement round so differently configured nodes fail clearly).
   virtual uint64_t ConfigHash() const = 0;
@@ -145,6 +170,11 @@ class Merger {
                        int64_t* deadline_ns);
   // Group lengths (each >= 1) that sum to agreed.size(). Pure in its inputs and configuration.
   virtual std::vector<size_t> Pack(absl::Span<const MergeCandidate> agreed);
+
+  // The merger's measuring and plan agreement sides; null (the default) for a merger without
+  // one. The same pointer for the merger's whole life (the wire thread reads meter()).
+  virtual MergeMeter* meter() { return nullptr; }
+  virtual MergePlanner* planner() { return nullptr; }
 };
 
 // --merger (the mergers are in mergers.h; the engine runs their groups, engine_group_exchange.cc).
@@ -180,7 +210,8 @@ std::string AbslUnparseFlag(MergerPolicy v);
 uint64_t Fnv1a(uint64_t h, const void* data, size_t n);
 inline constexpr uint64_t kFnvOffset = 14695981039346656037ull;
 
-// The policy's merger with `params` (mergers.cc); InvalidArgument naming the flag for a bad one.
+// The policy's merger with `params` (merger.cc, through mergers.h's factories); InvalidArgument
+// naming the flag for a bad one.
 absl::StatusOr<std::unique_ptr<Merger>> MakeMerger(MergerPolicy policy, const MergeParams& params);
 // `none`: one bucket per exchange.
 std::unique_ptr<Merger> MakeNoMerger();

@@ -1,6 +1,8 @@
-// Grouping logic of the mergers of docs/merging.md 3-5.1, as pure objects behind the Merger seam.
-// They are tested on their own (tests/daemon/merger_test) and run by the engine (--merger,
-// MakeMerger(policy, MergeParams); tests/daemon/merge_engine_test).
+// The mergers of docs/merging.md 3-5, as objects behind the Merger seam (merger.h): their options
+// and factories, each defined in its policy's file (fixed_merger.cc, omgs_merger.cc with
+// omgs_mgs_merger.cc, rgmerge_ready_merger.cc, rgmerge_model_merger.cc). They are tested on their
+// own (tests/daemon/merger_test) and run by the engine (--merger, MakeMerger(policy,
+// MergeParams); tests/daemon/merge_engine_test).
 #pragma once
 
 #include <cstdint>
@@ -73,12 +75,5 @@ struct RgmergeOptions {
 absl::StatusOr<std::unique_ptr<Merger>> MakeRgmergeReadyMerger(const RgmergeOptions& options);
 // Either plan, by options.model.
 absl::StatusOr<std::unique_ptr<Merger>> MakeRgmergeMerger(const RgmergeOptions& options);
-
-// The median of `v` (the lower one of an even count); 0 for an empty one.
-int64_t MedianOf(std::vector<int64_t> v);
-// Least squares y = alpha + beta * x over the samples; false when fewer than 2 samples or all x
-// equal. (alpha, beta may come out negative: the caller clamps.)
-bool FitLine(const std::vector<double>& x, const std::vector<double>& y, double* alpha,
-             double* beta);
 
 }  // namespace spex

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "daemon/merge/merge_timing.h"
 #include "daemon/merge/mergers.h"
 #include "daemon/merge/mgs_plan.h"
 #include "daemon/merge/rgmerge_model.h"
@@ -36,6 +37,43 @@ TEST(MergerTest, NoneExchangesOneBucketAtATime) {
   MergeCandidate c[3] = {Cand(4, 0, 10), Cand(7, 0, 20), Cand(2, 1, 30, false)};
   EXPECT_EQ((*m)->NextGroup(absl::MakeConstSpan(c, 3)), 1u);
   EXPECT_EQ((*m)->NextGroup(absl::MakeConstSpan(c, 1)), 1u);
+}
+
+// Grouping is every merger's job; measuring (meter) and plan agreement (planner) belong only to
+// the mergers that read timings or agree on a plan.
+TEST(MergerTest, OnlyTheMergersThatMeasureOrPlanHaveThoseSides) {
+  struct Case {
+    const char* what;
+    MergeParams params;
+    MergerPolicy policy;
+    bool meter, planner;
+  };
+  std::vector<Case> cases;
+  MergeParams p;
+  cases.push_back({"none", p, MergerPolicy::kNone, false, false});
+  cases.push_back({"fixed", p, MergerPolicy::kFixed, false, false});
+  cases.push_back({"omgs threshold", p, MergerPolicy::kOmgs, false, false});
+  p.omgs_mode = OmgsMode::kCount;
+  cases.push_back({"omgs count", p, MergerPolicy::kOmgs, false, false});
+  p.omgs_mode = OmgsMode::kMgs;
+  cases.push_back({"omgs mgs", p, MergerPolicy::kOmgs, true, true});
+  p = MergeParams();
+  cases.push_back({"rgmerge ready", p, MergerPolicy::kRgmerge, false, false});
+  p.rgmerge_linger_auto = true;
+  cases.push_back({"rgmerge ready, linger", p, MergerPolicy::kRgmerge, true, false});
+  p.rgmerge_linger_auto = false;
+  p.rgmerge_bind_late = true;
+  cases.push_back({"rgmerge ready, late", p, MergerPolicy::kRgmerge, true, false});
+  p.rgmerge_bind_late = false;
+  p.rgmerge_model = true;
+  cases.push_back({"rgmerge model", p, MergerPolicy::kRgmerge, true, true});
+  for (const Case& c : cases) {
+    auto m = MakeMerger(c.policy, c.params);
+    ASSERT_TRUE(m.ok()) << c.what << ": " << m.status();
+    EXPECT_EQ((*m)->meter() != nullptr, c.meter) << c.what;
+    EXPECT_EQ((*m)->planner() != nullptr, c.planner) << c.what;
+    EXPECT_EQ((*m)->meter(), (*m)->meter()) << c.what;  // one meter for the merger's life
+  }
 }
 
 TEST(MergerTest, EveryPolicyIsMadeAndBadParametersNameTheirFlag) {
@@ -188,9 +226,12 @@ std::unique_ptr<Merger> LingeringMerger(int64_t alpha_us, int64_t max_us) {
   auto m = MakeRgmergeReadyMerger(o);
   EXPECT_TRUE(m.ok()) << m.status();
   if (!m.ok()) return nullptr;
-  EXPECT_TRUE((*m)->measures());
-  for (uint64_t b = 0; b < 4; ++b) (*m)->ObserveMember(b, 4, 1000 * kUs + 300 * kUs * b, 0);
-  (*m)->ObserveExchange(1 << 20, 5000 * kUs);
+  MergeMeter* meter = (*m)->meter();
+  EXPECT_NE(meter, nullptr);
+  if (meter == nullptr) return nullptr;
+  EXPECT_TRUE(meter->measures());
+  for (uint64_t b = 0; b < 4; ++b) meter->ObserveMember(b, 4, 1000 * kUs + 300 * kUs * b, 0);
+  meter->ObserveExchange(1 << 20, 5000 * kUs);
   return std::move(*m);
 }
 
@@ -198,7 +239,7 @@ TEST(RgmergeLingerTest, LingersForTheNextBucketExpectedWithinAlpha) {
   auto m = LingeringMerger(/*alpha_us=*/1000, /*max_us=*/2000);
   ASSERT_NE(m, nullptr);
   const int64_t t0 = 10000 * kUs;  // bucket 0 of step 5 ready at t0, the engine idle long before
-  m->ExchangeIdleSince(t0 - 5000 * kUs);
+  m->meter()->ExchangeIdleSince(t0 - 5000 * kUs);
   std::vector<MergeCandidate> c = {Stamped(0, 5, t0), Stamped(1, 5, 0), Stamped(2, 5, 0),
                                    Stamped(3, 5, 0)};
   int64_t deadline = 0;
@@ -225,14 +266,14 @@ TEST(RgmergeLingerTest, NeverRightAfterAnExchangeNorForABucketFartherThanAlpha) 
   const int64_t t0 = 10000 * kUs;
   std::vector<MergeCandidate> c = {Stamped(0, 5, t0), Stamped(1, 5, 0)};
   int64_t deadline = 0;
-  m->ExchangeIdleSince(t0 - 500 * kUs);  // an exchange ended less than alpha ago
+  m->meter()->ExchangeIdleSince(t0 - 500 * kUs);  // an exchange ended less than alpha ago
   EXPECT_EQ(m->Offer(c, t0, &deadline), 1u);
-  m->ExchangeIdleSince(t0 + 5 * kUs);  // one is on the wire now
+  m->meter()->ExchangeIdleSince(t0 + 5 * kUs);  // one is on the wire now
   EXPECT_EQ(m->Offer(c, t0 + 5 * kUs, &deadline), 1u);
   // Idle, but the next bucket is expected 300 us on and alpha is only 200 us.
   auto tight = LingeringMerger(/*alpha_us=*/200, /*max_us=*/2000);
   ASSERT_NE(tight, nullptr);
-  tight->ExchangeIdleSince(0);
+  tight->meter()->ExchangeIdleSince(0);
   EXPECT_EQ(tight->Offer(c, t0, &deadline), 1u);
   EXPECT_EQ(tight->Offer(c, t0 + 150 * kUs, &deadline), 0u);  // now within 200 us
   // No gap learnt for the bucket (a fresh merger), or no stamp on its predecessor: no linger.
@@ -243,18 +284,17 @@ TEST(RgmergeLingerTest, NeverRightAfterAnExchangeNorForABucketFartherThanAlpha) 
   EXPECT_EQ((*fresh)->Offer(c, t0, &deadline), 1u);
   std::vector<MergeCandidate> unstamped = {Cand(0, 5, 100), Stamped(1, 5, 0)};
   EXPECT_EQ(m->Offer(unstamped, t0 + 5000 * kUs, &deadline), 1u);
-  // Linger off (the default) never waits.
+  // Linger off (the default) never waits: it takes no timings at all.
   auto off = MakeRgmergeReadyMerger(RgmergeOptions());
   ASSERT_TRUE(off.ok());
-  (*off)->ObserveMember(0, 4, t0, 0);
-  (*off)->ObserveMember(1, 4, t0 + 300 * kUs, 0);
+  EXPECT_EQ((*off)->meter(), nullptr);
   EXPECT_EQ((*off)->Offer(c, t0, &deadline), 1u);
 }
 
 TEST(RgmergeLingerTest, TheLingerPerHeadIsCappedByLingerMax) {
   auto m = LingeringMerger(/*alpha_us=*/1000, /*max_us=*/500);
   ASSERT_NE(m, nullptr);
-  m->ExchangeIdleSince(0);
+  m->meter()->ExchangeIdleSince(0);
   const int64_t t0 = 10000 * kUs;
   std::vector<MergeCandidate> c = {Stamped(0, 5, t0), Stamped(1, 5, 0), Stamped(2, 5, 0),
                                    Stamped(3, 5, 0)};
@@ -281,6 +321,9 @@ TEST(RgmergeBindTest, WhileAPackIsOnTheWireTheRoundWaitsUntilItsLocalWorkWouldEn
   auto made = MakeRgmergeReadyMerger(o);
   ASSERT_TRUE(made.ok());
   Merger* m = made->get();
+  MergeMeter* meter = m->meter();
+  ASSERT_NE(meter, nullptr);
+  EXPECT_FALSE(meter->measures());  // the stage times only: no members, no exchanges
   // Local work: 1 ms + 1 ns per element; wire: 2 ms + 4 ns per element (exact lines).
   const auto local = [](uint64_t n) { return static_cast<int64_t>(1000 * kUs + n); };
   const auto wire = [](uint64_t n) { return static_cast<int64_t>(2000 * kUs + 4 * n); };
@@ -289,36 +332,33 @@ TEST(RgmergeBindTest, WhileAPackIsOnTheWireTheRoundWaitsUntilItsLocalWorkWouldEn
   const int64_t t0 = 50000 * kUs;
   // Three samples of each so far: not enough to go by, offer at once.
   for (uint64_t n : {100000u, 300000u, 500000u}) {
-    m->PackHandedOff(n, local(n), 0);
-    m->PackDone(n, wire(n));
+    meter->PackHandedOff(n, local(n), 0);
+    meter->PackDone(n, wire(n));
   }
-  m->PackHandedOff(1000000, local(1000000), t0);  // the fourth local sample; on the wire from t0
-  m->ExchangeIdleSince(t0 + 10 * kUs);            // busy: the scheduler passes `now`
+  meter->PackHandedOff(1000000, local(1000000),
+                       t0);                 // the fourth local sample; on the wire from t0
+  meter->ExchangeIdleSince(t0 + 10 * kUs);  // busy: the scheduler passes `now`
   EXPECT_EQ(m->Offer(c, t0 + 10 * kUs, &deadline), 2u);
-  m->PackDone(700000, wire(700000));  // the fourth wire sample (a pack before this one)
+  meter->PackDone(700000, wire(700000));  // the fourth wire sample (a pack before this one)
   // The pack of 1M elements ends at t0 + 6 ms; the ready prefix (300000 elements) needs 1.3 ms:
   // start at t0 + 4.7 ms.
   EXPECT_EQ(m->Offer(c, t0 + 10 * kUs, &deadline), 0u);
   EXPECT_NEAR(deadline, t0 + 4700 * kUs, 10);  // least squares in doubles: a few ns off
   // Bucket 2 is ready now too: 300050 elements, 50 ns more local work, an earlier start.
   c[2].ready = true;
-  m->ExchangeIdleSince(t0 + 1000 * kUs);
+  meter->ExchangeIdleSince(t0 + 1000 * kUs);
   EXPECT_EQ(m->Offer(c, t0 + 1000 * kUs, &deadline), 0u);
   EXPECT_NEAR(deadline, t0 + 4700 * kUs - 50, 10);
   // At the deadline: offer.
-  m->ExchangeIdleSince(t0 + 4700 * kUs);
+  meter->ExchangeIdleSince(t0 + 4700 * kUs);
   EXPECT_EQ(m->Offer(c, t0 + 4700 * kUs, &deadline), 3u);
   // The wire went idle before the estimate (it rang the doorbell): offer at once.
-  m->ExchangeIdleSince(t0 + 3000 * kUs);
+  meter->ExchangeIdleSince(t0 + 3000 * kUs);
   EXPECT_EQ(m->Offer(c, t0 + 3100 * kUs, &deadline), 3u);
-  // Early binding (the default) never waits for the wire.
+  // Early binding (the default) never waits for the wire: it takes no timings at all.
   auto early = MakeRgmergeReadyMerger(RgmergeOptions());
   ASSERT_TRUE(early.ok());
-  for (uint64_t n : {100000u, 300000u, 500000u, 700000u}) {
-    (*early)->PackHandedOff(n, local(n), t0);
-    (*early)->PackDone(n, wire(n));
-  }
-  (*early)->ExchangeIdleSince(t0 + 10 * kUs);
+  EXPECT_EQ((*early)->meter(), nullptr);
   EXPECT_EQ((*early)->Offer(c, t0 + 10 * kUs, &deadline), 3u);
 }
 
@@ -327,8 +367,10 @@ TEST(RgmergeLingerTest, AlphaIsFittedFromTheExchangesWhenNotGiven) {
   o.linger_auto = true;
   auto m = MakeRgmergeReadyMerger(o);
   ASSERT_TRUE(m.ok());
-  for (uint64_t b = 0; b < 2; ++b) (*m)->ObserveMember(b, 4, 1000 * kUs + 300 * kUs * b, 0);
-  (*m)->ExchangeIdleSince(0);
+  MergeMeter* meter = (*m)->meter();
+  ASSERT_NE(meter, nullptr);
+  for (uint64_t b = 0; b < 2; ++b) meter->ObserveMember(b, 4, 1000 * kUs + 300 * kUs * b, 0);
+  meter->ExchangeIdleSince(0);
   const int64_t t0 = 10000 * kUs;
   std::vector<MergeCandidate> c = {Stamped(0, 5, t0), Stamped(1, 5, 0)};
   int64_t deadline = 0;
@@ -336,7 +378,7 @@ TEST(RgmergeLingerTest, AlphaIsFittedFromTheExchangesWhenNotGiven) {
   EXPECT_EQ((*m)->Offer(c, t0, &deadline), 0u);
   // Exchanges of 100 us + 1 ns/B: alpha 100 us, and the bucket 300 us away is not.
   for (uint64_t bytes : {1000u, 50000u, 200000u}) {
-    (*m)->ObserveExchange(bytes, static_cast<int64_t>(100 * kUs + bytes));
+    meter->ObserveExchange(bytes, static_cast<int64_t>(100 * kUs + bytes));
   }
   EXPECT_EQ((*m)->Offer(c, t0 + kUs, &deadline), 1u);
   EXPECT_EQ((*m)->Offer(c, t0 + 250 * kUs, &deadline), 0u);
@@ -351,11 +393,13 @@ TEST(RgmergeLingerTest, AbsurdStampsNeitherOverflowNorWaitLong) {
   o.linger_max_ns = 500 * kUs;
   auto m = MakeRgmergeReadyMerger(o);
   ASSERT_TRUE(m.ok());
+  MergeMeter* meter = (*m)->meter();
+  ASSERT_NE(meter, nullptr);
   const int64_t huge = std::numeric_limits<int64_t>::max() - 5;
-  (*m)->ObserveMember(0, 4, 1, 0);
-  (*m)->ObserveMember(1, 4, huge, 0);  // a gap of ~2^63, kept as an hour
-  (*m)->ObserveMember(2, 4, -7, 0);
-  (*m)->ExchangeIdleSince(0);
+  meter->ObserveMember(0, 4, 1, 0);
+  meter->ObserveMember(1, 4, huge, 0);  // a gap of ~2^63, kept as an hour
+  meter->ObserveMember(2, 4, -7, 0);
+  meter->ExchangeIdleSince(0);
   int64_t deadline = 0;
   const int64_t now = int64_t{1} << 62;
   for (int64_t stamp : {huge, int64_t{1}, now, now - (int64_t{1} << 61)}) {
@@ -554,11 +598,15 @@ std::unique_ptr<Merger> ModelMerger(uint64_t plan_step = 5) {
 TEST(RgmergeModelMergerTest, MeasuresAgreesThenRunsThePlanFromTheNextStep) {
   std::unique_ptr<Merger> m = ModelMerger(5);
   ASSERT_NE(m, nullptr);
-  EXPECT_TRUE(m->measures());
+  MergeMeter* meter = m->meter();
+  MergePlanner* planner = m->planner();
+  ASSERT_NE(meter, nullptr);
+  ASSERT_NE(planner, nullptr);
+  EXPECT_TRUE(meter->measures());
   EXPECT_TRUE(m->AgreedAt(0));
-  EXPECT_FALSE(m->PlanDue(4));
-  EXPECT_TRUE(m->PlanDue(5));
-  EXPECT_TRUE(m->PlanDue(9));  // the first group at or after the plan step
+  EXPECT_FALSE(planner->PlanDue(4));
+  EXPECT_TRUE(planner->PlanDue(5));
+  EXPECT_TRUE(planner->PlanDue(9));  // the first group at or after the plan step
   const uint64_t before = m->ConfigHash();
   // Four buckets in backprop order; bucket b ready 100 us after b-1 (except one outlier step),
   // selection 10 us each; exchanges of x bytes took 2 ms + 1 ns/B.
@@ -567,14 +615,14 @@ TEST(RgmergeModelMergerTest, MeasuresAgreesThenRunsThePlanFromTheNextStep) {
     const int64_t t0 = 1000000000 + static_cast<int64_t>(s) * 50000000;
     for (size_t b = 0; b < buckets.size(); ++b) {
       const int64_t gap = s == 2 ? 5000000 : 100000;  // the median drops the outlier
-      m->ObserveMember(buckets[b].bucket_id, s, t0 + static_cast<int64_t>(b) * gap,
-                       10000 + static_cast<int64_t>(b));
+      meter->ObserveMember(buckets[b].bucket_id, s, t0 + static_cast<int64_t>(b) * gap,
+                           10000 + static_cast<int64_t>(b));
     }
   }
   for (uint64_t bytes : {1000u, 5000u, 20000u}) {
-    m->ObserveExchange(bytes, 2000000 + static_cast<int64_t>(bytes));
+    meter->ObserveExchange(bytes, 2000000 + static_cast<int64_t>(bytes));
   }
-  std::vector<uint64_t> w = m->PlanInputs(buckets);
+  std::vector<uint64_t> w = planner->PlanInputs(buckets);
   ASSERT_EQ(w.size(), 2 * buckets.size() + 2);
   EXPECT_EQ(w[0], 0u);  // the first bucket of a step has no gap
   EXPECT_EQ(w[1], 100000u);
@@ -586,13 +634,13 @@ TEST(RgmergeModelMergerTest, MeasuresAgreesThenRunsThePlanFromTheNextStep) {
   PlanContext ctx;
   ctx.nodes = 4;
   ctx.density = 0.01;
-  m->InstallPlan(buckets, w, 5, ctx);
-  EXPECT_FALSE(m->PlanDue(6));
-  EXPECT_FALSE(m->measures());  // later timings would never be used
-  EXPECT_TRUE(m->AgreedAt(5));  // the plan step itself still runs as `ready`
+  planner->InstallPlan(buckets, w, 5, ctx);
+  EXPECT_FALSE(planner->PlanDue(6));
+  EXPECT_FALSE(meter->measures());  // later timings would never be used
+  EXPECT_TRUE(m->AgreedAt(5));      // the plan step itself still runs as `ready`
   EXPECT_FALSE(m->AgreedAt(6));
   EXPECT_NE(m->ConfigHash(), before);
-  EXPECT_NE(m->PlanSummary(), "");
+  EXPECT_NE(planner->PlanSummary(), "");
   // The plan is RgmergeModelPlan on the same inputs.
   RgmergeModelInputs in;
   in.elements = {1000, 2000, 3000, 4000};
@@ -624,32 +672,34 @@ TEST(RgmergeModelMergerTest, MeasuresAgreesThenRunsThePlanFromTheNextStep) {
   EXPECT_EQ(m->NextGroup(unknown), 1u);
   // Another node given the same agreed words computes the same plan (hash).
   std::unique_ptr<Merger> twin = ModelMerger(5);
-  twin->InstallPlan(buckets, w, 5, ctx);
+  twin->planner()->InstallPlan(buckets, w, 5, ctx);
   EXPECT_EQ(twin->ConfigHash(), m->ConfigHash());
   // Different words, a different hash (the group round then refuses the mix).
   std::vector<uint64_t> w2 = w;
   w2[1] += 1;
   std::unique_ptr<Merger> other = ModelMerger(5);
-  other->InstallPlan(buckets, w2, 5, ctx);
+  other->planner()->InstallPlan(buckets, w2, 5, ctx);
   EXPECT_NE(other->ConfigHash(), m->ConfigHash());
 }
 
 TEST(RgmergeModelMergerTest, NoMeasurementsGiveTheDefaultsAndAnAbandonedPlanStaysReady) {
   std::unique_ptr<Merger> m = ModelMerger(3);
   ASSERT_NE(m, nullptr);
+  MergePlanner* planner = m->planner();
+  ASSERT_NE(planner, nullptr);
   const std::vector<PlanBucket> buckets = {{1, 100}, {2, 100}};
-  std::vector<uint64_t> w = m->PlanInputs(buckets);
+  std::vector<uint64_t> w = planner->PlanInputs(buckets);
   ASSERT_EQ(w.size(), 6u);
   RgmergeModelInputs defaults;
   EXPECT_EQ(w[4], static_cast<uint64_t>(defaults.alpha_ns));  // SAFusion's 3.78 ms
   EXPECT_EQ(w[5], static_cast<uint64_t>(defaults.beta_ps_per_byte));
-  m->AbandonPlan("the registered buckets differ");
-  EXPECT_FALSE(m->PlanDue(3));
+  planner->AbandonPlan("the registered buckets differ");
+  EXPECT_FALSE(planner->PlanDue(3));
   EXPECT_TRUE(m->AgreedAt(100));
-  EXPECT_EQ(m->PlanSummary(), "");
+  EXPECT_EQ(planner->PlanSummary(), "");
   // Words that do not match the bucket list: no plan either.
   std::unique_ptr<Merger> bad = ModelMerger(3);
-  bad->InstallPlan(buckets, absl::MakeConstSpan(w).subspan(1), 3, PlanContext());
+  bad->planner()->InstallPlan(buckets, absl::MakeConstSpan(w).subspan(1), 3, PlanContext());
   EXPECT_TRUE(bad->AgreedAt(100));
 }
 
@@ -667,11 +717,36 @@ TEST(RgmergeModelMergerTest, FlagsAreValidatedAndTheModeIsHashed) {
   EXPECT_NE(s.status().message().find("--rgmerge_slack_us"), std::string::npos) << s.status();
   auto ready = MakeMerger(MergerPolicy::kRgmerge, MergeParams());
   ASSERT_TRUE(ready.ok());
-  EXPECT_FALSE((*ready)->measures());
+  EXPECT_EQ((*ready)->meter(), nullptr);  // ready without linger or late binding: no timings
+  EXPECT_EQ((*ready)->planner(), nullptr);
   std::unique_ptr<Merger> model = ModelMerger(4);
   EXPECT_NE((*ready)->ConfigHash(), model->ConfigHash());
   EXPECT_NE(ModelMerger(5)->ConfigHash(), model->ConfigHash());
   EXPECT_STREQ(model->name(), "rgmerge");
+}
+
+// While it measures, the model plan runs as `ready`, its linger included: the timings reported
+// to the model merger's meter reach the ready merger's linger.
+TEST(RgmergeModelMergerTest, LingersAsReadyWhileItMeasures) {
+  MergeParams p;
+  p.rgmerge_model = true;
+  p.plan_step = 100;
+  p.rgmerge_linger_auto = true;
+  p.merge_alpha_us = 1000;
+  auto m = MakeMerger(MergerPolicy::kRgmerge, p);
+  ASSERT_TRUE(m.ok()) << m.status();
+  MergeMeter* meter = (*m)->meter();
+  ASSERT_NE(meter, nullptr);
+  for (uint64_t b = 0; b < 4; ++b) meter->ObserveMember(b, 4, 1000 * kUs + 300 * kUs * b, 0);
+  const int64_t t0 = 10000 * kUs;
+  meter->ExchangeIdleSince(t0 - 5000 * kUs);
+  std::vector<MergeCandidate> c = {Stamped(0, 5, t0), Stamped(1, 5, 0)};
+  int64_t deadline = 0;
+  EXPECT_TRUE((*m)->AgreedAt(5));
+  EXPECT_EQ((*m)->Offer(c, t0 + 10 * kUs, &deadline), 0u);  // bucket 1 due at t0 + 300 us
+  EXPECT_EQ(deadline, t0 + 330 * kUs);
+  meter->ExchangeIdleSince(t0 + 10 * kUs);  // a pack on the wire now: no linger
+  EXPECT_EQ((*m)->Offer(c, t0 + 10 * kUs, &deadline), 1u);
 }
 
 // omgs --omgs_mode=mgs (docs/merging.md 4.3): hand-worked profiles of 4 buckets. Unless said
@@ -753,28 +828,32 @@ TEST(OmgsMgsMergerTest, OneBucketPerExchangeUntilThePlanThenThePlan) {
   Merger& m = **made;
   EXPECT_FALSE(m.agreed());
   EXPECT_TRUE(m.behind());  // --omgs_select=behind by default
-  EXPECT_TRUE(m.measures());
+  MergeMeter* meter = m.meter();
+  MergePlanner* planner = m.planner();
+  ASSERT_NE(meter, nullptr);
+  ASSERT_NE(planner, nullptr);
+  EXPECT_TRUE(meter->measures());
   std::vector<MergeCandidate> c = {Cand(1, 0, 1000), Cand(2, 0, 1000), Cand(3, 0, 1000)};
   EXPECT_EQ(m.NextGroup(c), 1u);
-  EXPECT_FALSE(m.PlanDue(2));
-  EXPECT_TRUE(m.PlanDue(3));
+  EXPECT_FALSE(planner->PlanDue(2));
+  EXPECT_TRUE(planner->PlanDue(3));
   const std::vector<PlanBucket> buckets = {
       {1, 1000, K::kPatternB}, {2, 1000, K::kPatternB}, {3, 1000, K::kDense}};
-  std::vector<uint64_t> w = m.PlanInputs(buckets);
+  std::vector<uint64_t> w = planner->PlanInputs(buckets);
   ASSERT_EQ(w.size(), 2 * buckets.size() + 3);                        // g, sigma, alpha, beta, s
   EXPECT_EQ(w.back(), static_cast<uint64_t>(MgsInputs().select_fs));  // nothing measured
   // Gaps well under alpha (3.78 ms by default): everything merges.
   const uint64_t before = m.ConfigHash();
   PlanContext ctx;
   ctx.nodes = 2;
-  m.InstallPlan(buckets, w, 3, ctx);
+  planner->InstallPlan(buckets, w, 3, ctx);
   EXPECT_NE(m.ConfigHash(), before);
-  EXPECT_NE(m.PlanSummary(), "");
+  EXPECT_NE(planner->PlanSummary(), "");
   for (MergeCandidate& x : c) x.step = 3;
   EXPECT_EQ(m.NextGroup(c), 1u);  // the plan step itself: as none
   for (MergeCandidate& x : c) x.step = 4;
   EXPECT_EQ(m.NextGroup(c), 3u);
-  EXPECT_FALSE(m.PlanDue(9));
+  EXPECT_FALSE(planner->PlanDue(9));
 }
 
 // Absurd agreed inputs (a hostile trainer's ready stamps, maxed over nodes) make a poor plan,
@@ -793,11 +872,13 @@ TEST(PlanMergersTest, AbsurdAgreedInputsStillGiveAValidPlan) {
     for (MergerPolicy policy : {MergerPolicy::kRgmerge, MergerPolicy::kOmgs}) {
       auto m = MakeMerger(policy, p);
       ASSERT_TRUE(m.ok());
-      const size_t words = (*m)->PlanInputs(buckets).size();
+      MergePlanner* planner = (*m)->planner();
+      ASSERT_NE(planner, nullptr);
+      const size_t words = planner->PlanInputs(buckets).size();
       PlanContext ctx;
       ctx.nodes = 64;
       ctx.density = 1.0;
-      (*m)->InstallPlan(buckets, std::vector<uint64_t>(words, word), 1, ctx);
+      planner->InstallPlan(buckets, std::vector<uint64_t>(words, word), 1, ctx);
       std::vector<MergeCandidate> c;
       for (const PlanBucket& b : buckets)
         c.push_back(Cand(b.bucket_id, 2, b.elements, true, b.kind));
