@@ -6,7 +6,8 @@ through real ssh into those hosts (sshd started inside each one), and on this ho
   parameters on every rank, each trainer saw torchrun's variables, and output lines are tagged;
 - a trainer that exits 1 mid-training makes spexrun exit non-zero within 30 s naming its rank,
   and no process, namespace, socket or shared-memory segment is left; SIGTERM to spexrun does
-  the same;
+  the same, and so does SIGKILL (its watchdog tears the emulated cluster down); a -x value
+  reaches every trainer through real ssh;
 - the hook works under torchrun beside a daemon started by hand (the default socket path), and
   without a daemon says how to start one;
 - bad input (unknown host, 0 slots, a host twice, no command, bad hostfile lines) is refused
@@ -45,7 +46,7 @@ import torch, torch.distributed as dist
 import spex.torch
 
 env = {k: os.environ.get(k, "-") for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
-                                  "MASTER_ADDR", "MASTER_PORT", "SPEX_SOCKET")}
+                                  "MASTER_ADDR", "MASTER_PORT", "SPEX_SOCKET", "SPEXRUN_X")}
 print("env", " ".join(f"{k}={v}" for k, v in sorted(env.items())), flush=True)
 dist.init_process_group("gloo", init_method="env://")
 torch.manual_seed(0)
@@ -220,6 +221,28 @@ class SpexrunTest(unittest.TestCase):
         self.assertEqual(netns() - before_ns, set())
         self.assertEqual(segments() - before_seg, set())
 
+    def test_sigkill_tears_the_emulated_cluster_down(self):
+        """A SIGKILLed spexrun cannot clean up: its watchdog does (namespaces, daemons, trainers)."""
+        self.need_emulation()
+        before_ns, before_seg = netns(), segments()
+        launch = Launch(["--emulated", "2", "--slots", "1", *QUIET, "--", sys.executable, self.train],
+                        env={"LONG": "1"})
+        deadline = time.monotonic() + 120
+        while "training" not in launch.streams()[0]:
+            self.assertIsNone(launch.proc.poll(), launch.text())
+            self.assertLess(time.monotonic(), deadline, launch.text())
+            time.sleep(0.1)
+        self.assertNotEqual(netns() - before_ns, set())
+        launch.proc.kill()
+        launch.wait(timeout=10)
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 40 and (processes(self.train) or netns() - before_ns):
+            time.sleep(0.2)
+        self.assertEqual(processes(self.train), [], "trainers outlived a SIGKILLed spexrun")
+        self.assertEqual(netns() - before_ns, set(), "namespaces outlived a SIGKILLed spexrun")
+        self.assertEqual(segments() - before_seg, set())
+        print(f"emulated cluster gone {time.monotonic() - t0:.1f} s after spexrun's SIGKILL")
+
     def test_real_ssh_between_hosts(self):
         """-H with ssh as the agent, for real: sshd inside every emulated host, spexrun on the
         cluster's login host, the daemons' mpirun and the agents both through ssh."""
@@ -250,9 +273,13 @@ class SpexrunTest(unittest.TestCase):
             time.sleep(0.2)
         net = {"OMPI_MCA_btl": "tcp,self", "OMPI_MCA_btl_tcp_if_include": "10.77.0.0/24",
                "OMPI_MCA_oob_tcp_if_include": "10.77.0.0/24", "OMPI_MCA_mpi_yield_when_idle": "1"}
-        launch = Launch(["-H", "host1:2,host2:2", "--rsh-agent", ssh, *QUIET, "--", sys.executable, self.train],
-                        env=net, prefix=["bash", SCRIPT, "exec", cluster.dir, "login"])
+        # -x: the value reaches every trainer through the agents' ssh connections (no command line).
+        launch = Launch(["-H", "host1:2,host2:2", "--rsh-agent", ssh, "-x", "SPEXRUN_X", *QUIET, "--", sys.executable,
+                         self.train], env={**net, "SPEXRUN_X": "xvalue"}, prefix=["bash", SCRIPT, "exec", cluster.dir,
+                                                                                   "login"])
         self.check_job(launch, world=4, local=2)
+        self.assertEqual(len(re.findall(r"^\[\d,\d\]<stdout>:env .*SPEXRUN_X=xvalue", launch.streams()[0], re.M)), 4,
+                         launch.text())
         self.assertEqual(processes(self.train), [])
         self.assertEqual(glob.glob(f"/tmp/spex-{os.getuid()}/spexrun-{launch.proc.pid}-*"), [], "socket dir left")
         self.assertEqual(segments() - before_seg, set())
