@@ -299,6 +299,24 @@ def sweep_points(a):
     return pts
 
 
+def write_csv(json_path, rows):
+    """The sweep's points as CSV beside its JSON (simulated and modelled seconds, picks)."""
+    csv_path = os.path.splitext(json_path)[0] + ".csv"
+    with open(csv_path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["topology", "gbps", "link_latency_us", "nodes", "dense_s", "gather_s", "oktopk_s",
+                    "ddp_s", "ddp_fp16_s", "powersgd1_s", "powersgd4_s", "model_dense_s",
+                    "model_allgather_s", "model_oktopk_s", "best", "auto", "auto_over_best"])
+        for r in rows:
+            t, m = r["times_s"], r["model_s"]
+            w.writerow([r["topology"], r["gbps"], r["link_latency_us"], r["nodes"]] +
+                       [f"{t[x]:.6g}" if x in t else "" for x in
+                        ("dense", "gather", "oktopk", "ddp", "ddp_fp16", "powersgd1", "powersgd4")] +
+                       [f"{m[x]:.6g}" for x in ("dense_s", "allgather_s", "oktopk_s")] +
+                       [r["best"], r["auto"], f"{r['auto_over_best']:.4f}"])
+    return csv_path
+
+
 def cmd_sweep(a):
     out = build(a.build_dir)
     shapes = MODELS[a.model]()
@@ -312,6 +330,20 @@ def cmd_sweep(a):
     t_start = time.time()
     for topo, gbps, lat, p in sweep_points(a):
         if (topo, gbps, lat, p) in done:
+            row = next(r for r in rows if (r["topology"], r["gbps"], r["link_latency_us"],
+                                           r["nodes"]) == (topo, gbps, lat, p))
+            missing = [o for o in a.ops.split(",") if o not in row["times_s"]]
+            if not (a.add_ops and missing):
+                continue
+            # --add-ops: simulate the ops this point lacks and merge them in.
+            sim = simulate_point(p, elements, a.density, gbps, lat, topo, shapes, out=out,
+                                 ops=tuple(missing), real_gather_max=a.real_gather_max, log=print)
+            row["times_s"].update(sim["times"])
+            row["runs"] += sim["runs"]
+            auto_check(row, out)
+            with open(a.out, "w") as f:
+                json.dump({"model": a.model, "elements": elements, "density": a.density,
+                           "points": rows}, f, indent=1)
             continue
         if a.budget_s and time.time() - t_start > a.budget_s:
             print(f"sweep: budget of {a.budget_s} s spent; the rest is not simulated")
@@ -327,19 +359,7 @@ def cmd_sweep(a):
         with open(a.out, "w") as f:
             json.dump({"model": a.model, "elements": elements, "density": a.density,
                        "points": rows}, f, indent=1)
-    csv_path = os.path.splitext(a.out)[0] + ".csv"
-    with open(csv_path, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["topology", "gbps", "link_latency_us", "nodes", "dense_s", "gather_s", "oktopk_s",
-                    "ddp_s", "ddp_fp16_s", "powersgd1_s", "powersgd4_s", "model_dense_s",
-                    "model_allgather_s", "model_oktopk_s", "best", "auto", "auto_over_best"])
-        for r in rows:
-            t, m = r["times_s"], r["model_s"]
-            w.writerow([r["topology"], r["gbps"], r["link_latency_us"], r["nodes"]] +
-                       [f"{t[x]:.6g}" if x in t else "" for x in
-                        ("dense", "gather", "oktopk", "ddp", "ddp_fp16", "powersgd1", "powersgd4")] +
-                       [f"{m[x]:.6g}" for x in ("dense_s", "allgather_s", "oktopk_s")] +
-                       [r["best"], r["auto"], f"{r['auto_over_best']:.4f}"])
+    csv_path = write_csv(a.out, rows)
     worst = max(rows, key=lambda r: r["auto_over_best"]) if rows else None
     if worst:
         print(f"sweep: {len(rows)} points; auto's choice over the best: worst "
@@ -413,6 +433,7 @@ def cmd_remodel(a):
             auto_check(row, a.build_dir)
         with open(path, "w") as f:
             json.dump(data, f, indent=1)
+        write_csv(path, data["points"])
         print(f"remodel: {path}")
 
 
@@ -593,6 +614,8 @@ def main():
     s.add_argument("--ops", default="dense,gather,oktopk," + ",".join(PEER_OPS))
     s.add_argument("--budget-s", type=float, default=0, help="stop starting points after this")
     s.add_argument("--resume", action="store_true", help="keep the points already in --out")
+    s.add_argument("--add-ops", action="store_true",
+                   help="with --resume: simulate the --ops a kept point lacks")
     s.set_defaults(fn=cmd_sweep)
     p = sub.add_parser("plot", help="log-log plot of a sweep")
     p.add_argument("sweep")
