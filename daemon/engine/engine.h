@@ -39,6 +39,7 @@
 #include "daemon/engine/doorbell.h"
 #include "daemon/engine/engine_options.h"
 #include "daemon/engine/exchange_record.h"
+#include "daemon/engine/fused_behind_step.h"
 #include "daemon/engine/fused_step.h"
 #include "daemon/engine/scheduler.h"
 #include "daemon/engine/session_registry.h"

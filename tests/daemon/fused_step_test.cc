@@ -29,6 +29,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "daemon/engine/control_round.h"
+#include "daemon/engine/fused_behind_step.h"
 #include "daemon/engine/group_round.h"
 #include "daemon/engine/step.h"
 #include "daemon/merge/mergers.h"
