@@ -445,6 +445,22 @@ def cmd_table(a):
         with open(path) as f:
             rows += json.load(f)["points"]
     keys = sorted({(r["topology"], r["gbps"], r["link_latency_us"]) for r in rows})
+    # The cost model against the simulation: spex's exchanges at every point, and its picks.
+    for topo in sorted({r["topology"] for r in rows}):
+        errs, picks = [], []
+        for r in rows:
+            if r["topology"] != topo:
+                continue
+            for op, key in (("dense", "dense_s"), ("gather", "allgather_s"), ("oktopk", "oktopk_s")):
+                if op in r["times_s"]:
+                    errs.append(r["model_s"][key] / r["times_s"][op] - 1)
+            if r["auto_over_best"] == r["auto_over_best"]:  # not NaN: every exchange simulated
+                picks.append(r["auto_over_best"])
+        worst = max(errs, key=abs)
+        print(f"{topo}: the model within 10% of {sum(abs(e) <= 0.1 for e in errs)} of {len(errs)} "
+              f"simulated exchange times (worst {worst * 100:+.0f}%); its pick at {len(picks)} "
+              f"points: at most {max(picks):.3f}x the fastest, the fastest at "
+              f"{sum(p <= 1.0 for p in picks)}")
     for topo, gbps, lat in keys:
         sel = sorted((r for r in rows if (r["topology"], r["gbps"], r["link_latency_us"]) ==
                       (topo, gbps, lat)), key=lambda r: r["nodes"])
