@@ -414,9 +414,9 @@ def _cmdline(pid: int) -> bytes:
 
 
 def watchdog_main(argv: Sequence[str]) -> int:
-    """spexrun --watchdog LAUNCHER_PID GRACE: reads what spexrun started from its stdin, one line
-    each ("mpirun PID SOCKET_DIR", "emulated SCRIPT DIR OWN"), until "done" (spexrun stopped it
-    all itself) or end-of-file (spexrun died: SIGKILL, a crash). Then: SIGTERM to mpirun (it
+    """spexrun --watchdog LAUNCHER_PID GRACE: reads what spexrun started from its stdin, one JSON
+    list a line (["mpirun", PID, SOCKET_DIR], ["emulated", SCRIPT, DIR, OWN]), until ["done"]
+    (spexrun stopped it all itself) or end-of-file (spexrun died: SIGKILL, a crash). Then: SIGTERM to mpirun (it
     forwards it to every spexd, which removes its socket and segments), SIGKILL to its process
     group after GRACE + 10 s, the segments of daemons that did not stop cleanly and the socket
     directory removed; an emulated cluster is torn down (every process in its hosts, the
@@ -426,11 +426,14 @@ def watchdog_main(argv: Sequence[str]) -> int:
         signal.signal(sig, signal.SIG_IGN)  # a terminal's or the group's signals are spexrun's to handle
     told: List[List[str]] = []
     for line in sys.stdin:
-        words = line.split()
+        try:
+            words = json.loads(line)
+        except ValueError:
+            continue
         if words == ["done"]:
             return 0
-        if words:
-            told.append(words)
+        if isinstance(words, list) and words:
+            told.append([str(w) for w in words])
     if not told:
         return 0
     def say(text: str) -> None:  # to spexrun's stderr, which may have gone with it
@@ -531,12 +534,12 @@ class Launcher:
             self.say(f"warning: cannot start the watchdog ({e.strerror}): if spexrun is killed with SIGKILL, "
                      f"stop its daemons by hand")
 
-    def watch(self, line: str) -> None:
-        """Tells the watchdog what to stop should spexrun die."""
+    def watch(self, words: List[str]) -> None:
+        """Tells the watchdog what to stop should spexrun die (one JSON list a line)."""
         if self.watchdog is None:
             return
         try:
-            self.watchdog.stdin.write((line + "\n").encode())
+            self.watchdog.stdin.write((json.dumps(words) + "\n").encode())
             self.watchdog.stdin.flush()
         except (BrokenPipeError, OSError):
             pass
@@ -545,7 +548,7 @@ class Launcher:
         """Everything is stopped: the watchdog leaves without doing anything."""
         if self.watchdog is None:
             return
-        self.watch("done")
+        self.watch(["done"])
         try:
             self.watchdog.stdin.close()
             self.watchdog.wait(timeout=10)
@@ -579,7 +582,7 @@ class Launcher:
             self.cluster = EmulatedCluster(a.spexd, hosts=a.emulated, trainers=a.slots, args=flags, rate=a.rate,
                                            latency_us=a.latency_us, start_timeout=a.start_timeout)
             self.say(self.cluster.up())
-            self.watch(f"emulated {self.cluster.script} {self.cluster.dir} {int(self.cluster._own_dir)}")
+            self.watch(["emulated", self.cluster.script, self.cluster.dir, str(int(self.cluster._own_dir))])
             self.cluster.start()
             return
         spexd = find_spexd(a.spexd)
@@ -602,7 +605,7 @@ class Launcher:
             env.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
         self.daemons = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                         stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        self.watch(f"mpirun {self.daemons.pid} {self.socket_dir}")
+        self.watch(["mpirun", str(self.daemons.pid), self.socket_dir])
         threading.Thread(target=self._pump_daemons, daemon=True).start()
 
     def _pump_daemons(self) -> None:
