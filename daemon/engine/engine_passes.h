@@ -163,7 +163,7 @@ struct Engine::WirePack {
   uint64_t group_first = 0;            // the pack's first member's id (observers)
   uint32_t group_size = 0;             // the pack's members, skipped ones included (observers)
   std::vector<EngineBucket*> buckets;
-  uint64_t elements = 0;             // the members' sizes summed (Merger::PackHandedOff/PackDone)
+  uint64_t elements = 0;             // the members' sizes summed (MergeMeter::PackHandedOff)
   std::vector<ExchangeRecord> recs;  // items[j].rec == &recs[j]
   std::vector<StepItem> items;
   std::vector<MergeKind> kinds;

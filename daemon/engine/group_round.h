@@ -69,7 +69,7 @@ struct GroupRoundInput {
   uint64_t dead_trainer = 0;
   uint64_t nonfinite = 0;         // NonfiniteWord, or 0
   uint32_t nonfinite_member = 0;  // the offer position of the member it was seen in
-  bool plan_due = false;          // Merger::PlanDue at the head's step
+  bool plan_due = false;          // MergePlanner::PlanDue at the head's step
 };
 
 struct GroupRoundResult {
