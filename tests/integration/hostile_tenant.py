@@ -310,6 +310,136 @@ out["next_job_exact"] = bool(ok)
 print(json.dumps(out))
 '''
 
+# Checkpoints, on the attacker's own daemon (spexd --local_trainers=1 --rpc_threads=16
+# --max_daemon_bytes=1073741824 --max_checkpoint_streams=4 --checkpoint_stream_timeout=2s), raw RPCs:
+# a save of a 16 Mi-element bucket must not stall the node's other exchanges while its record is
+# encoded; 15 stalled LoadBucketState streams each announcing that bucket's largest record (257
+# MB charged each) must be capped and charged (a registration that fits without them is refused
+# meanwhile), GetStats served, the stalled ones cancelled at the timeout, and a save whose client
+# never reads likewise; a genuine record rewritten to next_step 2^64-1 and sealed again, and a
+# genuine one loaded after exchanges ran, must be refused.
+CKPT = r"""
+import json, struct, sys, threading, time, grpc
+from spex.proto import spex_pb2 as pb, spex_pb2_grpc as g
+sock = sys.argv[1]
+def stub(**opts):  # its own connection
+    o = [("grpc.use_local_subchannel_pool", 1)] + list(opts.items())
+    return g.SpexStub(grpc.insecure_channel("unix:" + sock, options=o))
+s = stub()
+out = {}
+def err(e): return e.code().name + ": " + (e.details() or "")[:160]
+def session():
+    return s.Hello(pb.HelloRequest(local_rank=0, local_size=1, protocol_version=1, client="ckpt"), timeout=10).session_id
+def register(sid, b, n, name="topk"):
+    s.RegisterBucket(pb.RegisterBucketRequest(session_id=sid, bucket_id=b, elements=n,
+                     compressor=pb.CompressorConfig(name=name, density=0.01)), timeout=30)
+def exchange(sid, b, step):
+    s.Exchange(pb.ExchangeRequest(session_id=sid, bucket_id=b, step=step), timeout=30)
+BIG = 16 << 20
+# (3) The save's engine part (until its first chunk) against 40 small buckets' exchanges, each at
+# step 0 ahead of the big bucket in the engine's order.
+sid = session()
+for b in range(1, 41): register(sid, b, 1000, "dense")
+register(sid, 1000, BIG)
+first = {}
+def save():
+    t0 = time.monotonic()
+    it = s.SaveBucketState(pb.SaveBucketStateRequest(session_id=sid, bucket_id=1000), timeout=60)
+    n = 0
+    for c in it:
+        if n == 0: first["t"] = time.monotonic()
+        n += len(c.data)
+    first.update(t0=t0, end=time.monotonic(), bytes=n)
+lat = []
+t = threading.Thread(target=save); t.start()
+for b in range(1, 41):
+    a = time.monotonic(); exchange(sid, b, 0); lat.append((a, time.monotonic() - a))
+    if "t" in first: break
+    time.sleep(0.002)
+t.join()
+window = first["t"] - first["t0"]
+during = [l for a, l in lat if a < first["t"]]
+out["save"] = {"record_mb": round(first["bytes"] / 2**20, 1), "first_chunk_s": round(window, 3),
+               "exchanges_during": len(during), "worst_exchange_s": round(max(during, default=0), 3)}
+s.Goodbye(pb.GoodbyeRequest(session_id=sid), timeout=10)
+time.sleep(0.5)
+# (2) Stalled streams against the caps, the threads and the memory limit.
+sid = session()
+register(sid, 7, BIG)
+total = 8 * BIG + (1 << 19)
+ends, opened = [], threading.Event()
+def stalled(i):
+    hold = threading.Event()
+    def chunks():
+        yield pb.BucketStateChunk(session_id=sid, bucket_id=7, total_bytes=total, data=b"x" * 100)
+        hold.wait(30)
+    a = time.monotonic()
+    try:
+        stub().LoadBucketState(chunks(), timeout=30); r = "OK"
+    except grpc.RpcError as e:
+        r = err(e)
+    hold.set()
+    ends.append((round(time.monotonic() - a, 2), r))
+ts = [threading.Thread(target=stalled, args=(i,)) for i in range(15)]
+[x.start() for x in ts]
+time.sleep(1.0)
+try:
+    s.GetStats(pb.GetStatsRequest(), timeout=5); out["stats_during"] = "OK"
+except grpc.RpcError as e:
+    out["stats_during"] = err(e)
+try:
+    register(sid, 8, 6 << 20); out["register_during"] = "OK"
+except grpc.RpcError as e:
+    out["register_during"] = err(e)
+[x.join() for x in ts]
+out["streams"] = sorted(ends)
+try:
+    register(sid, 8, 6 << 20); out["register_after"] = "OK"
+except grpc.RpcError as e:
+    out["register_after"] = err(e)
+# A save whose client reads one chunk and then nothing (small windows: the server's writes
+# block): cancelled at the timeout, so reading on later fails instead of getting the record.
+unread = stub(**{"grpc.http2.bdp_probe": 0}).SaveBucketState(pb.SaveBucketStateRequest(session_id=sid, bucket_id=7), timeout=30)
+try:
+    next(unread); time.sleep(3.5); list(unread); out["unread_save"] = "OK"
+except grpc.RpcError as e:
+    out["unread_save"] = err(e)
+s.Goodbye(pb.GoodbyeRequest(session_id=sid), timeout=10)
+time.sleep(0.5)
+# (4) Forged and late records.
+def fnv(b):
+    h = 0xcbf29ce484222325
+    for c in b: h = ((h ^ c) * 0x100000001b3) & 0xFFFFFFFFFFFFFFFF
+    return h
+def next_step_at(r):
+    at = 4 + 2 + 12 + 16
+    def string(at): return at + 8 + struct.unpack_from("<Q", r, at)[0]
+    at = string(at)
+    n = struct.unpack_from("<Q", r, at)[0]; at += 8
+    for _ in range(2 * n): at = string(at)
+    at = string(at + 8)
+    return at + 4
+sid = session()
+register(sid, 1, 20000); register(sid, 2, 20000)
+for step in range(2): exchange(sid, 1, step); exchange(sid, 2, step)
+rec = b"".join(c.data for c in s.SaveBucketState(pb.SaveBucketStateRequest(session_id=sid, bucket_id=1), timeout=30))
+at = next_step_at(rec)
+saved_step = struct.unpack_from("<Q", rec, at)[0]
+body = bytearray(rec[:-8]); struct.pack_into("<Q", body, at, 2**64 - 1)
+forged = bytes(body) + struct.pack("<Q", fnv(body))
+def load(b, r):
+    try:
+        s.LoadBucketState(iter([pb.BucketStateChunk(session_id=sid, bucket_id=b, total_bytes=len(r), data=r)]), timeout=30)
+        return "OK"
+    except grpc.RpcError as e:
+        return err(e)
+register(sid, 3, 20000)
+out["records"] = {"saved_step": saved_step, "forged_into_fresh": load(3, forged),
+                  "genuine_after_exchanges": load(2, rec), "genuine_into_fresh": load(3, rec)}
+s.Goodbye(pb.GoodbyeRequest(session_id=sid), timeout=10)
+print(json.dumps(out))
+"""
+
 
 def main():
     vuid = uid(VICTIM)
@@ -484,6 +614,54 @@ def main():
            f"{tl}; job on the same daemon afterwards exact={t.get('job_after_exact')}"
            + ("" if "error" not in t else f" {t['error']}"))
     stop(ld)
+
+    # 13. Checkpoint streams and records, on the attacker's own daemon.
+    cdir = private_dir(ATTACKER, "ckpt", 0o700)
+    csock = os.path.join(cdir, "node.sock")
+    cd = start_daemon(ATTACKER, csock, os.path.join(W, "ckpt-spexd.log"), "--local_trainers=1",
+                      "--rpc_threads=16", "--max_daemon_bytes=1073741824", "--max_checkpoint_streams=4",
+                      "--checkpoint_stream_timeout=2s", "--min_sparse_elements=0", "--dense_fallback=off")
+    r = py_as(ATTACKER, CKPT, csock, timeout=150)
+    try:
+        t = json.loads(r.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        t = {"error": (r.stdout + r.stderr)[-400:]}
+    alive = cd.poll() is None
+    sv = t.get("save", {})
+    record("checkpoint_save_stalls_node",
+           not (alive and sv.get("exchanges_during", 0) >= 2
+                and sv.get("worst_exchange_s", 99) < 0.6 * sv.get("first_chunk_s", 0)),
+           f"{sv}: the slowest exchange of another bucket while the record was copied and encoded, "
+           f"against the time to its first chunk" + ("" if "error" not in t else f" {t['error']}"))
+    st = t.get("streams", [])
+    # The session's limit is the daemon's here: a record's memory is refused naming either.
+    mem = ("--max_session_bytes", "--max_daemon_bytes")
+    capped = [x for x in st if x[1].startswith("RESOURCE_EXHAUSTED") and
+              ("--max_checkpoint_streams" in x[1] or any(f in x[1] for f in mem))]
+    kinds = sorted({x[1][:60] for x in st})
+    cancelled = [x for x in st if x[1].startswith("CANCELLED") and 1.5 <= x[0] < 6]
+    record("checkpoint_streams_bypass_limits",
+           not (alive and len(st) == 15 and len(cancelled) <= 2 and len(capped) + len(cancelled) == 15
+                and all(x[0] < 1 for x in capped) and t.get("stats_during") == "OK"
+                and any(f in str(t.get("register_during")) for f in mem) and t.get("register_after") == "OK"
+                and str(t.get("unread_save")).startswith("CANCELLED")),
+           f"15 stalled loads: {len(capped)} refused at once, {len(cancelled)} cancelled at the timeout "
+           f"({st[:1]} .. {st[-1:]}; answers {kinds}); GetStats {t.get('stats_during')}; a registration during: "
+           f"{str(t.get('register_during'))[:120]}, after: {t.get('register_after')}; an unread save: "
+           f"{str(t.get('unread_save'))[:60]} (read on after 3.5 s)")
+    rc = t.get("records", {})
+    record("checkpoint_record_forged",
+           not (alive and str(rc.get("forged_into_fresh")).startswith("DATA_LOSS")
+                and str(rc.get("genuine_after_exchanges")).startswith("FAILED_PRECONDITION")
+                and rc.get("genuine_into_fresh") == "OK" and rc.get("saved_step") == 2),
+           f"{rc}")
+    stop(cd)
+
+    # 14. spexrun's and the client's attacks (hostile_spexrun.py): -x values on command lines, a
+    # SIGKILLed spexrun, a squatted /tmp/spex-<uid>, a host name as an ssh option, a symlink on
+    # the way to the socket.
+    import hostile_spexrun
+    hostile_spexrun.attacks(hostile_spexrun.helpers(sys.modules[__name__], VICTIM, ATTACKER, STRANGER))
 
     # The victim's job finishes.
     open(stop_file, "w").close()

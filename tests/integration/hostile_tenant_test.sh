@@ -6,7 +6,9 @@
 # another user, timeline paths outside --timeline_dir, connection floods, segments truncated in a
 # 2-node world (behind the header, and to nothing before any failure) and every resource limit
 # (--max_exchange_wait, --max_streams_per_connection, --rpc_threads, --max_connections,
-# --timeline_max_bytes) hit on the attacker's own daemon, while the victim's job runs. Passes only when no attack succeeded and no job was disturbed;
+# --timeline_max_bytes) hit on the attacker's own daemon, and checkpoints there (stalled streams
+# against --max_checkpoint_streams, --checkpoint_stream_timeout and --max_daemon_bytes, a save
+# that must not stall the node's exchanges, forged and late records), while the victim's job runs. Passes only when no attack succeeded and no job was disturbed;
 # prints the figure. Needs root (useradd, runuser); the users are removed at the end.
 set -uo pipefail
 R="${RUNFILES_DIR:-${TEST_SRCDIR:-$PWD/..}}/spex"
