@@ -321,8 +321,9 @@ class Agent:
             time.sleep(0.1)
         self.control("ready")
         line = sys.stdin.readline()
-        if line.strip() != "go":
-            return 0  # stopped before the start
+        if line.strip() != "go":  # stopped (or spexrun gone) before the start
+            self.remove_socket_dir()
+            return 0
         threading.Thread(target=self.watch_stdin, daemon=True).start()
         pumps = []
         for lr in range(a.local_size):
