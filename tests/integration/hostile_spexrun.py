@@ -166,7 +166,8 @@ def attacks(h):
         for q in left:
             os.kill(q, signal.SIGKILL)
         time.sleep(0.5)
-        segs = set(glob.glob("/dev/shm/spex-*")) - before_seg
+        pids = {str(q) for q in world}  # this world's daemons' segments: others may run beside
+        segs = {g for g in set(glob.glob("/dev/shm/spex-*")) - before_seg if g.split("-")[1] in pids}
         dir_left = any(os.path.exists(d) for d in dirs)
         for d in dirs:
             shutil.rmtree(d, ignore_errors=True)
