@@ -8,7 +8,10 @@
 # (--max_exchange_wait, --max_streams_per_connection, --rpc_threads, --max_connections,
 # --timeline_max_bytes) hit on the attacker's own daemon, and checkpoints there (stalled streams
 # against --max_checkpoint_streams, --checkpoint_stream_timeout and --max_daemon_bytes, a save
-# that must not stall the node's exchanges, forged and late records), while the victim's job runs. Passes only when no attack succeeded and no job was disturbed;
+# that must not stall the node's exchanges, forged and late records), and spexrun's and the
+# client's attacks (hostile_spexrun.py: -x values on command lines, a SIGKILLed spexrun, a
+# squatted /tmp/spex-<uid>, a host name as an ssh option, a symlink on the way to the socket),
+# while the victim's job runs. Passes only when no attack succeeded and no job was disturbed;
 # prints the figure. Needs root (useradd, runuser); the users are removed at the end.
 set -uo pipefail
 R="${RUNFILES_DIR:-${TEST_SRCDIR:-$PWD/..}}/spex"
