@@ -19,7 +19,11 @@ What it does, in order:
 3. When every trainer has exited 0, the daemons are stopped and spexrun exits 0. When a trainer
    exits non-zero or dies, or a daemon or agent goes away, the other trainers and the daemons are
    stopped and spexrun exits non-zero naming the rank (or host) and its status. Ctrl-C and
-   SIGTERM stop everything. An agent whose connection closes (ssh gone) stops its trainers.
+   SIGTERM stop everything. An agent whose connection closes (ssh gone) stops its trainers; a
+   watchdog process (--watchdog) stops the daemons when spexrun itself dies (SIGKILL).
+
+No variable's value goes on a command line (every user of a host can read those): -x variables
+reach an agent here in its environment, an agent on another host through its stdin (AGENT_BOOT).
 
 The agent protocol is line based: an agent's stdout carries the trainers' tagged lines and its
 own control lines, which start with CONTROL; spexrun writes "go" (start the trainers) and
@@ -417,14 +421,15 @@ def _cmdline(pid: int) -> bytes:
 def watchdog_main(argv: Sequence[str]) -> int:
     """spexrun --watchdog LAUNCHER_PID GRACE: reads what spexrun started from its stdin, one JSON
     list a line (["mpirun", PID, SOCKET_DIR], ["emulated", SCRIPT, DIR, OWN]), until ["done"]
-    (spexrun stopped it all itself) or end-of-file (spexrun died: SIGKILL, a crash). Then: SIGTERM to mpirun (it
-    forwards it to every spexd, which removes its socket and segments), SIGKILL to its process
-    group after GRACE + 10 s, the segments of daemons that did not stop cleanly and the socket
-    directory removed; an emulated cluster is torn down (every process in its hosts, the
-    namespaces, sockets and segments). The agents end by themselves: their stdin closed too."""
+    (spexrun stopped it all itself) or end-of-file (spexrun died: SIGKILL, a crash). Then:
+    SIGTERM to mpirun (it forwards it to every spexd, which removes its socket and segments),
+    SIGKILL to its process group after GRACE + 10 s, the segments of daemons that did not stop
+    cleanly and the socket directory removed; an emulated cluster is torn down (every process in
+    its hosts, the namespaces, sockets and segments). The agents end by themselves: their stdin
+    closed too."""
     launcher, grace = argv[0], float(argv[1])
-    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
-        signal.signal(sig, signal.SIG_IGN)  # a terminal's or the group's signals are spexrun's to handle
+    for sig in (signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)  # a terminal's signals are spexrun's to handle
     told: List[List[str]] = []
     for line in sys.stdin:
         try:
@@ -437,6 +442,7 @@ def watchdog_main(argv: Sequence[str]) -> int:
             told.append([str(w) for w in words])
     if not told:
         return 0
+
     def say(text: str) -> None:  # to spexrun's stderr, which may have gone with it
         try:
             sys.stderr.write(f"spexrun (watchdog): {text}\n")
