@@ -42,6 +42,7 @@ void EncodeChunk(uint64_t group_id, uint64_t step, uint32_t elements,
 void EncodeChunk(uint64_t group_id, uint64_t step, uint32_t elements,
                  absl::Span<const uint32_t> idx, absl::Span<const float> val, DType wire,
                  const float scalars[4], std::vector<uint8_t>* out) {
+  wire = ValuesWire(wire, val.first(std::min(val.size(), idx.size())));
   const uint16_t flag = wire == DType::kFloat16    ? kChunkFp16
                         : wire == DType::kBFloat16 ? kChunkBf16
                                                    : 0;

@@ -42,7 +42,8 @@ void EncodeChunk(uint64_t group_id, uint64_t step, uint32_t elements,
                  absl::Span<const uint32_t> idx, absl::Span<const float> val, bool fp16,
                  const float scalars[4], std::vector<uint8_t>* out);
 // The same with the values as `wire` (kernels/half.h: float32, bfloat16 or float16, rounded to
-// nearest even); the bool form is wire = fp16 ? float16 : float32.
+// nearest even), or as float32 where one would not fit `wire` (ValuesWire, below): a value is
+// never narrowed into an infinity. The bool form is wire = fp16 ? float16 : float32.
 void EncodeChunk(uint64_t group_id, uint64_t step, uint32_t elements,
                  absl::Span<const uint32_t> idx, absl::Span<const float> val, DType wire,
                  const float scalars[4], std::vector<uint8_t>* out);

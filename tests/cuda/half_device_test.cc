@@ -12,8 +12,9 @@
 //  - a trainer registering another type, and a NaN in a half input, get the CPU path's errors;
 //    under nonfinite=propagate the NaN reaches the half outputs; the layout on the device is
 //    2-byte slots and the header says the type;
-//  - the dense-fallback probe (sparse buckets' steps run dense) and a checkpoint resume of a
-//    half device bucket are bit-identical too;
+//  - the dense-fallback probe (sparse buckets' steps run dense), node sums past float16's range
+//    (sent as float32, every output finite) and a checkpoint resume of a half device bucket are
+//    bit-identical too;
 //  - half_math.h (the CUDA kernels' conversions, compiled here for the host) equals
 //    kernels/half.h for every half pattern and at every rounding boundary of float32.
 #include <atomic>
@@ -72,6 +73,10 @@ struct Layout {
   // kAuto: the probe's first 2 x probe_steps (3) steps alternate sparse and dense by step
   // number, so both runs take the same exchanges within kSteps.
   DenseFallback fallback = DenseFallback::kOff;
+  // Step 0 of the compressed buckets hands in large values at every hundredth position, whose
+  // node sums are past the type's range and whose averages fit (float16: 33,000 to 39,720 on
+  // each trainer; docs/dtypes.md#values-past-the-types-range).
+  bool big = false;
 };
 
 struct Run {
@@ -157,7 +162,10 @@ Run RunLayout(const Layout& l) {
     for (int s = 0; s < kSteps; ++s) {
       for (int b = 0; b < 3; ++b) {
         auto* in = reinterpret_cast<uint16_t*>(tr->input(ids[b]));
-        for (size_t i = 0; i < sizes[b]; ++i) in[i] = FloatToHalf(t, Value(n, k, ids[b], s, i));
+        for (size_t i = 0; i < sizes[b]; ++i) {
+          const bool large = l.big && s == 0 && ids[b] != kDense && i % 100 == 0;
+          in[i] = FloatToHalf(t, large ? 33000.0f + 70.0f * (i % 97) : Value(n, k, ids[b], s, i));
+        }
       }
       // Trainer 0 through the RPC path, the others through the doorbell.
       for (int b = 0; b < 3; ++b) {
@@ -177,8 +185,9 @@ Run RunLayout(const Layout& l) {
   return r;
 }
 
-// Runs `l` on the CPU path and on its devices and compares every trainer's half outputs.
-void ExpectSameAsCpu(const Layout& l) {
+// Runs `l` on the CPU path and on its devices and compares every trainer's half outputs;
+// *nonfinite (when given) counts the CPU path's outputs that are NaN or infinite.
+void ExpectSameAsCpu(const Layout& l, int* nonfinite = nullptr) {
   Layout cpu_layout = l;
   cpu_layout.devices.clear();
   const Run cpu = RunLayout(cpu_layout);
@@ -213,6 +222,18 @@ void ExpectSameAsCpu(const Layout& l) {
   }
   for (const auto& node : dev.nodes) {
     EXPECT_TRUE(node->violations().empty()) << node->violations().front();
+  }
+  if (nonfinite != nullptr) {
+    *nonfinite = 0;
+    for (const auto& node : cpu.outputs) {
+      for (const auto& trainer : node) {
+        for (const auto& step : trainer) {
+          for (const auto& out : step) {
+            for (uint16_t h : out) *nonfinite += !std::isfinite(HalfToFloat(l.dtype, h));
+          }
+        }
+      }
+    }
   }
   // The outputs moved every step: a run whose outputs never changed would compare equal too.
   const auto& o = cpu.outputs[0][0];
@@ -271,6 +292,27 @@ TEST(HalfDeviceFallback, SparseBucketsStepsRunDenseBitIdenticalToTheCpuPath) {
     l.devices = {{0}, {0}};
     l.fallback = DenseFallback::kAuto;
     ExpectSameAsCpu(l);
+  }
+}
+
+// Node sums past float16's range (docs/dtypes.md#values-past-the-types-range): the values that
+// do not fit go as float32, and the residual is zeroed there, on the device path as on the CPU
+// path (pattern B's remainders added on the device, pattern A's union, the dense probe step's
+// check of its device output): bit-identical, and every output finite.
+TEST(HalfDeviceOverflow, NodeSumsPastTheRangeBitIdenticalToTheCpuPathAndFinite) {
+  for (const char* compressor : {"topk", "micro"}) {
+    for (DenseFallback fallback : {DenseFallback::kOff, DenseFallback::kAuto}) {
+      SCOPED_TRACE(absl::StrCat(compressor, fallback == DenseFallback::kAuto ? " probe" : ""));
+      Layout l;
+      l.compressor = compressor;
+      l.dtype = DType::kFloat16;
+      l.devices = {{0}, {0}};
+      l.fallback = fallback;
+      l.big = true;
+      int nonfinite = -1;
+      ExpectSameAsCpu(l, &nonfinite);
+      EXPECT_EQ(nonfinite, 0);
+    }
   }
 }
 

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -25,6 +26,43 @@ TEST(Wire, RoundTripFp32AndFp16) {
 
 // In a gathered buffer a chunk that follows an fp16 chunk with an odd count starts 2 bytes off
 // 4-byte alignment; the decoded indices must still be safe to read as uint32_t.
+// A value that would round to +-Inf in the half type asked for (float16 past 65,504, bfloat16
+// next to float32's largest) makes the chunk float32: decoded exactly, never as an infinity
+// (docs/dtypes.md#values-past-the-types-range). A chunk whose values fit stays half.
+TEST(Wire, AValuePastTheHalfRangeSendsTheChunkAsFloat32) {
+  const std::vector<uint32_t> idx = {1, 5, 9};
+  const float scalars[4] = {};
+  struct Case {
+    DType t;
+    float big;
+  };
+  for (const Case& c : {Case{DType::kFloat16, 80000.0f}, Case{DType::kFloat16, 65520.0f},
+                        Case{DType::kBFloat16, BitsFloat(0x7f7f8000u)}}) {
+    const std::vector<float> val = {0.5f, c.big, -3.0f};
+    EXPECT_EQ(ValuesWire(c.t, val), DType::kFloat32);
+    std::vector<uint8_t> buf;
+    EncodeChunk(7, 3, 10, idx, val, c.t, scalars, &buf);
+    EXPECT_EQ(buf.size(), ChunkBytes(3, false));
+    auto d = DecodeChunk(buf.data(), buf.size(), 7, 3, 10, 0);
+    ASSERT_TRUE(d.ok()) << d.status();
+    EXPECT_EQ(d->header.flags, 0);
+    EXPECT_EQ(d->values, val);
+  }
+  // The bool form (--fp16_values) too; and 65,504 (float16's largest) fits.
+  std::vector<uint8_t> buf;
+  EncodeChunk(7, 3, 10, idx, std::vector<float>{1.0f, -70000.0f, 2.0f}, /*fp16=*/true, scalars,
+              &buf);
+  EXPECT_EQ(buf.size(), ChunkBytes(3, false));
+  const std::vector<float> fits = {0.5f, 65504.0f, -65519.0f};
+  EXPECT_EQ(ValuesWire(DType::kFloat16, fits), DType::kFloat16);
+  buf.clear();
+  EncodeChunk(7, 3, 10, idx, fits, DType::kFloat16, scalars, &buf);
+  EXPECT_EQ(buf.size(), ChunkBytes(3, true));
+  auto d = DecodeChunk(buf.data(), buf.size(), 7, 3, 10, 0);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->values, (std::vector<float>{0.5f, 65504.0f, -65504.0f}));
+}
+
 TEST(Wire, ChunkAtAnOddOffsetDecodesToAlignedIndices) {
   std::vector<uint32_t> idx = {1, 4, 9};
   std::vector<float> val = {1.0f, 2.0f, 3.0f};
@@ -51,9 +89,12 @@ TEST(Wire, HalfValuesAreKernelsHalfConversions) {
     const uint16_t flag = t == DType::kFloat16 ? kChunkFp16 : kChunkBf16;
     std::vector<float> val;
     for (uint32_t h = 0; h < 65536; ++h) val.push_back(HalfToFloat(t, static_cast<uint16_t>(h)));
-    // Between representable values (ties go to even), below the smallest subnormal, overflow,
-    // NaN with a payload, negative zero.
-    for (float f : {1.0f / 3, 1e-7f, 1e-9f, -2.5e-8f, 1e6f, -7e4f, 65520.0f, 65519.0f, 3e38f,
+    // Between representable values (ties go to even), below the smallest subnormal, the largest
+    // values that still fit, NaN with a payload, negative zero. (A value that would round to
+    // +-Inf makes the chunk float32: AValuePastTheHalfRangeSendsTheChunkAsFloat32.)
+    const bool f16 = t == DType::kFloat16;
+    for (float f : {1.0f / 3, 1e-7f, 1e-9f, -2.5e-8f, f16 ? 6e4f : 1e6f, f16 ? -6e4f : -7e4f,
+                    f16 ? BitsFloat(0x477fefffu) : 65520.0f, 65519.0f, f16 ? 1e4f : 3e38f,
                     1.00048828125f, 1.00146484375f, -0.0f}) {
       val.push_back(f);
     }
@@ -84,8 +125,8 @@ TEST(Wire, HalfValuesAreKernelsHalfConversions) {
       EXPECT_EQ(d->values[at], 0.333251953125f);
       EXPECT_EQ(d->values[at + 1], 1.1920928955078125e-07f);  // a subnormal
       EXPECT_EQ(d->values[at + 2], 0.0f);                     // below half the smallest one
-      EXPECT_TRUE(std::isinf(d->values[at + 4]));
-      EXPECT_TRUE(std::isinf(d->values[at + 6]));  // 65520 is the tie to Inf
+      EXPECT_EQ(d->values[at + 4], 60000.0f);
+      EXPECT_EQ(d->values[at + 6], 65504.0f);  // the float below 65,520 (the tie to Inf)
       EXPECT_EQ(d->values[at + 7], 65504.0f);
       EXPECT_EQ(d->values[at + 9], 1.0f);           // a tie: to even
       EXPECT_EQ(d->values[at + 10], 1.001953125f);  // a tie: to even (up)
