@@ -444,7 +444,8 @@ def cmd_table(a):
     for path in a.sweeps:
         with open(path) as f:
             rows += json.load(f)["points"]
-    keys = sorted({(r["topology"], r["gbps"], r["link_latency_us"]) for r in rows})
+    keys = sorted({(r["topology"], r["gbps"], r["link_latency_us"]) for r in rows},
+                  key=lambda x: (TOPOLOGIES.index(x[0]), x[2], x[1]))
     # The cost model against the simulation: spex's exchanges at every point, and its picks.
     for topo in sorted({r["topology"] for r in rows}):
         errs, picks = [], []
