@@ -19,7 +19,9 @@ Per merger of --mergers (none, fixed, omgs, rgmerge, each at its defaults, so wi
 each with its plan agreed at step --warmup - 1; omgs_ahead is omgs --omgs_select=ahead;
 rgmerge_linger is rgmerge --rgmerge_linger=auto; rgmerge_late / rgmerge_early are rgmerge with
 --rgmerge_bind=late / early; NAME_serial, e.g. rgmerge_serial, is NAME with
---merge_overlap=false), two arrival schedules: `even` (every node's trainer on the profile) and
+--merge_overlap=false; NAME_block is NAME with --mpi_wait_max_sleep_us=0, every collective
+waiting inside MPI, spexd's default before the size-dependent wait; NAME_allpassive is NAME with
+--mpi_passive_wait_min_bytes=0, every collective waiting passively), two arrival schedules: `even` (every node's trainer on the profile) and
 `skewed` (node N-1's trainer --late_ms late on every bucket). Runs go in the order given, then again reversed (ABBA), and
 both halves' steps are pooled. Per (schedule, merger), over the steps after --warmup:
   step_ms      the step from its start to every result, the slowest node per step (p50)
@@ -49,7 +51,7 @@ than the best of them when even.
 
     /usr/bin/python3 bench/merge_bench.py [--nodes 4] [--mergers none,fixed,omgs,rgmerge]
         [--compressor topk] [--density 0.01] [--forward_ms 60] [--backward_ms 120] [--late_ms 30]
-        [--warmup 5] [--steps 20] [--scale 1] [--repeat 1] [--spexd PATH] [--skip_build] [--out bench/results/merge]
+        [--warmup 5] [--steps 20] [--scale 1] [--repeat 1] [--spexd PATH] [--spex_trainer PATH] [--skip_build] [--out bench/results/merge]
     .venv/bin/python bench/merge_bench.py --network emulated [--rate 1gbit] [--latency_us 500] ...
 
 With --network emulated (root; the spex package, hence .venv/bin/python) every node is a host of
@@ -132,7 +134,7 @@ def free_port():
 
 
 def trainer_cmd(args, socket, n, d, sizes, arrival_file, late_us):
-    return [os.path.join(ROOT, "bazel-bin/client/spex_trainer"), f"--socket={socket}",
+    return [TRAINER, f"--socket={socket}",
             "--mode=overlap", f"--buckets={','.join(map(str, sizes))}", f"--arrival_us=@{arrival_file}",
             f"--late_us={late_us if n == args.nodes - 1 else 0}", "--inputs=gradient",
             f"--compressor={args.compressor}", f"--density={args.density}",
@@ -147,6 +149,10 @@ def read_rows(args, d):
     return rows
 
 
+# The trainer binary (--spex_trainer).
+TRAINER = os.path.join(ROOT, "bazel-bin/client/spex_trainer")
+
+
 # rgmerge with one flag changed, by --mergers name.
 RGMERGE_VARIANTS = {"rgmerge_linger": ["--rgmerge_linger=auto"], "rgmerge_late": ["--rgmerge_bind=late"],
                     "rgmerge_early": ["--rgmerge_bind=early"]}
@@ -159,6 +165,12 @@ def merger_flags(merger, args):
     first measured step on."""
     flags = []
     merger = merger.split("@", 1)[0]  # NAME@LABEL: NAME again under another label (an A/A twin)
+    if merger.endswith("_block"):
+        merger = merger[:-len("_block")]
+        flags.append("--mpi_wait_max_sleep_us=0")
+    elif merger.endswith("_allpassive"):
+        merger = merger[:-len("_allpassive")]
+        flags.append("--mpi_passive_wait_min_bytes=0")
     if merger.endswith("_serial"):
         merger = merger[:-len("_serial")]
         flags.append("--merge_overlap=false")
@@ -379,11 +391,17 @@ def main():
     ap.add_argument("--repeat", type=int, default=1,
                     help="ABBA rounds: each round runs every merger twice per schedule; with more than one, "
                          "rgmerge's ratio to the best other merger is also given per round (median, min, max)")
+    ap.add_argument("--spex_trainer", default=None,
+                    help="the trainer binary (default bazel-bin/client/spex_trainer; a copy that a rebuild "
+                         "cannot replace mid-run)")
     ap.add_argument("--spexd", default=os.path.join(ROOT, "bazel-bin/daemon/spexd"),
                     help="the daemon binary (another build, to compare two versions)")
     ap.add_argument("--skip_build", action="store_true")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench/results/merge"))
     args = ap.parse_args()
+    if args.spex_trainer:
+        global TRAINER
+        TRAINER = args.spex_trainer
     if not args.skip_build:
         build()
     profile = json.load(open(args.profile))

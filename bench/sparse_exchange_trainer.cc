@@ -116,6 +116,14 @@ double Seconds(const spex::v1::ExchangeStats& s, const std::string& phase) {
   return 0;
 }
 
+// The daemon thread's CPU time over a phase (0 from an older daemon).
+double CpuSeconds(const spex::v1::ExchangeStats& s, const std::string& phase) {
+  for (const auto& p : s.phases()) {
+    if (p.phase() == phase) return p.cpu_seconds();
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -193,8 +201,11 @@ int main(int argc, char** argv) {
         const bool forced_first = absl::GetFlag(FLAGS_forced_first);
         const std::string first = forced_first ? name + "_forced" : name;
         const std::string second = forced_first ? name : name + "_forced";
-        for (const std::string& which : {std::string("dense"), first, second}) {
-          if (which == "dense" && (name == "dense" || !absl::GetFlag(FLAGS_pair_dense))) continue;
+        const std::string order[3] = {"dense", first, second};
+        for (int k = 0; k < 3; ++k) {
+          const std::string& which = order[k];
+          // The paired dense bucket (--compressors=dense alone: just the one dense bucket).
+          if (k == 0 && (name == "dense" || !absl::GetFlag(FLAGS_pair_dense))) continue;
           const bool forced = which == name + "_forced";
           if (forced && (name == "dense" || !absl::GetFlag(FLAGS_pair_forced_sparse))) continue;
           spex::CompressorChoice choice{forced ? name : which, d, {}};
@@ -218,9 +229,14 @@ int main(int argc, char** argv) {
             Wait(barrier, parties);
             const auto t0 = std::chrono::steady_clock::now();
             absl::Status s = (*client)->Exchange(bucket);
-            const double ms =
-                std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
-                    .count();
+            const auto t1 = std::chrono::steady_clock::now();
+            const double ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
+            // CLOCK_MONOTONIC (as Python's time.monotonic): where the exchange lay in time.
+            const auto ns = [](std::chrono::steady_clock::time_point t) {
+              return static_cast<long long>(
+                  std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch())
+                      .count());
+            };
             if (!s.ok()) {
               std::fprintf(stderr, "sparse_exchange_trainer[node %u] %s step %d: %s\n", node,
                            name.c_str(), step, s.ToString().c_str());
@@ -246,17 +262,18 @@ int main(int argc, char** argv) {
             const spex::v1::ExchangeStats& e = stats->buckets(b).last();
             std::printf(
                 "{\"node\":%u,\"nodes\":%u,\"elements\":%zu,\"density\":%g,\"compressor\":\"%s\","
-                "\"step\":%d,"
+                "\"step\":%d,\"t0_ns\":%lld,\"t1_ns\":%lld,"
                 "\"warmup\":%s,\"exchange_ms\":%.4f,\"daemon_total_ms\":%.4f,\"collective_ms\":%."
-                "4f,"
+                "4f,\"collective_cpu_ms\":%.4f,"
                 "\"reduce_local_ms\":%.4f,\"compress_ms\":%.4f,\"decode_ms\":%.4f,\"publish_ms\":%."
                 "4f,"
                 "\"paired_with\":\"%s\",\"pattern\":\"%s\",\"achieved_density\":%.7f,\"selected\":%"
                 "llu,\"gathered\":%llu,"
                 "\"bytes_sent\":%llu,\"bytes_received\":%llu,\"fell_back_to_dense\":%s,\"stats_"
                 "step\":%llu,\"sparse_allreduce\":\"%s\",\"bucket\":%llu}\n",
-                node, nodes, n, d, what.c_str(), step, step < warmup ? "true" : "false", ms,
-                e.total_seconds() * 1e3, Seconds(e, "collective") * 1e3,
+                node, nodes, n, d, what.c_str(), step, ns(t0), ns(t1),
+                step < warmup ? "true" : "false", ms, e.total_seconds() * 1e3,
+                Seconds(e, "collective") * 1e3, CpuSeconds(e, "collective") * 1e3,
                 Seconds(e, "reduce_local") * 1e3, Seconds(e, "compress") * 1e3,
                 Seconds(e, "decode") * 1e3, Seconds(e, "publish") * 1e3, name.c_str(),
                 e.pattern().c_str(), e.achieved_density(),

@@ -195,6 +195,12 @@ absl::StatusOr<DaemonConfig> LoadConfig() {
         absl::StrCat("--mpi_wait_max_sleep_us must be in [0, 1000000] (0: wait inside MPI), got ",
                      c.mpi_wait_max_sleep_us));
   }
+  c.mpi_passive_wait_min_bytes = absl::GetFlag(FLAGS_mpi_passive_wait_min_bytes);
+  if (c.mpi_passive_wait_min_bytes < 0) {
+    errors.push_back(absl::StrCat(
+        "--mpi_passive_wait_min_bytes must be >= 0 (0: every collective waits passively), got ",
+        c.mpi_passive_wait_min_bytes));
+  }
   c.spin_us = absl::GetFlag(FLAGS_spin_us);
   if (c.spin_us < -1) {
     errors.push_back(absl::StrCat("--spin_us must be >= 0, or -1 (automatic), got ", c.spin_us));

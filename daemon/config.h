@@ -30,8 +30,10 @@ struct DaemonConfig {
   int threads = 0;   // CPU primitives' worker threads (0: all cores)
   int spin_us = -1;  // -1: automatic (SpinUs)
   // --mpi_wait_max_sleep_us: 0 = the engine's collectives wait inside MPI; > 0 = passive waits
-  // with sleeps up to this (MpiCollective).
-  int64_t mpi_wait_max_sleep_us = 0;
+  // with sleeps up to this (MpiWaitPolicy) for collectives of at least
+  // --mpi_passive_wait_min_bytes (0: all of them).
+  int64_t mpi_wait_max_sleep_us = 1000;
+  int64_t mpi_passive_wait_min_bytes = 1 << 20;
   DeviceChoice device = DeviceChoice::kAuto;
   std::vector<int> devices;  // --devices, parsed; empty: every usable GPU
   LogLevel log_level = LogLevel::kInfo;

@@ -55,12 +55,17 @@ ABSL_FLAG(
     int, spin_us, -1,
     "Microseconds the engine and trainers spin before sleeping on a futex; -1 = auto (50 when "
     "the host has more cores than its daemons x (local trainers + 1), else 0).");
-ABSL_FLAG(int64_t, mpi_wait_max_sleep_us, 0,
-          "How the engine waits for its MPI all-reduces and all-gathers (host buffers): 0 = "
-          "inside MPI (Open MPI polls, a core busy for the whole wait); > 0 = non-blocking "
-          "collectives tested with sleeps in between that grow with the wait, from 50 us to 1/32 "
-          "of the time waited so far, at most this many microseconds (0 to 1000000). The wire "
-          "stage of --merge_overlap always waits this way (at most 50 us when this is 0).");
+ABSL_FLAG(int64_t, mpi_wait_max_sleep_us, 1000,
+          "How the engine waits for its MPI all-reduces and all-gathers (host buffers) of at "
+          "least --mpi_passive_wait_min_bytes: > 0 = non-blocking collectives tested with sleeps "
+          "in between that grow with the wait, from 50 us to 1/32 of the time waited so far, at "
+          "most this many microseconds (up to 1000000); 0 = every collective inside MPI (Open MPI "
+          "polls, a core busy for the whole wait). The wire stage of --merge_overlap always waits "
+          "passively, whatever the size (at most 50 us sleeps when this is 0).");
+ABSL_FLAG(int64_t, mpi_passive_wait_min_bytes, 1 << 20,
+          "The smallest collective (bytes of its result on each node) that waits passively "
+          "(--mpi_wait_max_sleep_us); smaller ones wait inside MPI, where Open MPI's blocking "
+          "forms take fewer rounds. 0 = every collective passive.");
 ABSL_FLAG(int, threads, 0,
           "Worker threads for local reduction and compression (0 = the CPUs of spexd's affinity "
           "mask).");

@@ -37,6 +37,7 @@ ABSL_DECLARE_FLAG(int64_t, min_sparse_elements);
 ABSL_DECLARE_FLAG(spex::DenseFallback, dense_fallback);
 ABSL_DECLARE_FLAG(int, probe_steps);
 ABSL_DECLARE_FLAG(int64_t, mpi_wait_max_sleep_us);
+ABSL_DECLARE_FLAG(int64_t, mpi_passive_wait_min_bytes);
 ABSL_DECLARE_FLAG(spex::NonfinitePolicy, nonfinite);
 ABSL_DECLARE_FLAG(int64_t, max_bucket_bytes);
 ABSL_DECLARE_FLAG(int64_t, max_session_bytes);

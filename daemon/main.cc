@@ -308,7 +308,7 @@ absl::Status Run(const absl::StatusOr<DaemonConfig>& loaded, SdNotifier& notifie
   const World world = JoinWorld();
   SetLogPrefix(absl::StrCat("spexd[node ", world.rank, "/", world.size, "]"));
   std::unique_ptr<Primitives> host_prims = MakeCpuPrimitives(loaded.ok() ? loaded->threads : 0);
-  // Blocking collectives until every node has agreed on --mpi_wait_max_sleep_us (below).
+  // Blocking collectives until every node has agreed on how to wait (--mpi_wait_*, below).
   MpiCollective mpi(MPI_COMM_WORLD, host_prims.get());
   SPEX_RETURN_IF_ERROR(AgreeOnAllNodes(&mpi, loaded.status(), "its flag checks"));
   const DaemonConfig& config = *loaded;
@@ -324,7 +324,11 @@ absl::Status Run(const absl::StatusOr<DaemonConfig>& loaded, SdNotifier& notifie
   SPEX_RETURN_IF_ERROR(AgreeOnFlag(&mpi, "--mpi_wait_max_sleep_us", config.mpi_wait_max_sleep_us,
                                    "a node waiting inside MPI and one waiting passively issue "
                                    "collectives that do not match"));
-  mpi.set_max_sleep_us(config.mpi_wait_max_sleep_us);
+  SPEX_RETURN_IF_ERROR(AgreeOnFlag(&mpi, "--mpi_passive_wait_min_bytes",
+                                   config.mpi_passive_wait_min_bytes,
+                                   "a node waiting inside MPI and one waiting passively issue "
+                                   "collectives that do not match"));
+  mpi.set_policy({config.mpi_wait_max_sleep_us, config.mpi_passive_wait_min_bytes});
   PeerNotice notice(MPI_COMM_WORLD);
   GpuPath gpu;
   DevicePath device_path;

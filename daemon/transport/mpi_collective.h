@@ -5,6 +5,8 @@
 
 #include <mpi.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <memory>
 
 #include "daemon/transport/collective.h"
@@ -12,23 +14,50 @@
 
 namespace spex {
 
+// How MpiCollective waits for one collective: inside MPI (the blocking form; Open MPI polls, a
+// core busy for the whole wait) or passively (the non-blocking form, completed by MPI_Test
+// between sleeps of PassiveSleepUs). Passive when `max_sleep_us` > 0 and the collective's
+// receive buffer holds at least `passive_min_bytes`: a large collective's wait is long (the wire
+// time of its bytes), so polling through it takes a core from the trainers, while a small one's
+// wait is short and Open MPI's non-blocking forms take more rounds for it (each paying the
+// link's latency) than the blocking ones. The choice depends only on sizes every rank knows
+// alike (the count of an all-reduce, the gathered total of an all-gather), so every rank
+// issues the same form: a blocking collective never matches a non-blocking one.
+struct MpiWaitPolicy {
+  int64_t max_sleep_us = 0;       // 0: every collective waits inside MPI
+  int64_t passive_min_bytes = 0;  // smaller collectives wait inside MPI; 0: every one passive
+  bool Passive(size_t bytes) const {
+    return max_sleep_us > 0 &&
+           bytes >= static_cast<uint64_t>(std::max<int64_t>(0, passive_min_bytes));
+  }
+};
+
 class MpiCollective : public Collective {
  public:
   // `scaler` (optional, not owned) does AllReduceScaled's scaling pass with its vectorised,
-  // threaded Scale; without it the pass is a plain loop. `max_sleep_us` > 0 (passive wait):
-  // AllReduce, AllReduceScaled and AllGatherV run as their non-blocking forms, completed by
-  // MPI_Test with sleeps in between instead of MPI's busy polling, so a thread waiting on the
-  // wire or on a slower node leaves its core to the threads and processes computing beside it.
-  // The sleeps grow with the wait (PassiveSleepUs): 50 us at first, then 1/32 of the time waited
-  // so far, at most `max_sleep_us`. 0: those collectives block in MPI (busy polling). The other
-  // collectives block as usual.
-  explicit MpiCollective(MPI_Comm comm, Primitives* scaler = nullptr, int64_t max_sleep_us = 0);
+  // threaded Scale; without it the pass is a plain loop. `policy` (MpiWaitPolicy) chooses per
+  // call how AllReduce, AllReduceScaled, AllGather, AllToAll and AllGatherV wait: passively
+  // (their non-blocking forms, completed by MPI_Test with sleeps in between instead of MPI's
+  // busy polling, so a thread waiting on the wire or on a slower node leaves its core to the
+  // threads and processes computing beside it; the sleeps grow with the wait, PassiveSleepUs:
+  // 50 us at first, then 1/32 of the time waited so far, at most `max_sleep_us`) or inside MPI.
+  // The other collectives block as usual.
+  MpiCollective(MPI_Comm comm, Primitives* scaler, MpiWaitPolicy policy);
+  // Every collective of the kinds above passive when `max_sleep_us` > 0, none when 0.
+  explicit MpiCollective(MPI_Comm comm, Primitives* scaler = nullptr, int64_t max_sleep_us = 0)
+      : MpiCollective(comm, scaler, MpiWaitPolicy{max_sleep_us, 0}) {}
   ~MpiCollective() override;
 
-  // Changes the waiting (as the constructor's `max_sleep_us`) for the calls after this one;
-  // every rank must change it alike at the same point (blocking and non-blocking collectives
-  // do not match).
-  void set_max_sleep_us(int64_t max_sleep_us) { max_sleep_us_ = max_sleep_us; }
+  // Changes the waiting (as the constructor's `policy`) for the calls after this one; every
+  // rank must change it alike at the same point (blocking and non-blocking collectives do not
+  // match).
+  void set_policy(MpiWaitPolicy policy) { policy_ = policy; }
+  const MpiWaitPolicy& policy() const { return policy_; }
+
+  // How many collectives of the kinds above waited each way since construction (AllGatherV's
+  // size round and its gather count as two).
+  uint64_t passive_waits() const { return passive_waits_; }
+  uint64_t blocking_waits() const { return blocking_waits_; }
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -52,11 +81,13 @@ class MpiCollective : public Collective {
   // Completes `req` (passive wait), started by a call that returned `started`: that code
   // checked, then MPI_Test, a short spin, then sleeps of PassiveSleepUs.
   absl::Status Finish(int started, MPI_Request* req, const char* what);
-  bool passive_wait() const { return max_sleep_us_ > 0; }
+  // The policy's choice for a collective whose receive buffer holds `bytes`, counted.
+  bool Passive(size_t bytes);
 
   MPI_Comm comm_;
   Primitives* scaler_ = nullptr;
-  int64_t max_sleep_us_ = 0;
+  MpiWaitPolicy policy_;
+  uint64_t passive_waits_ = 0, blocking_waits_ = 0;
   int rank_ = 0;
   int size_ = 1;
   std::vector<int> counts_, displs_;            // scratch for the v-collectives

@@ -36,7 +36,9 @@ TEST_F(ConfigTest, DefaultsAreValid) {
   EXPECT_EQ(c->log_level, LogLevel::kInfo);
   EXPECT_EQ(c->socket_mode, 0600u);
   EXPECT_EQ(c->spin_us, -1);
-  EXPECT_EQ(c->mpi_wait_max_sleep_us, 0);
+  // Passive waits for collectives of 1 MiB and more, inside MPI below (MpiWaitPolicy).
+  EXPECT_EQ(c->mpi_wait_max_sleep_us, 1000);
+  EXPECT_EQ(c->mpi_passive_wait_min_bytes, 1 << 20);
   EXPECT_FALSE(c->job.empty());        // DefaultJob() when --job is not given
   EXPECT_TRUE(c->engine.job.empty());  // and then not enforced on trainers
 }
@@ -52,6 +54,7 @@ TEST_F(ConfigTest, GoodFlagsGiveTypedValues) {
   absl::SetFlag(&FLAGS_shutdown_grace, absl::Milliseconds(1500));
   absl::SetFlag(&FLAGS_spin_us, 20);
   absl::SetFlag(&FLAGS_mpi_wait_max_sleep_us, int64_t{800});
+  absl::SetFlag(&FLAGS_mpi_passive_wait_min_bytes, int64_t{0});
   absl::SetFlag(&FLAGS_threads, 4);
   absl::SetFlag(&FLAGS_device, DeviceChoice::kCpu);
   absl::SetFlag(&FLAGS_error_feedback, false);
@@ -71,6 +74,7 @@ TEST_F(ConfigTest, GoodFlagsGiveTypedValues) {
   EXPECT_EQ(c->shutdown_grace, absl::Milliseconds(1500));
   EXPECT_EQ(c->spin_us, 20);
   EXPECT_EQ(c->mpi_wait_max_sleep_us, 800);
+  EXPECT_EQ(c->mpi_passive_wait_min_bytes, 0);
   EXPECT_EQ(c->threads, 4);
   EXPECT_EQ(c->device, DeviceChoice::kCpu);
   EXPECT_EQ(c->log_level, LogLevel::kWarning);
@@ -108,6 +112,8 @@ TEST_F(ConfigTest, EveryBadValueNamesItsFlag) {
        "--mpi_wait_max_sleep_us must be in [0, 1000000]"},
       {[] { absl::SetFlag(&FLAGS_mpi_wait_max_sleep_us, int64_t{1000001}); },
        "--mpi_wait_max_sleep_us must be in [0, 1000000]"},
+      {[] { absl::SetFlag(&FLAGS_mpi_passive_wait_min_bytes, int64_t{-1}); },
+       "--mpi_passive_wait_min_bytes must be >= 0"},
       {[] { absl::SetFlag(&FLAGS_threads, -1); }, "--threads must be >= 0"},
       {[] { absl::SetFlag(&FLAGS_min_sparse_elements, int64_t{-1}); },
        "--min_sparse_elements must be >= 0"},

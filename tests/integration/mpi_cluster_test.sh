@@ -75,6 +75,8 @@ expect_mismatch() {  # flag value-a value-b pattern
 expect_mismatch local_trainers 1 2 "local_trainers differs between nodes"
 # A blocking and a non-blocking all-reduce never match.
 expect_mismatch mpi_wait_max_sleep_us 0 500 "mpi_wait_max_sleep_us differs between nodes (0 to 500"
+expect_mismatch mpi_passive_wait_min_bytes 0 1048576 \
+  "mpi_passive_wait_min_bytes differs between nodes (0 to 1048576"
 rm -rf "$dir"
 echo "integration: $failures failure(s)"
 [ $failures = 0 ]

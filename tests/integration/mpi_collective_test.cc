@@ -25,8 +25,8 @@ namespace {
 
 class MpiWorld : public CollectiveWorld {
  public:
-  MpiWorld(std::string name, Primitives* scaler, int64_t max_sleep_us = 0)
-      : name_(std::move(name)), collective_(MPI_COMM_WORLD, scaler, max_sleep_us) {
+  MpiWorld(std::string name, Primitives* scaler, MpiWaitPolicy policy = {})
+      : name_(std::move(name)), collective_(MPI_COMM_WORLD, scaler, policy) {
     MPI_Comm_dup(MPI_COMM_WORLD, &verdicts_);
   }
   ~MpiWorld() override { MPI_Comm_free(&verdicts_); }
@@ -74,8 +74,14 @@ std::vector<CollectiveWorld*> MpiWorlds() {
     Worlds().push_back(std::make_unique<MpiWorld>("mpi_cpu_scaler", Scaler().get()));
     // Non-blocking forms, passive waiting: as the wire stage (--merge_overlap) runs them by
     // default (50 us sleeps), and with --mpi_wait_max_sleep_us=1000.
-    Worlds().push_back(std::make_unique<MpiWorld>("mpi_passive_wait", Scaler().get(), 50));
-    Worlds().push_back(std::make_unique<MpiWorld>("mpi_passive_backoff", Scaler().get(), 1000));
+    Worlds().push_back(
+        std::make_unique<MpiWorld>("mpi_passive_wait", Scaler().get(), MpiWaitPolicy{50, 0}));
+    Worlds().push_back(
+        std::make_unique<MpiWorld>("mpi_passive_backoff", Scaler().get(), MpiWaitPolicy{1000, 0}));
+    // Chosen by size, as spexd does by default (a smaller threshold, so that the suite's sizes
+    // fall on both sides of it: 7 floats wait inside MPI, 4097 passively).
+    Worlds().push_back(
+        std::make_unique<MpiWorld>("mpi_wait_by_size", Scaler().get(), MpiWaitPolicy{1000, 4096}));
   }
   std::vector<CollectiveWorld*> out;
   for (auto& w : Worlds()) out.push_back(w.get());
@@ -98,6 +104,58 @@ TEST(PassiveSleep, GrowsWithTheWaitUpToTheCap) {
   EXPECT_EQ(PassiveSleepUs(int64_t{9} * 1000000, 1000), 1000);
   EXPECT_EQ(PassiveSleepUs(int64_t{9} * 1000000, 50), 50);
   EXPECT_EQ(PassiveSleepUs(int64_t{9} * 1000000, 1), 50);
+}
+
+// The waiting policy's choices: passive from passive_min_bytes up, never with max_sleep_us 0.
+TEST(MpiWaitPolicy, PassiveFromTheThresholdUp) {
+  const MpiWaitPolicy by_size{1000, 1 << 20};
+  EXPECT_FALSE(by_size.Passive(0));
+  EXPECT_FALSE(by_size.Passive(4096));
+  EXPECT_FALSE(by_size.Passive((1 << 20) - 1));
+  EXPECT_TRUE(by_size.Passive(1 << 20));
+  EXPECT_TRUE(by_size.Passive(size_t{25557032} * 4));  // the main job's dense bucket
+  const MpiWaitPolicy all{1000, 0};
+  EXPECT_TRUE(all.Passive(0));
+  EXPECT_TRUE(all.Passive(8));
+  const MpiWaitPolicy none{0, 0};
+  EXPECT_FALSE(none.Passive(0));
+  EXPECT_FALSE(none.Passive(size_t{25557032} * 4));
+  const MpiWaitPolicy none_by_size{0, 1 << 20};
+  EXPECT_FALSE(none_by_size.Passive(size_t{1} << 30));
+}
+
+// Each collective waits as its result's size says, and an all-gather whose ranks send different
+// sizes (some under the threshold, some over) waits alike on every rank, by the gathered total:
+// chosen by each rank's own bytes, the forms would not match and the gather would hang.
+TEST(MpiWaitPolicy, EveryRankChoosesAlike) {
+  MpiCollective c(MPI_COMM_WORLD, nullptr, MpiWaitPolicy{1000, 4096});
+  const int rank = c.rank(), size = c.size();
+  std::vector<float> small(7, 1.0f), large(1024, 1.0f);  // 28 and 4096 bytes
+  ASSERT_TRUE(c.AllReduce(small.data(), small.size(), ElemType::kFloat32, ReduceOp::kSum).ok());
+  EXPECT_EQ(c.blocking_waits(), 1u);
+  EXPECT_EQ(c.passive_waits(), 0u);
+  ASSERT_TRUE(c.AllReduce(large.data(), large.size(), ElemType::kFloat32, ReduceOp::kSum).ok());
+  EXPECT_EQ(c.passive_waits(), 1u);
+  EXPECT_EQ(large[1023], static_cast<float>(size));
+  // Rank 0 sends 4096 bytes, the others 1: the total is over the threshold on every rank.
+  std::vector<uint8_t> send(rank == 0 ? 4096 : 1, static_cast<uint8_t>(rank + 1)), recv;
+  std::vector<size_t> counts;
+  ASSERT_TRUE(c.AllGatherV(send.data(), send.size(), &counts, &recv).ok());
+  EXPECT_EQ(c.passive_waits(), 2u);   // the gather
+  EXPECT_EQ(c.blocking_waits(), 2u);  // and its size round (a few bytes)
+  ASSERT_EQ(recv.size(), 4096u + static_cast<size_t>(size - 1));
+  EXPECT_EQ(recv[4095], 1);
+  EXPECT_EQ(recv.back(), static_cast<uint8_t>(size));
+  // The same gather with every rank under it waits inside MPI everywhere.
+  send.assign(1, static_cast<uint8_t>(rank + 1));
+  ASSERT_TRUE(c.AllGatherV(send.data(), send.size(), &counts, &recv).ok());
+  EXPECT_EQ(c.passive_waits(), 2u);
+  EXPECT_EQ(c.blocking_waits(), 4u);
+  // The policy can change between calls, alike on every rank.
+  c.set_policy({0, 0});
+  ASSERT_TRUE(c.AllReduce(large.data(), large.size(), ElemType::kFloat32, ReduceOp::kSum).ok());
+  EXPECT_EQ(c.passive_waits(), 2u);
+  EXPECT_EQ(c.blocking_waits(), 5u);
 }
 
 // main() chose libnbc's ring MPI_Iallreduce as spexd does; a choice already in the environment
