@@ -455,6 +455,8 @@ def train_one(cfg: Dict[str, Any], run: Dict[str, Any], data, run_index: int) ->
         for s in range(steps_per_epoch):
             idx = mine[s * batch:(s + 1) * batch]
             t0 = time.perf_counter()
+            cpu0 = time.process_time()  # this trainer's CPU (all its threads) over the step
+            dcpu0 = cpu_seconds([cfg["daemon_pid"]]) if cfg.get("daemon_pid") else None
             opt.zero_grad(set_to_none=True)
             if lstm:
                 seq = xtr[idx]
@@ -465,6 +467,10 @@ def train_one(cfg: Dict[str, Any], run: Dict[str, Any], data, run_index: int) ->
             loss.backward()
             opt.step()
             step_s = time.perf_counter() - t0
+            cpu_s = time.process_time() - cpu0
+            # The node's daemon over the step (/proc: clock ticks, so a step's figure is coarse and
+            # the mean over steps is what counts); local rank 0 only, one row per daemon.
+            dcpu_s = f"{cpu_seconds([cfg['daemon_pid']]) - dcpu0:.6f}" if dcpu0 is not None else ""
             if rank == 0:  # what the averaged update held, per module (untimed; step() keeps .grad)
                 for key, (nz, n) in layer_nonzero(model).items():
                     acc = layer_nz.setdefault(key, [0, 0])
@@ -507,7 +513,7 @@ def train_one(cfg: Dict[str, Any], run: Dict[str, Any], data, run_index: int) ->
                 # otherwise include waiting for the slowest hasher.
                 dist.barrier()
             step_rows.append([step, epoch, f"{loss.item():.6f}", f"{step_s:.6f}", f"{exchange_s:.6f}",
-                              len(timings), f"{density:.6f}", f"{gath:.6f}", digest])
+                              len(timings), f"{density:.6f}", f"{gath:.6f}", digest, f"{cpu_s:.6f}", dcpu_s])
             step += 1
         ppl = None
         with torch.no_grad():
@@ -549,7 +555,7 @@ def train_one(cfg: Dict[str, Any], run: Dict[str, Any], data, run_index: int) ->
     with open(os.path.join(out, f"steps.rank{rank}.csv"), "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["step", "epoch", "loss", "step_s", "exchange_s", "exchanges", "density", "gathered_density",
-                    "params_sha1"])
+                    "params_sha1", "cpu_s", "daemon_cpu_s"])
         w.writerows(step_rows)
     if rank == 0:
         with open(os.path.join(out, "epochs.json"), "w") as f:
@@ -630,6 +636,19 @@ def cpu_seconds(pids: List[int]) -> float:
     return total
 
 
+def daemons_by_node(pids: List[int]) -> Dict[int, int]:
+    """{node: spexd PID}, from each daemon's MPI rank in its environment (empty if unreadable)."""
+    out = {}
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
+            out[int(env[b"OMPI_COMM_WORLD_RANK"])] = pid
+        except (OSError, KeyError, ValueError):
+            pass
+    return out
+
+
 def launch(runs: List[Dict[str, Any]], args: argparse.Namespace, cluster) -> float:
     """Starts one process per trainer (they train every run in turn) and waits for them; if one
     fails, stops the others (by PID) and raises. Returns the wall time."""
@@ -640,6 +659,7 @@ def launch(runs: List[Dict[str, Any]], args: argparse.Namespace, cluster) -> flo
     # gloo sends through eth0, the host's throttled link); on loopback through a file.
     rendezvous = f"tcp://{cluster.addr(0)}:29500" if emulated else f"file://{rdv}/rdv"
     procs = []
+    daemon_of = daemons_by_node(cluster.daemon_pids())
     for rank in range(world):
         node, local = divmod(rank, args.trainers)
         cfg = {"rank": rank, "world": world, "local_rank": local, "local_size": args.trainers,
@@ -648,7 +668,8 @@ def launch(runs: List[Dict[str, Any]], args: argparse.Namespace, cluster) -> flo
                "lr": args.lr, "momentum": args.momentum, "batch": args.batch, "epochs": args.epochs,
                "stats_every": args.stats_every, "check_every": args.check_every, "quiet": args.quiet,
                "powersgd_one_bucket": args.powersgd_buckets == "one", "model": args.model, "vocab": args.vocab,
-               "bptt": args.bptt, "steps_per_epoch": args.steps_per_epoch, "dtype": args.dtype}
+               "bptt": args.bptt, "steps_per_epoch": args.steps_per_epoch, "dtype": args.dtype,
+               "daemon_pid": daemon_of.get(node, 0) if local == 0 else 0}
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(local),
                    LOCAL_WORLD_SIZE=str(args.trainers), SPEX_SOCKET=cluster.socket(node), OMP_NUM_THREADS="1",
                    OPENBLAS_NUM_THREADS="1")
@@ -724,7 +745,13 @@ def summarize(run: Dict[str, Any], world: int, target_acc: float = 95.0,
     # After the first epoch: its first steps register the buckets (twice: DDP rebuilds its
     # buckets after the first iteration) and touch fresh memory, up to 10x a later step.
     later = [float(r["exchange_s"]) for r in rows0 if int(r["epoch"]) > 0] or exch
+    # CPU seconds per step: every trainer's (mean over ranks and steps) and every daemon's (the
+    # local rank 0 rows, one per node), over the same steps as step_ms.
+    cpu = [float(r["cpu_s"]) for rows in per_rank for r in rows if r.get("cpu_s")]
+    dcpu = [float(r["daemon_cpu_s"]) for rows in per_rank for r in rows if r.get("daemon_cpu_s")]
     return {
+        "trainer_cpu_ms": 1e3 * sum(cpu) / len(cpu) if cpu else None,
+        "daemon_cpu_ms": 1e3 * sum(dcpu) / len(dcpu) if dcpu else None,
         "target_acc": target_acc, "time_to_target_s": reached["wall_s"] if reached else None,
         "target": target_label, "final": final_label,
         "final_ppl": epochs[-1].get("test_ppl"), "best_ppl": min((e["test_ppl"] for e in epochs), default=None)
@@ -818,7 +845,8 @@ def print_speedup_table(results: List[Dict[str, Any]]) -> None:
     w = max(12, *(len(r["label"]) for r in results)) + 2
     print(f"\nresult (baseline: {base['label']}; speed-ups are ratios of times measured in this run)")
     print(f"{'run':<{w}}{'step ms':>9}{'exch ms':>9}{'exch p50/p90':>15}{'later p50/p90':>15}{'speed-up':>10}"
-          f"{f'to {target}':>11}{'steps':>7}{'speed-up':>10}{'final':>11}")
+          f"{f'to {target}':>11}{'steps':>7}{'speed-up':>10}{'final':>11}{'trainer CPU':>12}{'daemon CPU':>11}")
+    cpu_ms = lambda v: f"{v:.1f}" if v is not None else "-"  # noqa: E731
     for r in results:
         tt, bt = r["time_to_target_s"], base["time_to_target_s"]
         tts = f"{tt:.1f} s" if tt is not None else "never"
@@ -828,14 +856,17 @@ def print_speedup_table(results: List[Dict[str, Any]]) -> None:
               f"{r['exchange_ms_p50']:>7.1f}/{r['exchange_ms_p90']:<7.1f}"
               f"{r['exchange_ms_p50_after_epoch1']:>7.1f}/{r['exchange_ms_p90_after_epoch1']:<7.1f}"
               f"{base['step_ms'] / r['step_ms']:>9.2f}x"
-              f"{tts:>11}{steps:>7}{tsu:>10}{r['final']:>11}")
+              f"{tts:>11}{steps:>7}{tsu:>10}{r['final']:>11}"
+              f"{cpu_ms(r.get('trainer_cpu_ms')):>12}{cpu_ms(r.get('daemon_cpu_ms')):>11}")
     for line in against_hooks(results):
         print(line)
     print("step ms: forward + backward (with the exchange) + optimizer step, mean over rank 0's steps; exch ms: "
           "from handing a bucket over to its result, summed over the step's buckets (p50/p90: all steps; later: "
           "after the first epoch); to X%: wall-clock time from the run's start to the first epoch whose test "
           "accuracy reached X% (or whose test perplexity fell to the target; evaluation included); steps: the "
-          "training steps up to the end of that epoch")
+          "training steps up to the end of that epoch; trainer CPU / daemon CPU: CPU milliseconds (user + system, "
+          "all threads) per step of each trainer process and of each node's spexd over the same steps (a "
+          "trainer's own exchange wait included; a daemon's polling in MPI included)")
 
 
 def against_hooks(results: List[Dict[str, Any]]) -> List[str]:

@@ -105,6 +105,16 @@ class TrainDigitsTest(unittest.TestCase):
         self.assertIn("params identical", self.proc.stdout)
         self.assertIn("micro@0.01: every exchange seen was sparse", self.proc.stdout)
 
+    def test_cpu_per_step_of_trainers_and_daemons(self):
+        # Every run reports CPU milliseconds per step of its trainers and of each node's spexd
+        # (local rank 0 reads its daemon's /proc); a spex run's daemons did work.
+        for r in self.summary:
+            self.assertGreater(r["trainer_cpu_ms"], 0, r["label"])
+            self.assertIsNotNone(r["daemon_cpu_ms"], r["label"])
+            self.assertGreaterEqual(r["daemon_cpu_ms"], 0, r["label"])
+        self.assertGreater(sum(r["daemon_cpu_ms"] for r in self.summary), 0)
+        self.assertIn("trainer CPU", self.proc.stdout)
+
     def test_unknown_compressor_or_parameter_stops_the_job_with_accepted_names(self):
         out = tempfile.mkdtemp(prefix="unknown-", dir=os.environ.get("TEST_TMPDIR", "/tmp"))
         proc = run_script(out, "--runs", "no_such_compressor:0.5", "--nodes", "1", timeout=60)
