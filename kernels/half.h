@@ -87,7 +87,10 @@ inline uint16_t FloatToHalf(DType t, float f) {
 // |v| >= 65520; bfloat16: past its largest value by half an ulp or more). A wire that rounds a
 // value to `t` checks this first and sends wider where it fails (docs/dtypes.md).
 inline bool HalfFits(DType t, float v) {
-  return !std::isfinite(v) || std::isfinite(HalfToFloat(t, FloatToHalf(t, v)));
+  // The first magnitude FloatToF16 / FloatToBf16 round to Inf: 65,520 (the tie above 65,504)
+  // and 0x7f7f8000 (the tie above bfloat16's largest); Inf and NaN stay what they are.
+  const uint32_t a = FloatBits(v) & 0x7fffffffu;
+  return a < (t == DType::kBFloat16 ? 0x7f7f8000u : 0x477ff000u) || a >= 0x7f800000u;
 }
 
 // Bulk passes (Highway, dispatched at run time to the CPU's best target; single-threaded).

@@ -63,6 +63,26 @@ TEST(Wire, AValuePastTheHalfRangeSendsTheChunkAsFloat32) {
   EXPECT_EQ(d->values, (std::vector<float>{0.5f, 65504.0f, -65504.0f}));
 }
 
+// HalfFits (kernels/half.h) is exactly "rounds to a finite value, or was not finite": every
+// float around both types' overflow boundaries, and a sweep over all exponents.
+TEST(Wire, HalfFitsIsTheRoundTripsFiniteness) {
+  size_t wrong = 0;
+  for (DType t : {DType::kFloat16, DType::kBFloat16}) {
+    auto check = [&](uint32_t bits) {
+      const float v = BitsFloat(bits);
+      const bool want = !std::isfinite(v) || std::isfinite(HalfToFloat(t, FloatToHalf(t, v)));
+      wrong += HalfFits(t, v) != want;
+    };
+    for (uint32_t sign : {0u, 0x80000000u}) {
+      for (uint32_t at : {0x477ff000u, 0x7f7f8000u, 0x7f800000u}) {
+        for (uint32_t d = 0; d < 4096; ++d) check(sign | (at - 2048 + d));
+      }
+      for (uint32_t bits = 0; bits < 0x80000000u; bits += 0x1001) check(sign | bits);
+    }
+  }
+  EXPECT_EQ(wrong, 0u);
+}
+
 TEST(Wire, ChunkAtAnOddOffsetDecodesToAlignedIndices) {
   std::vector<uint32_t> idx = {1, 4, 9};
   std::vector<float> val = {1.0f, 2.0f, 3.0f};
