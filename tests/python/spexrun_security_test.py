@@ -17,6 +17,7 @@ import argparse
 import glob
 import json
 import os
+import shutil
 import signal
 import stat
 import subprocess
@@ -87,6 +88,10 @@ class SpexrunSecurityTest(unittest.TestCase):
         cls.trainer = os.path.join(cls.tmp, "trainer.py")
         with open(cls.trainer, "w") as f:
             f.write(TRAINER)
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp, ignore_errors=True)
 
     def spexrun(self, args, env=None):
         full = dict(os.environ, SPEXD=SPEXD, **(env or {}))
