@@ -244,9 +244,12 @@ absl::StatusOr<BucketCheckpoint> SaveBucket(const EngineBucket& b, const Checkpo
   return c;
 }
 
-absl::Status RestoreBucket(const BucketCheckpoint& c, const CheckpointWorld& world, EngineBucket* b,
-                           Primitives* prims) {
-  const std::string what = absl::StrCat("bucket ", b->id, ": ");
+namespace {
+
+// RestoreBucket's first stage: whether the record fits this bucket at all (same world, bucket,
+// compressor, policy and type, and no exchange run yet). Changes nothing.
+absl::Status CheckRestorable(const BucketCheckpoint& c, const CheckpointWorld& world,
+                             const EngineBucket* b, Primitives* prims, const std::string& what) {
   if (!(c.world == world)) {
     return absl::FailedPreconditionError(absl::StrCat(
         what, "the checkpoint was saved by ", WorldText(c.world), ", this daemon is ",
@@ -298,41 +301,57 @@ absl::Status RestoreBucket(const BucketCheckpoint& c, const CheckpointWorld& wor
         " step(s) already: load a checkpoint before the bucket's first exchange (as a restarted "
         "job does)"));
   }
+  return absl::OkStatus();
+}
+
+// RestoreBucket's second stage, for a sparse bucket: the residual, the compressor's state and
+// Ok-Topk's, all or nothing.
+absl::Status RestoreSparse(const BucketCheckpoint& c, const CheckpointWorld& world, EngineBucket* b,
+                           Primitives* prims, const std::string& what) {
+  if (c.residual.size() != b->elements) {
+    return absl::DataLossError(absl::StrCat(what, "the checkpoint's residual has ",
+                                            c.residual.size(), " of ", b->elements, " elements"));
+  }
+  if (!c.oktopk_bounds.empty() && c.oktopk_bounds.size() != static_cast<size_t>(world.nodes) + 1) {
+    return absl::DataLossError(absl::StrCat(what, "the checkpoint's Ok-Topk regions have ",
+                                            c.oktopk_bounds.size(), " bounds for ", world.nodes,
+                                            " nodes"));
+  }
+  // LoadState validates everything before it changes anything, so it goes first; the device
+  // copy next (a failure there leaves a loaded compressor over the old residual, so the
+  // compressor is put back from its own saved state).
+  absl::StatusOr<std::string> before = b->ex.sparse->compressor->SaveState();
+  if (!before.ok()) return before.status();
+  if (absl::Status s = b->ex.sparse->compressor->LoadState(c.compressor_state); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat(what, s.message()));
+  }
+  if (b->mem.view.on_device) {
+    if (absl::Status s = prims->CopyFromHost(b->mem.view.acc, c.residual.data(),
+                                             c.residual.size() * sizeof(float));
+        !s.ok()) {
+      b->ex.sparse->compressor->LoadState(*before).IgnoreError();
+      return absl::Status(s.code(),
+                          absl::StrCat(what, "copying the residual to the device: ", s.message()));
+    }
+  } else {
+    std::memcpy(b->mem.view.acc, c.residual.data(), c.residual.size() * sizeof(float));
+  }
+  SparseState& st = *b->ex.sparse;
+  st.oktopk = c.oktopk;
+  st.oktopk_state.exchanges = c.oktopk_exchanges;
+  st.oktopk_state.threshold = c.oktopk_threshold;
+  st.oktopk_state.bounds = c.oktopk_bounds;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status RestoreBucket(const BucketCheckpoint& c, const CheckpointWorld& world, EngineBucket* b,
+                           Primitives* prims) {
+  const std::string what = absl::StrCat("bucket ", b->id, ": ");
+  if (absl::Status s = CheckRestorable(c, world, b, prims, what); !s.ok()) return s;
   if (b->ex.sparse != nullptr) {
-    if (c.residual.size() != b->elements) {
-      return absl::DataLossError(absl::StrCat(what, "the checkpoint's residual has ",
-                                              c.residual.size(), " of ", b->elements, " elements"));
-    }
-    if (!c.oktopk_bounds.empty() &&
-        c.oktopk_bounds.size() != static_cast<size_t>(world.nodes) + 1) {
-      return absl::DataLossError(absl::StrCat(what, "the checkpoint's Ok-Topk regions have ",
-                                              c.oktopk_bounds.size(), " bounds for ", world.nodes,
-                                              " nodes"));
-    }
-    // LoadState validates everything before it changes anything, so it goes first; the device
-    // copy next (a failure there leaves a loaded compressor over the old residual, so the
-    // compressor is put back from its own saved state).
-    absl::StatusOr<std::string> before = b->ex.sparse->compressor->SaveState();
-    if (!before.ok()) return before.status();
-    if (absl::Status s = b->ex.sparse->compressor->LoadState(c.compressor_state); !s.ok()) {
-      return absl::Status(s.code(), absl::StrCat(what, s.message()));
-    }
-    if (b->mem.view.on_device) {
-      if (absl::Status s = prims->CopyFromHost(b->mem.view.acc, c.residual.data(),
-                                               c.residual.size() * sizeof(float));
-          !s.ok()) {
-        b->ex.sparse->compressor->LoadState(*before).IgnoreError();
-        return absl::Status(
-            s.code(), absl::StrCat(what, "copying the residual to the device: ", s.message()));
-      }
-    } else {
-      std::memcpy(b->mem.view.acc, c.residual.data(), c.residual.size() * sizeof(float));
-    }
-    SparseState& st = *b->ex.sparse;
-    st.oktopk = c.oktopk;
-    st.oktopk_state.exchanges = c.oktopk_exchanges;
-    st.oktopk_state.threshold = c.oktopk_threshold;
-    st.oktopk_state.bounds = c.oktopk_bounds;
+    if (absl::Status s = RestoreSparse(c, world, b, prims, what); !s.ok()) return s;
   }
   b->ex.mode = static_cast<BucketExchange::Mode>(c.mode);
   b->ex.probe_sparse_ns = c.probe_sparse_ns;
