@@ -42,6 +42,53 @@ void SortedUnion(const std::vector<uint32_t>& v, const std::vector<size_t>& off,
   out->erase(std::unique(out->begin(), out->end()), out->end());
 }
 
+namespace {
+
+// ExchangeIndexUnion's value stage: the union's values summed over the nodes and scaled to the
+// average, in place. Half values on the wire where the wire type is half (float32 sums, scaled
+// and rounded once: half_exchange.h); when a sum does not fit the type, every node holds the
+// same non-finite result and decides alike: the values go again as float32, each scaled first
+// (as DDP divides before it sums), and values_sent stays float32 so the residual is zeroed at
+// the union (nothing was rounded) instead of keeping -Inf. acc is finite (the local reduce
+// checks it), so only such an overflow makes the half result non-finite.
+absl::Status AverageUnionValues(Collective* coll, Primitives* prims, const SparseExchangeArgs& args,
+                                std::vector<float>* vals, SparseExchangeResult* res) {
+  const int n = coll->size();
+  if (vals->empty()) return absl::OkStatus();
+  bool scaled = false;
+  if (IsHalf(args.wire) && n > 1) {
+    HalfAllReduceBytes hb;
+    std::vector<float> sum(vals->size());
+    if (absl::Status s = HalfAllReduceScaled(coll, args.wire, vals->data(), sum.data(),
+                                             vals->size(), args.scale, &hb);
+        !s.ok()) {
+      return s;
+    }
+    res->bytes_sent += hb.sent;
+    res->bytes_received += hb.received;
+    if (std::all_of(sum.begin(), sum.end(), [](float v) { return std::isfinite(v); })) {
+      vals->swap(sum);
+      res->values_sent = args.wire;
+      return absl::OkStatus();
+    }
+    prims->Scale(vals->data(), args.scale, vals->size());
+    scaled = true;
+  }
+  if (n > 1) {
+    if (absl::Status s =
+            coll->AllReduce(vals->data(), vals->size(), ElemType::kFloat32, ReduceOp::kSum);
+        !s.ok()) {
+      return s;
+    }
+    res->bytes_sent += vals->size() * 4;
+    res->bytes_received += vals->size() * 4;
+  }
+  if (!scaled) prims->Scale(vals->data(), args.scale, vals->size());
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status ExchangeIndexUnion(Collective* coll, Primitives* prims, const SparseExchangeArgs& args,
                                 absl::Span<const uint32_t> my_idx, const float* acc, float* out,
                                 SparseExchangeResult* res, const DeviceSide* device) {
@@ -92,52 +139,9 @@ absl::Status ExchangeIndexUnion(Collective* coll, Primitives* prims, const Spars
     local = prims->Gather(acc, args.elements, u.data(), u.size(), vals.data());
   }
   if (!local.ok()) std::fill(vals.begin(), vals.end(), 0.0f);
-  bool half = IsHalf(args.wire) && n > 1;
-  bool prescaled = false;  // the float32 exchange after a half one that did not fit
-  if (half && !vals.empty()) {
-    // Half values on the wire, float32 sums, scaled and rounded once (half_exchange.h).
-    HalfAllReduceBytes hb;
-    std::vector<float> sum(vals.size());
-    if (absl::Status s = HalfAllReduceScaled(coll, args.wire, vals.data(), sum.data(), vals.size(),
-                                             args.scale, &hb);
-        !s.ok()) {
-      return s;
-    }
-    res->bytes_sent += hb.sent;
-    res->bytes_received += hb.received;
-    // acc is finite (the local reduce checks it), so a non-finite result means some node's value
-    // or the average did not fit the type. Every node holds the same result and decides alike:
-    // the values go again as float32, each scaled first (as DDP divides before it sums), and the
-    // residual is zeroed at the union (nothing was rounded) instead of keeping -Inf.
-    bool finite = true;
-    for (float v : sum) finite = finite && std::isfinite(v);
-    if (finite) {
-      vals.swap(sum);
-    } else {
-      half = false;
-      prims->Scale(vals.data(), args.scale, vals.size());
-      if (absl::Status s =
-              coll->AllReduce(vals.data(), vals.size(), ElemType::kFloat32, ReduceOp::kSum);
-          !s.ok()) {
-        return s;
-      }
-      res->bytes_sent += vals.size() * 4;
-      res->bytes_received += vals.size() * 4;
-      prescaled = true;
-    }
-    if (finite) res->values_sent = args.wire;
-  } else if (n > 1 && !vals.empty()) {
-    if (absl::Status s =
-            coll->AllReduce(vals.data(), vals.size(), ElemType::kFloat32, ReduceOp::kSum);
-        !s.ok()) {
-      return s;
-    }
-    res->bytes_sent += vals.size() * 4;
-    res->bytes_received += vals.size() * 4;
-  }
+  if (absl::Status s = AverageUnionValues(coll, prims, args, &vals, res); !s.ok()) return s;
   if (!local.ok()) return local;
   // out is zero at every position of u (the caller's contract), so adding writes the average.
-  if (!half && !prescaled) prims->Scale(vals.data(), args.scale, vals.size());
   if (device != nullptr) {
     if (!u.empty()) {
       absl::Status s = device->prims->CopyFromHost(dev_vals, vals.data(), u.size() * 4);
