@@ -24,6 +24,8 @@ PKGS=(
   python3-sklearn python3-matplotlib
   # the main job's language model (--model lstm): English text from the fortunes files
   fortunes
+  # the main job's convolutional network (--model cnn): Fashion-MNIST images
+  dataset-fashion-mnist
   # the main job's model: a real BLAS for torch (Debian's default libblas3 is the reference one)
   libopenblas0-pthread
   # emulated cluster (deploy/emulated_cluster.sh): tc/ip (iproute2), the latency delayer
