@@ -1,0 +1,75 @@
+"""The main job's run specs, NAME[:DENSITY][/MOD...]: a spexd compressor with its modifiers, or a
+PyTorch peer a DDP user would run instead. One run is one configuration trained to the target."""
+
+import sys
+from typing import Any, Dict, List
+
+# What a DDP user would run instead of spex, registered exactly as PyTorch documents them: `gloo`
+# (DDP's own all-reduce), `fp16` / `bf16` (torch.distributed.algorithms.ddp_comm_hooks'
+# fp16_compress_hook / bf16_compress_hook) and `powersgd[:RANK]` (powerSGD_hook with PowerSGDState).
+PEERS = ("gloo", "fp16", "bf16", "powersgd")
+MODIFIERS = ("mc", "layer", "global")
+
+
+def is_peer(run: Dict[str, Any]) -> bool:
+    return run["compressor"] in PEERS
+
+
+def parse_modifiers(item: str, name: str, mods: List[str]):
+    """(warm-up epochs as text, flags) of a run's /MOD list; exits naming a bad one."""
+    warm, flags = "", []
+    for m in mods:
+        if m.startswith("w") and m[1:].isdigit():
+            warm = m[1:]
+        elif m in MODIFIERS and m not in flags:
+            flags.append(m)
+        else:
+            sys.exit(f"train_digits: run {item!r}: unknown modifier /{m} (known: /wN density warm-up over N "
+                     f"epochs, /mc momentum correction, /layer one DDP bucket per tensor, /global one DDP "
+                     f"bucket for the model)")
+    if (warm or "mc" in flags) and name in ("dense", *PEERS):
+        sys.exit(f"train_digits: run {item!r}: /wN and /mc need a sparse spex compressor")
+    if flags and name in PEERS:
+        sys.exit(f"train_digits: run {item!r}: /layer, /global and /mc apply to spex runs only")
+    if "layer" in flags and "global" in flags:
+        sys.exit(f"train_digits: run {item!r}: /layer and /global exclude each other")
+    return warm, flags
+
+
+def powersgd_run(item: str, dens: str) -> Dict[str, Any]:
+    # PowerSGD's parameter is its matrix approximation rank (PyTorch's default 1).
+    if dens and not (dens.isdigit() and int(dens) >= 1):
+        sys.exit(f"train_digits: run {item!r}: powersgd:RANK needs a whole rank >= 1")
+    rank = int(dens or 1)
+    return {"name": "powersgd", "compressor": "powersgd", "density": 1.0, "powersgd_rank": rank,
+            "label": f"powersgd-r{rank}"}
+
+
+def parse_runs(spec: str) -> List[Dict[str, Any]]:
+    """Run specs NAME[:DENSITY][/MOD...]: /wN density warm-up, /mc momentum correction, /layer
+    and /global bucketing (see train_digits.py's documentation)."""
+    runs = []
+    for item in spec.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        head, *mods = item.split("/")
+        name, _, dens = head.partition(":")
+        warm, flags = parse_modifiers(item, name, mods)
+        if name == "powersgd":
+            runs.append(powersgd_run(item, dens))
+            continue
+        if name in PEERS and dens:
+            sys.exit(f"train_digits: run {item!r}: {name} takes no density")
+        density = float(dens) if dens else (1.0 if name in ("dense", *PEERS) else 0.01)
+        if not 0 < density <= 1:
+            sys.exit(f"train_digits: density of run {item!r} must be in (0, 1]")
+        label = (name if name in ("dense", *PEERS) else f"{name}@{density:g}") + (f"/w{warm}" if warm else "")
+        label += "".join(f"/{f}" for f in flags)
+        runs.append({"name": name, "compressor": name, "density": density, "warmup_epochs": int(warm or 0),
+                     "momentum_correction": "mc" in flags,
+                     "bucketing": "layer" if "layer" in flags else "global" if "global" in flags else "ddp",
+                     "label": label})
+    if not runs:
+        sys.exit("train_digits: --runs names no run")
+    return runs
