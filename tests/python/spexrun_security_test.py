@@ -124,7 +124,7 @@ class SpexrunSecurityTest(unittest.TestCase):
              "--start-timeout", "20", "--", sys.executable, self.trainer,
              rev(f"{SECRET}c,{SECRET}d,{SECRET}e"), "SPEXSEC_TOKEN,SPEX_SEC_FORWARDED,SPEXSEC_GIVEN"])
         a.command = a.command[1:]
-        launcher = spexrun.Launcher(a, spexrun.parse_hosts(a.hosts))
+        launcher = spexrun.Launcher(spexrun.config_from_args(a), spexrun.parse_hosts(a.hosts))
         launcher.socket = lambda n: cluster.socket(0)
         saved = dict(os.environ)
         os.environ.update(SPEXSEC_TOKEN=SECRET + "c", SPEX_SEC_FORWARDED=SECRET + "d")
@@ -215,7 +215,7 @@ class SpexrunSecurityTest(unittest.TestCase):
 
     def launcher_in(self, base: str) -> "spexrun.Launcher":
         a = spexrun.build_parser().parse_args(["-H", "localhost:1", "--", "true"])
-        launcher = spexrun.Launcher(a, spexrun.parse_hosts(a.hosts))
+        launcher = spexrun.Launcher(spexrun.config_from_args(a), spexrun.parse_hosts(a.hosts))
         launcher.socket_dir = os.path.join(base, launcher.job)
         self.addCleanup(launcher.stop_daemons)
         return launcher

@@ -22,6 +22,7 @@ import time
 from typing import IO, Dict, List, Optional, Sequence
 
 from .errors import SpexError
+from .world import WorldNode, start_daemon_world
 
 MPI_ENV = {
     "OMPI_ALLOW_RUN_AS_ROOT": "1",
@@ -179,26 +180,12 @@ class LocalCluster:
         # MPI ranks busy-poll inside collectives. When daemons and trainers outnumber the cores,
         # a polling daemon takes the core a trainer (or its peer daemon) needs, and a share of
         # the exchanges stalls for a scheduler slice or more (the main job on 2 cores: micro's
-        # p90 was 15x its p50, dense's step 5x slower); yielding removes that.
-        if self.oversubscribed:
-            env.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
-        flags = [f"--local_trainers={self.trainers}", *self.args]
-        # mpirun's own binding is off (Open MPI binds 2 ranks to a core each by default, more to
-        # a socket), so that pin="none" leaves placement to the scheduler and "node" cannot differ.
-        cmd = [self.mpirun, "--bind-to", "none"]
-        if self.pin == "node":
-            # One application context per node (mpirun's MPMD form), each spexd started under
-            # taskset on its node's cores.
-            for n in range(self.nodes):
-                if n:
-                    cmd.append(":")
-                cmd += ["-np", "1", "taskset", "-c", ",".join(map(str, self.node_cpus(n))), self.spexd,
-                        f"--socket={self.socket(n)}", *flags]
-        else:
-            cmd += ["-np", str(self.nodes), self.spexd, f"--socket={self.dir}/node{{rank}}.sock", *flags]
+        # p90 was 15x its p50, dense's step 5x slower); yielding removes that. With pin="node"
+        # each spexd runs under taskset on its node's cores.
+        nodes = [WorldNode(self.socket(n), self.trainers, cpus=self.node_cpus(n)) for n in range(self.nodes)]
         self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     env=env, start_new_session=True)
+        self.proc = start_daemon_world(self.spexd, nodes, self.args, mpirun=self.mpirun, env=env,
+                                       yield_when_idle=self.oversubscribed, stdout=self._log)
         deadline = time.monotonic() + self.start_timeout
         while not all(self._answers(s) for s in self.sockets):
             if self.proc.poll() is not None:
