@@ -278,6 +278,27 @@ class Engine {
   absl::Status WaitInputs(EngineBucket* b);
   absl::Status RecordOutput(EngineBucket* b);
   void ResetLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // RegisterBucket in stages (engine_requests.cc): ParseRegistration (the request alone, no
+  // lock) -> FindOrCreateBucketLocked (the limits, a new bucket) -> CheckSameBucketLocked (an
+  // existing bucket registered alike) -> AttachTrainerLocked (the trainer's slot) ->
+  // GrantLocked (where the trainer finds its memory).
+  struct BucketRequest;
+  absl::Status ParseRegistration(uint64_t bucket_id, uint64_t elements,
+                                 const std::string& compressor, double density,
+                                 const std::map<std::string, std::string>& params, int device,
+                                 BucketRequest* req) const;
+  absl::StatusOr<EngineBucket*> FindOrCreateBucketLocked(const Session& session,
+                                                         const BucketRequest& req, bool* created)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CheckSameBucketLocked(const EngineBucket& b, const BucketRequest& req,
+                                     uint32_t rank) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Places local trainer `session`'s slot and counts it registered (a no-op when it is); the
+  // bucket may have been replaced while an exchange finished (the one returned is current).
+  absl::StatusOr<EngineBucket*> AttachTrainerLocked(Session* session, const BucketRequest& req,
+                                                    EngineBucket* b, bool created_here)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  BucketGrant GrantLocked(const EngineBucket& b, uint32_t rank) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // SaveBucketState/LoadBucketState's common part: the session's bucket once it is between
   // steps for that trainer (waits for a publish in progress), or why not.
   absl::StatusOr<EngineBucket*> BucketBetweenStepsLocked(uint64_t session_id, uint64_t bucket_id,

@@ -76,52 +76,103 @@ absl::Status Engine::Goodbye(uint64_t session_id) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<BucketGrant> Engine::RegisterBucket(
-    uint64_t session_id, uint64_t bucket_id, uint64_t elements, const std::string& compressor_in,
-    double density_in, const std::map<std::string, std::string>& params, int device) {
+// What a registration asks for, once checked without the engine's lock (ParseRegistration).
+struct Engine::BucketRequest {
+  uint64_t bucket_id = 0;
+  uint64_t elements = 0;
+  std::string compressor;  // the request's, or --compressor when it named none
+  double density = 0;      // the request's, or --density when it gave 0
+  bool compressor_given = false, density_given = false;
+  std::map<std::string, std::string> cparams;  // the compressor's parameters
+  BucketPolicy policy;                         // the bucket's engine options among them
+  bool other_params = false;  // parameters beyond the data type (they must match the bucket's)
+  int device = -1;
+};
+
+absl::StatusOr<BucketGrant> Engine::RegisterBucket(uint64_t session_id, uint64_t bucket_id,
+                                                   uint64_t elements, const std::string& compressor,
+                                                   double density,
+                                                   const std::map<std::string, std::string>& params,
+                                                   int device) {
   if (stop_) return absl::UnavailableError("spexd is shutting down");
-  if (absl::Status s = CheckRequestString("compressor", compressor_in); !s.ok()) return s;
+  BucketRequest req;
+  if (absl::Status s =
+          ParseRegistration(bucket_id, elements, compressor, density, params, device, &req);
+      !s.ok()) {
+    return s;
+  }
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<Session*> session = sessions_.Get(session_id);
+  if (!session.ok()) return session.status();
+  // The previous job's buckets (kept until now so their stats stay visible) make way for a
+  // new job once the engine is between exchanges.
+  if (reset_pending_) {
+    while ((processing_ || wire_inflight_ > 0) && !stop_) published_cv_.Wait(&mu_);
+    // Another trainer's registration may have reset (and registered) while this one waited.
+    if (reset_pending_) ResetLocked();
+  }
+  bool created_here = false;
+  absl::StatusOr<EngineBucket*> b = FindOrCreateBucketLocked(**session, req, &created_here);
+  if (!b.ok()) return b.status();
+  if (absl::Status s = CheckSameBucketLocked(**b, req, (*session)->local_rank); !s.ok()) return s;
+  b = AttachTrainerLocked(*session, req, *b, created_here);
+  if (!b.ok()) return b.status();
+  doorbell_.Ring();  // a newly complete registration can change the canonical order
+  return GrantLocked(**b, (*session)->local_rank);
+}
+
+absl::Status Engine::ParseRegistration(uint64_t bucket_id, uint64_t elements,
+                                       const std::string& compressor, double density,
+                                       const std::map<std::string, std::string>& params, int device,
+                                       BucketRequest* req) const {
+  if (absl::Status s = CheckRequestString("compressor", compressor); !s.ok()) return s;
   if (absl::Status s = CheckParams(params); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("bucket ", bucket_id, ": ", s.message()));
   }
+  req->bucket_id = bucket_id;
+  req->elements = elements;
+  req->device = device;
   // The bucket's engine options (nonfinite=...) travel among the compressor's parameters.
-  std::map<std::string, std::string> cparams;
-  BucketPolicy policy;
-  if (absl::Status s = SplitBucketParams(options_, params, &cparams, &policy); !s.ok()) {
+  if (absl::Status s = SplitBucketParams(options_, params, &req->cparams, &req->policy); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("bucket ", bucket_id, ": ", s.message()));
   }
-  const std::string compressor = compressor_in.empty() ? options_.compressor : compressor_in;
-  const double density = density_in == 0 ? options_.density : density_in;
-  if (!options_.compressor_factory || compressor == "dense") {
-    if (absl::Status s = ValidateCompressor(compressor, density, cparams); !s.ok()) {
+  req->compressor_given = !compressor.empty();
+  req->density_given = density != 0;
+  req->compressor = req->compressor_given ? compressor : options_.compressor;
+  req->density = req->density_given ? density : options_.density;
+  // The data type alone does not ask for the other parameters to match (CheckSameBucketLocked).
+  req->other_params = std::any_of(params.begin(), params.end(),
+                                  [](const auto& kv) { return kv.first != kBucketParamDType; });
+  if (!options_.compressor_factory || req->compressor == "dense") {
+    if (absl::Status s = ValidateCompressor(req->compressor, req->density, req->cparams); !s.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("bucket ", bucket_id, ": ", s.message()));
     }
   }
   // A bucket that asks for Ok-Topk itself is checked here, before the size, so that a
   // validation request (0 elements, the clients' validate_compressor) gets the refusal too;
   // the daemon-wide flag is checked when the compressor is built (small buckets go dense).
-  if (policy.sparse_allreduce_param) {
-    absl::StatusOr<Pattern> pattern = CompressorPattern(compressor);
+  if (req->policy.sparse_allreduce_param) {
+    absl::StatusOr<Pattern> pattern = CompressorPattern(req->compressor);
     if (pattern.ok() && *pattern != Pattern::kDense) {
-      if (absl::Status s =
-              CheckSparseAllreduce(policy.sparse_allreduce, /*from_param=*/true, compressor);
+      if (absl::Status s = CheckSparseAllreduce(req->policy.sparse_allreduce,
+                                                /*from_param=*/true, req->compressor);
           !s.ok()) {
         return absl::Status(s.code(), absl::StrCat("bucket ", bucket_id, ": ", s.message()));
       }
     }
   }
-  if (IsHalf(policy.dtype) && options_.merger != MergerPolicy::kNone) {
+  if (IsHalf(req->policy.dtype) && options_.merger != MergerPolicy::kNone) {
     // Merged half buckets: the fused exchange carries one value type for the whole group, so a
     // half member's values travel as float32 (as wire_values=float32: nothing rounded on the
     // wire, the result rounded once at publish). The device path does not merge them yet.
     if (device_buckets()) {
       return absl::UnimplementedError(
-          absl::StrCat("bucket ", bucket_id, ": ", DTypeName(policy.dtype),
+          absl::StrCat("bucket ", bucket_id, ": ", DTypeName(req->policy.dtype),
                        " buckets on the device path are not merged yet (spexd runs with --merger=",
                        AbslUnparseFlag(options_.merger),
                        "): run spexd with --merger=none, or register float32 buckets"));
     }
-    policy.wire_float32 = true;
+    req->policy.wire_float32 = true;
   }
   if (elements == 0 || elements >= (1ull << 32)) {
     return absl::InvalidArgumentError(
@@ -131,112 +182,119 @@ absl::StatusOr<BucketGrant> Engine::RegisterBucket(
   if (absl::Status s = buckets_.CheckDevice(device); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("bucket ", bucket_id, ": ", s.message()));
   }
-  absl::MutexLock lock(&mu_);
-  absl::StatusOr<Session*> session = sessions_.Get(session_id);
-  if (!session.ok()) return session.status();
-  const uint32_t rank = (*session)->local_rank;
-  // The previous job's buckets (kept until now so their stats stay visible) make way for a
-  // new job once the engine is between exchanges.
-  if (reset_pending_) {
-    while ((processing_ || wire_inflight_ > 0) && !stop_) published_cv_.Wait(&mu_);
-    // Another trainer's registration may have reset (and registered) while this one waited.
-    if (reset_pending_) ResetLocked();
-  }
-  EngineBucket* b = buckets_.Find(bucket_id);
-  const uint64_t bit = 1ull << rank;
-  if (b == nullptr || !(b->out.registered_mask & bit)) {
-    if (absl::Status s =
-            CheckLimitsLocked(**session, b, bucket_id, elements, compressor, policy.dtype, device);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<EngineBucket*> Engine::FindOrCreateBucketLocked(const Session& session,
+                                                               const BucketRequest& req,
+                                                               bool* created) {
+  EngineBucket* b = buckets_.Find(req.bucket_id);
+  if (b == nullptr || !(b->out.registered_mask & (1ull << session.local_rank))) {
+    if (absl::Status s = CheckLimitsLocked(session, b, req.bucket_id, req.elements, req.compressor,
+                                           req.policy.dtype, req.device);
         !s.ok()) {
       return s;
     }
   }
-  bool created_here = false;
-  if (b == nullptr) {
-    absl::StatusOr<EngineBucket*> created =
-        buckets_.Create({bucket_id, elements, compressor, density, cparams, policy});
-    if (!created.ok()) return created.status();
-    b = *created;
-    created_here = true;
-  }
-  if (b->elements != elements) {
+  if (b != nullptr) return b;
+  absl::StatusOr<EngineBucket*> made = buckets_.Create(
+      {req.bucket_id, req.elements, req.compressor, req.density, req.cparams, req.policy});
+  if (made.ok()) *created = true;
+  return made;
+}
+
+absl::Status Engine::CheckSameBucketLocked(const EngineBucket& b, const BucketRequest& req,
+                                           uint32_t rank) const {
+  const uint64_t bucket_id = req.bucket_id;
+  if (b.elements != req.elements) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "bucket ", bucket_id, " is registered with ", b->elements, " elements; this request says ",
-        elements, ". Every trainer must register a bucket id with the same size"));
+        "bucket ", bucket_id, " is registered with ", b.elements, " elements; this request says ",
+        req.elements, ". Every trainer must register a bucket id with the same size"));
   }
-  if (policy.dtype != b->policy.dtype) {
+  if (req.policy.dtype != b.policy.dtype) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "bucket ", bucket_id, " is registered as ", DTypeName(b->policy.dtype),
-        "; this request says ", DTypeName(policy.dtype),
+        "bucket ", bucket_id, " is registered as ", DTypeName(b.policy.dtype),
+        "; this request says ", DTypeName(req.policy.dtype),
         ". Every trainer must register a bucket id with the same data type (a mixed-precision "
         "model: convert it to one type, or keep each type's tensors in buckets of their own)"));
   }
-  if ((!compressor_in.empty() && compressor != b->compressor) ||
-      (density_in != 0 && density != b->out.density)) {
+  if ((req.compressor_given && req.compressor != b.compressor) ||
+      (req.density_given && req.density != b.out.density)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "bucket ", bucket_id, " is registered with compressor ", b->compressor, " at density ",
-        b->out.density, "; this request asks for ", compressor, " at ", density));
+        "bucket ", bucket_id, " is registered with compressor ", b.compressor, " at density ",
+        b.out.density, "; this request asks for ", req.compressor, " at ", req.density));
   }
-  // The data type alone (checked above) does not ask for the other parameters to match.
-  const bool other_params = std::any_of(
-      params.begin(), params.end(), [](const auto& kv) { return kv.first != kBucketParamDType; });
-  if (other_params && (cparams != b->params || policy != b->policy)) {
+  if (req.other_params && (req.cparams != b.params || req.policy != b.policy)) {
+    const BucketPolicy& p = req.policy;
     return absl::InvalidArgumentError(absl::StrCat(
         "bucket ", bucket_id, " is registered with other parameters than this request's (",
-        kBucketParamNonfinite, "=", AbslUnparseFlag(b->policy.nonfinite), " ",
-        kBucketParamSparseAllreduce, "=", AbslUnparseFlag(b->policy.sparse_allreduce), " ",
-        kBucketParamDenseFallback, "=", AbslUnparseFlag(b->policy.dense_fallback), " there, ",
-        kBucketParamNonfinite, "=", AbslUnparseFlag(policy.nonfinite), " ",
-        kBucketParamSparseAllreduce, "=", AbslUnparseFlag(policy.sparse_allreduce), " ",
-        kBucketParamDenseFallback, "=", AbslUnparseFlag(policy.dense_fallback),
+        kBucketParamNonfinite, "=", AbslUnparseFlag(b.policy.nonfinite), " ",
+        kBucketParamSparseAllreduce, "=", AbslUnparseFlag(b.policy.sparse_allreduce), " ",
+        kBucketParamDenseFallback, "=", AbslUnparseFlag(b.policy.dense_fallback), " there, ",
+        kBucketParamNonfinite, "=", AbslUnparseFlag(p.nonfinite), " ", kBucketParamSparseAllreduce,
+        "=", AbslUnparseFlag(p.sparse_allreduce), " ", kBucketParamDenseFallback, "=",
+        AbslUnparseFlag(p.dense_fallback),
         " here, or a compressor parameter): every trainer must register a bucket alike"));
   }
-  if (b->mem.shm->unlinked() && !(b->out.registered_mask & bit)) {
+  const uint64_t bit = 1ull << rank;
+  if (b.mem.shm->unlinked() && !(b.out.registered_mask & bit)) {
     return absl::FailedPreconditionError(absl::StrCat(
         "bucket ", bucket_id,
         "'s buffer was already attached by every local trainer and unlinked; a restarted "
         "trainer cannot rejoin a running job: restart all trainers of this node"));
   }
-  if (b->out.registered_mask & bit) {
-    const int now_on = b->mem.remote[rank] != nullptr ? b->mem.remote_device[rank] : device_.home;
-    if (b->mem.data != nullptr && device >= 0 && device != now_on) {
+  if (b.out.registered_mask & bit) {
+    const int now_on = b.mem.remote[rank] != nullptr ? b.mem.remote_device[rank] : device_.home;
+    if (b.mem.data != nullptr && req.device >= 0 && req.device != now_on) {
       return absl::InvalidArgumentError(absl::StrCat(
           "bucket ", bucket_id, " is registered by local trainer ", rank, " on GPU ", now_on,
-          "; this request says GPU ", device, ". Unregister it first to move it"));
-    }
-  } else {
-    // Several GPUs: the trainer's buffer on its own GPU, made before it counts as registered
-    // (an exchange of the bucket may still be finishing after its last unregistration).
-    while (b->out.state == BucketState::kExchanging && !stop_) published_cv_.Wait(&mu_);
-    b = buckets_.Find(bucket_id);
-    if (b == nullptr) {
-      return absl::UnavailableError(
-          absl::StrCat("bucket ", bucket_id, " was removed meanwhile; register it again"));
-    }
-    if (absl::Status s = buckets_.PlaceSlot(b, rank, device); !s.ok()) {
-      if (created_here) buckets_.Erase(bucket_id);  // nothing else holds it yet
-      return s;
-    }
-    b->out.registered_mask |= bit;
-    ++b->out.registrations;
-    (*session)->buckets++;
-    (*session)->bytes += buckets_.Footprint(b->elements, b->ex.sparse != nullptr) +
-                         buckets_.SlotRemoteBytes(*b, rank);
-    if (b->out.registered_mask == (1ull << options_.local_trainers) - 1 &&
-        b->out.state == BucketState::kRegistering) {
-      b->MoveTo(BucketState::kWaiting);
+          "; this request says GPU ", req.device, ". Unregister it first to move it"));
     }
   }
-  doorbell_.Ring();  // a newly complete registration can change the canonical order
+  return absl::OkStatus();
+}
+
+absl::StatusOr<EngineBucket*> Engine::AttachTrainerLocked(Session* session,
+                                                          const BucketRequest& req, EngineBucket* b,
+                                                          bool created_here) {
+  const uint32_t rank = session->local_rank;
+  const uint64_t bit = 1ull << rank;
+  if (b->out.registered_mask & bit) return b;  // registered again: nothing changes
+  // Several GPUs: the trainer's buffer on its own GPU, made before it counts as registered
+  // (an exchange of the bucket may still be finishing after its last unregistration).
+  while (b->out.state == BucketState::kExchanging && !stop_) published_cv_.Wait(&mu_);
+  b = buckets_.Find(req.bucket_id);
+  if (b == nullptr) {
+    return absl::UnavailableError(
+        absl::StrCat("bucket ", req.bucket_id, " was removed meanwhile; register it again"));
+  }
+  if (absl::Status s = buckets_.PlaceSlot(b, rank, req.device); !s.ok()) {
+    if (created_here) buckets_.Erase(req.bucket_id);  // nothing else holds it yet
+    return s;
+  }
+  b->out.registered_mask |= bit;
+  ++b->out.registrations;
+  session->buckets++;
+  session->bytes +=
+      buckets_.Footprint(b->elements, b->ex.sparse != nullptr) + buckets_.SlotRemoteBytes(*b, rank);
+  if (b->out.registered_mask == (1ull << options_.local_trainers) - 1 &&
+      b->out.state == BucketState::kRegistering) {
+    b->MoveTo(BucketState::kWaiting);
+  }
+  return b;
+}
+
+BucketGrant Engine::GrantLocked(const EngineBucket& b, uint32_t rank) const {
   BucketGrant grant;
-  grant.buffer = b->mem.shm.get();
-  const size_t eb = DTypeSize(b->mem.view.dtype);
-  if (b->mem.remote[rank] != nullptr) {
-    grant.device_buffer = b->mem.remote[rank].get();
+  grant.buffer = b.mem.shm.get();
+  const uint64_t elements = b.elements;
+  const size_t eb = DTypeSize(b.mem.view.dtype);
+  if (b.mem.remote[rank] != nullptr) {
+    grant.device_buffer = b.mem.remote[rank].get();
     grant.device_input_offset = DeviceInputOffset(elements, 0, eb);
     grant.device_output_offset = DeviceOutputOffset(elements, 1, eb);
-  } else if (b->mem.data != nullptr) {
-    grant.device_buffer = b->mem.data.get();
+  } else if (b.mem.data != nullptr) {
+    grant.device_buffer = b.mem.data.get();
     grant.device_input_offset = DeviceInputOffset(elements, rank, eb);
     grant.device_output_offset = DeviceOutputOffset(elements, options_.local_trainers, eb);
   } else {
@@ -244,9 +302,9 @@ absl::StatusOr<BucketGrant> Engine::RegisterBucket(
     grant.output_offset = OutputOffset(elements, options_.local_trainers, eb);
   }
   grant.elements = elements;
-  grant.compressor = b->compressor;
-  grant.density = b->out.density;
-  grant.next_step = b->mem.header->ready[rank].value.load();
+  grant.compressor = b.compressor;
+  grant.density = b.out.density;
+  grant.next_step = b.mem.header->ready[rank].value.load();
   return grant;
 }
 
