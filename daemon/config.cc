@@ -60,13 +60,9 @@ absl::Status ParseUids(const std::string& text, std::vector<uint32_t>* out) {
   return absl::OkStatus();
 }
 
-}  // namespace
-
-absl::StatusOr<DaemonConfig> LoadConfig() {
-  DaemonConfig c;
-  std::vector<std::string> errors;
-
-  EngineOptions& e = c.engine;
+// The engine's own flags (LoadConfig's first stage): trainers, compressor, fallback, limits,
+// the sparse all-reduce. Every bad value adds an error naming its flag to `errors`.
+void ReadEngineFlags(EngineOptions& e, std::vector<std::string>* errors) {
   e.local_trainers = absl::GetFlag(FLAGS_local_trainers);
   e.job = absl::GetFlag(FLAGS_job);
   e.compressor = absl::GetFlag(FLAGS_compressor);
@@ -76,7 +72,7 @@ absl::StatusOr<DaemonConfig> LoadConfig() {
   e.error_feedback = absl::GetFlag(FLAGS_error_feedback);
   const int64_t min_sparse = absl::GetFlag(FLAGS_min_sparse_elements);
   if (min_sparse < 0) {
-    errors.push_back(absl::StrCat("--min_sparse_elements must be >= 0, got ", min_sparse));
+    errors->push_back(absl::StrCat("--min_sparse_elements must be >= 0, got ", min_sparse));
   } else {
     e.min_sparse_elements = static_cast<uint64_t>(min_sparse);
   }
@@ -91,7 +87,7 @@ absl::StatusOr<DaemonConfig> LoadConfig() {
         std::make_tuple("--max_daemon_bytes", absl::GetFlag(FLAGS_max_daemon_bytes),
                         &e.max_daemon_bytes)}) {
     if (value < 0) {
-      errors.push_back(
+      errors->push_back(
           absl::StrCat(flag, " must be >= 0 (0: derived from the machine), got ", value));
     } else {
       *out = static_cast<uint64_t>(value);
@@ -104,6 +100,10 @@ absl::StatusOr<DaemonConfig> LoadConfig() {
   e.oktopk_recompute_every = absl::GetFlag(FLAGS_oktopk_recompute_every);
   e.oktopk_rebalance_every = absl::GetFlag(FLAGS_oktopk_rebalance_every);
   e.residual_norm_every = absl::GetFlag(FLAGS_residual_norm_every);
+}
+
+// The merge groups' flags (--merger and what its policies read).
+void ReadMergeFlags(EngineOptions& e, std::vector<std::string>* errors) {
   e.merger = absl::GetFlag(FLAGS_merger);
   e.merge.limits.window = static_cast<size_t>(absl::GetFlag(FLAGS_merge_window));
   e.merge.limits.max_group_elements = absl::GetFlag(FLAGS_max_group_elements);
@@ -119,14 +119,14 @@ absl::StatusOr<DaemonConfig> LoadConfig() {
   } else if (omgs_mode == "mgs") {
     e.merge.omgs_mode = OmgsMode::kMgs;
   } else {
-    errors.push_back(absl::StrCat("--omgs_mode must be threshold, count or mgs, got '",
-                                  omgs_mode.substr(0, 64), "'"));
+    errors->push_back(absl::StrCat("--omgs_mode must be threshold, count or mgs, got '",
+                                   omgs_mode.substr(0, 64), "'"));
   }
   e.merge_overlap = absl::GetFlag(FLAGS_merge_overlap);
   if (e.merge.omgs_count == 0) e.merge.omgs_count = 10;  // unused in threshold mode
   const std::string plan = absl::GetFlag(FLAGS_rgmerge_plan);
   if (plan != "ready" && plan != "model") {
-    errors.push_back(
+    errors->push_back(
         absl::StrCat("--rgmerge_plan must be ready or model, got '", plan.substr(0, 64), "'"));
   }
   e.merge.rgmerge_model = plan == "model";
@@ -137,7 +137,7 @@ absl::StatusOr<DaemonConfig> LoadConfig() {
                                                     absl::GetFlag(FLAGS_rgmerge_select),
                                                     &e.merge.rgmerge_select_behind}}) {
     if (value != "ahead" && value != "behind") {
-      errors.push_back(
+      errors->push_back(
           absl::StrCat(flag, " must be ahead or behind, got '", value.substr(0, 64), "'"));
     }
     *out = value == "behind";
@@ -151,66 +151,80 @@ absl::StatusOr<DaemonConfig> LoadConfig() {
   e.merge.rgmerge_equal_tail = absl::GetFlag(FLAGS_rgmerge_equal_tail);
   const std::string linger = absl::GetFlag(FLAGS_rgmerge_linger);
   if (linger != "off" && linger != "auto") {
-    errors.push_back(
+    errors->push_back(
         absl::StrCat("--rgmerge_linger must be off or auto, got '", linger.substr(0, 64), "'"));
   }
   e.merge.rgmerge_linger_auto = linger == "auto";
   e.merge.rgmerge_linger_max_us = absl::GetFlag(FLAGS_rgmerge_linger_max_us);
   const std::string bind = absl::GetFlag(FLAGS_rgmerge_bind);
   if (bind != "early" && bind != "late") {
-    errors.push_back(
+    errors->push_back(
         absl::StrCat("--rgmerge_bind must be early or late, got '", bind.substr(0, 64), "'"));
   }
   e.merge.rgmerge_bind_late = bind == "late";
-  if (absl::Status s = ValidateEngineOptions(e); !s.ok()) errors.emplace_back(s.message());
+}
+
+// What only the whole engine configuration can tell: its own validation, the merger it builds,
+// the registration timeout.
+void CheckEngineOptions(const EngineOptions& e, std::vector<std::string>* errors) {
+  if (absl::Status s = ValidateEngineOptions(e); !s.ok()) errors->emplace_back(s.message());
   if (absl::StatusOr<std::unique_ptr<Merger>> m = MakeMerger(e.merger, e.merge); !m.ok()) {
-    errors.emplace_back(m.status().message());
+    errors->emplace_back(m.status().message());
   }
   if (e.register_wait <= absl::ZeroDuration()) {
-    errors.push_back(
+    errors->push_back(
         absl::StrCat("--register_timeout must be a positive duration such as 30s, got ",
                      absl::FormatDuration(e.register_wait)));
   }
+}
 
+// The daemon's place and resources: socket, job, stop grace, threads, MPI waits, spinning,
+// device.
+void ReadServingFlags(DaemonConfig& c, std::vector<std::string>* errors) {
+  const EngineOptions& e = c.engine;
   c.socket = absl::GetFlag(FLAGS_socket);
   c.job = e.job.empty() ? DefaultJob() : e.job;
   const std::string mode = absl::GetFlag(FLAGS_socket_mode);
   if (!ParseMode(mode, &c.socket_mode)) {
-    errors.push_back(absl::StrCat(
+    errors->push_back(absl::StrCat(
         "--socket_mode must be octal permission bits such as 0600 (at most 0777), got '",
         mode.substr(0, 64), "'"));
   }
   c.shutdown_grace = absl::GetFlag(FLAGS_shutdown_grace);
   if (c.shutdown_grace <= absl::ZeroDuration()) {
-    errors.push_back(absl::StrCat("--shutdown_grace must be a positive duration such as 5s, got ",
-                                  absl::FormatDuration(c.shutdown_grace)));
+    errors->push_back(absl::StrCat("--shutdown_grace must be a positive duration such as 5s, got ",
+                                   absl::FormatDuration(c.shutdown_grace)));
   }
   c.threads = absl::GetFlag(FLAGS_threads);
   if (c.threads < 0) {
-    errors.push_back(absl::StrCat("--threads must be >= 0 (0: all cores), got ", c.threads));
+    errors->push_back(absl::StrCat("--threads must be >= 0 (0: all cores), got ", c.threads));
   }
   c.mpi_wait_max_sleep_us = absl::GetFlag(FLAGS_mpi_wait_max_sleep_us);
   if (c.mpi_wait_max_sleep_us < 0 || c.mpi_wait_max_sleep_us > 1000000) {
-    errors.push_back(
+    errors->push_back(
         absl::StrCat("--mpi_wait_max_sleep_us must be in [0, 1000000] (0: wait inside MPI), got ",
                      c.mpi_wait_max_sleep_us));
   }
   c.mpi_passive_wait_min_bytes = absl::GetFlag(FLAGS_mpi_passive_wait_min_bytes);
   if (c.mpi_passive_wait_min_bytes < 0) {
-    errors.push_back(absl::StrCat(
+    errors->push_back(absl::StrCat(
         "--mpi_passive_wait_min_bytes must be >= 0 (0: every collective waits passively), got ",
         c.mpi_passive_wait_min_bytes));
   }
   c.spin_us = absl::GetFlag(FLAGS_spin_us);
   if (c.spin_us < -1) {
-    errors.push_back(absl::StrCat("--spin_us must be >= 0, or -1 (automatic), got ", c.spin_us));
+    errors->push_back(absl::StrCat("--spin_us must be >= 0, or -1 (automatic), got ", c.spin_us));
   }
   c.device = absl::GetFlag(FLAGS_device);
   if (absl::StatusOr<std::vector<int>> d = ParseDeviceList(absl::GetFlag(FLAGS_devices)); d.ok()) {
     c.devices = *d;
   } else {
-    errors.emplace_back(d.status().message());
+    errors->emplace_back(d.status().message());
   }
+}
+
+// Logging, metrics and the timeline.
+void ReadObserveFlags(DaemonConfig& c, std::vector<std::string>* errors) {
   c.log_level = absl::GetFlag(FLAGS_log_level);
   if (const std::string metrics = absl::GetFlag(FLAGS_metrics_address); !metrics.empty()) {
     absl::StatusOr<MetricsAddress> m =
@@ -218,25 +232,30 @@ absl::StatusOr<DaemonConfig> LoadConfig() {
     if (m.ok()) {
       c.metrics = *m;
     } else {
-      errors.emplace_back(m.status().message());
+      errors->emplace_back(m.status().message());
     }
   }
   c.timeline = absl::GetFlag(FLAGS_timeline);
   c.timeline_dir = absl::GetFlag(FLAGS_timeline_dir);
   if (!c.timeline_dir.empty()) {
     if (absl::Status s = CheckPrivateDirectory(c.timeline_dir, geteuid()); !s.ok()) {
-      errors.push_back(absl::StrCat("--timeline_dir: ", s.message()));
+      errors->push_back(absl::StrCat("--timeline_dir: ", s.message()));
     }
   }
   const int64_t timeline_max = absl::GetFlag(FLAGS_timeline_max_bytes);
   if (timeline_max < 0) {
-    errors.push_back(
+    errors->push_back(
         absl::StrCat("--timeline_max_bytes must be >= 0 (0: no limit), got ", timeline_max));
   } else {
     c.timeline_max_bytes = static_cast<uint64_t>(timeline_max);
   }
+}
+
+// Who may connect and how much a client may hold: uids, connections, RPC threads, streams,
+// waits, checkpoint streams.
+void ReadClientLimitFlags(DaemonConfig& c, std::vector<std::string>* errors) {
   if (absl::Status s = ParseUids(absl::GetFlag(FLAGS_allow_uids), &c.allow_uids); !s.ok()) {
-    errors.emplace_back(s.message());
+    errors->emplace_back(s.message());
   }
   for (const auto& [flag, value, out] :
        {std::make_tuple("--max_connections", absl::GetFlag(FLAGS_max_connections),
@@ -246,35 +265,47 @@ absl::StatusOr<DaemonConfig> LoadConfig() {
                         absl::GetFlag(FLAGS_max_streams_per_connection),
                         &c.max_streams_per_connection)}) {
     if (value < 1 || value > 100000) {
-      errors.push_back(absl::StrCat(flag, " must be in 1..100000, got ", value));
+      errors->push_back(absl::StrCat(flag, " must be in 1..100000, got ", value));
     } else {
       *out = value;
     }
   }
   // gRPC's sync server keeps a few threads polling; fewer than this could serve nothing.
   if (c.rpc_threads < 4) {
-    errors.push_back(absl::StrCat("--rpc_threads must be >= 4, got ", c.rpc_threads));
+    errors->push_back(absl::StrCat("--rpc_threads must be >= 4, got ", c.rpc_threads));
   }
   c.max_exchange_wait = absl::GetFlag(FLAGS_max_exchange_wait);
   if (c.max_exchange_wait <= absl::ZeroDuration()) {
-    errors.push_back(
+    errors->push_back(
         absl::StrCat("--max_exchange_wait must be a positive duration such as 10m, got ",
                      absl::FormatDuration(c.max_exchange_wait)));
   }
   const int streams = absl::GetFlag(FLAGS_max_checkpoint_streams);
   if (streams < 0 || streams > 100000) {
-    errors.push_back(absl::StrCat(
+    errors->push_back(absl::StrCat(
         "--max_checkpoint_streams must be in 0..100000 (0: --local_trainers), got ", streams));
   } else {
     c.max_checkpoint_streams = streams;
   }
   c.checkpoint_stream_timeout = absl::GetFlag(FLAGS_checkpoint_stream_timeout);
   if (c.checkpoint_stream_timeout <= absl::ZeroDuration()) {
-    errors.push_back(
+    errors->push_back(
         absl::StrCat("--checkpoint_stream_timeout must be a positive duration such as 1m, got ",
                      absl::FormatDuration(c.checkpoint_stream_timeout)));
   }
+}
 
+}  // namespace
+
+absl::StatusOr<DaemonConfig> LoadConfig() {
+  DaemonConfig c;
+  std::vector<std::string> errors;
+  ReadEngineFlags(c.engine, &errors);
+  ReadMergeFlags(c.engine, &errors);
+  CheckEngineOptions(c.engine, &errors);
+  ReadServingFlags(c, &errors);
+  ReadObserveFlags(c, &errors);
+  ReadClientLimitFlags(c, &errors);
   if (!errors.empty()) return absl::InvalidArgumentError(absl::StrJoin(errors, "; "));
   return c;
 }
