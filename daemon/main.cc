@@ -299,6 +299,116 @@ absl::Status ServeUntilStopped(Engine& engine, grpc::Server& server, PeerListene
   return absl::OkStatus();
 }
 
+// The flags every node must set alike, checked on every node (AgreeOnFlag).
+absl::Status AgreeOnSharedFlags(Collective* mpi, const DaemonConfig& config) {
+  SPEX_RETURN_IF_ERROR(AgreeOnFlag(mpi, "--local_trainers", config.engine.local_trainers,
+                                   "averages divide by nodes x local trainers"));
+  // Blocking and non-blocking collectives never match each other: every node waits alike.
+  SPEX_RETURN_IF_ERROR(AgreeOnFlag(mpi, "--mpi_wait_max_sleep_us", config.mpi_wait_max_sleep_us,
+                                   "a node waiting inside MPI and one waiting passively issue "
+                                   "collectives that do not match"));
+  SPEX_RETURN_IF_ERROR(AgreeOnFlag(mpi, "--mpi_passive_wait_min_bytes",
+                                   config.mpi_passive_wait_min_bytes,
+                                   "a node waiting inside MPI and one waiting passively issue "
+                                   "collectives that do not match"));
+  return absl::OkStatus();
+}
+
+// The buffers' side: the GPU path when the nodes agreed on the GPU (`gpu` owns it; `device_path`
+// points into it), else host buffers, with a warning when --devices was given anyway.
+absl::Status SetUpBuffers(MpiCollective* mpi, Device device, const std::vector<int>& gpus,
+                          const DaemonConfig& config, const World& world, Primitives* host_prims,
+                          GpuPath* gpu, DevicePath* device_path) {
+  if (device == Device::kCuda) {
+    SPEX_RETURN_IF_ERROR(SetUpGpuPath(mpi, gpus, config.devices, world, gpu));
+    *device_path = {gpu->memory.get(), gpu->memory.get(), host_prims};
+    device_path->home = gpu->memory->gpu();
+    for (const auto& m : gpu->others) device_path->others.push_back({m->gpu(), m.get(), m.get()});
+    device_path->link = gpu->link.get();
+  } else if (!config.devices.empty()) {
+    SPEX_LOG(WARNING) << "--devices=" << absl::StrJoin(config.devices, ",")
+                      << " has no effect: this spexd serves host buffers (--device)";
+  }
+  return absl::OkStatus();
+}
+
+// The CPUs spexd may use: those of its affinity mask, with a warning when that is fewer than the
+// machine's and --threads did not choose.
+int CpusToUse(const DaemonConfig& config) {
+  // Under mpirun's default binding (a core per rank at 2 ranks or fewer) a spexd on a 64-core
+  // node gets one.
+  const int cpus = UsableCpus();
+  const int machine_cpus = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (cpus < machine_cpus && config.threads == 0) {
+    SPEX_LOG(WARNING) << "spexd may run on " << cpus << " of this machine's " << machine_cpus
+                      << " CPUs (its affinity mask), so its local reduce and compression use "
+                      << cpus << " thread" << (cpus == 1 ? "" : "s")
+                      << "; if that binding is not meant (mpirun binds each rank to a core by "
+                         "default when there are 2 ranks or fewer), start spexd with `mpirun "
+                         "--bind-to none` or `srun --cpu-bind=none`";
+  }
+  return cpus;
+}
+
+// The engine's options: the flags', the spin chosen for this host, and the hooks into the peer
+// notice and systemd's watchdog.
+EngineOptions EngineOptionsFor(const DaemonConfig& config, const World& world, int cpus,
+                               PeerNotice& notice, SdNotifier& notifier) {
+  EngineOptions opts = config.engine;
+  opts.engine_spin_us = opts.client_spin_us = SpinUs(config, world.host_count, cpus);
+  opts.announce_stop = [&notice] { notice.Announce(); };
+  opts.peer_stopped = [&notice](int* who) { return notice.PeerStopped(who); };
+  opts.heartbeat = [&notifier] { notifier.Watchdog().IgnoreError(); };
+  return opts;
+}
+
+// --merge_overlap: the engine's wire stage gets `wire` unless merge groups would need
+// MPI_THREAD_MULTIPLE and MPI does not provide it.
+void UseWireCollective(const EngineOptions& opts, MpiCollective* wire, Engine* engine) {
+  int level = 0;
+  MPI_Query_thread(&level);
+  if (opts.merger != MergerPolicy::kNone && opts.merge_overlap && level < MPI_THREAD_MULTIPLE) {
+    SPEX_LOG(WARNING) << "--merge_overlap: MPI provides thread level " << level
+                      << ", not MPI_THREAD_MULTIPLE; merge groups run without overlap";
+  } else {
+    engine->set_wire_collective(wire);
+  }
+}
+
+// The control socket and the gRPC service over a started engine, until the stop. A failure to
+// listen or serve stops the engine.
+absl::Status ServeEngine(Engine& engine, const DaemonConfig& config, const EngineOptions& opts,
+                         const std::string& socket, bool cuda_buffers, Collective& collective,
+                         PeerNotice& notice, SdNotifier& notifier, Timeline& timeline) {
+  absl::StatusOr<std::unique_ptr<PeerListener>> listener =
+      PeerListener::Listen({socket, config.socket_mode, config.allow_uids, config.max_connections});
+  if (!listener.ok()) {
+    engine.RequestStop();
+    engine.JoinFor(absl::Seconds(1));
+    return listener.status();
+  }
+  SpexService service(
+      &engine, kVersion, listener->get(),
+      {config.timeline_dir, config.timeline_max_bytes, config.max_exchange_wait,
+       std::max(1, config.rpc_threads - 3),
+       config.max_checkpoint_streams > 0 ? config.max_checkpoint_streams : opts.local_trainers,
+       config.checkpoint_stream_timeout},
+      &timeline);
+  absl::StatusOr<std::unique_ptr<grpc::Server>> server = Serve(&service, listener->get(), config);
+  if (!server.ok()) {
+    engine.RequestStop();
+    engine.JoinFor(absl::Seconds(1));
+    return server.status();
+  }
+  SPEX_LOG(INFO) << kVersion << " serving unix:" << socket << " (" << opts.local_trainers
+                 << " local trainers, compressor " << opts.compressor << ", spin "
+                 << opts.engine_spin_us << " us, " << (cuda_buffers ? "CUDA" : "host")
+                 << " buffers, collective " << collective.name() << ")";
+  Notify(notifier.Ready(absl::StrCat("serving on ", socket)));
+  return ServeUntilStopped(engine, **server, **listener, socket, config.shutdown_grace, notice,
+                           notifier, timeline);
+}
+
 // config -> MPI world -> device path -> engine -> gRPC server -> wait for the stop. Every
 // start-up check holds on all nodes or fails on all of them (AgreeOnAllNodes), so a failed start
 // leaves no node waiting in a collective and every node can still finalize.
@@ -318,48 +428,16 @@ absl::Status Run(const absl::StatusOr<DaemonConfig>& loaded, SdNotifier& notifie
   SPEX_ASSIGN_OR_RETURN(const Device device, AgreeOnDevice(&mpi, config.device, &gpus));
   const std::string socket = SocketPath(config, world.rank, world.host_index, world.host_count);
   SPEX_RETURN_IF_ERROR(AgreeOnAllNodes(&mpi, PrepareSocketPath(socket), "the --socket check"));
-  SPEX_RETURN_IF_ERROR(AgreeOnFlag(&mpi, "--local_trainers", config.engine.local_trainers,
-                                   "averages divide by nodes x local trainers"));
-  // Blocking and non-blocking collectives never match each other: every node waits alike.
-  SPEX_RETURN_IF_ERROR(AgreeOnFlag(&mpi, "--mpi_wait_max_sleep_us", config.mpi_wait_max_sleep_us,
-                                   "a node waiting inside MPI and one waiting passively issue "
-                                   "collectives that do not match"));
-  SPEX_RETURN_IF_ERROR(AgreeOnFlag(&mpi, "--mpi_passive_wait_min_bytes",
-                                   config.mpi_passive_wait_min_bytes,
-                                   "a node waiting inside MPI and one waiting passively issue "
-                                   "collectives that do not match"));
+  SPEX_RETURN_IF_ERROR(AgreeOnSharedFlags(&mpi, config));
   mpi.set_policy({config.mpi_wait_max_sleep_us, config.mpi_passive_wait_min_bytes});
   PeerNotice notice(MPI_COMM_WORLD);
   GpuPath gpu;
   DevicePath device_path;
-  if (device == Device::kCuda) {
-    SPEX_RETURN_IF_ERROR(SetUpGpuPath(&mpi, gpus, config.devices, world, &gpu));
-    device_path = {gpu.memory.get(), gpu.memory.get(), host_prims.get()};
-    device_path.home = gpu.memory->gpu();
-    for (const auto& m : gpu.others) device_path.others.push_back({m->gpu(), m.get(), m.get()});
-    device_path.link = gpu.link.get();
-  } else if (!config.devices.empty()) {
-    SPEX_LOG(WARNING) << "--devices=" << absl::StrJoin(config.devices, ",")
-                      << " has no effect: this spexd serves host buffers (--device)";
-  }
+  SPEX_RETURN_IF_ERROR(
+      SetUpBuffers(&mpi, device, gpus, config, world, host_prims.get(), &gpu, &device_path));
 
-  // The CPUs spexd may use are those of its affinity mask, not the machine's: under mpirun's
-  // default binding (a core per rank at 2 ranks or fewer) a spexd on a 64-core node gets one.
-  const int cpus = UsableCpus();
-  const int machine_cpus = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  if (cpus < machine_cpus && config.threads == 0) {
-    SPEX_LOG(WARNING) << "spexd may run on " << cpus << " of this machine's " << machine_cpus
-                      << " CPUs (its affinity mask), so its local reduce and compression use "
-                      << cpus << " thread" << (cpus == 1 ? "" : "s")
-                      << "; if that binding is not meant (mpirun binds each rank to a core by "
-                         "default when there are 2 ranks or fewer), start spexd with `mpirun "
-                         "--bind-to none` or `srun --cpu-bind=none`";
-  }
-  EngineOptions opts = config.engine;
-  opts.engine_spin_us = opts.client_spin_us = SpinUs(config, world.host_count, cpus);
-  opts.announce_stop = [&notice] { notice.Announce(); };
-  opts.peer_stopped = [&notice](int* who) { return notice.PeerStopped(who); };
-  opts.heartbeat = [&notifier] { notifier.Watchdog().IgnoreError(); };
+  const int cpus = CpusToUse(config);
+  EngineOptions opts = EngineOptionsFor(config, world, cpus, notice, notifier);
   // Observers (they outlive the engine). The timeline is always there, so that `spexctl
   // timeline start` can record at run time; it costs one atomic load per exchange while off.
   Timeline timeline(world.rank);
@@ -383,16 +461,7 @@ absl::Status Run(const absl::StatusOr<DaemonConfig>& loaded, SdNotifier& notifie
   Collective* collective = gpu.nccl != nullptr ? gpu.nccl.get() : &mpi;
   Engine engine(opts, collective, gpu.prims != nullptr ? gpu.prims.get() : host_prims.get(),
                 device_path);
-  if (wire != nullptr) {
-    int level = 0;
-    MPI_Query_thread(&level);
-    if (opts.merger != MergerPolicy::kNone && opts.merge_overlap && level < MPI_THREAD_MULTIPLE) {
-      SPEX_LOG(WARNING) << "--merge_overlap: MPI provides thread level " << level
-                        << ", not MPI_THREAD_MULTIPLE; merge groups run without overlap";
-    } else {
-      engine.set_wire_collective(wire.get());
-    }
-  }
+  if (wire != nullptr) UseWireCollective(opts, wire.get(), &engine);
   SPEX_RETURN_IF_ERROR(engine.Start());
   // Scrapes read the engine's sessions and buckets; detached before the engine goes away.
   if (metrics != nullptr) metrics->Attach(&engine);
@@ -400,33 +469,8 @@ absl::Status Run(const absl::StatusOr<DaemonConfig>& loaded, SdNotifier& notifie
     if (metrics != nullptr) metrics->Attach(nullptr);
   };
 
-  absl::StatusOr<std::unique_ptr<PeerListener>> listener =
-      PeerListener::Listen({socket, config.socket_mode, config.allow_uids, config.max_connections});
-  if (!listener.ok()) {
-    engine.RequestStop();
-    engine.JoinFor(absl::Seconds(1));
-    return listener.status();
-  }
-  SpexService service(
-      &engine, kVersion, listener->get(),
-      {config.timeline_dir, config.timeline_max_bytes, config.max_exchange_wait,
-       std::max(1, config.rpc_threads - 3),
-       config.max_checkpoint_streams > 0 ? config.max_checkpoint_streams : opts.local_trainers,
-       config.checkpoint_stream_timeout},
-      &timeline);
-  absl::StatusOr<std::unique_ptr<grpc::Server>> server = Serve(&service, listener->get(), config);
-  if (!server.ok()) {
-    engine.RequestStop();
-    engine.JoinFor(absl::Seconds(1));
-    return server.status();
-  }
-  SPEX_LOG(INFO) << kVersion << " serving unix:" << socket << " (" << opts.local_trainers
-                 << " local trainers, compressor " << opts.compressor << ", spin "
-                 << opts.engine_spin_us << " us, " << (gpu.memory != nullptr ? "CUDA" : "host")
-                 << " buffers, collective " << collective->name() << ")";
-  Notify(notifier.Ready(absl::StrCat("serving on ", socket)));
-  return ServeUntilStopped(engine, **server, **listener, socket, config.shutdown_grace, notice,
-                           notifier, timeline);
+  return ServeEngine(engine, config, opts, socket, gpu.memory != nullptr, *collective, notice,
+                     notifier, timeline);
 }
 
 int Main(const absl::StatusOr<DaemonConfig>& config, SdNotifier& notifier) {
