@@ -15,7 +15,7 @@ import time
 import unittest
 
 from spexrun_test import SCRIPT, Launch, netns, processes, segments
-from spex_test_util import SPEXD
+from spex_test_util import REPO, SPEXD
 
 from spex import run as spexrun
 from spex.emulated import EmulatedCluster
@@ -36,6 +36,33 @@ if restart < int(os.environ.get("WAIT_UNTIL", "0")):
     print("waiting", flush=True)
     time.sleep(300)
 print("done", flush=True)
+'''
+
+
+# Appended to the docs' script: the SHA-1 of the final parameters.
+DIGEST = r'''
+import hashlib
+h = hashlib.sha1()
+for p in model.parameters():
+    h.update(p.detach().numpy().tobytes())
+print("digest", h.hexdigest(), flush=True)
+'''
+
+# A sitecustomize for the trainers: on the first start, rank 1 exits when it is about to move
+# its second checkpoint into place.
+FAIL_BEFORE_SECOND_SAVE = r'''
+import os
+if os.environ.get("SPEX_RESTART_COUNT") == "0" and os.environ.get("RANK") == "1":
+    _replace, _calls = os.replace, [0]
+
+    def _failing_replace(src, dst):
+        _calls[0] += 1
+        if _calls[0] == 2:
+            print("failing before the second checkpoint", flush=True)
+            os._exit(1)
+        return _replace(src, dst)
+
+    os.replace = _failing_replace
 '''
 
 
@@ -183,6 +210,42 @@ class SpexrunRestartTest(unittest.TestCase):
         self.assertEqual(len(self.cluster_dirs(launch)), 2, launch.text())
         self.check_nothing_left(launch)
         self.assertEqual(glob.glob(f"/tmp/spex-{os.getuid()}/spexrun-{launch.proc.pid}-*"), [], "socket dir left")
+
+    def test_the_docs_recipe_resumes_after_a_failure(self):
+        """docs/checkpoint.md's script as it stands, on 2 emulated hosts: rank 1 exits just
+        before its second checkpoint (a sitecustomize wraps os.replace), so the ranks' newest
+        checkpoints differ; the restart resumes both from step 20 and ends with equal
+        parameters."""
+        with open(os.path.join(REPO, "docs", "checkpoint.md")) as f:
+            doc = f.read()
+        m = re.search(r"^## Jobs that survive failures\n(.*?)(?=^## )", doc, re.S | re.M)
+        self.assertIsNotNone(m, "docs/checkpoint.md has no '## Jobs that survive failures' section")
+        code = re.search(r"```python\n(.*?)```", m.group(1), re.S)
+        self.assertIsNotNone(code, "no ```python block in the section")
+        work = tempfile.mkdtemp(prefix="recipe-", dir=self.tmp)
+        script = os.path.join(work, "train_resilient.py")
+        with open(script, "w") as f:
+            f.write(code.group(1) + DIGEST)
+        inject = os.path.join(work, "inject")
+        os.makedirs(inject)
+        with open(os.path.join(inject, "sitecustomize.py"), "w") as f:
+            f.write(FAIL_BEFORE_SECOND_SAVE)
+        launch = Launch(["--emulated", "2", "--slots", "1", "--max-restarts", "1", *QUIET, "--", sys.executable,
+                         script], env={"PYTHONPATH": inject}, cwd=work)
+        self.addCleanup(lambda: launch.proc.poll() is None and (launch.proc.terminate(), launch.wait(timeout=60)))
+        rc = launch.wait(timeout=180)
+        out, err = launch.streams()
+        self.assertEqual(rc, 0, launch.text())
+        self.assertIn("[1,0]<stdout>:failing before the second checkpoint", out)
+        self.assertIn("restart 1 of 1 after: rank 1 (host2, local rank 0) exited with status 1", err)
+        for rank in (0, 1):
+            self.assertIn(f"[{rank},0]<stdout>:rank {rank}: start 1 from step 20", out, launch.text())
+            self.assertIn(f"[{rank},0]<stdout>:rank {rank}: done", out)
+        self.assertNotIn("starts afresh", out)
+        digests = re.findall(r"^\[\d,0\]<stdout>:digest (\w+)$", out, re.M)
+        self.assertEqual(len(digests), 2, launch.text())
+        self.assertEqual(len(set(digests)), 1, f"parameters differ between ranks: {digests}")
+        self.check_nothing_left(launch)
 
     def test_bad_restart_options_are_refused(self):
         for args, words in ((["--max-restarts", "-1"], "--max-restarts -1: give 0 (no restart) or more"),
