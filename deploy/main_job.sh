@@ -9,13 +9,16 @@
 # accuracy, step and exchange time, achieved density) and a table (time per step, time to 95%
 # test accuracy, final accuracy, speed-up over DDP). CSVs, summary.json and a PNG plot (accuracy
 # against wall-clock time) go to bench/results/train_digits/ (or --results DIR). About 5 minutes
-# on 2 cores. Needs root (network namespaces); --network=loopback runs on this machine's loopback,
-# where each node's daemon and trainers get their own core(s) when the processes outnumber the
-# cores (--pin auto|node|none; spex.cluster.LocalCluster(pin=...)).
+# on 2 cores. --model lstm trains a word-level LSTM language model on Debian's fortunes text,
+# --model cnn a convolutional network on Fashion-MNIST (Debian's dataset-fashion-mnist) instead.
+# train_digits.py is the program; its parts (flags, runs, models, hooks, training, launcher,
+# report) are the package deploy/mainjob/. Needs root (network namespaces); --network=loopback
+# runs on this machine's loopback, where each node's daemon and trainers get their own core(s)
+# when the processes outnumber the cores (--pin auto|node|none; spex.cluster.LocalCluster(pin=...)).
 #
 #   bash deploy/main_job.sh [--hosts 4] [--rate 100mbit] [--latency-us 500] [--network loopback]
 #       [--runs gloo,fp16,bf16,powersgd:RANK,dense,micro:0.01,topk:0.01] [--epochs N] [--hidden N]
-#       [--target-acc 95]
+#       [--target-acc 95] [--model mlp|lstm|cnn] [--steps-per-epoch N]
 #       [--pin auto|node|none]
 #   (--param KEY=VALUE: compressor parameters; --spexd-arg=FLAG, repeatable, replaces the default
 #   spexd flags, e.g. to try the daemon's --dense_fallback=auto probe)

@@ -5,8 +5,9 @@ spex cluster (spexd under mpirun, default 2 nodes x 2 trainers) -- by default on
 trainers inside its host, so DDP's own gloo all-reduce crosses the same slow links as spex), or on
 this machine's loopback (--network=loopback) -- then trains a model (--model: an MLP on
 scikit-learn's digits, a word-level LSTM language model on Debian's fortunes text, or a CNN on
-Fashion-MNIST from Debian's dataset-fashion-mnist; mainjob/models.py) with PyTorch DDP (gloo process group, one process per trainer) once per run in --runs (default: `gloo`
-= DDP's own all-reduce, what a user runs without spex; PyTorch's own compression hooks `fp16` and
+Fashion-MNIST from Debian's dataset-fashion-mnist; mainjob/models.py) with PyTorch DDP (gloo
+process group, one process per trainer) once per run in --runs (default: `gloo` = DDP's own
+all-reduce, what a user runs without spex; PyTorch's own compression hooks `fp16` and
 `powersgd:1`, what a DDP user on a slow network would try next; `dense` = spex without
 compression; `micro` at density 0.01), printing one line per epoch (loss, test accuracy, step
 time, exchange time, achieved density from GetStats) and a comparison table (time per step, time
