@@ -21,7 +21,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "client/client.h"
-#include "daemon/memory/futex.h"
+#include "proto/contract/futex.h"
 
 ABSL_FLAG(std::string, socket, "", "spexd socket (empty: only the futex floor)");
 ABSL_FLAG(int, iters, 10000, "round trips per measurement");

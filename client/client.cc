@@ -8,9 +8,9 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/memory/futex.h"
-#include "daemon/util/paths.h"
 #include "grpcpp/grpcpp.h"
+#include "proto/contract/futex.h"
+#include "proto/contract/socket_paths.h"
 
 namespace spex {
 namespace {

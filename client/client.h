@@ -28,9 +28,9 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
-#include "daemon/memory/cuda_ipc_buffer.h"
-#include "daemon/memory/layout.h"
-#include "daemon/memory/shm_buffer.h"
+#include "client/ipc_handle_cache.h"
+#include "client/shm_mapping.h"
+#include "proto/contract/layout.h"
 #include "proto/spex.grpc.pb.h"
 
 namespace spex {
@@ -65,7 +65,7 @@ struct BucketView {
 // through `cache` (opened on first use, then reused); `cache` null means this client asked for
 // host buckets, and a device reply is then FailedPrecondition (and vice versa when
 // `want_device`). A device buffer must carry local_size + 1 IPC events.
-// `dtype`: the bucket's header dtype code (daemon/memory/layout.h: 0 float32, 1 bfloat16,
+// `dtype`: the bucket's header dtype code (proto/contract/layout.h: 0 float32, 1 bfloat16,
 // 2 float16), which the header must carry; half buckets have 2-byte slots (host and device).
 absl::StatusOr<BucketView> ResolveBucketView(const v1::RegisterBucketResponse& resp,
                                              size_t elements, uint32_t local_rank,

@@ -23,10 +23,10 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_format.h"
 #include "client/watch_rates.h"
-#include "daemon/util/paths.h"
 #include "google/protobuf/util/json_util.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
+#include "proto/contract/socket_paths.h"
 #include "proto/spex.grpc.pb.h"
 
 ABSL_FLAG(std::string, socket, "",

@@ -20,7 +20,7 @@
 #include "daemon/flags.h"
 #include "daemon/merge/merger.h"
 #include "daemon/observe/metrics_address.h"
-#include "daemon/util/paths.h"
+#include "proto/contract/socket_paths.h"
 
 namespace spex {
 namespace {

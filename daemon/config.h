@@ -57,7 +57,7 @@ struct DaemonConfig {
 absl::StatusOr<DaemonConfig> LoadConfig();
 
 // The control socket of node `rank`, the `host_index`-th of the `host_count` daemons of its
-// host: --socket with '{rank}' replaced, else the default path (daemon/util/paths.h).
+// host: --socket with '{rank}' replaced, else the default path (proto/contract/socket_paths.h).
 std::string SocketPath(const DaemonConfig& config, int rank, int host_index, int host_count);
 
 // --spin_us, with -1 resolved: 50 us when the host's `cores` exceed its daemons x (local

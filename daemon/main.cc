@@ -37,7 +37,6 @@
 #include "daemon/transport/nccl_collective.h"
 #include "daemon/util/heap.h"
 #include "daemon/util/log.h"
-#include "daemon/util/paths.h"
 #include "daemon/util/sd_notify.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
@@ -45,6 +44,7 @@
 #include "grpcpp/resource_quota.h"
 #include "kernels/base/status_macros.h"
 #include "kernels/primitives.h"
+#include "proto/contract/socket_paths.h"
 
 namespace spex {
 namespace {

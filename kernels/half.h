@@ -20,7 +20,7 @@
 
 namespace spex {
 
-// The codes are the BucketHeader's `dtype` field (daemon/memory/layout.h): 0 is float32, so a
+// The codes are the BucketHeader's `dtype` field (proto/contract/layout.h): 0 is float32, so a
 // header written before half buckets existed reads as float32.
 enum class DType : uint32_t { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };
 

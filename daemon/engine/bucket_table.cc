@@ -7,7 +7,7 @@
 namespace spex {
 namespace {
 
-// The header trainers check when they attach (daemon/memory/layout.h), at the segment's start.
+// The header trainers check when they attach (proto/contract/layout.h), at the segment's start.
 BucketHeader* NewHeader(void* at, uint64_t id, uint64_t elements, uint32_t slots,
                         DType dtype = DType::kFloat32) {
   auto* h = new (at) BucketHeader();

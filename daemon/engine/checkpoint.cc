@@ -7,9 +7,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "daemon/memory/layout.h"
 #include "kernels/compressors/state_blob.h"
 #include "kernels/half.h"
+#include "proto/contract/layout.h"
 
 namespace spex {
 namespace {

@@ -4,7 +4,7 @@
 
 #include <algorithm>
 
-#include "daemon/memory/futex.h"
+#include "proto/contract/futex.h"
 
 namespace spex {
 

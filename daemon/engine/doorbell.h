@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "daemon/memory/layout.h"
 #include "daemon/memory/shm_buffer.h"
+#include "proto/contract/layout.h"
 
 namespace spex {
 

@@ -10,9 +10,9 @@
 #include "absl/strings/str_join.h"
 #include "daemon/engine/control_round.h"
 #include "daemon/engine/engine_passes.h"
-#include "daemon/memory/futex.h"
 #include "daemon/util/heap.h"
 #include "daemon/util/log.h"
+#include "proto/contract/futex.h"
 
 namespace spex {
 

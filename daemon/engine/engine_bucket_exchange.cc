@@ -9,9 +9,9 @@
 #include "daemon/engine/control_round.h"
 #include "daemon/engine/engine.h"
 #include "daemon/engine/engine_passes.h"
-#include "daemon/memory/futex.h"
 #include "daemon/transport/agreement.h"
 #include "daemon/util/log.h"
+#include "proto/contract/futex.h"
 
 namespace spex {
 

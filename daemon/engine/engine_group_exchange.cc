@@ -12,8 +12,8 @@
 #include "daemon/engine/engine.h"
 #include "daemon/engine/engine_passes.h"
 #include "daemon/engine/group_round.h"
-#include "daemon/memory/futex.h"
 #include "daemon/util/log.h"
+#include "proto/contract/futex.h"
 
 namespace spex {
 

@@ -9,7 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "daemon/memory/layout.h"
+#include "proto/contract/layout.h"
 
 namespace spex {
 

@@ -21,8 +21,8 @@
 #include "daemon/engine/observer.h"
 #include "daemon/engine/scheduler.h"
 #include "daemon/engine/step.h"
-#include "daemon/memory/futex.h"
 #include "daemon/merge/merger.h"
+#include "proto/contract/futex.h"
 
 namespace spex {
 

@@ -8,8 +8,8 @@
 #include "absl/strings/str_join.h"
 #include "daemon/engine/control_round.h"
 #include "daemon/engine/engine.h"
-#include "daemon/memory/futex.h"
 #include "daemon/util/log.h"
+#include "proto/contract/futex.h"
 
 namespace spex {
 namespace {

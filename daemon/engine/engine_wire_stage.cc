@@ -6,9 +6,9 @@
 #include "absl/types/span.h"
 #include "daemon/engine/engine.h"
 #include "daemon/engine/engine_passes.h"
-#include "daemon/memory/futex.h"
 #include "daemon/transport/agreement.h"
 #include "daemon/util/log.h"
+#include "proto/contract/futex.h"
 
 namespace spex {
 

@@ -10,7 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "daemon/engine/sparse_exchange.h"
 #include "daemon/engine/wire.h"
-#include "daemon/memory/futex.h"
+#include "proto/contract/futex.h"
 
 namespace spex {
 namespace {

@@ -12,7 +12,7 @@
 
 namespace spex {
 
-// One phase of one exchange, in MonotonicNanos (daemon/memory/futex.h) time.
+// One phase of one exchange, in MonotonicNanos (proto/contract/futex.h) time.
 struct PhaseSpan {
   Phase phase;
   uint64_t begin_ns = 0;

@@ -20,11 +20,11 @@
 #include "absl/types/span.h"
 #include "daemon/engine/exchange_record.h"
 #include "daemon/engine/oktopk_exchange.h"
-#include "daemon/memory/layout.h"
 #include "daemon/transport/collective.h"
 #include "kernels/compressor.h"
 #include "kernels/half.h"
 #include "kernels/primitives.h"
+#include "proto/contract/layout.h"
 
 namespace spex {
 

@@ -1,6 +1,6 @@
 // POSIX shared memory for the CPU path: the daemon creates a segment with an unguessable name
-// and mode 0600 (ShmBuffer), trainers map it by name (ShmMapping). The name is unlinked as
-// soon as every trainer has attached, so a killed process leaks nothing in /dev/shm. The
+// and mode 0600 (ShmBuffer), trainers map it by name (client/shm_mapping.h). The name is unlinked
+// as soon as every trainer has attached, so a killed process leaks nothing in /dev/shm. The
 // daemon's mapping is guarded (segment_guard.h): a trainer shrinking the segment fails its
 // bucket instead of killing the daemon.
 #pragma once
@@ -47,21 +47,6 @@ class ShmBuffer : public SharedBuffer {
   size_t size_;
   std::unique_ptr<SegmentGuard> guard_;  // released before the range is unmapped
   bool unlinked_ = false;
-};
-
-// A trainer's mapping of a segment the daemon created.
-class ShmMapping {
- public:
-  // Opens `name` and maps exactly `size` bytes; fails if the segment is smaller.
-  static absl::StatusOr<std::unique_ptr<ShmMapping>> Attach(const std::string& name, size_t size);
-  ~ShmMapping();
-  void* data() { return base_; }
-  size_t size() const { return size_; }
-
- private:
-  ShmMapping(void* base, size_t size) : base_(base), size_(size) {}
-  void* base_;
-  size_t size_;
 };
 
 }  // namespace spex

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "client/client.h"
-#include "daemon/memory/cuda_ipc_buffer.h"
+#include "client/ipc_handle_cache.h"
 #include "gtest/gtest.h"
 #include "proto/spex.pb.h"
 

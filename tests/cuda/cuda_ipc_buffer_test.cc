@@ -7,6 +7,7 @@
 #include <map>
 #include <string>
 
+#include "client/ipc_handle_cache.h"
 #include "gtest/gtest.h"
 #include "proto/spex.pb.h"
 

@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
-#include "daemon/memory/cuda_ipc_buffer.h"
+#include "client/ipc_handle_cache.h"
 #include "daemon/memory/device_memory.h"
 #include "daemon/transport/collective.h"
 #include "kernels/primitives.h"

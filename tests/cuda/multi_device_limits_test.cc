@@ -9,8 +9,8 @@
 #include <string>
 
 #include "daemon/engine/engine.h"
-#include "daemon/memory/layout.h"
 #include "gtest/gtest.h"
+#include "proto/contract/layout.h"
 #include "tests/cuda/fake_node.h"
 #include "tests/support/engine_cluster.h"
 

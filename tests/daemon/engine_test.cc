@@ -8,8 +8,8 @@
 #include <atomic>
 #include <thread>
 
-#include "daemon/memory/futex.h"
 #include "gtest/gtest.h"
+#include "proto/contract/futex.h"
 #include "tests/support/engine_cluster.h"
 
 namespace spex::test {

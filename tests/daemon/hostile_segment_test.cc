@@ -19,9 +19,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "daemon/engine/engine.h"
-#include "daemon/memory/futex.h"
-#include "daemon/memory/layout.h"
 #include "gtest/gtest.h"
+#include "proto/contract/futex.h"
+#include "proto/contract/layout.h"
 #include "tests/support/engine_cluster.h"
 
 namespace spex::test {

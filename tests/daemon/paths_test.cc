@@ -1,8 +1,6 @@
 // Socket paths: the defaults (unique per user, job and host) and the checks PrepareSocketPath
 // makes before spexd binds: live sockets refused, stale ones removed, and directories another
 // user made or can write refused (the squatting attack on /tmp/spex-<uid>).
-#include "daemon/util/paths.h"
-
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -17,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "proto/contract/socket_paths.h"
 
 namespace spex {
 namespace {

@@ -2,6 +2,7 @@
 
 #include <sys/stat.h>
 
+#include "client/shm_mapping.h"
 #include "gtest/gtest.h"
 #include "proto/spex.pb.h"
 

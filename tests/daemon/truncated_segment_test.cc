@@ -23,10 +23,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "daemon/engine/engine.h"
-#include "daemon/memory/layout.h"
 #include "daemon/memory/segment_guard.h"
 #include "daemon/memory/shm_buffer.h"
 #include "gtest/gtest.h"
+#include "proto/contract/layout.h"
 #include "tests/support/engine_cluster.h"
 
 namespace spex::test {

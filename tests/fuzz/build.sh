@@ -23,8 +23,9 @@ KERNELS=(kernels/primitives.cc kernels/cpu/half_kernels.cc kernels/compressor.cc
   kernels/error_feedback.cc kernels/reference/reference_primitives.cc kernels/compressors/*.cc)
 PROTO=("$OUT/gen/proto/spex.pb.cc" "$OUT/gen/proto/spex.grpc.pb.cc")
 MEMORY=(daemon/memory/shm_buffer.cc daemon/memory/segment_guard.cc daemon/util/heap.cc daemon/util/log.cc
-  daemon/util/paths.cc)
-CLIENT=(client/client.cc daemon/memory/cuda_ipc_buffer.cc kernels/cuda/cuda_error.cc)
+  proto/contract/socket_paths.cc)
+CLIENT=(client/client.cc client/shm_mapping.cc client/ipc_handle_cache.cc
+  proto/contract/cuda_ipc_descriptor.cc kernels/cuda/cuda_error.cc)
 ENGINE=(daemon/engine/*.cc daemon/transport/agreement.cc daemon/transport/collective.cc
   daemon/transport/inproc_collective.cc daemon/merge/*.cc
   daemon/service/spex_service.cc daemon/service/peer_listener.cc)
@@ -34,7 +35,7 @@ declare -A SRCS=(
   [wire_fuzz]="tests/fuzz/wire_fuzz.cc ${WIRE[*]}"
   [compressor_fuzz]="tests/fuzz/compressor_fuzz.cc ${KERNELS[*]}"
   [header_fuzz]="tests/fuzz/header_fuzz.cc ${CLIENT[*]} ${MEMORY[*]} ${PROTO[*]}"
-  [requests_fuzz]="tests/fuzz/requests_fuzz.cc ${ENGINE[*]} ${KERNELS[*]} ${MEMORY[*]} ${PROTO[*]}"
+  [requests_fuzz]="tests/fuzz/requests_fuzz.cc client/shm_mapping.cc ${ENGINE[*]} ${KERNELS[*]} ${MEMORY[*]} ${PROTO[*]}"
 )
 ALL=(wire_fuzz compressor_fuzz header_fuzz requests_fuzz)
 TARGETS=("$@")

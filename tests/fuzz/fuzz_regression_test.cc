@@ -9,10 +9,10 @@
 
 #include "client/client.h"
 #include "daemon/engine/wire.h"
-#include "daemon/memory/layout.h"
 #include "gtest/gtest.h"
 #include "kernels/compressor.h"
 #include "kernels/reference/reference_primitives.h"
+#include "proto/contract/layout.h"
 
 namespace spex {
 namespace {

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "client/client.h"
-#include "daemon/memory/layout.h"
+#include "proto/contract/layout.h"
 
 namespace {
 

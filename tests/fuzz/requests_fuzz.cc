@@ -21,15 +21,15 @@
 #include <string>
 #include <vector>
 
+#include "client/shm_mapping.h"
 #include "daemon/engine/engine.h"
-#include "daemon/memory/layout.h"
-#include "daemon/memory/shm_buffer.h"
 #include "daemon/service/spex_service.h"
 #include "daemon/transport/inproc_collective.h"
 #include "daemon/util/log.h"
 #include "kernels/compressor.h"
 #include "kernels/half.h"
 #include "kernels/reference/reference_primitives.h"
+#include "proto/contract/layout.h"
 
 namespace {
 

@@ -1,7 +1,7 @@
 // The control channel's contract as spexd keeps it, not protoc's: requests encoded byte by byte
 // as the shipped clients encode them (field numbers and wire types of spex.v1, which a change of
 // proto/spex.proto must not move) go through the service's own handlers on a one-node engine and
-// mean what the clients mean; the layout the daemon answers is daemon/memory/layout.h's; a newer
+// mean what the clients mean; the layout the daemon answers is proto/contract/layout.h's; a newer
 // client (an unknown field, data type or protocol version) is ignored or refused naming the fix;
 // and the limits the daemon relies on (request strings, checkpoint chunks under gRPC's default
 // message size) hold.
@@ -13,10 +13,10 @@
 #include <string>
 
 #include "daemon/engine/engine_options.h"
-#include "daemon/memory/layout.h"
 #include "daemon/service/spex_service.h"
 #include "grpc/impl/codegen/grpc_types.h"
 #include "gtest/gtest.h"
+#include "proto/contract/layout.h"
 #include "proto/spex.pb.h"
 #include "tests/support/engine_cluster.h"
 

@@ -1,5 +1,5 @@
 """Tests of the spex Python client against real daemons (spexd under mpirun): the shared-segment
-layout against daemon/memory/layout.h, the generated stubs, the native atomics, exact averages
+layout against proto/contract/layout.h, the generated stubs, the native atomics, exact averages
 over the doorbell and RPC paths, and every bad input a trainer can meet turning into a clear
 exception instead of a hang."""
 
@@ -20,8 +20,8 @@ from spex_test_util import REPO, ClusterTestCase, run_threads
 
 
 def header_constants():
-    """Integer constants and offsetof static_asserts of daemon/memory/layout.h."""
-    with open(os.path.join(REPO, "daemon", "memory", "layout.h")) as f:
+    """Integer constants and offsetof static_asserts of proto/contract/layout.h."""
+    with open(os.path.join(REPO, "proto", "contract", "layout.h")) as f:
         text = f.read()
     consts = {m.group(1): int(m.group(2), 0)
               for m in re.finditer(r"constexpr\s+\w+\s+(k\w+)\s*=\s*(0x[0-9a-fA-F]+|\d+)\s*;", text)}

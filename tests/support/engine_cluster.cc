@@ -4,10 +4,10 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/memory/futex.h"
 #include "daemon/memory/shared_buffer.h"
 #include "gtest/gtest.h"
 #include "kernels/reference/reference_primitives.h"
+#include "proto/contract/futex.h"
 
 namespace spex::test {
 

@@ -24,11 +24,11 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "daemon/engine/engine.h"
-#include "daemon/memory/layout.h"
 #include "daemon/transport/collective.h"
 #include "daemon/transport/inproc_collective.h"
 #include "kernels/compressor.h"
 #include "kernels/primitives.h"
+#include "proto/contract/layout.h"
 
 namespace spex::test {
 

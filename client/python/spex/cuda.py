@@ -1,5 +1,5 @@
-"""Device buckets for Python trainers: what daemon/memory/cuda_ipc_buffer.h and client/client.cc
-do for the C++ client, when the daemon serves CUDA buffers (spexd --device=cuda).
+"""Device buckets for Python trainers: what proto/contract/cuda_ipc_descriptor.h, client/ipc_handle_cache.h
+and client/client.cc do for the C++ client, when the daemon serves CUDA buffers (spexd --device=cuda).
 
 The daemon keeps a device bucket's data (every trainer's input slot and the shared output) in
 one CUDA IPC buffer on its GPU, with one interprocess event per input slot (event r: trainer r's

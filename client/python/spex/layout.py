@@ -1,4 +1,4 @@
-"""Byte layout of spexd's shared segments, mirrored from daemon/memory/layout.h.
+"""Byte layout of spexd's shared segments, mirrored from proto/contract/layout.h.
 
 This is a wire contract with the daemon: the offsets below must equal the static_asserts in
 layout.h (tests/python checks them against the header). Change only together with

@@ -1,4 +1,4 @@
-"""Where the node's spexd listens by default, as daemon/util/paths.h defines it:
+"""Where the node's spexd listens by default, as proto/contract/socket_paths.h defines it:
 
     <base>/<job>/<hostname>[.<i>].sock
 
@@ -7,7 +7,7 @@ cannot write, else /tmp/spex-<uid>. <job> is $SPEX_JOB, else $SLURM_JOB_ID, else
 is added when several daemons share a host (i = $SPEX_LOCAL_DAEMON). $SPEX_SOCKET, when set,
 overrides the whole path.
 
-Also the trainer's side of the socket checks (daemon/util/paths.h CheckServerSocket): who
+Also the trainer's side of the socket checks (proto/contract/socket_paths.h CheckServerSocket): who
 listens (SO_PEERCRED) and whether the socket's directory could be changed by another user."""
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def _check_chain(directory: str, trusted: int, final_last: bool = True) -> Optio
 
 def private_directory_problem(directory: str, trusted: int) -> Optional[str]:
     """Why another user than `trusted` (or root) could change what `directory` holds, or None
-    (the rules of daemon/util/paths.h CheckPrivateDirectory)."""
+    (the rules of proto/contract/socket_paths.h CheckPrivateDirectory)."""
     problem = _check_chain(directory, trusted)
     if problem is None:
         resolved = os.path.realpath(directory)

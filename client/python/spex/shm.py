@@ -1,5 +1,5 @@
-"""Mapping the POSIX shared-memory segments spexd creates (daemon/memory/shm_buffer.h) into this
-process, as writable mmap objects that numpy arrays and torch tensors can view without copies."""
+"""Mapping the POSIX shared-memory segments spexd creates (as client/shm_mapping.h does for C++) into
+this process, as writable mmap objects that numpy arrays and torch tensors can view without copies."""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-#include "daemon/util/paths.h"
+// The socket paths a daemon and its trainers agree on, and the checks both sides make on them
+// (socket_paths.h).
+#include "proto/contract/socket_paths.h"
 
 #include <pwd.h>
 #include <sys/socket.h>
