@@ -40,9 +40,9 @@ from .world import WorldNode, start_daemon_world
 # environment, and spex's and Open MPI's own settings.
 FORWARD_PREFIXES = ("SPEX_", "OMPI_MCA_", "NCCL_", "CUDA_VISIBLE_DEVICES")
 FORWARD_NAMES = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "VIRTUAL_ENV", "OMP_NUM_THREADS")
-# After the first failure of an attempt, how long the launcher still collects events before it
-# names the cause: a killed daemon or a lost host makes trainers fail too, and the cause named
-# (and the host left out) is the daemon's or the host's, not a trainer's that followed.
+# After a trainer's failure, how long the launcher still collects events before it names the
+# cause: a killed daemon or a lost host makes trainers fail too, and the cause named (and the
+# host left out) is the daemon's or the host's, not a trainer's that failed first.
 SETTLE_S = 1.5
 
 
@@ -654,8 +654,8 @@ class Launcher:
                 return Failure(128 + ev[1], f"{signal_name(-ev[1])} received", restartable=False)
             if failure is not None:
                 failures.append(failure)
-                if not self.a.max_restarts:
-                    return failure  # no restart: no cause to weigh, stop now
+                if not self.a.max_restarts or "trainer" not in failure.blame.values():
+                    break  # no restart (no cause to weigh), or the cause is a daemon or a host
                 if settle_until is None:
                     settle_until = time.monotonic() + SETTLE_S
         if not failures:
