@@ -20,6 +20,7 @@
 #include "tests/cuda/compressor_cases.h"
 #include "tests/cuda/fake_device.h"
 #include "tests/support/engine_cluster.h"
+#include "tests/support/synthetic_gradient.h"
 
 namespace spex {
 namespace {
@@ -139,11 +140,8 @@ double BytesPerStep(const std::string& compressor, size_t n, size_t k) {
       ASSERT_TRUE(tr->Register(kBucket, n, compressor, density).ok());
       for (int s = 0; s < kSteps; ++s) {
         tr->Fill(kBucket, [&](size_t i) {
-          uint64_t x = (uint64_t{static_cast<uint32_t>(node * 7 + t)} << 40) ^
-                       (uint64_t{static_cast<uint32_t>(s)} << 32) ^ i;
-          x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-          x ^= x >> 29;
-          return static_cast<float>(static_cast<int64_t>(x % 2000001) - 1000000) * 1e-9f;
+          return test::Gradient({node, t, kBucket, static_cast<uint64_t>(s), i},
+                                {test::GradientShape::kUniform, 2e-3, 0, 0.0});
         });
         auto rec = tr->Exchange(kBucket, s);
         ASSERT_TRUE(rec.ok()) << rec.status();

@@ -39,6 +39,7 @@
 #include "proto/spex.pb.h"
 #include "tests/cuda/fake_device.h"
 #include "tests/support/engine_cluster.h"
+#include "tests/support/synthetic_gradient.h"
 
 namespace spex::test {
 namespace {
@@ -53,15 +54,7 @@ constexpr size_t kDenseElements = 4099;
 // Roughly Gaussian, not integers: the order of additions shows in the bits, so equal results
 // mean the device path adds in the CPU path's order.
 float Value(int node, int trainer, uint64_t bucket, uint64_t step, size_t i) {
-  uint64_t x = (static_cast<uint64_t>(node) << 56) ^ (static_cast<uint64_t>(trainer) << 48) ^
-               (bucket << 40) ^ (step << 32) ^ i;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  x ^= x >> 31;
-  const double u1 = ((x & 0xffffffull) + 0.5) / 16777216.0;
-  const double u2 = (((x >> 24) & 0xffffffull) + 0.5) / 16777216.0;
-  const double g = std::sqrt(-2 * std::log(u1)) * std::cos(6.283185307179586 * u2);
-  return static_cast<float>(g * (1.0 + 4.0 * ((i * 2654435761u) % 97 == 0)) * 1e-3);
+  return Gradient({node, trainer, bucket, step, i});
 }
 
 // The FakeBuffer id of a device grant's buffer (0 on the CPU path).

@@ -23,6 +23,7 @@
 #include "tests/cuda/fake_device.h"
 #include "tests/cuda/fake_node.h"
 #include "tests/support/engine_cluster.h"
+#include "tests/support/synthetic_gradient.h"
 
 namespace spex::test {
 namespace {
@@ -36,13 +37,7 @@ constexpr size_t kDenseElements = 3001;
 
 // Roughly Gaussian and not integers, so the order of additions shows in the bits.
 float Value(int node, int trainer, uint64_t bucket, uint64_t step, size_t i) {
-  uint64_t x = (static_cast<uint64_t>(node) << 56) ^ (static_cast<uint64_t>(trainer) << 48) ^
-               (bucket << 40) ^ (step << 32) ^ i;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  x ^= x >> 31;
-  const double u = ((x & 0xffffffull) + 0.5) / 16777216.0;
-  return static_cast<float>((u - 0.5) * (1.0 + 7.0 * ((i * 2654435761u) % 89 == 0)) * 1e-2);
+  return Gradient({node, trainer, bucket, step, i}, {GradientShape::kUniform, 1e-2, 89, 7.0});
 }
 
 struct Layout {

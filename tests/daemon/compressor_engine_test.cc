@@ -16,24 +16,17 @@
 #include "kernels/reference/reference_primitives.h"
 #include "kernels/reference_cluster.h"
 #include "tests/support/engine_cluster.h"
+#include "tests/support/synthetic_gradient.h"
 
 namespace spex::test {
 namespace {
 
-// Deterministic, roughly Gaussian-shaped values with a slowly drifting per-position scale, so
-// thresholds see structure that persists across steps.
+// Roughly Gaussian, with a per-position scale every node shares (a spike every 97th position, a
+// slow drift), so that thresholds see structure that persists across steps
+// (tests/support/synthetic_gradient.h).
 float Value(int node, int trainer, uint64_t step, size_t i) {
-  uint64_t x = (static_cast<uint64_t>(node) << 56) ^ (static_cast<uint64_t>(trainer) << 48) ^
-               (step << 32) ^ i;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  x ^= x >> 31;
-  const double u1 = ((x & 0xffffffull) + 0.5) / 16777216.0,
-               u2 = (((x >> 24) & 0xffffffull) + 0.5) / 16777216.0;
-  const double g = std::sqrt(-2 * std::log(u1)) * std::cos(6.283185307179586 * u2);
-  const double scale =
-      1.0 + 4.0 * ((i * 2654435761u) % 97 == 0) + 0.5 * std::sin(i * 0.001 + step * 0.05);
-  return static_cast<float>(g * scale * 1e-3);
+  return Gradient({node, trainer, 0, step, i},
+                  {GradientShape::kGaussian, 1e-3, 97, 4.0, /*drift=*/true});
 }
 
 struct Case {

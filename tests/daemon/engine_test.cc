@@ -11,6 +11,7 @@
 #include "gtest/gtest.h"
 #include "proto/contract/futex.h"
 #include "tests/support/engine_cluster.h"
+#include "tests/support/synthetic_gradient.h"
 
 namespace spex::test {
 namespace {
@@ -25,13 +26,9 @@ EngineClusterOptions Shape(int nodes, int trainers, EngineOptions base = {}) {
   return o;
 }
 
+// Integer values: sums are exact in any order, so results can be compared bit for bit.
 float Value(int node, int trainer, uint64_t bucket, uint64_t step, size_t i) {
-  // Integer values: sums are exact in any order, so results can be compared bit for bit.
-  uint64_t x = (static_cast<uint64_t>(node) << 56) ^ (static_cast<uint64_t>(trainer) << 48) ^
-               (bucket << 40) ^ (step << 32) ^ i;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return static_cast<float>(static_cast<int>((x ^ (x >> 31)) % 2001) - 1000);
+  return IntegerGradient({node, trainer, bucket, step, i});
 }
 
 TEST(EngineTest, EveryTrainerGetsTheExactAverageOverBothPaths) {

@@ -27,6 +27,7 @@
 #include "kernels/reference/reference_primitives.h"
 #include "kernels/reference_cluster.h"
 #include "tests/support/engine_cluster.h"
+#include "tests/support/synthetic_gradient.h"
 
 namespace spex::test {
 namespace {
@@ -37,16 +38,7 @@ constexpr double kDensity = 0.01;
 
 // Deterministic, roughly Gaussian values with a few larger positions (as compressor_engine_test).
 float Value(int node, int trainer, uint64_t step, size_t i) {
-  uint64_t x = (static_cast<uint64_t>(node) << 56) ^ (static_cast<uint64_t>(trainer) << 48) ^
-               (step << 32) ^ i;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  x ^= x >> 31;
-  const double u1 = ((x & 0xffffffull) + 0.5) / 16777216.0,
-               u2 = (((x >> 24) & 0xffffffull) + 0.5) / 16777216.0;
-  const double g = std::sqrt(-2 * std::log(u1)) * std::cos(6.283185307179586 * u2);
-  const double scale = 1.0 + 4.0 * ((i * 2654435761u) % 97 == 0);
-  return static_cast<float>(g * scale * 1e-2);
+  return Gradient({node, trainer, 0, step, i}, {GradientShape::kGaussian, 1e-2});
 }
 
 // The half input trainer t of node r hands in, and its float32 widening.

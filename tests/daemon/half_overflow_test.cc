@@ -20,6 +20,7 @@
 #include "kernels/compressor.h"
 #include "kernels/half.h"
 #include "tests/support/engine_cluster.h"
+#include "tests/support/synthetic_gradient.h"
 
 namespace spex::test {
 namespace {
@@ -30,12 +31,7 @@ constexpr double kDensity = 0.01;
 
 // Small, deterministic values for the clean steps (|x| < 0.05).
 float Clean(int node, int trainer, uint64_t step, size_t i) {
-  uint64_t x = (static_cast<uint64_t>(node) << 56) ^ (static_cast<uint64_t>(trainer) << 48) ^
-               (step << 32) ^ i;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  x ^= x >> 31;
-  return static_cast<float>((static_cast<double>(x & 0xffffff) / 16777216.0 - 0.5) * 0.08);
+  return Gradient({node, trainer, 0, step, i}, {GradientShape::kUniform, 0.08, 0, 0.0});
 }
 
 // The input of trainer k at position i for bucket kind `which` (0 or 1) at step 0, as half

@@ -23,6 +23,7 @@
 #include "gtest/gtest.h"
 #include "kernels/compressor.h"
 #include "tests/support/engine_cluster.h"
+#include "tests/support/synthetic_gradient.h"
 
 namespace spex {
 namespace {
@@ -131,15 +132,9 @@ constexpr int kBadNode = 1;          // the node whose trainers hand in the bad 
 constexpr size_t kFirstBad = 777;    // trainer 1 here (the first bad index of the node's sum) ...
 constexpr size_t kLaterBad = 12345;  // ... and trainer 0 here
 
+// Uniform, a spike every 97th position (tests/support/synthetic_gradient.h).
 float Value(int node, int trainer, uint64_t step, size_t i) {
-  uint64_t x = (static_cast<uint64_t>(node) << 56) ^ (static_cast<uint64_t>(trainer) << 48) ^
-               (step << 32) ^ i;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  x ^= x >> 31;
-  const double u = ((x & 0xffffffull) + 0.5) / 16777216.0 - 0.5;
-  const double scale = 1.0 + 4.0 * ((i * 2654435761u) % 97 == 0);
-  return static_cast<float>(u * scale * 1e-3);
+  return test::Gradient({node, trainer, 0, step, i}, {test::GradientShape::kUniform, 1e-3});
 }
 
 // A library compressor told step + 1 for every step from `from` on: the run that never saw the

@@ -15,6 +15,7 @@
 #include "daemon/engine/sparse_exchange.h"
 #include "gtest/gtest.h"
 #include "tests/support/collective_conformance.h"
+#include "tests/support/synthetic_gradient.h"
 
 namespace spex::test {
 
@@ -215,15 +216,14 @@ TEST(OkTopk, BadRegionBoundsAreRefused) {
 
 // ---- global selection "topk" ----
 
-// Node r's gradient at step s: heavy-tailed per position, optionally rounded to integers so
-// that many sums tie in magnitude (the tie rule is then exercised across owners).
+// Node r's gradient at step s: heavy-tailed per position (8 times as large at every 19th, by a
+// hash of the position), optionally rounded to integers so that many sums tie in magnitude (the
+// tie rule is then exercised across owners).
 std::vector<float> Grad(int r, int s, uint32_t elements, bool quantize) {
-  std::mt19937 gen(77 + 1000 * s + r);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
   std::vector<float> g(elements);
   for (uint32_t i = 0; i < elements; ++i) {
-    const float scale = (i * 2654435761u) % 97 < 5 ? 8.0f : 1.0f;
-    g[i] = nd(gen) * scale;
+    g[i] =
+        Gradient({r, 0, 0, static_cast<uint64_t>(s), i}, {GradientShape::kGaussian, 1.0, 19, 7.0});
     if (quantize) g[i] = std::round(g[i]);
   }
   return g;

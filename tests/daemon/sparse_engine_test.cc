@@ -20,6 +20,7 @@
 #include "kernels/reference/reference_primitives.h"
 #include "tests/support/engine_cluster.h"
 #include "tests/support/forwarding_collective.h"
+#include "tests/support/synthetic_gradient.h"
 
 namespace spex::test {
 namespace {
@@ -83,12 +84,9 @@ EngineClusterOptions SparseCluster(int nodes, int trainers, EngineOptions base =
   return o;
 }
 
+// Integers: sums exact in any order (tests/support/synthetic_gradient.h).
 float Value(int node, int trainer, uint64_t step, size_t i) {
-  uint64_t x = (static_cast<uint64_t>(node) << 56) ^ (static_cast<uint64_t>(trainer) << 48) ^
-               (step << 32) ^ i;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return static_cast<float>(static_cast<int>((x ^ (x >> 31)) % 2001) - 1000);
+  return IntegerGradient({node, trainer, 0, step, i});
 }
 
 struct Run {
