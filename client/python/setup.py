@@ -1,6 +1,7 @@
 """Builds the `spex` Python package: the spex.v1 protobuf/gRPC stubs, the spex._native C
-extension (atomics and futex wait/wake on the daemon's shared segments) and the `spexrun`
-launcher (console script; also `python -m spex.run`).
+extension (atomics and futex wait/wake on the daemon's shared segments), the `spexrun`
+launcher (console script; also `python -m spex.run`) and, as package data, the emulated-cluster
+script (deploy/emulated_cluster.sh and its latency delayer, copied into spex/deploy/).
 
 Install offline into Debian's Python (see README.md):
     /usr/bin/python3 -m venv --system-site-packages VENV
@@ -73,6 +74,36 @@ def generate_stubs(out_dir):
 
 STUBS = ("spex_pb2.py", "spex_pb2_grpc.py")
 
+# The emulated-cluster script and the latency delayer it builds (deploy/emulated_cluster.sh,
+# deploy/emulated/nfq_delay.c) ship inside the package as spex/deploy/..., so spex.emulated never
+# looks into a checkout. Taken from the source tree (../../deploy), else from the copy an sdist
+# carries (spex/deploy).
+DEPLOY_FILES = ("emulated_cluster.sh", os.path.join("emulated", "nfq_delay.c"))
+
+
+def find_deploy_file(name):
+    for base in (os.path.join(HERE, "..", "..", "deploy"), os.path.join(HERE, "spex", "deploy")):
+        path = os.path.join(base, name)
+        if os.path.isfile(path):
+            return os.path.abspath(path)
+    return None
+
+
+def copy_deploy_files(package_dir):
+    """Copies DEPLOY_FILES into package_dir/deploy/ (the script keeps its mode); says which are
+    missing (spex.emulated then needs $SPEX_EMULATED_CLUSTER)."""
+    for name in DEPLOY_FILES:
+        src = find_deploy_file(name)
+        if src is None:
+            print(f"spex setup: deploy/{name} not found beside client/python; spex.emulated will need "
+                  "$SPEX_EMULATED_CLUSTER")
+            continue
+        dest = os.path.join(package_dir, "deploy", name)
+        if os.path.abspath(dest) == src:
+            continue
+        os.makedirs(os.path.dirname(dest), exist_ok=True)
+        shutil.copy2(src, dest)
+
 
 def shipped_stubs():
     return all(os.path.isfile(os.path.join(HERE, "spex", "proto", n)) for n in STUBS)
@@ -86,6 +117,7 @@ class BuildPyWithStubs(build_py):
         super().run()
         if not shipped_stubs():
             generate_stubs(self.build_lib)
+        copy_deploy_files(os.path.join(self.build_lib, "spex"))
 
 
 class Stubs(Command):
@@ -112,6 +144,7 @@ class SdistWithProto(sdist):
         dest = os.path.join(base_dir, "spex", "proto", "spex.proto")
         os.makedirs(os.path.dirname(dest), exist_ok=True)
         shutil.copyfile(find_proto(), dest)
+        copy_deploy_files(os.path.join(base_dir, "spex"))
 
 
 setup(

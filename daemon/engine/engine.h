@@ -190,14 +190,6 @@ class Engine {
   // Device path: the trainers' input events; then the local reduce with the finite check, whose
   // non-finite word goes into the control round (unless the inputs failed).
   void WaitAndReduce(BucketPass& x);
-  // The local reduce of every exchange, on both paths (WaitAndReduce, ReduceMember), before the
-  // round: ReduceLocalChecked with the finite check where the bucket's policy needs it (a
-  // dense bucket under propagate does not: its all-reduce carries NaN/Inf anyway). The steps
-  // do none of their own (step.h). *first_bad: as ReduceLocalChecked's.
-  absl::Status ReduceLocal(EngineBucket* b, bool half_in_output, size_t* first_bad);
-  // The control round's non-finite word for `first_bad` (0 when b->elements: none), naming the
-  // trainer whose input it is (or the sum).
-  uint64_t NonfiniteWordFor(const EngineBucket* b, size_t first_bad) const;
   // The control round, and the step's status from its maxed words (a dead trainer, another
   // node's failed inputs, this node's).
   absl::Status AgreeControl(BucketPass& x);

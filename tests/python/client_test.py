@@ -1,21 +1,29 @@
 """Tests of the spex Python client against real daemons (spexd under mpirun): the shared-segment
 layout against proto/contract/layout.h, the generated stubs, the native atomics, exact averages
 over the doorbell and RPC paths, and every bad input a trainer can meet turning into a clear
-exception instead of a hang."""
+exception instead of a hang; and that the installed package takes nothing from a checkout
+(PackageLookupTest)."""
 
+import filecmp
 import mmap
 import os
 import re
 import socket
+import stat
+import tempfile
 import threading
 import time
 import unittest
+from unittest import mock
 
 import numpy as np
 
 import spex
 from spex import _native
 from spex import layout as L
+from spex.cluster import find_spexd
+from spex.emulated import find_script
+from spex.errors import SpexError
 from spex_test_util import REPO, ClusterTestCase, run_threads
 
 
@@ -796,6 +804,76 @@ class DaemonRestartTest(ClusterTestCase):
         threading.Timer(0.5, cl.stop).start()
         self.assertRaisesWithin(spex.DaemonUnavailableError, 10, lambda: c.exchange(b, np.ones(32, np.float32)),
                                 contains=[cl.socket(0), "shut down"])
+
+
+def executable(path: str) -> str:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write("#!/bin/sh\nexit 0\n")
+    os.chmod(path, 0o755)
+    return path
+
+
+class PackageLookupTest(unittest.TestCase):
+    """The installed package finds what it needs without a source checkout: the emulated-cluster
+    script ships inside it (package data copied from deploy/ at install time), and spexd comes from
+    the documented settings only (the spexd argument, $SPEXD, then PATH), never from bazel-bin of
+    the current or the source directory; without one of them the error names SPEXD."""
+
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.addCleanup(self.tmp.cleanup)
+        # A directory that looks like a checkout (deploy/, bazel-bin/) as the working directory:
+        # the package must not take anything from it.
+        self.cwd = self.tmp.name
+        executable(os.path.join(self.cwd, "deploy", "emulated_cluster.sh"))
+        executable(os.path.join(self.cwd, "bazel-bin", "daemon", "spexd"))
+        old = os.getcwd()
+        os.chdir(self.cwd)
+        self.addCleanup(os.chdir, old)
+        self.package = os.path.dirname(os.path.abspath(spex.__file__))
+        self.assertFalse(self.package.startswith(os.path.realpath(REPO)),
+                         f"the test must import the installed package, not the source tree ({self.package})")
+
+    def env(self, **values):
+        clean = {k: v for k, v in os.environ.items() if k not in ("SPEXD", "SPEX_EMULATED_CLUSTER")}
+        clean.update(values)
+        return mock.patch.dict(os.environ, clean, clear=True)
+
+    def test_script_ships_with_the_package(self):
+        with self.env():
+            script = find_script()
+        self.assertEqual(os.path.dirname(os.path.dirname(script)), self.package)
+        self.assertTrue(filecmp.cmp(script, os.path.join(REPO, "deploy", "emulated_cluster.sh"), shallow=False))
+        self.assertTrue(os.stat(script).st_mode & stat.S_IXUSR, "the shipped script lost its mode")
+        delayer = os.path.join(os.path.dirname(script), "emulated", "nfq_delay.c")
+        self.assertTrue(filecmp.cmp(delayer, os.path.join(REPO, "deploy", "emulated", "nfq_delay.c"), shallow=False))
+
+    def test_script_setting_wins_and_a_wrong_one_is_named(self):
+        mine = executable(os.path.join(self.cwd, "mine.sh"))
+        with self.env(SPEX_EMULATED_CLUSTER=mine):
+            self.assertEqual(find_script(), mine)
+        with self.env(SPEX_EMULATED_CLUSTER=os.path.join(self.cwd, "missing.sh")):
+            with self.assertRaisesRegex(SpexError, r"SPEX_EMULATED_CLUSTER"):
+                find_script()
+
+    def test_spexd_not_taken_from_bazel_bin(self):
+        with self.env(PATH="/nonexistent"):
+            with self.assertRaisesRegex(SpexError, r"set SPEXD"):
+                find_spexd()
+
+    def test_spexd_from_setting_then_path(self):
+        bin_dir = os.path.join(self.cwd, "bin")
+        on_path = executable(os.path.join(bin_dir, "spexd"))
+        with self.env(PATH=bin_dir):
+            self.assertEqual(find_spexd(), on_path)
+        other = executable(os.path.join(self.cwd, "other", "spexd"))
+        with self.env(SPEXD=other, PATH=bin_dir):
+            self.assertEqual(find_spexd(), other)
+            self.assertEqual(find_spexd(on_path), on_path)
+        with self.env(SPEXD=os.path.join(self.cwd, "missing"), PATH=bin_dir):
+            with self.assertRaisesRegex(SpexError, r"\$SPEXD"):
+                find_spexd()
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@ this machine (one per emulated node), each on its own socket in a private direct
 by PID (SIGTERM to every spexd, which stops cleanly and removes its socket and segments; mpirun
 then exits; SIGKILL to mpirun's process group only when that does not finish in time).
 
-    with LocalCluster("bazel-bin/daemon/spexd", nodes=2, trainers=2) as cluster:
+    with LocalCluster(nodes=2, trainers=2) as cluster:  # spexd from $SPEXD, else PATH
         client = spex.Client(cluster.socket(0), local_rank=0, local_size=2)
 
 spex.emulated.EmulatedCluster has the same interface with every node on its own emulated host
@@ -59,14 +59,20 @@ def children_of(pid: int) -> List[int]:
 
 
 def find_spexd(explicit: Optional[str] = None) -> str:
-    """The spexd binary: `explicit`, $SPEXD, or bazel-bin/daemon/spexd under the current or the
-    repository directory."""
-    candidates = [explicit, os.environ.get("SPEXD"), "bazel-bin/daemon/spexd",
-                  os.path.join(os.path.dirname(__file__), "..", "..", "..", "bazel-bin", "daemon", "spexd")]
-    for c in candidates:
-        if c and os.path.isfile(c) and os.access(c, os.X_OK):
-            return os.path.abspath(c)
-    raise SpexError("spexd not found: build it (bazel build //daemon:spexd) and pass its path or set $SPEXD")
+    """The spexd binary: `explicit`, else $SPEXD, else `spexd` on $PATH. The package never looks
+    into a source checkout (bazel-bin): point SPEXD at the binary you built or installed."""
+    for c in (explicit, os.environ.get("SPEXD")):
+        if c:
+            if os.path.isfile(c) and os.access(c, os.X_OK):
+                return os.path.abspath(c)
+            raise SpexError(f"spexd not found at {c} (from {'the spexd argument' if c == explicit else '$SPEXD'}): "
+                            "not an executable file; build it (bazel build //daemon:spexd -> bazel-bin/daemon/spexd) "
+                            "and give its path")
+    on_path = shutil.which("spexd")
+    if on_path:
+        return os.path.abspath(on_path)
+    raise SpexError("spexd not found: set SPEXD to the spexd binary (e.g. SPEXD=$PWD/bazel-bin/daemon/spexd after "
+                    "bazel build //daemon:spexd), pass its path, or put spexd on PATH")
 
 
 class LocalCluster:

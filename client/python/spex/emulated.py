@@ -3,11 +3,12 @@ with a rate limit per host in both directions, optional one-way latency, its own
 /etc/netns files and (where the machine has a core per host) its own CPU. spexd runs under
 mpirun one rank per host; `popen(node, argv)` starts a process (a trainer) inside a host, so
 everything it sends to other hosts (DDP's own gloo all-reduce too) crosses the emulated links.
-The network is built and torn down by deploy/emulated_cluster.sh; teardown is by process id and
+The network is built and torn down by deploy/emulated_cluster.sh (shipped in the package, see
+find_script); teardown is by process id and
 leaves no namespace, /etc/netns entry, socket or shared-memory segment behind, also after a
 failure (the `with` block, or `emulated_cluster.sh down --stale` after a killed owner).
 
-    with EmulatedCluster("bazel-bin/daemon/spexd", hosts=2, trainers=2, rate="1gbit") as cluster:
+    with EmulatedCluster(os.environ["SPEXD"], hosts=2, trainers=2, rate="1gbit") as cluster:
         p = cluster.popen(0, ["python3", "train.py"], env={"SPEX_SOCKET": cluster.socket(0)})
 
 Needs root and network namespaces; `EmulatedCluster.unavailable()` says why not (None when it
@@ -35,15 +36,19 @@ class EmulationUnavailable(SpexError):
 
 
 def find_script(explicit: Optional[str] = None) -> str:
-    """deploy/emulated_cluster.sh: `explicit`, $SPEX_EMULATED_CLUSTER, or under the current or the
-    source tree's repository directory."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    candidates = [explicit, os.environ.get("SPEX_EMULATED_CLUSTER"), "deploy/emulated_cluster.sh",
-                  os.path.join(here, "..", "..", "..", "deploy", "emulated_cluster.sh")]
-    for c in candidates:
-        if c and os.path.isfile(c):
-            return os.path.abspath(c)
-    raise SpexError("deploy/emulated_cluster.sh not found: run from the repository or set $SPEX_EMULATED_CLUSTER")
+    """The emulated-cluster script: `explicit`, else $SPEX_EMULATED_CLUSTER, else the copy that
+    ships inside this package (spex/deploy/emulated_cluster.sh, from deploy/ at install time).
+    The package never looks into a source checkout."""
+    for c, what in ((explicit, "the script argument"), (os.environ.get("SPEX_EMULATED_CLUSTER"), "$SPEX_EMULATED_CLUSTER")):
+        if c:
+            if os.path.isfile(c):
+                return os.path.abspath(c)
+            raise SpexError(f"emulated-cluster script not found at {c} (from {what})")
+    shipped = os.path.join(os.path.dirname(os.path.abspath(__file__)), "deploy", "emulated_cluster.sh")
+    if os.path.isfile(shipped):
+        return shipped
+    raise SpexError(f"emulated-cluster script not found: this spex package has no {shipped} (it was installed "
+                    "without the source tree's deploy/); set SPEX_EMULATED_CLUSTER to deploy/emulated_cluster.sh")
 
 
 class EmulatedCluster(LocalCluster):

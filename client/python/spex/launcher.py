@@ -55,7 +55,7 @@ class LaunchConfig:
     slots: int = 2  # trainers per emulated host
     rate: str = "1gbit"  # emulated link rate each way
     latency_us: int = 0  # emulated one-way latency
-    spexd: Optional[str] = None  # the spexd binary (default $SPEXD, else bazel-bin/daemon/spexd)
+    spexd: Optional[str] = None  # the spexd binary (default $SPEXD, else spexd on PATH)
     spexd_args: List[str] = field(default_factory=list)  # flags of every spexd
     rsh_agent: Optional[str] = None  # how to reach other hosts (default ssh; srun inside SLURM)
     x: List[str] = field(default_factory=list)  # -x: "NAME" (this process's value) or "NAME=VALUE"

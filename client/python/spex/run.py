@@ -54,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--slots", type=int, default=2, help="trainers per emulated host (default 2)")
     p.add_argument("--rate", default="1gbit", help="emulated link rate each way (default 1gbit; none: unlimited)")
     p.add_argument("--latency-us", type=int, default=0, help="emulated one-way latency in microseconds")
-    p.add_argument("--spexd", help="the spexd binary (default $SPEXD, else bazel-bin/daemon/spexd)")
+    p.add_argument("--spexd", help="the spexd binary (default $SPEXD, else spexd on PATH)")
     p.add_argument("--spexd-arg", action="append", metavar="FLAG",
                    help="a spexd flag, e.g. --spexd-arg=--compressor=micro (repeatable)")
     p.add_argument("--rsh-agent", metavar="CMD",
