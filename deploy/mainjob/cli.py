@@ -55,7 +55,7 @@ def parse_args(argv: Optional[List[str]] = None, description: str = "") -> argpa
                         "bucketing (--bucket-cap-mb), to see that failure")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--results", default=None, help="results directory (default bench/results/train_digits)")
-    p.add_argument("--spexd", default=None, help="spexd binary (default $SPEXD or bazel-bin/daemon/spexd)")
+    p.add_argument("--spexd", default=None, help="spexd binary (default $SPEXD, else spexd on PATH)")
     p.add_argument("--spexd-arg", action="append", default=[],
                    help="spexd flag (repeatable); default: " + " ".join(DEFAULT_SPEXD_ARGS))
     p.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
