@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -115,6 +116,14 @@ struct EngineBucket {
   BucketExchange ex;
   // Guarded by the engine's mutex.
   BucketOutcome out;
+  // The checkpoint records loaded into this bucket (checkpoint.h: RestoreBucket, AddResizedBucket),
+  // so that a resized load adds each old node's residual once and never mixes with an exact one.
+  struct Restored {
+    bool exact = false;                 // RestoreBucket loaded a record of this world
+    int nodes = 0, local_trainers = 0;  // the world of the records added (0: none)
+    uint64_t step = 0;                  // the step they were saved at
+    std::set<int> from;                 // their node ranks, added so far
+  } restored;
 
   // Moves out.state to `to`; an illegal move is a bug: logged at ERROR, and refused.
   bool MoveTo(BucketState to);

@@ -249,8 +249,9 @@ namespace {
 // RestoreBucket's first stage: whether the record fits this bucket at all (same world, bucket,
 // compressor, policy and type, and no exchange run yet). Changes nothing.
 absl::Status CheckRestorable(const BucketCheckpoint& c, const CheckpointWorld& world,
-                             const EngineBucket* b, Primitives* prims, const std::string& what) {
-  if (!(c.world == world)) {
+                             const EngineBucket* b, Primitives* prims, const std::string& what,
+                             bool resized = false) {
+  if (!resized && !(c.world == world)) {
     return absl::FailedPreconditionError(absl::StrCat(
         what, "the checkpoint was saved by ", WorldText(c.world), ", this daemon is ",
         WorldText(world),
@@ -267,6 +268,14 @@ absl::Status CheckRestorable(const BucketCheckpoint& c, const CheckpointWorld& w
         absl::StrCat(what, "the checkpoint (of bucket ", c.bucket_id, ") used compressor ",
                      c.compressor, " (", ParamsText(c.params), "), this bucket uses ",
                      b->compressor, " (", ParamsText(b->params), ")"));
+  }
+  if (resized ? b->restored.exact : b->restored.nodes != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        what,
+        resized ? "a checkpoint of this world was loaded into this bucket already"
+                : "records of another world were added to this bucket already",
+        "; an exact restore and a resized one do not mix: load one checkpoint, every node's "
+        "records of it"));
   }
   if (const std::string policy = PolicyText(b->policy); c.policy != policy) {
     return absl::FailedPreconditionError(
@@ -362,6 +371,63 @@ absl::Status RestoreBucket(const BucketCheckpoint& c, const CheckpointWorld& wor
   b->ex.probe_oktopk_ns = c.probe_oktopk_ns;
   b->ex.step_base = c.next_step - b->ex.next_step;
   b->ex.reduced_step = UINT64_MAX;  // a merge group's kept sum holds the old residual
+  b->out.density = c.density;
+  b->restored.exact = true;
+  return absl::OkStatus();
+}
+
+absl::Status AddResizedBucket(const BucketCheckpoint& c, const CheckpointWorld& world,
+                              EngineBucket* b) {
+  const std::string what = absl::StrCat("bucket ", b->id, ": ");
+  if (b->mem.view.on_device) {
+    return absl::UnimplementedError(absl::StrCat(
+        what,
+        "loading a checkpoint of another world into a device bucket is not implemented; resume "
+        "on the saved nodes and trainers per node, or start the bucket fresh"));
+  }
+  if (absl::Status s = CheckRestorable(c, world, b, nullptr, what, /*resized=*/true); !s.ok()) {
+    return s;
+  }
+  EngineBucket::Restored& r = b->restored;
+  if (r.nodes != 0 && (r.nodes != c.world.nodes || r.local_trainers != c.world.local_trainers ||
+                       r.step != c.next_step)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, "the record of ", WorldText(c.world), " saved at step ", c.next_step,
+        " is not of the checkpoint added before (", r.nodes, " node(s) with ", r.local_trainers,
+        " local trainer(s), step ", r.step, "): add every node's record of one checkpoint"));
+  }
+  if (r.from.count(c.world.node_rank) != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, "the record of ", WorldText(c.world),
+                     " was added already (each old node's residual is added once)"));
+  }
+  if (b->ex.sparse != nullptr) {
+    if (c.residual.size() != b->elements) {
+      return absl::DataLossError(absl::StrCat(what, "the checkpoint's residual has ",
+                                              c.residual.size(), " of ", b->elements, " elements"));
+    }
+    if (c.density != b->out.density) {
+      if (absl::Status s = b->ex.sparse->compressor->SetDensity(c.density); !s.ok()) {
+        return absl::Status(s.code(), absl::StrCat(what, s.message()));
+      }
+    }
+    // The residual is a node's sum over its trainers, the exchange's result their average over
+    // the world: scaled by the ratio of the worlds' trainers, each element's share of the
+    // average stays as it was.
+    const double scale = static_cast<double>(world.nodes) * world.local_trainers /
+                         (static_cast<double>(c.world.nodes) * c.world.local_trainers);
+    float* acc = b->mem.view.acc;
+    for (uint64_t i = static_cast<uint64_t>(world.node_rank); i < b->elements;
+         i += static_cast<uint64_t>(world.nodes)) {
+      acc[i] += static_cast<float>(c.residual[i] * scale);
+    }
+  }
+  r.nodes = c.world.nodes;
+  r.local_trainers = c.world.local_trainers;
+  r.step = c.next_step;
+  r.from.insert(c.world.node_rank);
+  b->ex.step_base = c.next_step - b->ex.next_step;
+  b->ex.reduced_step = UINT64_MAX;
   b->out.density = c.density;
   return absl::OkStatus();
 }

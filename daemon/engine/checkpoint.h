@@ -89,11 +89,27 @@ absl::StatusOr<BucketCheckpoint> SaveBucket(const EngineBucket& b, const Checkpo
 // Loads `c` into `b` (as SaveBucket, between steps): residual, compressor state, density, the
 // engine's choices and the step base. Refused with FailedPrecondition naming both sides when the
 // world (a different node count, rank or local trainers: a checkpoint is one node's residual and
-// controller state, which do not split or merge), the bucket's size, compressor, parameters or
-// policies differ; nothing of `b` changes then. The bucket id may differ (the caller says which
-// record goes to which bucket: a DDP hook's ids change with DDP's bucket generations); the
-// error messages name both. `prims` as for SaveBucket.
+// controller state; AddResizedBucket carries residuals onto another world), the bucket's size,
+// compressor, parameters or policies differ, or resized records were added to it already; nothing
+// of `b` changes then. The bucket id may differ (the caller says which record goes to which bucket:
+// a DDP hook's ids change with DDP's bucket generations); the error messages name both. `prims` as
+// for SaveBucket.
 absl::Status RestoreBucket(const BucketCheckpoint& c, const CheckpointWorld& world, EngineBucket* b,
                            Primitives* prims = nullptr);
+
+// A record of another world (other nodes or trainers per node) into a bucket of this one, before
+// its first exchange: the world's unsent gradient mass carries over, nothing else does. The
+// record's residual, scaled by (this world's nodes x trainers) / (the record's), is added to
+// this bucket's residual at the elements this node takes (element i goes to node i mod nodes),
+// so that loading every old node's record on every new node leaves each element's sum over the
+// world, divided by the world's trainers (its share of the average it is exchanged into), as it
+// was. The compressor's state, the engine's per-bucket choices and Ok-Topk's state, which are
+// tied to the node count and rank that produced them, stay fresh; the density and the step
+// (as the step base) are the record's. Checked as RestoreBucket checks (bucket size,
+// compressor, parameters, policies, type, no exchange yet), and: every record added to a bucket
+// is of one world and step, each old node's once; an exact restore and a resized one do not
+// mix. Nothing of `b` changes when refused. A device bucket is Unimplemented.
+absl::Status AddResizedBucket(const BucketCheckpoint& c, const CheckpointWorld& world,
+                              EngineBucket* b);
 
 }  // namespace spex

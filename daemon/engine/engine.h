@@ -143,8 +143,11 @@ class Engine {
   // into the bucket, under the same conditions, before the bucket's exchanges reach the saved
   // step: the bucket continues exactly where the saved one was. Refusals (nothing changes):
   // DATA_LOSS for a corrupt or truncated record, FAILED_PRECONDITION naming what differs
-  // (world, size, compressor, parameters, policies) as RestoreBucket's.
-  absl::Status LoadBucketState(uint64_t session_id, uint64_t bucket_id, absl::string_view record);
+  // (world, size, compressor, parameters, policies) as RestoreBucket's. `resize`: a record of
+  // another world, whose residual is added as AddResizedBucket adds it (every old node's record
+  // goes to every node of the new world); the bucket's compressor stays fresh and it is logged.
+  absl::Status LoadBucketState(uint64_t session_id, uint64_t bucket_id, absl::string_view record,
+                               bool resize = false);
   // Memory a checkpoint stream holds outside the buckets (a record being received, decoded or
   // sent, and the copy it is encoded from): charged against --max_session_bytes (the session's
   // buckets and streams) and --max_daemon_bytes (every bucket and stream of the node) before the

@@ -70,7 +70,7 @@ absl::StatusOr<std::string> Engine::SaveBucketState(uint64_t session_id, uint64_
 }
 
 absl::Status Engine::LoadBucketState(uint64_t session_id, uint64_t bucket_id,
-                                     absl::string_view record) {
+                                     absl::string_view record, bool resize) {
   // Decoding (a checksum over up to hundreds of MB) needs no lock.
   absl::StatusOr<BucketCheckpoint> c = DecodeBucketCheckpoint(record);
   if (!c.ok()) {
@@ -81,6 +81,18 @@ absl::Status Engine::LoadBucketState(uint64_t session_id, uint64_t bucket_id,
   absl::StatusOr<EngineBucket*> b = BucketBetweenStepsLocked(session_id, bucket_id, "loading");
   if (!b.ok()) return b.status();
   const CheckpointWorld world{collective_->size(), collective_->rank(), options_.local_trainers};
+  if (resize) {
+    if (absl::Status s = AddResizedBucket(*c, world, *b); !s.ok()) return s;
+    SPEX_LOG(WARNING) << "bucket " << bucket_id << ": residual of node " << c->world.node_rank
+                      << " of " << c->world.nodes << " (" << c->world.local_trainers
+                      << " trainer(s) per node) saved at step " << c->next_step
+                      << " added for this world of " << world.nodes << " x " << world.local_trainers
+                      << " (elements i with i mod " << world.nodes << " = " << world.node_rank
+                      << ", scaled by the ratio of the worlds' "
+                      << "trainers); its compressor (" << c->compressor
+                      << ") and the engine's choices start afresh: not an exact resume";
+    return absl::OkStatus();
+  }
   if (absl::Status s = RestoreBucket(*c, world, *b, prims_); !s.ok()) return s;
   SPEX_LOG(INFO) << "bucket " << bucket_id << ": state loaded from a checkpoint of bucket "
                  << c->bucket_id << " saved at step " << c->next_step;

@@ -547,6 +547,7 @@ grpc::Status SpexService::LoadBucketState(grpc::ServerContext* ctx,
   }
   const uint64_t session = chunk.session_id(), bucket = chunk.bucket_id();
   const uint64_t total = chunk.total_bytes();
+  const bool resize = chunk.resize();
   if (absl::Status s = SessionCaller(ctx, session); !s.ok()) return Refuse(s);
   // A record is the residual (4 bytes an element) and small state: more than twice that for the
   // registered bucket is not one of its records, and is refused before anything is kept.
@@ -572,12 +573,13 @@ grpc::Status SpexService::LoadBucketState(grpc::ServerContext* ctx,
   record.reserve(total);
   do {
     if (chunk.session_id() != session || chunk.bucket_id() != bucket ||
-        chunk.total_bytes() != total || chunk.data().size() > kStateChunkBytes ||
-        record.size() + chunk.data().size() > total) {
+        chunk.total_bytes() != total || chunk.resize() != resize ||
+        chunk.data().size() > kStateChunkBytes || record.size() + chunk.data().size() > total) {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                           absl::StrCat("bucket ", bucket,
                                        ": malformed LoadBucketState stream at byte ", record.size(),
-                                       " (every chunk carries the same session, bucket and total, "
+                                       " (every chunk carries the same session, bucket, total and "
+                                       "resize, "
                                        "at most 512 KiB of data, no more than the total)"));
     }
     record.append(chunk.data());
@@ -591,7 +593,7 @@ grpc::Status SpexService::LoadBucketState(grpc::ServerContext* ctx,
                         absl::StrCat("bucket ", bucket, ": the record ended after ", record.size(),
                                      " of ", total, " bytes (truncated)"));
   }
-  return ToGrpc(engine_->LoadBucketState(session, bucket, record));
+  return ToGrpc(engine_->LoadBucketState(session, bucket, record, resize));
 }
 
 }  // namespace spex

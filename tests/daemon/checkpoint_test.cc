@@ -6,6 +6,7 @@
 // beyond what a run produces (the seal is a checksum, not a signature).
 #include "daemon/engine/checkpoint.h"
 
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <limits>
@@ -284,6 +285,103 @@ TEST(Checkpoint, ForgedCompressorCallCountIsRefused) {
   EXPECT_EQ(*target->ex.sparse->compressor->SaveState(), before);
   forged.compressor_state = with_calls(uint64_t{1} << 48);
   EXPECT_TRUE(RestoreBucket(forged, kWorld, target.get()).ok());
+}
+
+// Every old node's record into every new node's bucket (AddResizedBucket): each element's sum
+// over the world divided by the world's trainers stays as it was, to float rounding, and lies on
+// exactly one new node (i mod nodes); the compressor stays fresh and the step carries over.
+TEST(Checkpoint, ResizedRecordsKeepEachElementsShareOfTheAverage) {
+  auto prims = MakeCpuPrimitives(1);
+  struct Resize {
+    int old_nodes, old_local, new_nodes, new_local;
+  };
+  for (const Resize& z : {Resize{2, 2, 1, 2}, Resize{2, 2, 3, 1}, Resize{1, 4, 2, 2}}) {
+    SCOPED_TRACE(testing::Message() << z.old_nodes << "x" << z.old_local << " -> " << z.new_nodes
+                                    << "x" << z.new_local);
+    std::vector<BucketCheckpoint> records;
+    std::vector<double> want(kN, 0.0);
+    for (int k = 0; k < z.old_nodes; ++k) {
+      auto b = MakeBucket("micro", prims.get());
+      b->ex.step_base = 5;  // saved at step 5
+      const std::vector<float> r = Input(100 + static_cast<uint32_t>(k));
+      std::memcpy(b->mem.view.acc, r.data(), kN * sizeof(float));
+      absl::StatusOr<BucketCheckpoint> c = SaveBucket(*b, {z.old_nodes, k, z.old_local});
+      ASSERT_TRUE(c.ok()) << c.status();
+      absl::StatusOr<BucketCheckpoint> d = DecodeBucketCheckpoint(EncodeBucketCheckpoint(*c));
+      ASSERT_TRUE(d.ok()) << d.status();
+      records.push_back(*d);
+      for (size_t i = 0; i < kN; ++i) want[i] += double{r[i]} / (z.old_nodes * z.old_local);
+    }
+    std::vector<double> got(kN, 0.0);
+    std::vector<int> holders(kN, 0);
+    for (int j = 0; j < z.new_nodes; ++j) {
+      auto b = MakeBucket("micro", prims.get());
+      const std::string fresh = *b->ex.sparse->compressor->SaveState();
+      for (const BucketCheckpoint& c : records) {
+        const absl::Status s = AddResizedBucket(c, {z.new_nodes, j, z.new_local}, b.get());
+        ASSERT_TRUE(s.ok()) << s;
+      }
+      EXPECT_EQ(*b->ex.sparse->compressor->SaveState(), fresh) << "the compressor stays fresh";
+      EXPECT_EQ(b->ex.step_base, 5u);
+      for (size_t i = 0; i < kN; ++i) {
+        got[i] += double{b->mem.acc_host[i]} / (z.new_nodes * z.new_local);
+        if (b->mem.acc_host[i] != 0.0f) {
+          ++holders[i];
+          EXPECT_EQ(i % static_cast<size_t>(z.new_nodes), static_cast<size_t>(j)) << i;
+        }
+      }
+    }
+    for (size_t i = 0; i < kN; ++i) {
+      ASSERT_NEAR(got[i], want[i], 1e-6 * (1 + std::abs(want[i]))) << "element " << i;
+      ASSERT_EQ(holders[i], 1) << "element " << i;
+    }
+  }
+}
+
+TEST(Checkpoint, ResizedRecordsThatDoNotAddUpAreRefusedAndChangeNothing) {
+  auto prims = MakeCpuPrimitives(1);
+  auto old = MakeBucket("micro", prims.get());
+  const std::vector<float> r = Input(7);
+  std::memcpy(old->mem.view.acc, r.data(), kN * sizeof(float));
+  const BucketCheckpoint node0 = *SaveBucket(*old, {2, 0, 2});
+  BucketCheckpoint later = *SaveBucket(*old, {2, 1, 2});
+  later.next_step = 9;
+  const CheckpointWorld mine{1, 0, 2};
+  auto b = MakeBucket("micro", prims.get());
+  ASSERT_TRUE(AddResizedBucket(node0, mine, b.get()).ok());
+  const std::vector<float> after_one = b->mem.acc_host;
+  struct Bad {
+    const BucketCheckpoint* record;
+    std::string expect;
+  };
+  for (const Bad& bad :
+       {Bad{&node0, "was added already"}, Bad{&later, "is not of the checkpoint added before"}}) {
+    const absl::Status s = AddResizedBucket(*bad.record, mine, b.get());
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+    EXPECT_NE(s.message().find(bad.expect), std::string::npos) << s;
+  }
+  // An exact restore and a resized one do not mix, either way round.
+  absl::Status s = RestoreBucket(*SaveBucket(*old, mine), mine, b.get());
+  EXPECT_NE(s.message().find("records of another world were added"), std::string::npos) << s;
+  EXPECT_EQ(b->mem.acc_host, after_one);
+  auto exact = MakeBucket("micro", prims.get());
+  ASSERT_TRUE(RestoreBucket(*SaveBucket(*old, mine), mine, exact.get()).ok());
+  s = AddResizedBucket(node0, mine, exact.get());
+  EXPECT_NE(s.message().find("a checkpoint of this world was loaded"), std::string::npos) << s;
+  // What RestoreBucket refuses, a resize refuses too; a device bucket is not implemented.
+  auto other = MakeBucket("topk", prims.get());
+  s = AddResizedBucket(node0, mine, other.get());
+  EXPECT_NE(s.message().find("used compressor micro"), std::string::npos) << s;
+  auto ran = MakeBucket("micro", prims.get());
+  ran->ex.next_step = 1;
+  s = AddResizedBucket(node0, mine, ran.get());
+  EXPECT_NE(s.message().find("this bucket has run 1 step(s) already"), std::string::npos) << s;
+  auto device = MakeBucket("micro", prims.get());
+  device->mem.view.on_device = true;
+  EXPECT_EQ(AddResizedBucket(node0, mine, device.get()).code(), absl::StatusCode::kUnimplemented);
+  for (const auto* t : {other.get(), ran.get(), device.get()}) {
+    for (float v : t->mem.acc_host) ASSERT_EQ(v, 0.0f);
+  }
 }
 
 }  // namespace

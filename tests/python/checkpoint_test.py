@@ -8,8 +8,9 @@ checkpoint holds its rebuilt layout (two buckets, in reverse order), so the hook
 state per parameter. The parameters end bit-identical (SHA-1) to the uninterrupted run on every
 rank for dense, micro, exdyna, topk, dgc, sage and sidco_e, each sparse one also under the
 hook's momentum correction, and for micro with find_unused_parameters=True (no rebuild);
-resumed without load_state_dict every sparse one differs. Also: another rank's dict (another
-node) and another compressor are refused by load_state_dict naming what differs; through the
+resumed without load_state_dict every sparse one differs. state_dict is a collective whose
+world state lands in rank 0's dict: every rank resumes from rank 0's file. Also: another node's
+rank's own dict and another compressor are refused by load_state_dict naming what differs; through the
 Python client, a record streamed in several 512 KiB chunks loads, and a corrupt or truncated
 record is refused (DATA_LOSS) while the daemon keeps serving. And, on a fake client: the hook's
 records go back to the saved buckets, DDP buckets of another layout are mapped onto them per
@@ -77,6 +78,8 @@ def worker(cfg):
             torch.nn.functional.cross_entropy(ddp(x), y).backward()
             opt.step()
             if save is not None and step + 1 == STOP:
+                # Every rank calls state_dict (a collective); rank 0's dict holds the world's state,
+                # and every rank saves its file here so that the others' can be shown refused.
                 torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "spex": state.state_dict()},
                            save)
         result = digest(model)
@@ -92,25 +95,29 @@ def worker(cfg):
             out[f"whole {c}"] = train(c, 0, STEPS, save=ckpt(c))
     else:
         for c in COMPRESSORS:
-            out[f"resumed {c}"] = train(c, STOP, STEPS, load=ckpt(c))
+            # Rank 0's file (the world's state) on every rank; micro also from each rank's own file.
+            out[f"resumed {c}"] = train(c, STOP, STEPS, load=ckpt(c, 0))
+            if c == "micro/mc":
+                out[f"resumed own {c}"] = train(c, STOP, STEPS, load=ckpt(c))
             if c == "dense":
                 continue  # dense keeps no state: resumed without it, it is the same
             # The same resume without the exchange state (the model and optimiser restored).
-            saved = torch.load(ckpt(c))
+            saved = torch.load(ckpt(c, 0))
             saved["spex"] = None
             torch.save(saved, ckpt(c) + ".nospex")
             out[f"unrestored {c}"] = train(c, STOP, STEPS, load=ckpt(c) + ".nospex")
-        # Refusals before any step: another node's dict, another compressor's.
+        # Refusals before any step: another node's rank's own dict (it holds its node's state only),
+        # another compressor's.
         ddp = DDP(make())
         state = spex.torch.register(ddp, compressor="micro", density=0.1, socket=cfg["socket"])
-        other = torch.load(ckpt("micro", (rank + 2) % 4))["spex"]
+        other = torch.load(ckpt("micro", 3 if rank < 2 else 1))["spex"]  # the other node's local rank 1
         try:
             state.load_state_dict(other)
             out["other node"] = "accepted"
         except SpexValueError as e:
             out["other node"] = str(e)
         try:
-            state.load_state_dict(torch.load(ckpt("dgc"))["spex"])
+            state.load_state_dict(torch.load(ckpt("dgc", 0))["spex"])
             out["other compressor"] = "accepted"
         except SpexValueError as e:
             out["other compressor"] = str(e)
@@ -163,6 +170,8 @@ class DdpCheckpointTest(unittest.TestCase):
         for c in COMPRESSORS:
             for first, second in zip(self.first, self.second):
                 self.assertEqual(second[f"resumed {c}"], first[f"whole {c}"], f"{c}, rank {first['rank']}")
+                if f"resumed own {c}" in second:
+                    self.assertEqual(second[f"resumed own {c}"], first[f"whole {c}"], f"{c} (own file)")
             self.assertEqual(len({r[f"whole {c}"] for r in self.first}), 1, f"{c}: ranks differ")
 
     def test_resume_without_the_exchange_state_differs(self):
@@ -172,10 +181,12 @@ class DdpCheckpointTest(unittest.TestCase):
             for first, second in zip(self.first, self.second):
                 self.assertNotEqual(second[f"unrestored {c}"], first[f"whole {c}"], f"{c}, rank {first['rank']}")
 
-    def test_another_world_or_compressor_is_refused_naming_it(self):
+    def test_another_nodes_dict_or_compressor_is_refused_naming_it(self):
         for r in self.second:
-            self.assertIn(f"saved on node {1 - r['rank'] // 2} of 2", r["other node"])
-            self.assertIn(f"this trainer's daemon is node {r['rank'] // 2} of 2", r["other node"])
+            node = r["rank"] // 2
+            self.assertIn(f"the records of nodes [{1 - node}] of 2", r["other node"])
+            self.assertIn(f"this trainer needs nodes [{node}]", r["other node"])
+            self.assertIn("load the dict state_dict returned on rank 0", r["other node"])
             self.assertIn("compressor='dgc'", r["other compressor"])
             self.assertIn("compressor='micro'", r["other compressor"])
 
@@ -251,8 +262,8 @@ class HookStateTest(unittest.TestCase):
         state(FakeGradBucket(0, [p[3], p[2]])).wait()
         state(FakeGradBucket(1, [p[1], p[0]])).wait()
         saved = state.state_dict()
-        self.assertEqual([(b["index"], b["params"], b["record"]) for b in saved["buckets"]],
-                         [(0, [3, 2], b"record of 0"), (1, [1, 0], b"record of 1")])
+        self.assertEqual([(b["index"], b["params"], b["records"]) for b in saved["buckets"]],
+                         [(0, [3, 2], {0: b"record of 0"}), (1, [1, 0], {0: b"record of 1"})])
         fresh, client, q = self.make()
         fresh.load_state_dict(saved)
         out = fresh(FakeGradBucket(0, [q[3], q[2]])).wait()
@@ -316,6 +327,30 @@ class HookStateTest(unittest.TestCase):
             fresh(FakeGradBucket(0, [q[0], q[1], q[2], q[3]]))
         self.assertIn("held 23 elements", str(e.exception))
         self.assertIn("the model differs from the saved one", str(e.exception))
+        self.assertEqual(client.loaded, [])
+
+    def test_another_world_loads_every_nodes_record_resized(self):
+        import warnings
+
+        state, _, p = self.make()
+        state(FakeGradBucket(0, [p[3], p[2], p[1], p[0]])).wait()
+        saved = state.state_dict()
+        # As if saved on 2 nodes x 1 trainer: both nodes' records (this fake world is 1 x 1).
+        saved["world"] = {"node_count": 2, "local_trainers": 1}
+        saved["buckets"][0]["records"] = {0: b"node 0", 1: b"node 1"}
+        fresh, client, q = self.make()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            fresh.load_state_dict(saved)
+        self.assertIn("resuming a checkpoint of 2 node(s) x 1 trainer(s) on 1 x 1", str(caught[0].message))
+        fresh(FakeGradBucket(0, [q[3], q[2], q[1], q[0]])).wait()
+        self.assertEqual(client.loaded, [(0, b"node 0", "resized"), (0, b"node 1", "resized")])
+        # A node's records missing (a rank's own dict, not rank 0's) is refused before anything loads.
+        del saved["buckets"][0]["records"][1]
+        other, client, _ = self.make()
+        with self.assertRaisesRegex(Exception, r"the records of nodes \[0\] of 2 .* a resize onto another world "
+                                               r"needs nodes \[0, 1\]"):
+            other.load_state_dict(saved)
         self.assertEqual(client.loaded, [])
 
     def test_after_the_first_step_or_not_a_state_dict_is_refused(self):

@@ -118,8 +118,8 @@ class FakeClient:
     def save_bucket_state(self, b):
         return f"record of {b.id}".encode()
 
-    def load_bucket_state(self, b, record):
-        self.loaded.append((b.id, record))
+    def load_bucket_state(self, b, record, resize=False):
+        self.loaded.append((b.id, record) if not resize else (b.id, record, "resized"))
 
     def close(self):
         pass

@@ -880,10 +880,17 @@ class Client:
             raise SpexError(f"SaveBucketState(bucket {bucket.id}): {len(record)} of {total} bytes came")
         return record
 
-    def load_bucket_state(self, bucket: Bucket, record: bytes, timeout: float = 600.0) -> None:
+    def load_bucket_state(self, bucket: Bucket, record: bytes, timeout: float = 600.0, *,
+                          resize: bool = False) -> None:
         """Gives a record save_bucket_state returned (this node, an earlier run of the same
         world) back to the registered bucket before its first exchange. Refusals name what
-        differs (world, size, compressor, policy; a corrupt record) and change nothing."""
+        differs (world, size, compressor, policy; a corrupt record) and change nothing.
+
+        resize=True: the record is of another world (other nodes or trainers per node); load
+        every old node's record of the bucket, on one trainer of every node. The daemon adds
+        each residual, scaled by the ratio of the worlds' trainers, at the elements this node
+        takes (i mod nodes == node rank), and the compressor starts afresh
+        (docs/checkpoint.md#another-world)."""
         self._check_open()
         if self._buckets.get(bucket.id) is not bucket:
             raise SpexValueError(f"bucket {bucket.id} is not registered by this client")
@@ -895,7 +902,8 @@ class Client:
         def chunks():
             for at in range(0, max(len(record), 1), step):
                 yield pb.BucketStateChunk(session_id=self.session_id, bucket_id=bucket.id,
-                                          total_bytes=len(record), data=record[at:at + step])
+                                          total_bytes=len(record), data=record[at:at + step],
+                                          resize=bool(resize))
 
         try:
             self._stub.LoadBucketState(chunks(), timeout=timeout)

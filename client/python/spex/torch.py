@@ -19,11 +19,13 @@ from rank 0), and each layout generation gets fresh ids, the previous generation
 unregistered first, so ids agree across nodes and the daemon's canonical order (ascending
 (step, id)) matches the order DDP hands buckets over.
 
-Checkpoints (docs/checkpoint.md): `state.state_dict()` holds this node's exchange state of every
-current bucket (residuals, compressor state, density, step; the daemon's opaque records) with
-the bucket's parameters, and `state.load_state_dict(d)` gives it back to the restarted job:
-every rank calls them, the dict goes into torch.save beside the model's and the optimiser's, and
-load_state_dict is called after register and before the first step. A resumed hook exchanges
+Checkpoints (docs/checkpoint.md): `state.state_dict()` holds the exchange state of every current
+bucket (residuals, compressor state, density, step; the daemon's opaque records) with the
+bucket's parameters, and `state.load_state_dict(d)` gives it back to the restarted job: every
+rank calls both (collectives over DDP's process group); rank 0's dict holds every node's state
+and goes into torch.save beside the model's and the optimiser's; every rank loads it after
+register and before the first step, on the saved world (exactly) or another (resized: the
+residuals redistributed, the compressors fresh). A resumed hook exchanges
 the saved buckets (same ids, same parameters in the same order), whatever layout DDP hands it:
 a fresh DDP's first iteration uses its initial layout (one bucket of every parameter, unless
 find_unused_parameters=True) and rebuilds after it, so the hook copies each DDP bucket's
@@ -63,7 +65,9 @@ from .errors import SpexError, SpexTypeError, SpexValueError
 GENERATION_STRIDE = 1 << 20
 # The gradient types a DDP bucket may hold (docs/dtypes.md).
 _BUCKET_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-STATE_DICT_VERSION = 1
+# 2: the world's state in one dict (state_dict is a collective; docs/checkpoint.md). 1: one
+# node's records per rank, still loaded onto the same world.
+STATE_DICT_VERSION = 2
 
 
 class SpexHookState:
@@ -476,46 +480,105 @@ class SpexHookState:
         return {"node_rank": int(self.client.node_rank), "node_count": int(self.client.node_count),
                 "local_trainers": int(self.client.hello.local_trainers)}
 
+    def _group(self) -> Any:
+        """The process group state_dict gathers over: DDP's, else the default one if there is one."""
+        group = getattr(self.ddp, "process_group", None)
+        if group is None and dist.is_available() and dist.is_initialized():
+            group = dist.group.WORLD
+        return group
+
     def state_dict(self) -> Dict[str, Any]:
-        """This node's exchange state of the current buckets, for torch.save beside the model
-        and the optimiser. Call it between steps (after optimizer.step()), on every rank; each
-        rank's dict restores its own node. Before the first step it holds no buckets."""
+        """The exchange state of the current buckets, for torch.save beside the model and the
+        optimiser. A collective: call it between steps (after optimizer.step()) on every rank of
+        DDP's process group. Every rank's dict holds its node's records and its own
+        momentum-correction buffers (enough to resume on the same world from each rank's own
+        file); the group's rank 0 also gathers every node's records (from each node's local rank
+        0) and every trainer's buffers, so its dict holds the world's state: saved and loaded on
+        every rank, it resumes the same world exactly or another world resized (load_state_dict).
+        Before the first step it holds no buckets."""
         if self._error is not None:
             raise SpexError(f"the spex hook stopped after an earlier error: {self._error}") from self._error
+        node, local = int(self.client.node_rank), int(self.client.local_rank)
+        trainers = int(self.client.hello.local_trainers)
+        records = {index: self.client.save_bucket_state(self._buckets[index]) for index in sorted(self._buckets)}
+        momentum = {index: self._u[index].detach().to("cpu", copy=True) for index in sorted(self._u)}
+        mine: Dict[str, Any] = {"node": node, "trainer": node * trainers + local,
+                                "records": records if local == 0 else {}, "momentum": momentum}
+        group, rank = self._group(), 0
+        parts: List[Any] = [mine]
+        if group is not None:
+            rank = dist.get_rank(group)
+            world_pg = group is dist.group.WORLD or group is dist.distributed_c10d._get_default_group()
+            gathered = [None] * dist.get_world_size(group) if rank == 0 else None
+            dist.gather_object(mine, gathered, dst=0 if world_pg else dist.get_global_rank(group, 0), group=group)
+            if rank == 0:
+                parts = gathered  # type: ignore[assignment]
         buckets = []
         for index in sorted(self._buckets):
             b = self._buckets[index]
-            entry = {"index": index, "id": b.id - self.id_base, "elements": b.elements,
-                     "params": list(self._layout[index]), "record": self.client.save_bucket_state(b)}
+            entry: Dict[str, Any] = {"index": index, "id": b.id - self.id_base, "elements": b.elements,
+                                     "params": list(self._layout[index]), "records": {node: records[index]}}
+            for p in parts:
+                if index in p["records"]:
+                    entry["records"][p["node"]] = p["records"][index]
             if index in self._u:
-                entry["momentum"] = self._u[index].detach().to("cpu", copy=True)
+                entry["momentum"] = {p["trainer"]: p["momentum"][index] for p in parts}
             buckets.append(entry)
-        return {"version": STATE_DICT_VERSION, "world": self._world(), "local_rank": int(self.client.local_rank),
-                "compressor": self.compressor, "density": self.density, "params": dict(self.params),
-                "momentum_correction": self.momentum_correction, "generation": max(self.generation, 0),
-                "settled": self._settled(), "buckets": buckets}
+        return {"version": STATE_DICT_VERSION, "world": {"node_count": int(self.client.node_count),
+                                                         "local_trainers": trainers},
+                "taken_on_rank": rank, "compressor": self.compressor, "density": self.density,
+                "params": dict(self.params), "momentum_correction": self.momentum_correction,
+                "generation": max(self.generation, 0), "settled": self._settled(), "buckets": buckets}
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Restores what state_dict saved: call it after register and before the first step, on
-        every rank, with the dict its rank saved. In the first iteration the hook registers the
-        saved buckets, gives the daemon their records and maps DDP's buckets onto them per
-        parameter (another model is refused there, naming the parameter). Another world (nodes,
-        node rank, trainers per node) or compressor is refused here. In the plain form (no DDP
-        model) the records go to the DDP buckets of the same index, which must hold the saved
-        layout."""
-        if not isinstance(state, dict) or state.get("version") != STATE_DICT_VERSION:
+        every rank (a collective: the ranks agree, so that all load or all refuse). In the first
+        iteration the hook registers the saved buckets, gives the daemon their records and maps
+        DDP's buckets onto them per parameter (another model is refused there, naming the
+        parameter).
+
+        On the world it was saved on (nodes, trainers per node) the job continues exactly, from
+        rank 0's dict or each rank's own. On another world it needs rank 0's dict (every node's
+        state) and loads it resized (docs/checkpoint.md#another-world): every old node's residual
+        is added, scaled by the ratio of the worlds' trainers, at the elements each new node takes,
+        every trainer's momentum-correction buffer starts as the mean of the old trainers', and
+        the compressors start afresh (a RuntimeWarning says so). Another compressor is refused.
+        In the plain form (no DDP model) the records go to the DDP buckets of the same index,
+        which must hold the saved layout."""
+        problem: Optional[BaseException] = None
+        try:
+            plan = self._load_plan(state)
+        except (SpexError, SpexValueError) as e:
+            problem, plan = e, None
+        group = self._group()
+        if group is not None:
+            ok = torch.tensor([0 if problem is not None else 1])
+            dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=group)
+            if problem is None and not int(ok):
+                problem = SpexValueError("another rank's spex state_dict cannot be loaded (its error names why), so "
+                                         "no rank loads one: every rank resumes from the same dict (rank 0's, "
+                                         "which holds the world's state)")
+        if problem is not None:
+            raise problem
+        entries, resized = plan
+        if resized is not None:
+            warnings.warn(resized, RuntimeWarning, stacklevel=2)
+        pending = {int(entry["index"]): entry for entry in entries}
+        if self.ddp is not None:
+            self._restore = dict(state, buckets=entries)
+        else:
+            self._pending = pending
+
+    def _load_plan(self, state: Dict[str, Any]) -> Tuple[List[Dict[str, Any]], Optional[str]]:
+        """load_state_dict's checks (nothing changes): the buckets as this trainer loads them, and
+        the warning of a resized load (None when exact)."""
+        if not isinstance(state, dict) or state.get("version") not in (1, STATE_DICT_VERSION):
             got = state.get("version") if isinstance(state, dict) else type(state).__name__
-            raise SpexValueError(f"not a spex hook state_dict of version {STATE_DICT_VERSION} (got {got!r})")
+            raise SpexValueError(f"not a spex hook state_dict of version 1 or {STATE_DICT_VERSION} (got {got!r})")
         if self.generation >= 0:
             raise SpexError("load_state_dict after the first step: call it after register and before the "
                             "first forward/backward")
-        world, mine = state.get("world"), self._world()
-        if world != mine:
-            raise SpexValueError(f"the checkpoint was saved on node {world.get('node_rank')} of "
-                                 f"{world.get('node_count')} with {world.get('local_trainers')} trainer(s) per "
-                                 f"node; this trainer's daemon is node {mine['node_rank']} of {mine['node_count']} "
-                                 f"with {mine['local_trainers']}: restart with the same nodes and trainers per node "
-                                 f"(and give each rank the dict it saved), or start without load_state_dict")
+        mine = self._world()
         mine_c = (self.compressor, self.density, dict(self.params))
         saved_c = (state.get("compressor"), state.get("density"), state.get("params"))
         if saved_c != mine_c:
@@ -526,15 +589,75 @@ class SpexHookState:
             raise SpexValueError(f"the checkpoint used momentum_correction={state.get('momentum_correction')!r}; "
                                  f"this hook uses momentum_correction={self.momentum_correction!r}: register "
                                  f"the hook as it was when saved")
-        pending = {}
-        for entry in state.get("buckets", []):
-            if not isinstance(entry.get("record"), (bytes, bytearray)):
-                raise SpexValueError(f"bucket entry {entry.get('index')!r} of the state_dict has no record")
-            pending[int(entry["index"])] = entry
-        if self.ddp is not None:
-            self._restore = state
+        if state["version"] == 1:
+            world = state.get("world")
+            if world != mine:
+                raise SpexValueError(f"the checkpoint (a version 1 dict: one node's state) was saved on node "
+                                     f"{world.get('node_rank')} of {world.get('node_count')} with "
+                                     f"{world.get('local_trainers')} trainer(s) per node; this trainer's daemon is "
+                                     f"node {mine['node_rank']} of {mine['node_count']} with "
+                                     f"{mine['local_trainers']}: restart with the same nodes and trainers per node "
+                                     f"(and give each rank the dict it saved), or start without load_state_dict")
+            entries, resized = list(state.get("buckets", [])), None
         else:
-            self._pending = pending
+            entries, resized = self._entries_for_this_trainer(state, mine)
+        for entry in entries:
+            if "records" not in entry and not isinstance(entry.get("record"), (bytes, bytearray)):
+                raise SpexValueError(f"bucket entry {entry.get('index')!r} of the state_dict has no record")
+        return entries, resized
+
+    def _entries_for_this_trainer(self, state: Dict[str, Any],
+                                  mine: Dict[str, int]) -> Tuple[List[Dict[str, Any]], Optional[str]]:
+        """A version 2 dict's buckets as this trainer loads them: on the saved world its node's
+        record and its own momentum (an exact resume); on another world every old node's record
+        to be added resized ("records") and the mean of the old trainers' momentum; with the
+        warning of a resized load."""
+        world = state.get("world") or {}
+        nodes, trainers = int(world.get("node_count", 0)), int(world.get("local_trainers", 0))
+        same = (nodes, trainers) == (mine["node_count"], mine["local_trainers"])
+        entries = []
+        for e in state.get("buckets", []):
+            records, momentum = e.get("records") or {}, e.get("momentum")
+            need = [mine["node_rank"]] if same else list(range(nodes))
+            missing = sorted(set(need) - set(records))
+            me = mine["node_rank"] * trainers + int(self.client.local_rank)
+            need_u = [] if momentum is None else [me] if same else list(range(nodes * trainers))
+            missing_u = sorted(set(need_u) - set(momentum or {}))
+            if missing or missing_u:
+                raise SpexValueError(f"the checkpoint (taken on rank {state.get('taken_on_rank')!r}) holds, of bucket "
+                                     f"{e.get('index')!r}, the records of nodes {sorted(records)} of {nodes} and the "
+                                     f"momentum of trainers {sorted(momentum or {})}; "
+                                     f"{'this trainer' if same else 'a resize onto another world'} needs nodes "
+                                     f"{need} and trainers {need_u}: load the dict state_dict returned on rank 0 "
+                                     f"(it holds every node's) on every rank")
+            entry = {k: v for k, v in e.items() if k not in ("records", "momentum")}
+            if same:
+                entry["record"] = records[mine["node_rank"]]
+                if momentum is not None:
+                    entry["momentum"] = momentum[me]
+            else:
+                entry["records"] = [records[k] for k in range(nodes)]
+                if momentum is not None:
+                    total = torch.stack([momentum[t].reshape(-1).double() for t in range(nodes * trainers)]).sum(0)
+                    entry["momentum"] = (total / (nodes * trainers)).float()
+            entries.append(entry)
+        if same:
+            return entries, None
+        return entries, (f"spex: resuming a checkpoint of {nodes} node(s) x {trainers} trainer(s) on "
+                         f"{mine['node_count']} x {mine['local_trainers']}: every node's residual is "
+                         f"redistributed (the world's share of the average kept), momentum-correction buffers "
+                         f"start as the old trainers' mean, and the compressors' state starts afresh; the job "
+                         f"does not continue exactly (docs/checkpoint.md#another-world)")
+
+    def _load_entry(self, b: Bucket, entry: Dict[str, Any]) -> None:
+        """Gives the daemon a bucket's saved state: its record, or on another world every old
+        node's record resized (by local rank 0 only: each residual is added once per node)."""
+        if "records" in entry:
+            if int(self.client.local_rank) == 0:
+                for record in entry["records"]:
+                    self.client.load_bucket_state(b, record, resize=True)
+        else:
+            self.client.load_bucket_state(b, entry["record"])
 
     def _restore_layout(self, state: Dict[str, Any]) -> None:
         """The first iteration of a resumed job: registers the saved buckets (their ids and
@@ -588,7 +711,7 @@ class SpexHookState:
                     raise SpexError(f"bucket {j}: the checkpoint has no momentum of {b.elements} elements for "
                                     f"momentum_correction")
                 self._u[j] = u.reshape(-1).to(device=where_dev, dtype=torch.float32, copy=True)
-            self.client.load_bucket_state(b, e["record"])
+            self._load_entry(b, e)
         self._where = where
         self._mapped = True
         self._keep = bool(state.get("settled", False))
@@ -611,7 +734,7 @@ class SpexHookState:
                             f"the bucket layout differs from when it was saved. Pass the DDP model to "
                             f"SpexHookState(ddp=...) (spex.torch.register does): the hook then maps the checkpoint "
                             f"onto DDP's buckets per parameter")
-        self.client.load_bucket_state(b, entry["record"])
+        self._load_entry(b, entry)
         if index in self._u:
             u = entry.get("momentum")
             if u is None or u.numel() != b.elements:

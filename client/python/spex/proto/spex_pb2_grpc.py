@@ -169,7 +169,8 @@ class SpexServicer(object):
         back to a registered bucket before its first exchange, in chunks; the bucket then continues
         exactly where the saved one stopped. A record of another world, size, compressor or policy
         is FAILED_PRECONDITION naming what differs, a corrupt or truncated one DATA_LOSS; a refused
-        record changes nothing.
+        record changes nothing. With `resize` set, a record of another world: every old node's
+        record is added to every new node's bucket, its compressor starting afresh.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
