@@ -132,6 +132,9 @@ int Stats(spex::v1::Spex::Stub* stub, const std::string& socket) {
                 static_cast<unsigned long>(b.last().bytes_sent()),
                 static_cast<unsigned long>(b.last().bytes_received()), b.last().residual_norm(),
                 phases.c_str());
+    if (!b.exchange_choice().empty()) {
+      std::printf("%8s exchange: %s\n", "", b.exchange_choice().c_str());
+    }
   }
   return 0;
 }

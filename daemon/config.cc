@@ -78,6 +78,9 @@ void ReadEngineFlags(EngineOptions& e, std::vector<std::string>* errors) {
   }
   e.dense_fallback = absl::GetFlag(FLAGS_dense_fallback);
   e.probe_steps = absl::GetFlag(FLAGS_probe_steps);
+  e.auto_decide = absl::GetFlag(FLAGS_auto_decide);
+  e.link_gbps = absl::GetFlag(FLAGS_link_gbps);
+  e.link_latency_us = absl::GetFlag(FLAGS_link_latency_us);
   e.nonfinite = absl::GetFlag(FLAGS_nonfinite);
   for (const auto& [flag, value, out] :
        {std::make_tuple("--max_bucket_bytes", absl::GetFlag(FLAGS_max_bucket_bytes),

@@ -81,10 +81,24 @@ ABSL_FLAG(bool, error_feedback, true,
 ABSL_FLAG(int64_t, min_sparse_elements, 16384,
           "Buckets with fewer elements always exchange dense.");
 ABSL_FLAG(spex::DenseFallback, dense_fallback, spex::DenseFallback::kAuto,
-          "auto: a sparse bucket alternates sparse and dense exchanges for 2 x --probe_steps "
-          "steps, then all "
-          "nodes keep the faster (never slower than dense); off: always sparse.");
+          "auto: a sparse bucket exchanges dense where that is faster (--auto_decide: by the "
+          "cost model, or by alternating sparse and dense exchanges for 2 x --probe_steps steps "
+          "and keeping the faster); off: always sparse.");
 ABSL_FLAG(int, probe_steps, 3, "Sparse and dense exchanges each timed by --dense_fallback=auto.");
+ABSL_FLAG(
+    spex::AutoDecide, auto_decide, spex::AutoDecide::kModel,
+    "How --dense_fallback=auto and --sparse_allreduce=auto choose: model (at a bucket's first "
+    "exchange, from the cost model of the link (--link_gbps, or measured once by every node), "
+    "the node count, the bucket's size and density; the bucket probes where the model has no "
+    "term for it: pattern A compressors, --oktopk_global=all, one node, and probes candidates "
+    "within 1.5x of the cheapest against each other) or probe (alternate "
+    "the candidates for 2 x --probe_steps exchanges, keep the faster). Every node must use "
+    "the same value.");
+ABSL_FLAG(double, link_gbps, 0,
+          "The link rate the cost model of --auto_decide=model uses, Gbit/s each way per node; 0: "
+          "measured by timed all-reduces at the first auto bucket's first exchange.");
+ABSL_FLAG(double, link_latency_us, 5,
+          "With --link_gbps: one message's latency node to node for the cost model, microseconds.");
 ABSL_FLAG(spex::NonfinitePolicy, nonfinite, spex::NonfinitePolicy::kPropagate,
           "propagate|error: a step in which some trainer handed in a NaN or +-Inf gives every "
           "trainer a non-finite output (propagate; the exchange succeeds) or fails with "
@@ -108,9 +122,9 @@ ABSL_FLAG(spex::SparseAllreduce, sparse_allreduce, spex::SparseAllreduce::kAllGa
           "sidco_*, sage) sum their selections: allgather (every node receives every node's "
           "selection), oktopk (a sparse reduce-scatter by index region, then an all-gather of "
           "the reduced entries; other sparse compressors are refused; see --oktopk_global) or "
-          "auto (a bucket's first 2 x --probe_steps sparse exchanges alternate the two, then "
-          "every node keeps the faster on the slowest node; other sparse compressors keep their "
-          "own exchange).");
+          "auto (the faster of the two by --auto_decide: the cost model, or a bucket's first 2 x "
+          "--probe_steps sparse exchanges alternate the two and every node keeps the faster on "
+          "the slowest node; other sparse compressors keep their own exchange).");
 ABSL_FLAG(spex::OkTopkSelect, oktopk_global, spex::OkTopkSelect::kTopk,
           "With --sparse_allreduce=oktopk: topk (keep about density x elements of the summed "
           "entries; what a node selected and was not kept stays in its residual; about 2k pairs "

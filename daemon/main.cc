@@ -311,6 +311,10 @@ absl::Status AgreeOnSharedFlags(Collective* mpi, const DaemonConfig& config) {
                                    config.mpi_passive_wait_min_bytes,
                                    "a node waiting inside MPI and one waiting passively issue "
                                    "collectives that do not match"));
+  // The cost model's link measurement and verdict are collectives that probing does not issue.
+  SPEX_RETURN_IF_ERROR(
+      AgreeOnFlag(mpi, "--auto_decide", static_cast<int64_t>(config.engine.auto_decide),
+                  "deciding by the cost model issues collectives probing does not"));
   return absl::OkStatus();
 }
 

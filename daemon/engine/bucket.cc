@@ -78,6 +78,7 @@ BucketSummary EngineBucket::Summary() const {
   s.bytes_sent_total = out.bytes_sent_total;
   s.bytes_received_total = out.bytes_received_total;
   s.last = out.last;
+  s.exchange_choice = out.exchange_choice;
   for (int p = 0; p < kPhaseCount; ++p) {
     s.mean_phase_seconds[p] = out.exchanges ? out.phase_sum[p] / out.exchanges : 0;
     s.mean_phase_cpu_seconds[p] = out.exchanges ? out.phase_cpu_sum[p] / out.exchanges : 0;

@@ -66,6 +66,10 @@ struct BucketExchange {
   bool allreduce_probe = false;
   uint64_t allreduce_probed = 0;
   uint64_t probe_allgather_ns = 0, probe_oktopk_ns = 0;
+  // --auto_decide=model: the cost model decides at the bucket's next exchange
+  // (exchange_choice.h: DecideByModel); probe_note says why it probes instead, for the stats.
+  bool model_pending = false;
+  std::string probe_note;
   uint64_t next_step = 0;
   // Added to next_step for the step the compressor and the step-dependent policies see (the
   // dense-fallback probe): 0, or the step a restored checkpoint was saved at (checkpoint.h),
@@ -94,6 +98,9 @@ struct BucketOutcome {
   uint64_t bytes_sent_total = 0;
   uint64_t bytes_received_total = 0;
   ExchangeRecord last;
+  // How the bucket's exchange was chosen and why (the cost model's times, or the probes'); empty
+  // while nothing was decided or nothing is open (spexctl stats).
+  std::string exchange_choice;
   double phase_sum[kPhaseCount] = {};
   double phase_cpu_sum[kPhaseCount] = {};
   // The target density in effect: written by the engine thread under the engine's mutex, so

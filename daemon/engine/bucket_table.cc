@@ -189,6 +189,8 @@ absl::Status BucketTable::BuildCompressor(EngineBucket* b, double density) {
   ok.rebalance_every = static_cast<uint32_t>(options_->oktopk_rebalance_every);
   b->ex.mode = b->policy.dense_fallback == DenseFallback::kAuto ? BucketExchange::Mode::kProbe
                                                                 : BucketExchange::Mode::kSparse;
+  b->ex.model_pending = options_->auto_decide == AutoDecide::kModel &&
+                        (b->ex.mode == BucketExchange::Mode::kProbe || b->ex.allreduce_probe);
   return absl::OkStatus();
 }
 

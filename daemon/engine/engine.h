@@ -41,6 +41,7 @@
 #include "daemon/engine/exchange_record.h"
 #include "daemon/engine/fused_behind_step.h"
 #include "daemon/engine/fused_step.h"
+#include "daemon/engine/exchange_cost.h"
 #include "daemon/engine/scheduler.h"
 #include "daemon/engine/session_registry.h"
 #include "daemon/memory/device_memory.h"
@@ -331,6 +332,10 @@ class Engine {
   } limits_;  // resolved at Start()
 
   mutable absl::Mutex mu_;
+  // --auto_decide=model: the link the cost model uses, agreed by every node the first time a
+  // bucket asks (exchange_choice.h: AgreeOnLink). Engine thread only.
+  absl::StatusOr<LinkModel> model_link_ = absl::UnknownError("not measured");
+  bool model_link_asked_ = false;
   absl::CondVar published_cv_;  // signalled after every publish and on stop
   SessionRegistry sessions_ ABSL_GUARDED_BY(mu_);
   BucketTable buckets_ ABSL_GUARDED_BY(mu_);

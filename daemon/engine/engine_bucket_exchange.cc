@@ -9,6 +9,7 @@
 #include "daemon/engine/control_round.h"
 #include "daemon/engine/engine.h"
 #include "daemon/engine/engine_passes.h"
+#include "daemon/engine/exchange_choice.h"
 #include "daemon/transport/agreement.h"
 #include "daemon/util/log.h"
 #include "proto/contract/futex.h"
@@ -148,6 +149,12 @@ absl::Status Engine::RunStep(BucketPass& x) {
   }
   // The compressor and the probe see the compute step (a restored bucket's base added).
   const uint64_t step = x.step + b->ex.step_base;
+  if (b->ex.model_pending) {  // --auto_decide=model: every node decides alike, now
+    std::string why =
+        DecideByModel(collective_, options_, density, &model_link_, &model_link_asked_, b);
+    absl::MutexLock lock(&mu_);
+    if (!why.empty()) b->out.exchange_choice = std::move(why);
+  }
   const bool sparse = b->ex.sparse != nullptr && UseSparse(b, step, x.control);
   if (sparse && b->ex.allreduce_probe) ChooseSparseAllreduce(b, x.control);
   StepItem item{&b->mem.view, b->ex.sparse.get(), step, density, &x.rec, x.reduced, x.reduce_now};
@@ -217,10 +224,15 @@ bool Engine::UseSparse(EngineBucket* b, uint64_t step, const Control& control) {
   const uint64_t window = 2 * static_cast<uint64_t>(options_.probe_steps);
   if (step < window) return step % 2 == 0;
   b->ex.mode = control.sparse_us < control.dense_us ? Mode::kSparse : Mode::kDense;
-  SPEX_LOG(INFO) << "bucket " << b->id << ": " << b->compressor << " took "
-                 << control.sparse_us / options_.probe_steps << " us per exchange, dense "
-                 << control.dense_us / options_.probe_steps << " us: going "
-                 << (b->ex.mode == Mode::kSparse ? "sparse" : "dense");
+  const std::string why =
+      absl::StrCat(b->ex.mode == Mode::kSparse ? "sparse" : "dense", " by probing: sparse ",
+                   control.sparse_us / options_.probe_steps, " us per exchange, dense ",
+                   control.dense_us / options_.probe_steps, " us", b->ex.probe_note);
+  SPEX_LOG(INFO) << "bucket " << b->id << ": " << b->compressor << " going " << why;
+  {
+    absl::MutexLock lock(&mu_);
+    b->out.exchange_choice = why;
+  }
   return b->ex.mode == Mode::kSparse;
 }
 
@@ -238,10 +250,17 @@ void Engine::ChooseSparseAllreduce(EngineBucket* b, const Control& control) {
   }
   b->ex.allreduce_probe = false;
   st.oktopk = control.oktopk_us < control.allgather_us;
-  SPEX_LOG(INFO) << "bucket " << b->id << ": " << b->compressor << " through the all-gather took "
-                 << control.allgather_us / options_.probe_steps << " us per exchange, through "
-                 << "Ok-Topk " << control.oktopk_us / options_.probe_steps << " us: going "
-                 << (st.oktopk ? "oktopk" : "allgather");
+  const std::string why =
+      absl::StrCat(st.oktopk ? "oktopk" : "allgather", " by probing: allgather ",
+                   control.allgather_us / options_.probe_steps, " us per exchange, oktopk ",
+                   control.oktopk_us / options_.probe_steps, " us", b->ex.probe_note);
+  SPEX_LOG(INFO) << "bucket " << b->id << ": " << b->compressor << " going " << why;
+  absl::MutexLock lock(&mu_);
+  if (b->out.exchange_choice.rfind("sparse by probing", 0) == 0) {
+    b->out.exchange_choice = absl::StrCat(why, "; ", b->out.exchange_choice);
+  } else {
+    b->out.exchange_choice = why;
+  }
 }
 
 namespace {

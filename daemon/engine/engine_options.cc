@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -63,6 +64,22 @@ bool AbslParseFlag(absl::string_view text, SparseAllreduce* out, std::string* er
                         "' is not a sparse all-reduce; accepted: allgather, oktopk, auto");
   return false;
 }
+
+bool AbslParseFlag(absl::string_view text, AutoDecide* out, std::string* error) {
+  if (text == "model") {
+    *out = AutoDecide::kModel;
+    return true;
+  }
+  if (text == "probe") {
+    *out = AutoDecide::kProbe;
+    return true;
+  }
+  *error =
+      absl::StrCat("'", text.substr(0, 64), "' is not a way to decide; accepted: model, probe");
+  return false;
+}
+
+std::string AbslUnparseFlag(AutoDecide v) { return v == AutoDecide::kModel ? "model" : "probe"; }
 
 bool AbslParseFlag(absl::string_view text, OkTopkSelect* out, std::string* error) {
   if (text == "topk") {
@@ -138,6 +155,14 @@ absl::Status ValidateEngineOptions(const EngineOptions& o) {
   if (o.probe_steps < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("--probe_steps must be >= 1, got ", o.probe_steps));
+  }
+  if (!(o.link_gbps >= 0) || !std::isfinite(o.link_gbps)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--link_gbps must be >= 0 (0: measure the link), got ", o.link_gbps));
+  }
+  if (!(o.link_latency_us >= 0) || !std::isfinite(o.link_latency_us)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--link_latency_us must be >= 0, got ", o.link_latency_us));
   }
   if (o.residual_norm_every < 0) {
     return absl::InvalidArgumentError(

@@ -22,8 +22,9 @@
 
 namespace spex {
 
-// --dense_fallback. kAuto: a sparse bucket alternates sparse and dense exchanges for
-// 2 x probe_steps steps, then every node keeps the faster; kOff: always sparse.
+// --dense_fallback. kAuto: a sparse bucket exchanges dense where that is faster, by --auto_decide
+// (the cost model, or alternating sparse and dense exchanges for 2 x probe_steps steps, then
+// every node keeps the faster); kOff: always sparse.
 enum class DenseFallback { kAuto, kOff };
 bool AbslParseFlag(absl::string_view text, DenseFallback* out, std::string* error);
 std::string AbslUnparseFlag(DenseFallback v);
@@ -43,12 +44,20 @@ std::string AbslUnparseFlag(NonfinitePolicy v);
 // kAllGather: every node's (index, value) chunk is all-gathered (pattern B). kOkTopk: the Ok-Topk
 // sparse reduce-scatter by index region and an all-gatherv of the reduced entries
 // (daemon/engine/oktopk_exchange.h, global selection "all": the same result bit for bit), for the
-// compressors of OkTopkCompressorNames(). kAuto: such a bucket's first 2 x probe_steps sparse
-// exchanges alternate the two, and every node then keeps the one the slowest node found faster
-// (Engine::ChooseSparseAllreduce); buckets of the other sparse compressors keep their exchange.
+// compressors of OkTopkCompressorNames(). kAuto: such a bucket takes the faster by --auto_decide
+// (the cost model's pick, or its first 2 x probe_steps sparse exchanges alternate the two and
+// every node then keeps the one the slowest node found faster: Engine::ChooseSparseAllreduce);
+// buckets of the other sparse compressors keep their exchange.
 enum class SparseAllreduce { kAllGather, kOkTopk, kAuto };
 bool AbslParseFlag(absl::string_view text, SparseAllreduce* out, std::string* error);
 std::string AbslUnparseFlag(SparseAllreduce v);
+
+// --auto_decide: how --dense_fallback=auto and --sparse_allreduce=auto choose. kModel: from the
+// cost model of the link, P, n and k at the bucket's first exchange (exchange_choice.h), probing
+// where the model has no term for the bucket; kProbe: always by probing (above).
+enum class AutoDecide { kModel, kProbe };
+bool AbslParseFlag(absl::string_view text, AutoDecide* out, std::string* error);
+std::string AbslUnparseFlag(AutoDecide v);
 
 // --oktopk_global: Ok-Topk's global selection (with --sparse_allreduce=oktopk). kTopk (default):
 // about k = max(1, floor(density x elements)) of the summed entries are kept (exactly the k
@@ -78,8 +87,13 @@ struct EngineOptions {
   bool error_feedback = true;            // keep what a sparse step did not send for later steps
   uint64_t min_sparse_elements = 16384;  // smaller buckets always go dense
   DenseFallback dense_fallback = DenseFallback::kAuto;
-  int probe_steps = 3;       // kAuto: sparse and dense steps each measured
-  bool fp16_values = false;  // pattern B values as float16 on the wire
+  int probe_steps = 3;  // kAuto: sparse and dense steps each measured
+  // --auto_decide. spexd's flag defaults to kModel; options filled directly (the engine tests)
+  // keep probing unless they ask for the model.
+  AutoDecide auto_decide = AutoDecide::kProbe;
+  double link_gbps = 0;        // --link_gbps: the link's rate for the model; 0: measured
+  double link_latency_us = 5;  // --link_latency_us: one message's latency, with link_gbps > 0
+  bool fp16_values = false;    // pattern B values as float16 on the wire
   SparseAllreduce sparse_allreduce = SparseAllreduce::kAllGather;  // pattern B's exchange
   OkTopkSelect oktopk_global = OkTopkSelect::kTopk;                // --oktopk_global
   int oktopk_recompute_every = 32;  // exact global top-k every this many exchanges (tau_g)

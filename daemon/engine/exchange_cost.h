@@ -11,9 +11,9 @@
 // all-to-all(v). A message costs latency + bytes / rate on a full-duplex, non-blocking network
 // (no oversubscription, no contention beyond the node's link).
 //
-// spexd does not use this model to decide: --dense_fallback=auto and --sparse_allreduce=auto
-// measure (they alternate the candidates for 2 x --probe_steps steps and keep the faster on the
-// slowest node). The model predicts what those probes find, for clusters one cannot measure.
+// spexd decides from it: --dense_fallback=auto and --sparse_allreduce=auto under
+// --auto_decide=model (exchange_choice.h) take the model's pick for the measured link at a
+// bucket's first exchange; --auto_decide=probe measures the candidates instead.
 #pragma once
 
 #include <cstdint>

@@ -47,6 +47,7 @@ struct BucketSummary {
   uint64_t bytes_sent_total = 0;
   uint64_t bytes_received_total = 0;
   ExchangeRecord last;
+  std::string exchange_choice;  // how auto chose the bucket's exchange, and why (or empty)
   double mean_phase_seconds[kPhaseCount] = {};
   double mean_phase_cpu_seconds[kPhaseCount] = {};
 };

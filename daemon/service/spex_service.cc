@@ -410,6 +410,7 @@ grpc::Status SpexService::GetStats(grpc::ServerContext* ctx, const v1::GetStatsR
     out->set_bytes_sent_total(b.bytes_sent_total);
     out->set_bytes_received_total(b.bytes_received_total);
     out->set_state(b.state);
+    out->set_exchange_choice(b.exchange_choice);
     if (b.exchanges) ToProto(b.last, out->mutable_last());
     for (int p = 0; p < static_cast<int>(Phase::kCount); ++p) {
       auto* ph = out->add_mean_phases();
