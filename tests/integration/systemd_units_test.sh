@@ -112,6 +112,31 @@ else
 fi
 record spex_world_one_host "$msg"
 
+# SPEX_DAEMON_CPUS: spexd on those cores only; a value that is not a CPU list is refused.
+SPEX_HOSTFILE="$T/hostfile" SPEXD="$SPEXD" SPEX_SOCKET_PATH="$T/run/bad.sock" SPEX_DAEMON_CPUS="0;x" \
+  timeout 20 "$U/spex-world" >"$T/badcpus.log" 2>&1; rc=$?
+[ $rc = 2 ] && grep -q "SPEX_DAEMON_CPUS=0;x is not a CPU list" "$T/badcpus.log" && record spex_world_bad_cpus "" ||
+  record spex_world_bad_cpus "rc $rc: $(cat "$T/badcpus.log")"
+first=$(taskset -pc $$ | sed 's/.*: //; s/[-,].*//')
+SPEX_HOSTFILE="$T/hostfile" SPEXD="$SPEXD" SPEX_SOCKET_PATH="$T/run/pinned.sock" SPEX_DAEMON_CPUS="$first" \
+  SPEXD_ARGS="--log_level=warning" "$U/spex-world" >"$T/pinned.log" 2>&1 &
+world=$!
+msg=""
+for _ in $(seq 200); do [ -S "$T/run/pinned.sock" ] && break; sleep 0.1; done
+if [ -S "$T/run/pinned.sock" ]; then
+  daemons=$(ps -o pid= --ppid "$world" | tr '\n' ' ')
+  [ -n "$daemons" ] || msg="no spexd under mpirun"
+  for d in $daemons; do
+    got=$(taskset -pc "$d" | sed 's/.*: //')
+    [ "$got" = "$first" ] || msg="$msg spexd $d may run on CPUs $got, want $first (SPEX_DAEMON_CPUS)"
+  done
+  stop_mpirun "$world" $daemons || msg="$msg the world did not stop within 15 s of SIGTERM"
+else
+  msg="no socket within 20 s: $(cat "$T/pinned.log")"
+  kill -9 "$world" 2>/dev/null; wait "$world" 2>/dev/null
+fi
+record spex_world_daemon_cpus "$msg"
+
 rm -rf "$T"
 write_junit_skips systemd_units
 echo "systemd units: $failures failure(s)"

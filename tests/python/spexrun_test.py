@@ -74,8 +74,32 @@ state.close()
 '''
 
 
+# Prints the trainer's cores and its host's spexd's (the spexd serving SPEX_SOCKET).
+AFFINITY = r'''
+import os
+mine = ",".join(map(str, sorted(os.sched_getaffinity(0))))
+sock = os.environ["SPEX_SOCKET"].encode()
+daemon = "?"
+for p in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        argv = open(f"/proc/{p}/cmdline", "rb").read().split(b"\0")
+    except OSError:
+        continue
+    if b"--socket=" + sock in argv and argv[0].endswith(b"spexd"):
+        daemon = ",".join(map(str, sorted(os.sched_getaffinity(int(p)))))
+print(f"trainer {mine} daemon {daemon}", flush=True)
+'''
+
+
 def netns() -> set:
     return set(subprocess.run(["ip", "netns", "list"], stdout=subprocess.PIPE, text=True).stdout.split())
+
+
+def own_netns(launch: "Launch", before: set) -> set:
+    """Namespaces of the emulated clusters `launch` brought up (sx<tag>*, the tag spexrun prints)
+    that were not there before: other emulated jobs beside the test may bring theirs up."""
+    tags = re.findall(r"emulated cluster (\w+) up in", launch.streams()[1])
+    return {n for n in netns() - before if any(n.startswith(f"sx{t}") for t in tags)}
 
 
 def segments() -> set:
@@ -190,7 +214,7 @@ class SpexrunTest(unittest.TestCase):
         before_ns, before_seg = netns(), segments()
         launch = Launch(["--emulated", "2", *QUIET, "--", sys.executable, self.train])
         self.check_job(launch, world=4, local=2)
-        self.assertEqual(netns() - before_ns, set())
+        self.assertEqual(own_netns(launch, before_ns), set())
         self.assertEqual(segments() - before_seg, set())
 
     def test_failing_trainer_stops_the_job(self):
@@ -212,7 +236,7 @@ class SpexrunTest(unittest.TestCase):
         self.assertLess(ended - failed_at, 30, f"spexrun took {ended - failed_at:.1f} s to stop")
         self.assertIn("rank 3 (host2, local rank 1) exited with status 1", err)
         self.assertEqual(processes(self.train), [], "trainers left running")
-        self.assertEqual(netns() - before_ns, set(), "namespaces left")
+        self.assertEqual(own_netns(launch, before_ns), set(), "namespaces left")
         self.assertEqual(segments() - before_seg, set(), "segments left")
         print(f"spexrun stopped {ended - failed_at:.1f} s after rank 3 failed")
 
@@ -231,7 +255,7 @@ class SpexrunTest(unittest.TestCase):
         self.assertEqual(rc, 128 + signal.SIGTERM, launch.text())
         self.assertIn("SIGTERM received; stopping the job", launch.streams()[1])
         self.assertEqual(processes(self.train), [])
-        self.assertEqual(netns() - before_ns, set())
+        self.assertEqual(own_netns(launch, before_ns), set())
         self.assertEqual(segments() - before_seg, set())
 
     def test_sigkill_tears_the_emulated_cluster_down(self):
@@ -245,17 +269,17 @@ class SpexrunTest(unittest.TestCase):
             self.assertIsNone(launch.proc.poll(), launch.text())
             self.assertLess(time.monotonic(), deadline, launch.text())
             time.sleep(0.1)
-        self.assertNotEqual(netns() - before_ns, set())
+        self.assertNotEqual(own_netns(launch, before_ns), set())
         # This job's daemons (other tests' daemons and segments may come and go meanwhile).
         daemons = {str(pid) for pid in daemon_pids() if pid not in before_daemons}
         self.assertTrue(daemons, "no spexd found")
         launch.proc.kill()
         launch.wait(timeout=10)
         t0 = time.monotonic()
-        while time.monotonic() - t0 < 40 and (processes(self.train) or netns() - before_ns):
+        while time.monotonic() - t0 < 40 and (processes(self.train) or own_netns(launch, before_ns)):
             time.sleep(0.2)
         self.assertEqual(processes(self.train), [], "trainers outlived a SIGKILLed spexrun")
-        self.assertEqual(netns() - before_ns, set(), "namespaces outlived a SIGKILLed spexrun")
+        self.assertEqual(own_netns(launch, before_ns), set(), "namespaces outlived a SIGKILLed spexrun")
         self.assertEqual({s for s in segments() - before_seg if s.split("-")[1] in daemons}, set())
         print(f"emulated cluster gone {time.monotonic() - t0:.1f} s after spexrun's SIGKILL")
 
@@ -303,6 +327,28 @@ class SpexrunTest(unittest.TestCase):
     def test_this_host_alone(self):
         launch = Launch(["-H", "localhost:2", *QUIET, "--", sys.executable, self.train])
         self.check_job(launch, world=2, local=2)
+
+    def test_daemon_cpus_keep_the_daemon_off_the_trainers_cores(self):
+        """--daemon-cpus: the daemon runs on the listed core, the trainers on the others; a list
+        that leaves no core, names a core the host lacks or cannot be read is refused."""
+        cpus = sorted(os.sched_getaffinity(0))
+        if len(cpus) < 2:
+            self.skipTest("needs 2 cores")
+        script = os.path.join(self.tmp, "affinity.py")
+        with open(script, "w") as f:
+            f.write(AFFINITY)
+        launch = Launch(["-H", "localhost:2", "--daemon-cpus", str(cpus[0]), *QUIET, "--", sys.executable, script])
+        rc = launch.wait(timeout=120)
+        out = launch.streams()[0]
+        self.assertEqual(rc, 0, launch.text())
+        rest = ",".join(map(str, cpus[1:]))
+        for rank in (0, 1):
+            self.assertIn(f"[{rank},{rank}]<stdout>:trainer {rest} daemon {cpus[0]}", out, launch.text())
+        all_cpus = ",".join(map(str, cpus))
+        self.refused(["-H", "localhost:1", "--daemon-cpus", all_cpus, "--", "true"], "leaves the trainers no core")
+        self.refused(["-H", "localhost:1", "--daemon-cpus", "4096", "--", "true"], "core(s) 4096 are not among")
+        self.refused(["-H", "localhost:1", "--daemon-cpus", "1-x", "--", "true"], "cannot read '1-x'")
+        self.refused(["--emulated", "1", "--daemon-cpus", "0", "--", "true"], "emulated hosts have CPU sets")
 
     def test_torchrun_beside_a_daemon_started_by_hand(self):
         """No spexrun: spexd on its default socket (job named by SPEX_JOB), torchrun's two
@@ -410,7 +456,7 @@ class SpexrunTest(unittest.TestCase):
         world = int(argv[argv.index("--emulated") + 1]) * 2 if "--emulated" in argv else 1
         for rank in range(world):
             self.assertRegex(out, rf"\[{rank},\d+\]<stdout>:rank {rank}: done")
-        self.assertEqual(netns() - before_ns, set())
+        self.assertEqual(own_netns(run, before_ns), set())
 
 
 def spexrun_default_socket(job: str) -> str:

@@ -19,7 +19,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Dict, IO, List, Sequence
+from typing import Dict, IO, List, Optional, Sequence
 
 CONTROL = "@spexrun@ "
 # How an agent on another host starts (python -c AGENT_BOOT --agent ...): it reads one JSON line
@@ -123,10 +123,36 @@ class Agent:
                 break
         self.stop_trainers()
 
+    def trainer_cpus(self) -> Optional[List[int]]:
+        """With --daemon-cpus: this host's cores (the agent's own) less the daemon's; None
+        without. ValueError naming the problem when the daemon's are not this host's or leave
+        no core."""
+        if self.a.daemon_cpus is None:
+            return None
+        from .world import parse_cpu_list
+        mine, daemon = sorted(os.sched_getaffinity(0)), parse_cpu_list(self.a.daemon_cpus)
+        foreign = [c for c in daemon if c not in mine]
+        if foreign:
+            raise ValueError(f"--daemon-cpus {self.a.daemon_cpus}: core(s) {','.join(map(str, foreign))} are not "
+                             f"among {_socket.gethostname()}'s ({_cpu_text(mine)})")
+        rest = [c for c in mine if c not in daemon]
+        if not rest:
+            raise ValueError(f"--daemon-cpus {self.a.daemon_cpus} leaves the trainers no core on "
+                             f"{_socket.gethostname()} (its cores: {_cpu_text(mine)})")
+        return rest
+
     def run(self) -> int:
         a = self.a
         signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=self.stop_trainers, daemon=True).start())
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # spexrun decides; Ctrl-C reaches it too
+        try:
+            cpus = self.trainer_cpus()
+        except ValueError as e:
+            self.control(f"error {e}")
+            return 3
+        # The trainers on the cores the daemon does not use (the daemon is on its own already:
+        # mpirun started it under taskset).
+        preexec = (lambda: os.sched_setaffinity(0, cpus)) if cpus is not None else None
         deadline = time.monotonic() + a.start_timeout
         while not daemon_healthy(a.socket):
             if time.monotonic() > deadline:
@@ -145,7 +171,8 @@ class Agent:
             rank = a.rank_base + lr
             try:
                 p = subprocess.Popen(a.command, env=self.trainer_env(lr), stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                                     preexec_fn=preexec)
             except OSError as e:
                 self.control(f"exit {rank} 127 cannot start {a.command[0]}: {e.strerror}")
                 self.stop_trainers()
@@ -184,6 +211,10 @@ class Agent:
             pass
 
 
+def _cpu_text(cpus: List[int]) -> str:
+    return ",".join(map(str, cpus))
+
+
 def _killpg(pid: int, sig: int) -> None:
     try:
         os.killpg(pid, sig)
@@ -205,6 +236,7 @@ def agent_main(argv: Sequence[str]) -> int:
     p.add_argument("--grace", type=float, default=3.0)
     p.add_argument("--restart", type=int, default=0)
     p.add_argument("--max-restarts", type=int, default=0)
+    p.add_argument("--daemon-cpus", default=None)
     p.add_argument("command", nargs=argparse.REMAINDER)
     a = p.parse_args(argv)
     if a.command and a.command[0] == "--":

@@ -33,7 +33,7 @@ from .agent import AGENT_BOOT, CONTROL, _killpg
 from .cluster import _signal, children_of, find_spexd
 from .hosts import Host, LaunchError, is_local
 from .paths import private_directory_problem
-from .world import WorldNode, start_daemon_world
+from .world import WorldNode, parse_cpu_list, start_daemon_world
 
 # Environment variables an agent on another host gets from the launcher (as mpirun's -x would
 # pass them), besides the ones named with -x: the Python and library search paths, the virtual
@@ -66,6 +66,7 @@ class LaunchConfig:
     max_restarts: int = 0  # starts after a failure before giving up (torchrun's --max-restarts)
     min_hosts: Optional[int] = None  # leave failing hosts out while at least this many remain
     from_slurm: bool = False  # the hosts are a SLURM allocation's (agents start as job steps)
+    daemon_cpus: Optional[str] = None  # every host's daemon on these cores ("0-1"), trainers on the rest
 
     def check(self, hosts: Sequence[Host]) -> None:
         """Raises LaunchError naming what to fix."""
@@ -81,6 +82,14 @@ class LaunchConfig:
             if self.max_restarts == 0:
                 raise LaunchError(f"--min-hosts {self.min_hosts} leaves failing hosts out of a restart: give "
                                   f"--max-restarts N too")
+        if self.daemon_cpus is not None:
+            if self.emulated:
+                raise LaunchError("--daemon-cpus: emulated hosts have CPU sets of their own (one core each where "
+                                  "the machine has them); give it with -H or --hostfile")
+            try:
+                parse_cpu_list(self.daemon_cpus)
+            except ValueError as e:
+                raise LaunchError(f"--daemon-cpus: {e}") from None
 
 
 @dataclass
@@ -305,7 +314,8 @@ class Launcher:
             return
         spexd = find_spexd(a.spexd)
         make_private_dirs(self.socket_dir)
-        nodes = [WorldNode(self.socket(n), h.slots, host=h.name) for n, h in enumerate(self.hosts)]
+        cpus = parse_cpu_list(a.daemon_cpus) if a.daemon_cpus is not None else None
+        nodes = [WorldNode(self.socket(n), h.slots, host=h.name, cpus=cpus) for n, h in enumerate(self.hosts)]
         self.daemon_tail = []
         self.daemons = start_daemon_world(spexd, nodes, flags, rsh_agent=a.rsh_agent,
                                           loopback=len(self.hosts) == 1 and is_local(self.hosts[0].name),
@@ -380,6 +390,8 @@ class Launcher:
                "--world", str(self.world), "--master-addr", self.master_addr(), "--master-port", str(port),
                "--start-timeout", str(a.start_timeout), "--grace", str(a.grace), "--restart", str(self.restart),
                "--max-restarts", str(a.max_restarts)]
+        if a.daemon_cpus is not None:
+            cmd += ["--daemon-cpus", a.daemon_cpus]
         return cmd + ["--", *a.command]
 
     def x_env(self) -> Dict[str, str]:

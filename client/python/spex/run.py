@@ -75,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-hosts", type=int, metavar="M",
                    help="with --max-restarts: leave a failing host out of the restart (its agent lost, its daemon "
                         "dead, or its trainers failing twice in a row) while at least M hosts remain")
+    p.add_argument("--daemon-cpus", metavar="LIST",
+                   help="run every host's spexd on these cores (taskset's form: 0-1 or 0,8) and the host's "
+                        "trainers on the others (default: the scheduler places both)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
     return p
 
@@ -106,7 +109,7 @@ def config_from_args(a: argparse.Namespace, env: Optional[Dict[str, str]] = None
         command=command, emulated=a.emulated, slots=a.slots, rate=a.rate, latency_us=a.latency_us, spexd=a.spexd,
         spexd_args=list(a.spexd_arg or []), rsh_agent=a.rsh_agent, x=list(a.x or []), master_port=a.master_port,
         start_timeout=a.start_timeout, grace=a.grace, daemon_output=a.daemon_output, max_restarts=a.max_restarts,
-        min_hosts=a.min_hosts,
+        min_hosts=a.min_hosts, daemon_cpus=a.daemon_cpus,
         from_slurm=a.hosts is None and a.hostfile is None and a.emulated is None and slurm_hosts(env) is not None)
 
 

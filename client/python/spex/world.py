@@ -13,6 +13,18 @@ from dataclasses import dataclass
 from typing import Dict, IO, List, Optional, Sequence, Union
 
 
+def parse_cpu_list(text: str) -> List[int]:
+    """A CPU list as taskset -c and cpusets write it: `0-3,8` -> [0, 1, 2, 3, 8]. ValueError
+    naming the part it cannot read."""
+    cpus = set()
+    for part in text.split(","):
+        lo, dash, hi = part.strip().partition("-")
+        if not lo.isdigit() or (dash and not hi.isdigit()) or (dash and int(hi) < int(lo)):
+            raise ValueError(f"cannot read '{part}' in the CPU list '{text}' (e.g. 0-3,8)")
+        cpus.update(range(int(lo), int(hi if dash else lo) + 1))
+    return sorted(cpus)
+
+
 @dataclass
 class WorldNode:
     """One node of a daemon world."""
