@@ -32,7 +32,7 @@ def parse_args(argv: Optional[List[str]] = None, description: str = "") -> argpa
                         "CNN's hidden linear layer (default 1024: 3.27M parameters, 13 MB of gradients)")
     p.add_argument("--target-acc", type=float, default=None,
                    help="test accuracy (%%) for the time-to-accuracy column (default 95 for mlp, 80 for cnn)")
-    p.add_argument("--model", choices=["mlp", "lstm", "cnn"], default="mlp",
+    p.add_argument("--model", choices=list(WORKLOADS), default="mlp",
                    help="mlp (default): the MLP on digits; lstm: a word-level LSTM language model on English text "
                         "(Debian's fortunes files), judged by test perplexity (--target-ppl); cnn: a convolutional "
                         "network on Fashion-MNIST (Debian's dataset-fashion-mnist)")
@@ -80,9 +80,9 @@ def resolve_defaults(args: argparse.Namespace) -> argparse.Namespace:
     if args.hidden is None:
         args.hidden = workload.default_hidden or 3200
     if args.target_acc is None:
-        args.target_acc = 80.0 if args.model == "cnn" else 95.0
+        args.target_acc = workload.default_target_acc
     if args.epochs is None:
-        args.epochs = 8 if args.model == "cnn" else 4
+        args.epochs = workload.default_epochs
     if args.lr is None:
         args.lr = workload.default_lr
     return args
