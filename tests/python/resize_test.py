@@ -1,7 +1,9 @@
 """A checkpoint resumed on another world (docs/checkpoint.md#another-world), through real daemons
-and the DDP hook: 4 DDP processes (gloo) on 2 spexd x 2 trainers, and on 1 spexd x 4, train an
-MLP for 3 steps with micro under the hook's momentum correction; every rank calls state_dict (a
-collective) and rank 0's dict, the world's state, is saved with torch.save. The daemons and
+and the DDP hook: 4 DDP processes (gloo) on 2 spexd x 2 trainers train an MLP for 3 steps with
+micro under the hook's momentum correction; every rank calls state_dict (a collective) and rank
+0's dict, the world's state, is saved with torch.save. On 1 spexd x 4, 4 client threads exchange
+3 steps of a micro bucket and the node's record is saved (no DDP: one world of trainer processes
+less, for the suite's time). The daemons and
 trainers are stopped, and the checkpoints resumed on other worlds: 2x2 -> 1x2, 2x2 -> 3x1 and
 1x4 -> 2x2. On each, before the trainers start, one client per new node loads every old node's
 record resized (as the hook's local rank 0 does) and saves its bucket again: summed over the new
@@ -197,6 +199,41 @@ def run_trainers(c, directory, phase, tag, shape, file):
     return results
 
 
+def clients_state(c, shape, elements=11018, steps=3):
+    """A checkpoint taken without DDP (one world of trainer processes less, for the suite's time):
+    shape[1] client threads per node exchange `steps` random steps of one micro bucket, then every
+    node's local rank 0 saves its record; in the form of the hook's rank 0 state_dict."""
+    import threading
+
+    import numpy as np
+
+    import spex
+    from spex_test_util import run_threads
+
+    nodes, local = shape
+    records = {}
+    done = threading.Barrier(nodes * local)
+
+    def trainer(node, rank):
+        client = spex.Client(c.socket(node), local_rank=rank, local_size=local)
+        try:
+            b = client.register_bucket(7, elements, COMPRESSOR, DENSITY)
+            rng = np.random.default_rng(100 * node + rank)
+            for _ in range(steps):
+                client.exchange(b, rng.standard_normal(elements).astype(np.float32))
+            if rank == 0:
+                records[node] = client.save_bucket_state(b)
+            done.wait(60)
+        finally:
+            client.close()
+
+    for r in run_threads([lambda n=n, r=r: trainer(n, r) for n in range(nodes) for r in range(local)]):
+        if isinstance(r, BaseException):
+            raise r
+    return {"world": {"node_count": nodes, "local_trainers": local},
+            "buckets": [{"index": 0, "id": 7, "elements": elements, "records": records}]}
+
+
 def resized_residuals(c, shape, spex_state):
     """Every new node's residual of every saved bucket after loading every old node's record
     resized, through one client per node (the daemon's records saved right after the loads)."""
@@ -225,19 +262,27 @@ class ResizeTest(unittest.TestCase):
 
         cls.dir = tempfile.mkdtemp(prefix="resize-", dir=os.environ.get("TEST_TMPDIR", "/tmp"))
         cls.saved, cls.checked, cls.resumed = {}, {}, {}
+        import torch
+
+        # 2x2 through DDP and the hook (every resize it resumes); 1x4 through clients (its records
+        # only are resized).
+        saved = {}
         for old in sorted({o for o, _ in RESIZES}):
             tag = f"{old[0]}x{old[1]}"
             c = cluster(old[0], old[1], *DAEMON_FLAGS)
             try:
-                run_trainers(c, cls.dir, "save", tag, old, os.path.join(cls.dir, f"{tag}.pt"))
+                if any(o == old for o, _ in TRAINED):
+                    run_trainers(c, cls.dir, "save", tag, old, os.path.join(cls.dir, f"{tag}.pt"))
+                    saved[old] = torch.load(os.path.join(cls.dir, f"{tag}.pt"))["spex"]
+                else:
+                    saved[old] = clients_state(c, old)
             finally:
                 c.cleanup()
-        import torch
 
         for old, new in RESIZES:
             tag = f"{old[0]}x{old[1]}-to-{new[0]}x{new[1]}"
             file = os.path.join(cls.dir, f"{old[0]}x{old[1]}.pt")
-            cls.saved[(old, new)] = torch.load(file)["spex"]
+            cls.saved[(old, new)] = saved[old]
             c = cluster(new[0], new[1], *DAEMON_FLAGS)
             try:
                 cls.checked[(old, new)] = resized_residuals(c, new, cls.saved[(old, new)])
