@@ -3,7 +3,7 @@
 A trainer connects to its node's daemon (Hello), registers each gradient bucket once (the
 daemon returns a shared segment that is mapped here), and per step writes its gradients into
 the bucket's input slot and exchanges: through the doorbell in the shared segments (no RPC on
-the hot path; see daemon/memory/layout.h) or through the Exchange RPC. The output slot then
+the hot path; see proto/contract/layout.h) or through the Exchange RPC. The output slot then
 holds the average over every trainer of every node.
 
     with spex.Client(socket="/tmp/x/node0.sock", local_rank=0, local_size=2) as c:
