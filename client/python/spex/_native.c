@@ -1,7 +1,7 @@
 /* spex._native: the few operations the Python client needs on the shared segments that plain
  * Python cannot do safely: atomic loads, stores and read-modify-writes on 32/64-bit words of a
  * writable buffer (an mmap of a daemon segment), and futex wait/wake on a 32-bit word. The
- * words are std::atomic<uint32_t>/<uint64_t> on the daemon side (daemon/memory/layout.h);
+ * words are std::atomic<uint32_t>/<uint64_t> on the daemon side (proto/contract/layout.h);
  * GCC's __atomic builtins on the same addresses interoperate with them.
  * Blocking calls release the GIL. Every offset is checked against the buffer's bounds and
  * its natural alignment, so a bad offset is a ValueError, never a stray write. */
@@ -233,7 +233,7 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "spex._native",
-    "Atomics and futex wait/wake on spexd's shared segments (see daemon/memory/layout.h).", -1, methods,
+    "Atomics and futex wait/wake on spexd's shared segments (see proto/contract/layout.h).", -1, methods,
 };
 
 PyMODINIT_FUNC PyInit__native(void) { return PyModule_Create(&module); }
