@@ -146,20 +146,21 @@ absl::StatusOr<ModelChoice> ChooseExchange(const LinkModel& link, const ChoiceIn
   return out;
 }
 
-std::string DecideByModel(Collective* coll, const EngineOptions& o, double density,
-                          absl::StatusOr<LinkModel>* link, bool* link_asked, EngineBucket* b) {
-  BucketExchange& ex = b->ex;
-  ex.model_pending = false;
-  const bool open_dense = ex.mode == BucketExchange::Mode::kProbe;
-  if (ex.sparse == nullptr || (!open_dense && !ex.allreduce_probe)) return "";
-  SparseState& st = *ex.sparse;
-  // What the model cannot cost: the bucket probes (every node alike: these are agreed inputs).
+namespace {
+
+// DecideByModel's first stage: why the cost model cannot decide bucket `b` ("" when it can),
+// agreeing on the link (once per engine: *link_asked) when nothing else stops it.
+std::string WhatTheModelLacks(Collective* coll, const EngineOptions& o, const EngineBucket& b,
+                              absl::StatusOr<LinkModel>* link, bool* link_asked) {
+  const BucketExchange& ex = b.ex;
+  const SparseState& st = *ex.sparse;
   std::string lacks;
+  // What the model cannot cost: the bucket probes (every node alike: these are agreed inputs).
   if (coll->size() < 2) {
     lacks = "one node: no link to model";
   } else if (st.compressor->pattern() != Pattern::kSparseGather) {
     lacks = absl::StrCat("the cost model has no term for pattern ",
-                         PatternName(st.compressor->pattern()), " (", b->compressor, ")");
+                         PatternName(st.compressor->pattern()), " (", b.compressor, ")");
   } else if ((ex.allreduce_probe || st.oktopk) && o.oktopk_global == OkTopkSelect::kAll) {
     lacks = "the cost model has no term for --oktopk_global=all";
   }
@@ -177,6 +178,19 @@ std::string DecideByModel(Collective* coll, const EngineOptions& o, double densi
     }
     if (!link->ok()) lacks = absl::StrCat("no link: ", link->status().message());
   }
+  return lacks;
+}
+
+}  // namespace
+
+std::string DecideByModel(Collective* coll, const EngineOptions& o, double density,
+                          absl::StatusOr<LinkModel>* link, bool* link_asked, EngineBucket* b) {
+  BucketExchange& ex = b->ex;
+  ex.model_pending = false;
+  const bool open_dense = ex.mode == BucketExchange::Mode::kProbe;
+  if (ex.sparse == nullptr || (!open_dense && !ex.allreduce_probe)) return "";
+  SparseState& st = *ex.sparse;
+  std::string lacks = WhatTheModelLacks(coll, o, *b, link, link_asked);
   ChoiceInputs in;
   if (lacks.empty()) {
     in.nodes = coll->size();
