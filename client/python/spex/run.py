@@ -35,11 +35,17 @@ from typing import Dict, List, Optional, Sequence
 
 # The library's names, also reachable as spex.run.NAME (programs and tests written before the
 # split use them).
-from .agent import AGENT_BOOT, CONTROL, Agent, agent_main, daemon_healthy  # noqa: F401
-from .hosts import (ENV_NAME_RE, LOCAL_NAMES, Host, LaunchError, expand_hostlist,  # noqa: F401
+from .agent import AGENT_BOOT, CONTROL, Agent, agent_main, daemon_healthy
+from .hosts import (ENV_NAME_RE, LOCAL_NAMES, Host, LaunchError, expand_hostlist,
                     expand_tasks_per_node, is_local, parse_hosts, read_hostfile, slurm_hosts)
-from .launcher import (FORWARD_NAMES, FORWARD_PREFIXES, LaunchConfig, Launcher, describe_status,  # noqa: F401
+from .launcher import (FORWARD_NAMES, FORWARD_PREFIXES, LaunchConfig, Launcher, describe_status,
                        launch, make_private_dirs, signal_name, watchdog_main)
+
+__all__ = ["AGENT_BOOT", "CONTROL", "Agent", "agent_main", "daemon_healthy", "ENV_NAME_RE", "LOCAL_NAMES", "Host",
+           "LaunchError", "expand_hostlist", "expand_tasks_per_node", "is_local", "parse_hosts", "read_hostfile",
+           "slurm_hosts", "FORWARD_NAMES", "FORWARD_PREFIXES", "LaunchConfig", "Launcher", "describe_status", "launch",
+           "make_private_dirs", "signal_name", "watchdog_main", "build_parser", "resolve_hosts", "config_from_args",
+           "main"]
 
 
 def build_parser() -> argparse.ArgumentParser:
