@@ -258,6 +258,11 @@ class SpexrunRestartTest(unittest.TestCase):
             launch = Launch(["-H", "a:1,b:1", *args, "--", "true"])
             self.assertEqual(launch.wait(timeout=60), 2, launch.text())
             self.assertIn(words, launch.streams()[1])
+        # A spexd that is not there is no failure a restart can mend: said once, no restart.
+        launch = Launch(["-H", "localhost:1", "--max-restarts", "2", "--", "true"], env={"SPEXD": "/nonexistent"})
+        self.assertEqual(launch.wait(timeout=60), 1, launch.text())
+        self.assertIn("spexd not found at /nonexistent", launch.streams()[1])
+        self.assertNotIn("restart 1", launch.streams()[1])
         # The library's configuration refuses the same before anything starts.
         with self.assertRaisesRegex(spexrun.LaunchError, "give --max-restarts N too"):
             spexrun.launch(spexrun.LaunchConfig(["true"], min_hosts=1), spexrun.parse_hosts("a:1"))

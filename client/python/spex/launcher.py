@@ -235,6 +235,7 @@ class Launcher:
         self.socket_dir = f"/tmp/spex-{os.getuid()}/{self.job}"
         self.from_slurm = config.from_slurm
         self.watchdog: Optional[subprocess.Popen] = None
+        self.spexd = config.spexd  # the binary, found once when the job starts (run)
         self.restart = 0  # which start of the job this is
         self.signalled: Optional[int] = None
         self.strikes: Dict[str, int] = {}  # host name -> attempts in a row its trainers failed
@@ -303,7 +304,7 @@ class Launcher:
         flags = list(a.spexd_args)
         if a.emulated:
             from .emulated import EmulatedCluster
-            self.cluster = EmulatedCluster(a.spexd, hosts=len(self.hosts), trainers=a.slots, args=flags, rate=a.rate,
+            self.cluster = EmulatedCluster(self.spexd, hosts=len(self.hosts), trainers=a.slots, args=flags, rate=a.rate,
                                            latency_us=a.latency_us, start_timeout=a.start_timeout)
             self.say(self.cluster.up())
             self.watch(["emulated", self.cluster.script, self.cluster.dir, str(int(self.cluster._own_dir))])
@@ -312,7 +313,7 @@ class Launcher:
             proc = self.cluster.proc
             threading.Thread(target=lambda: events.put(("daemons", proc.wait())), daemon=True).start()
             return
-        spexd = find_spexd(a.spexd)
+        spexd = self.spexd
         make_private_dirs(self.socket_dir)
         cpus = parse_cpu_list(a.daemon_cpus) if a.daemon_cpus is not None else None
         nodes = [WorldNode(self.socket(n), h.slots, host=h.name, cpus=cpus) for n, h in enumerate(self.hosts)]
@@ -514,6 +515,11 @@ class Launcher:
         """Runs the job to its end: 0 when every trainer exited 0; else, once the restarts are
         spent (or on a signal), the last failure's status."""
         a = self.a
+        try:  # once: a binary that is not there is no failure a restart can mend
+            self.spexd = find_spexd(a.spexd)
+        except Exception as e:
+            self.say(f"error: {e}")
+            return 1
         self.start_watchdog()
         self.say(f"{len(self.hosts)} host(s) ({', '.join(f'{self.host_label(n)}:{h.slots}' for n, h in enumerate(self.hosts))}), "
                  f"{self.world} trainers; job {self.job}"
