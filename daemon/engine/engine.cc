@@ -31,6 +31,7 @@ Engine::Engine(EngineOptions options, Collective* collective, Primitives* prims,
       collective_(collective),
       prims_(prims),
       device_(device),
+      io_(device, prims, options_.local_trainers),
       sessions_(options_.local_trainers, options_.job),
       buckets_(&options_, collective, prims, device),
       doorbell_(options_.shm_tag) {

@@ -4,10 +4,11 @@
 // (control_round.h), the dense and sparse steps (step.h) and the commit vote after every step
 // (daemon/transport/agreement.h). One engine thread runs every exchange; the RPC threads of the
 // service (daemon/service) call the public methods. It knows nothing of gRPC or MPI: it gets a
-// Collective. Its code: engine.cc (life, loop, publishing), engine_bucket_exchange.cc and
-// engine_group_exchange.cc (one exchange's stages, per bucket and per merge group, over the
-// state in engine_passes.h), engine_wire_stage.cc (--merge_overlap), engine_requests.cc (the
-// RPC threads' requests).
+// Collective. A bucket's inputs and outputs around its step (the device path's events, the one
+// rounding of a half output) are bucket_io.h's. Its code: engine.cc (life, loop, publishing),
+// engine_bucket_exchange.cc and engine_group_exchange.cc (one exchange's stages, per bucket and
+// per merge group, over the state in engine_passes.h), engine_wire_stage.cc (--merge_overlap),
+// engine_requests.cc (the RPC threads' requests).
 //
 // One exchange: wait for the trainers' input events (device path) -> control round (order check,
 // density changes, fallback vote, input failures) -> the step (dense or sparse) -> output event
@@ -34,6 +35,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "daemon/engine/bucket_io.h"
 #include "daemon/engine/bucket_table.h"
 #include "daemon/engine/control_round.h"
 #include "daemon/engine/doorbell.h"
@@ -191,8 +193,8 @@ class Engine {
   void Process(const std::vector<EngineBucket*>& group);
   // This node's control words: the density change, a dead trainer, the probes' timings.
   void GatherControl(BucketPass& x);
-  // Device path: the trainers' input events; then the local reduce with the finite check, whose
-  // non-finite word goes into the control round (unless the inputs failed).
+  // Device path: the trainers' input events (BucketIO); then the local reduce with the finite
+  // check, whose non-finite word goes into the control round (unless the inputs failed).
   void WaitAndReduce(BucketPass& x);
   // The control round, and the step's status from its maxed words (a dead trainer, another
   // node's failed inputs, this node's).
@@ -203,9 +205,10 @@ class Engine {
   // The step itself: the density in effect, dense or sparse (fallback and all-reduce probes),
   // DenseStep / SparseStep, the probes' timings, the primitives' health.
   absl::Status RunStep(BucketPass& x);
-  // The output event (device path) and, after a step that ran, the commit vote on every node.
+  // BucketIO::StepDone (device path: the output, its event) and, after a step that ran, the
+  // commit vote on every node.
   void CommitVote(BucketPass& x);
-  // Publish and the observers.
+  // BucketIO::BeforePublish (the CPU path: a half output rounded), Publish and the observers.
   void PublishPass(BucketPass& x);
   // propagate on a sparse bucket: NaN across its output (the step is skipped).
   absl::Status FillNonfinite(EngineBucket* b);
@@ -278,9 +281,6 @@ class Engine {
   // --sparse_allreduce=auto: sets the bucket's exchange for this sparse step (the probe's
   // alternation, or the choice once the probe is done).
   void ChooseSparseAllreduce(EngineBucket* b, const Control& control);
-  // Device path: the ordering hooks around a step (no-ops on the CPU path).
-  absl::Status WaitInputs(EngineBucket* b);
-  absl::Status RecordOutput(EngineBucket* b);
   void ResetLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // RegisterBucket in stages (engine_requests.cc): ParseRegistration (the request alone, no
   // lock) -> FindOrCreateBucketLocked (the limits, a new bucket) -> CheckSameBucketLocked (an
@@ -326,6 +326,7 @@ class Engine {
   Collective* const collective_;
   Primitives* const prims_;  // the buckets' data (device memory on the device path)
   const DevicePath device_;
+  const BucketIO io_;  // a bucket's inputs and outputs around its step (engine and wire threads)
   StepEnv env_;
   struct Limits {
     uint64_t bucket = 0, session = 0, daemon = 0;

@@ -57,7 +57,7 @@ void Engine::WaitAndReduce(BucketPass& x) {
   // Device path: the trainers' device writes must be visible before anything reads the inputs.
   // A node that cannot wait for them says so in the control round, so every node skips the
   // step alike; nothing was touched, so the bucket goes on.
-  x.inputs = x.control.dead_trainer != 0 ? absl::OkStatus() : WaitInputs(b);
+  x.inputs = x.control.dead_trainer != 0 ? absl::OkStatus() : io_.WaitInputs(b);
   x.lap(Phase::kWaitLocal);
   x.control.inputs_failed = !x.inputs.ok() || x.control.dead_trainer != 0;
   // The local reduce runs now, before the control round, with the finite check (fused into its
@@ -183,11 +183,10 @@ absl::Status Engine::RunStep(BucketPass& x) {
 }
 
 void Engine::CommitVote(BucketPass& x) {
-  // Device path: a half bucket's result is rounded on the device before the output event,
-  // which marks the result written (recorded on failure too, so no trainer waits on a stale
-  // record). The host path rounds at publishing (PublishPass).
-  if (x.status.ok() && x.b->mem.view.on_device) x.status = RoundOutput(prims_, x.b->mem.view);
-  if (absl::Status recorded = RecordOutput(x.b); x.status.ok()) x.status = recorded;
+  // Device path: the result made the trainers' output before the vote (rounded, its event
+  // recorded on failure too, so no trainer waits on a stale record); the CPU path rounds at
+  // publishing (PublishPass).
+  x.status = io_.StepDone(x.b, x.status);
   if (!x.ran) return;
   // The commit vote: a step that failed on any node after the control round fails on every
   // node, and leaves the bucket's state (residual, compressor) unknown: terminal.
@@ -202,9 +201,9 @@ void Engine::CommitVote(BucketPass& x) {
 void Engine::PublishPass(BucketPass& x) {
   x.rec.total_seconds = (MonotonicNanos() - x.t0) * 1e-9;
   const uint64_t t_publish = x.clock.last_ns();  // the timeline's phases stay contiguous
-  // A half bucket's float32 result rounded once into the trainers' output (step.h); the
-  // device path did it before its output event (CommitVote).
-  if (x.status.ok() && !x.b->mem.view.on_device) x.status = RoundOutput(prims_, x.b->mem.view);
+  // A half bucket's float32 result rounded once into the trainers' output (the CPU path; the
+  // device path did it before its output event, CommitVote).
+  x.status = io_.BeforePublish(x.b, x.status);
   Publish(x.b, x.step, x.status, x.rec, x.terminal);
   if (!x.observed) return;
   const uint64_t now = MonotonicNanos();
@@ -261,98 +260,6 @@ void Engine::ChooseSparseAllreduce(EngineBucket* b, const Control& control) {
   } else {
     b->out.exchange_choice = why;
   }
-}
-
-namespace {
-
-// Several GPUs (docs/design.md#multi-gpu): the slot ordering of trainer r's GPU, null when its
-// buffer is not on another GPU of the path.
-SlotOrdering* RemoteOrdering(const DevicePath& path, const BucketMemory& mem, int r) {
-  if (mem.remote[r] == nullptr) return nullptr;
-  for (const NodeDevice& d : path.others) {
-    if (d.ordinal == mem.remote_device[r]) return d.ordering;
-  }
-  return nullptr;
-}
-
-}  // namespace
-
-// Waits for every trainer's input event (on its own GPU), then gathers the inputs of trainers
-// on other GPUs into their staging slots on the home GPU, in local-rank order: from here the
-// step is the one-GPU step.
-absl::Status Engine::WaitInputs(EngineBucket* b) {
-  if (device_.ordering == nullptr || b->mem.data == nullptr) return absl::OkStatus();
-  const BucketData& v = b->mem.view;
-  const size_t bytes = b->elements * DTypeSize(v.dtype);
-  for (int r = 0; r < options_.local_trainers; ++r) {
-    SharedBuffer* own = b->mem.remote[r] != nullptr ? b->mem.remote[r].get() : b->mem.data.get();
-    SlotOrdering* ordering =
-        b->mem.remote[r] != nullptr ? RemoteOrdering(device_, b->mem, r) : device_.ordering;
-    absl::Status s = ordering == nullptr
-                         ? absl::InternalError(absl::StrCat("GPU ", b->mem.remote_device[r],
-                                                            " has no slot ordering"))
-                         : ordering->WaitInput(own, r);
-    if (s.ok() && b->mem.remote[r] != nullptr) {
-      const auto* from =
-          static_cast<const uint8_t*>(own->data()) + DeviceInputOffset(b->elements, 0);
-      void* to = IsHalf(v.dtype) ? static_cast<void*>(const_cast<uint16_t*>(v.half_input[r]))
-                                 : static_cast<void*>(v.input[r]);
-      s = device_.link->Copy(device_.home, to, b->mem.remote_device[r], from, bytes);
-      if (!s.ok()) {
-        return absl::Status(s.code(), absl::StrCat("bucket ", b->id, ": copying local trainer ", r,
-                                                   "'s input from GPU ", b->mem.remote_device[r],
-                                                   " to GPU ", device_.home, ": ", s.message()));
-      }
-    }
-    if (!s.ok()) {
-      const int gpu = b->mem.remote[r] != nullptr ? b->mem.remote_device[r] : device_.home;
-      return absl::Status(s.code(),
-                          absl::StrCat("bucket ", b->id, ": waiting for local trainer ", r,
-                                       "'s input event on GPU ", gpu, ": ", s.message()));
-    }
-  }
-  return absl::OkStatus();
-}
-
-// Copies the home GPU's output to every trainer on another GPU, then records the output event
-// on every GPU holding a buffer of the bucket (each after its copy). Every buffer is recorded
-// even after a failure, so no trainer waits on a stale record; the first failure is returned.
-absl::Status Engine::RecordOutput(EngineBucket* b) {
-  if (device_.ordering == nullptr || b->mem.data == nullptr) return absl::OkStatus();
-  const int L = options_.local_trainers;
-  absl::Status first;
-  for (int r = 0; r < L; ++r) {
-    if (b->mem.remote[r] == nullptr) continue;
-    SharedBuffer* own = b->mem.remote[r].get();
-    // The published output: a half bucket's half values (rounded before this, CommitVote).
-    const BucketData& v = b->mem.view;
-    const size_t eb = DTypeSize(v.dtype);
-    auto* to = static_cast<uint8_t*>(own->data()) + DeviceOutputOffset(b->elements, 1, eb);
-    const void* from = IsHalf(v.dtype) ? static_cast<const void*>(v.half_output)
-                                       : static_cast<const void*>(v.output);
-    absl::Status s =
-        device_.link->Copy(b->mem.remote_device[r], to, device_.home, from, b->elements * eb);
-    if (!s.ok()) {
-      s = absl::Status(s.code(), absl::StrCat("bucket ", b->id, ": copying the output to GPU ",
-                                              b->mem.remote_device[r], " (local trainer ", r,
-                                              "): ", s.message()));
-    }
-    SlotOrdering* ordering = RemoteOrdering(device_, b->mem, r);
-    absl::Status rec = ordering == nullptr ? absl::InternalError("no slot ordering")
-                                           : ordering->RecordOutput(own, L);
-    if (s.ok() && !rec.ok()) {
-      s = absl::Status(rec.code(),
-                       absl::StrCat("bucket ", b->id, ": recording the output event on GPU ",
-                                    b->mem.remote_device[r], ": ", rec.message()));
-    }
-    if (first.ok()) first = s;
-  }
-  absl::Status s = device_.ordering->RecordOutput(b->mem.data.get(), L);
-  if (!s.ok() && first.ok()) {
-    first = absl::Status(
-        s.code(), absl::StrCat("bucket ", b->id, ": recording the output event: ", s.message()));
-  }
-  return first;
 }
 
 }  // namespace spex

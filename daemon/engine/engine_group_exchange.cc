@@ -275,7 +275,7 @@ void Engine::PublishUnpacked(GroupPass& x) {
     }
     rec.total_seconds = (end - x.t0) * 1e-9;
     // A half member's float32 result rounded once into the trainers' output (step.h).
-    if (x.st[i].ok() && !b->mem.view.on_device) x.st[i] = RoundOutput(prims_, b->mem.view);
+    x.st[i] = io_.BeforePublish(b, x.st[i]);
     Publish(b, b->ex.next_step, x.st[i], rec, /*terminal=*/false);
     if (options_.observers.empty()) continue;
     ExchangeEvent event;

@@ -97,8 +97,7 @@ void Engine::RunPack(WirePack* p) {
     rec.total_seconds = (end - p->t0) * 1e-9;
     const bool terminal = !vote.ok();
     // A half member's float32 result rounded once into the trainers' output (step.h).
-    absl::Status out = vote;
-    if (out.ok() && !b->mem.view.on_device) out = RoundOutput(env.prims, b->mem.view);
+    const absl::Status out = io_.BeforePublish(b, vote);
     Publish(b, rec.step, out, rec, terminal || !out.ok());  // the trainers' step
     if (options_.observers.empty()) continue;
     ExchangeEvent event;
