@@ -406,19 +406,29 @@ absl::Status AddResizedBucket(const BucketCheckpoint& c, const CheckpointWorld& 
       return absl::DataLossError(absl::StrCat(what, "the checkpoint's residual has ",
                                               c.residual.size(), " of ", b->elements, " elements"));
     }
-    if (c.density != b->out.density) {
-      if (absl::Status s = b->ex.sparse->compressor->SetDensity(c.density); !s.ok()) {
-        return absl::Status(s.code(), absl::StrCat(what, s.message()));
-      }
-    }
     // The residual is a node's sum over its trainers, the exchange's result their average over
     // the world: scaled by the ratio of the worlds' trainers, each element's share of the
     // average stays as it was.
     const double scale = static_cast<double>(world.nodes) * world.local_trainers /
                          (static_cast<double>(c.world.nodes) * c.world.local_trainers);
     float* acc = b->mem.view.acc;
-    for (uint64_t i = static_cast<uint64_t>(world.node_rank); i < b->elements;
-         i += static_cast<uint64_t>(world.nodes)) {
+    const uint64_t first = static_cast<uint64_t>(world.node_rank);
+    const uint64_t stride = static_cast<uint64_t>(world.nodes);
+    // The engine never keeps a non-finite remainder: a sum past float's range (only a rewritten
+    // record gets there) is refused before anything changes.
+    for (uint64_t i = first; i < b->elements; i += stride) {
+      if (!std::isfinite(acc[i] + static_cast<float>(c.residual[i] * scale))) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            what, "the record of ", WorldText(c.world), " takes the residual at index ", i,
+            " past float's range on this world (x", scale, "): not a record spexd wrote"));
+      }
+    }
+    if (c.density != b->out.density) {
+      if (absl::Status s = b->ex.sparse->compressor->SetDensity(c.density); !s.ok()) {
+        return absl::Status(s.code(), absl::StrCat(what, s.message()));
+      }
+    }
+    for (uint64_t i = first; i < b->elements; i += stride) {
       acc[i] += static_cast<float>(c.residual[i] * scale);
     }
   }

@@ -379,7 +379,15 @@ TEST(Checkpoint, ResizedRecordsThatDoNotAddUpAreRefusedAndChangeNothing) {
   auto device = MakeBucket("micro", prims.get());
   device->mem.view.on_device = true;
   EXPECT_EQ(AddResizedBucket(node0, mine, device.get()).code(), absl::StatusCode::kUnimplemented);
-  for (const auto* t : {other.get(), ran.get(), device.get()}) {
+  // A residual that this world's scale takes past float's range (only a rewritten record has
+  // one) is refused, and nothing changes.
+  BucketCheckpoint huge = *SaveBucket(*old, {1, 0, 1});
+  huge.residual.assign(kN, 3e38f);
+  auto scaled = MakeBucket("micro", prims.get());
+  s = AddResizedBucket(huge, {2, 1, 2}, scaled.get());
+  EXPECT_NE(s.message().find("past float's range"), std::string::npos) << s;
+  EXPECT_TRUE(scaled->restored.from.empty());
+  for (const auto* t : {other.get(), ran.get(), device.get(), scaled.get()}) {
     for (float v : t->mem.acc_host) ASSERT_EQ(v, 0.0f);
   }
 }
