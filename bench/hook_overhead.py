@@ -27,7 +27,7 @@ reports it). Ratios are against `ddp` in the same run.
         [--bucket-mb 4] [--steps 30] [--warmup 5] [--rounds 1] [--density 0.01] [--out PREFIX]
 
 Writes <out>.json and <out>.png (default bench/results/hook_overhead.*). Needs the built spexd
-(bazel build //daemon:spexd) and the spex package installed (the .venv deploy/main_job.sh makes).
+(bazel build //daemon:spexd; --spexd, else $SPEXD, else bazel-bin/daemon/spexd) and the spex package installed (the .venv deploy/main_job.sh makes).
 On 2 shared cores the daemon, gloo's threads and the trainers compete for the same cores, so
 the wall times include waiting for a core; the CPU columns are what each part used.
 """
@@ -222,7 +222,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--density", type=float, default=0.01)
-    ap.add_argument("--spexd", default=None)
+    ap.add_argument("--spexd", default=os.environ.get("SPEXD") or os.path.join(ROOT, "bazel-bin", "daemon", "spexd"))
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "hook_overhead"))
     args = ap.parse_args()
     import socket as _socket
