@@ -2,8 +2,8 @@
 // (local reduce, the compressor's selection, the exchange over a one-node collective, the
 // residual update) on --n floats from --trainers local trainers, the way the engine runs it
 // now (ReduceLocalChecked before the control round: residual + inputs into the second
-// accumulator with the fused finite check, then the swap) against the way it ran before and the
-// device path still runs it (the in-step LocalReduce, in place, unchecked), and against the
+// accumulator with the fused finite check, then the swap) against the way it ran before (the
+// LocalReduce in place, unchecked: ReduceForStep without acc_next), and against the
 // engine's path with the check turned off (the same reduce into acc_next, unchecked: what the
 // check itself costs). The three paths run in one process on the same inputs, interleaved rep by
 // rep (the order rotating), each with its own bucket state; their outputs and residuals are
@@ -86,8 +86,8 @@ int Main() {
       pool[r][i] = scale * (static_cast<float>(x >> 8) * (1.0f / 16777216.0f) - 0.5f);
     }
   }
-  // 0: before (in-step, unchecked), 1: now (checked, before the round), 2: now with the check
-  // off (the same reduce into acc_next, before the round, unchecked).
+  // 0: before (in place, unchecked: ReduceForStep), 1: now (checked, before the round), 2: now with
+  // the check off (the same reduce into acc_next, before the round, unchecked).
   constexpr int kPaths = 3;
   Bucket paths[kPaths];
   for (int p = 0; p < kPaths; ++p) {
@@ -135,7 +135,7 @@ int Main() {
   auto step = [&](int p, uint64_t s) -> double {
     Bucket& b = paths[p];
     ExchangeRecord rec;
-    StepItem item{&b.data, &b.state, s, absl::GetFlag(FLAGS_density), &rec, {}, false};
+    StepItem item{&b.data, &b.state, s, absl::GetFlag(FLAGS_density), &rec, {}};
     cur = p;
     timed = s > 0;
     const auto t0 = Clock::now();
@@ -145,9 +145,10 @@ int Main() {
       item.status = ReduceLocalChecked(env, b.data, /*sparse=*/true, /*check=*/p == 1, &first_bad);
       if (first_bad < n) std::fprintf(stderr, "unexpected non-finite value at %zu\n", first_bad);
       CommitLocalSum(&b.data);
-      item.reduced = true;
-      lap(Phase::kReduceLocal);  // the step's own reduce lap then adds ~0
+    } else {
+      ReduceForStep(env, item);  // in place, unchecked
     }
+    lap(Phase::kReduceLocal);  // the step's own reduce lap then adds ~0
     SparseStep(env, absl::MakeSpan(&item, 1), lap);
     const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
     if (!item.status.ok()) {

@@ -76,6 +76,20 @@ void CommitLocalSum(BucketData* b) {
   if (b->acc_next != nullptr) std::swap(b->acc, b->acc_next);
 }
 
+void ReduceForStep(const StepEnv& env, StepItem& item) {
+  BucketData& b = *item.data;
+  const bool sparse = item.sparse != nullptr;
+  absl::Status s;
+  if (sparse && env.error_feedback && b.acc_next == nullptr) {
+    s = LocalReduce(env, b, /*add_to_acc=*/true);
+  } else {
+    size_t first_bad;
+    s = ReduceLocalChecked(env, b, sparse, /*check=*/false, &first_bad);
+    if (s.ok()) CommitLocalSum(&b);
+  }
+  if (item.status.ok()) item.status = s;
+}
+
 int NonfiniteInput(const StepEnv& env, const BucketData& b, size_t index) {
   for (int r = 0; r < env.local_trainers; ++r) {
     float v = 0;
@@ -110,31 +124,15 @@ void DenseStep(const StepEnv& env, absl::Span<StepItem> group, const Lap& lap) {
   for (StepItem& item : group) {
     BucketData& b = *item.data;
     const size_t n = b.elements;
-    const float* src = b.input[0];
     float scale = 1.0f / static_cast<float>(N * L);
     absl::Status s;
-    if (item.reduced) {
-      // ReduceLocalChecked wrote the local sum (its failure, if any, is item.status): acc for
-      // a sparse bucket (committed), else the output, scaled already when N * L is a power of
-      // two.
-      src = item.sparse != nullptr ? b.acc : b.output;
-      if (item.sparse == nullptr && PowerOfTwo(N * L)) scale = 1.0f;
-    } else if (item.sparse != nullptr) {
-      // A sparse bucket going dense this step sends everything, residual included.
-      s = LocalReduce(env, b, env.error_feedback);
-      src = b.acc;
-    } else if (PowerOfTwo(N * L)) {
-      // N * L a power of two: scaling is exact (barring subnormal results), so sum(scale * x)
-      // == scale * sum(x) bit for bit. One fused pass writes the scaled local sum into the
-      // output, and the collective reduces in place: no separate scaling pass, and no copy of
-      // the send buffer inside MPI_Allreduce.
-      s = env.prims->SumScaled(b.output, b.input, L, scale, n);
-      src = b.output;
-      scale = 1.0f;
-    } else if (L > 1) {
-      s = LocalReduce(env, b, false);
-      src = b.acc;
-    }
+    // The local sum, reduced before the step (its failure, if any, is item.status): acc for a
+    // sparse bucket (committed; going dense this step, it sends everything, residual included),
+    // else the output, scaled already when N * L is a power of two (exact, barring subnormal
+    // results: the collective then reduces in place with scale 1, no separate scaling pass and
+    // no copy of the send buffer inside MPI_Allreduce).
+    const float* src = item.sparse != nullptr ? b.acc : b.output;
+    if (item.sparse == nullptr && PowerOfTwo(N * L)) scale = 1.0f;
     lap(Phase::kReduceLocal);
     // Issued even after a local failure (lockstep); the commit vote fails the step everywhere.
     // A half bucket: half values on the wire, and the result straight into the trainers' half
@@ -143,7 +141,7 @@ void DenseStep(const StepEnv& env, absl::Span<StepItem> group, const Lap& lap) {
     // cross to the host and back (HalfAllReduceScaledOnDevice).
     const bool direct = IsHalf(b.wire) && N > 1 && b.wire == b.dtype && item.sparse == nullptr;
     absl::Status c;
-    if (item.reduced && b.half_sum_in_output) {
+    if (b.half_sum_in_output) {
       // The local sum is in the trainers' half output already, rounded: exchanged there.
       c = HalfAllReduceInPlace(env.coll, b.wire, b.half_output, n, scale);
     } else if (IsHalf(b.wire) && N > 1) {

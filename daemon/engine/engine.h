@@ -40,10 +40,10 @@
 #include "daemon/engine/control_round.h"
 #include "daemon/engine/doorbell.h"
 #include "daemon/engine/engine_options.h"
+#include "daemon/engine/exchange_cost.h"
 #include "daemon/engine/exchange_record.h"
 #include "daemon/engine/fused_behind_step.h"
 #include "daemon/engine/fused_step.h"
-#include "daemon/engine/exchange_cost.h"
 #include "daemon/engine/scheduler.h"
 #include "daemon/engine/session_registry.h"
 #include "daemon/memory/device_memory.h"
@@ -196,6 +196,14 @@ class Engine {
   // Device path: the trainers' input events (BucketIO); then the local reduce with the finite
   // check, whose non-finite word goes into the control round (unless the inputs failed).
   void WaitAndReduce(BucketPass& x);
+  // The local reduce of every exchange, on both paths (WaitAndReduce, ReduceMember), before the
+  // round: ReduceLocalChecked with the finite check where the bucket's policy needs it (a
+  // dense bucket under propagate does not: its all-reduce carries NaN/Inf anyway). The steps
+  // do none of their own (step.h). *first_bad: as ReduceLocalChecked's.
+  absl::Status ReduceLocal(EngineBucket* b, bool half_in_output, size_t* first_bad);
+  // The control round's non-finite word for `first_bad` (0 when b->elements: none), naming the
+  // trainer whose input it is (or the sum).
+  uint64_t NonfiniteWordFor(const EngineBucket* b, size_t first_bad) const;
   // The control round, and the step's status from its maxed words (a dead trainer, another
   // node's failed inputs, this node's).
   absl::Status AgreeControl(BucketPass& x);
@@ -323,6 +331,10 @@ class Engine {
   const EngineOptions options_;
   std::string oktopk_key_;  // the control round's name of Ok-Topk with its flags (constructor)
   std::string auto_key_;    // ... and of auto ("auto " + oktopk_key_)
+  // --auto_decide=model: the link the cost model uses, agreed by every node the first time a
+  // bucket asks (exchange_choice.h: AgreeOnLink). Engine thread only.
+  absl::StatusOr<LinkModel> model_link_ = absl::UnknownError("not measured");
+  bool model_link_asked_ = false;
   Collective* const collective_;
   Primitives* const prims_;  // the buckets' data (device memory on the device path)
   const DevicePath device_;
@@ -333,10 +345,6 @@ class Engine {
   } limits_;  // resolved at Start()
 
   mutable absl::Mutex mu_;
-  // --auto_decide=model: the link the cost model uses, agreed by every node the first time a
-  // bucket asks (exchange_choice.h: AgreeOnLink). Engine thread only.
-  absl::StatusOr<LinkModel> model_link_ = absl::UnknownError("not measured");
-  bool model_link_asked_ = false;
   absl::CondVar published_cv_;  // signalled after every publish and on stop
   SessionRegistry sessions_ ABSL_GUARDED_BY(mu_);
   BucketTable buckets_ ABSL_GUARDED_BY(mu_);

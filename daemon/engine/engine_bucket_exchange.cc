@@ -66,24 +66,28 @@ void Engine::WaitAndReduce(BucketPass& x) {
   // nonfinite word then tells every node, before any collective of the step, whether some
   // trainer of some node handed in a NaN or +-Inf. A failure of the reduce itself goes into the
   // step, which fails at the commit vote like any local failure.
-  x.reduce_now = !x.control.inputs_failed;
-  if (!x.reduce_now) return;
+  if (x.control.inputs_failed) return;
+  // A dense half bucket's sum goes straight into its half output, rounded (DenseStep exchanges
+  // it there); a merge group's path (engine_group_exchange.cc) keeps the float32 staging.
+  size_t first_bad = b->elements;
+  x.reduced = ReduceLocal(b, /*half_in_output=*/true, &first_bad);
+  b->ex.reduced_step = UINT64_MAX;  // this step's own sum replaces a merge group's
+  if (x.reduced.ok()) x.control.nonfinite = NonfiniteWordFor(b, first_bad);
+  x.lap(Phase::kReduceLocal);
+}
+
+absl::Status Engine::ReduceLocal(EngineBucket* b, bool half_in_output, size_t* first_bad) {
   const bool sparse_bucket = b->ex.sparse != nullptr;
   // A dense bucket under propagate needs no check: its all-reduce carries NaN/Inf anyway.
   const bool check = sparse_bucket || b->policy.nonfinite == NonfinitePolicy::kError;
-  size_t first_bad = b->elements;
-  // A dense half bucket's sum goes straight into its half output, rounded (DenseStep exchanges
-  // it there); a merge group's path (engine_group_exchange.cc) keeps the float32 staging.
-  x.reduced = ReduceLocalChecked(env_, b->mem.view, sparse_bucket, check, &first_bad,
-                                 /*half_in_output=*/true);
-  b->ex.reduced_step = UINT64_MAX;                  // this step's own sum replaces a merge group's
-  if (x.reduced.ok() && first_bad < b->elements) {  // rare: find which trainer
-    const int r = NonfiniteInput(env_, b->mem.view, first_bad);
-    x.control.nonfinite =
-        NonfiniteWord(collective_->rank(), r < 0 ? kNonfiniteSum : static_cast<uint32_t>(r),
-                      static_cast<uint32_t>(first_bad));
-  }
-  x.lap(Phase::kReduceLocal);
+  return ReduceLocalChecked(env_, b->mem.view, sparse_bucket, check, first_bad, half_in_output);
+}
+
+uint64_t Engine::NonfiniteWordFor(const EngineBucket* b, size_t first_bad) const {
+  if (first_bad >= b->elements) return 0;
+  const int r = NonfiniteInput(env_, b->mem.view, first_bad);  // rare: find which trainer
+  return NonfiniteWord(collective_->rank(), r < 0 ? kNonfiniteSum : static_cast<uint32_t>(r),
+                       static_cast<uint32_t>(first_bad));
 }
 
 absl::Status Engine::AgreeControl(BucketPass& x) {
@@ -157,8 +161,9 @@ absl::Status Engine::RunStep(BucketPass& x) {
   }
   const bool sparse = b->ex.sparse != nullptr && UseSparse(b, step, x.control);
   if (sparse && b->ex.allreduce_probe) ChooseSparseAllreduce(b, x.control);
-  StepItem item{&b->mem.view, b->ex.sparse.get(), step, density, &x.rec, x.reduced, x.reduce_now};
-  if (x.reduce_now && x.reduced.ok()) CommitLocalSum(&b->mem.view);
+  // The local sum (WaitAndReduce's) goes ahead; a failure of it comes in as the item's status.
+  StepItem item{&b->mem.view, b->ex.sparse.get(), step, density, &x.rec, x.reduced};
+  if (x.reduced.ok()) CommitLocalSum(&b->mem.view);
   const uint64_t t_work = MonotonicNanos();
   if (sparse) {
     SparseStep(env_, absl::MakeSpan(&item, 1), x.lap);

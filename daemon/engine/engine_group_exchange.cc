@@ -65,10 +65,7 @@ void Engine::ReduceGroup(GroupPass& x) {
       break;
     }
     if (x.in.nonfinite == 0) {
-      const int r = NonfiniteInput(env_, b->mem.view, first_bad);
-      x.in.nonfinite =
-          NonfiniteWord(collective_->rank(), r < 0 ? kNonfiniteSum : static_cast<uint32_t>(r),
-                        static_cast<uint32_t>(first_bad));
+      x.in.nonfinite = NonfiniteWordFor(b, first_bad);
       x.in.nonfinite_member = static_cast<uint32_t>(i);
     }
     if (x.agreed) {
@@ -90,9 +87,7 @@ absl::Status Engine::ReduceMember(GroupPass& x, size_t i, size_t* first_bad) {
     reduces_reused_.fetch_add(1, std::memory_order_relaxed);
     return absl::OkStatus();
   }
-  const bool sparse_bucket = b->ex.sparse != nullptr;
-  const bool check = sparse_bucket || b->policy.nonfinite == NonfinitePolicy::kError;
-  absl::Status s = ReduceLocalChecked(env_, b->mem.view, sparse_bucket, check, first_bad);
+  absl::Status s = ReduceLocal(b, /*half_in_output=*/false, first_bad);
   if (s.ok()) {
     b->ex.reduced_step = b->ex.next_step;
     b->ex.reduced_registrations = x.registrations[i];
@@ -217,8 +212,8 @@ std::unique_ptr<Engine::WirePack> Engine::BuildPack(GroupPass& x, size_t first, 
     b->ex.reduced_step = UINT64_MAX;
     p->buckets.push_back(b);
     p->elements += b->elements;
-    p->items.push_back({&b->mem.view, b->ex.sparse.get(), b->ex.compute_step(), density[i], &rec,
-                        x.reduced[i], true});
+    p->items.push_back(
+        {&b->mem.view, b->ex.sparse.get(), b->ex.compute_step(), density[i], &rec, x.reduced[i]});
     p->kinds.push_back(kind);
     x.packed[i] = true;
   }

@@ -110,13 +110,12 @@ struct Engine::BucketPass {
   ExchangeEvent event;  // filled only when observed
   PhaseClock clock;     // into rec (and event.spans when observed)
   const Lap lap;
-  Control control;          // this node's words, then the control round's maxed ones
-  absl::Status inputs;      // waiting for the trainers' input events (device path)
-  bool reduce_now = false;  // the local reduce ran before the control round
-  absl::Status reduced;     // ... and its outcome
-  absl::Status status;      // the exchange's outcome so far (published)
-  bool ran = false;         // the step ran: the commit vote follows
-  bool terminal = false;    // the commit vote failed: the bucket is failed from now on
+  Control control;        // this node's words, then the control round's maxed ones
+  absl::Status inputs;    // waiting for the trainers' input events (device path)
+  absl::Status reduced;   // the local reduce (before the control round; the step's input status)
+  absl::Status status;    // the exchange's outcome so far (published)
+  bool ran = false;       // the step ran: the commit vote follows
+  bool terminal = false;  // the commit vote failed: the bucket is failed from now on
 };
 
 // One merge group's exchange on the engine thread (--merger other than none), from its inputs to

@@ -51,14 +51,13 @@ absl::Status CheckMembers(const BehindGroup& g, absl::Span<const StepItem> group
   return absl::OkStatus();
 }
 
-// Each member's acc = its residual + its local sum (error feedback), or just the local sum: the
-// engine's reduce (item.reduced) or LocalReduce here, as SparseStep; then copied into the
-// member's slice of the group's accumulator.
+// Each member's acc = its residual + its local sum (error feedback), or just the local sum,
+// reduced before the step as for SparseStep, copied into the member's slice of the group's
+// accumulator.
 void GatherMembers(const StepEnv& env, BehindGroup* g, absl::Span<StepItem> group,
                    absl::Status* s) {
   for (size_t i = 0; i < group.size(); ++i) {
     BucketData& b = *group[i].data;
-    if (!group[i].reduced) Keep(s, LocalReduce(env, b, env.error_feedback));
     Keep(s, env.host_prims->Copy(g->acc.data() + g->offsets[i], b.acc, b.elements));
   }
 }

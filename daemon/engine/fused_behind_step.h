@@ -42,8 +42,8 @@ struct BehindGroup {
 absl::StatusOr<std::unique_ptr<BehindGroup>> MakeBehindGroup(
     absl::Span<const BucketData* const> members, CompressorSpec spec, Primitives* prims);
 
-// One exchange of the group, selection behind: each member's residual + local sum (reduced here,
-// or by the engine when StepItem::reduced) gathered into the group's accumulator, one Select over
+// One exchange of the group, selection behind: each member's residual + local sum (reduced before
+// the step, step.h) gathered into the group's accumulator, one Select over
 // the whole of it, one exchange by the compressor's pattern (A or B, group_id = g->group_id), the
 // residual update and Update on the group, and each member's slice of the result and residual
 // copied back into its output and acc. Every item must be the group's member at its position

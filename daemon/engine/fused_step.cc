@@ -127,38 +127,18 @@ void SortedUnique(const Member& m, std::vector<uint32_t>* out) {
 
 // Local stage of a D member (DenseStep's choice of what to send, into its staging slice).
 void LocalDense(const StepEnv& env, Member& m, float scale, bool pow2, float* slice) {
-  const int L = env.local_trainers;
   BucketData& b = *m.item->data;
   const size_t n = b.elements;
   m.post_scale = scale;
   if (b.on_device) {
     Keep(&m.s, OnDevice(b));
-  } else if (m.item->reduced) {
-    // ReduceLocalChecked wrote the local sum (its failure, if any, came in as the item's
-    // status): acc for a sparse bucket (committed), else the output, scaled already when
-    // N * L is a power of two.
+  } else {
+    // The local sum, reduced before the step (its failure, if any, came in as the item's
+    // status): acc for a sparse bucket (committed; going dense, residual included), else the
+    // output (a half member's float32 staging), scaled already when N * L is a power of two.
     const bool sparse = m.item->sparse != nullptr;
     if (!sparse && pow2) m.post_scale = 1.0f;
     if (m.s.ok()) m.s = env.prims->Copy(slice, sparse ? b.acc : b.output, n);
-  } else if (m.item->sparse != nullptr) {
-    // A sparse bucket going dense this step sends everything, residual included.
-    Keep(&m.s, LocalReduce(env, b, env.error_feedback));
-    if (m.s.ok()) m.s = env.prims->Copy(slice, b.acc, n);
-  } else if (IsHalf(b.dtype)) {
-    // A half member (host): its inputs widened and summed in float32 into the slice (scaled
-    // when exact, as below), in one pass.
-    Keep(&m.s, env.prims->SumWidenHalf(b.dtype, slice, nullptr, b.half_input, L,
-                                       pow2 ? scale : 1.0f, n, nullptr));
-    if (pow2) m.post_scale = 1.0f;
-  } else if (pow2) {
-    // DenseStep's exact pre-scaled path: the scaled local sum, reduced with scale 1.
-    Keep(&m.s, env.prims->SumScaled(slice, b.input, L, scale, n));
-    m.post_scale = 1.0f;
-  } else if (L > 1) {
-    Keep(&m.s, LocalReduce(env, b, false));
-    if (m.s.ok()) m.s = env.prims->Copy(slice, b.acc, n);
-  } else {
-    Keep(&m.s, env.prims->Copy(slice, b.input[0], n));
   }
   if (!m.s.ok()) std::fill(slice, slice + n, 0.0f);
 }
@@ -177,8 +157,7 @@ void LocalSparse(const StepEnv& env, Member& m, const Lap& lap) {
     lap(Phase::kReduceLocal);
     return;
   }
-  if (!item.reduced) Keep(&m.s, LocalReduce(env, b, env.error_feedback));
-  lap(Phase::kReduceLocal);
+  lap(Phase::kReduceLocal);  // acc: residual + local sum, reduced before the step
   const Pattern pattern = c.pattern();
   if (m.s.ok() && item.density != c.density()) Keep(&m.s, c.SetDensity(item.density));
   if (m.s.ok()) {
@@ -427,7 +406,7 @@ void FusedExchange::Prepare(const StepEnv& env, absl::Span<StepItem> group,
   for (size_t i = 0; i < group.size(); ++i) {
     st.members[i].item = &group[i];
     st.members[i].kind = kinds[i];
-    st.members[i].s = group[i].status;  // a failure of the engine's local reduce (reduced)
+    st.members[i].s = group[i].status;  // a failure of the local reduce (step.h)
     (kinds[i] == MergeKind::kDense      ? st.d
      : kinds[i] == MergeKind::kPatternA ? st.a
                                         : st.b)

@@ -24,10 +24,10 @@
 // implementation's, so results can differ in the last bits there (exactly summable data, e.g.
 // dyadic, matches anyway).
 //
-// The local reduce is the step's own, or the engine's (StepItem::reduced: ReduceLocalChecked and
-// CommitLocalSum ran before the round, and a failure of theirs comes in as the item's status),
-// as in DenseStep / SparseStep. B members go through the all-gather: a member whose bucket uses
-// Ok-Topk (SparseState::oktopk) is refused.
+// The local reduce ran before the step (step.h: StepItem::status; the engine's before the group
+// round), and a failure of it comes in as the item's status, as in DenseStep / SparseStep. B
+// members go through the all-gather: a member whose bucket uses Ok-Topk (SparseState::oktopk) is
+// refused.
 //
 // Lockstep: kinds are agreed by the group round, so every node issues the same sub-exchanges.
 // A local failure of one member (a failing Select, a bucket on a device) still takes part in

@@ -67,9 +67,8 @@ void SparseStepOne(const StepEnv& env, StepItem& item, const Lap& lap) {
   auto keep = [&s](absl::Status x) {
     if (s.ok() && !x.ok()) s = std::move(x);
   };
-  // acc = residual + local sum (error feedback), or just the local sum: done by the engine
-  // before the control round on the host path (ReduceLocalChecked, CommitLocalSum).
-  if (!item.reduced) keep(LocalReduce(env, b, env.error_feedback));
+  // acc = residual + local sum (error feedback), or just the local sum: reduced before the step
+  // (step.h: StepItem::status).
   lap(Phase::kReduceLocal);
   const Pattern pattern = c.pattern();
   Selection& sel = st.sel;

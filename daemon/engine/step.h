@@ -95,11 +95,11 @@ struct StepItem {
   uint64_t step = 0;
   double density = 1.0;
   ExchangeRecord* rec = nullptr;
+  // The first failure. The steps do no local reduce: the caller ran it before the step (the
+  // engine's Engine::ReduceLocal, before the control round, then CommitLocalSum; elsewhere
+  // ReduceForStep), and a failure of that reduce comes in here (the step still issues its
+  // collectives, contributing nothing).
   absl::Status status;
-  // The engine ran ReduceLocalChecked (and CommitLocalSum) before the step: the step does no
-  // local reduce of its own, and a failure of that reduce comes in as `status` (the step still
-  // issues its collectives, contributing nothing). False on the device path: the step reduces.
-  bool reduced = false;
   // Set by the fused steps: this member's Select time in ns (0 for a dense member).
   int64_t select_ns = 0;
 };
@@ -128,6 +128,11 @@ absl::Status ReduceLocalChecked(const StepEnv& env, const BucketData& b, bool sp
 // The step goes ahead: residual + local sum becomes acc (a swap with acc_next, whose memory
 // takes the next step's sum). No-op without acc_next.
 void CommitLocalSum(BucketData* b);
+// The local reduce every step expects done, for callers of the steps other than the engine
+// (tests, benchmarks): ReduceLocalChecked (unchecked) and CommitLocalSum, or, for a sparse
+// bucket with error feedback and no acc_next, LocalReduce adding to the residual in acc. A
+// failure goes into item.status.
+void ReduceForStep(const StepEnv& env, StepItem& item);
 // The lowest local rank whose input is NaN or +-Inf at `index`, or -1 when all are finite there
 // (their sum overflowed). The cold path after ReduceLocalChecked found one; on the device path
 // it reads one float per trainer back to the host.

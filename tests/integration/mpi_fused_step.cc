@@ -120,6 +120,7 @@ absl::Status Unmerged(const StepEnv& env, std::vector<std::unique_ptr<Bucket>>& 
         RunControlRound(env.coll, {b->spec.id, step, b->spec.n, b->spec.compressor}, &control);
     if (!s.ok()) return s;
     StepItem item = Item(b.get(), step);
+    ReduceForStep(env, item);
     if (b->spec.kind == MergeKind::kDense) {
       DenseStep(env, absl::MakeSpan(&item, 1), [](Phase) {});
     } else {
@@ -139,6 +140,7 @@ absl::Status Fused(const StepEnv& env, std::vector<std::unique_ptr<Bucket>>& bs,
   for (auto& b : bs) {
     keys.push_back({b->spec.id, step, b->spec.n, b->spec.compressor, b->spec.kind, false});
     items.push_back(Item(b.get(), step));
+    ReduceForStep(env, items.back());
     kinds.push_back(b->spec.kind);
   }
   GroupRoundInput in;
