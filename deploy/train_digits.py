@@ -16,6 +16,9 @@ CSVs, summary.json and a PNG plot (accuracy against wall-clock time) under --res
 
 Runs: NAME[:DENSITY][/MOD...] with NAME a spexd compressor (dense, micro, topk, dgc, sidco_e, ...;
 modifiers: /wN DGC's density warm-up, 4x the target per remaining epoch over the first N epochs;
+/aF Accordion's adaptive density, F times the target in critical epochs (the first two, and any
+after which the norm of the update accumulated over the last epoch differed from the epoch
+before's by half or more), the target otherwise;
 /mc DGC's momentum correction (the hook's momentum_correction=--momentum), the momentum kept per trainer before the exchange and the optimizer
 run without it; /layer one DDP bucket per parameter tensor, so selection is layer-wise; /global one
 DDP bucket for the whole model, so selection is global; without either, DDP's 25 MB buckets), or a

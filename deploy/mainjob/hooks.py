@@ -73,6 +73,16 @@ def bf16_unsupported() -> Optional[str]:
     return None
 
 
+def first_density(run: Dict[str, Any]) -> float:
+    """The density of a sparse run's first epoch: 4x the target per warm-up epoch (/wN), F times
+    it (/aF, whose first epochs count as critical), else the target."""
+    if run.get("warmup_epochs"):
+        return min(1.0, run["density"] * 4.0 ** run["warmup_epochs"])
+    if run.get("adaptive_factor"):
+        return min(1.0, run["density"] * run["adaptive_factor"])
+    return run["density"]
+
+
 def register(ddp, cfg: Dict[str, Any], run: Dict[str, Any], steps_total: int, run_index: int):
     """Registers the run's hook on `ddp`; returns its state (pop_timings() after each step), which
     for a spex run is the spex.torch.SpexHookState (GetStats, density, close)."""
@@ -86,8 +96,10 @@ def register(ddp, cfg: Dict[str, Any], run: Dict[str, Any], steps_total: int, ru
         return state
     import spex.torch
 
-    # Each run gets its own bucket ids, so nothing of a previous run can be mistaken for it.
-    state = spex.torch.SpexHookState(ddp, compressor=run["compressor"], density=run["density"],
+    # Each run gets its own bucket ids, so nothing of a previous run can be mistaken for it. The
+    # buckets are registered at the first epoch's density: a density warm-up (/wN) or adaptive
+    # density (/aF) starts above the target, and set_density changes only buckets that exist.
+    state = spex.torch.SpexHookState(ddp, compressor=run["compressor"], density=first_density(run),
                                      params=run.get("params") or None, socket=cfg["socket"],
                                      local_rank=cfg["local_rank"], local_size=cfg["local_size"], mode=cfg["mode"],
                                      id_base=run_index << 32,

@@ -81,7 +81,7 @@ def summarize(run: Dict[str, Any], world: int, target_acc: float = 95.0,
         "gathered_density": sum(gath) / len(gath) if gath else None,
         "bucket_exchanges": ep.get("bucket_exchanges", 0), "dense_exchanges": ep.get("dense_exchanges", 0),
         "dense_notes": ep.get("dense_notes", []), "patterns": ep.get("patterns", {}),
-        "layer_nonzero": ep.get("layer_nonzero", {}),
+        "layer_nonzero": ep.get("layer_nonzero", {}), "adaptive": ep.get("adaptive", []),
         "params_identical": not mismatched, "mismatched_steps": mismatched[:10], "checked_steps": checked,
         "train_s": ep["run_s"], "buckets": ep["buckets"], "epoch_rows": epochs,
         "step_rows": [{k: r[k] for k in ("step", "epoch", "loss", "step_s", "exchange_s", "density", "gathered_density")}

@@ -16,24 +16,29 @@ def is_peer(run: Dict[str, Any]) -> bool:
 
 
 def parse_modifiers(item: str, name: str, mods: List[str]):
-    """(warm-up epochs as text, flags) of a run's /MOD list; exits naming a bad one."""
-    warm, flags = "", []
+    """(warm-up epochs as text, adaptive factor as text, flags) of a run's /MOD list; exits naming
+    a bad one."""
+    warm, adapt, flags = "", "", []
     for m in mods:
         if m.startswith("w") and m[1:].isdigit():
             warm = m[1:]
+        elif m.startswith("a") and m[1:].isdigit() and int(m[1:]) >= 2:
+            adapt = m[1:]
         elif m in MODIFIERS and m not in flags:
             flags.append(m)
         else:
             sys.exit(f"train_digits: run {item!r}: unknown modifier /{m} (known: /wN density warm-up over N "
-                     f"epochs, /mc momentum correction, /layer one DDP bucket per tensor, /global one DDP "
-                     f"bucket for the model)")
-    if (warm or "mc" in flags) and name in ("dense", *PEERS):
-        sys.exit(f"train_digits: run {item!r}: /wN and /mc need a sparse spex compressor")
+                     f"epochs, /aF adaptive density (F >= 2 times the density in critical epochs), /mc momentum "
+                     f"correction, /layer one DDP bucket per tensor, /global one DDP bucket for the model)")
+    if (warm or adapt or "mc" in flags) and name in ("dense", *PEERS):
+        sys.exit(f"train_digits: run {item!r}: /wN and /mc need a sparse spex compressor, as does /aF")
+    if warm and adapt:
+        sys.exit(f"train_digits: run {item!r}: /wN and /aF both set the density per epoch; choose one")
     if flags and name in PEERS:
         sys.exit(f"train_digits: run {item!r}: /layer, /global and /mc apply to spex runs only")
     if "layer" in flags and "global" in flags:
         sys.exit(f"train_digits: run {item!r}: /layer and /global exclude each other")
-    return warm, flags
+    return warm, adapt, flags
 
 
 def powersgd_run(item: str, dens: str) -> Dict[str, Any]:
@@ -46,7 +51,8 @@ def powersgd_run(item: str, dens: str) -> Dict[str, Any]:
 
 
 def parse_runs(spec: str) -> List[Dict[str, Any]]:
-    """Run specs NAME[:DENSITY][/MOD...]: /wN density warm-up, /mc momentum correction, /layer
+    """Run specs NAME[:DENSITY][/MOD...]: /wN density warm-up, /aF adaptive density, /mc momentum
+    correction, /layer
     and /global bucketing (see train_digits.py's documentation)."""
     runs = []
     for item in spec.split(","):
@@ -55,7 +61,7 @@ def parse_runs(spec: str) -> List[Dict[str, Any]]:
             continue
         head, *mods = item.split("/")
         name, _, dens = head.partition(":")
-        warm, flags = parse_modifiers(item, name, mods)
+        warm, adapt, flags = parse_modifiers(item, name, mods)
         if name == "powersgd":
             runs.append(powersgd_run(item, dens))
             continue
@@ -65,8 +71,10 @@ def parse_runs(spec: str) -> List[Dict[str, Any]]:
         if not 0 < density <= 1:
             sys.exit(f"train_digits: density of run {item!r} must be in (0, 1]")
         label = (name if name in ("dense", *PEERS) else f"{name}@{density:g}") + (f"/w{warm}" if warm else "")
+        label += f"/a{adapt}" if adapt else ""
         label += "".join(f"/{f}" for f in flags)
         runs.append({"name": name, "compressor": name, "density": density, "warmup_epochs": int(warm or 0),
+                     "adaptive_factor": int(adapt or 0),
                      "momentum_correction": "mc" in flags,
                      "bucketing": "layer" if "layer" in flags else "global" if "global" in flags else "ddp",
                      "label": label})

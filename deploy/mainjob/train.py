@@ -8,7 +8,7 @@ import hashlib
 import json
 import os
 import time
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 from mainjob import hooks
 from mainjob.models import WORKLOADS
@@ -154,6 +154,11 @@ class Run:
         self.step_rows: List[List[Any]] = []
         self.epoch_rows: List[Dict[str, Any]] = []
         self.step = 0
+        # Accordion-style adaptive density (/aF; rank 0): the update accumulated over each epoch,
+        # its norms, and per epoch the density set and whether the epoch was taken as critical.
+        self.delta: Optional[List[Any]] = None
+        self.delta_norms: List[float] = []
+        self.adaptive: List[Dict[str, Any]] = []
 
     def start(self) -> None:
         """Registers the hook and builds the optimizer."""
@@ -189,6 +194,8 @@ class Run:
                 a = self.layer_nz.setdefault(key, [0, 0])
                 a[0] += nz
                 a[1] += n
+            if self.run.get("adaptive_factor"):
+                self.accumulate_update()
         timings = self.state.pop_timings()
         exchange_s = sum(t[3] for t in timings)
         density = gath = float("nan")
@@ -211,6 +218,35 @@ class Run:
                                len(timings), f"{density:.6f}", f"{gath:.6f}", digest, f"{cpu_s:.6f}", dcpu_s])
         self.step += 1
 
+    def accumulate_update(self) -> None:
+        """Adds the step's averaged update (rank 0's .grad after the exchange) to the epoch's sum.
+        With error feedback the updates sent add up to the gradients less the residual, so the
+        sum stands in for Accordion's accumulated gradient."""
+        import torch
+
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        if self.delta is None:
+            self.delta = [torch.zeros_like(p.grad, dtype=torch.float32) for p in params]
+        for d, p in zip(self.delta, params):
+            d.add_(p.grad.float())
+
+    def adaptive_density(self, epoch: int) -> None:
+        """Accordion's rule (Agarwal et al., 2021) per epoch: the epoch is critical when the norm
+        of the accumulated update changed by eta = 0.5 or more (relative) over the last two
+        epochs, or when there are not two yet; a critical epoch runs at F times the density
+        (at most 1), the others at the density. Rank 0 sets it; every daemon switches at the same
+        step."""
+        if self.delta is not None:
+            self.delta_norms.append(float(sum(float(d.pow(2).sum()) for d in self.delta)) ** 0.5)
+            for d in self.delta:
+                d.zero_()
+        n = self.delta_norms
+        change = abs(n[-1] - n[-2]) / n[-2] if len(n) >= 2 and n[-2] > 0 else None
+        critical = change is None or change >= 0.5
+        density = min(1.0, self.run["density"] * self.run["adaptive_factor"]) if critical else self.run["density"]
+        self.spex_state.set_density(density)
+        self.adaptive.append({"epoch": epoch, "critical": critical, "norm_change": change, "density": density})
+
     def train_epoch(self, epoch: int, t_run: float) -> None:
         import torch
         import torch.distributed as dist
@@ -221,6 +257,8 @@ class Run:
             # DGC's warm-up: the density falls 4x per epoch to the target over the first `warm`
             # epochs (all nodes switch at the same step; the daemons agree on it).
             self.spex_state.set_density(min(1.0, run["density"] * 4.0 ** (warm - epoch)))
+        if self.spex_state is not None and rank == 0 and run.get("adaptive_factor"):
+            self.adaptive_density(epoch)
         t_epoch = time.perf_counter()
         perm = torch.randperm(len(self.data[0]), generator=torch.Generator().manual_seed(cfg["seed"] * 100003 + epoch))
         mine = perm[rank::world]
@@ -271,7 +309,7 @@ class Run:
             stats = self.stats.summary() if self.stats is not None else StatsReader(None, self.run, True).summary()
             with open(os.path.join(out, "epochs.json"), "w") as f:
                 json.dump({"epochs": self.epoch_rows, "run_s": run_s, "steps": self.step, "buckets": buckets,
-                           **stats, "layer_nonzero": self.layer_nz}, f)
+                           **stats, "layer_nonzero": self.layer_nz, "adaptive": self.adaptive}, f)
 
 
 def skip_unsupported(cfg: Dict[str, Any], run: Dict[str, Any]) -> bool:

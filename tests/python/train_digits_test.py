@@ -9,7 +9,8 @@ training with the daemon's list of accepted names, a bucket the daemon sends den
 bf16 where gloo allows) run as peers for one short epoch each, and the LSTM language model
 (--model lstm) trains for a few steps and reports the update density per module, as does the
 CNN on Fashion-MNIST (--model cnn) beside DDP, the fp16 hook and PowerSGD; the /layer, /global and
-/mc run modifiers bucket and correct as documented."""
+/mc run modifiers bucket and correct as documented, and /wN (warm-up) and /aF (adaptive density)
+set the density of each epoch."""
 
 import csv
 import json
@@ -234,6 +235,34 @@ class TrainDigitsTest(unittest.TestCase):
         bad = run_script(out, "--runs", "gloo/mc", timeout=30)
         self.assertNotEqual(bad.returncode, 0)
         self.assertIn("/wN and /mc need a sparse spex compressor", bad.stdout)
+
+    def test_warm_up_and_adaptive_density_per_epoch(self):
+        """/w2 runs its first epoch at 16x the density (the buckets are registered at it, not at
+        the target), the next at 4x, then the target; /a10 (Accordion's rule) runs its first two
+        epochs at 10x and then decides from the accumulated update's norm change."""
+        out = tempfile.mkdtemp(prefix="density-", dir=os.environ.get("TEST_TMPDIR", "/tmp"))
+        proc = run_script(out, "--runs", "micro:0.01/w2,micro:0.01/a10", "--epochs", "3", "--hidden", "64",
+                          "--nodes", "1", timeout=120)
+        self.assertEqual(proc.returncode, 0, proc.stdout)
+        with open(os.path.join(out, "epochs.csv")) as f:
+            dens = {(r["run"], int(r["epoch"])): float(r["achieved_density"]) for r in csv.DictReader(f)}
+        for epoch, want in enumerate([0.16, 0.04, 0.01]):
+            self.assertAlmostEqual(dens[("micro@0.01/w2", epoch)], want, delta=want * 0.15, msg=epoch)
+        with open(os.path.join(out, "summary.json")) as f:
+            adaptive = {r["label"]: r for r in json.load(f)}["micro@0.01/a10"]["adaptive"]
+        self.assertEqual([a["critical"] for a in adaptive[:2]], [True, True])
+        last = adaptive[2]
+        self.assertEqual(last["critical"], last["norm_change"] >= 0.5)
+        for a in adaptive:
+            want = 0.1 if a["critical"] else 0.01
+            self.assertEqual(a["density"], want)
+            self.assertAlmostEqual(dens[("micro@0.01/a10", a["epoch"])], want, delta=want * 0.15, msg=a)
+        bad = run_script(out, "--runs", "micro:0.01/w2/a4", timeout=30)
+        self.assertNotEqual(bad.returncode, 0)
+        self.assertIn("/wN and /aF both set the density per epoch", bad.stdout)
+        bad = run_script(out, "--runs", "dense/a4", timeout=30)
+        self.assertNotEqual(bad.returncode, 0)
+        self.assertIn("as does /aF", bad.stdout)
 
     def test_main_job_is_a_small_program_over_modules(self):
         """No function of the main job (train_digits.py and its package mainjob/) over 80 lines."""
