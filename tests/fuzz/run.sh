@@ -5,13 +5,13 @@
 # exits non-zero when any failed. A crash leaves its input in $SPEX_FUZZ_WORK/<target>/
 # (crash-*, leak-*, timeout-*, oom-*): add it to regressions/<target>/ with a unit test in
 # fuzz_regression_test.cc once fixed.
-#   bash tests/fuzz/run.sh                     short run: SPEX_FUZZ_SECONDS (15) per target
+#   bash tests/fuzz/run.sh                     short run: SPEX_FUZZ_SECONDS (10) per target
 #   bash tests/fuzz/run.sh --long [N]          long run: N executions per target (1000000)
 #   bash tests/fuzz/run.sh [--long N] TARGET..  only these targets
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 ALL=(wire_fuzz compressor_fuzz header_fuzz requests_fuzz)
-SECS=${SPEX_FUZZ_SECONDS:-15}
+SECS=${SPEX_FUZZ_SECONDS:-10}
 RUNS=""
 if [ "${1:-}" = "--long" ]; then
   shift
