@@ -9,14 +9,26 @@ loopback invocation of deploy/train_digits.py, one results directory per run:
 and this script reads them all and writes DIR/summary.csv and DIR/summary.json: per model and run
 the steps to the target (the first evaluation at or past it; evaluations come once per epoch, so
 the figure is a multiple of the epoch's steps), the ratio to gloo's steps on that model, the
-final and best accuracy or perplexity. A run that never reached the target within its epochs gets
+final and best accuracy or perplexity, the accuracy or perplexity after every epoch, and for /aF runs
+the density each epoch ran at. A run that never reached the target within its epochs gets
 no ratio ("never"). Usage: bench/steps_to_target.py [DIR] (default bench/results/steps_to_target).
 """
 
 import csv
+import glob
 import json
 import os
 import sys
+
+
+def per_epoch(run_dir):
+    """The test perplexity (language model) or accuracy after each epoch, from the run's
+    epochs.json (in the subdirectory the job names after the run)."""
+    for path in glob.glob(os.path.join(run_dir, "**", "epochs.json"), recursive=True):
+        with open(path) as f:
+            epochs = json.load(f).get("epochs", [])
+        return [round(e["test_ppl"] if e.get("test_ppl") is not None else e["test_acc"], 1) for e in epochs]
+    return []
 
 
 def load(root):
@@ -38,7 +50,9 @@ def load(root):
                                  "steps_to_target": e * spe if e is not None else None,
                                  "final": r["final"], "best_acc": round(r["best_acc"], 2),
                                  "best_ppl": r.get("best_ppl"), "step_ms_loopback": round(r["step_ms"], 1),
-                                 "achieved_density": r.get("achieved_density")})
+                                 "achieved_density": r.get("achieved_density"),
+                                 "per_epoch": " ".join(str(v) for v in per_epoch(os.path.join(mdir, run))),
+                                 "adaptive_densities": " ".join(str(a["density"]) for a in r.get("adaptive", []))})
     return rows
 
 
