@@ -138,7 +138,7 @@ def one_run(args, name, kill, min_hosts):
         f.write(TRAINER)
     os.environ.update(BENCH_CFG=json.dumps(cfg), BENCH_REPO=REPO)
     config = LaunchConfig([sys.executable, trainer], emulated=args.hosts, slots=args.slots, rate=args.rate,
-                          spexd=args.spexd, spexd_args=["--log_level=error", "--threads=1"],
+                          spexd=args.spexd, spexd_args=["--log_level=error", "--threads=1", *args.spexd_arg],
                           max_restarts=1 if kill else 0, min_hosts=min_hosts)
     launcher = Launcher(config, [Host(f"host{i + 1}", args.slots) for i in range(args.hosts)])
     said = []  # (time, line) of everything spexrun says: when it told the agents to start again
@@ -203,6 +203,8 @@ def main():
     p.add_argument("--compressor", default="micro")
     p.add_argument("--density", type=float, default=0.01)
     p.add_argument("--runs", default="uninterrupted,same-size,smaller")
+    p.add_argument("--spexd-arg", action="append", default=[],
+                   help="one more spexd flag (repeatable), e.g. --spexd-arg=--dense_fallback=off")
     p.add_argument("--timeout", type=float, default=600)
     p.add_argument("--out", default=os.path.join(REPO, "bench", "results", "restart_bench.json"))
     args = p.parse_args()
