@@ -22,6 +22,7 @@ import time
 from typing import IO, Dict, List, Optional, Sequence
 
 from .errors import SpexError
+from .shm import remove_segments_of
 from .world import WorldNode, start_daemon_world
 
 MPI_ENV = {
@@ -264,12 +265,7 @@ class LocalCluster:
             self.kill_group(proc.pid)
             proc.wait(timeout=10)
             for pid in pids:
-                for name in os.listdir("/dev/shm"):
-                    if name.startswith(f"spex-{pid}-"):
-                        try:
-                            os.unlink(os.path.join("/dev/shm", name))
-                        except OSError:
-                            pass
+                remove_segments_of(pid)
         if self._log is not None:
             self._log.close()
             self._log = None

@@ -27,6 +27,7 @@ from typing import Dict, IO, List, Optional, Sequence
 
 from .cluster import LocalCluster, find_spexd
 from .errors import SpexError
+from .shm import remove_segments_of
 
 SUBNET = "10.77.0"
 
@@ -219,12 +220,7 @@ class EmulatedCluster(LocalCluster):
             self.proc.wait(timeout=10)
             self.proc = None
         for pid in pids:
-            for name in os.listdir("/dev/shm"):
-                if name.startswith(f"spex-{pid}-"):
-                    try:
-                        os.unlink(os.path.join("/dev/shm", name))
-                    except OSError:
-                        pass
+            remove_segments_of(pid)
 
     def down(self) -> None:
         """Tears the network down (idempotent): every process left in the hosts by PID, the

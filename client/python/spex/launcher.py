@@ -33,6 +33,7 @@ from .agent import AGENT_BOOT, CONTROL, _killpg
 from .cluster import _signal, children_of, find_spexd
 from .hosts import Host, LaunchError, is_local
 from .paths import private_directory_problem
+from .shm import remove_segments_of
 from .world import WorldNode, parse_cpu_list, start_daemon_world
 
 # Environment variables an agent on another host gets from the launcher (as mpirun's -x would
@@ -167,12 +168,7 @@ def watchdog_main(argv: Sequence[str]) -> int:
                 _killpg(pid, signal.SIGKILL)
                 for d in daemons:  # a daemon SIGKILLed here left its segments
                     if not _alive(d):
-                        for name in os.listdir("/dev/shm"):
-                            if name.startswith(f"spex-{d}-"):
-                                try:
-                                    os.unlink(os.path.join("/dev/shm", name))
-                                except OSError:
-                                    pass
+                        remove_segments_of(d)
             shutil.rmtree(socket_dir, ignore_errors=True)
         elif words[0] == "emulated" and len(words) == 4:
             say(f"spexrun (pid {launcher}) is gone; tearing its emulated cluster down")
@@ -372,14 +368,8 @@ class Launcher:
         """The shared segments (/dev/shm/spex-<pid>-*) of this host's daemons that died without
         removing them (killed, crashed): a daemon stopped cleanly removed its own."""
         for pid in self.daemon_pids:
-            if _alive(pid):
-                continue
-            for name in os.listdir("/dev/shm"):
-                if name.startswith(f"spex-{pid}-"):
-                    try:
-                        os.unlink(os.path.join("/dev/shm", name))
-                    except OSError:
-                        pass
+            if not _alive(pid):
+                remove_segments_of(pid)
         self.daemon_pids = []
 
     # -- agents --

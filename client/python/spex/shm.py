@@ -31,6 +31,19 @@ def attach(name: str, size: int) -> mmap.mmap:
         os.close(fd)
 
 
+def remove_segments_of(pid: int) -> None:
+    """Unlinks the shared segments (/dev/shm/spex-<pid>-*) of spexd process `pid`: those of a
+    daemon that died without removing them (killed, crashed); a daemon stopped cleanly removed its
+    own. A segment already gone is not an error."""
+    prefix = f"spex-{pid}-"
+    for name in os.listdir("/dev/shm"):
+        if name.startswith(prefix):
+            try:
+                os.unlink(os.path.join("/dev/shm", name))
+            except OSError:
+                pass
+
+
 def release(mapping: mmap.mmap) -> bool:
     """Unmaps `mapping` unless arrays or tensors still view it (then it stays mapped until the
     last of them is garbage-collected). Returns True when it was unmapped now."""
