@@ -5,9 +5,11 @@
 # (tbf on the host's egress and on its switch port, i.e. its ingress). Optional one-way latency
 # per host: the kernel has no netem here, so deploy/emulated/nfq_delay.c (built with cc) delays
 # every packet leaving the host through an NFQUEUE rule. A "login" host (unthrottled) runs
-# mpirun; OpenMPI reaches the hosts through an rsh agent that enters their namespaces, so spexd
-# runs under mpirun one rank per host, and whatever `exec` starts on a host (trainers, DDP's
-# gloo all-reduce) crosses the same emulated links.
+# mpirun; OpenMPI reaches the hosts through an rsh agent that enters their namespaces, with the
+# MPI settings `up` writes to DIR/mpi.env, so spexd runs under mpirun one rank per host (`mpirun`
+# here; spex.emulated.EmulatedCluster starts it through spex.world.start_daemon_world with the
+# same settings), and whatever `exec` starts on a host (trainers, DDP's gloo all-reduce) crosses
+# the same emulated links.
 #
 #   emulated_cluster.sh check                           exit 0 when this machine can emulate hosts
 #   emulated_cluster.sh up DIR [--hosts N] [--rate 1gbit|none] [--latency-us U] [--cpus auto|none]
@@ -171,6 +173,7 @@ cmd_up() {
   # The agent OpenMPI's mpirun uses instead of ssh.
   printf '#!/bin/sh\nexec "%s" rsh-agent "%s" "$@"\n' "$SELF" "$dir" >"$dir/rsh"
   chmod +x "$dir/rsh"
+  write_mpi_env "$dir"
   trap - ERR
   local cpu_note="unpinned"
   if [ "$cpus" = auto ]; then
@@ -199,21 +202,46 @@ exec_in() {  # host cmd... (needs load)
   exec "${pre[@]}" ip netns exec "$ns" unshare --uts sh -c 'hostname "$0" && exec "$@"' "$name" "$@"
 }
 
-cmd_mpirun() {
+write_mpi_env() {  # DIR: how MPI reaches and uses this cluster's hosts, in DIR/mpi.env
+  # One setting a line: KEY=VALUE (set for every mpirun of the cluster) or KEY?=VALUE (unless
+  # the environment sets KEY). Read by `mpirun` below and by spex.emulated.EmulatedCluster, which
+  # starts its daemons through spex.world.start_daemon_world with these settings.
+  {
+    # The agent mpirun (on login) uses instead of ssh to enter the hosts.
+    echo "OMPI_MCA_plm_rsh_agent=$1/rsh"
+    echo "OMPI_MCA_btl=tcp,self"
+    echo "OMPI_MCA_btl_tcp_if_include=$SUBNET.0/24"
+    echo "OMPI_MCA_oob_tcp_if_include=$SUBNET.0/24"
+    # Two TCP connections per peer pair (one gets half the rate per direction when traffic flows
+    # both ways) and the ring all-gather (the default ones reach 50-65% of the line rate).
+    echo "OMPI_MCA_btl_tcp_links=2"
+    echo "OMPI_MCA_coll_tuned_use_dynamic_rules=1"
+    echo "OMPI_MCA_coll_tuned_allgatherv_algorithm=3"
+    # Ring all-reduce for the dense exchange (bandwidth-optimal, as gloo's ring is for DDP).
+    echo "OMPI_MCA_coll_tuned_allreduce_algorithm?=4"
+    # A daemon shares its host's core(s) with the trainers: yield instead of busy-polling.
+    echo "OMPI_MCA_mpi_yield_when_idle=1"
+  } >"$1/mpi.env"
+}
+
+export_mpi_env() {  # DIR: exports DIR/mpi.env's settings
+  [ -f "$1/mpi.env" ] || die "no $1/mpi.env (a cluster brought up by an older emulated_cluster.sh: down and up again)"
+  local line key
+  while IFS= read -r line; do
+    case "$line" in
+      *'?='*) key=${line%%\?=*}; [ -n "${!key:-}" ] || export "$key=${line#*\?=}" ;;
+      *=*) export "$line" ;;
+    esac
+  done <"$1/mpi.env"
+}
+
+cmd_mpirun() {  # any MPI program, one rank per host (spex.emulated starts spexd the same way in Python)
   local dir=$1; shift
   load "$dir" || die "no cluster in $dir"
   local hostlist; hostlist=$(seq -s, -f "host%g" 1 "$HOSTS")
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-  export OMPI_MCA_plm_rsh_agent="$dir/rsh"
-  export OMPI_MCA_btl=tcp,self OMPI_MCA_btl_tcp_if_include=$SUBNET.0/24 OMPI_MCA_oob_tcp_if_include=$SUBNET.0/24
-  # Two TCP connections per peer pair (one gets half the rate per direction when traffic flows
-  # both ways) and the ring all-gather (the default ones reach 50-65% of the line rate).
-  export OMPI_MCA_btl_tcp_links=2 OMPI_MCA_coll_tuned_use_dynamic_rules=1 OMPI_MCA_coll_tuned_allgatherv_algorithm=3
-  # Ring all-reduce for the dense exchange (bandwidth-optimal, as gloo's ring is for DDP).
-  export OMPI_MCA_coll_tuned_allreduce_algorithm=${OMPI_MCA_coll_tuned_allreduce_algorithm:-4}
-  # A daemon shares its host's core(s) with the trainers: yield instead of busy-polling.
-  export OMPI_MCA_mpi_yield_when_idle=1
-  # --bind-to none: each spexd keeps the CPU set of its host (exec_in's taskset, inherited through
+  export_mpi_env "$dir"
+  # --bind-to none: each rank keeps the CPU set of its host (exec_in's taskset, inherited through
   # the rsh agent and orted). Open MPI's default binding would otherwise pin every rank to the
   # first core of what it takes for a node of its own (core 0 at 2 ranks), so all the daemons
   # shared core 0 with host 1's trainers.
@@ -249,7 +277,7 @@ cmd_down() {
     [ -e "/run/netns/$ns" ] && ip netns del "$ns" 2>/dev/null || true
     rm -rf "/etc/netns/${ns:?}"
   done
-  rm -rf "${dir:?}/sock" "$dir/rsh" "$dir/nfq_delay" "$dir/pids"
+  rm -rf "${dir:?}/sock" "$dir/rsh" "$dir/mpi.env" "$dir/nfq_delay" "$dir/pids"
   rm -f "$REGISTRY/$TAG" "$dir/cluster.env"
   echo "emulated cluster $TAG down: no namespace, /etc/netns entry, socket or segment of it left"
 }

@@ -1,5 +1,6 @@
 """The main job's cluster and trainer processes: spexd on emulated hosts or on loopback (through
-spex.emulated.EmulatedCluster / spex.cluster.LocalCluster), the daemon's check of each run's
+spex.emulated.EmulatedCluster / spex.cluster.LocalCluster, both of which start the daemon world
+with spex.world.start_daemon_world, as spexrun does), the daemon's check of each run's
 compressor, and one process per DDP trainer, stopped by PID if any fails."""
 
 import argparse

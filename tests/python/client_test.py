@@ -10,6 +10,7 @@ import os
 import re
 import socket
 import stat
+import subprocess
 import tempfile
 import threading
 import time
@@ -804,6 +805,66 @@ class DaemonRestartTest(ClusterTestCase):
         threading.Timer(0.5, cl.stop).start()
         self.assertRaisesWithin(spex.DaemonUnavailableError, 10, lambda: c.exchange(b, np.ones(32, np.float32)),
                                 contains=[cl.socket(0), "shut down"])
+
+
+class DaemonWorldTest(unittest.TestCase):
+    """One function starts every daemon world (spex.world.start_daemon_world): EmulatedCluster's
+    daemons too, on its hosts through mpirun inside its login host, with the MPI settings its
+    script wrote for the network; checked on the command built, nothing started."""
+
+    def emulated(self, **kwargs):
+        from spex.emulated import EmulatedCluster
+        from spex_test_util import SPEXD
+
+        tmp = tempfile.TemporaryDirectory(prefix="spex-world-", dir="/tmp")
+        self.addCleanup(tmp.cleanup)
+        return EmulatedCluster(SPEXD, script=find_script(), dir=tmp.name, **kwargs)
+
+    def test_emulated_daemons_start_through_start_daemon_world(self):
+        from spex.emulated import EmulatedCluster
+        from spex.world import WorldNode, daemon_world_command
+
+        cl = self.emulated(hosts=3, trainers=2, args=["--threads=1"])
+        with open(os.path.join(cl.dir, "mpi.env"), "w") as f:
+            f.write("OMPI_MCA_btl=tcp,self\nOMPI_MCA_plm_rsh_agent=/x/rsh\n"
+                    "OMPI_MCA_coll_tuned_allreduce_algorithm?=4\n")
+        cl._up = True  # the network is not built: only the daemon world's start is checked
+        calls = []
+
+        def fake_start(spexd, nodes, flags=(), **kwargs):
+            calls.append((spexd, list(nodes), list(flags), kwargs))
+            return subprocess.Popen(["true"])
+
+        env = {"PATH": os.environ.get("PATH", ""), "OMPI_MCA_btl": "vader,self"}
+        with mock.patch("spex.emulated.start_daemon_world", fake_start), mock.patch.dict(os.environ, env, clear=True), \
+                mock.patch.object(EmulatedCluster, "_answers", staticmethod(lambda path: True)):
+            cl.start()
+            cl.stop()
+        self.assertEqual(len(calls), 1)
+        spexd, nodes, flags, kwargs = calls[0]
+        self.assertEqual(spexd, cl.spexd)
+        self.assertEqual(nodes, [WorldNode(cl.socket(n), 2, host=f"host{n + 1}") for n in range(3)])
+        self.assertEqual(flags, ["--threads=1"])
+        self.assertEqual(kwargs["prefix"], ["bash", cl.script, "exec", cl.dir, "login"])
+        # The network's settings win over the environment's; `?=` ones only fill a gap.
+        self.assertEqual(kwargs["env"]["OMPI_MCA_btl"], "tcp,self")
+        self.assertEqual(kwargs["env"]["OMPI_MCA_plm_rsh_agent"], "/x/rsh")
+        self.assertEqual(kwargs["env"]["OMPI_MCA_coll_tuned_allreduce_algorithm"], "4")
+        self.assertEqual(cl.mpi_env({"OMPI_MCA_coll_tuned_allreduce_algorithm": "2"})
+                         ["OMPI_MCA_coll_tuned_allreduce_algorithm"], "2")
+        self.assertEqual(kwargs["stdout"].name, cl.log_path)
+
+        # The command: mpirun inside the login host, one application context per emulated host.
+        cmd = daemon_world_command(spexd, nodes, flags, prefix=kwargs["prefix"])
+        self.assertEqual(cmd[:8], ["bash", cl.script, "exec", cl.dir, "login", "mpirun", "--bind-to", "none"])
+        self.assertEqual(" ".join(cmd[8:]).split(" : "),
+                         [f"-np 1 --host host{n + 1} {cl.spexd} --socket={cl.socket(n)} --local_trainers=2 --threads=1"
+                          for n in range(3)])
+
+    def test_emulated_cluster_without_mpi_settings_says_so(self):
+        cl = self.emulated(hosts=2, trainers=1)
+        with self.assertRaisesRegex(SpexError, r"no MPI settings .*mpi\.env"):
+            cl.mpi_env()
 
 
 def executable(path: str) -> str:

@@ -1,8 +1,10 @@
 """An emulated multi-host spex cluster on one machine: N hosts as network namespaces on a bridge
 with a rate limit per host in both directions, optional one-way latency, its own hostname,
-/etc/netns files and (where the machine has a core per host) its own CPU. spexd runs under
-mpirun one rank per host; `popen(node, argv)` starts a process (a trainer) inside a host, so
-everything it sends to other hosts (DDP's own gloo all-reduce too) crosses the emulated links.
+/etc/netns files and (where the machine has a core per host) its own CPU. spexd runs one rank
+per host under an mpirun inside the cluster's login host, started by spex.world.start_daemon_world
+(as LocalCluster's and spexrun's daemons are) with the MPI settings the script wrote for the
+network; `popen(node, argv)` starts a process (a trainer) inside a host, so everything it sends
+to other hosts (DDP's own gloo all-reduce too) crosses the emulated links.
 The network is built and torn down by deploy/emulated_cluster.sh (shipped in the package, see
 find_script); teardown is by process id and
 leaves no namespace, /etc/netns entry, socket or shared-memory segment behind, also after a
@@ -28,6 +30,7 @@ from typing import Dict, IO, List, Optional, Sequence
 from .cluster import LocalCluster, find_spexd
 from .errors import SpexError
 from .shm import remove_segments_of
+from .world import WorldNode, start_daemon_world
 
 SUBNET = "10.77.0"
 
@@ -113,6 +116,33 @@ class EmulatedCluster(LocalCluster):
         """Node `node`'s address on the emulated network."""
         return f"{SUBNET}.{node + 1}"
 
+    def mpi_env(self, base: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+        """`base` (default this process's environment) with the MPI settings the script wrote for
+        this cluster's network (DIR/mpi.env, after up()): `KEY=VALUE` lines set KEY, `KEY?=VALUE`
+        lines only where `base` has no KEY (as the script's own `mpirun` does)."""
+        env = dict(os.environ if base is None else base)
+        path = os.path.join(self.dir, "mpi.env")
+        try:
+            with open(path) as f:
+                lines = f.read().splitlines()
+        except OSError as e:
+            raise SpexError(f"the emulated cluster in {self.dir} has no MPI settings ({path}: {e.strerror}); "
+                            f"is it up, and is {self.script} as new as this spex package?") from None
+        for line in lines:
+            key, sep, value = line.partition("=")
+            if not sep:
+                continue
+            if key.endswith("?"):
+                if not env.get(key[:-1]):
+                    env[key[:-1]] = value
+            else:
+                env[key] = value
+        return env
+
+    def world_nodes(self) -> List[WorldNode]:
+        """The daemon world: node n on host n+1 (mpirun's rsh agent enters it), on its socket."""
+        return [WorldNode(self.socket(n), self.trainers, host=self.hostname(n)) for n in range(self.nodes)]
+
     def up(self) -> str:
         """Builds the network (no daemons). Returns the script's description line."""
         why = self.unavailable(self.script)
@@ -129,17 +159,18 @@ class EmulatedCluster(LocalCluster):
         return self.description
 
     def start(self) -> "EmulatedCluster":
-        """Builds the network, starts spexd on every host under mpirun and waits for every socket."""
+        """Builds the network, starts spexd on every host (start_daemon_world: mpirun inside the
+        login host, the network's MPI settings) and waits for every socket."""
         if self.proc is not None:
             raise SpexError("cluster already started")
         try:
             if not self._up:
                 self.up()
-            cmd = ["bash", self.script, "mpirun", self.dir, self.spexd,
-                   f"--socket={self.dir}/sock/node{{rank}}.sock", f"--local_trainers={self.trainers}", *self.args]
+            env = self.mpi_env()
             self._log = open(self.log_path, "ab")
-            self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         start_new_session=True)
+            self.proc = start_daemon_world(self.spexd, self.world_nodes(), self.args,
+                                           prefix=["bash", self.script, "exec", self.dir, "login"], env=env,
+                                           stdout=self._log)
             deadline = time.monotonic() + self.start_timeout
             while not all(self._answers(s) for s in self.sockets):
                 if self.proc.poll() is not None:
@@ -165,7 +196,9 @@ class EmulatedCluster(LocalCluster):
         self.rate = rate
 
     def daemon_pids(self) -> List[int]:
-        """PIDs of the spexd processes (inside the hosts' namespaces), while running."""
+        """PIDs of the spexd processes (inside the hosts' namespaces: not mpirun's children), while
+        running: this spexd with one of this cluster's sockets as its first argument."""
+        sockets = {f"--socket={s}".encode() for s in self.sockets}
         pids = []
         for entry in os.listdir("/proc"):
             if not entry.isdigit():
@@ -175,8 +208,7 @@ class EmulatedCluster(LocalCluster):
                     argv = f.read().split(b"\0")
             except OSError:
                 continue
-            if len(argv) > 1 and argv[0] == self.spexd.encode() and \
-                    argv[1] == f"--socket={self.dir}/sock/node{{rank}}.sock".encode():
+            if len(argv) > 1 and argv[0] == self.spexd.encode() and argv[1] in sockets:
                 pids.append(int(entry))
         return sorted(pids)
 

@@ -1,8 +1,10 @@
 """One function that starts a spex daemon world: one spexd per node under one Open MPI mpirun
 (one application context per node, in node order, so MPI rank n is node n), each with its socket,
-its --local_trainers and optionally its own cores. spexrun's launcher (spex.launcher) and
-LocalCluster (spex.cluster) both start their daemons through start_daemon_world, so the command
-line and the MPI settings are written once.
+its --local_trainers and optionally its own cores. spexrun's launcher (spex.launcher),
+LocalCluster (spex.cluster) and EmulatedCluster (spex.emulated; mpirun inside the emulated
+cluster's login host, its network's MPI settings as `env`) all start their daemons through
+start_daemon_world, so the command line and the MPI settings are written once; the main job
+(deploy/mainjob) starts its daemons through LocalCluster or EmulatedCluster.
 """
 
 from __future__ import annotations
@@ -36,12 +38,14 @@ class WorldNode:
 
 
 def daemon_world_command(spexd: str, nodes: Sequence[WorldNode], flags: Sequence[str] = (),
-                         mpirun: str = "mpirun", rsh_agent: Optional[str] = None) -> List[str]:
-    """mpirun's command line: mpirun's own binding off (placement is the scheduler's, or the
-    node's `cpus`), then one application context per node."""
+                         mpirun: str = "mpirun", rsh_agent: Optional[str] = None,
+                         prefix: Sequence[str] = ()) -> List[str]:
+    """mpirun's command line: `prefix` (a command that runs mpirun, e.g. inside an emulated
+    cluster's login host), mpirun's own binding off (placement is the scheduler's, the node's
+    `cpus`, or the CPU set the host's rsh agent gives), then one application context per node."""
     if not nodes:
         raise ValueError("a daemon world needs at least one node")
-    cmd = [mpirun, "--bind-to", "none"]
+    cmd = [*prefix, mpirun, "--bind-to", "none"]
     if rsh_agent:
         cmd += ["--mca", "plm_rsh_agent", rsh_agent]
     for n, node in enumerate(nodes):
@@ -59,7 +63,7 @@ def daemon_world_command(spexd: str, nodes: Sequence[WorldNode], flags: Sequence
 
 
 def start_daemon_world(spexd: str, nodes: Sequence[WorldNode], flags: Sequence[str] = (), *,
-                       mpirun: str = "mpirun", rsh_agent: Optional[str] = None,
+                       mpirun: str = "mpirun", rsh_agent: Optional[str] = None, prefix: Sequence[str] = (),
                        env: Optional[Dict[str, str]] = None, loopback: bool = False,
                        yield_when_idle: bool = False,
                        stdout: Union[int, IO[bytes], None] = subprocess.PIPE) -> subprocess.Popen:
@@ -67,6 +71,7 @@ def start_daemon_world(spexd: str, nodes: Sequence[WorldNode], flags: Sequence[s
     stdin closed, stderr into `stdout`). It does not wait for the sockets: the caller does
     (LocalCluster by connecting, spexrun's agents by the health check).
 
+    prefix: a command mpirun runs under (EmulatedCluster: its script's `exec DIR login`).
     env: the environment (default this process's); mpirun may run as root when this is root.
     loopback: every node on this host: MPI's TCP traffic on `lo` unless the environment says
         otherwise.
@@ -82,5 +87,6 @@ def start_daemon_world(spexd: str, nodes: Sequence[WorldNode], flags: Sequence[s
         env.setdefault("OMPI_MCA_oob_tcp_if_include", "lo")
     if yield_when_idle:
         env.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
-    return subprocess.Popen(daemon_world_command(spexd, nodes, flags, mpirun, rsh_agent), stdin=subprocess.DEVNULL,
+    return subprocess.Popen(daemon_world_command(spexd, nodes, flags, mpirun, rsh_agent, prefix),
+                            stdin=subprocess.DEVNULL,
                             stdout=stdout, stderr=subprocess.STDOUT, env=env, start_new_session=True)
