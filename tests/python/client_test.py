@@ -836,7 +836,7 @@ class DaemonWorldTest(unittest.TestCase):
             return subprocess.Popen(["true"])
 
         env = {"PATH": os.environ.get("PATH", ""), "OMPI_MCA_btl": "vader,self"}
-        with mock.patch("spex.emulated.start_daemon_world", fake_start), mock.patch.dict(os.environ, env, clear=True), \
+        with mock.patch("spex.cluster.start_daemon_world", fake_start), mock.patch.dict(os.environ, env, clear=True), \
                 mock.patch.object(EmulatedCluster, "_answers", staticmethod(lambda path: True)):
             cl.start()
             cl.stop()
@@ -860,6 +860,16 @@ class DaemonWorldTest(unittest.TestCase):
         self.assertEqual(" ".join(cmd[8:]).split(" : "),
                          [f"-np 1 --host host{n + 1} {cl.spexd} --socket={cl.socket(n)} --local_trainers=2 --threads=1"
                           for n in range(3)])
+
+    def test_a_world_that_exits_while_starting_is_named(self):
+        from spex.cluster import LocalCluster
+        from spex_test_util import SPEXD
+
+        cl = LocalCluster(SPEXD, nodes=1, trainers=1, args=["--no_such_spexd_flag"], start_timeout=60)
+        self.addCleanup(cl.cleanup)
+        with self.assertRaisesRegex(SpexError, r"(?s)spexd exited with [1-9]\d* while starting:.*no_such_spexd_flag"):
+            cl.start()
+        self.assertIsNone(cl.proc)
 
     def test_emulated_cluster_without_mpi_settings_says_so(self):
         cl = self.emulated(hosts=2, trainers=1)

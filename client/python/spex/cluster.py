@@ -190,22 +190,27 @@ class LocalCluster:
         # p90 was 15x its p50, dense's step 5x slower); yielding removes that. With pin="node"
         # each spexd runs under taskset on its node's cores.
         nodes = [WorldNode(self.socket(n), self.trainers, cpus=self.node_cpus(n)) for n in range(self.nodes)]
+        self.start_world(nodes, env, mpirun=self.mpirun, yield_when_idle=self.oversubscribed)
+        return self
+
+    def start_world(self, nodes: Sequence[WorldNode], env: Dict[str, str], **kwargs) -> None:
+        """Starts the daemon world (spex.world.start_daemon_world with `kwargs`, spexd's and
+        mpirun's output appended to the log) and waits until every node's socket accepts
+        connections; if a daemon exits first or the time runs out, stops it (by PID) and raises
+        SpexError with the log's tail. EmulatedCluster starts its world here too."""
         self._log = open(self.log_path, "ab")
-        self.proc = start_daemon_world(self.spexd, nodes, self.args, mpirun=self.mpirun, env=env,
-                                       yield_when_idle=self.oversubscribed, stdout=self._log)
+        self.proc = start_daemon_world(self.spexd, nodes, self.args, env=env, stdout=self._log, **kwargs)
         deadline = time.monotonic() + self.start_timeout
         while not all(self._answers(s) for s in self.sockets):
-            if self.proc.poll() is not None:
+            rc = self.proc.poll()
+            if rc is not None or time.monotonic() > deadline:
                 log = self.log_tail()
                 self.stop()
-                raise SpexError(f"spexd exited with {self.proc.returncode} while starting:\n{log}")
-            if time.monotonic() > deadline:
-                log = self.log_tail()
-                self.stop()
+                if rc is not None:
+                    raise SpexError(f"spexd exited with {rc} while starting:\n{log}")
                 raise SpexError(f"spexd did not open {self.nodes} sockets in {self.dir} within "
                                 f"{self.start_timeout:g} s:\n{log}")
             time.sleep(0.05)
-        return self
 
     @staticmethod
     def _answers(path: str) -> bool:
@@ -221,7 +226,8 @@ class LocalCluster:
             s.close()
 
     def daemon_pids(self) -> List[int]:
-        """PIDs of the spexd processes mpirun started (its children), while running."""
+        """PIDs of the spexd processes mpirun started (its children), while running (an
+        EmulatedCluster finds its own: they live in the hosts' namespaces)."""
         if self.proc is None:
             return []
         return children_of(self.proc.pid)
@@ -256,16 +262,18 @@ class LocalCluster:
         return rc
 
     def kill(self) -> None:
-        """SIGKILLs mpirun and the daemons (its process group) at once: daemons that die without
+        """SIGKILLs the daemons and mpirun (its process group) at once: daemons that die without
         a clean shutdown, as after a crash. The shared segments they leave are removed (only
         theirs: /dev/shm/spex-<daemon pid>-*), so tests leave nothing behind."""
+        pids = self.daemon_pids()
         proc, self.proc = self.proc, None
+        for pid in pids:
+            _signal(pid, signal.SIGKILL)
         if proc is not None:
-            pids = children_of(proc.pid)
             self.kill_group(proc.pid)
             proc.wait(timeout=10)
-            for pid in pids:
-                remove_segments_of(pid)
+        for pid in pids:
+            remove_segments_of(pid)
         if self._log is not None:
             self._log.close()
             self._log = None

@@ -21,16 +21,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import tempfile
-import time
 from typing import Dict, IO, List, Optional, Sequence
 
 from .cluster import LocalCluster, find_spexd
 from .errors import SpexError
-from .shm import remove_segments_of
-from .world import WorldNode, start_daemon_world
+from .world import WorldNode
 
 SUBNET = "10.77.0"
 
@@ -56,7 +53,10 @@ def find_script(explicit: Optional[str] = None) -> str:
 
 
 class EmulatedCluster(LocalCluster):
-    """`hosts` emulated hosts, one spexd each (`nodes` == `hosts`), `trainers` per host.
+    """`hosts` emulated hosts, one spexd each (`nodes` == `hosts`), `trainers` per host. stop()
+    and kill() are LocalCluster's (by the daemons' PIDs, which daemon_pids() finds in the hosts;
+    kill() removes the killed daemons' segments with spex.shm.remove_segments_of); both leave the
+    network up, cleanup() and down() tear it down.
 
     Args:
         spexd: path of the spexd binary (see find_spexd).
@@ -166,19 +166,8 @@ class EmulatedCluster(LocalCluster):
         try:
             if not self._up:
                 self.up()
-            env = self.mpi_env()
-            self._log = open(self.log_path, "ab")
-            self.proc = start_daemon_world(self.spexd, self.world_nodes(), self.args,
-                                           prefix=["bash", self.script, "exec", self.dir, "login"], env=env,
-                                           stdout=self._log)
-            deadline = time.monotonic() + self.start_timeout
-            while not all(self._answers(s) for s in self.sockets):
-                if self.proc.poll() is not None:
-                    raise SpexError(f"spexd exited with {self.proc.returncode} while starting:\n{self.log_tail()}")
-                if time.monotonic() > deadline:
-                    raise SpexError(f"spexd did not open {self.nodes} sockets within {self.start_timeout:g} s:\n"
-                                    f"{self.log_tail()}")
-                time.sleep(0.05)
+            self.start_world(self.world_nodes(), self.mpi_env(),
+                             prefix=["bash", self.script, "exec", self.dir, "login"])
         except BaseException:
             self.cleanup()
             raise
@@ -211,48 +200,6 @@ class EmulatedCluster(LocalCluster):
             if len(argv) > 1 and argv[0] == self.spexd.encode() and argv[1] in sockets:
                 pids.append(int(entry))
         return sorted(pids)
-
-    def stop(self, timeout: float = 15.0) -> Optional[int]:
-        """SIGTERM to every spexd (each removes its socket and segments; mpirun then exits),
-        then to mpirun; the network stays up (cleanup() tears it down)."""
-        proc = self.proc
-        rc = None
-        if proc is not None:
-            for pid in self.daemon_pids():
-                try:
-                    os.kill(pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
-            try:
-                proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                try:
-                    os.kill(proc.pid, signal.SIGTERM)
-                    proc.wait(timeout=5)
-                except (ProcessLookupError, subprocess.TimeoutExpired):
-                    self.kill_group(proc.pid)
-                    proc.wait(timeout=10)
-            rc = proc.returncode
-            self.proc = None
-        if self._log is not None:
-            self._log.close()
-            self._log = None
-        return rc
-
-    def kill(self) -> None:
-        """Crash-like stop: SIGKILL to the daemons and mpirun; down() removes what they leave."""
-        pids = self.daemon_pids()
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        if self.proc is not None:
-            self.kill_group(self.proc.pid)
-            self.proc.wait(timeout=10)
-            self.proc = None
-        for pid in pids:
-            remove_segments_of(pid)
 
     def down(self) -> None:
         """Tears the network down (idempotent): every process left in the hosts by PID, the
