@@ -14,6 +14,7 @@
 #include <smpi/smpi.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -45,6 +46,7 @@ struct Args {
   bool control = true;           // control round and commit vote around spex's exchanges
   uint64_t seed = 1;
   uint64_t psgd[3] = {0, 0, 0};  // powersgd: uncompressed, P and Q floats
+  std::string indices;           // an index file (bench/scale/record_selections.py resample)
 };
 
 void Die(const char* what) {
@@ -75,12 +77,15 @@ Args Parse(int argc, char** argv) {
       a.control = std::atoi(v) != 0;
     } else if (const char* v = val("--seed=")) {
       a.seed = std::strtoull(v, nullptr, 10);
+    } else if (const char* v = val("--indices=")) {
+      a.indices = v;
     } else if (const char* v = val("--psgd=")) {
       if (std::sscanf(v, "%lu,%lu,%lu", &a.psgd[0], &a.psgd[1], &a.psgd[2]) != 3)
         Die("--psgd= takes three float counts: uncompressed,P,Q");
     } else {
       std::fprintf(stderr, "scale_harness: unknown argument %s\n", argv[i]);
-      Die("arguments: --op= --n= --density= --steps= --wire= --control= --seed= --psgd=");
+      Die("arguments: --op= --n= --density= --steps= --wire= --control= --seed= --psgd= "
+          "--indices=");
     }
   }
   if (a.n == 0 || a.n > 0xffffffffull) Die("--n must be 1 .. 2^32-1 elements");
@@ -97,10 +102,42 @@ spex::DType WireType(const std::string& w) {
                           : spex::DType::kFloat32;
 }
 
-// This rank's k selected positions (sorted, distinct): one random position in each of k equal
-// strata of [0, n), different on every node. (Selections of real gradients, skewed and partly
-// shared between nodes, are not simulated yet.)
-std::vector<uint32_t> Selection(const Args& a, uint64_t k, int rank) {
+// Node `node`'s selection from an index file (record_selections.py resample): b"SPXIDX01",
+// uint32 nodes, uint32 0, uint64 n, uint64 offset[nodes + 1] in entries, then every node's
+// sorted uint32 indices. Only this node's set is read.
+std::vector<uint32_t> FileSelection(const Args& a, int node, int nodes) {
+  FILE* f = std::fopen(a.indices.c_str(), "rb");
+  if (f == nullptr) Die("--indices: cannot open the file");
+  char magic[8];
+  uint32_t file_nodes = 0, pad = 0;
+  uint64_t n = 0;
+  if (std::fread(magic, 1, 8, f) != 8 || std::memcmp(magic, "SPXIDX01", 8) != 0 ||
+      std::fread(&file_nodes, 4, 1, f) != 1 || std::fread(&pad, 4, 1, f) != 1 ||
+      std::fread(&n, 8, 1, f) != 1) {
+    Die("--indices: not an index file (record_selections.py resample writes them)");
+  }
+  if (n != a.n) Die("--indices: the file's bucket size differs from --n");
+  if (static_cast<int>(file_nodes) < nodes) Die("--indices: the file has fewer nodes than -np");
+  uint64_t off[2];
+  std::fseek(f, 24 + 8l * node, SEEK_SET);
+  if (std::fread(off, 8, 2, f) != 2 || off[1] < off[0]) Die("--indices: bad offsets");
+  std::vector<uint32_t> idx(off[1] - off[0]);
+  std::fseek(f, static_cast<long>(24 + 8ull * (file_nodes + 1) + 4 * off[0]), SEEK_SET);
+  if (!idx.empty() && std::fread(idx.data(), 4, idx.size(), f) != idx.size())
+    Die("--indices: file too short");
+  std::fclose(f);
+  for (size_t j = 0; j < idx.size(); ++j) {
+    if (idx[j] >= n || (j > 0 && idx[j] <= idx[j - 1]))
+      Die("--indices: a node's indices are not sorted, distinct positions < n");
+  }
+  return idx;
+}
+
+// This rank's selected positions (sorted, distinct): with --indices, this node's set of the
+// file (real gradients' selections, skewed and partly shared between nodes); otherwise k, one
+// random position in each of k equal strata of [0, n), different on every node.
+std::vector<uint32_t> Selection(const Args& a, uint64_t k, int rank, int nodes) {
+  if (!a.indices.empty()) return FileSelection(a, rank, nodes);
   std::vector<uint32_t> idx;
   idx.reserve(k);
   const double stride = static_cast<double>(a.n) / k;
@@ -134,8 +171,28 @@ void Check(const absl::Status& s, const char* what) {
   }
 }
 
+// SCALE_TRACE=1: rank 0 prints, after each MPI call of the stand-ins and peers, the wall time
+// the simulator spent since the previous one and the simulated clock (where a slow simulation
+// spends its time).
+bool Trace() {
+  static const bool on = [] {
+    const char* t = std::getenv("SCALE_TRACE");
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    return t != nullptr && *t == '1' && rank == 0;
+  }();
+  return on;
+}
+
 void CheckMpi(int rc, const char* what) {
   if (rc != MPI_SUCCESS) Die(what);
+  if (Trace()) {
+    static auto last = std::chrono::steady_clock::now();
+    const auto now = std::chrono::steady_clock::now();
+    std::fprintf(stderr, "scale_harness trace: %-24s wall %8.2f s, simulated clock %.6f s\n", what,
+                 std::chrono::duration<double>(now - last).count(), MPI_Wtime());
+    last = now;
+  }
 }
 
 struct Phase {
@@ -173,11 +230,11 @@ int main(int argc, char** argv) {
   const std::string& op = a.op;
   const bool spex_op = op == "dense" || op == "dense_half" || op == "dense_half_standin" ||
                        op == "gather" || op == "gather_standin" || op == "oktopk" ||
-                       op == "oktopk_standin";
+                       op == "oktopk_standin" || op == "union" || op == "union_standin";
   const bool peer_op = op == "ddp" || op == "ddp_fp16" || op == "powersgd";
   if (!spex_op && !peer_op) {
     Die("--op must be dense, dense_half, dense_half_standin, gather, gather_standin, oktopk, "
-        "oktopk_standin, ddp, ddp_fp16 or powersgd");
+        "oktopk_standin, union, union_standin, ddp, ddp_fp16 or powersgd");
   }
   if (op == "dense_half" || op == "dense_half_standin") {
     if (wire == spex::DType::kFloat32) Die("--op=dense_half needs --wire=bfloat16 or float16");
@@ -186,12 +243,31 @@ int main(int argc, char** argv) {
   // Inputs.
   std::vector<uint32_t> idx;
   std::vector<float> val;
-  if (op == "gather" || op == "oktopk") {
-    idx = Selection(a, k, rank);
+  if (op == "gather" || op == "oktopk" || op == "union") {
+    idx = Selection(a, k, rank, nodes);
     val = Values(idx.size(), rank, a.seed);
+  }
+  uint64_t union_size = 0;  // union_standin: the union of all nodes' selections
+  uint64_t my_count = k;    // union_standin, gather_standin: this node's selected entries
+  if (op == "union_standin" || op == "gather_standin") {
+    if (!a.indices.empty()) my_count = FileSelection(a, rank, nodes).size();
+    if (my_count > k) Die("--indices: a node selected more than density x n entries");
+  }
+  if (op == "union_standin") {
+    // Rank 0 counts the union (a bitmap of n bits over every node's selection) and tells the
+    // others, before the timed steps.
+    if (rank == 0) {
+      std::vector<uint64_t> bits((a.n + 63) / 64, 0);
+      for (int r = 0; r < nodes; ++r) {
+        for (uint32_t i : Selection(a, k, r, nodes)) bits[i >> 6] |= uint64_t{1} << (i & 63);
+      }
+      for (uint64_t w : bits) union_size += __builtin_popcountll(w);
+    }
+    MPI_Bcast(&union_size, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
   }
   std::unique_ptr<Shared> send, recv;
   std::vector<uint64_t> standin_parts;  // oktopk_standin: this node's selected entries by owner
+  std::vector<uint64_t> standin_kept;   // oktopk_standin: the entries each owner keeps
   const size_t c = (a.n + nodes - 1) / nodes;  // dense_half's chunk (the code's ChunkValues)
   if (op == "dense" || op == "ddp") {
     send = SEND_BUFFER(a.n * 4);
@@ -206,21 +282,88 @@ int main(int argc, char** argv) {
     recv = RECV_BUFFER(c * nodes * 2);
   } else if (op == "gather" || op == "oktopk") {
     recv = RECV_BUFFER(a.n * 4);  // `out`: the sum lands here (shared, unread)
+  } else if (op == "union") {
+    send = SEND_BUFFER(a.n * 4);  // `acc`, read at the union (shared, contents meaningless)
+    recv = RECV_BUFFER(a.n * 4);  // `out`
   } else if (op == "gather_standin") {
     // Every node's chunk of k pairs (the code's ChunkBytes), gathered into one shared buffer.
     send = SEND_BUFFER(spex::ChunkBytes(k, IsHalf(wire)));
     recv = RECV_BUFFER(spex::ChunkBytes(k, IsHalf(wire)) * nodes);
+  } else if (op == "union_standin") {
+    // Every node's index-only chunk gathered, then the union's values all-reduced (float32, or
+    // the half all-reduce's two collectives on ceil(union / P)-value chunks).
+    const size_t most = std::max<size_t>(spex::ChunkBytes(k, false, true) * nodes,
+                                         union_size * 4 + 64ull * nodes);
+    send = SEND_BUFFER(most);
+    recv = RECV_BUFFER(most);
   } else if (op == "oktopk_standin") {
     // The parts this node sends, by owner (its selection over equal regions), computed once; the
     // selection itself is not kept (1,024 nodes x k pairs would not fit).
-    std::vector<uint32_t> sel = Selection(a, k, rank);
-    const std::vector<uint32_t> bounds = spex::EqualRegions(static_cast<uint32_t>(a.n), nodes);
+    std::vector<uint32_t> sel = Selection(a, k, rank, nodes);
+    // The regions the real code agrees in its first exchange (Rebalance): every node offers the
+    // P-1 quantiles of its selection, the bounds are their means. Gathered here before the
+    // timed steps; the timed steps make the same all-gather.
+    std::vector<uint32_t> bounds = spex::EqualRegions(static_cast<uint32_t>(a.n), nodes);
+    if (nodes > 1) {
+      std::vector<uint32_t> offer(nodes - 1), all(static_cast<size_t>(nodes) * (nodes - 1));
+      for (int j = 1; j < nodes; ++j) {
+        offer[j - 1] = sel.size() >= static_cast<size_t>(nodes)
+                           ? sel[static_cast<size_t>(j) * sel.size() / nodes]
+                           : static_cast<uint32_t>(a.n * j / nodes);
+      }
+      CheckMpi(MPI_Allgather(offer.data(), (nodes - 1) * 4, MPI_BYTE, all.data(), (nodes - 1) * 4,
+                             MPI_BYTE, MPI_COMM_WORLD),
+               "allgather(offers)");
+      std::vector<uint64_t> sum(nodes - 1, 0);
+      for (int r = 0; r < nodes; ++r)
+        for (int j = 0; j < nodes - 1; ++j) sum[j] += all[static_cast<size_t>(r) * (nodes - 1) + j];
+      for (int j = 1; j < nodes; ++j) bounds[j] = static_cast<uint32_t>(sum[j - 1] / nodes);
+    }
     standin_parts.assign(nodes, 0);
     int o = 0;
     for (uint32_t i : sel) {
       while (i >= bounds[o + 1]) ++o;
       ++standin_parts[o];
     }
+    // The entries each owner keeps: the real code keeps the global top k of the reduced entries
+    // (the union of the selections in each region); with values independent of the positions,
+    // an owner keeps its share of the union, k x U_q / U. Rank 0 counts the union per region (a
+    // bitmap of n bits over every node's selection) before the timed steps.
+    standin_kept.assign(nodes, 0);
+    if (rank == 0) {
+      std::vector<uint64_t> bits((a.n + 63) / 64, 0);
+      for (int r = 0; r < nodes; ++r) {
+        for (uint32_t i : Selection(a, k, r, nodes)) bits[i >> 6] |= uint64_t{1} << (i & 63);
+      }
+      std::vector<uint64_t> u(nodes, 0);
+      uint64_t total = 0;
+      for (int q = 0; q < nodes; ++q) {
+        for (uint64_t i = bounds[q]; i < bounds[q + 1];) {
+          if ((i & 63) == 0 && i + 64 <= bounds[q + 1]) {
+            u[q] += __builtin_popcountll(bits[i >> 6]);
+            i += 64;
+          } else {
+            u[q] += (bits[i >> 6] >> (i & 63)) & 1;
+            ++i;
+          }
+        }
+        total += u[q];
+      }
+      const uint64_t keep = std::min<uint64_t>(k, total);
+      uint64_t given = 0;
+      for (int q = 0; q < nodes && total > 0; ++q) {
+        standin_kept[q] = static_cast<uint64_t>(static_cast<double>(keep) * u[q] / total);
+        given += standin_kept[q];
+      }
+      for (int q = 0; given < keep; q = (q + 1) % nodes) {  // the rounding's remainder
+        if (standin_kept[q] < u[q]) {
+          ++standin_kept[q];
+          ++given;
+        }
+      }
+      union_size = total;
+    }
+    MPI_Bcast(standin_kept.data(), nodes, MPI_UINT64_T, 0, MPI_COMM_WORLD);
     const size_t most = 4 * spex::ChunkBytes(k, IsHalf(wire)) + 64ull * nodes;
     send = SEND_BUFFER(most);
     recv = RECV_BUFFER(most);
@@ -291,10 +434,58 @@ int main(int argc, char** argv) {
             "gather");
       b.sent = res.bytes_sent;
       b.received = res.bytes_received;
+    } else if (op == "union") {
+      spex::SparseExchangeArgs args;
+      args.group_id = 1;
+      args.step = step;
+      args.elements = static_cast<uint32_t>(a.n);
+      args.scale = 1.0f / nodes;
+      args.wire = wire;
+      spex::SparseExchangeResult res;
+      Check(spex::ExchangeIndexUnion(&coll, prims.get(), args, idx,
+                                     static_cast<const float*>(send->p),
+                                     static_cast<float*>(recv->p), &res),
+            "union");
+      b.sent = res.bytes_sent;
+      b.received = res.bytes_received;
+      union_size = res.gathered_idx.size();
+    } else if (op == "union_standin") {
+      // ExchangeIndexUnion's MPI calls: AllGatherV of the index-only chunks (count, chunks),
+      // then AverageUnionValues' all-reduce of the union's values.
+      int mine = static_cast<int>(spex::ChunkBytes(my_count, false, true));
+      CheckMpi(MPI_Allgather(&mine, 1, MPI_INT, standin_counts.data(), 1, MPI_INT, MPI_COMM_WORLD),
+               "allgather(counts)");
+      int total = 0;
+      for (int r = 0; r < nodes; ++r) {
+        standin_displs[r] = total;
+        total += standin_counts[r];
+      }
+      CheckMpi(MPI_Allgatherv(send->p, mine, MPI_BYTE, recv->p, standin_counts.data(),
+                              standin_displs.data(), MPI_BYTE, MPI_COMM_WORLD),
+               "allgatherv");
+      b.sent = mine;
+      b.received = total - mine;
+      if (nodes > 1 && union_size > 0) {
+        if (IsHalf(wire)) {
+          const int cb = static_cast<int>((union_size + nodes - 1) / nodes * 2);
+          CheckMpi(MPI_Alltoall(send->p, cb, MPI_BYTE, recv->p, cb, MPI_BYTE, MPI_COMM_WORLD),
+                   "alltoall");
+          CheckMpi(MPI_Allgather(send->p, cb, MPI_BYTE, recv->p, cb, MPI_BYTE, MPI_COMM_WORLD),
+                   "allgather");
+          b.sent += 2ull * (nodes - 1) * cb;
+          b.received += 2ull * (nodes - 1) * cb;
+        } else {
+          CheckMpi(MPI_Allreduce(send->p, recv->p, static_cast<int>(union_size), MPI_FLOAT,
+                                 MPI_SUM, MPI_COMM_WORLD),
+                   "allreduce");
+          b.sent += union_size * 4;
+          b.received += union_size * 4;
+        }
+      }
     } else if (op == "gather_standin") {
       // MpiCollective::AllGatherV's two calls with ExchangeSparseGather's chunk sizes: every
       // node's count all-gathered as an int, then the chunks.
-      int mine = static_cast<int>(spex::ChunkBytes(k, IsHalf(wire)));
+      int mine = static_cast<int>(spex::ChunkBytes(my_count, IsHalf(wire)));
       CheckMpi(MPI_Allgather(&mine, 1, MPI_INT, standin_counts.data(), 1, MPI_INT, MPI_COMM_WORLD),
                "allgather(counts)");
       int total = 0;
@@ -371,8 +562,7 @@ int main(int argc, char** argv) {
         CheckMpi(MPI_Allgather(&mine, 8, MPI_BYTE, ties.data(), 8, MPI_BYTE, MPI_COMM_WORLD),
                  "allgather(ties)");
       }
-      const uint64_t kept = k / nodes + (static_cast<uint64_t>(rank) < k % nodes ? 1 : 0);
-      int mine = static_cast<int>(spex::ChunkBytes(kept, false));
+      int mine = static_cast<int>(spex::ChunkBytes(standin_kept[rank], false));
       CheckMpi(MPI_Allgather(&mine, 1, MPI_INT, standin_counts.data(), 1, MPI_INT, MPI_COMM_WORLD),
                "allgather(counts)");
       int gtotal = 0;
@@ -429,19 +619,35 @@ int main(int argc, char** argv) {
              MPI_COMM_WORLD);
   uint64_t rb[2] = {bytes.sent, bytes.received}, rb_max[2] = {0, 0};
   MPI_Reduce(rb, rb_max, 2, MPI_UINT64_T, MPI_MAX, 0, MPI_COMM_WORLD);
+  // oktopk_standin: the selected entries every owner receives (its region's, from all nodes).
+  std::vector<uint64_t> regions(op == "oktopk_standin" ? nodes : 0);
+  if (op == "oktopk_standin") {
+    MPI_Reduce(standin_parts.data(), regions.data(), nodes, MPI_UINT64_T, MPI_SUM, 0,
+               MPI_COMM_WORLD);
+  }
   if (rank == 0) {
     std::printf(
         "{\"op\": \"%s\", \"nodes\": %d, \"elements\": %lu, \"k\": %lu, \"selected\": %zu, "
         "\"wire\": \"%s\", \"control\": %s, \"bytes_sent\": %lu, \"bytes_received\": %lu, "
-        "\"max_bytes_sent\": %lu, \"max_bytes_received\": %lu, \"steps\": [",
+        "\"max_bytes_sent\": %lu, \"max_bytes_received\": %lu, \"union\": %lu, "
+        "\"indices\": \"%s\", \"steps\": [",
         op.c_str(), nodes, a.n, k, idx.size(), a.wire.c_str(), a.control ? "true" : "false",
-        bytes.sent, bytes.received, rb_max[0], rb_max[1]);
+        bytes.sent, bytes.received, rb_max[0], rb_max[1], union_size,
+        a.indices.empty() ? "uniform" : "file");
     for (size_t s = 0; s < phases.size(); ++s) {
       std::printf(
           "%s{\"control_s\": %.9g, \"exchange_s\": %.9g, \"vote_s\": %.9g, \"total_s\": %.9g}",
           s ? ", " : "", most[4 * s], most[4 * s + 1], most[4 * s + 2], most[4 * s + 3]);
     }
-    std::printf("]}\n");
+    std::printf("]");
+    if (op == "oktopk_standin") {
+      std::printf(", \"region_entries\": [");
+      for (int q = 0; q < nodes; ++q) std::printf("%s%lu", q ? ", " : "", regions[q]);
+      std::printf("], \"kept\": [");
+      for (int q = 0; q < nodes; ++q) std::printf("%s%lu", q ? ", " : "", standin_kept[q]);
+      std::printf("]");
+    }
+    std::printf("}\n");
     std::fflush(stdout);
   }
   MPI_Finalize();

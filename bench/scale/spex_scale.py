@@ -62,9 +62,11 @@ def platform_xml(topology, nodes, gbps, link_latency_us):
 
 def simulate(nodes, op, elements, density=0.01, gbps=10, link_latency_us=2, topology="star",
              wire="float32", steps=1, factors="off", control=True, psgd=None, out=DEFAULT_OUT,
-             timeout=None):
+             timeout=None, indices=None, extra_cfg=()):
     """Runs the harness under smpirun; returns its JSON (times are simulated seconds) with the
-    run's wall time (wall_s) and its conditions added."""
+    run's wall time (wall_s) and its conditions added. indices: an index file
+    (record_selections.py resample) instead of uniform selections; extra_cfg: more --cfg
+    options."""
     with tempfile.TemporaryDirectory(prefix="spex_scale_") as tmp:
         plat = os.path.join(tmp, "platform.xml")
         hosts = os.path.join(tmp, "hosts")
@@ -90,6 +92,9 @@ def simulate(nodes, op, elements, density=0.01, gbps=10, link_latency_us=2, topo
                 f"--control={1 if control else 0}"]
         if psgd:
             cmd.append("--psgd=" + ",".join(str(int(x)) for x in psgd))
+        if indices:
+            cmd.append("--indices=" + os.path.abspath(indices))
+        cmd[cmd.index(os.path.join(out, "scale_harness")):0] = list(extra_cfg)
         t0 = time.time()
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=tmp)
         wall = time.time() - t0
@@ -232,6 +237,107 @@ def simulate_point(nodes, elements, density, gbps, link_latency_us, topology="st
             log(f"  P={nodes} {topology} {gbps} Gbit/s {link_latency_us} us {op}: {t * 1e3:.3f} ms "
                 f"(simulated in {r['wall_s']} s)")
     return {"times": times, "runs": runs}
+
+
+def region_skew(path, nodes):
+    """Ok-Topk's regions over the first `nodes` sets of an index file: the busiest region's
+    entries over the mean with equal regions, and with the regions its first exchange agrees
+    (every node offers the P-1 quantiles of its set; the bounds are their means)."""
+    import numpy as np
+    import record_selections as rs
+    n, sets = rs.read_index_file(path, nodes)
+    if nodes < 2:
+        return 1.0, 1.0
+    offers = np.array([[s[j * len(s) // nodes] if len(s) >= nodes else n * j // nodes
+                        for j in range(1, nodes)] for s in sets], dtype=np.uint64)
+    reb = np.concatenate([[0], offers.sum(0) // nodes, [n]]).astype(np.int64)
+    eq = np.array([0] + [n * j // nodes for j in range(1, nodes)] + [n], dtype=np.int64)
+    out = []
+    for bounds in (eq, reb):
+        per = np.zeros(nodes)
+        for s in sets:
+            per += np.diff(np.searchsorted(s, bounds))
+        out.append(float(per.max() / per.mean()))
+    return tuple(out)
+
+
+def cmd_skew(a):
+    """Selections from real gradients (record_selections.py) against uniform ones: pattern A's
+    union, the all-gather and Ok-Topk at each point, and the dense all-reduce for auto's check."""
+    import record_selections as rs
+    out = build(a.build_dir)
+    n0, workers, records = rs.read_recording(a.recording)
+    tmp = a.index_dir or tempfile.mkdtemp(prefix="spex_skew_")
+    os.makedirs(tmp, exist_ok=True)
+    nodes_list = [int(x) for x in a.nodes.split(",")]
+    rows = []
+    if a.resume and os.path.exists(a.out):
+        with open(a.out) as f:
+            rows = json.load(f)["points"]
+    done = {(r["density"], r["elements"], r["gbps"], r["nodes"]) for r in rows}
+    vb = 2 if a.wire in ("bfloat16", "float16") else 4
+    half = vb == 2
+    for d in [float(x) for x in a.densities.split(",")]:
+        step, _, sets = rs.pick(records, a.record_step, d)
+        for n in [int(x) for x in a.elements.split(",")]:
+            k = max(1, int(math.floor(d * n)))
+            path = os.path.join(tmp, f"{a.label}_s{step}_d{d}_n{n}_p{max(nodes_list)}.idx")
+            if not os.path.exists(path):
+                rs.write_index_file(path, n, rs.node_sets(sets, n0, n, k, max(nodes_list)))
+            for gbps in [float(x) for x in a.rates.split(",")]:
+                for p in nodes_list:
+                    if (d, n, gbps, p) in done:
+                        continue
+                    kw = dict(nodes=p, elements=n, density=d, gbps=gbps, link_latency_us=a.latency,
+                              out=out, wire=a.wire)
+                    runs, times, uni = [], {}, {}
+
+                    def run(what, op, **more):
+                        r = simulate(op=op, **kw, **more)
+                        r["what"] = what
+                        runs.append(r)
+                        print(f"  {a.label} d={d} n={n} {gbps:g} Gbit/s P={p} {what} ({op}): "
+                              f"{step_time(r) * 1e3:.3f} ms (simulated in {r['wall_s']} s)", flush=True)
+                        return r
+                    times["dense"] = step_time(run("dense", "dense_half_standin" if half else "dense"))
+                    # The all-gather's bytes do not depend on the positions (k pairs a node): the
+                    # real code with both inputs where it fits, the stand-in beyond.
+                    if p <= a.real_gather_max:
+                        times["gather"] = step_time(run("gather", "gather", indices=path))
+                        uni["gather"] = step_time(run("gather_uniform", "gather"))
+                    else:
+                        times["gather"] = uni["gather"] = step_time(run("gather", "gather_standin"))
+                    ok_op = "oktopk" if p <= a.real_oktopk_max else "oktopk_standin"
+                    times["oktopk"] = oktopk_time(run("oktopk", ok_op, steps=2, indices=path))
+                    uni["oktopk"] = oktopk_time(run("oktopk_uniform", ok_op, steps=2))
+                    un_op = "union" if p <= a.real_union_max else "union_standin"
+                    ru = run("union", un_op, indices=path)
+                    rn = run("union_uniform", un_op)
+                    times["union"], uni["union"] = step_time(ru), step_time(rn)
+                    eq, reb = region_skew(path, p)
+                    row = {"topology": "star", "gbps": gbps, "link_latency_us": a.latency, "nodes": p,
+                           "elements": n, "k": k, "density": d, "wire": a.wire, "label": a.label,
+                           "recorded_step": step, "times_s": times, "uniform_s": uni,
+                           "skewed_over_uniform": {x: times[x] / uni[x] for x in uni},
+                           "union": {"skewed": ru["union"], "uniform": rn["union"]},
+                           "region_skew": {"equal": eq, "rebalanced": reb}, "runs": runs}
+                    m = model(p, gbps, 2 * a.latency, n, k, vb, 1.0, True, out)
+                    best = min(("dense", "allgather", "oktopk"),
+                               key=lambda x: times["gather" if x == "allgather" else x])
+                    row.update(model_s=m, best=best, auto=m["best"],
+                               auto_over_best=times["gather" if m["best"] == "allgather" else m["best"]]
+                               / times["gather" if best == "allgather" else best])
+                    rows.append(row)
+                    with open(a.out, "w") as f:
+                        json.dump({"model": a.label, "recording": os.path.basename(a.recording),
+                                   "wire": a.wire, "points": rows}, f, indent=1)
+                    print(f"skew: {a.label} d={d} n={n} {gbps:g} Gbit/s P={p}: skewed/uniform " +
+                          ", ".join(f"{x} {row['skewed_over_uniform'][x]:.3f}" for x in uni) +
+                          f"; union {ru['union']} vs {rn['union']}; regions {eq:.2f}x equal, "
+                          f"{reb:.2f}x rebalanced; fastest {best}, auto {m['best']}", flush=True)
+            if not a.keep_index_files:
+                os.remove(path)
+    print(f"skew: {a.out}")
 
 
 def cmd_whatif(a):
@@ -654,6 +760,24 @@ def main():
     g.add_argument("--latencies", default="1,5,25", help="us per link (a route crosses two)")
     g.add_argument("--out")
     g.set_defaults(fn=cmd_grid)
+    k = sub.add_parser("skew", help="selections of real gradients against uniform ones")
+    k.add_argument("--recording", required=True, help="record_selections.py record's file")
+    k.add_argument("--label", required=True, help="mlp, lstm: names the points")
+    k.add_argument("--record-step", type=int, default=-1, help="index into the recorded steps")
+    k.add_argument("--densities", default="0.01,0.001")
+    k.add_argument("--elements", default="25557032", help="bucket sizes, comma-separated")
+    k.add_argument("--nodes", default="4,8,16,32,64")
+    k.add_argument("--rates", default="10")
+    k.add_argument("--latency", type=float, default=2, help="us per link")
+    k.add_argument("--wire", choices=("float32", "bfloat16"), default="float32")
+    k.add_argument("--real-gather-max", type=int, default=16)
+    k.add_argument("--real-union-max", type=int, default=16)
+    k.add_argument("--real-oktopk-max", type=int, default=256)
+    k.add_argument("--index-dir", help="where the index files go (default: a temporary folder)")
+    k.add_argument("--keep-index-files", action="store_true")
+    k.add_argument("--resume", action="store_true")
+    k.add_argument("--out", required=True)
+    k.set_defaults(fn=cmd_skew)
     c = sub.add_parser("calibrate", help="fit the network factors to the emulated cluster")
     c.add_argument("--out", required=True)
     c.set_defaults(fn=cmd_calibrate)

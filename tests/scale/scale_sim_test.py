@@ -9,7 +9,10 @@ on a star of 10 Gbit/s links with the network model's factors off:
     equal regions and k/P per owner, within 1% of both);
   - the cost model (daemon/engine/exchange_cost.h) is within 5% of the simulated dense,
     all-gather and Ok-Topk exchanges with their control round and commit vote at 2 us per link,
-    and picks the simulation's fastest.
+    and picks the simulation's fastest;
+  - selections read from an index file (--indices, record_selections.py's format) with a planted
+    skewed, overlapping set at 4 nodes: pattern A's union and bytes, the all-gather's bytes, and
+    Ok-Topk's rebalanced regions and kept entries per owner in its stand-in, as computed by hand.
 Builds the harness with smpicxx from the test's own copy of the sources (about 20 s on 2 cores).
 """
 import os
@@ -17,6 +20,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.join(os.getcwd(), "bench", "scale"))
+import record_selections  # noqa: E402
 import spex_scale  # noqa: E402
 
 GBPS = 10
@@ -34,10 +38,45 @@ def near(got, want, tol):
     return abs(got - want) <= tol * abs(want)
 
 
+def planted(out, tmp):
+    """4 nodes, n = 1000, density 0.1 (k = 100): node r selects [50r, 50r + 100), a skewed and
+    overlapping selection (union 250, all in the first quarter)."""
+    path = os.path.join(tmp, "planted.idx")
+    record_selections.write_index_file(path, 1000, [list(range(50 * r, 50 * r + 100)) for r in range(4)])
+    kw = dict(nodes=4, elements=1000, density=0.1, gbps=GBPS, link_latency_us=2, out=out, indices=path)
+    chunk_idx, chunk_pairs = 48 + 4 * 100, 48 + 8 * 100  # wire chunks: header 48 bytes
+    for op in ("union", "union_standin"):
+        r = spex_scale.simulate(op=op, **kw)
+        check(r["union"] == 250, f"planted {op}: union {r['union']} == 250")
+        # The index chunks all-gathered, then the union's 250 float32 values all-reduced.
+        check(r["bytes_sent"] == chunk_idx + 1000 and r["bytes_received"] == 3 * chunk_idx + 1000,
+              f"planted {op}: bytes sent/received {r['bytes_sent']}/{r['bytes_received']} == "
+              f"{chunk_idx + 1000}/{3 * chunk_idx + 1000}")
+    g = spex_scale.simulate(op="gather", **kw)
+    check(g["selected"] == 100 and g["bytes_received"] == 3 * chunk_pairs,
+          f"planted gather: {g['selected']} selected, {g['bytes_received']} bytes received == {3 * chunk_pairs}")
+    u = spex_scale.simulate(op="union", **dict(kw, indices=None))
+    # One position per stratum of 10 on each node: about 10 (1 - 0.9^4) = 3.4 distinct a stratum.
+    check(u["indices"] == "uniform" and 300 < u["union"] <= 400,
+          f"without --indices: uniform strata (union {u['union']}, about 344 expected)")
+    # Ok-Topk's regions: the nodes offer the quartiles of their sets (50r + 25j), the bounds are
+    # their means 100, 125, 150: the owners receive 150, 50, 50 and 150 entries and hold 100, 25,
+    # 25 and 100 distinct positions, so they keep 40, 10, 10 and 40 of the global top 100.
+    s = spex_scale.simulate(op="oktopk_standin", steps=2, **kw)
+    check(s["region_entries"] == [150, 50, 50, 150], f"planted Ok-Topk regions {s['region_entries']}")
+    check(s["kept"] == [40, 10, 10, 40], f"planted Ok-Topk kept per owner {s['kept']}")
+    ok = spex_scale.simulate(op="oktopk", steps=2, **kw)
+    check(near(s["max_bytes_received"], ok["max_bytes_received"], 0.03),
+          f"planted Ok-Topk stand-in max bytes received {s['max_bytes_received']} within 3% of the "
+          f"real code's {ok['max_bytes_received']} (its kept entries follow the random values)")
+
+
 def main():
-    out = os.path.join(os.environ.get("TEST_TMPDIR", tempfile.mkdtemp()), "scale_out")
+    tmp = os.environ.get("TEST_TMPDIR", tempfile.mkdtemp())
+    out = os.path.join(tmp, "scale_out")
     os.environ.setdefault("SCALE_OPT", "-O0")  # compiles faster; simulated times do not depend on it
     spex_scale.build(out)
+    planted(out, tmp)
     n, d = 1 << 20, 0.05
     k = int(n * d)
     for p in (4, 8):
