@@ -1,0 +1,86 @@
+#!/usr/bin/env python3
+"""Collects the mirrored pairs of main-job invocations in this directory (WORKLOAD_fwd, WORKLOAD_rev;
+each a --results directory of deploy/main_job.sh) into summary.md and summary.json: per run the
+step ms and time to target of each invocation, the steps to target, and the speed-ups to the
+target against DDP (gloo) and against the fastest of DDP / fp16 / PowerSGD, each the geometric mean
+of the two invocations' ratios (a run missing the target in an invocation has no ratio there)."""
+import json
+import math
+import os
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PEERS = ("gloo", "fp16", "powersgd-r1", "powersgd-r4")
+
+
+def load(name):
+    p = os.path.join(HERE, name, "summary.json")
+    if not os.path.exists(p):
+        return None
+    return {r["label"]: r for r in json.load(open(p))}
+
+
+def gmean(xs):
+    xs = [x for x in xs if x]
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
+
+
+def fmt(x, spec):
+    return "-" if x is None else format(x, spec)
+
+
+def main():
+    out, md = {}, []
+    for wl in ("mlp", "cnn", "lstm"):
+        invs = [(n, load(f"{wl}_{n}")) for n in ("fwd", "rev")]
+        invs = [(n, d) for n, d in invs if d]
+        if not invs:
+            continue
+        labels = list(invs[0][1])
+        rows = {}
+        for lab in labels:
+            per = []
+            for n, d in invs:
+                r = d.get(lab)
+                if r is None:
+                    continue
+                tt = r["time_to_target_s"]
+                gl = d["gloo"]["time_to_target_s"]
+                peers = [d[p]["time_to_target_s"] for p in PEERS if p in d and d[p]["time_to_target_s"]]
+                fastest = min(peers) if peers else None
+                spe = r["steps"] // r["epochs"]
+                per.append({"inv": n, "step_ms": r["step_ms"], "gloo_step_ms": d["gloo"]["step_ms"],
+                            "time_to_target_s": tt,
+                            "steps_to_target": r["epochs_to_target"] * spe if r["epochs_to_target"] else None,
+                            "vs_ddp": gl / tt if tt and gl else None,
+                            "vs_fastest_peer": fastest / tt if tt and fastest else None,
+                            "final": r["final"], "trainer_cpu_ms": r["trainer_cpu_ms"],
+                            "daemon_cpu_ms": r["daemon_cpu_ms"], "achieved_density": r.get("achieved_density")})
+            rows[lab] = {"invocations": per,
+                         "step_vs_ddp": gmean([p["gloo_step_ms"] / p["step_ms"] for p in per]),
+                         "vs_ddp": gmean([p["vs_ddp"] for p in per]) if all(p["vs_ddp"] for p in per) else None,
+                         "vs_fastest_peer": gmean([p["vs_fastest_peer"] for p in per])
+                         if all(p["vs_fastest_peer"] for p in per) else None}
+        out[wl] = rows
+        names = " / ".join(n for n, _ in invs)
+        md.append(f"## {wl} (invocations {names})\n")
+        md.append("| run | step ms | step vs DDP | steps to target | time to target s | speed-up vs DDP "
+                  "| vs fastest PyTorch | final | trainer CPU ms | daemon CPU ms |")
+        md.append("|---|---|---|---|---|---|---|---|---|---|")
+        for lab, row in rows.items():
+            per = row["invocations"]
+            md.append("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |".format(
+                lab, " / ".join(fmt(p["step_ms"], ".1f") for p in per), fmt(row["step_vs_ddp"], ".2f") + "x",
+                " / ".join(fmt(p["steps_to_target"], "d") for p in per),
+                " / ".join(fmt(p["time_to_target_s"], ".1f") for p in per),
+                fmt(row["vs_ddp"], ".2f") + "x", fmt(row["vs_fastest_peer"], ".2f") + "x",
+                " / ".join(p["final"] for p in per),
+                " / ".join(fmt(p["trainer_cpu_ms"], ".0f") for p in per),
+                " / ".join(fmt(p["daemon_cpu_ms"], ".0f") for p in per)))
+        md.append("")
+    json.dump(out, open(os.path.join(HERE, "summary.json"), "w"), indent=1)
+    open(os.path.join(HERE, "summary.md"), "w").write("\n".join(md) + "\n")
+    print("\n".join(md))
+
+
+if __name__ == "__main__":
+    main()
