@@ -34,7 +34,9 @@ Engine::Engine(EngineOptions options, Collective* collective, Primitives* prims,
       io_(device, prims, options_.local_trainers),
       sessions_(options_.local_trainers, options_.job),
       buckets_(&options_, collective, prims, device),
-      doorbell_(options_.shm_tag) {
+      doorbell_(options_.shm_tag),
+      wire_([this](WireJob* job) { return RunPack(static_cast<WirePack*>(job)); },
+            [this](const absl::Status&) { WireDone(); }) {
   env_.coll = collective;
   env_.prims = prims;
   env_.host_prims = device.host_prims != nullptr ? device.host_prims : prims;
@@ -114,7 +116,7 @@ absl::Status Engine::Start() {
     }
     wire_env_ = env_;
     wire_env_.coll = wire_coll_;
-    wire_thread_ = std::thread([this] { WireLoop(); });
+    wire_.Start();
   }
   thread_ = std::thread([this] { Run(); });
   return absl::OkStatus();
@@ -172,14 +174,7 @@ void Engine::Run() {
       WakeEverybody();
     }
   }
-  if (wire_thread_.joinable()) {  // it publishes what was handed to it, then ends
-    {
-      absl::MutexLock lock(&mu_);
-      wire_stop_ = true;
-      wire_cv_.SignalAll();
-    }
-    wire_thread_.join();
-  }
+  wire_.Stop();  // the wire stage publishes what was handed to it, then ends
   {
     absl::MutexLock lock(&stopped_mu_);
     stopped_ = true;
@@ -207,8 +202,7 @@ void Engine::TakeWorkLocked(DoorbellSegment* bell, Work& w) {
     const auto& f = scheduler_->FailedAndReady(buckets_);
     w.failed.assign(f.begin(), f.end());
     const int64_t now = static_cast<int64_t>(MonotonicNanos());
-    const auto& g =
-        scheduler_->NextGroup(buckets_, now, wire_inflight_ > 0 ? now : last_exchange_end_ns_);
+    const auto& g = scheduler_->NextGroup(buckets_, now, LastExchangeEndLocked(now));
     w.group.assign(g.begin(), g.end());
     w.pick = scheduler_->pick();
     if (!w.pick.alone) {

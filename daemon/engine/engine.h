@@ -7,7 +7,8 @@
 // Collective. A bucket's inputs and outputs around its step (the device path's events, the one
 // rounding of a half output) are bucket_io.h's. Its code: engine.cc (life, loop, publishing),
 // engine_bucket_exchange.cc and engine_group_exchange.cc (one exchange's stages, per bucket and
-// per merge group, over the state in engine_passes.h), engine_wire_stage.cc (--merge_overlap),
+// per merge group, over the state in engine_passes.h), engine_wire_stage.cc (--merge_overlap:
+// what the wire stage runs; its thread, slot and lock are wire_stage.h's WireStage),
 // engine_requests.cc (the RPC threads' requests).
 //
 // One exchange: wait for the trainers' input events (device path) -> control round (order check,
@@ -46,6 +47,7 @@
 #include "daemon/engine/fused_step.h"
 #include "daemon/engine/scheduler.h"
 #include "daemon/engine/session_registry.h"
+#include "daemon/engine/wire_stage.h"
 #include "daemon/memory/device_memory.h"
 #include "daemon/transport/collective.h"
 #include "kernels/primitives.h"
@@ -259,12 +261,19 @@ class Engine {
                        bool terminal, uint64_t elements, uint64_t begin_ns, uint64_t publish_ns,
                        uint64_t end_ns);
 
-  // The wire stage (--merge_overlap; engine_wire_stage.cc). A packed group prepared by the
-  // group pass (members reduced and selected, FusedExchange::Prepare) goes to RunPack: on the
-  // wire thread when overlapping, inline otherwise. At most one pack is on the wire while the
-  // engine thread prepares the next.
-  void RunPack(WirePack* p);  // the collectives, the commit vote, publishing
+  // The wire stage (--merge_overlap; engine_wire_stage.cc over wire_stage.h's WireStage). A
+  // packed group prepared by the group pass (members reduced and selected,
+  // FusedExchange::Prepare) goes to RunPack: on the wire thread when overlapping, inline
+  // otherwise. At most one pack is on the wire while the engine thread prepares the next.
+  // RunPack returns the commit vote (each member's result is already published).
+  absl::Status RunPack(WirePack* p);  // the collectives, the commit vote, publishing
   void HandOff(std::unique_ptr<WirePack> p);
+  // The wire stage's completion callback (wire thread, after wire_.Busy() cleared): wakes the
+  // requests waiting on published_cv_ and the engine asleep on the doorbell.
+  void WireDone();
+  // When the last exchange (engine thread or wire stage) ended, `now` while a pack is on the
+  // wire: an agreed merger's linger.
+  int64_t LastExchangeEndLocked(int64_t now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A measuring merger's plan agreement (after a group round whose plan_due came out set, on
   // every node): the registered buckets, this node's inputs, RunPlanAgreement, InstallPlan (or
   // AbandonPlan when the nodes' buckets differ). `step` is the head's, `density` its density.
@@ -272,7 +281,6 @@ class Engine {
   // Selection behind: the pack's BehindGroup (kept per first member while its members, sizes
   // and compressor stay), or null when the pack is not eligible (it then selects ahead).
   BehindGroup* BehindFor(WirePack* p);
-  void WireLoop();
   // Waits until no pack is on the wire (before anything else touches buckets or collectives
   // in a way a pack in flight could see).
   void DrainWire();
@@ -354,18 +362,14 @@ class Engine {
   bool reset_pending_ ABSL_GUARDED_BY(mu_) = false;   // every session left: drop the buckets
   uint64_t job_generation_ ABSL_GUARDED_BY(mu_) = 0;  // counts ResetLocked (a new job's buckets)
   bool processing_ ABSL_GUARDED_BY(mu_) = false;      // the engine thread is inside a step
-  // The wire stage: the pack handed to the wire thread and not yet taken, how many packs are
-  // handed and not yet published (0 or 1), and the wire thread's stop request. A bucket is not
-  // erased while wire_inflight_ > 0 (as while processing_).
-  std::unique_ptr<WirePack> wire_slot_ ABSL_GUARDED_BY(mu_);
-  int wire_inflight_ ABSL_GUARDED_BY(mu_) = 0;
-  // When the last exchange (engine thread or wire stage) ended: an agreed merger's linger.
+  // When the last exchange on the engine thread ended; an agreed merger's linger counts from it
+  // or the wire stage's last_done_ns(), whichever is later (LastExchangeEndLocked).
   int64_t last_exchange_end_ns_ ABSL_GUARDED_BY(mu_) = 0;
-  bool wire_stop_ ABSL_GUARDED_BY(mu_) = false;
-  absl::CondVar wire_cv_;  // with mu_: the slot filled, a pack done, the stop
   Collective* wire_coll_ = nullptr;
   StepEnv wire_env_;  // env_ over wire_coll_
-  std::thread wire_thread_;
+  // The wire stage (wire_stage.h): its own thread, slot and lock; runs RunPack. A bucket is not
+  // erased while wire_.Busy() (as while processing_).
+  WireStage wire_;
   uint64_t total_exchanges_ ABSL_GUARDED_BY(mu_) = 0;
   // Checkpoint streams' memory (ReserveCheckpointBytes): every stream's, and per session.
   uint64_t checkpoint_bytes_ ABSL_GUARDED_BY(mu_) = 0;

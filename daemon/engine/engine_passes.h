@@ -155,7 +155,7 @@ struct Engine::GroupPass {
 };
 
 // A packed group between its local half (the group pass) and its publishing (RunPack).
-struct Engine::WirePack {
+struct Engine::WirePack : WireJob {
   uint64_t t0 = 0;                     // the group's start (the records' total time)
   double phase[kPhaseCount] = {};      // the group's phases so far, then the pack's own
   double phase_cpu[kPhaseCount] = {};  // and their CPU time (each on the thread that ran it)

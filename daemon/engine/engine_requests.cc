@@ -107,7 +107,7 @@ absl::StatusOr<BucketGrant> Engine::RegisterBucket(uint64_t session_id, uint64_t
   // The previous job's buckets (kept until now so their stats stay visible) make way for a
   // new job once the engine is between exchanges.
   if (reset_pending_) {
-    while ((processing_ || wire_inflight_ > 0) && !stop_) published_cv_.Wait(&mu_);
+    while ((processing_ || wire_.Busy()) && !stop_) published_cv_.Wait(&mu_);
     // Another trainer's registration may have reset (and registered) while this one waited.
     if (reset_pending_) ResetLocked();
   }
@@ -428,7 +428,7 @@ absl::Status Engine::UnregisterBucket(uint64_t session_id, uint64_t bucket_id) {
                        buckets_.SlotRemoteBytes(*b, (*session)->local_rank);
   if (b->out.state == BucketState::kWaiting) b->MoveTo(BucketState::kRegistering);
   if (b->out.registered_mask == 0) {
-    while ((processing_ || wire_inflight_ > 0) && !stop_) published_cv_.Wait(&mu_);
+    while ((processing_ || wire_.Busy()) && !stop_) published_cv_.Wait(&mu_);
     buckets_.Erase(bucket_id);
   }
   doorbell_.Ring();

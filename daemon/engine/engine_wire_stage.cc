@@ -1,6 +1,8 @@
-// The wire stage (--merge_overlap): a packed merge group's collectives, its commit vote and its
-// publishing (RunPack), on the wire thread while the engine thread prepares the next group, or
-// inline without overlap; the hand-off between the two threads.
+// The wire stage (--merge_overlap): what it runs, a packed merge group's collectives, its commit
+// vote and its publishing (RunPack), on the wire thread (wire_stage.h's WireStage) while the
+// engine thread prepares the next group, or inline without overlap; the hand-off to it and its
+// completion callback.
+#include <algorithm>
 #include <cstdio>
 
 #include "absl/types/span.h"
@@ -14,49 +16,35 @@ namespace spex {
 
 void Engine::HandOff(std::unique_ptr<WirePack> p) {
   if (!overlapping()) {
-    RunPack(p.get());
+    RunPack(p.get()).IgnoreError();  // the vote is published to each member's trainers
     return;
   }
-  absl::MutexLock lock(&mu_);
-  while (wire_inflight_ > 0) wire_cv_.Wait(&mu_);  // one pack on the wire at a time
-  wire_slot_ = std::move(p);
-  wire_inflight_ = 1;
-  wire_cv_.SignalAll();
+  wire_.Submit(std::move(p));  // waits while a pack is on the wire
 }
 
 void Engine::DrainWire() {
   if (!overlapping()) return;
-  absl::MutexLock lock(&mu_);
-  while (wire_inflight_ > 0) wire_cv_.Wait(&mu_);
+  wire_.WaitIdle();
 }
 
-void Engine::WireLoop() {
-  SPEX_LOG(DEBUG) << "wire thread started";
-  while (true) {
-    std::unique_ptr<WirePack> p;
-    {
-      absl::MutexLock lock(&mu_);
-      while (wire_slot_ == nullptr && !wire_stop_) wire_cv_.Wait(&mu_);
-      if (wire_slot_ == nullptr) break;  // stopping, nothing left
-      p = std::move(wire_slot_);
-    }
-    RunPack(p.get());
-    p.reset();
-    {
-      absl::MutexLock lock(&mu_);
-      wire_inflight_ = 0;
-      last_exchange_end_ns_ = static_cast<int64_t>(MonotonicNanos());
-      wire_cv_.SignalAll();
-      published_cv_.SignalAll();  // a request waiting to erase a bucket (not while on the wire)
-    }
-    // The engine may be asleep on the doorbell with nothing else to do: what was just published
-    // lets trainers (and so the next group) go on, and the engine must see them.
-    doorbell_.Ring();
+void Engine::WireDone() {
+  {
+    absl::MutexLock lock(&mu_);
+    published_cv_.SignalAll();  // a request waiting to erase a bucket (not while on the wire)
   }
-  SPEX_LOG(DEBUG) << "wire thread stopped";
+  // The engine may be asleep on the doorbell with nothing else to do: what was just published
+  // lets trainers (and so the next group) go on, and the engine must see them.
+  doorbell_.Ring();
 }
 
-void Engine::RunPack(WirePack* p) {
+int64_t Engine::LastExchangeEndLocked(int64_t now) const {
+  // Both ends are stamped in order (the engine's under mu_, the wire stage's before Busy()
+  // clears), so the later one is the last exchange's.
+  if (wire_.Busy()) return now;
+  return std::max(last_exchange_end_ns_, wire_.last_done_ns());
+}
+
+absl::Status Engine::RunPack(WirePack* p) {
   const StepEnv& env = overlapping() ? wire_env_ : env_;
   const uint64_t wire_begin = MonotonicNanos();
   PhaseClock clock(p->phase, p->phase_cpu, nullptr, wire_begin);
@@ -108,6 +96,7 @@ void Engine::RunPack(WirePack* p) {
   if (overlapping() && meter != nullptr) {  // the wire's occupancy, for --rgmerge_bind=late
     meter->PackDone(p->elements, static_cast<int64_t>(MonotonicNanos() - wire_begin));
   }
+  return vote;
 }
 
 }  // namespace spex
