@@ -47,6 +47,7 @@ struct Args {
   uint64_t seed = 1;
   uint64_t psgd[3] = {0, 0, 0};  // powersgd: uncompressed, P and Q floats
   std::string indices;           // an index file (bench/scale/record_selections.py resample)
+  int a2a_flows = 0;             // oktopk_standin: see LinearAllToAllV (0: MPI_Alltoallv)
 };
 
 void Die(const char* what) {
@@ -77,6 +78,8 @@ Args Parse(int argc, char** argv) {
       a.control = std::atoi(v) != 0;
     } else if (const char* v = val("--seed=")) {
       a.seed = std::strtoull(v, nullptr, 10);
+    } else if (const char* v = val("--a2a_flows=")) {
+      a.a2a_flows = std::atoi(v);
     } else if (const char* v = val("--indices=")) {
       a.indices = v;
     } else if (const char* v = val("--psgd=")) {
@@ -85,7 +88,7 @@ Args Parse(int argc, char** argv) {
     } else {
       std::fprintf(stderr, "scale_harness: unknown argument %s\n", argv[i]);
       Die("arguments: --op= --n= --density= --steps= --wire= --control= --seed= --psgd= "
-          "--indices=");
+          "--indices= --a2a_flows=");
     }
   }
   if (a.n == 0 || a.n > 0xffffffffull) Die("--n must be 1 .. 2^32-1 elements");
@@ -193,6 +196,41 @@ void CheckMpi(int rc, const char* what) {
                  std::chrono::duration<double>(now - last).count(), MPI_Wtime());
     last = now;
   }
+}
+
+// SimGrid's `ompi` selector runs MPI_Alltoallv as the linear algorithm (every rank posts all
+// P-1 sends and receives at once) at 4-63, 128-255 and from 1,024 ranks, pairwise otherwise
+// (read from libsimgrid 3.32's alltoallv__ompi).
+bool LinearAllToAllV(int nodes) {
+  return (nodes >= 4 && nodes <= 63) || (nodes >= 128 && nodes <= 255) || nodes >= 1024;
+}
+
+// The linear all-to-all(v) with `flows` messages a rank instead of P-1: the destinations at
+// shifts 1..P-1 cut into `flows` consecutive blocks, each block's bytes sent as one message to
+// the block's first destination (and received alike from the rank that far behind). Every rank
+// sends exactly its bytes, all at once, as the linear algorithm does; it receives the bytes
+// of other ranks' blocks (equal to its own where the parts are even: the uniform selections).
+// At 1,024 ranks the linear algorithm's million concurrent messages make SimGrid's bandwidth
+// sharing the bottleneck of the simulation (docs/scale.md); 32 flows a rank make 32,768.
+void GroupedAllToAllV(const uint8_t* send, const std::vector<int>& sc, const std::vector<int>& sd,
+                      uint8_t* recv, size_t room, int flows, int rank, int nodes) {
+  std::vector<MPI_Request> req;
+  req.reserve(2 * flows);
+  const int shifts = nodes - 1;
+  for (int g = 0; g < flows; ++g) {
+    const int lo = 1 + static_cast<int>(static_cast<int64_t>(g) * shifts / flows);
+    const int hi = 1 + static_cast<int>(static_cast<int64_t>(g + 1) * shifts / flows);
+    if (lo >= hi) continue;
+    int bytes = 0;
+    for (int d = lo; d < hi; ++d) bytes += sc[(rank + d) % nodes];
+    const int to = (rank + lo) % nodes, from = (rank - lo + nodes) % nodes;
+    req.emplace_back();
+    MPI_Irecv(recv, static_cast<int>(room), MPI_BYTE, from, 77, MPI_COMM_WORLD, &req.back());
+    req.emplace_back();
+    MPI_Isend(send + sd[to], bytes, MPI_BYTE, to, 77, MPI_COMM_WORLD, &req.back());
+  }
+  CheckMpi(MPI_Waitall(static_cast<int>(req.size()), req.data(), MPI_STATUSES_IGNORE),
+           "alltoallv(grouped)");
 }
 
 struct Phase {
@@ -543,9 +581,14 @@ int main(int argc, char** argv) {
       const size_t room = 4 * spex::ChunkBytes(k, f16) + 64ull * nodes;
       if (static_cast<size_t>(total) > room || static_cast<size_t>(rtotal) > room)
         Die("oktopk_standin: parts beyond the stand-in's buffers");
-      CheckMpi(MPI_Alltoallv(send->p, sc.data(), sd.data(), MPI_BYTE, recv->p, rc.data(), rd.data(),
-                             MPI_BYTE, MPI_COMM_WORLD),
-               "alltoallv");
+      if (a.a2a_flows > 0 && a.a2a_flows < nodes - 1 && LinearAllToAllV(nodes)) {
+        GroupedAllToAllV(static_cast<const uint8_t*>(send->p), sc, sd,
+                         static_cast<uint8_t*>(recv->p), room, a.a2a_flows, rank, nodes);
+      } else {
+        CheckMpi(MPI_Alltoallv(send->p, sc.data(), sd.data(), MPI_BYTE, recv->p, rc.data(),
+                               rd.data(), MPI_BYTE, MPI_COMM_WORLD),
+                 "alltoallv");
+      }
       std::vector<int64_t> flags(nodes + 1, 0);
       CheckMpi(MPI_Allreduce(MPI_IN_PLACE, flags.data(), nodes + 1, MPI_INT64_T, MPI_SUM,
                              MPI_COMM_WORLD),

@@ -62,11 +62,11 @@ def platform_xml(topology, nodes, gbps, link_latency_us):
 
 def simulate(nodes, op, elements, density=0.01, gbps=10, link_latency_us=2, topology="star",
              wire="float32", steps=1, factors="off", control=True, psgd=None, out=DEFAULT_OUT,
-             timeout=None, indices=None, extra_cfg=()):
+             timeout=None, indices=None, extra_cfg=(), harness_args=()):
     """Runs the harness under smpirun; returns its JSON (times are simulated seconds) with the
     run's wall time (wall_s) and its conditions added. indices: an index file
     (record_selections.py resample) instead of uniform selections; extra_cfg: more --cfg
-    options."""
+    options; harness_args: more harness arguments (--a2a_flows=)."""
     with tempfile.TemporaryDirectory(prefix="spex_scale_") as tmp:
         plat = os.path.join(tmp, "platform.xml")
         hosts = os.path.join(tmp, "hosts")
@@ -94,6 +94,7 @@ def simulate(nodes, op, elements, density=0.01, gbps=10, link_latency_us=2, topo
             cmd.append("--psgd=" + ",".join(str(int(x)) for x in psgd))
         if indices:
             cmd.append("--indices=" + os.path.abspath(indices))
+        cmd += list(harness_args)
         cmd[cmd.index(os.path.join(out, "scale_harness")):0] = list(extra_cfg)
         t0 = time.time()
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=tmp)
@@ -263,10 +264,15 @@ def region_skew(path, nodes):
 
 def cmd_skew(a):
     """Selections from real gradients (record_selections.py) against uniform ones: pattern A's
-    union, the all-gather and Ok-Topk at each point, and the dense all-reduce for auto's check."""
+    union, the all-gather and Ok-Topk at each point, and the dense all-reduce for auto's check.
+    The runs that do not depend on the positions (dense, uniform inputs) are shared between the
+    recordings of one invocation."""
     import record_selections as rs
     out = build(a.build_dir)
-    n0, workers, records = rs.read_recording(a.recording)
+    recs = {}
+    for spec in a.recording:
+        label, path = spec.split("=", 1)
+        recs[label] = rs.read_recording(path) + (os.path.basename(path),)
     tmp = a.index_dir or tempfile.mkdtemp(prefix="spex_skew_")
     os.makedirs(tmp, exist_ok=True)
     nodes_list = [int(x) for x in a.nodes.split(",")]
@@ -274,69 +280,81 @@ def cmd_skew(a):
     if a.resume and os.path.exists(a.out):
         with open(a.out) as f:
             rows = json.load(f)["points"]
-    done = {(r["density"], r["elements"], r["gbps"], r["nodes"]) for r in rows}
+    done = {(r["label"], r["density"], r["elements"], r["gbps"], r["nodes"]) for r in rows}
     vb = 2 if a.wire in ("bfloat16", "float16") else 4
     half = vb == 2
+
+    def save():
+        with open(a.out, "w") as f:
+            json.dump({"wire": a.wire, "recordings": {x: recs[x][3] for x in recs},
+                       "record_step": a.record_step, "points": rows}, f, indent=1)
+
     for d in [float(x) for x in a.densities.split(",")]:
-        step, _, sets = rs.pick(records, a.record_step, d)
         for n in [int(x) for x in a.elements.split(",")]:
             k = max(1, int(math.floor(d * n)))
-            path = os.path.join(tmp, f"{a.label}_s{step}_d{d}_n{n}_p{max(nodes_list)}.idx")
-            if not os.path.exists(path):
-                rs.write_index_file(path, n, rs.node_sets(sets, n0, n, k, max(nodes_list)))
+            paths = {}
+            for label, (n0, workers, records, _) in recs.items():
+                step, _, sets = rs.pick(records, a.record_step, d)
+                path = os.path.join(tmp, f"{label}_s{step}_d{d}_n{n}_p{max(nodes_list)}.idx")
+                if not os.path.exists(path):
+                    rs.write_index_file(path, n, rs.node_sets(sets, n0, n, k, max(nodes_list)))
+                paths[label] = (path, step)
             for gbps in [float(x) for x in a.rates.split(",")]:
                 for p in nodes_list:
-                    if (d, n, gbps, p) in done:
+                    todo = [x for x in recs if (x, d, n, gbps, p) not in done]
+                    if not todo:
                         continue
                     kw = dict(nodes=p, elements=n, density=d, gbps=gbps, link_latency_us=a.latency,
                               out=out, wire=a.wire)
-                    runs, times, uni = [], {}, {}
 
-                    def run(what, op, **more):
+                    def run(runs, what, op, **more):
                         r = simulate(op=op, **kw, **more)
                         r["what"] = what
                         runs.append(r)
-                        print(f"  {a.label} d={d} n={n} {gbps:g} Gbit/s P={p} {what} ({op}): "
+                        print(f"  d={d} n={n} {gbps:g} Gbit/s P={p} {what} ({op}): "
                               f"{step_time(r) * 1e3:.3f} ms (simulated in {r['wall_s']} s)", flush=True)
                         return r
-                    times["dense"] = step_time(run("dense", "dense_half_standin" if half else "dense"))
-                    # The all-gather's bytes do not depend on the positions (k pairs a node): the
-                    # real code with both inputs where it fits, the stand-in beyond.
-                    if p <= a.real_gather_max:
-                        times["gather"] = step_time(run("gather", "gather", indices=path))
-                        uni["gather"] = step_time(run("gather_uniform", "gather"))
-                    else:
-                        times["gather"] = uni["gather"] = step_time(run("gather", "gather_standin"))
+                    shared_runs, uni = [], {}
+                    dense = step_time(run(shared_runs, "dense", "dense_half_standin" if half else "dense"))
                     ok_op = "oktopk" if p <= a.real_oktopk_max else "oktopk_standin"
-                    times["oktopk"] = oktopk_time(run("oktopk", ok_op, steps=2, indices=path))
-                    uni["oktopk"] = oktopk_time(run("oktopk_uniform", ok_op, steps=2))
                     un_op = "union" if p <= a.real_union_max else "union_standin"
-                    ru = run("union", un_op, indices=path)
-                    rn = run("union_uniform", un_op)
-                    times["union"], uni["union"] = step_time(ru), step_time(rn)
-                    eq, reb = region_skew(path, p)
-                    row = {"topology": "star", "gbps": gbps, "link_latency_us": a.latency, "nodes": p,
-                           "elements": n, "k": k, "density": d, "wire": a.wire, "label": a.label,
-                           "recorded_step": step, "times_s": times, "uniform_s": uni,
-                           "skewed_over_uniform": {x: times[x] / uni[x] for x in uni},
-                           "union": {"skewed": ru["union"], "uniform": rn["union"]},
-                           "region_skew": {"equal": eq, "rebalanced": reb}, "runs": runs}
-                    m = model(p, gbps, 2 * a.latency, n, k, vb, 1.0, True, out)
-                    best = min(("dense", "allgather", "oktopk"),
-                               key=lambda x: times["gather" if x == "allgather" else x])
-                    row.update(model_s=m, best=best, auto=m["best"],
-                               auto_over_best=times["gather" if m["best"] == "allgather" else m["best"]]
-                               / times["gather" if best == "allgather" else best])
-                    rows.append(row)
-                    with open(a.out, "w") as f:
-                        json.dump({"model": a.label, "recording": os.path.basename(a.recording),
-                                   "wire": a.wire, "points": rows}, f, indent=1)
-                    print(f"skew: {a.label} d={d} n={n} {gbps:g} Gbit/s P={p}: skewed/uniform " +
-                          ", ".join(f"{x} {row['skewed_over_uniform'][x]:.3f}" for x in uni) +
-                          f"; union {ru['union']} vs {rn['union']}; regions {eq:.2f}x equal, "
-                          f"{reb:.2f}x rebalanced; fastest {best}, auto {m['best']}", flush=True)
+                    # The all-gather's bytes do not depend on the positions (k pairs a node).
+                    ga_op = "gather" if p <= a.real_gather_max else "gather_standin"
+                    uni["gather"] = step_time(run(shared_runs, "gather_uniform", ga_op))
+                    uni["oktopk"] = oktopk_time(run(shared_runs, "oktopk_uniform", ok_op, steps=2))
+                    rn = run(shared_runs, "union_uniform", un_op)
+                    uni["union"] = step_time(rn)
+                    for label in todo:
+                        path, step = paths[label]
+                        runs = list(shared_runs)
+                        times = {"dense": dense}
+                        times["gather"] = (step_time(run(runs, "gather", ga_op, indices=path))
+                                           if p <= a.real_gather_max else uni["gather"])
+                        times["oktopk"] = oktopk_time(run(runs, "oktopk", ok_op, steps=2, indices=path))
+                        ru = run(runs, "union", un_op, indices=path)
+                        times["union"] = step_time(ru)
+                        eq, reb = region_skew(path, p)
+                        row = {"topology": "star", "gbps": gbps, "link_latency_us": a.latency,
+                               "nodes": p, "elements": n, "k": k, "density": d, "wire": a.wire,
+                               "label": label, "recorded_step": step, "times_s": times,
+                               "uniform_s": uni,
+                               "skewed_over_uniform": {x: times[x] / uni[x] for x in uni},
+                               "union": {"skewed": ru["union"], "uniform": rn["union"]},
+                               "region_skew": {"equal": eq, "rebalanced": reb}, "runs": runs}
+                        m = model(p, gbps, 2 * a.latency, n, k, vb, 1.0, True, out)
+                        key = {"dense": "dense", "allgather": "gather", "oktopk": "oktopk"}
+                        best = min(key, key=lambda x: times[key[x]])
+                        row.update(model_s=m, best=best, auto=m["best"],
+                                   auto_over_best=times[key[m["best"]]] / times[key[best]])
+                        rows.append(row)
+                        save()
+                        print(f"skew: {label} d={d} n={n} {gbps:g} Gbit/s P={p}: skewed/uniform " +
+                              ", ".join(f"{x} {row['skewed_over_uniform'][x]:.3f}" for x in uni) +
+                              f"; union {ru['union']} vs {rn['union']}; regions {eq:.2f}x equal, "
+                              f"{reb:.2f}x rebalanced; fastest {best}, auto {m['best']}", flush=True)
             if not a.keep_index_files:
-                os.remove(path)
+                for path, _ in paths.values():
+                    os.remove(path)
     print(f"skew: {a.out}")
 
 
@@ -761,8 +779,8 @@ def main():
     g.add_argument("--out")
     g.set_defaults(fn=cmd_grid)
     k = sub.add_parser("skew", help="selections of real gradients against uniform ones")
-    k.add_argument("--recording", required=True, help="record_selections.py record's file")
-    k.add_argument("--label", required=True, help="mlp, lstm: names the points")
+    k.add_argument("--recording", action="append", required=True,
+                   help="LABEL=FILE, record_selections.py record's file (repeatable)")
     k.add_argument("--record-step", type=int, default=-1, help="index into the recorded steps")
     k.add_argument("--densities", default="0.01,0.001")
     k.add_argument("--elements", default="25557032", help="bucket sizes, comma-separated")
