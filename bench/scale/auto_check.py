@@ -12,6 +12,10 @@ how many points the model decided and how many it left to the probes, and the re
 simulated time over the fastest) of the model alone and of auto.
 
     python3 bench/scale/auto_check.py bench/results/scale_*.json --out bench/results/scale_auto_check.json
+    python3 bench/scale/auto_check.py --skewed bench/results/scale_skew_*.json   # selections of real gradients
+
+Points with selections of real gradients (spex_scale.py skew: they carry a label) are checked only
+with --skewed, and then only they (per recording, wire and bucket size).
 """
 
 import argparse
@@ -38,6 +42,7 @@ def check_point(r):
     return {
         "topology": r["topology"], "gbps": r["gbps"], "link_latency_us": r["link_latency_us"],
         "nodes": r["nodes"], "density": r["density"], "elements": r["elements"],
+        "label": r.get("label", "uniform"), "wire": r.get("wire", "float32"),
         "sim_ms": {n: sim[n] * 1e3 for n in NAMES}, "model_ms": {n: model[n] * 1e3 for n in NAMES},
         "fastest": fastest, "model_pick": best_model, "close": close, "auto": auto,
         "model_regret": sim[best_model] / sim[fastest], "auto_regret": sim[auto] / sim[fastest],
@@ -48,6 +53,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("sweeps", nargs="+")
     ap.add_argument("--out", help="JSON of every point (and a .csv beside it)")
+    ap.add_argument("--skewed", action="store_true",
+                    help="check the skew sweeps' points (selections of real gradients) instead")
     a = ap.parse_args()
     points = {}  # a point swept twice: the later file's
     for path in a.sweeps:
@@ -56,10 +63,10 @@ def main():
         if not isinstance(data, dict) or "close_factor" in data:
             continue  # not a sweep (the model's grid, the calibration, this script's own output)
         for r in data.get("points", []):
-            if "times_s" not in r or "model_s" not in r:
+            if "times_s" not in r or "model_s" not in r or bool(r.get("label")) != a.skewed:
                 continue
             key = (r["topology"], r["gbps"], r["link_latency_us"], r["density"], r["nodes"],
-                   r["elements"])
+                   r["elements"], r.get("label", ""), r.get("wire", "float32"))
             points[key] = r
     rows, skipped = [], 0
     for key in sorted(points):
@@ -70,14 +77,15 @@ def main():
             rows.append(c)
     groups = {}
     for c in rows:
-        key = (c["topology"], c["gbps"], c["link_latency_us"], c["density"])
+        key = (c["topology"], c["gbps"], c["link_latency_us"], c["density"], c["label"], c["wire"],
+               c["elements"])
         groups.setdefault(key, []).append(c)
     print("| platform | density | P simulated | fastest (P) | model decided / probed | "
           "model alone: worst | auto: worst |")
     print("|---|---|---|---|---|---|---|")
     for key in sorted(groups):
         g = sorted(groups[key], key=lambda c: c["nodes"])
-        topo, gbps, lat, d = key
+        topo, gbps, lat, d, label, wire, elements = key
         wins = []
         for c in g:
             if wins and wins[-1][0] == c["fastest"]:
@@ -88,7 +96,8 @@ def main():
         decided = sum(len(c["close"]) == 1 for c in g)
         mw = max(g, key=lambda c: c["model_regret"])
         aw = max(g, key=lambda c: c["auto_regret"])
-        print(f"| {topo}, {gbps:g} Gbit/s, {lat:g} us/link | {d:g} | {g[0]['nodes']}-{g[-1]['nodes']} "
+        what = f", {label} {wire} {elements:,}" if a.skewed else ""
+        print(f"| {topo}, {gbps:g} Gbit/s, {lat:g} us/link{what} | {d:g} | {g[0]['nodes']}-{g[-1]['nodes']} "
               f"| {win_text} | {decided} / {len(g) - decided} | {mw['model_regret']:.3f} (P={mw['nodes']}) "
               f"| {aw['auto_regret']:.3f} (P={aw['nodes']}) |")
     within = sum(c["auto_regret"] <= 1.10 for c in rows)

@@ -358,6 +358,28 @@ def cmd_skew(a):
     print(f"skew: {a.out}")
 
 
+def cmd_skewtable(a):
+    """A markdown table of skew sweeps: per point, skewed over uniform for every exchange."""
+    rows = []
+    for path in a.sweeps:
+        with open(path) as f:
+            rows += json.load(f)["points"]
+    rows.sort(key=lambda r: (r["label"], r["wire"], -r["density"], r["elements"], r["gbps"], r["nodes"]))
+    print("| selections | values | density | n | Gbit/s | P | union: skewed / uniform entries | "
+          "pattern A (union) | Ok-Topk | all-gather | busiest region / mean: equal, rebalanced | "
+          "Ok-Topk ms (skewed) | fastest | auto picks | auto / fastest |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        q = r["skewed_over_uniform"]
+        u = r["union"]
+        print(f"| {r['label']} (step {r['recorded_step']}) | {r['wire']} | {r['density']:g} | "
+              f"{r['elements'] / 1e6:.1f}M | {r['gbps']:g} | {r['nodes']} | "
+              f"{u['skewed']:,} / {u['uniform']:,} ({u['skewed'] / u['uniform']:.2f}) | "
+              f"{q['union']:.3f} | {q['oktopk']:.3f} | {q['gather']:.3f} | "
+              f"{r['region_skew']['equal']:.1f}, {r['region_skew']['rebalanced']:.2f} | "
+              f"{r['times_s']['oktopk'] * 1e3:.2f} | {r['best']} | {r['auto']} | {r['auto_over_best']:.3f} |")
+
+
 def cmd_whatif(a):
     out = build(a.build_dir)
     if a.model:
@@ -796,6 +818,9 @@ def main():
     k.add_argument("--resume", action="store_true")
     k.add_argument("--out", required=True)
     k.set_defaults(fn=cmd_skew)
+    kt = sub.add_parser("skewtable", help="markdown table of skew sweeps")
+    kt.add_argument("sweeps", nargs="+")
+    kt.set_defaults(fn=cmd_skewtable)
     c = sub.add_parser("calibrate", help="fit the network factors to the emulated cluster")
     c.add_argument("--out", required=True)
     c.set_defaults(fn=cmd_calibrate)
