@@ -16,7 +16,7 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "tests/cuda/device_engine_server.h"
-#include "tests/cuda/fake_device.h"
+#include "tests/support/fake_device.h"
 
 namespace spex::test {
 namespace {

@@ -17,7 +17,7 @@
 #include "kernels/compressors/device_scratch.h"
 #include "kernels/compressors/selection.h"
 #include "tests/cuda/compressor_cases.h"
-#include "tests/cuda/fake_device.h"
+#include "tests/support/fake_device.h"
 
 namespace spex {
 namespace {

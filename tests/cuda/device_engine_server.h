@@ -10,8 +10,8 @@
 #include "absl/status/statusor.h"
 #include "grpcpp/server.h"
 #include "proto/spex.grpc.pb.h"
-#include "tests/cuda/fake_device.h"
-#include "tests/cuda/fake_node.h"
+#include "tests/support/fake_device.h"
+#include "tests/support/fake_node.h"
 
 namespace spex::test {
 

@@ -24,7 +24,7 @@
 #include "proto/contract/layout.h"
 #include "proto/spex.pb.h"
 #include "tests/cuda/device_engine_server.h"
-#include "tests/cuda/fake_device.h"
+#include "tests/support/fake_device.h"
 
 namespace spex::test {
 namespace {

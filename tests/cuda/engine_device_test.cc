@@ -37,8 +37,8 @@
 #include "gtest/gtest.h"
 #include "kernels/compressor.h"
 #include "proto/spex.pb.h"
-#include "tests/cuda/fake_device.h"
 #include "tests/support/engine_cluster.h"
+#include "tests/support/fake_device.h"
 #include "tests/support/synthetic_gradient.h"
 
 namespace spex::test {

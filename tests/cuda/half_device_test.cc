@@ -31,9 +31,9 @@
 #include "kernels/compressor.h"
 #include "kernels/cuda/half_math.h"
 #include "kernels/half.h"
-#include "tests/cuda/fake_device.h"
-#include "tests/cuda/fake_node.h"
 #include "tests/support/engine_cluster.h"
+#include "tests/support/fake_device.h"
+#include "tests/support/fake_node.h"
 #include "tests/support/synthetic_gradient.h"
 
 namespace spex::test {

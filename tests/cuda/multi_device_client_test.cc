@@ -19,8 +19,8 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "tests/cuda/device_engine_server.h"
-#include "tests/cuda/fake_device.h"
-#include "tests/cuda/fake_node.h"
+#include "tests/support/fake_device.h"
+#include "tests/support/fake_node.h"
 
 namespace spex::test {
 namespace {

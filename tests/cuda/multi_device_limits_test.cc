@@ -11,8 +11,8 @@
 #include "daemon/engine/engine.h"
 #include "gtest/gtest.h"
 #include "proto/contract/layout.h"
-#include "tests/cuda/fake_node.h"
 #include "tests/support/engine_cluster.h"
+#include "tests/support/fake_node.h"
 
 namespace spex::test {
 namespace {

@@ -20,9 +20,9 @@
 #include "absl/strings/str_cat.h"
 #include "daemon/engine/engine.h"
 #include "gtest/gtest.h"
-#include "tests/cuda/fake_device.h"
-#include "tests/cuda/fake_node.h"
 #include "tests/support/engine_cluster.h"
+#include "tests/support/fake_device.h"
+#include "tests/support/fake_node.h"
 #include "tests/support/synthetic_gradient.h"
 
 namespace spex::test {

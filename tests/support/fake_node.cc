@@ -1,5 +1,5 @@
 // Several fake GPUs on one node and the link between them (fake_node.h).
-#include "tests/cuda/fake_node.h"
+#include "tests/support/fake_node.h"
 
 #include <algorithm>
 #include <cstring>

@@ -1,4 +1,4 @@
-#include "tests/cuda/fake_device.h"
+#include "tests/support/fake_device.h"
 
 #include <algorithm>
 #include <cstdlib>

@@ -14,7 +14,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "daemon/memory/device_memory.h"
-#include "tests/cuda/fake_device.h"
+#include "tests/support/fake_device.h"
 
 namespace spex {
 namespace fake {
