@@ -48,8 +48,10 @@ class Recorder {
     results_.resize(id + 1);
     results_[id] = std::move(s);
   }
-  // Blocks until the runner of job `id` has started.
-  void AwaitStarted(int id) {
+  // Blocks until the runner of job `id` has started; false after 10 s (a broken stage fails
+  // rather than hangs).
+  bool AwaitStarted(int id) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
     absl::MutexLock lock(&mu_);
     auto started = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       for (int r : ran_) {
@@ -57,11 +59,19 @@ class Recorder {
       }
       return false;
     };
-    while (!started()) cv_.Wait(&mu_);
+    while (!started()) {
+      if (cv_.WaitWithDeadline(&mu_, deadline)) return started();
+    }
+    return true;
   }
-  void AwaitDone(size_t n) {
+  // Blocks until `n` callbacks ran; false after 10 s.
+  bool AwaitDone(size_t n) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
     absl::MutexLock lock(&mu_);
-    while (done_.size() < n) cv_.Wait(&mu_);
+    while (done_.size() < n) {
+      if (cv_.WaitWithDeadline(&mu_, deadline)) return done_.size() >= n;
+    }
+    return true;
   }
   std::vector<int> ran() {
     absl::MutexLock lock(&mu_);
@@ -128,7 +138,7 @@ TEST(WireStageTest, SubmitRunsTheJobOnTheWireThreadThenCallsBack) {
   EXPECT_EQ(r.stage().last_done_ns(), 0);
   const int64_t before = static_cast<int64_t>(MonotonicNanos());
   r.stage().Submit(r.Job(7));
-  r.AwaitDone(1);
+  ASSERT_TRUE(r.AwaitDone(1));
   r.stage().WaitIdle();
   EXPECT_FALSE(r.stage().Busy());
   EXPECT_EQ(r.ran(), std::vector<int>{7});
@@ -147,7 +157,7 @@ TEST(WireStageTest, BusyWhileInFlightAndWaitIdleWaitsForTheJob) {
   r.Gate(0, &gate);
   r.stage().Start();
   r.stage().Submit(r.Job(0));
-  r.AwaitStarted(0);
+  ASSERT_TRUE(r.AwaitStarted(0));
   EXPECT_TRUE(r.stage().Busy());
   std::atomic<bool> idle{false};
   std::thread waiter([&] {
@@ -162,7 +172,7 @@ TEST(WireStageTest, BusyWhileInFlightAndWaitIdleWaitsForTheJob) {
   waiter.join();
   EXPECT_TRUE(idle.load());
   EXPECT_FALSE(r.stage().Busy());
-  r.AwaitDone(1);
+  ASSERT_TRUE(r.AwaitDone(1));
   r.stage().Stop();
 }
 
@@ -172,7 +182,7 @@ TEST(WireStageTest, JobsRunOneAtATimeAndCompleteInSubmitOrder) {
   r.Gate(0, &gate);  // the first job holds the wire while the next is submitted
   r.stage().Start();
   r.stage().Submit(r.Job(0));
-  r.AwaitStarted(0);
+  ASSERT_TRUE(r.AwaitStarted(0));
   std::atomic<bool> submitted{false};
   std::thread engine([&] {
     r.stage().Submit(r.Job(1));  // waits for job 0
@@ -185,7 +195,7 @@ TEST(WireStageTest, JobsRunOneAtATimeAndCompleteInSubmitOrder) {
   gate.Notify();
   engine.join();
   r.stage().WaitIdle();
-  r.AwaitDone(8);
+  ASSERT_TRUE(r.AwaitDone(8));
   EXPECT_EQ(r.ran(), (std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7}));
   EXPECT_EQ(r.done().size(), 8u);
   EXPECT_EQ(r.max_concurrent(), 1);
@@ -199,7 +209,7 @@ TEST(WireStageTest, AnErrorFromTheExchangeReachesTheCallbackAndTheStageGoesOn) {
   r.Fail(1, absl::AbortedError("commit vote: node 1's step failed"));
   r.stage().Start();
   for (int id = 0; id < 3; ++id) r.stage().Submit(r.Job(id));
-  r.AwaitDone(3);
+  ASSERT_TRUE(r.AwaitDone(3));
   const std::vector<absl::Status> done = r.done();
   ASSERT_EQ(done.size(), 3u);
   EXPECT_TRUE(done[0].ok());
@@ -215,7 +225,7 @@ TEST(WireStageTest, StopWithAJobInFlightFinishesItFirst) {
   r.Gate(0, &gate);
   r.stage().Start();
   r.stage().Submit(r.Job(0));
-  r.AwaitStarted(0);
+  ASSERT_TRUE(r.AwaitStarted(0));
   std::atomic<bool> stopped{false};
   std::thread stopper([&] {
     r.stage().Stop();
