@@ -1,6 +1,6 @@
 // What the engine needs to keep bucket data on a device (the GPU path, docs/design.md#device), as
 // two small interfaces so that the engine's device path is the CPU path's code plus these calls,
-// and is tested with a fake device (tests/cuda/fake_device.h) where no GPU exists:
+// and is tested with a fake device (tests/support/fake_device.h) where no GPU exists:
 //  - BufferAllocator: a bucket's data buffer (input slots and output, exported to trainers;
 //    the BucketHeader with the doorbell counters stays in host shm) and engine-private device
 //    memory (the node's accumulator);
