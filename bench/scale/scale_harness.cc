@@ -211,7 +211,7 @@ bool LinearAllToAllV(int nodes) {
 // sends exactly its bytes, all at once, as the linear algorithm does; it receives the bytes
 // of other ranks' blocks (equal to its own where the parts are even: the uniform selections).
 // At 1,024 ranks the linear algorithm's million concurrent messages make SimGrid's bandwidth
-// sharing the bottleneck of the simulation (docs/scale.md); 32 flows a rank make 32,768.
+// sharing the bottleneck of the simulation (docs/scale.md); 4 flows a rank make 4,096.
 void GroupedAllToAllV(const uint8_t* send, const std::vector<int>& sc, const std::vector<int>& sd,
                       uint8_t* recv, size_t room, int flows, int rank, int nodes) {
   std::vector<MPI_Request> req;
@@ -338,41 +338,38 @@ int main(int argc, char** argv) {
     // The parts this node sends, by owner (its selection over equal regions), computed once; the
     // selection itself is not kept (1,024 nodes x k pairs would not fit).
     std::vector<uint32_t> sel = Selection(a, k, rank, nodes);
-    // The regions the real code agrees in its first exchange (Rebalance): every node offers the
-    // P-1 quantiles of its selection, the bounds are their means. Gathered here before the
-    // timed steps; the timed steps make the same all-gather.
+    // Rank 0, before the timed steps, reads every node's selection once (a bitmap of n bits
+    // for their union) and derives (1) the regions the real code agrees in its first exchange
+    // (Rebalance: every node offers the P-1 quantiles of its selection, the bounds are their
+    // means; the timed steps make the same all-gather of the offers) and (2) the entries each
+    // owner keeps: the real code keeps the global top k of the reduced entries (the union of
+    // the selections in each region); with values independent of the positions an owner keeps
+    // its share of the union, k x U_q / U. Both are broadcast.
     std::vector<uint32_t> bounds = spex::EqualRegions(static_cast<uint32_t>(a.n), nodes);
-    if (nodes > 1) {
-      std::vector<uint32_t> offer(nodes - 1), all(static_cast<size_t>(nodes) * (nodes - 1));
-      for (int j = 1; j < nodes; ++j) {
-        offer[j - 1] = sel.size() >= static_cast<size_t>(nodes)
-                           ? sel[static_cast<size_t>(j) * sel.size() / nodes]
-                           : static_cast<uint32_t>(a.n * j / nodes);
+    standin_kept.assign(nodes, 0);
+    std::vector<uint64_t> bits;
+    if (rank == 0) {
+      bits.assign((a.n + 63) / 64, 0);
+      std::vector<uint64_t> sum(nodes > 1 ? nodes - 1 : 0, 0);
+      for (int r = 0; r < nodes; ++r) {
+        const std::vector<uint32_t> other = r == 0 ? sel : Selection(a, k, r, nodes);
+        for (uint32_t i : other) bits[i >> 6] |= uint64_t{1} << (i & 63);
+        for (int j = 1; j < nodes; ++j) {
+          sum[j - 1] += other.size() >= static_cast<size_t>(nodes)
+                            ? other[static_cast<size_t>(j) * other.size() / nodes]
+                            : static_cast<uint32_t>(a.n * j / nodes);
+        }
       }
-      CheckMpi(MPI_Allgather(offer.data(), (nodes - 1) * 4, MPI_BYTE, all.data(), (nodes - 1) * 4,
-                             MPI_BYTE, MPI_COMM_WORLD),
-               "allgather(offers)");
-      std::vector<uint64_t> sum(nodes - 1, 0);
-      for (int r = 0; r < nodes; ++r)
-        for (int j = 0; j < nodes - 1; ++j) sum[j] += all[static_cast<size_t>(r) * (nodes - 1) + j];
       for (int j = 1; j < nodes; ++j) bounds[j] = static_cast<uint32_t>(sum[j - 1] / nodes);
     }
+    MPI_Bcast(bounds.data(), nodes + 1, MPI_UINT32_T, 0, MPI_COMM_WORLD);
     standin_parts.assign(nodes, 0);
     int o = 0;
     for (uint32_t i : sel) {
       while (i >= bounds[o + 1]) ++o;
       ++standin_parts[o];
     }
-    // The entries each owner keeps: the real code keeps the global top k of the reduced entries
-    // (the union of the selections in each region); with values independent of the positions,
-    // an owner keeps its share of the union, k x U_q / U. Rank 0 counts the union per region (a
-    // bitmap of n bits over every node's selection) before the timed steps.
-    standin_kept.assign(nodes, 0);
     if (rank == 0) {
-      std::vector<uint64_t> bits((a.n + 63) / 64, 0);
-      for (int r = 0; r < nodes; ++r) {
-        for (uint32_t i : Selection(a, k, r, nodes)) bits[i >> 6] |= uint64_t{1} << (i & 63);
-      }
       std::vector<uint64_t> u(nodes, 0);
       uint64_t total = 0;
       for (int q = 0; q < nodes; ++q) {
