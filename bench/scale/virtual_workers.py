@@ -289,6 +289,10 @@ class VirtualJob:
         # runs on the rebuilt layout's buckets instead (compressors and residuals dropped after
         # it, as the first layout's are).
         self.exact_first_layout = workers < 64
+        # The step a bucket's compressor sees (micro's partition ownership): spex.torch numbers a
+        # bucket's exchanges from 0, so the rebuilt buckets' step is the job's step - 1.
+        # --global-step passes the job's step (the first runs of bench/results/scale_tta did).
+        self.global_step = False
 
     def build(self):
         import torch
@@ -419,8 +423,12 @@ class VirtualJob:
                                                 self.trainers, params=",".join(spec.get("param_list", [])))
                                         for b, e in bucket_cols]
                         gathered = 0
+                        if self.global_step:
+                            bstep = step
+                        else:  # spex.torch numbers each bucket's exchanges from 0 (next_step)
+                            bstep = step - (0 if step == 0 else 1)
                         for c, (b, e) in zip(clusters, bucket_cols):
-                            c.step(step, G[:, b:e], avg[b:e])
+                            c.step(bstep, G[:, b:e], avg[b:e])
                             gathered += c.gathered()
                     gathered_log.append(gathered)
                 t2 = time.perf_counter()
@@ -462,6 +470,7 @@ class VirtualJob:
                 "elements": n, "adaptive": adaptive,
                 "powersgd_start_iter": psgd.start_iter if psgd else None,
                 "step0_layout": "one bucket (DDP's first iteration)" if self.exact_first_layout else "rebuilt",
+                "bucket_step": "job step" if self.global_step else "from 0 per bucket",
                 "wall_s_untimed": {"workers": t_compute, "exchange": t_exchange}}
 
 
@@ -478,6 +487,7 @@ def cmd_run(a):
     cfg = main_job_cfg(a)
     layout = tuple(int(x) for x in a.layout.split("x")) if a.layout else (a.workers, 1)
     job = VirtualJob(cfg, a.workers, layout, a.scaling, ReferenceClusterLib(a.lib))
+    job.global_step = a.global_step
     results = []
     if a.out and os.path.exists(a.out) and a.resume:
         with open(a.out) as f:
@@ -708,6 +718,25 @@ def cmd_project(a):
             continue  # the 2 x 2 check of the main job, not a scaling point
         for r in d["runs"]:
             runs[(d["workers"], r["label"])] = r
+    for path in a.partial:
+        # a run stopped before its end (its JSON is written at the end): its log's evaluations
+        import re
+
+        acc, P, label = [], None, None
+        with open(path) as f:
+            for line in f:
+                m = re.match(r"\[P=(\d+) (\S+)\] step (\d+) epoch (\d+) acc ([\d.]+)%", line)
+                if m:
+                    P, label = int(m.group(1)), m.group(2)
+                    acc.append((int(m.group(3)), float(m.group(5))))
+        if P is None or (P, label) in runs:
+            continue
+        spec = parse_spec("ddp" if label == "gloo" else label.replace("-r", ":"), [])
+        runs[(P, label)] = {"label": label, "spec": spec, "workers": P, "steps_to_target": None,
+                            "acc_per_epoch": [x for _, x in acc], "steps_run": acc[-1][0] if acc else 0,
+                            "max_steps": None, "global_batch": None, "steps_per_epoch": None,
+                            "mean_gathered": None, "powersgd_start_iter": None, "adaptive": [],
+                            "elements": 10483210, "partial": f"stopped after {acc[-1][0] if acc else 0} steps"}
     with open(a.compute) as f:
         comp = json.load(f)
     measured_p = sorted({p for p, _ in runs})
@@ -764,7 +793,8 @@ def cmd_project(a):
            "latency_us": a.latency_us, "compute": comp,
            "steps": {f"{p}:{l}": {k: r[k] for k in ("steps_to_target", "acc_per_epoch", "steps_run", "max_steps",
                                                       "global_batch", "steps_per_epoch", "mean_gathered",
-                                                      "powersgd_start_iter", "adaptive")}
+                                                      "powersgd_start_iter", "adaptive", "partial")
+                                              if k in r}
                      for (p, l), r in sorted(runs.items())},
            "rows": rows}
     with open(a.out + ".json", "w") as f:
@@ -808,6 +838,66 @@ def cmd_plot(a):
     print(f"plot: {a.out}")
 
 
+def cmd_table(a):
+    """Markdown tables of a projection: steps to the target per P, then per rate the projected
+    time to the target (and the ratio to DDP's) per P and method."""
+    with open(a.json) as f:
+        d = json.load(f)
+    steps = d["steps"]
+    ps = sorted({int(k.split(":")[0]) for k in steps})
+    print("| run | " + " | ".join(f"P = {p}" for p in ps) + " |")
+    print("|---|" + "---|" * len(ps))
+    for name, label, _ in METHODS:
+        cells = []
+        for p in ps:
+            r = steps.get(f"{p}:{label}")
+            if r is None:
+                cells.append("not run")
+            elif r["steps_to_target"]:
+                cells.append(str(r["steps_to_target"]))
+            else:
+                last = r["acc_per_epoch"][-1] if r["acc_per_epoch"] else float("nan")
+                why = "stopped" if r.get("partial") else "never"
+                cells.append(f"{why} in {r['steps_run']} ({last:.1f}%)")
+        print(f"| {name} | " + " | ".join(cells) + " |")
+    print()
+    rows = d["rows"]
+    pp = sorted({r["P"] for r in rows if r["P"] in PROJECT_P})
+    find = lambda p, g, label: next((x for x in rows if x["P"] == p and x["gbps"] == g and x["run"] == label),  # noqa: E731
+                                    None)
+    print("Per step: compute measured here (ms), exchange from the cost model (ms) per rate and P\n")
+    print("| method | compute | " + " | ".join(f"{g} Gbit/s, P = {p}" for g in RATES for p in pp) + " |")
+    print("|---|---|" + "---|" * (len(pp) * len(RATES)))
+    for name, label, _ in METHODS:
+        any_row = next((x for x in rows if x["run"] == label and x["P"] in pp), None)
+        if any_row is None:
+            continue
+        cells = []
+        for g in RATES:
+            for p in pp:
+                r = find(p, g, label)
+                cells.append(f"{1e3 * r['exchange_s']:.2f}" if r else "-")
+        print(f"| {name} | {1e3 * any_row['compute_s']:.0f} | " + " | ".join(cells) + " |")
+    print()
+    for gbps in RATES:
+        print(f"**{gbps} Gbit/s, {d['latency_us']:g} us node to node**: projected time to 95% in seconds "
+              f"(speed-up over DDP; speed-up with compute left out)\n")
+        print("| method | " + " | ".join(f"P = {p}" for p in pp) + " |")
+        print("|---|" + "---|" * len(pp))
+        for name, label, _ in METHODS:
+            cells = []
+            for p in pp:
+                r = find(p, gbps, label)
+                if r is None or not r["tta_s"]:
+                    cells.append("-")
+                    continue
+                sp = r.get("speedup_vs_ddp")
+                ex = r.get("speedup_vs_ddp_exchange_only")
+                cells.append(f"{r['tta_s']:.2f} ({sp:.2f}x; {ex:.1f}x)")
+            print(f"| {name} | " + " | ".join(cells) + " |")
+        print()
+
+
 # ---------------------------------------------------------------------------------------------
 
 def main(argv=None):
@@ -830,6 +920,8 @@ def main(argv=None):
     r.add_argument("--param", action="append", default=[], help="compressor KEY=VALUE (repeatable)")
     r.add_argument("--out", default=None)
     r.add_argument("--resume", action="store_true")
+    r.add_argument("--global-step", action="store_true",
+                   help="hand the compressors the job's step, not the bucket's own (offset by 1 after DDP's rebuild)")
     r.set_defaults(fn=cmd_run)
     c = sub.add_parser("check-powersgd", help="VirtualPowerSGD against PyTorch's powerSGD_hook over gloo")
     c.add_argument("--workers", type=int, default=2)
@@ -849,6 +941,7 @@ def main(argv=None):
     j = sub.add_parser("project", help="projected time to accuracy: bench/results/scale_tta.json/.csv")
     j.add_argument("runs", nargs="+", help="JSONs of `run`")
     j.add_argument("--compute", required=True, help="JSON of `compute`")
+    j.add_argument("--partial", action="append", default=[], help="log of a run stopped before its end")
     j.add_argument("--latency-us", type=float, default=4.0, help="node to node (the star's 2 us per link)")
     j.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "scale_tta"))
     j.set_defaults(fn=cmd_project)
@@ -856,6 +949,9 @@ def main(argv=None):
     q.add_argument("json")
     q.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "scale_tta.png"))
     q.set_defaults(fn=cmd_plot)
+    t = sub.add_parser("table", help="markdown tables of the projection")
+    t.add_argument("json")
+    t.set_defaults(fn=cmd_table)
     a = ap.parse_args(argv)
     return a.fn(a)
 
