@@ -2,9 +2,10 @@
 """engine_ab.py's sparse workload (micro@0.01 on one bucket of --elements floats, 2 daemons of 1
 trainer, --dense_fallback=off) with each daemon's per-phase times read from GetStats: the check
 that tells a slower engine from a busier machine. Per run, on each node, the bucket's mean wall
-and CPU seconds per exchange of every phase (spexctl stats --json, BucketStats.mean_phases).
-CPU time is what the engine thread did; wall time adds the wait for a core and for the other
-node. Builds run ABBA (then BAAB) per round, as in engine_ab.py, and the ratio B / A per phase is
+and CPU seconds per exchange of every phase (spexctl stats --json, BucketStats.mean_phases),
+and each spexd's whole CPU (every thread, start-up included) per exchange. The means cover every
+exchange, the 3 warm-up steps the trainers' p50 leaves out included. CPU time is what the engine
+thread did; wall time adds the wait for a core and for the other node. Builds run ABBA (then BAAB) per round, as in engine_ab.py, and the ratio B / A per phase is
 the median over rounds of each round's mean B / mean A (both nodes averaged).
 
   /usr/bin/python3 bench/engine_ab_phases.py --dir_a /tmp/old --dir_b /tmp/new --rounds 2
