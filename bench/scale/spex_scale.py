@@ -386,6 +386,37 @@ def cmd_skewtable(a):
               + f" | {r['best']} | {r['auto']} | {r['auto_over_best']:.3f} |")
 
 
+def cmd_skewplot(a):
+    """Log-log: time per exchange against P, recorded (solid) and uniform (dashed) selections."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    with open(a.sweep) as f:
+        rows = [r for r in json.load(f)["points"] if r["gbps"] == a.gbps]
+    keys = sorted({(r["label"], r["density"]) for r in rows}, key=lambda x: (x[0], -x[1]))
+    fig, axes = plt.subplots(1, len(keys), figsize=(4.6 * len(keys), 4.2), squeeze=False)
+    for ax, (label, d) in zip(axes[0], keys):
+        sel = sorted((r for r in rows if (r["label"], r["density"]) == (label, d)), key=lambda r: r["nodes"])
+        ps = [r["nodes"] for r in sel]
+        for op, name, color in (("gather", "all-gather", "r"), ("oktopk", "Ok-Topk", "b"),
+                                ("union", "pattern A (union)", "g")):
+            ax.plot(ps, [r["times_s"][op] for r in sel], color + "-o", markersize=3, label=f"{name}, recorded")
+            ax.plot(ps, [r["uniform_s"][op] for r in sel], color + "--", linewidth=0.8, label=f"{name}, uniform")
+        ax.plot(ps, [r["times_s"]["dense"] for r in sel], "k-", linewidth=0.8, label="dense")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("nodes P")
+        ax.set_ylabel("simulated seconds per exchange")
+        ax.set_title(f"{label.upper()} selections, d={d:g}, {sel[0]['elements']:,} el.", fontsize=9)
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0][0].legend(fontsize=6)
+    fig.suptitle(f"star, {a.gbps:g} Gbit/s, 2 us per link: recorded top-k sets against uniform ones",
+                 fontsize=10)
+    fig.tight_layout()
+    fig.savefig(a.out, dpi=90)
+    print(f"plot: {a.out}")
+
+
 def cmd_whatif(a):
     out = build(a.build_dir)
     if a.model:
@@ -827,6 +858,11 @@ def main():
     kt = sub.add_parser("skewtable", help="markdown table of skew sweeps")
     kt.add_argument("sweeps", nargs="+")
     kt.set_defaults(fn=cmd_skewtable)
+    kp = sub.add_parser("skewplot", help="log-log plot of a skew sweep")
+    kp.add_argument("sweep")
+    kp.add_argument("--gbps", type=float, default=10)
+    kp.add_argument("--out", required=True)
+    kp.set_defaults(fn=cmd_skewplot)
     c = sub.add_parser("calibrate", help="fit the network factors to the emulated cluster")
     c.add_argument("--out", required=True)
     c.set_defaults(fn=cmd_calibrate)
