@@ -714,8 +714,8 @@ def cmd_project(a):
     for path in a.runs:
         with open(path) as f:
             d = json.load(f)
-        if d.get("layout") and d["layout"][1] != 1:
-            continue  # the 2 x 2 check of the main job, not a scaling point
+        if (d.get("layout") and d["layout"][1] != 1) or d.get("scaling", "weak") != "weak":
+            continue  # the 2 x 2 check of the main job, or the other scaling model: not these points
         for r in d["runs"]:
             runs[(d["workers"], r["label"])] = r
     for path in a.partial:
@@ -761,10 +761,13 @@ def cmd_project(a):
                     exch, extra = ex["ddp"], 0.0
                 elif kind == "micro":
                     exch = ex["micro_pattern_a"]
-                    pn = [int(k.split("_P")[1]) for k in comp if k.startswith(f"micro{density:g}_node_s_P")]
+                    # the per-node figure measured at the largest node count <= P (the first
+                    # epochs of /aF run at F x the density: the base density's figure is taken;
+                    # a density not measured takes 0.01's)
+                    dd = density if any(k.startswith(f"micro{density:g}_node_s_P") for k in comp) else 0.01
+                    pn = [int(k.split("_P")[1]) for k in comp if k.startswith(f"micro{dd:g}_node_s_P")]
                     pn = [p for p in pn if p <= P] or pn
-                    dd = density if f"micro{density:g}_node_s_P{max(pn)}" in comp else 0.01
-                    extra = comp.get(f"micro{dd:g}_node_s_P{max(pn)}", 0.0)
+                    extra = comp[f"micro{dd:g}_node_s_P{max(pn)}"]
                 else:
                     exch = ex[kind]
                     extra = comp[f"{kind}_s"]
@@ -823,13 +826,16 @@ def cmd_plot(a):
             if not pts:
                 continue
             pts.sort()
-            ax.plot([p for p, _ in pts], [t for _, t in pts], marker="o", label=name)
+            line, = ax.plot([p for p, _ in pts], [t for _, t in pts], marker="o", label=name)
+            ex = sorted((r["P"], r["tta_exchange_only_s"]) for r in d["rows"]
+                        if r["gbps"] == gbps and r["run"] == label and r["tta_exchange_only_s"])
+            ax.plot([p for p, _ in ex], [t for _, t in ex], marker=".", linestyle="--", color=line.get_color())
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("workers P (one per node)")
         ax.set_title(f"{gbps} Gbit/s, {d['latency_us']:g} us node to node")
         ax.grid(True, which="both", alpha=0.3)
-    axes[0].set_ylabel("projected time to 95% (s)")
+    axes[0].set_ylabel("projected time to 95% (s); dashed: exchange only")
     axes[0].legend(fontsize=8)
     fig.suptitle("MLP (10.5M parameters), projected time to 95%: steps measured with virtual workers "
                  "(P > 64: 64's steps) x (compute measured on this CPU + cost-model exchange)", fontsize=9)
