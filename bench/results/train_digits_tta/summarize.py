@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Collects the mirrored pairs of main-job invocations in this directory (WORKLOAD_fwd, WORKLOAD_rev;
-each a --results directory of deploy/main_job.sh) into summary.md and summary.json: per run the
+each a --results directory of deploy/main_job.sh) into summary.txt and summary.json: per run the
 step ms and time to target of each invocation, the steps to target, and the speed-ups to the
 target against DDP (gloo) and against the fastest of DDP / fp16 / PowerSGD, each the geometric mean
 of the two invocations' ratios (a run missing the target in an invocation has no ratio there)."""
@@ -78,7 +78,7 @@ def main():
                 " / ".join(fmt(p["daemon_cpu_ms"], ".0f") for p in per)))
         md.append("")
     json.dump(out, open(os.path.join(HERE, "summary.json"), "w"), indent=1)
-    open(os.path.join(HERE, "summary.md"), "w").write("\n".join(md) + "\n")
+    open(os.path.join(HERE, "summary.txt"), "w").write("\n".join(md) + "\n")
     print("\n".join(md))
 
 
