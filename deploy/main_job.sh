@@ -5,7 +5,7 @@
 # a bridge, 1 Gbit/s each way, a core each; deploy/emulated_cluster.sh) x 2 DDP trainers each
 # train a 10.5M-parameter MLP on scikit-learn's digits five ways -- DDP with its own gloo
 # all-reduce, DDP with PyTorch's fp16_compress_hook and PowerSGD hook (rank 1), spex dense, spex
-# micro at density 0.01 -- printing one line per epoch (loss,
+# micro at density 0.1 (docs/benchmarks.md, time to target) -- printing one line per epoch (loss,
 # accuracy, step and exchange time, achieved density) and a table (time per step, time to 95%
 # test accuracy, final accuracy, speed-up over DDP). CSVs, summary.json and a PNG plot (accuracy
 # against wall-clock time) go to bench/results/train_digits/ (or --results DIR). About 5 minutes

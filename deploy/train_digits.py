@@ -9,7 +9,7 @@ Fashion-MNIST from Debian's dataset-fashion-mnist; mainjob/models.py) with PyTor
 process group, one process per trainer) once per run in --runs (default: `gloo` = DDP's own
 all-reduce, what a user runs without spex; PyTorch's own compression hooks `fp16` and
 `powersgd:1`, what a DDP user on a slow network would try next; `dense` = spex without
-compression; `micro` at density 0.01), printing one line per epoch (loss, test accuracy, step
+compression; `micro` at density 0.1, which reached each workload's target in DDP's steps), printing one line per epoch (loss, test accuracy, step
 time, exchange time, achieved density from GetStats) and a comparison table (time per step, time
 to --target-acc, final accuracy, speed-up over the first run, DDP); writes per-step and per-epoch
 CSVs, summary.json and a PNG plot (accuracy against wall-clock time) under --results.
@@ -40,7 +40,7 @@ sparse run is really sparse; every bucket a sparse run exchanged dense is report
 (under --min_sparse_elements, or the daemon's dense-fallback probe), and the table shows the
 achieved density from GetStats.
 
-    python3 deploy/train_digits.py --spexd bazel-bin/daemon/spexd [--runs gloo,fp16,powersgd:1,dense,micro:0.01]
+    python3 deploy/train_digits.py --spexd bazel-bin/daemon/spexd [--runs gloo,fp16,powersgd:1,dense,micro:0.1]
         [--network emulated|loopback] [--nodes 2] [--rate 1gbit] [--latency-us 0] [--trainers 2]
         [--epochs 4] [--hidden 3200] [--target-acc 95] [--results DIR]
 

@@ -11,7 +11,7 @@ DEFAULT_SPEXD_ARGS = ["--threads=1", "--dense_fallback=off", "--min_sparse_eleme
 def parse_args(argv: Optional[List[str]] = None, description: str = "") -> argparse.Namespace:
     """The flags; per-model defaults (--hidden, --target-acc, --epochs, --lr) filled in by resolve_defaults."""
     p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--runs", default="gloo,fp16,powersgd:1,dense,micro:0.01",
+    p.add_argument("--runs", default="gloo,fp16,powersgd:1,dense,micro:0.1",
                    help="comma-separated NAME[:DENSITY] (default %(default)s)")
     p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32",
                    help="the spex runs' model type: bf16 trains a bfloat16 MLP through bfloat16 buckets "
