@@ -330,8 +330,8 @@ int main(int argc, char** argv) {
   } else if (op == "union_standin") {
     // Every node's index-only chunk gathered, then the union's values all-reduced (float32, or
     // the half all-reduce's two collectives on ceil(union / P)-value chunks).
-    const size_t most = std::max<size_t>(spex::ChunkBytes(k, false, true) * nodes,
-                                         union_size * 4 + 64ull * nodes);
+    const size_t most =
+        std::max<size_t>(spex::ChunkBytes(k, false, true) * nodes, union_size * 4 + 64ull * nodes);
     send = SEND_BUFFER(most);
     recv = RECV_BUFFER(most);
   } else if (op == "oktopk_standin") {
@@ -510,8 +510,8 @@ int main(int argc, char** argv) {
           b.sent += 2ull * (nodes - 1) * cb;
           b.received += 2ull * (nodes - 1) * cb;
         } else {
-          CheckMpi(MPI_Allreduce(send->p, recv->p, static_cast<int>(union_size), MPI_FLOAT,
-                                 MPI_SUM, MPI_COMM_WORLD),
+          CheckMpi(MPI_Allreduce(send->p, recv->p, static_cast<int>(union_size), MPI_FLOAT, MPI_SUM,
+                                 MPI_COMM_WORLD),
                    "allreduce");
           b.sent += union_size * 4;
           b.received += union_size * 4;
