@@ -419,6 +419,16 @@ int main(int argc, char** argv) {
   Bytes bytes;
   std::vector<int> standin_counts(nodes), standin_displs(nodes);
 
+  // What the engine passes every sparse exchange of the bucket (group 1, the average's scale).
+  auto sparse_args = [&](int step) {
+    spex::SparseExchangeArgs args;
+    args.group_id = 1;
+    args.step = step;
+    args.elements = static_cast<uint32_t>(a.n);
+    args.scale = 1.0f / nodes;
+    args.wire = wire;
+    return args;
+  };
   for (int step = 0; step < a.steps; ++step) {
     Phase ph;
     MPI_Barrier(MPI_COMM_WORLD);
@@ -457,12 +467,7 @@ int main(int argc, char** argv) {
       CheckMpi(MPI_Allgather(s, cb, MPI_BYTE, r, cb, MPI_BYTE, MPI_COMM_WORLD), "allgather");
       b.sent = b.received = 2ull * (nodes - 1) * cb;
     } else if (op == "gather") {
-      spex::SparseExchangeArgs args;
-      args.group_id = 1;
-      args.step = step;
-      args.elements = static_cast<uint32_t>(a.n);
-      args.scale = 1.0f / nodes;
-      args.wire = wire;
+      const spex::SparseExchangeArgs args = sparse_args(step);
       spex::SparseExchangeResult res;
       Check(spex::ExchangeSparseGather(&coll, prims.get(), args, idx, val,
                                        static_cast<float*>(recv->p), &res),
@@ -470,12 +475,7 @@ int main(int argc, char** argv) {
       b.sent = res.bytes_sent;
       b.received = res.bytes_received;
     } else if (op == "union") {
-      spex::SparseExchangeArgs args;
-      args.group_id = 1;
-      args.step = step;
-      args.elements = static_cast<uint32_t>(a.n);
-      args.scale = 1.0f / nodes;
-      args.wire = wire;
+      const spex::SparseExchangeArgs args = sparse_args(step);
       spex::SparseExchangeResult res;
       Check(spex::ExchangeIndexUnion(&coll, prims.get(), args, idx,
                                      static_cast<const float*>(send->p),
@@ -535,12 +535,7 @@ int main(int argc, char** argv) {
       b.sent = mine;
       b.received = total - mine;
     } else if (op == "oktopk") {
-      spex::SparseExchangeArgs args;
-      args.group_id = 1;
-      args.step = step;
-      args.elements = static_cast<uint32_t>(a.n);
-      args.scale = 1.0f / nodes;
-      args.wire = wire;
+      const spex::SparseExchangeArgs args = sparse_args(step);
       spex::OkTopkResult res;
       Check(spex::ExchangeOkTopk(&coll, prims.get(), args, ok_opts, &ok_state, idx, val,
                                  static_cast<float*>(recv->p), &res),

@@ -16,6 +16,7 @@
 #include "kernels/reference/reference_primitives.h"
 #include "kernels/reference_cluster.h"
 #include "tests/support/engine_cluster.h"
+#include "tests/support/reference_oracle.h"
 #include "tests/support/synthetic_gradient.h"
 
 namespace spex::test {
@@ -54,27 +55,10 @@ TEST_P(CompressorEngineTest, EveryTrainerGetsTheOracleResult) {
   spec.name = c.compressor;
   spec.density = density;
   spec.elements = n;
-  auto oracle = ReferenceCluster::Create(spec, N, L, /*error_feedback=*/true, prims.get());
+  auto oracle = RunReferenceCluster(spec, N, L, steps, prims.get(), Value);
   ASSERT_TRUE(oracle.ok()) << oracle.status();
-  std::vector<std::vector<float>> expected(steps, std::vector<float>(n));
-  std::vector<std::vector<double>> expected_norm(steps, std::vector<double>(N));
-  std::vector<std::vector<std::vector<float>>> inputs(
-      N, std::vector<std::vector<float>>(L, std::vector<float>(n)));
-  for (int s = 0; s < steps; ++s) {
-    std::vector<std::vector<const float*>> ptrs(N);
-    for (int r = 0; r < N; ++r) {
-      for (int t = 0; t < L; ++t) {
-        for (size_t i = 0; i < n; ++i) inputs[r][t][i] = Value(r, t, s, i);
-        ptrs[r].push_back(inputs[r][t].data());
-      }
-    }
-    ASSERT_TRUE((*oracle)->Step(s, ptrs, expected[s].data()).ok());
-    for (int r = 0; r < N; ++r) {
-      double sq = 0;
-      for (float x : (*oracle)->residual(r)) sq += static_cast<double>(x) * x;
-      expected_norm[s][r] = std::sqrt(sq);
-    }
-  }
+  const std::vector<std::vector<float>>& expected = oracle->out;
+  const std::vector<std::vector<double>>& expected_norm = oracle->residual_norm;
 
   EngineClusterOptions o;
   o.nodes = N;
