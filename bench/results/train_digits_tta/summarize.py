@@ -30,7 +30,8 @@ def fmt(x, spec):
 
 def main():
     out, md = {}, []
-    for wl in ("mlp", "cnn", "lstm"):
+    # WORKLOAD_quiet_*: the pairs rerun later on the otherwise idle machine.
+    for wl in ("mlp", "cnn", "lstm", "mlp_quiet", "cnn_quiet", "lstm_quiet"):
         invs = [(n, load(f"{wl}_{n}")) for n in ("fwd", "rev")]
         invs = [(n, d) for n, d in invs if d]
         if not invs:
