@@ -419,6 +419,30 @@ int main(int argc, char** argv) {
   Bytes bytes;
   std::vector<int> standin_counts(nodes), standin_displs(nodes);
 
+  // MpiCollective::AllGatherV's two calls: every node's byte count all-gathered as an int, then
+  // the chunks (`mine` bytes of send into recv). Returns the bytes gathered, this node's included.
+  auto allgatherv_standin = [&](int mine) {
+    CheckMpi(MPI_Allgather(&mine, 1, MPI_INT, standin_counts.data(), 1, MPI_INT, MPI_COMM_WORLD),
+             "allgather(counts)");
+    int total = 0;
+    for (int r = 0; r < nodes; ++r) {
+      standin_displs[r] = total;
+      total += standin_counts[r];
+    }
+    CheckMpi(MPI_Allgatherv(send->p, mine, MPI_BYTE, recv->p, standin_counts.data(),
+                            standin_displs.data(), MPI_BYTE, MPI_COMM_WORLD),
+             "allgatherv");
+    return total;
+  };
+  // HalfAllReduceInPlace's two collectives on cb-byte chunks: the all-to-all, then the
+  // all-gather of every owner's chunk. Returns the bytes each node sends (and receives).
+  auto half_allreduce_standin = [&](int cb) {
+    CheckMpi(MPI_Alltoall(send->p, cb, MPI_BYTE, recv->p, cb, MPI_BYTE, MPI_COMM_WORLD),
+             "alltoall");
+    CheckMpi(MPI_Allgather(send->p, cb, MPI_BYTE, recv->p, cb, MPI_BYTE, MPI_COMM_WORLD),
+             "allgather");
+    return 2ull * (nodes - 1) * cb;
+  };
   // What the engine passes every sparse exchange of the bucket (group 1, the average's scale).
   auto sparse_args = [&](int step) {
     spex::SparseExchangeArgs args;
@@ -460,12 +484,7 @@ int main(int argc, char** argv) {
     } else if (op == "dense_half_standin") {
       // HalfAllReduceInPlace's two collectives: an all-to-all of c-value chunks, then the
       // all-gather of every owner's chunk (in place there; separate buffers here).
-      auto* s = static_cast<uint8_t*>(send->p);
-      auto* r = static_cast<uint8_t*>(recv->p);
-      const int cb = static_cast<int>(c * 2);
-      CheckMpi(MPI_Alltoall(s, cb, MPI_BYTE, r, cb, MPI_BYTE, MPI_COMM_WORLD), "alltoall");
-      CheckMpi(MPI_Allgather(s, cb, MPI_BYTE, r, cb, MPI_BYTE, MPI_COMM_WORLD), "allgather");
-      b.sent = b.received = 2ull * (nodes - 1) * cb;
+      b.sent = b.received = half_allreduce_standin(static_cast<int>(c * 2));
     } else if (op == "gather") {
       const spex::SparseExchangeArgs args = sparse_args(step);
       spex::SparseExchangeResult res;
@@ -487,28 +506,15 @@ int main(int argc, char** argv) {
     } else if (op == "union_standin") {
       // ExchangeIndexUnion's MPI calls: AllGatherV of the index-only chunks (count, chunks),
       // then AverageUnionValues' all-reduce of the union's values.
-      int mine = static_cast<int>(spex::ChunkBytes(my_count, false, true));
-      CheckMpi(MPI_Allgather(&mine, 1, MPI_INT, standin_counts.data(), 1, MPI_INT, MPI_COMM_WORLD),
-               "allgather(counts)");
-      int total = 0;
-      for (int r = 0; r < nodes; ++r) {
-        standin_displs[r] = total;
-        total += standin_counts[r];
-      }
-      CheckMpi(MPI_Allgatherv(send->p, mine, MPI_BYTE, recv->p, standin_counts.data(),
-                              standin_displs.data(), MPI_BYTE, MPI_COMM_WORLD),
-               "allgatherv");
+      const int mine = static_cast<int>(spex::ChunkBytes(my_count, false, true));
       b.sent = mine;
-      b.received = total - mine;
+      b.received = allgatherv_standin(mine) - mine;
       if (nodes > 1 && union_size > 0) {
         if (IsHalf(wire)) {
-          const int cb = static_cast<int>((union_size + nodes - 1) / nodes * 2);
-          CheckMpi(MPI_Alltoall(send->p, cb, MPI_BYTE, recv->p, cb, MPI_BYTE, MPI_COMM_WORLD),
-                   "alltoall");
-          CheckMpi(MPI_Allgather(send->p, cb, MPI_BYTE, recv->p, cb, MPI_BYTE, MPI_COMM_WORLD),
-                   "allgather");
-          b.sent += 2ull * (nodes - 1) * cb;
-          b.received += 2ull * (nodes - 1) * cb;
+          const uint64_t half =
+              half_allreduce_standin(static_cast<int>((union_size + nodes - 1) / nodes * 2));
+          b.sent += half;
+          b.received += half;
         } else {
           CheckMpi(MPI_Allreduce(send->p, recv->p, static_cast<int>(union_size), MPI_FLOAT, MPI_SUM,
                                  MPI_COMM_WORLD),
@@ -520,20 +526,9 @@ int main(int argc, char** argv) {
     } else if (op == "gather_standin") {
       // MpiCollective::AllGatherV's two calls with ExchangeSparseGather's chunk sizes: every
       // node's count all-gathered as an int, then the chunks.
-      int mine = static_cast<int>(spex::ChunkBytes(my_count, IsHalf(wire)));
-      CheckMpi(MPI_Allgather(&mine, 1, MPI_INT, standin_counts.data(), 1, MPI_INT, MPI_COMM_WORLD),
-               "allgather(counts)");
-      int total = 0;
-      for (int r = 0; r < nodes; ++r) {
-        standin_displs[r] = total;
-        total += standin_counts[r];
-      }
-      auto* all = static_cast<uint8_t*>(recv->p);
-      CheckMpi(MPI_Allgatherv(send->p, mine, MPI_BYTE, all, standin_counts.data(),
-                              standin_displs.data(), MPI_BYTE, MPI_COMM_WORLD),
-               "allgatherv");
+      const int mine = static_cast<int>(spex::ChunkBytes(my_count, IsHalf(wire)));
       b.sent = mine;
-      b.received = total - mine;
+      b.received = allgatherv_standin(mine) - mine;
     } else if (op == "oktopk") {
       const spex::SparseExchangeArgs args = sparse_args(step);
       spex::OkTopkResult res;
