@@ -104,6 +104,15 @@ float IntegerValue(int node, int trainer, uint64_t bucket, uint64_t step, size_t
   return IntegerGradient({node, trainer, bucket, step, i});
 }
 
+// The backend's cluster options with every bucket sparse however small: no dense fallback
+// probe, no minimum size.
+EngineClusterOptions AlwaysSparse(EngineBackendWorld& world, int trainers) {
+  EngineClusterOptions o = world.Options(trainers);
+  o.engine.dense_fallback = DenseFallback::kOff;
+  o.engine.min_sparse_elements = 0;
+  return o;
+}
+
 // Roughly Gaussian, with a per-position scale every node shares, so that thresholds see
 // structure that persists across steps (as compressor_engine_test).
 float GaussianValue(int node, int trainer, uint64_t step, size_t i) {
@@ -188,9 +197,7 @@ TEST_P(EngineConformance, SparseBucketsMatchTheReferenceCluster) {
     ASSERT_TRUE(oracle.ok()) << oracle.status();
 
     EngineBackendWorld world(backend(), N);
-    EngineClusterOptions o = world.Options(L);
-    o.engine.dense_fallback = DenseFallback::kOff;
-    o.engine.min_sparse_elements = 0;
+    EngineClusterOptions o = AlwaysSparse(world, L);
     o.engine.residual_norm_every = 1;
     EngineCluster cluster(o);
     ASSERT_TRUE(cluster.status().ok()) << cluster.status();
@@ -209,9 +216,7 @@ TEST_P(EngineConformance, ErrorFeedbackDeliversEveryValueOnceTheResidualDrains) 
   const int N = 2, L = 2, input_steps = 3, steps = input_steps + 22;
   const size_t n = 600;
   EngineBackendWorld world(backend(), N);
-  EngineClusterOptions o = world.Options(L);
-  o.engine.dense_fallback = DenseFallback::kOff;
-  o.engine.min_sparse_elements = 0;
+  EngineClusterOptions o = AlwaysSparse(world, L);
   o.engine.residual_norm_every = 1;
   EngineCluster cluster(o);
   ASSERT_TRUE(cluster.status().ok()) << cluster.status();
@@ -317,9 +322,7 @@ TEST_P(EngineConformance, ANonFiniteInputFailsTheStepEverywhereNamingTheTrainer)
     const size_t sizes[2] = {20011, 4099};
     const std::string compressors[2] = {"topk", "dense"};
     EngineBackendWorld world(backend(), N);
-    EngineClusterOptions o = world.Options(L);
-    o.engine.dense_fallback = DenseFallback::kOff;
-    o.engine.min_sparse_elements = 0;
+    EngineClusterOptions o = AlwaysSparse(world, L);
     o.engine.nonfinite = NonfinitePolicy::kError;
     EngineCluster cluster(o);
     ASSERT_TRUE(cluster.status().ok()) << cluster.status();
@@ -446,9 +449,7 @@ Job RunJob(EngineBackend backend, const std::string& compressor, int first, int 
   job.saved.assign(kNodes, "");
   job.errors.assign(kNodes, "");
   EngineBackendWorld world(backend, kNodes);
-  EngineClusterOptions o = world.Options(1);
-  o.engine.dense_fallback = DenseFallback::kOff;
-  o.engine.min_sparse_elements = 0;
+  EngineClusterOptions o = AlwaysSparse(world, 1);
   EngineCluster cluster(o);
   if (!cluster.status().ok()) {
     job.errors[0] = cluster.status().ToString();
