@@ -342,6 +342,7 @@ class VirtualJob:
             start = max(2, total_steps // 10)
             # one DDP bucket (the main job's --powersgd-buckets one), in the rebuilt order
             psgd = VirtualPowerSGD([shapes[i] for i in order], spec["powersgd_rank"], start, P)
+        from mainjob.runs import accordion_epoch  # the main job's Accordion rule (/aF)
         delta = [torch.zeros_like(p) for p in params] if adapt else None
         delta_norms, adaptive = [], []
         acc_steps, t_compute, t_exchange = [], 0.0, 0.0
@@ -355,14 +356,11 @@ class VirtualJob:
                     delta_norms.append(float(sum(float(d.pow(2).sum()) for d in delta)) ** 0.5)
                     for d in delta:
                         d.zero_()
-                nn_ = delta_norms
-                change = abs(nn_[-1] - nn_[-2]) / nn_[-2] if len(nn_) >= 2 and nn_[-2] > 0 else None
-                critical = change is None or change >= 0.5
-                cur_density = min(1.0, density * adapt) if critical else density
+                rule = accordion_epoch(delta_norms, density, adapt)
+                cur_density = rule["density"]
                 for c in (clusters or []):
                     c.set_density(cur_density)
-                adaptive.append({"epoch": epoch, "critical": critical, "norm_change": change,
-                                 "density": cur_density})
+                adaptive.append({"epoch": epoch, **rule})
             perm = torch.randperm(self.n_train, generator=torch.Generator().manual_seed(cfg["seed"] * 100003 + epoch))
             shards = [perm[w::P] for w in range(P)]
             for s in range(self.steps_per_epoch):

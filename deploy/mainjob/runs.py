@@ -15,6 +15,18 @@ def is_peer(run: Dict[str, Any]) -> bool:
     return run["compressor"] in PEERS
 
 
+def accordion_epoch(norms: List[float], density: float, factor: float) -> Dict[str, Any]:
+    """Accordion's rule (Agarwal et al., 2021) for the next epoch of an /aF run, from the norms of
+    the accumulated update of the epochs so far: the epoch is critical when the last norm changed
+    by eta = 0.5 or more (relative) from the one before, or when there are not two yet; a critical
+    epoch runs at F times the density (at most 1), the others at the density. Returns
+    {"critical", "norm_change", "density"}."""
+    change = abs(norms[-1] - norms[-2]) / norms[-2] if len(norms) >= 2 and norms[-2] > 0 else None
+    critical = change is None or change >= 0.5
+    return {"critical": critical, "norm_change": change,
+            "density": min(1.0, density * factor) if critical else density}
+
+
 def parse_modifiers(item: str, name: str, mods: List[str]):
     """(warm-up epochs as text, adaptive factor as text, flags) of a run's /MOD list; exits naming
     a bad one."""

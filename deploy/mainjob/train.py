@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Optional
 from mainjob import hooks
 from mainjob.models import WORKLOADS
 from mainjob.procs import cpu_seconds
-from mainjob.runs import is_peer
+from mainjob.runs import accordion_epoch, is_peer
 
 
 def params_digest(model) -> str:
@@ -231,21 +231,15 @@ class Run:
             d.add_(p.grad.float())
 
     def adaptive_density(self, epoch: int) -> None:
-        """Accordion's rule (Agarwal et al., 2021) per epoch: the epoch is critical when the norm
-        of the accumulated update changed by eta = 0.5 or more (relative) over the last two
-        epochs, or when there are not two yet; a critical epoch runs at F times the density
-        (at most 1), the others at the density. Rank 0 sets it; every daemon switches at the same
-        step."""
+        """Accordion's rule per epoch (mainjob.runs.accordion_epoch) over the accumulated
+        update's norms. Rank 0 sets it; every daemon switches at the same step."""
         if self.delta is not None:
             self.delta_norms.append(float(sum(float(d.pow(2).sum()) for d in self.delta)) ** 0.5)
             for d in self.delta:
                 d.zero_()
-        n = self.delta_norms
-        change = abs(n[-1] - n[-2]) / n[-2] if len(n) >= 2 and n[-2] > 0 else None
-        critical = change is None or change >= 0.5
-        density = min(1.0, self.run["density"] * self.run["adaptive_factor"]) if critical else self.run["density"]
-        self.spex_state.set_density(density)
-        self.adaptive.append({"epoch": epoch, "critical": critical, "norm_change": change, "density": density})
+        rule = accordion_epoch(self.delta_norms, self.run["density"], self.run["adaptive_factor"])
+        self.spex_state.set_density(rule["density"])
+        self.adaptive.append({"epoch": epoch, **rule})
 
     def train_epoch(self, epoch: int, t_run: float) -> None:
         import torch
