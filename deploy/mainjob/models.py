@@ -39,11 +39,18 @@ class Workload:
     def inputs(self, x):
         return x
 
+    def eval_sums(self, model, xte, yte, cfg: Dict[str, Any], dtype) -> Tuple[int, int, Optional[float]]:
+        """(correct predictions, predictions, summed negative log-likelihood or None) over the
+        held-out entries given: sums, so ranks can each take a share and add theirs up."""
+        correct = int((model(self.inputs(xte).to(dtype)).float().argmax(1) == yte).sum())
+        return correct, len(xte), None
+
     def evaluate(self, model, data, cfg: Dict[str, Any], dtype) -> Tuple[float, Optional[float]]:
-        """(test accuracy %, test perplexity or None)."""
-        xte, yte = data[2], data[3]
-        acc = (model(self.inputs(xte).to(dtype)).float().argmax(1) == yte).float().mean().item() * 100
-        return acc, None
+        """(test accuracy %, test perplexity or None) over all the held-out entries."""
+        import math
+
+        correct, count, nll = self.eval_sums(model, data[2], data[3], cfg, dtype)
+        return 100.0 * correct / count, (math.exp(nll / count) if nll is not None else None)
 
     def steps_per_epoch(self, n_train: int, world: int, cfg: Dict[str, Any]) -> int:
         steps = n_train // (world * cfg["batch"])
@@ -106,15 +113,15 @@ class FortunesLSTM(Workload):
         seq = data[0][idx]
         return torch.nn.functional.cross_entropy(ddp(seq[:, :-1]).reshape(-1, cfg["vocab"]), seq[:, 1:].reshape(-1))
 
-    def evaluate(self, model, data, cfg, dtype):
-        """Perplexity and next-word accuracy on the held-out entries."""
+    def eval_sums(self, model, xte, yte, cfg, dtype):
+        """Next-word predictions right, predictions, and their summed negative log-likelihood
+        (perplexity = exp(nll / predictions))."""
         import torch
 
-        xte = data[2]
         logits = model(xte[:, :-1]).reshape(-1, cfg["vocab"])
         target = xte[:, 1:].reshape(-1)
-        ppl = float(torch.exp(torch.nn.functional.cross_entropy(logits, target)))
-        return (logits.argmax(1) == target).float().mean().item() * 100, ppl
+        nll = float(torch.nn.functional.cross_entropy(logits, target, reduction="sum"))
+        return int((logits.argmax(1) == target).sum()), target.numel(), nll
 
     def describe(self, args):
         v = args.vocab
