@@ -48,6 +48,9 @@ struct Args {
   uint64_t psgd[3] = {0, 0, 0};  // powersgd: uncompressed, P and Q floats
   std::string indices;           // an index file (bench/scale/record_selections.py resample)
   int a2a_flows = 0;             // oktopk_standin: see LinearAllToAllV (0: MPI_Alltoallv)
+  // The sparse chunks' indices (daemon/engine/wire.h): u32 (the default here, as the cost model
+  // counts them: 4 bytes an index) or delta (spexd's default, --wire_index_encoding).
+  std::string index_encoding = "u32";
 };
 
 void Die(const char* what) {
@@ -82,13 +85,15 @@ Args Parse(int argc, char** argv) {
       a.a2a_flows = std::atoi(v);
     } else if (const char* v = val("--indices=")) {
       a.indices = v;
+    } else if (const char* v = val("--index_encoding=")) {
+      a.index_encoding = v;
     } else if (const char* v = val("--psgd=")) {
       if (std::sscanf(v, "%lu,%lu,%lu", &a.psgd[0], &a.psgd[1], &a.psgd[2]) != 3)
         Die("--psgd= takes three float counts: uncompressed,P,Q");
     } else {
       std::fprintf(stderr, "scale_harness: unknown argument %s\n", argv[i]);
       Die("arguments: --op= --n= --density= --steps= --wire= --control= --seed= --psgd= "
-          "--indices= --a2a_flows=");
+          "--indices= --a2a_flows= --index_encoding=");
     }
   }
   if (a.n == 0 || a.n > 0xffffffffull) Die("--n must be 1 .. 2^32-1 elements");
@@ -96,6 +101,10 @@ Args Parse(int argc, char** argv) {
   if (a.steps < 1) Die("--steps must be >= 1");
   if (a.wire != "float32" && a.wire != "bfloat16" && a.wire != "float16")
     Die("--wire must be float32, bfloat16 or float16");
+  if (a.index_encoding != "u32" && a.index_encoding != "delta")
+    Die("--index_encoding must be u32 or delta");
+  if (a.index_encoding == "delta" && a.op == "oktopk_standin")
+    Die("--op=oktopk_standin counts uint32 indices only (--index_encoding=u32)");
   return a;
 }
 
@@ -291,6 +300,13 @@ int main(int argc, char** argv) {
     if (!a.indices.empty()) my_count = FileSelection(a, rank, nodes).size();
     if (my_count > k) Die("--indices: a node selected more than density x n entries");
   }
+  // The bytes of this node's index section as the real code writes it (wire.h: 4 an index, or
+  // the delta form where it is smaller), for the stand-ins' chunks.
+  const spex::IndexEncoding ienc =
+      a.index_encoding == "delta" ? spex::IndexEncoding::kDelta : spex::IndexEncoding::kU32;
+  uint64_t my_idx_bytes = 4 * my_count;
+  if (ienc == spex::IndexEncoding::kDelta && (op == "union_standin" || op == "gather_standin"))
+    my_idx_bytes = spex::IndexSectionBytes(Selection(a, k, rank, nodes), ienc);
   if (op == "union_standin") {
     // Rank 0 counts the union (a bitmap of n bits over every node's selection) and tells the
     // others, before the timed steps.
@@ -451,6 +467,7 @@ int main(int argc, char** argv) {
     args.elements = static_cast<uint32_t>(a.n);
     args.scale = 1.0f / nodes;
     args.wire = wire;
+    args.index_encoding = ienc;
     return args;
   };
   for (int step = 0; step < a.steps; ++step) {
@@ -506,7 +523,7 @@ int main(int argc, char** argv) {
     } else if (op == "union_standin") {
       // ExchangeIndexUnion's MPI calls: AllGatherV of the index-only chunks (count, chunks),
       // then AverageUnionValues' all-reduce of the union's values.
-      const int mine = static_cast<int>(spex::ChunkBytes(my_count, false, true));
+      const int mine = static_cast<int>(sizeof(spex::ChunkHeader) + my_idx_bytes);
       b.sent = mine;
       b.received = allgatherv_standin(mine) - mine;
       if (nodes > 1 && union_size > 0) {
@@ -526,7 +543,8 @@ int main(int argc, char** argv) {
     } else if (op == "gather_standin") {
       // MpiCollective::AllGatherV's two calls with ExchangeSparseGather's chunk sizes: every
       // node's count all-gathered as an int, then the chunks.
-      const int mine = static_cast<int>(spex::ChunkBytes(my_count, IsHalf(wire)));
+      const int mine = static_cast<int>(sizeof(spex::ChunkHeader) + my_idx_bytes +
+                                        my_count * (IsHalf(wire) ? 2 : 4));
       b.sent = mine;
       b.received = allgatherv_standin(mine) - mine;
     } else if (op == "oktopk") {

@@ -10,6 +10,9 @@
 // all-reduces, Rabenseifner for large ones, the ring all-gather, a linear or pairwise
 // all-to-all(v). A message costs latency + bytes / rate on a full-duplex, non-blocking network
 // (no oversubscription, no contention beyond the node's link).
+// Sparse chunks are counted with 4-byte (uint32) indices: spexd's default delta form
+// (--wire_index_encoding, wire.h) sends about 1 to 2 bytes an index, so the model overstates
+// the all-gather's and Ok-Topk's bytes (pattern B: 8k per node counted where about 5k to 6k go).
 //
 // spexd decides from it: --dense_fallback=auto and --sparse_allreduce=auto under
 // --auto_decide=model (exchange_choice.h) take the model's pick for the measured link at a

@@ -231,7 +231,7 @@ absl::Status SendToOwners(Collective* coll, const SparseExchangeArgs& args,
   r->values_sent = wire;
   for (int q = 0; q < n; ++q) {
     EncodeChunk(args.group_id, args.step, args.elements, part_idx[q], part_val[q], wire,
-                args.scalars, &send[q]);
+                args.scalars, &send[q], args.index_encoding);
     if (q != me) r->bytes_sent += send[q].size();
   }
   if (absl::Status s = coll->AllToAllV(send, recv); !s.ok()) return s;
@@ -372,7 +372,7 @@ absl::Status GatherKept(Collective* coll, const SparseExchangeArgs& args,
   const int n = coll->size();
   std::vector<uint8_t> reduced;
   EncodeChunk(args.group_id, args.step, args.elements, sel.idx, sel.val, /*fp16=*/false,
-              args.scalars, &reduced);
+              args.scalars, &reduced, args.index_encoding);
   std::vector<size_t> bytes;
   if (absl::Status s = coll->AllGatherV(reduced.data(), reduced.size(), &bytes, all); !s.ok()) {
     return s;

@@ -95,7 +95,8 @@ absl::Status ExchangeIndexUnion(Collective* coll, Primitives* prims, const Spars
   const int n = coll->size();
   // Indices travel in an index-only wire chunk, validated by the receiver.
   std::vector<uint8_t> mine;
-  EncodeIndexChunk(args.group_id, args.step, args.elements, my_idx, args.scalars, &mine);
+  EncodeIndexChunk(args.group_id, args.step, args.elements, my_idx, args.scalars, &mine,
+                   args.index_encoding);
   std::vector<size_t> bytes;
   std::vector<uint8_t> all;
   if (absl::Status s = coll->AllGatherV(mine.data(), mine.size(), &bytes, &all); !s.ok()) return s;
@@ -167,7 +168,7 @@ absl::Status ExchangeSparseGather(Collective* coll, Primitives* prims,
   const DType asked = IsHalf(args.wire) ? args.wire : args.fp16 ? DType::kFloat16 : DType::kFloat32;
   res->values_sent = ValuesWire(asked, my_val);
   EncodeChunk(args.group_id, args.step, args.elements, my_idx, my_val, res->values_sent,
-              args.scalars, &mine);
+              args.scalars, &mine, args.index_encoding);
   std::vector<size_t> bytes;
   std::vector<uint8_t> all;
   if (absl::Status s = coll->AllGatherV(mine.data(), mine.size(), &bytes, &all); !s.ok()) return s;

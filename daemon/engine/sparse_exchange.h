@@ -29,6 +29,7 @@
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
+#include "daemon/engine/wire.h"
 #include "daemon/transport/collective.h"
 #include "kernels/half.h"
 #include "kernels/primitives.h"
@@ -57,6 +58,7 @@ struct SparseExchangeArgs {
   // A's values at the union are summed by HalfAllReduceScaled. float32: as fp16 says.
   DType wire = DType::kFloat32;
   float scalars[4] = {};
+  IndexEncoding index_encoding = IndexEncoding::kDelta;  // the chunks' indices (wire.h)
 };
 
 // Where acc and out live when they are device memory: the device's primitives and scratch of

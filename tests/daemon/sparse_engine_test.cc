@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "daemon/engine/engine.h"
+#include "daemon/engine/wire.h"
 #include "gtest/gtest.h"
 #include "kernels/compressor.h"
 #include "kernels/reference/reference_primitives.h"
@@ -362,8 +363,17 @@ TEST(SparseEngineTest, AMalformedPeerChunkIsRejected) {
   ExpectPeerRejected(
       "test_topk",
       [](std::vector<uint8_t>* chunk) {
-        uint32_t out = 1000;  // first index, just outside the bucket
-        std::memcpy(chunk->data() + 48, &out, 4);
+        // Re-encoded with uint32 indices (receivers take either form, daemon/engine/wire.h),
+        // the first index just outside the bucket.
+        ChunkHeader h;
+        std::memcpy(&h, chunk->data(), sizeof(h));
+        auto d = DecodeChunk(chunk->data(), chunk->size(), h.group_id, h.step, h.elements, 1);
+        ASSERT_TRUE(d.ok()) << d.status();
+        std::vector<uint32_t> idx(d->idx, d->idx + h.count);
+        idx[0] = 1000;
+        chunk->clear();
+        EncodeChunk(h.group_id, h.step, h.elements, idx, d->values, /*fp16=*/false, h.scalars,
+                    chunk, IndexEncoding::kU32);
       },
       "index 1000");
   ExpectPeerRejected(

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "client/client.h"
@@ -55,6 +56,34 @@ TEST(WireFuzzRegression, EmptyIndexChunkInput) {
   std::vector<uint8_t> again;
   EncodeIndexChunk(0, 0, 0, {}, d->header.scalars, &again);
   EXPECT_EQ(again, in);
+}
+
+// wire_fuzz, the delta index form (kChunkDeltaIdx): a 52-byte chunk claiming 2^32 - 16 entries
+// in a 4-byte section must be refused before the decoder sizes its index copy by the count (16
+// GiB from a peer's few bytes); so must a length word past the bytes (ChunkLength's sum must not
+// wrap) and one that is all ones.
+TEST(WireFuzzRegression, DeltaChunkCountsAndLengthsAreCheckedBeforeUse) {
+  auto chunk = [](uint32_t count, uint32_t len, size_t section_bytes) {
+    ChunkHeader h{};
+    h.magic = kChunkMagic;
+    h.version = kChunkVersion;
+    h.flags = kChunkIndexOnly | kChunkDeltaIdx;
+    h.count = count;
+    h.elements = 0xffffffffu;
+    std::vector<uint8_t> b(sizeof(h) + 4 + section_bytes, 0);
+    std::memcpy(b.data(), &h, sizeof(h));
+    std::memcpy(b.data() + sizeof(h), &len, 4);
+    return b;
+  };
+  auto huge = chunk(0xfffffff0u, 4, 4);
+  auto d = DecodeIndexChunk(huge.data(), huge.size(), 0, 0, 0xffffffffu, 1);
+  ASSERT_FALSE(d.ok());
+  EXPECT_NE(d.status().message().find("cannot fit"), std::string::npos) << d.status();
+  for (uint32_t len : {8u, 0xfffffffcu, 0xffffffffu}) {
+    auto b = chunk(2, len, 4);
+    EXPECT_GT(ChunkLength(b.data(), b.size()), b.size()) << len;
+    EXPECT_FALSE(DecodeIndexChunk(b.data(), b.size(), 0, 0, 0xffffffffu, 1).ok()) << len;
+  }
 }
 
 // compressor_fuzz, regressions/compressor_fuzz/deft_nan: an infinite gradient makes a unit's

@@ -11,7 +11,8 @@ on a star of 10 Gbit/s links with the network model's factors off:
     all-gather and Ok-Topk exchanges with their control round and commit vote at 2 us per link,
     and picks the simulation's fastest;
   - selections read from an index file (--indices, record_selections.py's format) with a planted
-    skewed, overlapping set at 4 nodes: pattern A's union and bytes, the all-gather's bytes, and
+    skewed, overlapping set at 4 nodes: pattern A's union and bytes, the all-gather's bytes (also
+    with the delta index form, --index_encoding=delta: the stand-ins' bytes the real code's), and
     Ok-Topk's rebalanced regions and kept entries per owner in its stand-in, as computed by hand.
 Builds the harness with smpicxx from the test's own copy of the sources (about 20 s on 2 cores).
 """
@@ -55,6 +56,15 @@ def planted(out, tmp):
     g = spex_scale.simulate(op="gather", **kw)
     check(g["selected"] == 100 and g["bytes_received"] == 3 * chunk_pairs,
           f"planted gather: {g['selected']} selected, {g['bytes_received']} bytes received == {3 * chunk_pairs}")
+    # The delta index form (--index_encoding=delta, spexd's default --wire_index_encoding): the
+    # stand-ins count the real code's bytes, fewer than with uint32 indices.
+    kd = dict(kw, harness_args=["--index_encoding=delta"])
+    for real, standin, u32_sent in (("union", "union_standin", chunk_idx + 1000),
+                                    ("gather", "gather_standin", chunk_pairs)):
+        r, s = spex_scale.simulate(op=real, **kd), spex_scale.simulate(op=standin, **kd)
+        for key in ("bytes_sent", "bytes_received", "max_bytes_sent", "max_bytes_received"):
+            check(r[key] == s[key], f"planted delta {standin} {key} {s[key]} == real code's {r[key]}")
+        check(r["bytes_sent"] < u32_sent, f"planted delta {real}: {r['bytes_sent']} bytes sent < {u32_sent}")
     u = spex_scale.simulate(op="union", **dict(kw, indices=None))
     # One position per stratum of 10 on each node: about 10 (1 - 0.9^4) = 3.4 distinct a stratum.
     check(u["indices"] == "uniform" and 300 < u["union"] <= 400,
