@@ -116,7 +116,11 @@ ABSL_FLAG(int64_t, max_daemon_bytes, 0,
           "--max_*_bytes limits count memory on every one of them: a trainer's buffer on a GPU "
           "other than the first counts too.");
 ABSL_FLAG(int, max_buckets_per_session, 4096, "Most buckets one trainer may register.");
-ABSL_FLAG(bool, fp16_values, false, "Send pattern-B values as float16 (indices stay uint32).");
+ABSL_FLAG(bool, fp16_values, false,
+          "A float32 bucket's sparse values travel as float16 (indices stay uint32): pattern B's "
+          "and Ok-Topk's pairs, and pattern A's values at the union (summed in float32, the "
+          "average rounded once); error feedback keeps what rounding took off. A value past "
+          "float16's range goes as float32 (docs/dtypes.md). Alone and in merge groups alike.");
 ABSL_FLAG(spex::SparseAllreduce, sparse_allreduce, spex::SparseAllreduce::kAllGather,
           "How pattern-B buckets (topk, gtopk, randomk, dgc, gaussiank, redsync, redsync_trim, "
           "sidco_*, sage) sum their selections: allgather (every node receives every node's "

@@ -93,7 +93,7 @@ struct EngineOptions {
   AutoDecide auto_decide = AutoDecide::kProbe;
   double link_gbps = 0;        // --link_gbps: the link's rate for the model; 0: measured
   double link_latency_us = 5;  // --link_latency_us: one message's latency, with link_gbps > 0
-  bool fp16_values = false;    // pattern B values as float16 on the wire
+  bool fp16_values = false;    // sparse values of float32 buckets as float16 (A, B, Ok-Topk)
   SparseAllreduce sparse_allreduce = SparseAllreduce::kAllGather;  // pattern B's exchange
   OkTopkSelect oktopk_global = OkTopkSelect::kTopk;                // --oktopk_global
   int oktopk_recompute_every = 32;  // exact global top-k every this many exchanges (tau_g)

@@ -97,6 +97,7 @@ void ExchangeGroup(const StepEnv& env, BehindGroup* g, uint64_t step, absl::Stat
   args.elements = static_cast<uint32_t>(n);
   args.scale = 1.0f / static_cast<float>(env.coll->size() * env.local_trainers);
   args.fp16 = env.fp16_values;
+  args.wire = env.fp16_values ? DType::kFloat16 : DType::kFloat32;  // A's values at the union too
   std::memcpy(args.scalars, sel.scalars, sizeof(args.scalars));
   Keep(s, st.compressor->pattern() == Pattern::kIndexUnion
               ? ExchangeIndexUnion(env.coll, env.host_prims, args, sel.idx, g->acc.data(),
@@ -106,14 +107,22 @@ void ExchangeGroup(const StepEnv& env, BehindGroup* g, uint64_t step, absl::Stat
 }
 
 // The residual after the exchange (zeroed at the whole union for A: all of it was sent; all of
-// it without error feedback) and the compressor's Update on the gathered counts.
+// it without error feedback; where the values went out as float16, --fp16_values, what rounding
+// took off stays, as in SparseStep) and the compressor's Update on the gathered counts.
 void UpdateGroup(const StepEnv& env, BehindGroup* g, uint64_t step, absl::Status* s,
                  SparseExchangeResult* res) {
   SparseState& st = g->sparse;
   const size_t n = g->elements;
-  if (s->ok() && st.compressor->pattern() == Pattern::kIndexUnion) {
+  const bool rounded = env.error_feedback && IsHalf(res->values_sent);
+  if (s->ok() && st.compressor->pattern() == Pattern::kIndexUnion && rounded) {
+    half::KeepRounding(res->values_sent, g->acc.data(), res->gathered_idx.data(), nullptr,
+                       res->gathered_idx.size());
+  } else if (s->ok() && st.compressor->pattern() == Pattern::kIndexUnion) {
     Keep(s, env.host_prims->ZeroAt(g->acc.data(), n, res->gathered_idx.data(),
                                    res->gathered_idx.size()));
+  } else if (s->ok() && rounded) {  // B: the selection zeroed acc there
+    half::KeepRounding(res->values_sent, g->acc.data(), st.sel.idx.data(), st.sel.val.data(),
+                       st.sel.idx.size());
   }
   if (s->ok() && !env.error_feedback) Keep(s, env.host_prims->Fill(g->acc.data(), 0.0f, n));
   if (s->ok()) {

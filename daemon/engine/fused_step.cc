@@ -4,10 +4,12 @@
 #include "daemon/engine/fused_step.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "daemon/engine/half_exchange.h"
 #include "daemon/engine/sparse_exchange.h"
 #include "daemon/engine/wire.h"
 #include "proto/contract/futex.h"
@@ -29,6 +31,9 @@ struct Member {
   std::vector<uint32_t> touched;
   uint64_t bytes_sent = 0;
   uint64_t bytes_received = 0;
+  // A, B: the type this node's values went out as (float16 under --fp16_values where they
+  // fit: FinishSparse then keeps the rounding in the residual, as SparseStep does).
+  DType values_sent = DType::kFloat32;
 };
 
 void Keep(absl::Status* s, absl::Status x) {
@@ -56,7 +61,7 @@ absl::Status SplitAndDecode(const uint8_t* data, size_t bytes, int peer, uint64_
                        " bytes end before the chunk of member ", j, " (bucket ", b.id, ")"));
     }
     std::memcpy(&h, data + off, sizeof(h));
-    const size_t len = ChunkBytes(h.count, (h.flags & kChunkFp16) != 0, index_only);
+    const size_t len = ChunkLength(data + off, bytes - off);  // the delta form's length word too
     if (len > bytes - off) {
       return absl::DataLossError(absl::StrCat("malformed fused message from node ", peer,
                                               " at step ", step, ": the chunk of member ", j,
@@ -107,9 +112,7 @@ bool GatherChunks(const StepEnv& env, uint64_t step, bool index_only,
       const DecodedChunk& c = m.in[r];
       m.counts[r] = c.header.count;
       m.gathered_idx.insert(m.gathered_idx.end(), c.idx, c.idx + c.header.count);
-      if (r != me)
-        m.bytes_received +=
-            ChunkBytes(c.header.count, (c.header.flags & kChunkFp16) != 0, index_only);
+      if (r != me) m.bytes_received += c.bytes;
     }
   }
   return true;
@@ -268,27 +271,82 @@ void IndexUnionSubExchange(const StepEnv& env, uint64_t step, const std::vector<
       }
     }
   }
-  if (N > 1 && total > 0) {
+  const float scale = 1.0f / static_cast<float>(N * env.local_trainers);
+  // --fp16_values: each member's values as SparseStep's AverageUnionValues sends them (float16,
+  // float32 sums in rank order, the average rounded once: element by element the same as alone);
+  // a member whose average is not finite goes again as float32, scaled first, as alone.
+  std::vector<char> scaled(a.size(), 0);
+  if (env.fp16_values && N > 1 && total > 0) {
+    std::vector<float> avg(total);
+    HalfAllReduceBytes hb;
+    absl::Status s =
+        HalfAllReduceScaled(env.coll, DType::kFloat16, vals.data(), avg.data(), total, scale, &hb);
+    if (!s.ok()) {
+      for (Member* m : a) Keep(&m->s, s);
+      return;
+    }
+    std::vector<float> again;  // the members whose average did not fit, back to back
+    for (size_t j = 0; j < a.size(); ++j) {
+      Member* m = a[j];
+      const size_t u = m->union_idx.size();
+      float* v = vals.data() + m->offset;
+      const float* w = avg.data() + m->offset;
+      if (u > 0) {  // what HalfAllReduceScaled of this member alone would have moved
+        const uint64_t half_bytes = 4ull * (N - 1) * ((u + N - 1) / N);
+        m->bytes_sent += half_bytes;
+        m->bytes_received += half_bytes;
+      }
+      if (std::all_of(w, w + u, [](float x) { return std::isfinite(x); })) {
+        std::copy(w, w + u, v);
+        m->values_sent = DType::kFloat16;
+      } else {
+        host->Scale(v, scale, u);
+        again.insert(again.end(), v, v + u);
+      }
+      scaled[j] = 1;
+    }
+    if (!again.empty()) {
+      s = env.coll->AllReduce(again.data(), again.size(), ElemType::kFloat32, ReduceOp::kSum);
+      if (!s.ok()) {
+        for (Member* m : a) Keep(&m->s, s);
+        return;
+      }
+      size_t off = 0;
+      for (Member* m : a) {
+        if (m->values_sent == DType::kFloat16) continue;
+        const size_t u = m->union_idx.size();
+        std::copy(again.data() + off, again.data() + off + u, vals.data() + m->offset);
+        off += u;
+        if (u > 0) {
+          m->bytes_sent += u * 4;
+          m->bytes_received += u * 4;
+        }
+      }
+    }
+  } else if (N > 1 && total > 0) {
     absl::Status s = env.coll->AllReduce(vals.data(), total, ElemType::kFloat32, ReduceOp::kSum);
     if (!s.ok()) {
       for (Member* m : a) Keep(&m->s, s);
       return;
     }
+    for (Member* m : a) {
+      const size_t u = m->union_idx.size();
+      if (u > 0) {
+        m->bytes_sent += u * 4;
+        m->bytes_received += u * 4;
+      }
+    }
   }
   lap(Phase::kCollective);
-  const float scale = 1.0f / static_cast<float>(N * env.local_trainers);
-  for (Member* m : a) {
+  for (size_t j = 0; j < a.size(); ++j) {
+    Member* m = a[j];
     const BucketData& b = *m->item->data;
     const size_t u = m->union_idx.size();
-    if (N > 1 && u > 0) {
-      m->bytes_sent += u * 4;
-      m->bytes_received += u * 4;
-    }
     m->gathered_idx = m->union_idx;
     if (!m->s.ok()) continue;
     float* v = vals.data() + m->offset;
     // out is zero at every position of the union (zeroed in LocalSparse), so adding writes it.
-    host->Scale(v, scale, u);
+    if (!scaled[j]) host->Scale(v, scale, u);
     Keep(&m->s, host->ScatterAdd(b.output, b.elements, m->union_idx.data(), v, u));
     m->touched = m->union_idx;
   }
@@ -302,7 +360,8 @@ void SparseGatherSubExchange(const StepEnv& env, uint64_t step, const std::vecto
   for (Member* m : bm) {
     const BucketData& b = *m->item->data;
     const Selection& sel = m->item->sparse->sel;
-    EncodeChunk(b.id, step, static_cast<uint32_t>(b.elements), sel.idx, sel.val, env.fp16_values,
+    m->values_sent = ValuesWire(env.fp16_values ? DType::kFloat16 : DType::kFloat32, sel.val);
+    EncodeChunk(b.id, step, static_cast<uint32_t>(b.elements), sel.idx, sel.val, m->values_sent,
                 sel.scalars, &scratch->send);
     ends.push_back(scratch->send.size());
   }
@@ -325,7 +384,15 @@ void SparseGatherSubExchange(const StepEnv& env, uint64_t step, const std::vecto
 // After the sparse sub-exchanges: SparseStep's residual update, Update and record. The member's
 // status holds the item's incoming status (its first failure), so it replaces it.
 void FinishSparse(const StepEnv& env, Member& m, const Lap& lap) {
+  // B's values went out rounded to float16 (--fp16_values, where they fit): what rounding took
+  // off stays in the residual, which the selection zeroed there (as SparseStep does).
+  const Selection& sel = m.item->sparse->sel;
+  if (m.kind == MergeKind::kPatternB && m.s.ok() && env.error_feedback && IsHalf(m.values_sent)) {
+    half::KeepRounding(m.values_sent, m.item->data->acc, sel.idx.data(), sel.val.data(),
+                       sel.idx.size());
+  }
   SparseExchangeResult res;
+  res.values_sent = m.kind == MergeKind::kPatternA ? m.values_sent : DType::kFloat32;
   res.touched = std::move(m.touched);
   res.counts = std::move(m.counts);
   res.gathered_idx = std::move(m.gathered_idx);

@@ -35,10 +35,10 @@ absl::Status AddAtOnDevice(const StepEnv& env, const BucketData& b,
                             static_cast<uint32_t>(b.elements), idx, add, runs);
 }
 
-// Pattern A with a half wire on the device path: acc[u] -= round(acc[u]) at the union u, as
-// FinishSparseExchange does on the host (a + (-r) is a - r exactly): acc at the union comes
-// down, the negated roundings go up.
-absl::Status KeepUnionRoundingOnDevice(const StepEnv& env, const BucketData& b,
+// Pattern A with half values on the wire (`t`) on the device path: acc[u] -= round_t(acc[u]) at
+// the union u, as FinishSparseExchange does on the host (a + (-r) is a - r exactly): acc at the
+// union comes down, the negated roundings go up.
+absl::Status KeepUnionRoundingOnDevice(const StepEnv& env, const BucketData& b, DType t,
                                        const std::vector<uint32_t>& u) {
   if (u.empty()) return absl::OkStatus();
   absl::StatusOr<void*> du = b.scratch->Upload(0, u.data(), u.size() * 4);
@@ -50,7 +50,7 @@ absl::Status KeepUnionRoundingOnDevice(const StepEnv& env, const BucketData& b,
   std::vector<float> v(u.size());
   if (s.ok()) s = env.prims->CopyToHost(v.data(), *dv, v.size() * 4);
   if (!s.ok()) return s;
-  for (float& x : v) x = -HalfToFloat(b.wire, FloatToHalf(b.wire, x));
+  for (float& x : v) x = -HalfToFloat(t, FloatToHalf(t, x));
   return AddAtOnDevice(env, b, u, v);
 }
 
@@ -95,7 +95,9 @@ void SparseStepOne(const StepEnv& env, StepItem& item, const Lap& lap) {
   args.elements = static_cast<uint32_t>(n);
   args.scale = 1.0f / static_cast<float>(N * L);
   args.fp16 = env.fp16_values;
-  args.wire = b.wire;  // a half bucket's own type, Ok-Topk's reduce-scatter too (docs/dtypes.md)
+  // A half bucket's own type (Ok-Topk's reduce-scatter too, docs/dtypes.md), float16 for a
+  // float32 bucket under --fp16_values (A's values at the union, B's chunks), else float32.
+  args.wire = SparseValuesWire(env, b);
   std::memcpy(args.scalars, sel.scalars, sizeof(args.scalars));
   DeviceSide device_side{env.prims, b.scratch};
   const DeviceSide* dev = b.on_device ? &device_side : nullptr;
@@ -118,11 +120,11 @@ void SparseStepOne(const StepEnv& env, StepItem& item, const Lap& lap) {
     // the wire: where kept, what rounding took off stays instead of 0 (acc still holds the
     // selected values there: Ok-Topk selects without zeroing); sent as float32 because one did
     // not fit (ValuesWire), nothing was rounded: zeroed.
-    if (x.ok() && s.ok() && IsHalf(b.wire) && IsHalf(ok.values_sent) && env.error_feedback) {
+    if (x.ok() && s.ok() && IsHalf(ok.values_sent) && env.error_feedback) {
       if (!b.on_device) {
-        half::KeepRounding(b.wire, b.acc, ok.my_kept.data(), nullptr, ok.my_kept.size());
+        half::KeepRounding(ok.values_sent, b.acc, ok.my_kept.data(), nullptr, ok.my_kept.size());
       } else {
-        x = KeepUnionRoundingOnDevice(env, b, ok.my_kept);
+        x = KeepUnionRoundingOnDevice(env, b, ok.values_sent, ok.my_kept);
       }
     } else if (x.ok() && s.ok()) {
       x = ZeroAt(env, b, b.acc, ok.my_kept);
@@ -130,19 +132,19 @@ void SparseStepOne(const StepEnv& env, StepItem& item, const Lap& lap) {
     res = std::move(ok);
   } else {
     x = ExchangeSparseGather(env.coll, env.host_prims, args, sel.idx, sel.val, b.output, &res, dev);
-    if (x.ok() && s.ok() && zero_selected && env.error_feedback && IsHalf(b.wire) &&
-        IsHalf(res.values_sent)) {
+    if (x.ok() && s.ok() && zero_selected && env.error_feedback && IsHalf(res.values_sent)) {
       // The values went out rounded to the bucket's type: what rounding took off stays in the
       // residual (error feedback keeps it, as it keeps what was not selected). Where one did
       // not fit, the chunk went as float32 (ValuesWire): nothing was rounded, and the
       // selection's zeros stay. On the device the selection zeroed acc there, so adding the
       // remainders writes them.
+      const DType t = res.values_sent;
       if (!b.on_device) {  // one vector pass (kernels/half.h)
-        half::KeepRounding(b.wire, b.acc, sel.idx.data(), sel.val.data(), sel.idx.size());
+        half::KeepRounding(t, b.acc, sel.idx.data(), sel.val.data(), sel.idx.size());
       } else {
         std::vector<float> rem(sel.val.size());
         for (size_t j = 0; j < rem.size(); ++j) {
-          rem[j] = sel.val[j] - HalfToFloat(b.wire, FloatToHalf(b.wire, sel.val[j]));
+          rem[j] = sel.val[j] - HalfToFloat(t, FloatToHalf(t, sel.val[j]));
         }
         x = AddAtOnDevice(env, b, sel.idx, rem);
       }
@@ -176,15 +178,17 @@ void FinishSparseExchange(const StepEnv& env, StepItem& item, absl::Status s,
     item.status = std::move(s);
     return;
   }
-  // The union's values went out rounded to the bucket's type unless the half exchange's result
-  // was not finite and they went again as float32 (res->values_sent; sparse_exchange.h).
-  const bool rounded = IsHalf(b.wire) && IsHalf(res->values_sent);
+  // The union's values went out rounded to a half type (a half bucket's own, float16 under
+  // --fp16_values) unless the half exchange's result was not finite and they went again as
+  // float32 (res->values_sent; sparse_exchange.h).
+  const DType sent = res->values_sent;
+  const bool rounded = IsHalf(sent);
   if (pattern == Pattern::kIndexUnion && rounded && env.error_feedback && b.on_device) {
-    keep(KeepUnionRoundingOnDevice(env, b, res->gathered_idx));
+    keep(KeepUnionRoundingOnDevice(env, b, sent, res->gathered_idx));
   } else if (pattern == Pattern::kIndexUnion && rounded && env.error_feedback) {
-    // All of it was sent, rounded to the bucket's type: what rounding took off stays (one
+    // All of it was sent, rounded to `sent`: what rounding took off stays (one
     // gather-convert-scatter pass, kernels/half.h).
-    half::KeepRounding(b.wire, b.acc, res->gathered_idx.data(), nullptr, res->gathered_idx.size());
+    half::KeepRounding(sent, b.acc, res->gathered_idx.data(), nullptr, res->gathered_idx.size());
   } else if (pattern == Pattern::kIndexUnion) {
     // Every node zeroes its residual at the whole union: all of it was sent.
     keep(ZeroAt(env, b, b.acc, res->gathered_idx));

@@ -34,7 +34,7 @@ struct StepEnv {
   Primitives* host_prims = nullptr;  // host memory: the sparse exchange's wire messages
   int local_trainers = 1;
   bool error_feedback = true;
-  bool fp16_values = false;
+  bool fp16_values = false;  // a float32 bucket's sparse values as float16 (patterns A and B)
   int residual_norm_every = 10;
 };
 
@@ -73,6 +73,13 @@ struct BucketData {
   // the inputs read since are zeros, so ReduceLocalChecked fails the step. Null: unguarded.
   const std::atomic<bool>* pulled = nullptr;
 };
+
+// The type a sparse exchange's values travel as (asked for: a chunk whose values do not all fit
+// goes as float32, wire.h ValuesWire): a half bucket's own type, float16 for a float32 bucket
+// under --fp16_values, else float32.
+inline DType SparseValuesWire(const StepEnv& env, const BucketData& b) {
+  return IsHalf(b.wire) ? b.wire : env.fp16_values ? DType::kFloat16 : DType::kFloat32;
+}
 
 // A sparse bucket's state across steps (engine thread only).
 struct SparseState {

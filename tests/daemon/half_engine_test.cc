@@ -181,6 +181,78 @@ std::vector<Case> AllCases() {
 
 INSTANTIATE_TEST_SUITE_P(AllCompressors, HalfEngineTest, ::testing::ValuesIn(AllCases()), CaseName);
 
+// A float32 bucket under --fp16_values sends its sparse values as float16 (pattern A's values at
+// the union, B's chunks) and keeps what rounding took off in its residual, exactly as a float16
+// bucket with native wire values does: fed the same (float16-exact) inputs, its output rounded
+// to float16 must be the float16 bucket's at every step (a residual zeroed instead drifts apart
+// from the second step), and pattern A's output is float16-exact (the average rounded once).
+class Fp16ValuesTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Fp16ValuesTest, AFloat32BucketSendsAndKeepsAsAFloat16Bucket) {
+  const std::string compressor = GetParam();
+  const DType t = DType::kFloat16;
+  auto pattern = CompressorPattern(compressor);
+  ASSERT_TRUE(pattern.ok()) << pattern.status();
+  EngineClusterOptions o;
+  o.nodes = kNodes;
+  o.trainers = kTrainers;
+  o.hub_timeout = absl::Seconds(30);
+  o.engine.shm_tag = "halftest";
+  o.engine.dense_fallback = DenseFallback::kOff;
+  o.engine.min_sparse_elements = 0;
+  o.engine.fp16_values = true;
+  EngineCluster cluster(o);
+  ASSERT_TRUE(cluster.status().ok()) << cluster.status();
+  std::atomic<int> differ{0}, not_half{0}, nonzero{0};
+  std::vector<std::string> errors(kNodes * kTrainers);
+  cluster.ForEachTrainer([&](int r, int k) {
+    std::string& err = errors[r * kTrainers + k];
+    auto tr = Trainer::Open(&cluster.engine(r), k, kTrainers);
+    if (!tr.ok()) return void(err = tr.status().ToString());
+    // Bucket 1: float16, native wire values. Bucket 2: float32 fed the same values widened.
+    auto g1 = tr->Register(1, kN, compressor, kDensity, {{"dtype", DTypeName(t)}});
+    if (!g1.ok()) return void(err = g1.status().ToString());
+    auto g2 = tr->Register(2, kN, compressor, kDensity);
+    if (!g2.ok()) return void(err = g2.status().ToString());
+    uint16_t* in1 = HalfAt(*tr, 1, tr->grant(1).input_offset);
+    const uint16_t* out1 = HalfAt(*tr, 1, tr->grant(1).output_offset);
+    const float* out2 = tr->output(2);
+    for (int s = 0; s < kSteps; ++s) {
+      for (size_t i = 0; i < kN; ++i) in1[i] = HalfValue(t, r, k, s, i);
+      tr->Fill(2, [&](size_t i) { return HalfToFloat(t, HalfValue(t, r, k, s, i)); });
+      for (uint64_t id : {1, 2}) {
+        auto rec = tr->Exchange(id, s, absl::Seconds(30));
+        if (!rec.ok()) return void(err = rec.status().ToString());
+      }
+      for (size_t i = 0; i < kN; ++i) {
+        differ += out1[i] != FloatToHalf(t, out2[i]);
+        nonzero += out2[i] != 0.0f;
+        if (*pattern == Pattern::kIndexUnion) {
+          not_half += HalfToFloat(t, FloatToHalf(t, out2[i])) != out2[i];
+        }
+      }
+    }
+  });
+  for (const std::string& e : errors) EXPECT_EQ(e, "");
+  EXPECT_EQ(differ.load(), 0) << "the float32 bucket's output differs from the float16 bucket's";
+  EXPECT_EQ(not_half.load(), 0) << "pattern A's average did not travel as float16";
+  EXPECT_GT(nonzero.load(), 0);
+}
+
+std::vector<std::string> SparseNames() {
+  std::vector<std::string> names;
+  for (const std::string& name : CompressorNames()) {
+    auto p = CompressorPattern(name);
+    if (p.ok() && *p != Pattern::kDense) names.push_back(name);
+  }
+  return names;
+}
+
+INSTANTIATE_TEST_SUITE_P(SparseCompressors, Fp16ValuesTest, ::testing::ValuesIn(SparseNames()),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           return info.param;
+                         });
+
 // The dense exchange with half values on the wire against an oracle computed here: each node's
 // local sum in float32 (trainer 0 + trainer 1, times 1 / (nodes x trainers) when that is a power
 // of two: exact), rounded to t for the wire, the nodes' values summed in float32 in rank order,

@@ -303,42 +303,47 @@ TEST(HalfOverflowDenseProbe, TheResidualPastTheRangeIsExchangedWithoutInfinity) 
 // value past float16's range goes as float32 instead, on the per-bucket path and in a merge
 // group's fused exchange (--merger=fixed); the output is the average, never an infinity.
 TEST(Fp16ValuesOverflow, AChunkPastFloat16GoesAsFloat32) {
-  for (MergerPolicy merger : {MergerPolicy::kNone, MergerPolicy::kFixed}) {
-    SCOPED_TRACE(merger == MergerPolicy::kNone ? "merger none" : "merger fixed");
-    EngineClusterOptions o = Options();
-    o.engine.fp16_values = true;
-    o.engine.merger = merger;
-    EngineCluster cluster(o);
-    ASSERT_TRUE(cluster.status().ok()) << cluster.status();
-    std::atomic<int> wrong{0}, averaged{0};
-    std::vector<std::string> errors(kNodes * kTrainers);
-    cluster.ForEachTrainer([&](int r, int k) {
-      std::string& err = errors[r * kTrainers + k];
-      auto tr = Trainer::Open(&cluster.engine(r), k, kTrainers);
-      if (!tr.ok()) return void(err = tr.status().ToString());
-      for (uint64_t id : {1, 2}) {
-        auto g = tr->Register(id, kN, "topk", kDensity);
-        if (!g.ok()) return void(err = g.status().ToString());
-      }
-      for (int s = 0; s < 2; ++s) {
+  // topk: pattern B's chunks; micro: pattern A's values at the union (the average past float16
+  // goes again as float32, each value scaled first).
+  for (const char* compressor : {"topk", "micro"}) {
+    for (MergerPolicy merger : {MergerPolicy::kNone, MergerPolicy::kFixed}) {
+      SCOPED_TRACE(absl::StrCat(
+          compressor, merger == MergerPolicy::kNone ? ", merger none" : ", merger fixed"));
+      EngineClusterOptions o = Options();
+      o.engine.fp16_values = true;
+      o.engine.merger = merger;
+      EngineCluster cluster(o);
+      ASSERT_TRUE(cluster.status().ok()) << cluster.status();
+      std::atomic<int> wrong{0}, averaged{0};
+      std::vector<std::string> errors(kNodes * kTrainers);
+      cluster.ForEachTrainer([&](int r, int k) {
+        std::string& err = errors[r * kTrainers + k];
+        auto tr = Trainer::Open(&cluster.engine(r), k, kTrainers);
+        if (!tr.ok()) return void(err = tr.status().ToString());
         for (uint64_t id : {1, 2}) {
-          tr->Fill(id, [&](size_t i) { return i % 100 == 0 ? 40000.0f : Clean(r, k, s, i); });
+          auto g = tr->Register(id, kN, compressor, kDensity);
+          if (!g.ok()) return void(err = g.status().ToString());
         }
-        for (uint64_t id : {1, 2}) {
-          auto rec = tr->Exchange(id, s, absl::Seconds(30));
-          if (!rec.ok()) return void(err = rec.status().ToString());
-          const float* out = tr->output(id);
-          for (size_t i = 0; i < kN; ++i) {
-            // 40,000 where sent at step 0; 80,000 where step 1 sent two steps' sums.
-            wrong += !std::isfinite(out[i]) || std::fabs(out[i]) > 80000.0f;
-            averaged += out[i] == 40000.0f;
+        for (int s = 0; s < 2; ++s) {
+          for (uint64_t id : {1, 2}) {
+            tr->Fill(id, [&](size_t i) { return i % 100 == 0 ? 40000.0f : Clean(r, k, s, i); });
+          }
+          for (uint64_t id : {1, 2}) {
+            auto rec = tr->Exchange(id, s, absl::Seconds(30));
+            if (!rec.ok()) return void(err = rec.status().ToString());
+            const float* out = tr->output(id);
+            for (size_t i = 0; i < kN; ++i) {
+              // 40,000 where sent at step 0; 80,000 where step 1 sent two steps' sums.
+              wrong += !std::isfinite(out[i]) || std::fabs(out[i]) > 80000.0f;
+              averaged += out[i] == 40000.0f;
+            }
           }
         }
-      }
-    });
-    for (const std::string& e : errors) EXPECT_EQ(e, "");
-    EXPECT_EQ(wrong.load(), 0);
-    EXPECT_GT(averaged.load(), 0);
+      });
+      for (const std::string& e : errors) EXPECT_EQ(e, "");
+      EXPECT_EQ(wrong.load(), 0);
+      EXPECT_GT(averaged.load(), 0);
+    }
   }
 }
 
