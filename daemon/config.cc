@@ -98,6 +98,7 @@ void ReadEngineFlags(EngineOptions& e, std::vector<std::string>* errors) {
   }
   e.max_buckets_per_session = absl::GetFlag(FLAGS_max_buckets_per_session);
   e.fp16_values = absl::GetFlag(FLAGS_fp16_values);
+  e.index_encoding = absl::GetFlag(FLAGS_wire_index_encoding);
   e.sparse_allreduce = absl::GetFlag(FLAGS_sparse_allreduce);
   e.oktopk_global = absl::GetFlag(FLAGS_oktopk_global);
   e.oktopk_recompute_every = absl::GetFlag(FLAGS_oktopk_recompute_every);

@@ -121,6 +121,10 @@ ABSL_FLAG(bool, fp16_values, false,
           "and Ok-Topk's pairs, and pattern A's values at the union (summed in float32, the "
           "average rounded once); error feedback keeps what rounding took off. A value past "
           "float16's range goes as float32 (docs/dtypes.md). Alone and in merge groups alike.");
+ABSL_FLAG(spex::IndexEncoding, wire_index_encoding, spex::IndexEncoding::kDelta,
+          "How sparse chunks carry their indices: delta (varint gaps where a node's indices are "
+          "strictly ascending and that is smaller, else uint32) or u32 (always uint32). Each "
+          "chunk says which in its flags: nodes may differ.");
 ABSL_FLAG(spex::SparseAllreduce, sparse_allreduce, spex::SparseAllreduce::kAllGather,
           "How pattern-B buckets (topk, gtopk, randomk, dgc, gaussiank, redsync, redsync_trim, "
           "sidco_*, sage) sum their selections: allgather (every node receives every node's "

@@ -10,6 +10,7 @@
 #include "absl/time/time.h"
 #include "daemon/device.h"
 #include "daemon/engine/engine_options.h"
+#include "daemon/engine/wire.h"
 #include "daemon/merge/merger.h"
 #include "daemon/util/log.h"
 
@@ -47,6 +48,7 @@ ABSL_DECLARE_FLAG(int64_t, max_session_bytes);
 ABSL_DECLARE_FLAG(int64_t, max_daemon_bytes);
 ABSL_DECLARE_FLAG(int, max_buckets_per_session);
 ABSL_DECLARE_FLAG(bool, fp16_values);
+ABSL_DECLARE_FLAG(spex::IndexEncoding, wire_index_encoding);
 ABSL_DECLARE_FLAG(spex::SparseAllreduce, sparse_allreduce);
 ABSL_DECLARE_FLAG(spex::OkTopkSelect, oktopk_global);
 ABSL_DECLARE_FLAG(int, oktopk_recompute_every);

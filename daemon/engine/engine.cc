@@ -43,6 +43,7 @@ Engine::Engine(EngineOptions options, Collective* collective, Primitives* prims,
   env_.local_trainers = options_.local_trainers;
   env_.error_feedback = options_.error_feedback;
   env_.fp16_values = options_.fp16_values;
+  env_.index_encoding = options_.index_encoding;
   env_.residual_norm_every = options_.residual_norm_every;
   // Ok-Topk as the control round compares a bucket's exchange across nodes: with its global
   // selection and schedule.

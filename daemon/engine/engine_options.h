@@ -15,6 +15,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "daemon/engine/observer.h"
+#include "daemon/engine/wire.h"
 #include "daemon/merge/merger.h"
 #include "kernels/compressor.h"
 #include "kernels/half.h"
@@ -94,6 +95,7 @@ struct EngineOptions {
   double link_gbps = 0;        // --link_gbps: the link's rate for the model; 0: measured
   double link_latency_us = 5;  // --link_latency_us: one message's latency, with link_gbps > 0
   bool fp16_values = false;    // sparse values of float32 buckets as float16 (A, B, Ok-Topk)
+  IndexEncoding index_encoding = IndexEncoding::kDelta;            // --wire_index_encoding (wire.h)
   SparseAllreduce sparse_allreduce = SparseAllreduce::kAllGather;  // pattern B's exchange
   OkTopkSelect oktopk_global = OkTopkSelect::kTopk;                // --oktopk_global
   int oktopk_recompute_every = 32;  // exact global top-k every this many exchanges (tau_g)

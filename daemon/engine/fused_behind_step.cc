@@ -98,6 +98,7 @@ void ExchangeGroup(const StepEnv& env, BehindGroup* g, uint64_t step, absl::Stat
   args.scale = 1.0f / static_cast<float>(env.coll->size() * env.local_trainers);
   args.fp16 = env.fp16_values;
   args.wire = env.fp16_values ? DType::kFloat16 : DType::kFloat32;  // A's values at the union too
+  args.index_encoding = env.index_encoding;
   std::memcpy(args.scalars, sel.scalars, sizeof(args.scalars));
   Keep(s, st.compressor->pattern() == Pattern::kIndexUnion
               ? ExchangeIndexUnion(env.coll, env.host_prims, args, sel.idx, g->acc.data(),

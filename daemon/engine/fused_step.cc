@@ -247,7 +247,7 @@ void IndexUnionSubExchange(const StepEnv& env, uint64_t step, const std::vector<
     const BucketData& b = *m->item->data;
     const Selection& sel = m->item->sparse->sel;
     EncodeIndexChunk(b.id, step, static_cast<uint32_t>(b.elements), sel.idx, sel.scalars,
-                     &scratch->send);
+                     &scratch->send, env.index_encoding);
     ends.push_back(scratch->send.size());
   }
   if (!GatherChunks(env, step, /*index_only=*/true, a, ends, scratch)) return;
@@ -362,7 +362,7 @@ void SparseGatherSubExchange(const StepEnv& env, uint64_t step, const std::vecto
     const Selection& sel = m->item->sparse->sel;
     m->values_sent = ValuesWire(env.fp16_values ? DType::kFloat16 : DType::kFloat32, sel.val);
     EncodeChunk(b.id, step, static_cast<uint32_t>(b.elements), sel.idx, sel.val, m->values_sent,
-                sel.scalars, &scratch->send);
+                sel.scalars, &scratch->send, env.index_encoding);
     ends.push_back(scratch->send.size());
   }
   // Every chunk of every node is validated before anything is written.

@@ -95,6 +95,7 @@ void SparseStepOne(const StepEnv& env, StepItem& item, const Lap& lap) {
   args.elements = static_cast<uint32_t>(n);
   args.scale = 1.0f / static_cast<float>(N * L);
   args.fp16 = env.fp16_values;
+  args.index_encoding = env.index_encoding;
   // A half bucket's own type (Ok-Topk's reduce-scatter too, docs/dtypes.md), float16 for a
   // float32 bucket under --fp16_values (A's values at the union, B's chunks), else float32.
   args.wire = SparseValuesWire(env, b);

@@ -20,6 +20,7 @@
 #include "absl/types/span.h"
 #include "daemon/engine/exchange_record.h"
 #include "daemon/engine/oktopk_exchange.h"
+#include "daemon/engine/wire.h"
 #include "daemon/transport/collective.h"
 #include "kernels/compressor.h"
 #include "kernels/half.h"
@@ -35,6 +36,7 @@ struct StepEnv {
   int local_trainers = 1;
   bool error_feedback = true;
   bool fp16_values = false;  // a float32 bucket's sparse values as float16 (patterns A and B)
+  IndexEncoding index_encoding = IndexEncoding::kDelta;  // --wire_index_encoding (wire.h)
   int residual_norm_every = 10;
 };
 

@@ -32,6 +32,7 @@ TEST_F(ConfigTest, DefaultsAreValid) {
   EXPECT_EQ(c->engine.dense_fallback, DenseFallback::kAuto);
   EXPECT_EQ(c->engine.merger, MergerPolicy::kNone);
   EXPECT_EQ(c->engine.nonfinite, NonfinitePolicy::kPropagate);
+  EXPECT_EQ(c->engine.index_encoding, IndexEncoding::kDelta);
   EXPECT_EQ(c->device, DeviceChoice::kAuto);
   EXPECT_EQ(c->log_level, LogLevel::kInfo);
   EXPECT_EQ(c->socket_mode, 0600u);
@@ -63,6 +64,7 @@ TEST_F(ConfigTest, GoodFlagsGiveTypedValues) {
   absl::SetFlag(&FLAGS_probe_steps, 5);
   absl::SetFlag(&FLAGS_nonfinite, NonfinitePolicy::kError);
   absl::SetFlag(&FLAGS_fp16_values, true);
+  absl::SetFlag(&FLAGS_wire_index_encoding, IndexEncoding::kU32);
   absl::SetFlag(&FLAGS_residual_norm_every, 0);
   absl::SetFlag(&FLAGS_log_level, LogLevel::kWarning);
 
@@ -90,6 +92,7 @@ TEST_F(ConfigTest, GoodFlagsGiveTypedValues) {
   EXPECT_EQ(e.probe_steps, 5);
   EXPECT_EQ(e.nonfinite, NonfinitePolicy::kError);
   EXPECT_TRUE(e.fp16_values);
+  EXPECT_EQ(e.index_encoding, IndexEncoding::kU32);
   EXPECT_EQ(e.residual_norm_every, 0);
   EXPECT_FALSE(e.shm_tag.empty());
 }

@@ -299,6 +299,60 @@ TEST(FusedStepTest, AheadEqualsUnmergedWithFp16Values) {
   for (const EqualityCase& c : EqualityCases()) RunEquality(c, 3, 2, true, 2, /*fp16=*/true);
 }
 
+// spexd --wire_index_encoding reaches the chunks (StepEnv::index_encoding: SparseStep's
+// exchanges and FusedStep's own chunks, which it splits by ChunkLength): on 3 nodes the mixed
+// group runs unmerged and fused, each with uint32 indices and in the delta form, on separate
+// copies; outputs and residuals are the same bit for bit, dense members send the same bytes and
+// the sparse members fewer in the delta form.
+TEST(FusedStepTest, TheIndexFormChangesTheBytesNotTheResults) {
+  const EqualityCase c = EqualityCases().back();  // mixed D + A + B
+  Spawn(3, [&](Collective* coll) {
+    auto prims = MakeCpuPrimitives(1);
+    // [0] unmerged uint32, [1] unmerged delta, [2] fused uint32, [3] fused delta.
+    std::vector<std::unique_ptr<NodeBucket>> b[4];
+    std::vector<NodeBucket*> g[4];
+    for (int v = 0; v < 4; ++v) {
+      for (const Spec& s : c.group) {
+        b[v].push_back(MakeBucket(s, coll->rank(), 3, prims.get()));
+        g[v].push_back(b[v].back().get());
+      }
+    }
+    FusedScratch scratch[2];
+    for (int step = 0; step < 3; ++step) {
+      for (int v = 0; v < 4; ++v) {
+        StepEnv env = Env(coll, prims.get(), 1, true);
+        env.index_encoding = v % 2 ? IndexEncoding::kDelta : IndexEncoding::kU32;
+        for (auto& x : b[v]) WriteInputs(x.get(), coll->rank(), step, 1, false);
+        if (v < 2) {
+          RunUnmerged(env, g[v], step);
+        } else {
+          for (const absl::Status& st : RunFused(env, g[v], step, &scratch[v - 2])) {
+            EXPECT_TRUE(st.ok()) << st;
+          }
+        }
+      }
+      for (int v : {0, 2}) {
+        SCOPED_TRACE(absl::StrCat(v ? "fused" : "unmerged", ", step ", step));
+        uint64_t sparse_u32 = 0, sparse_delta = 0;
+        for (size_t i = 0; i < c.group.size(); ++i) {
+          const NodeBucket& u = *b[v][i];
+          const NodeBucket& d = *b[v + 1][i];
+          EXPECT_TRUE(SameBits(u.out, d.out)) << "bucket " << c.group[i].id;
+          EXPECT_EQ(0, std::memcmp(u.data.acc, d.data.acc, c.group[i].n * sizeof(float)));
+          if (c.group[i].kind == K::kDense) {
+            EXPECT_EQ(u.rec.bytes_sent, d.rec.bytes_sent) << "bucket " << c.group[i].id;
+          } else {
+            EXPECT_LE(d.rec.bytes_sent, u.rec.bytes_sent) << "bucket " << c.group[i].id;
+            sparse_u32 += u.rec.bytes_sent;
+            sparse_delta += d.rec.bytes_sent;
+          }
+        }
+        EXPECT_LT(sparse_delta, sparse_u32);
+      }
+    }
+  });
+}
+
 TEST(FusedStepTest, OneNodesLocalFailureFailsOnlyThatMemberThereAndKeepsTheNodesInStep) {
   // Node 1's topk member gets an invalid density: its SetDensity fails, so it contributes an
   // empty selection; every node still issues every sub-exchange, the other members complete
