@@ -117,10 +117,11 @@ ABSL_FLAG(int64_t, max_daemon_bytes, 0,
           "other than the first counts too.");
 ABSL_FLAG(int, max_buckets_per_session, 4096, "Most buckets one trainer may register.");
 ABSL_FLAG(bool, fp16_values, false,
-          "A float32 bucket's sparse values travel as float16 (indices stay uint32): pattern B's "
-          "and Ok-Topk's pairs, and pattern A's values at the union (summed in float32, the "
-          "average rounded once); error feedback keeps what rounding took off. A value past "
-          "float16's range goes as float32 (docs/dtypes.md). Alone and in merge groups alike.");
+          "A float32 bucket's sparse values travel as float16: pattern B's and Ok-Topk's pairs "
+          "(indices as --wire_index_encoding says), and pattern A's values at the union (summed "
+          "in float32, the average rounded once); error feedback keeps what rounding took off. "
+          "A value past float16's range goes as float32 (docs/dtypes.md). Alone and in merge "
+          "groups alike.");
 ABSL_FLAG(spex::IndexEncoding, wire_index_encoding, spex::IndexEncoding::kDelta,
           "How sparse chunks carry their indices: delta (varint gaps where a node's indices are "
           "strictly ascending and that is smaller, else uint32) or u32 (always uint32). Each "
