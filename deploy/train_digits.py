@@ -35,8 +35,8 @@ powersgd runs therefore put the whole model in one DDP bucket (bucket_cap_mb, an
 dist._DEFAULT_FIRST_BUCKET_BYTES, which caps DDP's first bucket at 1 MB after its rebuild and which
 DDP's source says users may set; --powersgd-buckets ddp keeps DDP's bucketing to see the failure). A compressor (or --param) the daemon does not accept stops
 the job before training, with the daemon's list of accepted names. The daemons run with
---dense_fallback=off --min_sparse_elements=1024 unless --spexd-arg says otherwise, so that a
-sparse run is really sparse; every bucket a sparse run exchanged dense is reported with the reason
+--dense_fallback=off --min_sparse_elements=1024 --fp16_values unless --spexd-arg says otherwise, so
+that a sparse run is really sparse (and its values travel as float16); every bucket a sparse run exchanged dense is reported with the reason
 (under --min_sparse_elements, or the daemon's dense-fallback probe), and the table shows the
 achieved density from GetStats.
 
