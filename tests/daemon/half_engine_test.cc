@@ -14,6 +14,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -181,6 +182,39 @@ std::vector<Case> AllCases() {
 
 INSTANTIATE_TEST_SUITE_P(AllCompressors, HalfEngineTest, ::testing::ValuesIn(AllCases()), CaseName);
 
+// Bucket 1 of type t beside bucket 2, float32, both `compressor`, on a cluster of `o`: every
+// trainer hands both the same values (HalfValue, widened for bucket 2) for kSteps steps and
+// `check(out1, out2)` sees both outputs after each step (on every trainer's thread). The
+// trainers' errors come back, one per trainer ("" when none).
+std::vector<std::string> RunHalfBesideFloat32(
+    const EngineClusterOptions& o, const std::string& compressor, DType t,
+    const std::function<void(const uint16_t* out1, const float* out2)>& check) {
+  EngineCluster cluster(o);
+  if (!cluster.status().ok()) return {cluster.status().ToString()};
+  std::vector<std::string> errors(o.nodes * o.trainers);
+  cluster.ForEachTrainer([&](int r, int k) {
+    std::string& err = errors[r * o.trainers + k];
+    auto tr = Trainer::Open(&cluster.engine(r), k, o.trainers);
+    if (!tr.ok()) return void(err = tr.status().ToString());
+    auto g1 = tr->Register(1, kN, compressor, kDensity, {{"dtype", DTypeName(t)}});
+    if (!g1.ok()) return void(err = g1.status().ToString());
+    auto g2 = tr->Register(2, kN, compressor, kDensity);
+    if (!g2.ok()) return void(err = g2.status().ToString());
+    uint16_t* in1 = HalfAt(*tr, 1, tr->grant(1).input_offset);
+    const uint16_t* out1 = HalfAt(*tr, 1, tr->grant(1).output_offset);
+    for (int s = 0; s < kSteps; ++s) {
+      for (size_t i = 0; i < kN; ++i) in1[i] = HalfValue(t, r, k, s, i);
+      tr->Fill(2, [&](size_t i) { return HalfToFloat(t, HalfValue(t, r, k, s, i)); });
+      for (uint64_t id : {1, 2}) {
+        auto rec = tr->Exchange(id, s, absl::Seconds(30));
+        if (!rec.ok()) return void(err = rec.status().ToString());
+      }
+      check(out1, tr->output(2));
+    }
+  });
+  return errors;
+}
+
 // A float32 bucket under --fp16_values sends its sparse values as float16 (pattern A's values at
 // the union, B's chunks) and keeps what rounding took off in its residual, exactly as a float16
 // bucket with native wire values does: fed the same (float16-exact) inputs, its output rounded
@@ -201,38 +235,17 @@ TEST_P(Fp16ValuesTest, AFloat32BucketSendsAndKeepsAsAFloat16Bucket) {
   o.engine.dense_fallback = DenseFallback::kOff;
   o.engine.min_sparse_elements = 0;
   o.engine.fp16_values = true;
-  EngineCluster cluster(o);
-  ASSERT_TRUE(cluster.status().ok()) << cluster.status();
   std::atomic<int> differ{0}, not_half{0}, nonzero{0};
-  std::vector<std::string> errors(kNodes * kTrainers);
-  cluster.ForEachTrainer([&](int r, int k) {
-    std::string& err = errors[r * kTrainers + k];
-    auto tr = Trainer::Open(&cluster.engine(r), k, kTrainers);
-    if (!tr.ok()) return void(err = tr.status().ToString());
-    // Bucket 1: float16, native wire values. Bucket 2: float32 fed the same values widened.
-    auto g1 = tr->Register(1, kN, compressor, kDensity, {{"dtype", DTypeName(t)}});
-    if (!g1.ok()) return void(err = g1.status().ToString());
-    auto g2 = tr->Register(2, kN, compressor, kDensity);
-    if (!g2.ok()) return void(err = g2.status().ToString());
-    uint16_t* in1 = HalfAt(*tr, 1, tr->grant(1).input_offset);
-    const uint16_t* out1 = HalfAt(*tr, 1, tr->grant(1).output_offset);
-    const float* out2 = tr->output(2);
-    for (int s = 0; s < kSteps; ++s) {
-      for (size_t i = 0; i < kN; ++i) in1[i] = HalfValue(t, r, k, s, i);
-      tr->Fill(2, [&](size_t i) { return HalfToFloat(t, HalfValue(t, r, k, s, i)); });
-      for (uint64_t id : {1, 2}) {
-        auto rec = tr->Exchange(id, s, absl::Seconds(30));
-        if (!rec.ok()) return void(err = rec.status().ToString());
-      }
-      for (size_t i = 0; i < kN; ++i) {
-        differ += out1[i] != FloatToHalf(t, out2[i]);
-        nonzero += out2[i] != 0.0f;
-        if (*pattern == Pattern::kIndexUnion) {
-          not_half += HalfToFloat(t, FloatToHalf(t, out2[i])) != out2[i];
+  const std::vector<std::string> errors =
+      RunHalfBesideFloat32(o, compressor, t, [&](const uint16_t* out1, const float* out2) {
+        for (size_t i = 0; i < kN; ++i) {
+          differ += out1[i] != FloatToHalf(t, out2[i]);
+          nonzero += out2[i] != 0.0f;
+          if (*pattern == Pattern::kIndexUnion) {
+            not_half += HalfToFloat(t, FloatToHalf(t, out2[i])) != out2[i];
+          }
         }
-      }
-    }
-  });
+      });
   for (const std::string& e : errors) EXPECT_EQ(e, "");
   EXPECT_EQ(differ.load(), 0) << "the float32 bucket's output differs from the float16 bucket's";
   EXPECT_EQ(not_half.load(), 0) << "pattern A's average did not travel as float16";
@@ -470,35 +483,14 @@ TEST(HalfMerged, RoundedOnceFromTheFloat32PathUnderEveryMerger) {
         o.engine.merger = merger.policy;
         o.engine.dense_fallback = DenseFallback::kOff;
         o.engine.min_sparse_elements = 0;
-        EngineCluster cluster(o);
-        ASSERT_TRUE(cluster.status().ok()) << cluster.status();
         std::atomic<int> not_rounded_once{0}, nonzero{0};
-        std::vector<std::string> errors(kNodes * kTrainers);
-        cluster.ForEachTrainer([&](int r, int k) {
-          std::string& err = errors[r * kTrainers + k];
-          auto tr = Trainer::Open(&cluster.engine(r), k, kTrainers);
-          if (!tr.ok()) return void(err = tr.status().ToString());
-          auto g1 = tr->Register(1, kN, compressor, kDensity, {{"dtype", DTypeName(t)}});
-          if (!g1.ok()) return void(err = g1.status().ToString());
-          auto g2 = tr->Register(2, kN, compressor, kDensity);
-          if (!g2.ok()) return void(err = g2.status().ToString());
-          uint16_t* in1 = HalfAt(*tr, 1, tr->grant(1).input_offset);
-          const uint16_t* out1 = HalfAt(*tr, 1, tr->grant(1).output_offset);
-          const float* out2 = tr->output(2);
-          for (int s = 0; s < kSteps; ++s) {
-            for (size_t i = 0; i < kN; ++i) in1[i] = HalfValue(t, r, k, s, i);
-            tr->Fill(2, [&](size_t i) { return HalfToFloat(t, HalfValue(t, r, k, s, i)); });
-            auto rec1 = tr->Exchange(1, s, absl::Seconds(30));
-            auto rec2 = tr->Exchange(2, s, absl::Seconds(30));
-            for (const auto* rec : {&rec1, &rec2}) {
-              if (!rec->ok()) return void(err = rec->status().ToString());
-            }
-            for (size_t i = 0; i < kN; ++i) {
-              not_rounded_once += out1[i] != FloatToHalf(t, out2[i]);
-              nonzero += out2[i] != 0;
-            }
-          }
-        });
+        const std::vector<std::string> errors =
+            RunHalfBesideFloat32(o, compressor, t, [&](const uint16_t* out1, const float* out2) {
+              for (size_t i = 0; i < kN; ++i) {
+                not_rounded_once += out1[i] != FloatToHalf(t, out2[i]);
+                nonzero += out2[i] != 0;
+              }
+            });
         for (const std::string& e : errors) EXPECT_EQ(e, "");
         EXPECT_EQ(not_rounded_once.load(), 0)
             << "merged half outputs differing from the float32 path's result rounded once";
