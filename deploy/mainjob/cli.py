@@ -66,8 +66,11 @@ def parse_args(argv: Optional[List[str]] = None, description: str = "") -> argpa
                    help="compressor parameter for every sparse run (repeatable)")
     p.add_argument("--stats-every", type=int, default=1, help="GetStats every N steps on rank 0 (0: per epoch)")
     p.add_argument("--check-every", type=int, default=10,
-                   help="compare a SHA-1 of the parameters across ranks every N steps (0: never; it costs a pass over "
-                        "the parameters, so not every step by default)")
+                   help="compare a SHA-1 of the parameters across ranks every N steps (0: once an epoch, after the "
+                        "evaluation; it costs a pass over the parameters, so not every step by default)")
+    p.add_argument("--modules-every", type=int, default=10,
+                   help="count each module's non-zero update entries on rank 0 every N steps (0: never; a pass over "
+                        "the gradients, 13 ms a step on the MLP, so not every step by default)")
     p.add_argument("--pin", choices=["auto", "node", "none"], default="auto",
                    help="loopback: node: node n's daemon and trainers run on node n's own cores (with 2 nodes on 2 "
                         "cores, a core each), as on real hosts; none: the scheduler places them; auto (default): node "

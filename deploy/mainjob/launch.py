@@ -56,6 +56,7 @@ def trainer_cfg(args: argparse.Namespace, runs: List[Dict[str, Any]], cluster, r
             "hidden": args.hidden, "bucket_cap_mb": args.bucket_cap_mb, "runs": runs, "mode": args.mode,
             "lr": args.lr, "momentum": args.momentum, "batch": args.batch, "epochs": args.epochs,
             "stats_every": args.stats_every, "check_every": args.check_every, "quiet": args.quiet,
+            "modules_every": args.modules_every,
             "powersgd_one_bucket": args.powersgd_buckets == "one", "model": args.model, "vocab": args.vocab,
             "bptt": args.bptt, "steps_per_epoch": args.steps_per_epoch, "dtype": args.dtype,
             "test_size": args.test_size, "daemon_pid": daemon_of.get(node, 0) if local == 0 else 0}

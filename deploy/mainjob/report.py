@@ -86,7 +86,8 @@ def summarize(run: Dict[str, Any], world: int, target_acc: float = 95.0,
         "gathered_density": sum(gath) / len(gath) if gath else None,
         "bucket_exchanges": ep.get("bucket_exchanges", 0), "dense_exchanges": ep.get("dense_exchanges", 0),
         "dense_notes": ep.get("dense_notes", []), "patterns": ep.get("patterns", {}),
-        "layer_nonzero": ep.get("layer_nonzero", {}), "adaptive": ep.get("adaptive", []),
+        "layer_nonzero": ep.get("layer_nonzero", {}), "layer_nonzero_steps": ep.get("layer_nonzero_steps"),
+        "adaptive": ep.get("adaptive", []),
         "params_identical": not mismatched, "mismatched_steps": mismatched[:10], "checked_steps": checked,
         "train_s": ep["run_s"], "buckets": ep["buckets"], "epoch_rows": epochs,
         "step_rows": [{k: r[k] for k in ("step", "epoch", "loss", "step_s", "exchange_s", "density", "gathered_density")}
@@ -258,9 +259,11 @@ def print_layer_table(results: List[Dict[str, Any]]) -> None:
     if not rows:
         return
     mods = list(rows[0]["layer_nonzero"])
-    sizes = {m: rows[0]["layer_nonzero"][m][1] // max(1, rows[0]["steps"]) for m in mods}
+    counted = rows[0].get("layer_nonzero_steps") or rows[0]["steps"]
+    sizes = {m: rows[0]["layer_nonzero"][m][1] // max(1, counted) for m in mods}
     w = max(12, *(len(r["label"]) for r in rows)) + 2
-    print("\nupdate density by module (non-zero fraction of the averaged update over all steps, rank 0; "
+    print("\nupdate density by module (non-zero fraction of the averaged update over the steps counted, every "
+          "--modules-every'th, rank 0; "
           "in brackets: the module's share of all non-zeros)")
     print(f"{'run':<{w}}" + "".join(f"{f'{m} ({sizes[m]:,})':>24}" for m in mods))
     for r in rows:

@@ -154,6 +154,7 @@ class Run:
         self.steps_per_epoch = self.workload.steps_per_epoch(len(data[0]), cfg["world"], cfg)
         self.run_index = run_index
         self.layer_nz: Dict[str, List[int]] = {}
+        self.layer_nz_steps = 0
         self.step_rows: List[List[Any]] = []
         self.epoch_rows: List[Dict[str, Any]] = []
         self.step = 0
@@ -198,7 +199,9 @@ class Run:
         # the mean over steps is what counts); local rank 0 only, one row per daemon.
         dcpu_s = f"{cpu_seconds([cfg['daemon_pid']]) - dcpu0:.6f}" if dcpu0 is not None else ""
         t_harness = time.perf_counter()
-        if rank == 0:  # what the averaged update held, per module (untimed; step() keeps .grad)
+        every = cfg.get("modules_every", 1)
+        if rank == 0 and every and self.step % every == 0:  # what the averaged update held, per module
+            self.layer_nz_steps += 1  # (untimed; step() keeps .grad)
             for key, (nz, n) in layer_nonzero(self.model).items():
                 a = self.layer_nz.setdefault(key, [0, 0])
                 a[0] += nz
@@ -276,6 +279,10 @@ class Run:
         # the meeting point.
         test_acc, ppl = self.evaluate()
         t_harness = time.perf_counter()
+        if not cfg["check_every"] and self.step_rows:
+            # --check-every 0: the parameters are still compared across ranks, once an epoch (its
+            # last step's row), where the evaluation's all-reduce has just brought the ranks together.
+            self.step_rows[-1][8] = params_digest(self.model)
         if self.stats is not None and rank == 0 and not cfg["stats_every"]:
             found = self.stats.densities(self.spex_state.exchange_report())
             if found:
@@ -339,7 +346,8 @@ class Run:
             stats = self.stats.summary() if self.stats is not None else StatsReader(None, self.run, True).summary()
             with open(os.path.join(out, "epochs.json"), "w") as f:
                 json.dump({"epochs": self.epoch_rows, "run_s": run_s, "steps": self.step, "buckets": buckets,
-                           **stats, "layer_nonzero": self.layer_nz, "adaptive": self.adaptive}, f)
+                           **stats, "layer_nonzero": self.layer_nz,
+                           "layer_nonzero_steps": self.layer_nz_steps, "adaptive": self.adaptive}, f)
 
 
 def skip_unsupported(cfg: Dict[str, Any], run: Dict[str, Any]) -> bool:
