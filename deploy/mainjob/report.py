@@ -192,8 +192,9 @@ def print_speedup_table(results: List[Dict[str, Any]]) -> None:
           "from handing a bucket over to its result, summed over the step's buckets (p50/p90: all steps; later: "
           "after the first epoch); to X%: wall-clock time from the run's start to the first epoch whose test "
           "accuracy reached X% (or whose test perplexity fell to the target; evaluation included, each rank "
-          "evaluating its share of the test set; the harness's own checks left out: parameter digests, "
-          "per-module density counts and GetStats reads, in summary.json's harness_s); steps: the "
+          "evaluating its share of the test set; rank 0's own checks left out: parameter digests (not the "
+          "barrier after them), per-module density counts and GetStats reads, in summary.json's harness_s; "
+          "wall_to_target_s keeps them); steps: the "
           "training steps up to the end of that epoch; trainer CPU / daemon CPU: CPU milliseconds (user + system, "
           "all threads) per step of each trainer process and of each node's spexd over the same steps (a "
           "trainer's own exchange wait included; a daemon's polling in MPI included)")

@@ -163,9 +163,9 @@ class Run:
         self.delta: Optional[List[Any]] = None
         self.delta_norms: List[float] = []
         self.adaptive: List[Dict[str, Any]] = []
-        # Seconds this rank spent in the harness's own checks (parameter digests and the barrier
-        # after them, per-module density counts, GetStats reads): what a user's training loop
-        # would not do. The time to target leaves them out (report.py); wall_s keeps them.
+        # Seconds this rank spent in the harness's own checks (parameter digests, per-module
+        # density counts, GetStats reads; not the barrier after a digest): what a user's training
+        # loop would not do. The time to target leaves them out (report.py); wall_s keeps them.
         self.harness_s = 0.0
         self.eval_count = 0
 
@@ -223,12 +223,15 @@ class Run:
         acc["exch"].append(exchange_s)
         acc["step"].append(step_s)
         digest = params_digest(self.model) if cfg["check_every"] and self.step % cfg["check_every"] == 0 else ""
+        # The harness's time is this rank's own checks; the barrier below is not in it: waiting
+        # there also takes up the ranks' skew, which training without the check would pay in
+        # the next exchange, so it stays in the time to target (the conservative side).
+        self.harness_s += time.perf_counter() - t_harness
         if digest:
             # Hashing 42 MB takes each rank a different time on shared cores; meeting here
             # (untimed) keeps that skew out of the next step's exchange time, which would
             # otherwise include waiting for the slowest hasher.
             dist.barrier()
-        self.harness_s += time.perf_counter() - t_harness
         self.step_rows.append([self.step, epoch, f"{loss.item():.6f}", f"{step_s:.6f}", f"{exchange_s:.6f}",
                                len(timings), f"{density:.6f}", f"{gath:.6f}", digest, f"{cpu_s:.6f}", dcpu_s])
         self.step += 1
