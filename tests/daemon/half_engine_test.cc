@@ -60,6 +60,18 @@ uint16_t* HalfAt(Trainer& tr, uint64_t bucket, uint64_t offset) {
   return reinterpret_cast<uint16_t*>(reinterpret_cast<uint8_t*>(tr.header(bucket)) + offset);
 }
 
+// 2 nodes x 2 trainers, every sparse bucket exchanged sparse from its first step.
+EngineClusterOptions AlwaysSparse() {
+  EngineClusterOptions o;
+  o.nodes = kNodes;
+  o.trainers = kTrainers;
+  o.hub_timeout = absl::Seconds(30);
+  o.engine.shm_tag = "halftest";
+  o.engine.dense_fallback = DenseFallback::kOff;
+  o.engine.min_sparse_elements = 0;
+  return o;
+}
+
 struct Case {
   std::string compressor;
   DType dtype;
@@ -99,13 +111,7 @@ TEST_P(HalfEngineTest, RoundedOnceFromTheFloat32PathAndTheOracle) {
     ASSERT_TRUE((*oracle)->Step(s, ptrs, expected[s].data()).ok());
   }
 
-  EngineClusterOptions o;
-  o.nodes = kNodes;
-  o.trainers = kTrainers;
-  o.hub_timeout = absl::Seconds(30);
-  o.engine.shm_tag = "halftest";
-  o.engine.dense_fallback = DenseFallback::kOff;
-  o.engine.min_sparse_elements = 0;
+  EngineClusterOptions o = AlwaysSparse();
   EngineCluster cluster(o);
   ASSERT_TRUE(cluster.status().ok()) << cluster.status();
   // Bucket 1: half, float32 on the wire. Bucket 2: float32 fed the widened inputs. Bucket 3:
@@ -227,13 +233,7 @@ TEST_P(Fp16ValuesTest, AFloat32BucketSendsAndKeepsAsAFloat16Bucket) {
   const DType t = DType::kFloat16;
   auto pattern = CompressorPattern(compressor);
   ASSERT_TRUE(pattern.ok()) << pattern.status();
-  EngineClusterOptions o;
-  o.nodes = kNodes;
-  o.trainers = kTrainers;
-  o.hub_timeout = absl::Seconds(30);
-  o.engine.shm_tag = "halftest";
-  o.engine.dense_fallback = DenseFallback::kOff;
-  o.engine.min_sparse_elements = 0;
+  EngineClusterOptions o = AlwaysSparse();
   o.engine.fp16_values = true;
   std::atomic<int> differ{0}, not_half{0}, nonzero{0};
   const std::vector<std::string> errors =
@@ -360,13 +360,7 @@ TEST(HalfDenseExchange, ANaNInADenseHalfInputFailsTheStepNamingTheTrainer) {
 TEST(HalfOkTopk, HalfValuesOnTheWireAsTheSparseAllGather) {
   for (DType t : {DType::kBFloat16, DType::kFloat16}) {
     SCOPED_TRACE(DTypeName(t));
-    EngineClusterOptions o;
-    o.nodes = kNodes;
-    o.trainers = kTrainers;
-    o.hub_timeout = absl::Seconds(30);
-    o.engine.shm_tag = "halftest";
-    o.engine.dense_fallback = DenseFallback::kOff;
-    o.engine.min_sparse_elements = 0;
+    EngineClusterOptions o = AlwaysSparse();
     o.engine.oktopk_global = OkTopkSelect::kAll;
     EngineCluster cluster(o);
     ASSERT_TRUE(cluster.status().ok()) << cluster.status();
@@ -475,14 +469,8 @@ TEST(HalfMerged, RoundedOnceFromTheFloat32PathUnderEveryMerger) {
     for (const char* compressor : {"dense", "topk", "micro"}) {
       for (DType t : {DType::kBFloat16, DType::kFloat16}) {
         SCOPED_TRACE(absl::StrCat(merger.name, " ", compressor, " ", DTypeName(t)));
-        EngineClusterOptions o;
-        o.nodes = kNodes;
-        o.trainers = kTrainers;
-        o.hub_timeout = absl::Seconds(30);
-        o.engine.shm_tag = "halftest";
+        EngineClusterOptions o = AlwaysSparse();
         o.engine.merger = merger.policy;
-        o.engine.dense_fallback = DenseFallback::kOff;
-        o.engine.min_sparse_elements = 0;
         std::atomic<int> not_rounded_once{0}, nonzero{0};
         const std::vector<std::string> errors =
             RunHalfBesideFloat32(o, compressor, t, [&](const uint16_t* out1, const float* out2) {
