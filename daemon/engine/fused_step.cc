@@ -237,6 +237,81 @@ void DenseSubExchange(const StepEnv& env, const std::vector<Member*>& d, FusedSc
   }
 }
 
+// IndexUnionSubExchange's value stage: every member's values at its union (`vals`, back to back,
+// `total` of them, in place) summed over the nodes. --fp16_values: each member's values as
+// SparseStep's AverageUnionValues sends them (float16, float32 sums in rank order, the average
+// rounded once: element by element the same as alone; (*scaled)[j] set, the average is in vals); a
+// member whose average is not finite goes again as float32, scaled first, as alone. Otherwise one
+// float32 all-reduce of the sums (not scaled). False when a collective failed (every member keeps
+// it).
+bool SumUnionValues(const StepEnv& env, const std::vector<Member*>& a, float scale, float* vals,
+                    size_t total, std::vector<char>* scaled) {
+  Primitives* host = env.host_prims;
+  const int N = env.coll->size();
+  if (env.fp16_values && N > 1 && total > 0) {
+    std::vector<float> avg(total);
+    HalfAllReduceBytes hb;
+    absl::Status s =
+        HalfAllReduceScaled(env.coll, DType::kFloat16, vals, avg.data(), total, scale, &hb);
+    if (!s.ok()) {
+      for (Member* m : a) Keep(&m->s, s);
+      return false;
+    }
+    std::vector<float> again;  // the members whose average did not fit, back to back
+    for (size_t j = 0; j < a.size(); ++j) {
+      Member* m = a[j];
+      const size_t u = m->union_idx.size();
+      float* v = vals + m->offset;
+      const float* w = avg.data() + m->offset;
+      if (u > 0) {  // what HalfAllReduceScaled of this member alone would have moved
+        const uint64_t half_bytes = 4ull * (N - 1) * ((u + N - 1) / N);
+        m->bytes_sent += half_bytes;
+        m->bytes_received += half_bytes;
+      }
+      if (std::all_of(w, w + u, [](float x) { return std::isfinite(x); })) {
+        std::copy(w, w + u, v);
+        m->values_sent = DType::kFloat16;
+      } else {
+        host->Scale(v, scale, u);
+        again.insert(again.end(), v, v + u);
+      }
+      (*scaled)[j] = 1;
+    }
+    if (!again.empty()) {
+      s = env.coll->AllReduce(again.data(), again.size(), ElemType::kFloat32, ReduceOp::kSum);
+      if (!s.ok()) {
+        for (Member* m : a) Keep(&m->s, s);
+        return false;
+      }
+      size_t off = 0;
+      for (Member* m : a) {
+        if (m->values_sent == DType::kFloat16) continue;
+        const size_t u = m->union_idx.size();
+        std::copy(again.data() + off, again.data() + off + u, vals + m->offset);
+        off += u;
+        if (u > 0) {
+          m->bytes_sent += u * 4;
+          m->bytes_received += u * 4;
+        }
+      }
+    }
+  } else if (N > 1 && total > 0) {
+    absl::Status s = env.coll->AllReduce(vals, total, ElemType::kFloat32, ReduceOp::kSum);
+    if (!s.ok()) {
+      for (Member* m : a) Keep(&m->s, s);
+      return false;
+    }
+    for (Member* m : a) {
+      const size_t u = m->union_idx.size();
+      if (u > 0) {
+        m->bytes_sent += u * 4;
+        m->bytes_received += u * 4;
+      }
+    }
+  }
+  return true;
+}
+
 void IndexUnionSubExchange(const StepEnv& env, uint64_t step, const std::vector<Member*>& a,
                            FusedScratch* scratch, const Lap& lap) {
   Primitives* host = env.host_prims;
@@ -272,71 +347,8 @@ void IndexUnionSubExchange(const StepEnv& env, uint64_t step, const std::vector<
     }
   }
   const float scale = 1.0f / static_cast<float>(N * env.local_trainers);
-  // --fp16_values: each member's values as SparseStep's AverageUnionValues sends them (float16,
-  // float32 sums in rank order, the average rounded once: element by element the same as alone);
-  // a member whose average is not finite goes again as float32, scaled first, as alone.
   std::vector<char> scaled(a.size(), 0);
-  if (env.fp16_values && N > 1 && total > 0) {
-    std::vector<float> avg(total);
-    HalfAllReduceBytes hb;
-    absl::Status s =
-        HalfAllReduceScaled(env.coll, DType::kFloat16, vals.data(), avg.data(), total, scale, &hb);
-    if (!s.ok()) {
-      for (Member* m : a) Keep(&m->s, s);
-      return;
-    }
-    std::vector<float> again;  // the members whose average did not fit, back to back
-    for (size_t j = 0; j < a.size(); ++j) {
-      Member* m = a[j];
-      const size_t u = m->union_idx.size();
-      float* v = vals.data() + m->offset;
-      const float* w = avg.data() + m->offset;
-      if (u > 0) {  // what HalfAllReduceScaled of this member alone would have moved
-        const uint64_t half_bytes = 4ull * (N - 1) * ((u + N - 1) / N);
-        m->bytes_sent += half_bytes;
-        m->bytes_received += half_bytes;
-      }
-      if (std::all_of(w, w + u, [](float x) { return std::isfinite(x); })) {
-        std::copy(w, w + u, v);
-        m->values_sent = DType::kFloat16;
-      } else {
-        host->Scale(v, scale, u);
-        again.insert(again.end(), v, v + u);
-      }
-      scaled[j] = 1;
-    }
-    if (!again.empty()) {
-      s = env.coll->AllReduce(again.data(), again.size(), ElemType::kFloat32, ReduceOp::kSum);
-      if (!s.ok()) {
-        for (Member* m : a) Keep(&m->s, s);
-        return;
-      }
-      size_t off = 0;
-      for (Member* m : a) {
-        if (m->values_sent == DType::kFloat16) continue;
-        const size_t u = m->union_idx.size();
-        std::copy(again.data() + off, again.data() + off + u, vals.data() + m->offset);
-        off += u;
-        if (u > 0) {
-          m->bytes_sent += u * 4;
-          m->bytes_received += u * 4;
-        }
-      }
-    }
-  } else if (N > 1 && total > 0) {
-    absl::Status s = env.coll->AllReduce(vals.data(), total, ElemType::kFloat32, ReduceOp::kSum);
-    if (!s.ok()) {
-      for (Member* m : a) Keep(&m->s, s);
-      return;
-    }
-    for (Member* m : a) {
-      const size_t u = m->union_idx.size();
-      if (u > 0) {
-        m->bytes_sent += u * 4;
-        m->bytes_received += u * 4;
-      }
-    }
-  }
+  if (!SumUnionValues(env, a, scale, vals.data(), total, &scaled)) return;
   lap(Phase::kCollective);
   for (size_t j = 0; j < a.size(); ++j) {
     Member* m = a[j];

@@ -54,6 +54,24 @@ absl::Status KeepUnionRoundingOnDevice(const StepEnv& env, const BucketData& b, 
   return AddAtOnDevice(env, b, u, v);
 }
 
+// Pattern B's values went out rounded to `t` (a half bucket's type, float16 under
+// --fp16_values): what rounding took off stays in the residual (error feedback keeps it, as it
+// keeps what was not selected). Where one did not fit, the chunk went as float32 (ValuesWire):
+// nothing was rounded, and the caller does not call this. On the device the selection zeroed acc
+// there, so adding the remainders writes them.
+absl::Status KeepSelectionRounding(const StepEnv& env, const BucketData& b, const Selection& sel,
+                                   DType t) {
+  if (!b.on_device) {  // one vector pass (kernels/half.h)
+    half::KeepRounding(t, b.acc, sel.idx.data(), sel.val.data(), sel.idx.size());
+    return absl::OkStatus();
+  }
+  std::vector<float> rem(sel.val.size());
+  for (size_t j = 0; j < rem.size(); ++j) {
+    rem[j] = sel.val[j] - HalfToFloat(t, FloatToHalf(t, sel.val[j]));
+  }
+  return AddAtOnDevice(env, b, sel.idx, rem);
+}
+
 void SparseStepOne(const StepEnv& env, StepItem& item, const Lap& lap) {
   const int L = env.local_trainers, N = env.coll->size();
   BucketData& b = *item.data;
@@ -134,21 +152,7 @@ void SparseStepOne(const StepEnv& env, StepItem& item, const Lap& lap) {
   } else {
     x = ExchangeSparseGather(env.coll, env.host_prims, args, sel.idx, sel.val, b.output, &res, dev);
     if (x.ok() && s.ok() && zero_selected && env.error_feedback && IsHalf(res.values_sent)) {
-      // The values went out rounded to the bucket's type: what rounding took off stays in the
-      // residual (error feedback keeps it, as it keeps what was not selected). Where one did
-      // not fit, the chunk went as float32 (ValuesWire): nothing was rounded, and the
-      // selection's zeros stay. On the device the selection zeroed acc there, so adding the
-      // remainders writes them.
-      const DType t = res.values_sent;
-      if (!b.on_device) {  // one vector pass (kernels/half.h)
-        half::KeepRounding(t, b.acc, sel.idx.data(), sel.val.data(), sel.idx.size());
-      } else {
-        std::vector<float> rem(sel.val.size());
-        for (size_t j = 0; j < rem.size(); ++j) {
-          rem[j] = sel.val[j] - HalfToFloat(t, FloatToHalf(t, sel.val[j]));
-        }
-        x = AddAtOnDevice(env, b, sel.idx, rem);
-      }
+      x = KeepSelectionRounding(env, b, sel, res.values_sent);
     }
   }
   keep(x);

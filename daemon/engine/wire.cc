@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 
@@ -182,6 +183,128 @@ void EncodeIndexChunk(uint64_t group_id, uint64_t step, uint32_t elements,
 
 namespace {
 
+// What is wrong with a chunk's header for this bucket and step ("" when nothing is).
+std::string HeaderProblem(const ChunkHeader& h, uint64_t group_id, uint64_t step, uint32_t elements,
+                          bool index_only) {
+  if (h.magic != kChunkMagic) return "bad magic";
+  if (h.version != kChunkVersion)
+    return absl::StrCat("wire version ", h.version, ", this daemon speaks 1");
+  if (h.flags & ~(kChunkFp16 | kChunkIndexOnly | kChunkBf16 | kChunkDeltaIdx))
+    return absl::StrCat("unknown flags 0x", absl::Hex(h.flags));
+  if ((h.flags & kChunkFp16) && (h.flags & kChunkBf16)) return "both the fp16 and bf16 flags";
+  if (index_only && (h.flags & kChunkFp16)) return "the fp16 flag on an index-only chunk";
+  if (index_only && (h.flags & kChunkBf16)) return "the bf16 flag on an index-only chunk";
+  if (((h.flags & kChunkIndexOnly) != 0) != index_only) {
+    return index_only ? "a chunk with values where indices alone were expected"
+                      : "an index-only chunk where values were expected";
+  }
+  if (h.group_id != group_id || h.step != step) {
+    return absl::StrCat("it is for bucket ", h.group_id, " step ", h.step,
+                        " (bucket order differs between nodes)");
+  }
+  if (h.elements != elements) return absl::StrCat("bucket size ", h.elements, ", here ", elements);
+  if (h.count > elements)
+    return absl::StrCat("count ", h.count, " exceeds the bucket's ", elements, " elements");
+  return "";
+}
+
+// The uint32 index section: d->idx (into the bytes where aligned), *v the value section. What is
+// wrong ("" when nothing is).
+std::string U32Indices(const uint8_t* data, size_t bytes, const ChunkHeader& h, uint32_t elements,
+                       bool half, bool index_only, DecodedChunk* d, const uint8_t** v) {
+  const size_t want = ChunkBytes(h.count, half, index_only);
+  if (bytes != want) return absl::StrCat(bytes, " bytes, but count ", h.count, " needs ", want);
+  const uint8_t* raw_idx = data + sizeof(ChunkHeader);
+  if (reinterpret_cast<uintptr_t>(raw_idx) % alignof(uint32_t) == 0) {
+    d->idx = reinterpret_cast<const uint32_t*>(raw_idx);
+  } else {
+    d->idx_copy.resize(h.count);
+    if (h.count) std::memcpy(d->idx_copy.data(), raw_idx, 4ull * h.count);
+    d->idx = d->idx_copy.data();
+  }
+  for (uint32_t i = 0; i < h.count; ++i) {
+    uint32_t ix;
+    std::memcpy(&ix, data + sizeof(ChunkHeader) + 4ull * i, 4);
+    if (ix >= elements)
+      return absl::StrCat("index ", ix, " at position ", i, " is outside the bucket (", elements,
+                          ")");
+  }
+  *v = data + sizeof(ChunkHeader) + 4ull * h.count;
+  return "";
+}
+
+// The delta index section (wire.h): a length word, the varints, zero padding, then the values
+// (vbytes each). d->idx points into d->idx_copy, *v the value section. What is wrong ("" when
+// nothing is).
+std::string DeltaIndices(const uint8_t* data, size_t bytes, const ChunkHeader& h, uint32_t elements,
+                         size_t vbytes, DecodedChunk* d, const uint8_t** v) {
+  // Delta form (wire.h): a length word, the varints, zero padding, then the values.
+  const size_t values = static_cast<size_t>(h.count) * vbytes;
+  if (bytes < sizeof(ChunkHeader) + 4)
+    return absl::StrCat(bytes, " bytes end before the delta index section's length");
+  uint32_t len;
+  std::memcpy(&len, data + sizeof(ChunkHeader), 4);
+  const size_t want = sizeof(ChunkHeader) + 4 + RoundUp4(len) + values;
+  if (bytes != want) {
+    return absl::StrCat(bytes, " bytes, but a delta index section of ", len, " bytes and count ",
+                        h.count, " need ", want);
+  }
+  if (h.count > len) {  // every entry takes at least one byte
+    return absl::StrCat("count ", h.count, " entries cannot fit a delta index section of ", len,
+                        " bytes");
+  }
+  const uint8_t* p = data + sizeof(ChunkHeader) + 4;
+  const uint8_t* const end = p + len;
+  d->idx_copy.resize(h.count);
+  uint32_t* out = d->idx_copy.data();
+  uint64_t next = 0;  // the smallest index the next entry may have
+  for (uint32_t i = 0; i < h.count; ++i) {
+    if (p == end) {
+      return absl::StrCat("the delta index section (", len, " bytes) ends at entry ", i, " of ",
+                          h.count);
+    }
+    uint64_t g = *p++;
+    if (g >= 0x80) {  // more groups: at most 5 bytes, minimal, below 2^32
+      g &= 0x7f;
+      int shift = 7;
+      for (;;) {
+        if (p == end) {
+          return absl::StrCat("the varint of entry ", i,
+                              " is cut off by the end of the delta index section (", len,
+                              " bytes)");
+        }
+        const uint8_t b = *p++;
+        g |= uint64_t{b & 0x7fu} << shift;
+        if (b < 0x80) {
+          if (b == 0) return absl::StrCat("the varint of entry ", i, " is not minimal");
+          break;
+        }
+        shift += 7;
+        if (shift == 35) return absl::StrCat("the varint of entry ", i, " is longer than 5 bytes");
+      }
+      if (g > UINT32_MAX) return absl::StrCat("the varint of entry ", i, " is ", g, ", past 2^32");
+    }
+    const uint64_t ix = next + g;  // strictly ascending by construction
+    if (ix >= elements) {
+      return absl::StrCat("index ", ix, " at position ", i, " is outside the bucket (", elements,
+                          ")");
+    }
+    out[i] = static_cast<uint32_t>(ix);
+    next = ix + 1;
+  }
+  if (p != end) {
+    return absl::StrCat("the delta index section says ", len, " bytes, but its ", h.count,
+                        " entries take ", p - (data + sizeof(ChunkHeader) + 4));
+  }
+  for (const uint8_t* q = end; q < data + sizeof(ChunkHeader) + 4 + RoundUp4(len); ++q) {
+    if (*q != 0) return "nonzero padding after the delta index section";
+  }
+  d->idx = d->idx_copy.data();
+  *v = data + sizeof(ChunkHeader) + 4 + RoundUp4(len);
+
+  return "";
+}
+
 absl::StatusOr<DecodedChunk> Decode(const uint8_t* data, size_t bytes, uint64_t group_id,
                                     uint64_t step, uint32_t elements, int peer, bool index_only) {
   auto bad = [&](const std::string& what) {
@@ -193,117 +316,17 @@ absl::StatusOr<DecodedChunk> Decode(const uint8_t* data, size_t bytes, uint64_t 
     return bad(absl::StrCat(bytes, " bytes, shorter than the 48-byte header"));
   std::memcpy(&d.header, data, sizeof(ChunkHeader));
   const ChunkHeader& h = d.header;
-  if (h.magic != kChunkMagic) return bad("bad magic");
-  if (h.version != kChunkVersion)
-    return bad(absl::StrCat("wire version ", h.version, ", this daemon speaks 1"));
-  if (h.flags & ~(kChunkFp16 | kChunkIndexOnly | kChunkBf16 | kChunkDeltaIdx))
-    return bad(absl::StrCat("unknown flags 0x", absl::Hex(h.flags)));
-  if ((h.flags & kChunkFp16) && (h.flags & kChunkBf16)) return bad("both the fp16 and bf16 flags");
-  if (index_only && (h.flags & kChunkFp16)) return bad("the fp16 flag on an index-only chunk");
-  if (index_only && (h.flags & kChunkBf16)) return bad("the bf16 flag on an index-only chunk");
-  if (((h.flags & kChunkIndexOnly) != 0) != index_only) {
-    return bad(index_only ? "a chunk with values where indices alone were expected"
-                          : "an index-only chunk where values were expected");
-  }
-  if (h.group_id != group_id || h.step != step) {
-    return bad(absl::StrCat("it is for bucket ", h.group_id, " step ", h.step,
-                            " (bucket order differs between nodes)"));
-  }
-  if (h.elements != elements)
-    return bad(absl::StrCat("bucket size ", h.elements, ", here ", elements));
-  if (h.count > elements)
-    return bad(absl::StrCat("count ", h.count, " exceeds the bucket's ", elements, " elements"));
+  if (std::string what = HeaderProblem(h, group_id, step, elements, index_only); !what.empty())
+    return bad(what);
   const bool fp16 = h.flags & kChunkFp16;
   const bool bf16 = h.flags & kChunkBf16;
   const size_t vbytes = index_only ? 0 : (fp16 || bf16) ? 2 : 4;
   const uint8_t* v = nullptr;  // the value section
-  if (!(h.flags & kChunkDeltaIdx)) {
-    const size_t want = ChunkBytes(h.count, fp16 || bf16, index_only);
-    if (bytes != want)
-      return bad(absl::StrCat(bytes, " bytes, but count ", h.count, " needs ", want));
-    const uint8_t* raw_idx = data + sizeof(ChunkHeader);
-    if (reinterpret_cast<uintptr_t>(raw_idx) % alignof(uint32_t) == 0) {
-      d.idx = reinterpret_cast<const uint32_t*>(raw_idx);
-    } else {
-      d.idx_copy.resize(h.count);
-      if (h.count) std::memcpy(d.idx_copy.data(), raw_idx, 4ull * h.count);
-      d.idx = d.idx_copy.data();
-    }
-    for (uint32_t i = 0; i < h.count; ++i) {
-      uint32_t ix;
-      std::memcpy(&ix, data + sizeof(ChunkHeader) + 4ull * i, 4);
-      if (ix >= elements)
-        return bad(absl::StrCat("index ", ix, " at position ", i, " is outside the bucket (",
-                                elements, ")"));
-    }
-    v = data + sizeof(ChunkHeader) + 4ull * h.count;
-  } else {
-    // Delta form (wire.h): a length word, the varints, zero padding, then the values.
-    const size_t values = static_cast<size_t>(h.count) * vbytes;
-    if (bytes < sizeof(ChunkHeader) + 4)
-      return bad(absl::StrCat(bytes, " bytes end before the delta index section's length"));
-    uint32_t len;
-    std::memcpy(&len, data + sizeof(ChunkHeader), 4);
-    const size_t want = sizeof(ChunkHeader) + 4 + RoundUp4(len) + values;
-    if (bytes != want) {
-      return bad(absl::StrCat(bytes, " bytes, but a delta index section of ", len,
-                              " bytes and count ", h.count, " need ", want));
-    }
-    if (h.count > len) {  // every entry takes at least one byte
-      return bad(absl::StrCat("count ", h.count, " entries cannot fit a delta index section of ",
-                              len, " bytes"));
-    }
-    const uint8_t* p = data + sizeof(ChunkHeader) + 4;
-    const uint8_t* const end = p + len;
-    d.idx_copy.resize(h.count);
-    uint32_t* out = d.idx_copy.data();
-    uint64_t next = 0;  // the smallest index the next entry may have
-    for (uint32_t i = 0; i < h.count; ++i) {
-      if (p == end) {
-        return bad(absl::StrCat("the delta index section (", len, " bytes) ends at entry ", i,
-                                " of ", h.count));
-      }
-      uint64_t g = *p++;
-      if (g >= 0x80) {  // more groups: at most 5 bytes, minimal, below 2^32
-        g &= 0x7f;
-        int shift = 7;
-        for (;;) {
-          if (p == end) {
-            return bad(absl::StrCat("the varint of entry ", i,
-                                    " is cut off by the end of the delta index section (", len,
-                                    " bytes)"));
-          }
-          const uint8_t b = *p++;
-          g |= uint64_t{b & 0x7fu} << shift;
-          if (b < 0x80) {
-            if (b == 0) return bad(absl::StrCat("the varint of entry ", i, " is not minimal"));
-            break;
-          }
-          shift += 7;
-          if (shift == 35)
-            return bad(absl::StrCat("the varint of entry ", i, " is longer than 5 bytes"));
-        }
-        if (g > UINT32_MAX)
-          return bad(absl::StrCat("the varint of entry ", i, " is ", g, ", past 2^32"));
-      }
-      const uint64_t ix = next + g;  // strictly ascending by construction
-      if (ix >= elements) {
-        return bad(absl::StrCat("index ", ix, " at position ", i, " is outside the bucket (",
-                                elements, ")"));
-      }
-      out[i] = static_cast<uint32_t>(ix);
-      next = ix + 1;
-    }
-    if (p != end) {
-      return bad(absl::StrCat("the delta index section says ", len, " bytes, but its ", h.count,
-                              " entries take ", p - (data + sizeof(ChunkHeader) + 4)));
-    }
-    for (const uint8_t* q = end; q < data + sizeof(ChunkHeader) + 4 + RoundUp4(len); ++q) {
-      if (*q != 0) return bad("nonzero padding after the delta index section");
-    }
-    d.idx = d.idx_copy.data();
-    v = data + sizeof(ChunkHeader) + 4 + RoundUp4(len);
-  }
+  const std::string what =
+      (h.flags & kChunkDeltaIdx)
+          ? DeltaIndices(data, bytes, h, elements, vbytes, &d, &v)
+          : U32Indices(data, bytes, h, elements, fp16 || bf16, index_only, &d, &v);
+  if (!what.empty()) return bad(what);
   d.bytes = bytes;
   if (index_only) return d;
   d.values.resize(h.count);
