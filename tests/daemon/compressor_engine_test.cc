@@ -58,13 +58,7 @@ TEST_P(CompressorEngineTest, EveryTrainerGetsTheOracleResult) {
   auto oracle = RunReferenceCluster(spec, N, L, steps, prims.get(), Value);
   ASSERT_TRUE(oracle.ok()) << oracle.status();
 
-  EngineClusterOptions o;
-  o.nodes = N;
-  o.trainers = L;
-  o.hub_timeout = absl::Seconds(30);
-  o.engine.shm_tag = "comptest";
-  o.engine.dense_fallback = DenseFallback::kOff;
-  o.engine.min_sparse_elements = 0;
+  EngineClusterOptions o = AlwaysSparseCluster(N, L, "comptest");
   o.engine.residual_norm_every = 1;
   EngineCluster cluster(o);
   ASSERT_TRUE(cluster.status().ok()) << cluster.status();

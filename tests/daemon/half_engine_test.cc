@@ -61,16 +61,7 @@ uint16_t* HalfAt(Trainer& tr, uint64_t bucket, uint64_t offset) {
 }
 
 // 2 nodes x 2 trainers, every sparse bucket exchanged sparse from its first step.
-EngineClusterOptions AlwaysSparse() {
-  EngineClusterOptions o;
-  o.nodes = kNodes;
-  o.trainers = kTrainers;
-  o.hub_timeout = absl::Seconds(30);
-  o.engine.shm_tag = "halftest";
-  o.engine.dense_fallback = DenseFallback::kOff;
-  o.engine.min_sparse_elements = 0;
-  return o;
-}
+EngineClusterOptions AlwaysSparse() { return AlwaysSparseCluster(kNodes, kTrainers, "halftest"); }
 
 struct Case {
   std::string compressor;

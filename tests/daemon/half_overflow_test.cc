@@ -92,16 +92,7 @@ std::string CaseName(const ::testing::TestParamInfo<Case>& info) {
   return info.param.compressor + "_" + DTypeName(info.param.dtype);
 }
 
-EngineClusterOptions Options() {
-  EngineClusterOptions o;
-  o.nodes = kNodes;
-  o.trainers = kTrainers;
-  o.hub_timeout = absl::Seconds(30);
-  o.engine.shm_tag = "halfover";
-  o.engine.dense_fallback = DenseFallback::kOff;
-  o.engine.min_sparse_elements = 0;
-  return o;
-}
+EngineClusterOptions Options() { return AlwaysSparseCluster(kNodes, kTrainers, "halfover"); }
 
 class HalfOverflowTest : public ::testing::TestWithParam<Case> {};
 

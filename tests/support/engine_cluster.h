@@ -200,4 +200,17 @@ class FailingCompressor : public Compressor {
   Plan plan_;
 };
 
+// `nodes` x `trainers` engines under shm tag `tag`, every sparse bucket exchanged sparse from its
+// first step (dense fallback off, no minimum sparse size), 30 s for the hub.
+inline EngineClusterOptions AlwaysSparseCluster(int nodes, int trainers, const std::string& tag) {
+  EngineClusterOptions o;
+  o.nodes = nodes;
+  o.trainers = trainers;
+  o.hub_timeout = absl::Seconds(30);
+  o.engine.shm_tag = tag;
+  o.engine.dense_fallback = DenseFallback::kOff;
+  o.engine.min_sparse_elements = 0;
+  return o;
+}
+
 }  // namespace spex::test
