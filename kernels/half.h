@@ -121,6 +121,11 @@ size_t SumWidenNarrow(DType t, uint16_t* y, const float* acc, const uint16_t* co
 // went out rounded to `t`, so every v fits (HalfFits): a value past t's range is sent as
 // float32 instead and its residual is zeroed, never left at -Inf.
 void KeepRounding(DType t, float* acc, const uint32_t* idx, const float* val, size_t count);
+// Gather and KeepRounding (pattern A, val null) in one pass: gathered[j] = v = acc[idx[j]], then
+// acc[idx[j]] = v - float(round_t(v)); bit for bit the two passes. For the sender of a union's
+// values as `t` (the half all-reduce rounds them alike); where they end up sent as float32
+// instead, the caller writes acc back from gathered or zeroes it.
+void GatherKeepRounding(DType t, float* acc, const uint32_t* idx, size_t count, float* gathered);
 // Name of the Highway target these passes run on.
 const char* TargetName();
 

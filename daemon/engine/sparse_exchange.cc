@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "daemon/engine/half_exchange.h"
 #include "daemon/engine/wire.h"
+#include "kernels/half.h"
 
 namespace spex {
 
@@ -51,10 +52,18 @@ namespace {
 // (as DDP divides before it sums), and values_sent stays float32 so the residual is zeroed at
 // the union (nothing was rounded) instead of keeping -Inf. acc is finite (the local reduce
 // checks it), so only such an overflow makes the half result non-finite.
+// `kept` (set when the gather kept the rounding in acc at union u): where the half exchange fails
+// or does not fit, acc is written back from vals (still acc's values) before anything else.
 absl::Status AverageUnionValues(Collective* coll, Primitives* prims, const SparseExchangeArgs& args,
-                                std::vector<float>* vals, SparseExchangeResult* res) {
+                                std::vector<float>* vals, SparseExchangeResult* res,
+                                float* kept = nullptr, const std::vector<uint32_t>* u = nullptr) {
   const int n = coll->size();
   if (vals->empty()) return absl::OkStatus();
+  auto undo = [&] {
+    if (kept == nullptr) return;
+    for (size_t j = 0; j < u->size(); ++j) kept[(*u)[j]] = (*vals)[j];
+    kept = nullptr;
+  };
   bool scaled = false;
   if (IsHalf(args.wire) && n > 1) {
     HalfAllReduceBytes hb;
@@ -62,6 +71,7 @@ absl::Status AverageUnionValues(Collective* coll, Primitives* prims, const Spars
     if (absl::Status s = HalfAllReduceScaled(coll, args.wire, vals->data(), sum.data(),
                                              vals->size(), args.scale, &hb);
         !s.ok()) {
+      undo();
       return s;
     }
     res->bytes_sent += hb.sent;
@@ -69,11 +79,14 @@ absl::Status AverageUnionValues(Collective* coll, Primitives* prims, const Spars
     if (std::all_of(sum.begin(), sum.end(), [](float v) { return std::isfinite(v); })) {
       vals->swap(sum);
       res->values_sent = args.wire;
+      res->residual_kept = kept != nullptr;
       return absl::OkStatus();
     }
+    undo();
     prims->Scale(vals->data(), args.scale, vals->size());
     scaled = true;
   }
+  undo();  // (never kept on one node, whose values stay float32)
   if (n > 1) {
     if (absl::Status s =
             coll->AllReduce(vals->data(), vals->size(), ElemType::kFloat32, ReduceOp::kSum);
@@ -89,8 +102,20 @@ absl::Status AverageUnionValues(Collective* coll, Primitives* prims, const Spars
 
 }  // namespace
 
+void ReplaceAt(float* out, size_t n, const std::vector<uint32_t>& prev, const uint32_t* u,
+               const float* val, size_t m) {
+  constexpr size_t kBlock = size_t{1} << 15;  // 128 KiB of out: well inside a core's L2
+  size_t i = 0, j = 0;
+  for (size_t end = kBlock; i < prev.size() || j < m; end += kBlock) {
+    const size_t stop = std::min(end, n);
+    for (; i < prev.size() && prev[i] < stop; ++i) out[prev[i]] = 0.0f;
+    for (; j < m && u[j] < stop; ++j) out[u[j]] = val[j];
+    if (stop == n) break;
+  }
+}
+
 absl::Status ExchangeIndexUnion(Collective* coll, Primitives* prims, const SparseExchangeArgs& args,
-                                absl::Span<const uint32_t> my_idx, const float* acc, float* out,
+                                absl::Span<const uint32_t> my_idx, float* acc, float* out,
                                 SparseExchangeResult* res, const DeviceSide* device) {
   const int n = coll->size();
   // Indices travel in an index-only wire chunk, validated by the receiver.
@@ -125,6 +150,7 @@ absl::Status ExchangeIndexUnion(Collective* coll, Primitives* prims, const Spars
   std::vector<float> vals(u.size());
   const uint32_t* dev_u = nullptr;  // the union in device scratch (slot 0)
   float* dev_vals = nullptr;        // slot 1
+  float* kept = nullptr;            // acc, when the gather kept the wire's rounding there
   absl::Status local;
   if (device != nullptr && !u.empty()) {
     absl::StatusOr<void*> du = device->scratch->Upload(0, u.data(), u.size() * 4);
@@ -136,11 +162,17 @@ absl::Status ExchangeIndexUnion(Collective* coll, Primitives* prims, const Spars
       local = device->prims->Gather(acc, args.elements, dev_u, u.size(), dev_vals);
       if (local.ok()) local = device->prims->CopyToHost(vals.data(), dev_vals, u.size() * 4);
     }
+  } else if (device == nullptr && args.keep_rounding && IsHalf(args.wire) && n > 1 &&
+             (u.empty() || u.back() < args.elements)) {
+    half::GatherKeepRounding(args.wire, acc, u.data(), u.size(), vals.data());
+    kept = acc;
   } else if (device == nullptr) {
     local = prims->Gather(acc, args.elements, u.data(), u.size(), vals.data());
   }
   if (!local.ok()) std::fill(vals.begin(), vals.end(), 0.0f);
-  if (absl::Status s = AverageUnionValues(coll, prims, args, &vals, res); !s.ok()) return s;
+  if (absl::Status s = AverageUnionValues(coll, prims, args, &vals, res, kept, &u); !s.ok()) {
+    return s;
+  }
   if (!local.ok()) return local;
   // out is zero at every position of u (the caller's contract), so adding writes the average.
   if (device != nullptr) {
@@ -149,6 +181,15 @@ absl::Status ExchangeIndexUnion(Collective* coll, Primitives* prims, const Spars
       if (s.ok()) s = device->prims->ScatterAdd(out, args.elements, dev_u, dev_vals, u.size());
       if (!s.ok()) return s;
     }
+  } else if (args.out_nonzero != nullptr) {
+    const std::vector<uint32_t>& prev = *args.out_nonzero;
+    if ((!u.empty() && u.back() >= args.elements) ||
+        (!prev.empty() && prev.back() >= args.elements)) {
+      return absl::InternalError(absl::StrCat("pattern A's output positions pass the bucket's ",
+                                              args.elements, " elements"));
+    }
+    ReplaceAt(out, args.elements, prev, u.data(), vals.data(), u.size());
+    res->out_replaced = true;
   } else {
     absl::Status s = prims->ScatterAdd(out, args.elements, u.data(), vals.data(), u.size());
     if (!s.ok()) return s;

@@ -46,6 +46,11 @@ struct SparseExchangeResult {
   // not fit it (wire.h ValuesWire; A: where the half exchange's result was not finite). The
   // residual keeps the wire's rounding only when they went out rounded (docs/dtypes.md).
   DType values_sent = DType::kFloat32;
+  // A on the host, when asked (SparseExchangeArgs::keep_rounding / out_nonzero): the residual
+  // already keeps the wire's rounding at the union (values_sent is then the half wire type), and
+  // out was zeroed at out_nonzero and written at the union in one pass.
+  bool residual_kept = false;
+  bool out_replaced = false;
 };
 
 struct SparseExchangeArgs {
@@ -59,6 +64,18 @@ struct SparseExchangeArgs {
   DType wire = DType::kFloat32;
   float scalars[4] = {};
   IndexEncoding index_encoding = IndexEncoding::kDelta;  // the chunks' indices (wire.h)
+  // Pattern A on the host only (no DeviceSide), passes fused to spare a walk over the bucket:
+  // - keep_rounding (a half `wire`, error feedback on): acc is the residual, and the pass that
+  //   reads acc at the union also leaves there what the wire's rounding takes off
+  //   (half::GatherKeepRounding). Where the values end up going as float32 (an overflow) or the
+  //   exchange fails, acc is written back first, so the caller's usual handling applies;
+  //   otherwise SparseExchangeResult::residual_kept says the residual is done.
+  // - out_nonzero (sorted): the positions out holds last step's values at. The exchange zeroes
+  //   them and writes the average at the union in one pass, in blocks that fit a core's cache
+  //   (out_replaced), instead of the caller's ZeroAt before and a scatter-add after. When it
+  //   returns without out_replaced, out is untouched and the caller zeroes them.
+  bool keep_rounding = false;
+  const std::vector<uint32_t>* out_nonzero = nullptr;
 };
 
 // Where acc and out live when they are device memory: the device's primitives and scratch of
@@ -82,9 +99,15 @@ absl::Status ScatterAddOnDevice(const DeviceSide& device, float* out, uint32_t e
                                 const std::vector<uint32_t>& idx, const std::vector<float>& val,
                                 const std::vector<size_t>& runs);
 
-// Pattern A. `acc` is this node's accumulated buffer (read at the union only).
+// out[prev] = 0, then out[u[j]] = val[j], a block of out at a time (prev and u sorted, every
+// index < n): each block's lines are read from memory once for both writes.
+void ReplaceAt(float* out, size_t n, const std::vector<uint32_t>& prev, const uint32_t* u,
+               const float* val, size_t m);
+
+// Pattern A. `acc` is this node's accumulated buffer (read at the union only, and written there
+// only under args.keep_rounding).
 absl::Status ExchangeIndexUnion(Collective* coll, Primitives* prims, const SparseExchangeArgs& args,
-                                absl::Span<const uint32_t> my_idx, const float* acc, float* out,
+                                absl::Span<const uint32_t> my_idx, float* acc, float* out,
                                 SparseExchangeResult* res, const DeviceSide* device = nullptr);
 
 // Pattern B. `my_idx`/`my_val` are this node's selection.

@@ -72,6 +72,28 @@ absl::Status KeepSelectionRounding(const StepEnv& env, const BucketData& b, cons
   return AddAtOnDevice(env, b, sel.idx, rem);
 }
 
+// Pattern A on the host with its passes over the bucket fused (SparseExchangeArgs): the residual
+// keeps the wire's rounding as acc is read at the union (a half wire, error feedback on, no
+// local failure), and out is zeroed at `prev` (last step's union) as the average is written.
+// Where the exchange left out untouched, `prev` is zeroed here; where the step fails after out
+// was written, the union is kept as what to zero next (FinishSparseExchange takes it only on
+// success).
+absl::Status ExchangeIndexUnionFused(const StepEnv& env, const BucketData& b, SparseState& st,
+                                     SparseExchangeArgs args, bool local_ok,
+                                     const std::vector<uint32_t>& prev, SparseExchangeResult* res) {
+  args.keep_rounding = local_ok && env.error_feedback;
+  args.out_nonzero = &prev;
+  absl::Status x =
+      ExchangeIndexUnion(env.coll, env.host_prims, args, st.sel.idx, b.acc, b.output, res, nullptr);
+  if (!res->out_replaced) {
+    absl::Status z = ZeroAt(env, b, b.output, prev);
+    if (x.ok()) x = std::move(z);
+  } else if (!x.ok() || !local_ok) {
+    st.touched = res->touched;
+  }
+  return x;
+}
+
 void SparseStepOne(const StepEnv& env, StepItem& item, const Lap& lap) {
   const int L = env.local_trainers, N = env.coll->size();
   BucketData& b = *item.data;
@@ -100,10 +122,15 @@ void SparseStepOne(const StepEnv& env, StepItem& item, const Lap& lap) {
     sel.val.clear();
   }
   lap(Phase::kCompress);
-  // The output holds last step's result: zero only the positions written then.
+  // The output holds last step's result: zero only the positions written then (pattern A on the
+  // host: the exchange does, in its pass that writes the new ones).
+  const bool fuse_a = pattern == Pattern::kIndexUnion && !b.on_device;
+  std::vector<uint32_t> prev;
   if (st.output_dense) {
     keep(env.prims->Fill(b.output, 0.0f, n));
     st.output_dense = false;
+  } else if (fuse_a) {
+    prev.swap(st.touched);
   } else if (!st.touched.empty()) {
     keep(ZeroAt(env, b, b.output, st.touched));
   }
@@ -122,7 +149,9 @@ void SparseStepOne(const StepEnv& env, StepItem& item, const Lap& lap) {
   const DeviceSide* dev = b.on_device ? &device_side : nullptr;
   SparseExchangeResult res;
   absl::Status x;
-  if (pattern == Pattern::kIndexUnion) {
+  if (fuse_a) {
+    x = ExchangeIndexUnionFused(env, b, st, args, s.ok(), prev, &res);
+  } else if (pattern == Pattern::kIndexUnion) {
     x = ExchangeIndexUnion(env.coll, env.host_prims, args, sel.idx, b.acc, b.output, &res, dev);
   } else if (st.oktopk) {
     // The selection and the exchange are host memory; on the device path only the kept
@@ -188,7 +217,9 @@ void FinishSparseExchange(const StepEnv& env, StepItem& item, absl::Status s,
   // float32 (res->values_sent; sparse_exchange.h).
   const DType sent = res->values_sent;
   const bool rounded = IsHalf(sent);
-  if (pattern == Pattern::kIndexUnion && rounded && env.error_feedback && b.on_device) {
+  if (pattern == Pattern::kIndexUnion && res->residual_kept) {
+    // The exchange's gather kept what rounding took off (ExchangeIndexUnionFused).
+  } else if (pattern == Pattern::kIndexUnion && rounded && env.error_feedback && b.on_device) {
     keep(KeepUnionRoundingOnDevice(env, b, sent, res->gathered_idx));
   } else if (pattern == Pattern::kIndexUnion && rounded && env.error_feedback) {
     // All of it was sent, rounded to `sent`: what rounding took off stays (one
