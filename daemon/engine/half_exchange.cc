@@ -1,5 +1,6 @@
 // HalfAllReduceScaled and HalfAllReduceInPlace (half_exchange.h): reduce-scatter through an
-// all-to-all of equal chunks, all-gather in place, both over half values.
+// all-to-all of equal chunks, all-gather in place, both over half values (on two nodes one
+// all-gather of the whole vectors, the same bytes in one round).
 #include "daemon/engine/half_exchange.h"
 
 #include <algorithm>
@@ -52,6 +53,17 @@ absl::Status ExchangeInPlace(Collective* coll, DType t, Scratch16& scratch, uint
     return absl::OkStatus();
   }
   std::vector<uint16_t>& in = scratch.in;
+  if (N == 2) {
+    // Two nodes: one all-gather of the whole vectors moves the bytes of the all-to-all and the
+    // all-gather together, in one round instead of two. Each node sums both over all n in rank
+    // order, the owner's formula below, so every value has the same bits.
+    in.resize(2 * c * 2);
+    if (absl::Status s = coll->AllGather(data, 2 * c * 2, in.data()); !s.ok()) return s;
+    const uint16_t* both[2] = {in.data(), in.data() + 2 * c};
+    half::SumWidenNarrow(t, data, nullptr, both, 2, scale, n, false);
+    if (bytes != nullptr) bytes->sent = bytes->received = 2ull * c * 2;
+    return absl::OkStatus();
+  }
   in.resize(c * N);
   if (absl::Status s = coll->AllToAll(data, c * 2, in.data()); !s.ok()) return s;
   const uint16_t* chunk[kMaxHalfNodes];

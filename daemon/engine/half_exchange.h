@@ -4,7 +4,9 @@
 // would round the partial sum at every hop; instead this is a reduce-scatter (a personalised
 // all-to-all of half chunks, each summed in float32 by its owner in rank order) followed by an
 // all-gather of the owners' results rounded once to the bucket's type: per node
-// 2 (N - 1) / N x 2 bytes a value each way, what a float32 ring all-reduce moves at 4.
+// 2 (N - 1) / N x 2 bytes a value each way, what a float32 ring all-reduce moves at 4. On two
+// nodes that is what one all-gather of the whole half vectors moves: one round, each node
+// summing both in rank order.
 #pragma once
 
 #include <cstddef>
