@@ -1,7 +1,9 @@
 // exchange_cost: the exchange cost model (daemon/engine/exchange_cost.h) from the command line,
 // for bench/scale/spex_scale.py (its whatif command and the comparison with the simulation).
-//   exchange_cost NODES GBIT_PER_S LATENCY_US ELEMENTS K VALUE_BYTES SKEW CONTROL(0|1)
-// prints one JSON object: the model's times in seconds and the cheapest exchange;
+//   exchange_cost NODES GBIT_PER_S LATENCY_US ELEMENTS K VALUE_BYTES SKEW CONTROL(0|1) [INDEX]
+// prints one JSON object: the model's times in seconds and the cheapest exchange (INDEX: the
+// bytes a sparse index takes, 4 by default (uint32), or "delta" for the delta form's expected
+// size, DeltaIndexBytes);
 //   exchange_cost allreduce NODES GBIT_PER_S LATENCY_US BYTES...
 // prints the model's time of one all-reduce of each size (the peers: DDP, PowerSGD).
 #include <cstdio>
@@ -23,10 +25,10 @@ int main(int argc, char** argv) {
     std::printf("]\n");
     return 0;
   }
-  if (argc != 9) {
+  if (argc != 9 && argc != 10) {
     std::fprintf(stderr,
                  "usage: exchange_cost NODES GBIT_PER_S LATENCY_US ELEMENTS K VALUE_BYTES SKEW "
-                 "CONTROL(0|1)\n");
+                 "CONTROL(0|1) [INDEX_BYTES|delta]\n");
     return 2;
   }
   spex::LinkModel link;
@@ -39,6 +41,10 @@ int main(int argc, char** argv) {
   s.value_bytes = std::atoi(argv[6]);
   s.skew = std::strtod(argv[7], nullptr);
   s.control = std::atoi(argv[8]) != 0;
+  if (argc == 10) {
+    s.index_bytes = std::string(argv[9]) == "delta" ? spex::DeltaIndexBytes(s.elements, s.k)
+                                                    : std::strtod(argv[9], nullptr);
+  }
   if (absl::Status st = spex::CheckExchangeInputs(link, s); !st.ok()) {
     std::fprintf(stderr, "exchange_cost: %s\n", st.ToString().c_str());
     return 2;

@@ -114,6 +114,7 @@ absl::StatusOr<ModelChoice> ChooseExchange(const LinkModel& link, const ChoiceIn
   shape.k = k;
   shape.recompute_every = in.recompute_every;
   shape.value_bytes = in.dense_value_bytes;
+  shape.index_bytes = in.delta_indices ? DeltaIndexBytes(in.elements, k) : 4.0;
   if (absl::Status s = CheckExchangeInputs(link, shape); !s.ok()) return s;
   ModelChoice out;
   out.costs = EstimateExchange(link, shape);
@@ -198,6 +199,7 @@ std::string DecideByModel(Collective* coll, const EngineOptions& o, double densi
     in.density = density;
     in.dense_value_bytes = static_cast<int>(DTypeSize(b->mem.view.wire));
     in.sparse_value_bytes = o.fp16_values ? 2 : in.dense_value_bytes;
+    in.delta_indices = o.index_encoding == IndexEncoding::kDelta;
     in.recompute_every = o.oktopk_recompute_every;
     in.dense = open_dense;
     in.allgather = ex.allreduce_probe || !st.oktopk;

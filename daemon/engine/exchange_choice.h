@@ -59,6 +59,7 @@ struct ChoiceInputs {
   double density = 0.01;
   int dense_value_bytes = 4;   // the dense exchange's values on the wire (the wire type)
   int sparse_value_bytes = 4;  // the pairs' values (2 with --fp16_values or a half wire type)
+  bool delta_indices = true;   // --wire_index_encoding=delta (else uint32: 4 bytes an index)
   int recompute_every = 32;    // --oktopk_recompute_every
   bool dense = true;           // candidates: the dense all-reduce (--dense_fallback=auto)
   bool allgather = true;       //   the sparse all-gather (pattern B)

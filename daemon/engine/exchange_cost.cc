@@ -137,6 +137,11 @@ absl::Status CheckExchangeInputs(const LinkModel& link, const ExchangeShape& s) 
     return absl::InvalidArgumentError(absl::StrCat(
         "value_bytes must be 4 (float32) or 2 (bfloat16, float16), not ", s.value_bytes));
   }
+  if (!(s.index_bytes >= 1 && s.index_bytes <= 4)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "index_bytes must be in [1, 4] (4: uint32; the delta form's expected size below), not ",
+        s.index_bytes));
+  }
   if (!(s.skew >= 1) || !std::isfinite(s.skew) || s.skew > s.nodes) {
     return absl::InvalidArgumentError(absl::StrCat(
         "skew (the busiest Ok-Topk region's share over the mean) must be in [1, nodes], not ",
@@ -149,11 +154,19 @@ absl::Status CheckExchangeInputs(const LinkModel& link, const ExchangeShape& s) 
   return absl::OkStatus();
 }
 
+double DeltaIndexBytes(uint64_t elements, uint64_t k) {
+  if (k == 0 || elements == 0) return 4;
+  const double gap = static_cast<double>(elements) / static_cast<double>(k);
+  double bytes = 1, reach = 128;
+  for (int extra = 1; extra <= 4; ++extra, reach *= 128) bytes += std::exp(-reach / gap);
+  return std::min(4.0, bytes);
+}
+
 ExchangeCosts EstimateExchange(const LinkModel& link, const ExchangeShape& s) {
   ExchangeCosts c;
   const int p = s.nodes;
   const double n = static_cast<double>(s.elements), k = static_cast<double>(s.k);
-  const double pair = 4.0 + s.value_bytes;  // an (index, value) pair on the wire
+  const double pair = s.index_bytes + s.value_bytes;  // an (index, value) pair on the wire
   if (s.control) {
     c.control_s = AllReduceTime(link, p, kControlBytes) + AllReduceTime(link, p, kVoteBytes);
   }
@@ -161,6 +174,8 @@ ExchangeCosts EstimateExchange(const LinkModel& link, const ExchangeShape& s) {
   // n/P-value chunks and the all-gather of the owners' sums, the same volume as a ring).
   if (s.value_bytes == 4) {
     c.dense_s = AllReduceTime(link, p, 4.0 * n);
+  } else if (p == 2) {  // one all-gather of the whole half vectors
+    c.dense_s = AllGatherTime(link, p, 2 * std::ceil(n / p) * s.value_bytes);
   } else {
     const double chunk = std::ceil(n / p) * s.value_bytes;
     c.dense_s = AllToAllTime(link, p, chunk) + AllGatherTime(link, p, chunk);
@@ -180,7 +195,7 @@ ExchangeCosts EstimateExchange(const LinkModel& link, const ExchangeShape& s) {
         (p >= 32 ? Rounds(p) : 1) * link.latency_s + (p - 1) * 4 / link.bytes_per_s;
     c.oktopk_s = sizes + AllToAllTime(link, p, kHeaderBytes + region * pair) +
                  AllReduceTime(link, p, 8.0 * (p + 1)) + AllGatherTime(link, p, 4) +
-                 AllGatherTime(link, p, kHeaderBytes + region * 8.0) +
+                 AllGatherTime(link, p, kHeaderBytes + region * (s.index_bytes + 4.0)) +
                  (4 * AllReduceTime(link, p, kHistogramBytes) + AllGatherTime(link, p, 8)) /
                      s.recompute_every;
   }

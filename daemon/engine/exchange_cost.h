@@ -10,9 +10,10 @@
 // all-reduces, Rabenseifner for large ones, the ring all-gather, a linear or pairwise
 // all-to-all(v). A message costs latency + bytes / rate on a full-duplex, non-blocking network
 // (no oversubscription, no contention beyond the node's link).
-// Sparse chunks are counted with 4-byte (uint32) indices: spexd's default delta form
-// (--wire_index_encoding, wire.h) sends about 1 to 2 bytes an index, so the model overstates
-// the all-gather's and Ok-Topk's bytes (pattern B: 8k per node counted where about 5k to 6k go).
+// Sparse chunks count their indices at ExchangeShape::index_bytes: 4 for uint32, or for spexd's
+// default delta form (--wire_index_encoding, wire.h) DeltaIndexBytes, the varint gaps' expected
+// size at the selection's density (1.0 byte at 0.1, 1.28 at 0.01, 1.88 at 0.001).
+// A half bucket's dense exchange on two nodes is one all-gather (half_exchange.h).
 //
 // spexd decides from it: --dense_fallback=auto and --sparse_allreduce=auto under
 // --auto_decide=model (exchange_choice.h) take the model's pick for the measured link at a
@@ -35,6 +36,7 @@ struct ExchangeShape {
   uint64_t elements = 0;     // n, the bucket's elements
   uint64_t k = 0;            // elements each node selects (pattern B), <= n
   int value_bytes = 4;       // a value on the wire: 4 (float32), 2 (bfloat16, float16, fp16_values)
+  double index_bytes = 4;    // a sparse index on the wire: 4 (uint32) or DeltaIndexBytes, in [1, 4]
   double skew = 1.0;         // Ok-Topk: the busiest region's selected entries over the mean (>= 1)
   int recompute_every = 32;  // Ok-Topk: one exact selection (4 histogram all-reduces) every so many
   bool control = true;       // count the control round and the commit vote
@@ -53,8 +55,15 @@ struct ExchangeCosts {
 };
 
 // INVALID_ARGUMENT naming the field to fix: nodes < 1, rate or latency not positive and finite,
-// elements 0, k > elements, value_bytes not 2 or 4, skew outside [1, nodes], recompute_every < 1.
+// elements 0, k > elements, value_bytes not 2 or 4, index_bytes outside [1, 4], skew outside
+// [1, nodes], recompute_every < 1.
 absl::Status CheckExchangeInputs(const LinkModel& link, const ExchangeShape& shape);
+
+// The expected bytes an index takes in the delta form (LEB128 varints of the gaps, wire.h) for k
+// ascending positions spread evenly at random over n: a gap of at least 128^j takes a byte more,
+// and a gap of mean g = n / k reaches 128^j with probability about exp(-128^j / g). At most 4:
+// the encoder sends uint32 where that is smaller. 4 when k is 0.
+double DeltaIndexBytes(uint64_t elements, uint64_t k);
 
 // The model's times. The inputs must pass CheckExchangeInputs.
 ExchangeCosts EstimateExchange(const LinkModel& link, const ExchangeShape& shape);

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 
 #include "absl/strings/str_cat.h"
 #include "daemon/engine/half_exchange.h"
@@ -12,9 +13,35 @@
 
 namespace spex {
 
+namespace {
+
+// Runs that are each strictly ascending and, taken in the order of their first index, do not
+// overlap (MiCRO's and ExDyna's selections: each node's lies in a range it owns): their union is
+// them in that order, one copy with nothing to merge or deduplicate. False otherwise.
+bool ConcatDisjointRuns(const std::vector<uint32_t>& v, const std::vector<size_t>& off,
+                        std::vector<uint32_t>* out) {
+  std::vector<size_t> order;  // the non-empty runs
+  for (size_t r = 0; r + 1 < off.size(); ++r) {
+    const auto a = v.begin() + off[r], b = v.begin() + off[r + 1];
+    if (a == b) continue;
+    if (std::adjacent_find(a, b, std::greater_equal<uint32_t>()) != b) return false;
+    order.push_back(r);
+  }
+  std::sort(order.begin(), order.end(), [&](size_t x, size_t y) { return v[off[x]] < v[off[y]]; });
+  for (size_t i = 1; i < order.size(); ++i) {
+    if (v[off[order[i]]] <= v[off[order[i - 1] + 1] - 1]) return false;
+  }
+  out->clear();
+  for (size_t r : order) out->insert(out->end(), v.begin() + off[r], v.begin() + off[r + 1]);
+  return true;
+}
+
+}  // namespace
+
 void SortedUnion(const std::vector<uint32_t>& v, const std::vector<size_t>& off,
                  std::vector<uint32_t>* out, std::vector<uint32_t>* scratch) {
   const size_t runs = off.size() - 1;
+  if (runs > 1 && ConcatDisjointRuns(v, off, out)) return;
   bool sorted = true;
   for (size_t r = 0; r < runs && sorted; ++r)
     sorted = std::is_sorted(v.begin() + off[r], v.begin() + off[r + 1]);

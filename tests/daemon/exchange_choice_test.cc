@@ -61,6 +61,7 @@ TEST(ExchangeChoiceTest, PicksTheCheapestCandidateOnATableOfCases) {
   };
   for (const Case& c : cases) {
     ChoiceInputs in;
+    in.delta_indices = false;  // the simulated cases count uint32 indices (docs/scale.md)
     in.nodes = c.nodes;
     in.elements = kResNet50;
     in.density = c.density;
@@ -85,6 +86,16 @@ TEST(ExchangeChoiceTest, PicksTheCheapestCandidateOnATableOfCases) {
         << got->why;
     EXPECT_NE(got->why.find(absl::StrCat(c.nodes, " nodes")), std::string::npos) << got->why;
   }
+  // In the delta form the 60% selection at 2 nodes goes the other way: an index takes about a
+  // byte, so the pairs are 3 bytes an element against the ring's 4.
+  ChoiceInputs in;
+  in.nodes = 2;
+  in.elements = kResNet50;
+  in.density = 0.6;
+  in.oktopk = false;
+  absl::StatusOr<ModelChoice> delta = ChooseExchange(Gbps(10, 4), in);
+  ASSERT_TRUE(delta.ok()) << delta.status();
+  EXPECT_EQ(delta->choice, E::kAllGather) << delta->why;
 }
 
 // Candidates within kModelCloseFactor of the cheapest are too close to call.
@@ -221,9 +232,12 @@ struct Seen {
   std::string choice;
 };
 
-Seen RunBucket(AutoDecide how, const std::string& compressor, double density, double gbps) {
+// The cases below are sized for uint32 indices (8-byte float32 pairs) unless `enc` says delta.
+Seen RunBucket(AutoDecide how, const std::string& compressor, double density, double gbps,
+               IndexEncoding enc = IndexEncoding::kU32) {
   test::EngineClusterOptions o;
   o.nodes = 2;
+  o.engine.index_encoding = enc;
   o.engine.auto_decide = how;
   o.engine.link_gbps = gbps;
   o.engine.link_latency_us = 4;
@@ -277,6 +291,18 @@ TEST(ExchangeChoiceEngineTest, TheModelDecidesAtTheFirstStep) {
   EXPECT_NE(close.choice.find("(the cost model could not call it: dense by the cost model"),
             std::string::npos)
       << close.choice;
+  // At 50% with uint32 indices the pairs weigh what the dense all-reduce does, and the model
+  // leans to dense; in the delta form an index takes about a byte (2.5 bytes an element against
+  // 4) and it leans to the all-gather. Both within kModelCloseFactor: the bucket probes.
+  Seen u32_half = RunBucket(AutoDecide::kModel, "topk", 0.5, 10);
+  EXPECT_NE(u32_half.choice.find("(the cost model could not call it: dense by the cost model"),
+            std::string::npos)
+      << u32_half.choice;
+  Seen delta_half = RunBucket(AutoDecide::kModel, "topk", 0.5, 10, IndexEncoding::kDelta);
+  EXPECT_NE(
+      delta_half.choice.find("(the cost model could not call it: allgather by the cost model"),
+      std::string::npos)
+      << delta_half.choice;
 }
 
 TEST(ExchangeChoiceEngineTest, ProbingStillAlternatesAndSaysWhy) {

@@ -31,6 +31,7 @@ enum class Fault {
   kGatherV,
   kGather,
   kScatterAdd,
+  kAllReduceFloat,
   kAllReduceScaled,
   kUpdate,
   kHealth
@@ -76,8 +77,8 @@ class FaultyPrimitives : public test::ForwardingPrimitives {
   bool faulty_;
 };
 
-// A collective whose AllGatherV / AllReduceScaled complete and then report a local failure on
-// one node: the data moved, the peers go on, this node fails.
+// A collective whose AllGatherV / AllReduceScaled / float32 AllReduce complete and then report a
+// local failure on one node: the data moved, the peers go on, this node fails.
 class FaultyCollective : public Collective {
  public:
   FaultyCollective(std::unique_ptr<Collective> c, Injector* inj) : c_(std::move(c)), inj_(inj) {}
@@ -85,7 +86,12 @@ class FaultyCollective : public Collective {
   int size() const override { return c_->size(); }
   const char* name() const override { return "faulty"; }
   absl::Status AllReduce(void* d, size_t n, ElemType t, ReduceOp op) override {
-    return c_->AllReduce(d, n, t, op);
+    absl::Status st = c_->AllReduce(d, n, t, op);
+    // float32: pattern A's union values (the votes and control rounds are integers).
+    if (t == ElemType::kFloat32 && faulty() && inj_->Take(Fault::kAllReduceFloat)) {
+      return Injected("AllReduce");
+    }
+    return st;
   }
   absl::Status AllReduceScaled(const float* s, float* r, size_t n, float scale) override {
     absl::Status st = c_->AllReduceScaled(s, r, n, scale);
@@ -240,7 +246,7 @@ INSTANTIATE_TEST_SUITE_P(
                     Case{"CollectivePatternB", Fault::kGatherV, "topk", "AllGatherV"},
                     Case{"BetweenCollectivesPatternA", Fault::kGather, "micro", "Gather"},
                     Case{"AfterGatherPatternB", Fault::kScatterAdd, "topk", "ScatterAdd"},
-                    Case{"AfterGatherPatternA", Fault::kScatterAdd, "micro", "ScatterAdd"},
+                    Case{"AfterValuesPatternA", Fault::kAllReduceFloat, "micro", "AllReduce"},
                     Case{"CollectiveDense", Fault::kAllReduceScaled, "dense", "AllReduceScaled"},
                     Case{"DecodePatternB", Fault::kUpdate, "topk", "Update"},
                     Case{"DecodePatternA", Fault::kUpdate, "micro", "Update"},

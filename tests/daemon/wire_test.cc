@@ -745,5 +745,49 @@ TEST(HalfAllReduce, EveryNodeCountGivesTheOracleBits) {
   }
 }
 
+// SortedUnion against sort + unique of the concatenation: disjoint runs in any rank order (the
+// one-copy path), interleaved and overlapping runs, empty runs, a run with a repeat, a run out of
+// order, one run. Fails if the one-copy path takes runs that overlap or repeat.
+TEST(SortedUnionTest, IsSortAndUniqueOfTheRuns) {
+  std::mt19937 rng(21);
+  const std::vector<std::vector<std::vector<uint32_t>>> cases = {
+      {{200, 300, 400}, {1, 2, 3}, {}, {500, 600}},  // disjoint, out of rank order
+      {{1, 5, 9}, {2, 6, 10}},                       // interleaved
+      {{1, 5, 9}, {9, 12}},                          // touching: 9 in both
+      {{1, 5, 9}, {3, 4}},                           // inside another's span
+      {{1, 2, 2, 7}, {10, 11}},                      // a repeat within a run
+      {{7, 3, 1}, {10, 11}},                         // a run out of order
+      {{4, 8, 15}},                                  // one run
+      {{}, {}},                                      // nothing
+  };
+  for (size_t c = 0; c < cases.size() + 20; ++c) {
+    std::vector<std::vector<uint32_t>> runs;
+    if (c < cases.size()) {
+      runs = cases[c];
+    } else {  // random: disjoint ranges half the time, else random sets
+      const int nodes = 2 + static_cast<int>(c % 4);
+      for (int r = 0; r < nodes; ++r) {
+        std::vector<uint32_t> run;
+        for (uint32_t i = 0; i < 5000; ++i) {
+          if (rng() % 7 == 0) run.push_back(c % 2 ? r * 5000 + i : i);
+        }
+        runs.push_back(run);
+      }
+      std::shuffle(runs.begin(), runs.end(), rng);
+    }
+    std::vector<uint32_t> v, out, scratch;
+    std::vector<size_t> off(1, 0);
+    for (const auto& r : runs) {
+      v.insert(v.end(), r.begin(), r.end());
+      off.push_back(v.size());
+    }
+    std::vector<uint32_t> want = v;
+    std::sort(want.begin(), want.end());
+    want.erase(std::unique(want.begin(), want.end()), want.end());
+    SortedUnion(v, off, &out, &scratch);
+    EXPECT_EQ(out, want) << "case " << c;
+  }
+}
+
 }  // namespace
 }  // namespace spex
