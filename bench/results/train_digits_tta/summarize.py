@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""Collects the mirrored pairs of main-job invocations in this directory (WORKLOAD_fwd, WORKLOAD_rev;
+"""Collects the mirrored pairs of main-job invocations in this directory (WORKLOAD_fwd, WORKLOAD_rev,
+and a second pair WORKLOAD_fwd2, WORKLOAD_rev2 where there is one;
 each a --results directory of deploy/main_job.sh) into summary.txt and summary.json: per run the
 step ms and time to target of each invocation, the steps to target, and the speed-ups to the
 target against DDP (gloo) and against the fastest of DDP / fp16 / PowerSGD, each the geometric mean
-of the two invocations' ratios (a run missing the target in an invocation has no ratio there)."""
+of the invocations' ratios (a run missing the target in an invocation has no ratio there)."""
 import json
 import math
 import os
@@ -33,8 +34,12 @@ def main():
     # WORKLOAD_quiet_*: the pairs rerun later on the otherwise idle machine. WORKLOAD_wire_*: with
     # the delta index form and --fp16_values, the test set shared out among the ranks and the
     # harness's own checks left out of the time to target (wall_to_target_s keeps them).
-    for wl in ("mlp", "cnn", "lstm", "mlp_quiet", "cnn_quiet", "lstm_quiet", "mlp_wire", "cnn_wire", "lstm_wire"):
-        invs = [(n, load(f"{wl}_{n}")) for n in ("fwd", "rev")]
+    # WORKLOAD_fused_*: after the pattern-A passes were fused and two-node half exchanges became one
+    # all-gather (2026-11-29, later still), two mirrored pairs each for the MLP and the CNN (fwd,
+    # rev, fwd2, rev2), one for the LSTM.
+    for wl in ("mlp", "cnn", "lstm", "mlp_quiet", "cnn_quiet", "lstm_quiet", "mlp_wire", "cnn_wire", "lstm_wire",
+               "mlp_fused", "cnn_fused", "lstm_fused"):
+        invs = [(n, load(f"{wl}_{n}")) for n in ("fwd", "rev", "fwd2", "rev2")]
         invs = [(n, d) for n, d in invs if d]
         if not invs:
             continue
