@@ -513,8 +513,8 @@ int main(int argc, char** argv) {
     } else if (op == "union") {
       const spex::SparseExchangeArgs args = sparse_args(step);
       spex::SparseExchangeResult res;
-      Check(spex::ExchangeIndexUnion(&coll, prims.get(), args, idx,
-                                     static_cast<const float*>(send->p),
+      // acc is only read (args.keep_rounding is off).
+      Check(spex::ExchangeIndexUnion(&coll, prims.get(), args, idx, static_cast<float*>(send->p),
                                      static_cast<float*>(recv->p), &res),
             "union");
       b.sent = res.bytes_sent;
