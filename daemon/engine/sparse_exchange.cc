@@ -17,9 +17,11 @@ namespace {
 
 // Runs that are each strictly ascending and, taken in the order of their first index, do not
 // overlap (MiCRO's and ExDyna's selections: each node's lies in a range it owns): their union is
-// them in that order, one copy with nothing to merge or deduplicate. False otherwise.
+// them in that order, one copy with nothing to merge or deduplicate. False otherwise; *strict
+// says whether every run was strictly ascending (so sorted: the caller need not look again).
 bool ConcatDisjointRuns(const std::vector<uint32_t>& v, const std::vector<size_t>& off,
-                        std::vector<uint32_t>* out) {
+                        std::vector<uint32_t>* out, bool* strict) {
+  *strict = false;
   std::vector<size_t> order;  // the non-empty runs
   for (size_t r = 0; r + 1 < off.size(); ++r) {
     const auto a = v.begin() + off[r], b = v.begin() + off[r + 1];
@@ -27,6 +29,7 @@ bool ConcatDisjointRuns(const std::vector<uint32_t>& v, const std::vector<size_t
     if (std::adjacent_find(a, b, std::greater_equal<uint32_t>()) != b) return false;
     order.push_back(r);
   }
+  *strict = true;
   std::sort(order.begin(), order.end(), [&](size_t x, size_t y) { return v[off[x]] < v[off[y]]; });
   for (size_t i = 1; i < order.size(); ++i) {
     if (v[off[order[i]]] <= v[off[order[i - 1] + 1] - 1]) return false;
@@ -41,9 +44,10 @@ bool ConcatDisjointRuns(const std::vector<uint32_t>& v, const std::vector<size_t
 void SortedUnion(const std::vector<uint32_t>& v, const std::vector<size_t>& off,
                  std::vector<uint32_t>* out, std::vector<uint32_t>* scratch) {
   const size_t runs = off.size() - 1;
-  if (runs > 1 && ConcatDisjointRuns(v, off, out)) return;
+  bool strict = false;
+  if (runs > 1 && ConcatDisjointRuns(v, off, out, &strict)) return;
   bool sorted = true;
-  for (size_t r = 0; r < runs && sorted; ++r)
+  for (size_t r = 0; r < runs && sorted && !strict; ++r)
     sorted = std::is_sorted(v.begin() + off[r], v.begin() + off[r + 1]);
   out->assign(v.begin(), v.end());
   if (!sorted) {
@@ -79,8 +83,9 @@ namespace {
 // (as DDP divides before it sums), and values_sent stays float32 so the residual is zeroed at
 // the union (nothing was rounded) instead of keeping -Inf. acc is finite (the local reduce
 // checks it), so only such an overflow makes the half result non-finite.
-// `kept` (set when the gather kept the rounding in acc at union u): where the half exchange fails
-// or does not fit, acc is written back from vals (still acc's values) before anything else.
+// `kept` (set when the gather kept the rounding in acc at union u, which only a half wire on more
+// than one node does): where the half exchange fails or does not fit, acc is written back from
+// vals (still acc's values) before anything else.
 absl::Status AverageUnionValues(Collective* coll, Primitives* prims, const SparseExchangeArgs& args,
                                 std::vector<float>* vals, SparseExchangeResult* res,
                                 float* kept = nullptr, const std::vector<uint32_t>* u = nullptr) {
@@ -113,7 +118,6 @@ absl::Status AverageUnionValues(Collective* coll, Primitives* prims, const Spars
     prims->Scale(vals->data(), args.scale, vals->size());
     scaled = true;
   }
-  undo();  // (never kept on one node, whose values stay float32)
   if (n > 1) {
     if (absl::Status s =
             coll->AllReduce(vals->data(), vals->size(), ElemType::kFloat32, ReduceOp::kSum);
@@ -178,6 +182,9 @@ absl::Status ExchangeIndexUnion(Collective* coll, Primitives* prims, const Spars
   const uint32_t* dev_u = nullptr;  // the union in device scratch (slot 0)
   float* dev_vals = nullptr;        // slot 1
   float* kept = nullptr;            // acc, when the gather kept the wire's rounding there
+  // Decoded chunks hold only indices inside the bucket; checked once more before the fused
+  // passes, which index acc and out without the primitives' checks.
+  const bool u_inside = u.empty() || u.back() < args.elements;
   absl::Status local;
   if (device != nullptr && !u.empty()) {
     absl::StatusOr<void*> du = device->scratch->Upload(0, u.data(), u.size() * 4);
@@ -189,8 +196,7 @@ absl::Status ExchangeIndexUnion(Collective* coll, Primitives* prims, const Spars
       local = device->prims->Gather(acc, args.elements, dev_u, u.size(), dev_vals);
       if (local.ok()) local = device->prims->CopyToHost(vals.data(), dev_vals, u.size() * 4);
     }
-  } else if (device == nullptr && args.keep_rounding && IsHalf(args.wire) && n > 1 &&
-             (u.empty() || u.back() < args.elements)) {
+  } else if (device == nullptr && args.keep_rounding && IsHalf(args.wire) && n > 1 && u_inside) {
     half::GatherKeepRounding(args.wire, acc, u.data(), u.size(), vals.data());
     kept = acc;
   } else if (device == nullptr) {
@@ -210,8 +216,7 @@ absl::Status ExchangeIndexUnion(Collective* coll, Primitives* prims, const Spars
     }
   } else if (args.out_nonzero != nullptr) {
     const std::vector<uint32_t>& prev = *args.out_nonzero;
-    if ((!u.empty() && u.back() >= args.elements) ||
-        (!prev.empty() && prev.back() >= args.elements)) {
+    if (!u_inside || (!prev.empty() && prev.back() >= args.elements)) {
       return absl::InternalError(absl::StrCat("pattern A's output positions pass the bucket's ",
                                               args.elements, " elements"));
     }
