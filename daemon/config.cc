@@ -215,6 +215,21 @@ void ReadServingFlags(DaemonConfig& c, std::vector<std::string>* errors) {
         "--mpi_passive_wait_min_bytes must be >= 0 (0: every collective waits passively), got ",
         c.mpi_passive_wait_min_bytes));
   }
+  const std::string sleep_beside = absl::GetFlag(FLAGS_mpi_sleep_beside_compute);
+  if (sleep_beside == "auto") {
+    c.mpi_sleep_beside_compute = DaemonConfig::Toggle::kAuto;
+  } else if (sleep_beside == "on") {
+    c.mpi_sleep_beside_compute = DaemonConfig::Toggle::kOn;
+    if (c.mpi_wait_max_sleep_us == 0) {
+      errors->push_back(
+          "--mpi_sleep_beside_compute=on needs --mpi_wait_max_sleep_us > 0 (its longest sleep)");
+    }
+  } else if (sleep_beside == "off") {
+    c.mpi_sleep_beside_compute = DaemonConfig::Toggle::kOff;
+  } else {
+    errors->push_back(absl::StrCat("--mpi_sleep_beside_compute must be auto, on or off, got '",
+                                   sleep_beside, "'"));
+  }
   c.spin_us = absl::GetFlag(FLAGS_spin_us);
   if (c.spin_us < -1) {
     errors->push_back(absl::StrCat("--spin_us must be >= 0, or -1 (automatic), got ", c.spin_us));
@@ -321,9 +336,25 @@ std::string SocketPath(const DaemonConfig& config, int rank, int host_index, int
   return absl::StrReplaceAll(path, {{"{rank}", absl::StrCat(rank)}});
 }
 
+bool SharesCores(const DaemonConfig& config, int host_count, int cores) {
+  return cores <= (config.engine.local_trainers + 1) * host_count;
+}
+
 int SpinUs(const DaemonConfig& config, int host_count, int cores) {
   if (config.spin_us >= 0) return config.spin_us;
-  return cores > (config.engine.local_trainers + 1) * host_count ? 50 : 0;
+  return SharesCores(config, host_count, cores) ? 0 : 50;
+}
+
+bool WantsSleepBesideCompute(const DaemonConfig& config, int host_count, int cores) {
+  switch (config.mpi_sleep_beside_compute) {
+    case DaemonConfig::Toggle::kOn:
+      return true;
+    case DaemonConfig::Toggle::kOff:
+      return false;
+    case DaemonConfig::Toggle::kAuto:
+      break;
+  }
+  return config.mpi_wait_max_sleep_us > 0 && SharesCores(config, host_count, cores);
 }
 
 }  // namespace spex

@@ -34,6 +34,9 @@ struct DaemonConfig {
   // --mpi_passive_wait_min_bytes (0: all of them).
   int64_t mpi_wait_max_sleep_us = 1000;
   int64_t mpi_passive_wait_min_bytes = 1 << 20;
+  // --mpi_sleep_beside_compute (MpiWaitPolicy::sleep_only_beside_compute); auto: SharesCores.
+  enum class Toggle { kAuto, kOn, kOff };
+  Toggle mpi_sleep_beside_compute = Toggle::kOff;
   DeviceChoice device = DeviceChoice::kAuto;
   std::vector<int> devices;  // --devices, parsed; empty: every usable GPU
   LogLevel log_level = LogLevel::kInfo;
@@ -60,8 +63,17 @@ absl::StatusOr<DaemonConfig> LoadConfig();
 // host: --socket with '{rank}' replaced, else the default path (proto/contract/socket_paths.h).
 std::string SocketPath(const DaemonConfig& config, int rank, int host_index, int host_count);
 
+// Whether the host's `host_count` daemons and their local trainers outnumber its `cores`
+// (SpinUs, WantsSleepBesideCompute).
+bool SharesCores(const DaemonConfig& config, int host_count, int cores);
+
 // --spin_us, with -1 resolved: 50 us when the host's `cores` exceed its daemons x (local
 // trainers + 1), so spinning never takes a core someone needs; else 0.
 int SpinUs(const DaemonConfig& config, int host_count, int cores);
+
+// This node's wish for --mpi_sleep_beside_compute: on / off as set; auto: when the daemons and
+// trainers share cores (SharesCores) and --mpi_wait_max_sleep_us > 0. Every node then follows
+// the wish of any (spexd agrees on it: a blocking collective never matches a non-blocking one).
+bool WantsSleepBesideCompute(const DaemonConfig& config, int host_count, int cores);
 
 }  // namespace spex

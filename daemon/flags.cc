@@ -66,6 +66,15 @@ ABSL_FLAG(int64_t, mpi_passive_wait_min_bytes, 1 << 20,
           "The smallest collective (bytes of its result on each node) that waits passively "
           "(--mpi_wait_max_sleep_us); smaller ones wait inside MPI, where Open MPI's blocking "
           "forms take fewer rounds. 0 = every collective passive.");
+ABSL_FLAG(std::string, mpi_sleep_beside_compute, "off",
+          "off|on|auto. on: every collective of the engine non-blocking whatever its size, and "
+          "its wait sleeps between MPI_Tests (as --mpi_wait_max_sleep_us) while this node's "
+          "trainers compute beside it (a later bucket of their step not handed in yet); while "
+          "they wait for results it tests without sleeping for its first 10 ms, then sleeps too. "
+          "Small all-reduces go as an all-gather and a local reduction; "
+          "--mpi_passive_wait_min_bytes is unused. off (default): waits by size "
+          "(--mpi_passive_wait_min_bytes). auto: on when some node's daemons and trainers "
+          "outnumber its cores (they share cores) and --mpi_wait_max_sleep_us > 0, else off.");
 ABSL_FLAG(int, threads, 0,
           "Worker threads for local reduction and compression (0 = the CPUs of spexd's affinity "
           "mask).");

@@ -42,6 +42,7 @@ ABSL_DECLARE_FLAG(double, link_gbps);
 ABSL_DECLARE_FLAG(double, link_latency_us);
 ABSL_DECLARE_FLAG(int64_t, mpi_wait_max_sleep_us);
 ABSL_DECLARE_FLAG(int64_t, mpi_passive_wait_min_bytes);
+ABSL_DECLARE_FLAG(std::string, mpi_sleep_beside_compute);
 ABSL_DECLARE_FLAG(spex::NonfinitePolicy, nonfinite);
 ABSL_DECLARE_FLAG(int64_t, max_bucket_bytes);
 ABSL_DECLARE_FLAG(int64_t, max_session_bytes);

@@ -307,6 +307,10 @@ absl::Status AgreeOnSharedFlags(Collective* mpi, const DaemonConfig& config) {
   SPEX_RETURN_IF_ERROR(AgreeOnFlag(mpi, "--mpi_wait_max_sleep_us", config.mpi_wait_max_sleep_us,
                                    "a node waiting inside MPI and one waiting passively issue "
                                    "collectives that do not match"));
+  SPEX_RETURN_IF_ERROR(AgreeOnFlag(mpi, "--mpi_sleep_beside_compute",
+                                   static_cast<int64_t>(config.mpi_sleep_beside_compute),
+                                   "a node waiting inside MPI and one waiting passively issue "
+                                   "collectives that do not match"));
   SPEX_RETURN_IF_ERROR(AgreeOnFlag(mpi, "--mpi_passive_wait_min_bytes",
                                    config.mpi_passive_wait_min_bytes,
                                    "a node waiting inside MPI and one waiting passively issue "
@@ -352,6 +356,23 @@ int CpusToUse(const DaemonConfig& config) {
                          "--bind-to none` or `srun --cpu-bind=none`";
   }
   return cpus;
+}
+
+// How the engine's collectives wait (MpiWaitPolicy): --mpi_wait_max_sleep_us and
+// --mpi_passive_wait_min_bytes, or sleeping only beside the trainers' compute where any node asks
+// for it (WantsSleepBesideCompute; every node must issue the same blocking or non-blocking forms).
+absl::Status SetWaitPolicy(MpiCollective* mpi, const DaemonConfig& config, const World& world,
+                           int cpus) {
+  uint64_t want = WantsSleepBesideCompute(config, world.host_count, cpus) ? 1 : 0;
+  SPEX_RETURN_IF_ERROR(mpi->AllReduce(&want, 1, ElemType::kUint64, ReduceOp::kMax));
+  MpiWaitPolicy policy{config.mpi_wait_max_sleep_us, config.mpi_passive_wait_min_bytes};
+  policy.sleep_only_beside_compute = want != 0;
+  if (policy.sleep_only_beside_compute) {
+    SPEX_LOG(INFO) << "the engine's collectives wait non-blocking, sleeping (at most "
+                   << policy.max_sleep_us << " us) only while this node's trainers compute";
+  }
+  mpi->set_policy(policy);
+  return absl::OkStatus();
 }
 
 // The engine's options: the flags', the spin chosen for this host, and the hooks into the peer
@@ -433,14 +454,14 @@ absl::Status Run(const absl::StatusOr<DaemonConfig>& loaded, SdNotifier& notifie
   const std::string socket = SocketPath(config, world.rank, world.host_index, world.host_count);
   SPEX_RETURN_IF_ERROR(AgreeOnAllNodes(&mpi, PrepareSocketPath(socket), "the --socket check"));
   SPEX_RETURN_IF_ERROR(AgreeOnSharedFlags(&mpi, config));
-  mpi.set_policy({config.mpi_wait_max_sleep_us, config.mpi_passive_wait_min_bytes});
+  const int cpus = CpusToUse(config);
+  SPEX_RETURN_IF_ERROR(SetWaitPolicy(&mpi, config, world, cpus));
   PeerNotice notice(MPI_COMM_WORLD);
   GpuPath gpu;
   DevicePath device_path;
   SPEX_RETURN_IF_ERROR(
       SetUpBuffers(&mpi, device, gpus, config, world, host_prims.get(), &gpu, &device_path));
 
-  const int cpus = CpusToUse(config);
   EngineOptions opts = EngineOptionsFor(config, world, cpus, notice, notifier);
   // Observers (they outlive the engine). The timeline is always there, so that `spexctl
   // timeline start` can record at run time; it costs one atomic load per exchange while off.

@@ -38,6 +38,7 @@ Engine::Engine(EngineOptions options, Collective* collective, Primitives* prims,
       wire_([this](WireJob* job) { return RunPack(static_cast<WirePack*>(job)); },
             [this](const absl::Status&) { WireDone(); }) {
   env_.coll = collective;
+  collective_->SetComputeProbe(&pending_inputs_);
   env_.prims = prims;
   env_.host_prims = device.host_prims != nullptr ? device.host_prims : prims;
   env_.local_trainers = options_.local_trainers;
@@ -56,6 +57,7 @@ Engine::Engine(EngineOptions options, Collective* collective, Primitives* prims,
 Engine::~Engine() {
   RequestStop();
   if (thread_.joinable()) thread_.join();
+  collective_->SetComputeProbe(nullptr);
 }
 
 absl::Status Engine::Start() {
@@ -215,6 +217,7 @@ void Engine::TakeWorkLocked(DoorbellSegment* bell, Work& w) {
     w.waiting = !w.run && w.group.size() > 1 && std::any_of(w.group.begin(), w.group.end(), ready);
   }
   if (w.run) {
+    scheduler_->PendingOfStep(buckets_, w.group, &pending_inputs_);
     for (EngineBucket* b : w.group) b->MoveTo(BucketState::kExchanging);
   }
   processing_ = w.run || !w.failed.empty();

@@ -344,6 +344,9 @@ class Engine {
   absl::StatusOr<LinkModel> model_link_ = absl::UnknownError("not measured");
   bool model_link_asked_ = false;
   Collective* const collective_;
+  // The step's buckets still to come from the trainers, which collective_'s waits ask about
+  // (Collective::SetComputeProbe). Filled under mu_ with each pick; read by the engine thread.
+  PendingInputs pending_inputs_;
   Primitives* const prims_;  // the buckets' data (device memory on the device path)
   const DevicePath device_;
   const BucketIO io_;  // a bucket's inputs and outputs around its step (engine and wire threads)

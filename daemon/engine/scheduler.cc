@@ -40,6 +40,30 @@ bool Scheduler::LocallyReady(const EngineBucket& b) const {
   return someone;
 }
 
+bool PendingInputs::Computing() const {
+  for (const Entry& e : entries_) {
+    for (uint64_t m = e.watch_mask; m != 0; m &= m - 1) {
+      const int r = __builtin_ctzll(m);
+      if (e.header->ready[r].value.load(std::memory_order_acquire) <= e.step) return true;
+    }
+  }
+  return false;
+}
+
+void Scheduler::PendingOfStep(const BucketTable& table, const std::vector<EngineBucket*>& group,
+                              PendingInputs* out) const {
+  out->Clear();
+  if (group.empty()) return;
+  const uint64_t step = group.front()->ex.compute_step();
+  const uint64_t living = ((local_trainers_ >= 64 ? 0 : (1ull << local_trainers_)) - 1) & ~dead_;
+  for (const auto& [id, b] : table.all()) {
+    if (b->out.state != BucketState::kWaiting || b->ex.compute_step() != step) continue;
+    if (std::find(group.begin(), group.end(), b.get()) != group.end()) continue;
+    if (b->mem.header == nullptr || LocallyReady(*b)) continue;
+    out->Add(b->mem.header, b->ex.next_step, living);
+  }
+}
+
 MergeKind Scheduler::KindOf(const EngineBucket& b) {
   if (b.ex.sparse == nullptr) return MergeKind::kDense;
   // Ok-Topk, and --sparse_allreduce=auto until it has chosen, exchange alone.

@@ -11,8 +11,31 @@
 
 #include "daemon/engine/bucket_table.h"
 #include "daemon/merge/merger.h"
+#include "daemon/transport/collective.h"
 
 namespace spex {
+
+// The ready words of the buckets a node's trainers have still to hand in for the step being
+// exchanged (Scheduler::PendingOfStep): Computing() while a living trainer has not signalled
+// one of them, so a collective's wait knows whether polling would take the trainers' CPU. Read
+// from the engine thread during its collectives; filled under the engine's mutex before.
+class PendingInputs : public ComputeProbe {
+ public:
+  void Clear() { entries_.clear(); }
+  void Add(const BucketHeader* header, uint64_t step, uint64_t watch_mask) {
+    entries_.push_back({header, step, watch_mask});
+  }
+  bool Computing() const override;
+  size_t size() const { return entries_.size(); }
+
+ private:
+  struct Entry {
+    const BucketHeader* header;
+    uint64_t step;        // signalled once ready[r] > step
+    uint64_t watch_mask;  // the living trainers (bit r)
+  };
+  std::vector<Entry> entries_;
+};
 
 class Scheduler {
  public:
@@ -43,6 +66,10 @@ class Scheduler {
   // every living trainer has, and some trainer (living or dead) got to that step, so the step
   // a dead trainer left half-done runs (and fails everywhere) instead of hanging the peers.
   bool LocallyReady(const EngineBucket& b) const;
+  // The buckets of `group`'s step that this node's trainers have not all handed in yet (their
+  // gradients are still being computed) into `out`, with the living trainers to watch.
+  void PendingOfStep(const BucketTable& table, const std::vector<EngineBucket*>& group,
+                     PendingInputs* out) const;
   // Local ranks whose trainer died during this job (bit r).
   void set_dead(uint64_t mask) { dead_ = mask; }
   // Failed buckets some step of which every local trainer has signalled.

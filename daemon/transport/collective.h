@@ -17,6 +17,13 @@ enum class ElemType { kFloat32, kFloat64, kInt64, kUint64 };
 
 size_t ElemSize(ElemType t);
 
+// See Collective::SetComputeProbe. Called from the collective's thread during its waits.
+class ComputeProbe {
+ public:
+  virtual ~ComputeProbe() = default;
+  virtual bool Computing() const = 0;
+};
+
 class Collective {
  public:
   virtual ~Collective() = default;
@@ -61,6 +68,12 @@ class Collective {
 
   virtual absl::Status Broadcast(void* data, size_t bytes, int root) = 0;
   virtual absl::Status Barrier() = 0;
+
+  // Whether this node's trainers compute beside the caller now (later buckets of their step not
+  // handed in yet), asked by a wait that could either poll (taking their CPU) or sleep. Backends
+  // that can wait either way ask it (MpiCollective under MpiWaitPolicy::sleep_only_beside_compute);
+  // the others ignore it. Not owned; null: nobody computes beside.
+  virtual void SetComputeProbe(const ComputeProbe* probe) { (void)probe; }
 };
 
 }  // namespace spex

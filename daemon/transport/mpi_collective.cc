@@ -95,25 +95,94 @@ absl::Status MpiCollective::Finish(int started, MPI_Request* req, const char* wh
   // sleep keeps it moving. The sleeps start at 50 us (a 1 Gbit/s link carries about 6 KB in
   // that time, far less than a socket's buffer) and grow with the wait (PassiveSleepUs), so a
   // long wait on a slow link or a late node leaves the core to the computing threads.
+  //
+  // Under sleep_only_beside_compute a wait tests back to back while nobody computes beside it
+  // (its trainers wait for results: the core is free, and the step's last rounds finish without
+  // a sleep's delay), for kAloneSpinUs (10 ms) at most: a long wait (a late node, a dense bucket on
+  // a slow link) then sleeps as usual, so it never holds a core for long.
   constexpr int kSpins = 32;
+  constexpr int64_t kAloneSpinUs = 10000;
   const auto start = std::chrono::steady_clock::now();
   for (int i = 0;; ++i) {
     int done = 0;
     if (absl::Status s = Check(MPI_Test(req, &done, MPI_STATUS_IGNORE), what); !s.ok()) return s;
     if (done) return absl::OkStatus();
-    if (i >= kSpins) {
-      const int64_t waited_us = std::chrono::duration_cast<std::chrono::microseconds>(
-                                    std::chrono::steady_clock::now() - start)
-                                    .count();
-      const int64_t us = PassiveSleepUs(waited_us, policy_.max_sleep_us);
-      const timespec ts{static_cast<time_t>(us / 1000000), static_cast<long>(us % 1000000) * 1000};
-      nanosleep(&ts, nullptr);
+    if (i < kSpins) continue;
+    const int64_t waited_us = std::chrono::duration_cast<std::chrono::microseconds>(
+                                  std::chrono::steady_clock::now() - start)
+                                  .count();
+    if (policy_.sleep_only_beside_compute && waited_us < kAloneSpinUs &&
+        (probe_ == nullptr || !probe_->Computing())) {
+      continue;
+    }
+    const int64_t us = PassiveSleepUs(waited_us, policy_.max_sleep_us);
+    const timespec ts{static_cast<time_t>(us / 1000000), static_cast<long>(us % 1000000) * 1000};
+    nanosleep(&ts, nullptr);
+  }
+}
+
+namespace {
+
+template <typename T>
+void ReduceGathered(const uint8_t* all, int ranks, size_t count, ReduceOp op, T* out) {
+  const T* v = reinterpret_cast<const T*>(all);
+  for (size_t i = 0; i < count; ++i) out[i] = v[i];
+  for (int r = 1; r < ranks; ++r) {
+    const T* w = v + static_cast<size_t>(r) * count;
+    for (size_t i = 0; i < count; ++i) {
+      switch (op) {
+        case ReduceOp::kSum:
+          out[i] += w[i];
+          break;
+        case ReduceOp::kMax:
+          out[i] = std::max(out[i], w[i]);
+          break;
+        case ReduceOp::kMin:
+          out[i] = std::min(out[i], w[i]);
+          break;
+      }
     }
   }
 }
 
+}  // namespace
+
+bool MpiCollective::SmallAllReduce(void* data, size_t count, ElemType type, ReduceOp op,
+                                   absl::Status* status) {
+  constexpr size_t kMaxGatheredBytes = 64 * 1024;
+  const size_t bytes = count * ElemSize(type);
+  if (!policy_.sleep_only_beside_compute || policy_.max_sleep_us <= 0 ||
+      bytes * static_cast<size_t>(size_) > kMaxGatheredBytes) {
+    return false;
+  }
+  ++passive_waits_;
+  small_.resize(bytes * static_cast<size_t>(size_));
+  std::memcpy(small_.data() + bytes * static_cast<size_t>(rank_), data, bytes);
+  MPI_Request req;
+  *status = Finish(MPI_Iallgather(MPI_IN_PLACE, static_cast<int>(bytes), MPI_BYTE, small_.data(),
+                                  static_cast<int>(bytes), MPI_BYTE, comm_, &req),
+                   &req, "MPI_Iallgather(all-reduce)");
+  if (!status->ok()) return true;
+  switch (type) {
+    case ElemType::kFloat32:
+      ReduceGathered(small_.data(), size_, count, op, static_cast<float*>(data));
+      break;
+    case ElemType::kFloat64:
+      ReduceGathered(small_.data(), size_, count, op, static_cast<double*>(data));
+      break;
+    case ElemType::kInt64:
+      ReduceGathered(small_.data(), size_, count, op, static_cast<int64_t*>(data));
+      break;
+    case ElemType::kUint64:
+      ReduceGathered(small_.data(), size_, count, op, static_cast<uint64_t*>(data));
+      break;
+  }
+  return true;
+}
+
 absl::Status MpiCollective::AllReduce(void* data, size_t count, ElemType type, ReduceOp op) {
   if (absl::Status s = CheckCount(count, "AllReduce"); !s.ok()) return s;
+  if (absl::Status s; SmallAllReduce(data, count, type, op, &s)) return s;
   if (Passive(count * ElemSize(type))) {
     MPI_Request req;
     return Finish(MPI_Iallreduce(MPI_IN_PLACE, data, static_cast<int>(count), ToMpi(type),

@@ -26,9 +26,15 @@ namespace spex {
 struct MpiWaitPolicy {
   int64_t max_sleep_us = 0;       // 0: every collective waits inside MPI
   int64_t passive_min_bytes = 0;  // smaller collectives wait inside MPI; 0: every one passive
+  // Every collective non-blocking (sizes ignored), and a wait sleeps between its MPI_Tests while
+  // the trainers compute beside it (Collective::SetComputeProbe); otherwise it tests without
+  // sleeping for its first 10 ms, then sleeps as usual. Small all-reduces go as an all-gather and
+  // a local reduction (one round on two nodes, where libnbc's ring all-reduce takes two).
+  bool sleep_only_beside_compute = false;
   bool Passive(size_t bytes) const {
     return max_sleep_us > 0 &&
-           bytes >= static_cast<uint64_t>(std::max<int64_t>(0, passive_min_bytes));
+           (sleep_only_beside_compute ||
+            bytes >= static_cast<uint64_t>(std::max<int64_t>(0, passive_min_bytes)));
   }
 };
 
@@ -52,6 +58,7 @@ class MpiCollective : public Collective {
   // rank must change it alike at the same point (blocking and non-blocking collectives do not
   // match).
   void set_policy(MpiWaitPolicy policy) { policy_ = policy; }
+  void SetComputeProbe(const ComputeProbe* probe) override { probe_ = probe; }
   const MpiWaitPolicy& policy() const { return policy_; }
 
   // How many collectives of the kinds above waited each way since construction (AllGatherV's
@@ -83,16 +90,21 @@ class MpiCollective : public Collective {
   absl::Status Finish(int started, MPI_Request* req, const char* what);
   // The policy's choice for a collective whose receive buffer holds `bytes`, counted.
   bool Passive(size_t bytes);
+  // A small all-reduce as an all-gather of every rank's vector and a local reduction in rank
+  // order (alike on every rank), non-blocking; false when it does not apply.
+  bool SmallAllReduce(void* data, size_t count, ElemType type, ReduceOp op, absl::Status* status);
 
   MPI_Comm comm_;
   Primitives* scaler_ = nullptr;
   MpiWaitPolicy policy_;
+  const ComputeProbe* probe_ = nullptr;
   uint64_t passive_waits_ = 0, blocking_waits_ = 0;
   int rank_ = 0;
   int size_ = 1;
   std::vector<int> counts_, displs_;            // scratch for the v-collectives
   std::vector<int> send_counts_, send_displs_;  // scratch for AllToAllV's send side
   std::vector<uint8_t> send_buf_, recv_buf_;    // AllToAllV's contiguous blocks
+  std::vector<uint8_t> small_;                  // SmallAllReduce's gathered vectors
 };
 
 // Call before MPI_Init. Open MPI (4.x, coll/libnbc) runs MPI_Iallreduce on fewer than 4 ranks,

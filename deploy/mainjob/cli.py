@@ -9,7 +9,7 @@ from mainjob.models import WORKLOADS
 # delta index form (spexd's default) micro@0.1's exchange is 0.42x the bytes of uint32 indices and
 # float32 values (docs/benchmarks.md, "Time to target with compact wire values").
 DEFAULT_SPEXD_ARGS = ["--threads=1", "--dense_fallback=off", "--min_sparse_elements=1024", "--fp16_values",
-                      "--log_level=warning"]
+                      "--mpi_sleep_beside_compute=auto", "--log_level=warning"]
 
 
 def parse_args(argv: Optional[List[str]] = None, description: str = "") -> argparse.Namespace:

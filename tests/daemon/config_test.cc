@@ -40,6 +40,7 @@ TEST_F(ConfigTest, DefaultsAreValid) {
   // Passive waits for collectives of 1 MiB and more, inside MPI below (MpiWaitPolicy).
   EXPECT_EQ(c->mpi_wait_max_sleep_us, 1000);
   EXPECT_EQ(c->mpi_passive_wait_min_bytes, 1 << 20);
+  EXPECT_EQ(c->mpi_sleep_beside_compute, DaemonConfig::Toggle::kOff);
   EXPECT_FALSE(c->job.empty());        // DefaultJob() when --job is not given
   EXPECT_TRUE(c->engine.job.empty());  // and then not enforced on trainers
 }
@@ -56,6 +57,7 @@ TEST_F(ConfigTest, GoodFlagsGiveTypedValues) {
   absl::SetFlag(&FLAGS_spin_us, 20);
   absl::SetFlag(&FLAGS_mpi_wait_max_sleep_us, int64_t{800});
   absl::SetFlag(&FLAGS_mpi_passive_wait_min_bytes, int64_t{0});
+  absl::SetFlag(&FLAGS_mpi_sleep_beside_compute, "on");
   absl::SetFlag(&FLAGS_threads, 4);
   absl::SetFlag(&FLAGS_device, DeviceChoice::kCpu);
   absl::SetFlag(&FLAGS_error_feedback, false);
@@ -77,6 +79,7 @@ TEST_F(ConfigTest, GoodFlagsGiveTypedValues) {
   EXPECT_EQ(c->spin_us, 20);
   EXPECT_EQ(c->mpi_wait_max_sleep_us, 800);
   EXPECT_EQ(c->mpi_passive_wait_min_bytes, 0);
+  EXPECT_EQ(c->mpi_sleep_beside_compute, DaemonConfig::Toggle::kOn);
   EXPECT_EQ(c->threads, 4);
   EXPECT_EQ(c->device, DeviceChoice::kCpu);
   EXPECT_EQ(c->log_level, LogLevel::kWarning);
@@ -117,6 +120,13 @@ TEST_F(ConfigTest, EveryBadValueNamesItsFlag) {
        "--mpi_wait_max_sleep_us must be in [0, 1000000]"},
       {[] { absl::SetFlag(&FLAGS_mpi_passive_wait_min_bytes, int64_t{-1}); },
        "--mpi_passive_wait_min_bytes must be >= 0"},
+      {[] { absl::SetFlag(&FLAGS_mpi_sleep_beside_compute, "yes"); },
+       "--mpi_sleep_beside_compute must be auto, on or off, got 'yes'"},
+      {[] {
+         absl::SetFlag(&FLAGS_mpi_sleep_beside_compute, "on");
+         absl::SetFlag(&FLAGS_mpi_wait_max_sleep_us, int64_t{0});
+       },
+       "--mpi_sleep_beside_compute=on needs --mpi_wait_max_sleep_us > 0"},
       {[] { absl::SetFlag(&FLAGS_threads, -1); }, "--threads must be >= 0"},
       {[] { absl::SetFlag(&FLAGS_min_sparse_elements, int64_t{-1}); },
        "--min_sparse_elements must be >= 0"},
@@ -295,6 +305,27 @@ TEST(SpinUsTest, ExplicitOrAutomatic) {
   c.spin_us = -1;
   EXPECT_EQ(SpinUs(c, 2, 7), 50);  // 7 cores > 2 daemons x 3
   EXPECT_EQ(SpinUs(c, 2, 6), 0);
+}
+
+// auto sleeps beside the trainers' compute where they share the cores with the daemons (and
+// sleeping is allowed at all); on and off as set.
+TEST(SleepBesideComputeTest, AutoWhereTrainersShareTheCores) {
+  DaemonConfig c;
+  c.engine.local_trainers = 2;
+  EXPECT_FALSE(WantsSleepBesideCompute(c, 1, 1));  // off by default
+  c.mpi_sleep_beside_compute = DaemonConfig::Toggle::kAuto;
+  EXPECT_TRUE(SharesCores(c, 1, 3));
+  EXPECT_FALSE(SharesCores(c, 1, 4));
+  EXPECT_TRUE(WantsSleepBesideCompute(c, 1, 1));  // the main job's emulated host: one core
+  EXPECT_TRUE(WantsSleepBesideCompute(c, 2, 6));  // 2 daemons x 3 on 6 cores
+  EXPECT_FALSE(WantsSleepBesideCompute(c, 2, 7));
+  c.mpi_wait_max_sleep_us = 0;  // waits inside MPI asked for
+  EXPECT_FALSE(WantsSleepBesideCompute(c, 1, 1));
+  c.mpi_wait_max_sleep_us = 1000;
+  c.mpi_sleep_beside_compute = DaemonConfig::Toggle::kOff;
+  EXPECT_FALSE(WantsSleepBesideCompute(c, 1, 1));
+  c.mpi_sleep_beside_compute = DaemonConfig::Toggle::kOn;
+  EXPECT_TRUE(WantsSleepBesideCompute(c, 1, 64));
 }
 
 }  // namespace

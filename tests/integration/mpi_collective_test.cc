@@ -25,9 +25,11 @@ namespace {
 
 class MpiWorld : public CollectiveWorld {
  public:
-  MpiWorld(std::string name, Primitives* scaler, MpiWaitPolicy policy = {})
+  MpiWorld(std::string name, Primitives* scaler, MpiWaitPolicy policy = {},
+           const ComputeProbe* probe = nullptr)
       : name_(std::move(name)), collective_(MPI_COMM_WORLD, scaler, policy) {
     MPI_Comm_dup(MPI_COMM_WORLD, &verdicts_);
+    collective_.SetComputeProbe(probe);
   }
   ~MpiWorld() override { MPI_Comm_free(&verdicts_); }
 
@@ -61,6 +63,22 @@ std::unique_ptr<Primitives>& Scaler() {
   return *scaler;
 }
 
+// Trainers that compute for 64 of a wait's questions, then wait for 64, and so on: the waits of
+// --mpi_sleep_beside_compute sleep and test back to back in turn (every rank differently).
+class AlternatingProbe : public ComputeProbe {
+ public:
+  bool Computing() const override { return (asked_++ / 64) % 2 == 0; }
+
+ private:
+  mutable uint64_t asked_ = 0;
+};
+
+MpiWaitPolicy SleepBesideCompute() {
+  MpiWaitPolicy p{1000, 1 << 20};
+  p.sleep_only_beside_compute = true;
+  return p;
+}
+
 std::vector<std::unique_ptr<MpiWorld>>& Worlds() {
   static auto* worlds = new std::vector<std::unique_ptr<MpiWorld>>();
   return *worlds;
@@ -82,6 +100,13 @@ std::vector<CollectiveWorld*> MpiWorlds() {
     // fall on both sides of it: 7 floats wait inside MPI, 4097 passively).
     Worlds().push_back(
         std::make_unique<MpiWorld>("mpi_wait_by_size", Scaler().get(), MpiWaitPolicy{1000, 4096}));
+    // --mpi_sleep_beside_compute: every form non-blocking (small all-reduces as all-gathers),
+    // sleeping while the probe says the trainers compute; without a probe it never sleeps.
+    static const AlternatingProbe* probe = new AlternatingProbe();
+    Worlds().push_back(std::make_unique<MpiWorld>("mpi_sleep_beside_compute", Scaler().get(),
+                                                  SleepBesideCompute(), probe));
+    Worlds().push_back(std::make_unique<MpiWorld>("mpi_sleep_beside_nothing", Scaler().get(),
+                                                  SleepBesideCompute()));
   }
   std::vector<CollectiveWorld*> out;
   for (auto& w : Worlds()) out.push_back(w.get());
@@ -122,6 +147,46 @@ TEST(MpiWaitPolicy, PassiveFromTheThresholdUp) {
   EXPECT_FALSE(none.Passive(size_t{25557032} * 4));
   const MpiWaitPolicy none_by_size{0, 1 << 20};
   EXPECT_FALSE(none_by_size.Passive(size_t{1} << 30));
+}
+
+// --mpi_sleep_beside_compute: every size non-blocking (never with max_sleep_us 0).
+TEST(MpiWaitPolicy, SleepBesideComputeMakesEverySizeNonBlocking) {
+  MpiWaitPolicy p = SleepBesideCompute();
+  EXPECT_TRUE(p.Passive(0));
+  EXPECT_TRUE(p.Passive(8));
+  EXPECT_TRUE(p.Passive(size_t{25557032} * 4));
+  p.max_sleep_us = 0;
+  EXPECT_FALSE(p.Passive(8));
+}
+
+// Under it a small all-reduce is an all-gather and a reduction in rank order, so a float sum
+// comes out bit for bit alike on every rank; a large one stays MPI_Iallreduce. Both count as
+// non-blocking waits.
+TEST(MpiWaitPolicy, SleepBesideComputeSmallAllReduceAlikeOnEveryRank) {
+  MpiCollective c(MPI_COMM_WORLD, nullptr, SleepBesideCompute());
+  const int rank = c.rank(), size = c.size();
+  // Values whose float sum depends on the order: 1e8 on rank 0, small ones elsewhere.
+  std::vector<float> v(5);
+  for (size_t i = 0; i < v.size(); ++i)
+    v[i] = rank == 0 ? 1e8f : 0.3f * static_cast<float>(i + rank);
+  ASSERT_TRUE(c.AllReduce(v.data(), v.size(), ElemType::kFloat32, ReduceOp::kSum).ok());
+  float want = 1e8f;
+  for (int r = 1; r < size; ++r) want += 0.3f * static_cast<float>(4 + r);
+  EXPECT_EQ(v[4], want);
+  std::vector<float> all(static_cast<size_t>(size) * v.size());
+  MPI_Allgather(v.data(), 5, MPI_FLOAT, all.data(), 5, MPI_FLOAT, MPI_COMM_WORLD);
+  for (int r = 0; r < size; ++r) {
+    EXPECT_EQ(std::memcmp(all.data() + r * 5, v.data(), 5 * sizeof(float)), 0) << "rank " << r;
+  }
+  uint64_t most[2] = {static_cast<uint64_t>(rank), ~static_cast<uint64_t>(rank)};
+  ASSERT_TRUE(c.AllReduce(most, 2, ElemType::kUint64, ReduceOp::kMax).ok());
+  EXPECT_EQ(most[0], static_cast<uint64_t>(size - 1));
+  EXPECT_EQ(~most[1], 0u);
+  std::vector<double> large(size_t{1} << 14, 1.0);  // 128 KiB a rank: the all-reduce itself
+  ASSERT_TRUE(c.AllReduce(large.data(), large.size(), ElemType::kFloat64, ReduceOp::kSum).ok());
+  EXPECT_EQ(large.back(), static_cast<double>(size));
+  EXPECT_EQ(c.passive_waits(), 3u);
+  EXPECT_EQ(c.blocking_waits(), 0u);
 }
 
 // Each collective waits as its result's size says, and an all-gather whose ranks send different

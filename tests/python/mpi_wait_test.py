@@ -95,6 +95,14 @@ class WaitingDaemonTest(ClusterTestCase):
         self.assertLess(slowest, 2.0)
         self.assertLess(busy, 0.5, f"node 0's daemon was running or runnable {busy:.2f} of the wait")
 
+    def test_sleeping_beside_compute_leaves_the_cpu_on_a_long_wait(self):
+        # --mpi_sleep_beside_compute=on: node 0's trainer has handed in its only bucket, so
+        # nobody computes beside the control round's wait; it tests back to back for 10 ms, then
+        # sleeps as a passive wait does (the late node makes the wait 2.5 s).
+        slowest, busy = self.wait_on_late_node("--mpi_sleep_beside_compute=on")
+        self.assertLess(slowest, 2.0)
+        self.assertLess(busy, 0.5, f"node 0's daemon was running or runnable {busy:.2f} of the wait")
+
 
 if __name__ == "__main__":
     unittest.main()
