@@ -17,7 +17,10 @@ namespace {
 TEST(PendingInputs, ComputingUntilEveryWatchedTrainerSignalled) {
   PendingInputs p;
   EXPECT_FALSE(p.Computing());  // nothing to come: the trainers wait for results
-  BucketHeader a{}, b{};
+  // On the heap: BucketHeader is 64-byte aligned, which ASan's stack does not keep.
+  auto ha = std::make_unique<BucketHeader>(), hb = std::make_unique<BucketHeader>();
+  BucketHeader& a = *ha;
+  BucketHeader& b = *hb;
   p.Add(&a, /*step=*/4, /*watch_mask=*/0b11);
   p.Add(&b, /*step=*/4, /*watch_mask=*/0b01);  // trainer 1 died: b waits for trainer 0 only
   EXPECT_TRUE(p.Computing());
