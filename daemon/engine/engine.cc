@@ -217,7 +217,7 @@ void Engine::TakeWorkLocked(DoorbellSegment* bell, Work& w) {
     w.waiting = !w.run && w.group.size() > 1 && std::any_of(w.group.begin(), w.group.end(), ready);
   }
   if (w.run) {
-    scheduler_->PendingOfStep(buckets_, w.group, &pending_inputs_);
+    scheduler_->PendingOfStep(buckets_, w.group.front()->ex.compute_step(), &pending_inputs_);
     for (EngineBucket* b : w.group) b->MoveTo(BucketState::kExchanging);
   }
   processing_ = w.run || !w.failed.empty();

@@ -50,17 +50,12 @@ bool PendingInputs::Computing() const {
   return false;
 }
 
-void Scheduler::PendingOfStep(const BucketTable& table, const std::vector<EngineBucket*>& group,
-                              PendingInputs* out) const {
+void Scheduler::PendingOfStep(const BucketTable& table, uint64_t step, PendingInputs* out) const {
   out->Clear();
-  if (group.empty()) return;
-  const uint64_t step = group.front()->ex.compute_step();
   const uint64_t living = ((local_trainers_ >= 64 ? 0 : (1ull << local_trainers_)) - 1) & ~dead_;
   for (const auto& [id, b] : table.all()) {
     if (b->out.state != BucketState::kWaiting || b->ex.compute_step() != step) continue;
-    if (std::find(group.begin(), group.end(), b.get()) != group.end()) continue;
-    if (b->mem.header == nullptr || LocallyReady(*b)) continue;
-    out->Add(b->mem.header, b->ex.next_step, living);
+    if (!LocallyReady(*b)) out->Add(b->mem.header, b->ex.next_step, living);
   }
 }
 

@@ -66,10 +66,10 @@ class Scheduler {
   // every living trainer has, and some trainer (living or dead) got to that step, so the step
   // a dead trainer left half-done runs (and fails everywhere) instead of hanging the peers.
   bool LocallyReady(const EngineBucket& b) const;
-  // The buckets of `group`'s step that this node's trainers have not all handed in yet (their
-  // gradients are still being computed) into `out`, with the living trainers to watch.
-  void PendingOfStep(const BucketTable& table, const std::vector<EngineBucket*>& group,
-                     PendingInputs* out) const;
+  // The waiting buckets of compute step `step` that this node's trainers have not all handed in
+  // yet (their gradients are still being computed) into `out`, with the living trainers to
+  // watch. A group about to run is locally ready, so none of its members is among them.
+  void PendingOfStep(const BucketTable& table, uint64_t step, PendingInputs* out) const;
   // Local ranks whose trainer died during this job (bit r).
   void set_dead(uint64_t mask) { dead_ = mask; }
   // Failed buckets some step of which every local trainer has signalled.

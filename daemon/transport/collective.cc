@@ -22,6 +22,40 @@ size_t ElemSize(ElemType t) {
   return 0;
 }
 
+namespace {
+
+template <typename T>
+void CombineT(T* acc, const T* x, size_t n, ReduceOp op) {
+  for (size_t i = 0; i < n; ++i) {
+    switch (op) {
+      case ReduceOp::kSum:
+        acc[i] += x[i];
+        break;
+      case ReduceOp::kMax:
+        acc[i] = acc[i] < x[i] ? x[i] : acc[i];
+        break;
+      case ReduceOp::kMin:
+        acc[i] = x[i] < acc[i] ? x[i] : acc[i];
+        break;
+    }
+  }
+}
+
+}  // namespace
+
+void Combine(void* acc, const void* x, size_t n, ElemType t, ReduceOp op) {
+  switch (t) {
+    case ElemType::kFloat32:
+      return CombineT(static_cast<float*>(acc), static_cast<const float*>(x), n, op);
+    case ElemType::kFloat64:
+      return CombineT(static_cast<double*>(acc), static_cast<const double*>(x), n, op);
+    case ElemType::kInt64:
+      return CombineT(static_cast<int64_t*>(acc), static_cast<const int64_t*>(x), n, op);
+    case ElemType::kUint64:
+      return CombineT(static_cast<uint64_t*>(acc), static_cast<const uint64_t*>(x), n, op);
+  }
+}
+
 absl::Status Collective::AllToAll(const void* send, size_t block_bytes, void* recv) {
   const int n = size();
   std::vector<std::vector<uint8_t>> out(n), in;

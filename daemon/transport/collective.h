@@ -17,6 +17,9 @@ enum class ElemType { kFloat32, kFloat64, kInt64, kUint64 };
 
 size_t ElemSize(ElemType t);
 
+// acc[i] = acc[i] op x[i] for n elements of type t (an all-reduce's local step).
+void Combine(void* acc, const void* x, size_t n, ElemType t, ReduceOp op);
+
 // See Collective::SetComputeProbe. Called from the collective's thread during its waits.
 class ComputeProbe {
  public:

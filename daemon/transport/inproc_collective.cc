@@ -112,35 +112,6 @@ class InProcessCollective : public Collective {
         absl::StrCat(op, ": rank ", peer, " contributed ", got, " bytes, this rank ", want));
   }
 
-  static void Combine(void* acc, const void* x, size_t n, ElemType t, ReduceOp op) {
-    switch (t) {
-      case ElemType::kFloat32:
-        return CombineT(static_cast<float*>(acc), static_cast<const float*>(x), n, op);
-      case ElemType::kFloat64:
-        return CombineT(static_cast<double*>(acc), static_cast<const double*>(x), n, op);
-      case ElemType::kInt64:
-        return CombineT(static_cast<int64_t*>(acc), static_cast<const int64_t*>(x), n, op);
-      case ElemType::kUint64:
-        return CombineT(static_cast<uint64_t*>(acc), static_cast<const uint64_t*>(x), n, op);
-    }
-  }
-  template <typename T>
-  static void CombineT(T* acc, const T* x, size_t n, ReduceOp op) {
-    for (size_t i = 0; i < n; ++i) {
-      switch (op) {
-        case ReduceOp::kSum:
-          acc[i] += x[i];
-          break;
-        case ReduceOp::kMax:
-          acc[i] = acc[i] < x[i] ? x[i] : acc[i];
-          break;
-        case ReduceOp::kMin:
-          acc[i] = x[i] < acc[i] ? x[i] : acc[i];
-          break;
-      }
-    }
-  }
-
   InProcessHub* hub_;
   int rank_;
 };

@@ -121,32 +121,6 @@ absl::Status MpiCollective::Finish(int started, MPI_Request* req, const char* wh
   }
 }
 
-namespace {
-
-template <typename T>
-void ReduceGathered(const uint8_t* all, int ranks, size_t count, ReduceOp op, T* out) {
-  const T* v = reinterpret_cast<const T*>(all);
-  for (size_t i = 0; i < count; ++i) out[i] = v[i];
-  for (int r = 1; r < ranks; ++r) {
-    const T* w = v + static_cast<size_t>(r) * count;
-    for (size_t i = 0; i < count; ++i) {
-      switch (op) {
-        case ReduceOp::kSum:
-          out[i] += w[i];
-          break;
-        case ReduceOp::kMax:
-          out[i] = std::max(out[i], w[i]);
-          break;
-        case ReduceOp::kMin:
-          out[i] = std::min(out[i], w[i]);
-          break;
-      }
-    }
-  }
-}
-
-}  // namespace
-
 bool MpiCollective::SmallAllReduce(void* data, size_t count, ElemType type, ReduceOp op,
                                    absl::Status* status) {
   constexpr size_t kMaxGatheredBytes = 64 * 1024;
@@ -163,19 +137,10 @@ bool MpiCollective::SmallAllReduce(void* data, size_t count, ElemType type, Redu
                                   static_cast<int>(bytes), MPI_BYTE, comm_, &req),
                    &req, "MPI_Iallgather(all-reduce)");
   if (!status->ok()) return true;
-  switch (type) {
-    case ElemType::kFloat32:
-      ReduceGathered(small_.data(), size_, count, op, static_cast<float*>(data));
-      break;
-    case ElemType::kFloat64:
-      ReduceGathered(small_.data(), size_, count, op, static_cast<double*>(data));
-      break;
-    case ElemType::kInt64:
-      ReduceGathered(small_.data(), size_, count, op, static_cast<int64_t*>(data));
-      break;
-    case ElemType::kUint64:
-      ReduceGathered(small_.data(), size_, count, op, static_cast<uint64_t*>(data));
-      break;
+  // Rank 0's vector, then every other rank's combined into it in rank order.
+  std::memcpy(data, small_.data(), bytes);
+  for (int r = 1; r < size_; ++r) {
+    Combine(data, small_.data() + bytes * static_cast<size_t>(r), count, type, op);
   }
   return true;
 }

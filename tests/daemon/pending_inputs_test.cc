@@ -67,21 +67,22 @@ TEST(PendingOfStep, TheGroupsStepBucketsNotHandedIn) {
   for (int r = 0; r < 2; ++r) b[0]->mem.header->ready[r].value = 8;  // bucket 1 handed in
   b[2]->ex.next_step = 8;  // bucket 3 is a step ahead (exchanged already this step)
   PendingInputs pending;
-  scheduler.PendingOfStep(table, {b[0]}, &pending);
+  scheduler.PendingOfStep(table, b[0]->ex.compute_step(), &pending);
   EXPECT_EQ(pending.size(), 1u);  // bucket 2
   EXPECT_TRUE(pending.Computing());
   b[1]->mem.header->ready[0].value = 8;
   EXPECT_TRUE(pending.Computing());
   b[1]->mem.header->ready[1].value = 8;  // the step's last bucket is in: nobody computes
   EXPECT_FALSE(pending.Computing());
-  scheduler.PendingOfStep(table, {b[0]}, &pending);
+  scheduler.PendingOfStep(table, b[0]->ex.compute_step(), &pending);
   EXPECT_EQ(pending.size(), 0u);
   // A dead trainer is not waited for.
   b[1]->ex.next_step = 8;
   b[0]->ex.next_step = 8;
+  b[0]->mem.header->ready[0].value = 9;  // the group runs: its living trainer handed it in
   b[2]->mem.header->ready[0].value = 9;
   scheduler.set_dead(0b10);
-  scheduler.PendingOfStep(table, {b[0]}, &pending);
+  scheduler.PendingOfStep(table, b[0]->ex.compute_step(), &pending);
   EXPECT_EQ(pending.size(), 1u);  // bucket 2, whose trainer 0 has not signalled step 8
   b[1]->mem.header->ready[0].value = 9;
   EXPECT_FALSE(pending.Computing());
