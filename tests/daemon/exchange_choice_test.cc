@@ -210,6 +210,17 @@ TEST(ExchangeChoiceTest, EveryNodeAgreesOnTheLink) {
       });
     }
     for (auto& t : threads) t.join();
+    if (gbps == 0 && !got[0].ok()) {
+      // Measured on a loaded machine, the 64-byte all-reduce can take longer than the model
+      // lets the 1 MiB one explain (three threads on two cores): no rate fits, and the buckets
+      // probe. Then every node must have that same answer.
+      EXPECT_EQ(got[0].status().code(), absl::StatusCode::kFailedPrecondition) << got[0].status();
+      EXPECT_NE(got[0].status().message().find("no positive link rate fits"),
+                absl::string_view::npos)
+          << got[0].status();
+      for (int r = 1; r < kNodes; ++r) EXPECT_EQ(got[r].status(), got[0].status()) << r;
+      continue;
+    }
     ASSERT_TRUE(got[0].ok()) << got[0].status();
     for (int r = 1; r < kNodes; ++r) {
       ASSERT_TRUE(got[r].ok()) << got[r].status();
