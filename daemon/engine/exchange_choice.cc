@@ -24,11 +24,11 @@ double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-// The fastest of kLinkRepeats all-reduces of `bytes` (after one untimed), on this node.
-absl::StatusOr<double> TimeAllReduce(Collective* coll, size_t bytes) {
+// The fastest of `repeats` all-reduces of `bytes` (after one untimed), on this node.
+absl::StatusOr<double> TimeAllReduce(Collective* coll, size_t bytes, int repeats) {
   std::vector<float> buf(std::max<size_t>(1, bytes / sizeof(float)), 1.0f);
   double best = std::numeric_limits<double>::infinity();
-  for (int i = 0; i <= kLinkRepeats; ++i) {
+  for (int i = 0; i <= repeats; ++i) {
     const double t0 = Now();
     absl::Status s = coll->AllReduce(buf.data(), buf.size(), ElemType::kFloat32, ReduceOp::kSum);
     if (!s.ok()) return s;
@@ -83,9 +83,9 @@ absl::StatusOr<LinkModel> AgreeOnLink(Collective* coll, const EngineOptions& o) 
     v[1] = 1.0 / (o.link_gbps * 1.25e8);  // seconds per byte
     v[2] = o.link_latency_us * 1e-6;
   } else {
-    absl::StatusOr<double> small = TimeAllReduce(coll, kLinkSmallBytes);
+    absl::StatusOr<double> small = TimeAllReduce(coll, kLinkSmallBytes, kLinkSmallRepeats);
     if (!small.ok()) return small.status();
-    absl::StatusOr<double> large = TimeAllReduce(coll, kLinkLargeBytes);
+    absl::StatusOr<double> large = TimeAllReduce(coll, kLinkLargeBytes, kLinkLargeRepeats);
     if (!large.ok()) return large.status();
     v[1] = *small;
     v[2] = *large;

@@ -30,13 +30,17 @@ namespace spex {
 
 struct EngineBucket;
 
-// The link's measurement: two all-reduce sizes, each timed kLinkRepeats times on every node. The
-// large one stays below spexd's --mpi_passive_wait_min_bytes default (1 MiB), so under the
-// default it waits inside MPI: a passive wait's sleeps would count as link time (at 100 Gbit/s
-// the all-reduce itself takes well under a millisecond).
+// The link's measurement: two all-reduce sizes, each timed on every node after one untimed run,
+// the fastest time kept. The large one stays below spexd's --mpi_passive_wait_min_bytes default
+// (1 MiB), so under the default it waits inside MPI: a passive wait's sleeps would count as link
+// time (at 100 Gbit/s the all-reduce itself takes well under a millisecond). The small one is
+// timed more often: it costs microseconds, and the measurement runs at a bucket's first exchange,
+// where the trainers may be computing beside the daemon; one preemption in every small run would
+// make it look slower than the large one allows, and then no link fits and the buckets probe.
 inline constexpr size_t kLinkSmallBytes = 64;
 inline constexpr size_t kLinkLargeBytes = 1020 << 10;
-inline constexpr int kLinkRepeats = 3;
+inline constexpr int kLinkSmallRepeats = 16;
+inline constexpr int kLinkLargeRepeats = 3;
 
 // The latency and rate that make the model's all-reduce times (AllReduceTime, the algorithm Open
 // MPI picks for P nodes and the size) equal `small_s` for `small_bytes` and `large_s` for
@@ -47,9 +51,9 @@ absl::StatusOr<LinkModel> FitLink(int nodes, double small_bytes, double small_s,
                                   double large_s);
 
 // The link as this engine sees it, once: declared (o.link_gbps > 0) or measured. Every node must
-// call it at the same point (it issues collectives: 2 x (kLinkRepeats + 1) timed all-reduces
-// when measuring, and one MAX all-reduce of the inputs either way), and every node returns the
-// same result.
+// call it at the same point (it issues collectives: kLinkSmallRepeats + kLinkLargeRepeats + 2
+// all-reduces when measuring, and one MAX all-reduce of the inputs either way), and every node
+// returns the same result.
 absl::StatusOr<LinkModel> AgreeOnLink(Collective* coll, const EngineOptions& o);
 
 // What the model is asked for one bucket.
