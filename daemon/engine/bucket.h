@@ -30,6 +30,7 @@
 #include "daemon/engine/step.h"
 #include "daemon/memory/device_memory.h"
 #include "daemon/memory/shm_buffer.h"
+#include "daemon/memory/trainer_memory.h"
 
 namespace spex {
 
@@ -55,6 +56,10 @@ struct BucketMemory {
   // exchange of the bucket runs; its slot in `data` is then staging for the gathered input.
   std::unique_ptr<SharedBuffer> remote[kMaxLocalTrainers];
   int remote_device[kMaxLocalTrainers] = {};
+  // Zero-copy input (CPU path, trainer_memory.h): local trainer r's own memory, mapped read-only,
+  // which view.input[r] (or half_input[r]) then points into instead of r's slot in `shm`. Set
+  // and cleared when trainer r registers, while no exchange of the bucket runs.
+  std::unique_ptr<TrainerMemory> own_input[kMaxLocalTrainers];
 };
 
 struct BucketExchange {

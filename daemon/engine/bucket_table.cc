@@ -248,6 +248,23 @@ absl::Status BucketTable::PlaceSlot(EngineBucket* b, uint32_t slot, int device) 
   return absl::OkStatus();
 }
 
+void BucketTable::PlaceOwnInput(EngineBucket* b, uint32_t slot,
+                                std::unique_ptr<TrainerMemory> own) {
+  BucketData& v = b->mem.view;
+  if (b->mem.shm == nullptr || v.on_device) return;  // the device path keeps its slots
+  const size_t eb = DTypeSize(v.dtype);
+  uint8_t* base = static_cast<uint8_t*>(b->mem.shm->data());
+  void* in = own != nullptr ? const_cast<void*>(own->data())
+                            : static_cast<void*>(base + InputOffset(b->elements, slot, eb));
+  if (IsHalf(v.dtype)) {
+    v.half_input[slot] = static_cast<const uint16_t*>(in);
+  } else {
+    v.input[slot] = static_cast<float*>(in);  // read only: the steps never write an input
+  }
+  v.input_pulled[slot] = own != nullptr ? own->pulled_flag() : nullptr;
+  b->mem.own_input[slot] = std::move(own);
+}
+
 uint64_t BucketTable::ShmBytes(uint64_t elements) const {
   return device_.allocator != nullptr ? kPageBytes
                                       : BucketBytes(elements, options_->local_trainers);

@@ -64,6 +64,10 @@ class BucketTable {
   // there (DeviceBucketBytes(elements, 1), local_trainers + 1 events) unless it is the home GPU.
   // Only while trainer `slot` is not registered and no exchange of `b` runs.
   absl::Status PlaceSlot(EngineBucket* b, uint32_t slot, int device);
+  // Zero-copy input (CPU path): local trainer `slot`'s input is `own` (its own memory, of the
+  // bucket's size) from now on, or its slot in the segment again for null. Only while trainer
+  // `slot` is not registered and no exchange of `b` runs.
+  void PlaceOwnInput(EngineBucket* b, uint32_t slot, std::unique_ptr<TrainerMemory> own);
 
   // Unlinks the segments of buckets every local trainer has attached.
   void UnlinkAttached();

@@ -69,6 +69,15 @@ absl::Status ReduceLocalChecked(const StepEnv& env, const BucketData& b, bool sp
         "used it; its inputs are gone, so every step of this bucket fails. End the job and find "
         "the trainer that truncated /dev/shm memory (spexd serves the next job)"));
   }
+  for (int r = 0; r < L; ++r) {
+    if (b.input_pulled[r] != nullptr && b.input_pulled[r]->load(std::memory_order_acquire)) {
+      return absl::DataLossError(absl::StrCat(
+          "bucket ", b.id, ": local trainer ", r,
+          " shrank the memory it handed spexd as its input (own_input) while spexd read it; its "
+          "inputs are gone, so every step of this bucket fails. Do not resize or truncate a "
+          "bucket's memory while it is registered"));
+    }
+  }
   return s;
 }
 

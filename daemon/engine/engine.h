@@ -71,6 +71,7 @@ struct BucketGrant {
   std::string compressor;
   double density = 0;
   uint64_t next_step = 0;
+  bool own_input = false;  // the daemon reads this trainer's input from its own memory
 };
 
 class Engine {
@@ -122,11 +123,15 @@ class Engine {
   absl::Status Goodbye(uint64_t session_id);
   // `device`: the GPU the trainer's bucket lives on (device path; -1: the home GPU); a GPU the
   // path does not serve is FailedPrecondition naming --devices (docs/design.md#multi-gpu).
+  // `own_input` (CPU path, trainer_memory.h): the trainer's own memory as its input slot, mapped
+  // read-only from the caller's descriptor; null: the trainer writes its slot. A trainer that
+  // registers a bucket again must name the same memory (or none again).
   absl::StatusOr<BucketGrant> RegisterBucket(uint64_t session_id, uint64_t bucket_id,
                                              uint64_t elements, const std::string& compressor,
                                              double density,
                                              const std::map<std::string, std::string>& params = {},
-                                             int device = -1);
+                                             int device = -1,
+                                             const TrainerInputSpec* own_input = nullptr);
   absl::Status UnregisterBucket(uint64_t session_id, uint64_t bucket_id);
   // Changes the target density of every sparse bucket; all nodes apply the newest change any
   // of them has seen at the same step. Returns this node's change counter.

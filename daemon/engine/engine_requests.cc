@@ -87,13 +87,14 @@ struct Engine::BucketRequest {
   BucketPolicy policy;                         // the bucket's engine options among them
   bool other_params = false;  // parameters beyond the data type (they must match the bucket's)
   int device = -1;
+  const TrainerInputSpec* own_input = nullptr;  // zero-copy input (trainer_memory.h)
 };
 
 absl::StatusOr<BucketGrant> Engine::RegisterBucket(uint64_t session_id, uint64_t bucket_id,
                                                    uint64_t elements, const std::string& compressor,
                                                    double density,
                                                    const std::map<std::string, std::string>& params,
-                                                   int device) {
+                                                   int device, const TrainerInputSpec* own_input) {
   if (stop_) return absl::UnavailableError("spexd is shutting down");
   BucketRequest req;
   if (absl::Status s =
@@ -101,6 +102,13 @@ absl::StatusOr<BucketGrant> Engine::RegisterBucket(uint64_t session_id, uint64_t
       !s.ok()) {
     return s;
   }
+  if (own_input != nullptr && device_buckets()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "bucket ", bucket_id,
+        ": own_input (the trainer's own memory as its input) is for host buckets; this spexd "
+        "keeps buckets on a GPU (--device=cuda): register without own_input"));
+  }
+  req.own_input = own_input;
   absl::MutexLock lock(&mu_);
   absl::StatusOr<Session*> session = sessions_.Get(session_id);
   if (!session.ok()) return session.status();
@@ -259,7 +267,30 @@ absl::StatusOr<EngineBucket*> Engine::AttachTrainerLocked(Session* session,
                                                           bool created_here) {
   const uint32_t rank = session->local_rank;
   const uint64_t bit = 1ull << rank;
-  if (b->out.registered_mask & bit) return b;  // registered again: nothing changes
+  // The trainer's own memory, mapped before anything changes (a failure leaves no trace).
+  std::unique_ptr<TrainerMemory> own;
+  if (req.own_input != nullptr) {
+    const uint64_t bytes = b->elements * DTypeSize(b->mem.view.dtype);
+    absl::StatusOr<std::unique_ptr<TrainerMemory>> mapped =
+        TrainerMemory::Map(session->pidfd, session->pid, session->uid, *req.own_input, bytes);
+    if (!mapped.ok()) {
+      if (created_here) buckets_.Erase(req.bucket_id);  // nothing else holds it yet
+      return absl::Status(mapped.status().code(),
+                          absl::StrCat("bucket ", req.bucket_id, ": ", mapped.status().message()));
+    }
+    own = std::move(*mapped);
+  }
+  if (b->out.registered_mask & bit) {  // registered again: nothing changes, if alike
+    const TrainerMemory* had = b->mem.own_input[rank].get();
+    if ((had == nullptr) != (own == nullptr) || (had != nullptr && !had->Same(*own))) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "bucket ", req.bucket_id, " is registered by local trainer ", rank,
+          had != nullptr ? " with its own memory as input" : " with its input in the slot",
+          "; this request names ", own == nullptr ? "no own_input" : "other memory as own_input",
+          ". Unregister it first to change where its input lives"));
+    }
+    return b;
+  }
   // Several GPUs: the trainer's buffer on its own GPU, made before it counts as registered
   // (an exchange of the bucket may still be finishing after its last unregistration).
   while (b->out.state == BucketState::kExchanging && !stop_) published_cv_.Wait(&mu_);
@@ -272,6 +303,7 @@ absl::StatusOr<EngineBucket*> Engine::AttachTrainerLocked(Session* session,
     if (created_here) buckets_.Erase(req.bucket_id);  // nothing else holds it yet
     return s;
   }
+  buckets_.PlaceOwnInput(b, rank, std::move(own));
   b->out.registered_mask |= bit;
   ++b->out.registrations;
   session->buckets++;
@@ -305,6 +337,7 @@ BucketGrant Engine::GrantLocked(const EngineBucket& b, uint32_t rank) const {
   grant.compressor = b.compressor;
   grant.density = b.out.density;
   grant.next_step = b.mem.header->ready[rank].value.load();
+  grant.own_input = b.mem.own_input[rank] != nullptr;
   return grant;
 }
 

@@ -74,6 +74,10 @@ struct BucketData {
   // Set once a process shrank the bucket's shared segment under the daemon (segment_guard.h):
   // the inputs read since are zeros, so ReduceLocalChecked fails the step. Null: unguarded.
   const std::atomic<bool>* pulled = nullptr;
+  // Local trainer r's own memory as its input (bucket.h BucketMemory::own_input): set once the
+  // trainer shrank that file under the daemon, which fails the step like `pulled`. Null: r's
+  // input is its slot in the segment (or unguarded).
+  const std::atomic<bool>* input_pulled[kMaxLocalTrainers] = {};
 };
 
 // The type a sparse exchange's values travel as (asked for: a chunk whose values do not all fit

@@ -313,10 +313,17 @@ grpc::Status SpexService::RegisterBucket(grpc::ServerContext* ctx,
                         absl::StrCat("device_ordinal must be a CUDA device ordinal (>= 0), got ",
                                      req->device_ordinal()));
   }
+  TrainerInputSpec own;
+  if (req->has_own_input()) {
+    own.fd = req->own_input().fd();
+    own.offset = req->own_input().offset();
+  }
   auto grant = engine_->RegisterBucket(
       req->session_id(), req->bucket_id(), req->elements(), req->compressor().name(),
-      req->compressor().density(), params, req->has_device_ordinal() ? req->device_ordinal() : -1);
+      req->compressor().density(), params, req->has_device_ordinal() ? req->device_ordinal() : -1,
+      req->has_own_input() ? &own : nullptr);
   if (!grant.ok()) return ToGrpc(grant.status());
+  resp->set_own_input(grant->own_input);
   grant->buffer->Describe(resp->mutable_buffer());
   auto* layout = resp->mutable_layout();
   layout->set_header_offset(0);

@@ -220,6 +220,28 @@ class ExchangeTest(ClusterTestCase):
             self.assertEqual(b.next_step, 1)
             self.assertEqual(b.compressor, "dense")
 
+    def test_own_input_is_read_instead_of_the_slot(self):
+        import torch
+
+        cl = self.start_cluster(1, 1)
+        with spex.Client(cl.socket(0)) as c:
+            whole = torch.zeros(30)
+            mine = whole[7:17]  # a view at an offset: its storage moves, the view follows
+            b = c.register_bucket(6, 10, own_input=mine)
+            self.assertTrue(b.own_input)
+            self.assertTrue(whole.is_shared(), "own_input's storage is in shared memory now")
+            self.assertEqual(b.input_tensor.data_ptr(), mine.data_ptr())
+            mine.copy_(torch.arange(10, dtype=torch.float32))
+            self.assertEqual(float(b.input[3]), 3.0)  # the numpy view is the tensor's memory
+            self.assertTrue(torch.equal(torch.from_numpy(c.exchange(b).copy()), torch.arange(10.0)))
+            mine.mul_(3)  # read at every exchange, not copied at registration
+            self.assertTrue(torch.equal(torch.from_numpy(c.exchange(b, mode="rpc").copy()), 3 * torch.arange(10.0)))
+            c.exchange(b, torch.ones(10))  # write() goes into the tensor
+            self.assertTrue(torch.equal(mine, torch.ones(10)))
+            self.assertEqual(float(b.output[9]), 1.0)
+            plain = c.register_bucket(7, 10)
+            self.assertFalse(plain.own_input)
+
     def test_submit_stamps_when_the_input_was_ready(self):
         cl = self.start_cluster(1, 1)
         with spex.Client(cl.socket(0)) as c:
@@ -586,6 +608,24 @@ class BadInputTest(ClusterTestCase):
             self.assertEqual(b.next_step, 0, "a rejected exchange must not advance the step")
             c.exchange(b, torch.ones(2, 4))  # 8 elements in any shape are fine
             self.assertEqual(float(b.output[0]), 1.0)
+
+    def test_own_input_errors_register_nothing(self):
+        import torch
+
+        cl = self.start_cluster(1, 1)
+        with spex.Client(cl.socket(0)) as c:
+            with self.assertRaisesRegex(spex.SpexTypeError, "own_input must be a torch tensor"):
+                c.register_bucket(0, 8, own_input=np.zeros(8, np.float32))
+            with self.assertRaisesRegex(spex.SpexTypeError, "holds float32; own_input is torch.float64"):
+                c.register_bucket(0, 8, own_input=torch.zeros(8, dtype=torch.float64))
+            with self.assertRaisesRegex(spex.SpexValueError, "contiguous tensor of 8 elements, got 9"):
+                c.register_bucket(0, 8, own_input=torch.zeros(9))
+            with self.assertRaisesRegex(spex.SpexValueError, r"contiguous tensor of 8 elements, got 8 \(contiguous: False"):
+                c.register_bucket(0, 8, own_input=torch.zeros(16)[::2])
+            self.assertEqual(list(c.stats().buckets), [])
+            b = c.register_bucket(0, 8)
+            self.assertFalse(b.own_input)
+            c.exchange(b, np.ones(8, np.float32))
 
     def test_registration_errors(self):
         cl = self.start_cluster(1, 2)

@@ -2,7 +2,8 @@
 Every process trains the same model twice in lockstep, once through the spex hook (dense) and
 once with DDP's own gloo all-reduce, and records after every step the parameters' digest and
 the largest difference to the gloo model; also DDP's bucket rebuild (fresh bucket ids per
-generation, the previous generation unregistered), the RPC path with the plain
+generation, the previous generation unregistered), zero copy (DDP's own bucket as the daemon's
+input, the same bits as copying it, dense and micro), the RPC path with the plain
 register_comm_hook form, a float16 model under torch's GradScaler (the hook must skip exactly
 the steps DDP skips, after a step whose node sums are past float16's range), and the errors for a float64 model, a wrong world size, an unknown
 compressor or parameter given to spex.torch.register, and nodes whose bucket ids differ (the
@@ -16,6 +17,7 @@ import sys
 import tempfile
 import time
 import unittest
+import warnings
 
 STEPS = 6
 HIDDEN = 512  # 301,066 parameters: one bucket before DDP's rebuild, two after
@@ -109,7 +111,7 @@ def worker(cfg):
         o_spex = torch.optim.SGD(m_spex.parameters(), lr=0.1, momentum=0.9)
         o_ref = torch.optim.SGD(m_ref.parameters(), lr=0.1, momentum=0.9)
         gen = torch.Generator().manual_seed(1234 + rank)
-        rec = {"digests": [], "max_diff": [], "buckets": [], "daemon_buckets": []}
+        rec = {"digests": [], "max_diff": [], "buckets": [], "daemon_buckets": [], "own_input": []}
         for step in range(steps):
             x = torch.randn(8, 64, generator=gen)
             y = torch.randint(0, 10, (8,), generator=gen)
@@ -122,11 +124,39 @@ def worker(cfg):
                                        for a, b in zip(m_spex.parameters(), m_ref.parameters())))
             rec["buckets"].append([[b.id, b.elements] for b in state.buckets])
             rec["daemon_buckets"].append(sorted(s.bucket_id for s in state.client.stats().buckets))
+            rec["own_input"].append([b.own_input for b in state.buckets])
         state.close()
         dist.barrier()  # every session said Goodbye before the next phase opens new ones
         out[label] = rec
 
     lockstep("doorbell", lambda d: spex.torch.register(d, compressor="dense", socket=cfg["socket"]), STEPS)
+    # The same with the hook copying DDP's bucket into the slot (zero_copy=False), and sparse
+    # (micro) both ways: DDP's own bucket as the daemon's input must give the same bits.
+    lockstep("doorbell_copy", lambda d: spex.torch.register(d, compressor="dense", socket=cfg["socket"],
+                                                            zero_copy=False, id_base=10 << 32), STEPS)
+    lockstep("micro_zero_copy", lambda d: spex.torch.register(d, compressor="micro", density=0.05,
+                                                              socket=cfg["socket"], id_base=11 << 32), STEPS)
+    lockstep("micro_copy", lambda d: spex.torch.register(d, compressor="micro", density=0.05, socket=cfg["socket"],
+                                                         zero_copy=False, id_base=12 << 32), STEPS)
+
+    # A daemon that cannot take DDP's bucket (OwnInputRefused, e.g. another user's spexd): the
+    # hook warns once and copies into the slots, with the same bits.
+    def refusing(d):
+        state = spex.torch.register(d, compressor="dense", socket=cfg["socket"], id_base=13 << 32)
+        real = state.client.register_bucket
+
+        def register(*args, **kwargs):
+            if kwargs.get("own_input") is not None:
+                raise spex.OwnInputRefused("RegisterBucket: own_input: refused by this test")
+            return real(*args, **kwargs)
+
+        state.client.register_bucket = register
+        return state
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        lockstep("refused", refusing, 3)
+    out["refused_warnings"] = [str(w.message) for w in caught if "cannot be the daemon's input" in str(w.message)]
 
     def plain_rpc(d):
         state = spex.torch.SpexHookState(None, socket=cfg["socket"], mode="rpc", compressor="dense",
@@ -327,6 +357,21 @@ class DdpHookTest(unittest.TestCase):
             self.assertEqual(len(per_rank[0]), steps)
             for step in range(steps):
                 self.assertEqual(len({d[step] for d in per_rank}), 1, f"{phase} step {step} differs")
+
+    def test_zero_copy_hands_ddps_bucket_over_with_the_same_results(self):
+        for r in self.results:
+            for phase in ("doorbell", "micro_zero_copy"):
+                self.assertTrue(all(all(step) for step in r[phase]["own_input"]),
+                                f"rank {r['rank']} {phase}: the daemon did not take DDP's bucket: {r[phase]['own_input']}")
+            for phase in ("doorbell_copy", "micro_copy"):
+                self.assertFalse(any(any(step) for step in r[phase]["own_input"]), f"rank {r['rank']} {phase}")
+            self.assertEqual(r["doorbell"]["digests"], r["doorbell_copy"]["digests"], f"rank {r['rank']} dense")
+            self.assertEqual(r["micro_zero_copy"]["digests"], r["micro_copy"]["digests"], f"rank {r['rank']} micro")
+            self.assertFalse(any(any(step) for step in r["refused"]["own_input"]), f"rank {r['rank']} refused")
+            self.assertEqual(r["refused"]["digests"], r["doorbell_copy"]["digests"][:3], f"rank {r['rank']} refused")
+            self.assertEqual(len(r["refused_warnings"]), 1, r["refused_warnings"])
+            # Sparse training differs from the dense reference: the comparison is not vacuous.
+            self.assertNotEqual(r["micro_copy"]["digests"][-1], r["doorbell_copy"]["digests"][-1])
 
     def test_rebuild_gets_new_bucket_ids_and_drops_the_old_ones(self):
         for r in self.results:

@@ -91,8 +91,9 @@ Trainer::Trainer(Engine* engine, uint32_t local_rank, const HelloResult& hello)
       doorbell_(static_cast<DoorbellSegment*>(const_cast<ShmBuffer*>(hello.doorbell)->data())) {}
 
 absl::StatusOr<Trainer> Trainer::Open(Engine* engine, uint32_t local_rank, uint32_t local_size,
-                                      const std::string& job, const std::string& client) {
-  absl::StatusOr<HelloResult> hello = engine->Hello(job, local_rank, local_size, 0, client);
+                                      const std::string& job, const std::string& client,
+                                      uint32_t pid, uint32_t uid) {
+  absl::StatusOr<HelloResult> hello = engine->Hello(job, local_rank, local_size, pid, client, uid);
   if (!hello.ok()) return hello.status();
   return Trainer(engine, local_rank, *hello);
 }
@@ -100,9 +101,9 @@ absl::StatusOr<Trainer> Trainer::Open(Engine* engine, uint32_t local_rank, uint3
 absl::StatusOr<BucketGrant> Trainer::Register(uint64_t bucket, uint64_t elements,
                                               const std::string& compressor, double density,
                                               const std::map<std::string, std::string>& params,
-                                              int device) {
-  absl::StatusOr<BucketGrant> g =
-      engine_->RegisterBucket(session_id_, bucket, elements, compressor, density, params, device);
+                                              int device, const TrainerInputSpec* own_input) {
+  absl::StatusOr<BucketGrant> g = engine_->RegisterBucket(session_id_, bucket, elements, compressor,
+                                                          density, params, device, own_input);
   if (!g.ok()) return g;
   Registered r;
   r.grant = *g;

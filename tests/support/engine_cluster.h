@@ -107,21 +107,25 @@ class EngineCluster {
 class Trainer {
  public:
   // Says Hello as local trainer `local_rank` of `local_size`.
+  // `pid` and `uid`: the caller as the kernel would name it (0: unknown, as by default).
   static absl::StatusOr<Trainer> Open(Engine* engine, uint32_t local_rank, uint32_t local_size,
                                       const std::string& job = "",
-                                      const std::string& client = "test");
+                                      const std::string& client = "test", uint32_t pid = 0,
+                                      uint32_t uid = 0);
 
   // Registers a bucket ("" and 0: the engine's default compressor and density) on GPU
   // `device` (-1: the home GPU; a device path with several GPUs, docs/design.md#multi-gpu).
   absl::StatusOr<BucketGrant> Register(uint64_t bucket, uint64_t elements,
                                        const std::string& compressor = "", double density = 0,
                                        const std::map<std::string, std::string>& params = {},
-                                       int device = -1);
+                                       int device = -1,
+                                       const TrainerInputSpec* own_input = nullptr);
   absl::Status Unregister(uint64_t bucket);
   absl::Status Goodbye() { return engine_->Goodbye(session_id_); }
 
-  // A registered bucket's pieces: this trainer's input slot and the output (host shm on the
-  // CPU path, the device buffer on the device path), the shared header, the grant.
+  // A registered bucket's pieces: this trainer's input slot (its slot even with own_input) and the
+  // output (host shm on the CPU path, the device buffer on the device path), the shared header, the
+  // grant.
   float* input(uint64_t bucket);
   const float* output(uint64_t bucket);
   BucketHeader* header(uint64_t bucket);

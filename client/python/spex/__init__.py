@@ -14,6 +14,7 @@ from .errors import (
     DaemonUnavailableError,
     ExchangeTimeoutError,
     NotImplementedByDaemon,
+    OwnInputRefused,
     SessionLostError,
     SpexError,
     SpexSecurityError,
@@ -26,6 +27,6 @@ __version__ = "0.1.0"
 
 __all__ = [
     "DEVICES", "MODES", "Bucket", "Client", "connect", "BucketOrderError", "CudaRuntimeError",
-    "DaemonUnavailableError", "ExchangeTimeoutError", "NotImplementedByDaemon", "SessionLostError", "SpexError",
+    "DaemonUnavailableError", "ExchangeTimeoutError", "NotImplementedByDaemon", "OwnInputRefused", "SessionLostError", "SpexError",
     "SpexSecurityError", "SpexTypeError", "SpexValueError", "client_socket_path", "default_job", "default_socket_path", "__version__",
 ]

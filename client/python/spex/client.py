@@ -27,7 +27,7 @@ import os
 import socket as _socket
 import time
 import weakref
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import grpc
 import numpy as np
@@ -40,6 +40,7 @@ from .errors import (
     BucketOrderError,
     DaemonUnavailableError,
     ExchangeTimeoutError,
+    OwnInputRefused,
     SessionLostError,
     SpexError,
     SpexTypeError,
@@ -103,6 +104,32 @@ def dtype_name(dtype: Any) -> str:
     return name
 
 
+def _own_input_file(t: Any, dt: str, n: int, bucket_id: int) -> Tuple[int, int]:
+    """(descriptor, byte offset) of a CPU tensor's memory for RegisterBucketRequest.own_input, after
+    moving its storage into shared memory in place (what Tensor.share_memory_() does with the
+    file_descriptor strategy: the tensor and every view of its storage follow; a storage already
+    there stays)."""
+    import torch
+
+    if not isinstance(t, torch.Tensor):
+        raise SpexTypeError(f"bucket {bucket_id}: own_input must be a torch tensor, got {type(t).__name__}")
+    if t.device.type != "cpu":
+        raise SpexTypeError(f"bucket {bucket_id}: own_input must be a CPU tensor (host buckets), got one on "
+                            f"{t.device}")
+    if t.dtype != getattr(torch, dt):
+        raise SpexTypeError(f"bucket {bucket_id} holds {dt}; own_input is {t.dtype}")
+    if t.numel() != n or not t.is_contiguous():
+        raise SpexValueError(f"bucket {bucket_id}: own_input must be a contiguous tensor of {n} elements, got "
+                             f"{t.numel()} (contiguous: {t.is_contiguous()})")
+    storage = t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()._storage
+    try:
+        fd, _ = storage._share_fd_cpu_()
+    except (AttributeError, RuntimeError) as e:
+        raise OwnInputRefused(f"bucket {bucket_id}: cannot move own_input's storage into shared memory ({e}); "
+                              f"register without own_input") from e
+    return int(fd), int(t.storage_offset()) * t.element_size()
+
+
 def _torch_view(t: Any, dtype: str) -> Any:
     """A torch tensor over the numpy view of a slot, as the bucket's type (bfloat16 from int16 bits)."""
     if dtype == "bfloat16":
@@ -124,7 +151,7 @@ class Bucket:
 
     def __init__(self, client: "Client", bucket_id: int, elements: int, mapping: mmap.mmap,
                  resp: "pb.RegisterBucketResponse", device: Optional[_DeviceView] = None,
-                 dtype: str = "float32"):
+                 dtype: str = "float32", own: Any = None):
         self._client = client
         self.id = bucket_id
         self.elements = elements
@@ -151,12 +178,22 @@ class Bucket:
             self._output = out
         self._input_tensor = None
         self._output_tensor = None
+        # Zero-copy input (register_bucket's own_input, taken by the daemon): the input is the
+        # caller's tensor, which the daemon reads; nothing is written into the slot.
+        self.own_input: bool = own is not None
+        if own is not None:
+            import torch
+
+            flat = own.detach().reshape(-1)
+            self._input_tensor = flat
+            self._input = (flat.view(torch.int16) if dtype == "bfloat16" else flat).numpy()
         self.last_rpc_stats: Optional[pb.ExchangeStats] = None
         self.closed = False
 
     @property
     def input(self) -> np.ndarray:
-        """This trainer's input slot as a numpy float32 view of shared memory (host buckets)."""
+        """This trainer's input slot as a numpy float32 view of shared memory (host buckets; the
+        own_input tensor's memory when the bucket has one)."""
         if self.on_device:
             raise SpexTypeError(f"bucket {self.id} lives in GPU memory (cuda:{self.cuda_device}): it has no numpy "
                                 f"view; use input_tensor (a CUDA tensor) or write(tensor)")
@@ -533,7 +570,8 @@ class Client:
 
     def register_bucket(self, bucket_id: int, elements: int, compressor: Optional[str] = None,
                         density: Optional[float] = None, params: Optional[Dict[str, str]] = None,
-                        dtype: Any = "float32", cuda_device: Optional[int] = None) -> Bucket:
+                        dtype: Any = "float32", cuda_device: Optional[int] = None,
+                        own_input: Any = None) -> Bucket:
         """Registers bucket `bucket_id` of `elements` values of `dtype` ("float32", "bfloat16",
         "float16", or a torch/numpy dtype; docs/dtypes.md) and maps its segment. A half bucket is
         summed and compressed in float32 by the daemon and its result rounded once to its type;
@@ -547,6 +585,15 @@ class Client:
         `cuda_device` (device='cuda' only): the GPU ordinal the trainer's tensors live on, sent as
         RegisterBucketRequest.device_ordinal so a spexd serving several GPUs (--devices) places this
         trainer's input and output there (docs/design.md#multi-gpu); None: the daemon's home GPU.
+        `own_input` (host buckets; zero-copy input): a contiguous CPU torch tensor of `elements`
+        values of `dtype` that holds this trainer's input from now on instead of the input slot.
+        Its storage moves into shared memory in place (as Tensor.share_memory_(); views follow)
+        and the daemon maps it read-only and reads it at each exchange, so nothing is copied into
+        the slot; `input` / `input_tensor` are views of it. Keep the storage alive and its size
+        unchanged while the bucket is registered, and write it only between exchanges (after the
+        result of the last one). `bucket.own_input` says whether the daemon took it (an older spexd
+        ignores the field and the slot is used). OwnInputRefused: the storage cannot go into shared
+        memory, or the daemon cannot take it; nothing is registered then.
         """
         self._check_open()
         if bucket_id in self._buckets:
@@ -568,7 +615,19 @@ class Client:
             if not isinstance(cuda_device, (int, np.integer)) or isinstance(cuda_device, bool) or cuda_device < 0:
                 raise SpexValueError(f"bucket {bucket_id}: cuda_device must be a GPU ordinal >= 0, got {cuda_device!r}")
             req.device_ordinal = int(cuda_device)
-        resp = self._rpc("RegisterBucket", req, self.connect_timeout)
+        if own_input is not None:
+            if self._ipc is not None:
+                raise SpexValueError(f"bucket {bucket_id}: own_input is for host buckets; this client asked spexd for "
+                                     f"CUDA buffers (device='cuda')")
+            fd, offset = _own_input_file(own_input, dt, int(elements), int(bucket_id))
+            req.own_input.fd = fd
+            req.own_input.offset = offset
+        try:
+            resp = self._rpc("RegisterBucket", req, self.connect_timeout)
+        except SpexError as e:
+            if own_input is not None and "own_input" in str(e):
+                raise OwnInputRefused(str(e), e.code) from e
+            raise
         eb = L.DTYPE_BYTES[dt]
         seg, lay = resp.buffer.shm, resp.layout
         n = int(elements)
@@ -609,7 +668,8 @@ class Client:
                 shm.release(mapping)
                 self._unregister_quietly(int(bucket_id))
                 raise
-        bucket = Bucket(self, int(bucket_id), n, mapping, resp, device, dt)
+        bucket = Bucket(self, int(bucket_id), n, mapping, resp, device, dt,
+                        own_input if own_input is not None and resp.own_input else None)
         _native.store32(mapping, L.bucket_attached_offset(self.local_rank), 1)
         self._buckets[bucket.id] = bucket
         return bucket

@@ -49,6 +49,13 @@ class SpexTypeError(SpexError, TypeError):
     """Data of the wrong type (e.g. a tensor that is not float32)."""
 
 
+class OwnInputRefused(SpexError):
+    """A bucket's own_input (zero-copy input) could not be used: the tensor's storage cannot be
+    put in shared memory, or the daemon cannot take it (another user's spexd without the right to
+    ptrace the trainer, memory not in shared memory). Nothing was registered: register the bucket
+    without own_input (the trainer then copies its input into the slot)."""
+
+
 class NotImplementedByDaemon(SpexError, NotImplementedError):
     """The daemon does not implement this request (yet)."""
 

@@ -9,9 +9,13 @@ Every DDP process is one trainer of its node's daemon (local_rank/local_size fro
 arguments or $LOCAL_RANK/$LOCAL_WORLD_SIZE, as torchrun sets them); the daemon averages over
 all trainers of all nodes, so the DDP world must be nodes x local trainers.
 
-Per bucket, the hook copies DDP's flat gradient buffer into the bucket's shared input slot and
-rings the doorbell at once (on the autograd thread), so the daemon starts while backward goes
-on; one worker thread per process waits for the results in FIFO order and completes the
+Per bucket, the hook hands DDP's flat gradient buffer to the daemon and rings the doorbell at
+once (on the autograd thread), so the daemon starts while backward goes on. On the CPU the
+buffer itself is the bucket's input (zero_copy, the default): at registration its storage moves
+into shared memory in place (as Tensor.share_memory_(); DDP's views of it follow) and the daemon
+maps it read-only, so no step copies the gradients; otherwise (CUDA buckets, momentum
+correction, a resumed layout mapped per parameter, zero_copy=False, or a daemon that cannot take
+the memory) the hook copies the buffer into the bucket's shared input slot; one worker thread per process waits for the results in FIFO order and completes the
 returned futures with the output slot (a tensor over shared memory, no copy; DDP copies it into
 the gradients before the next step). Bucket ids are id_base + generation * 2**20 + DDP's bucket
 index: DDP rebuilds its buckets after the first iteration (the same layout on every rank, synced
@@ -60,7 +64,7 @@ import torch.distributed as dist
 
 from .client import DEVICES, MODES, Bucket, Client
 from .cuda import CudaRuntime
-from .errors import SpexError, SpexTypeError, SpexValueError
+from .errors import OwnInputRefused, SpexError, SpexTypeError, SpexValueError
 
 GENERATION_STRIDE = 1 << 20
 # The gradient types a DDP bucket may hold (docs/dtypes.md).
@@ -94,6 +98,12 @@ class SpexHookState:
             averaged result is non-zero (momentum factor masking). The optimiser must then run
             WITHOUT momentum (torch.optim.SGD(..., momentum=0)): the hook applies it before
             the exchange. Sparse compressors only; u is saved by state_dict. docs/clients.md.
+        zero_copy: CPU buckets: DDP's own bucket buffer is the bucket's input (Client.register_bucket's
+            own_input: its storage moves into shared memory when the bucket is registered, and the
+            daemon reads it there), so the hook copies nothing into the input slot. Where the daemon
+            cannot take it (OwnInputRefused: e.g. another user's spexd) the hook warns once and
+            copies. Not used with momentum_correction (u is handed over) or for a resumed layout
+            mapped per parameter. False: always copy.
     """
 
     def __init__(self, ddp: Optional[torch.nn.parallel.DistributedDataParallel] = None, *,
@@ -102,7 +112,8 @@ class SpexHookState:
                  compressor: Optional[str] = None, density: Optional[float] = None,
                  params: Optional[Dict[str, str]] = None, mode: str = "doorbell", id_base: int = 0,
                  exchange_timeout: float = 300.0, device: Optional[str] = None,
-                 cuda_runtime: Optional[CudaRuntime] = None, momentum_correction: Optional[float] = None):
+                 cuda_runtime: Optional[CudaRuntime] = None, momentum_correction: Optional[float] = None,
+                 zero_copy: bool = True):
         if device is not None and device not in DEVICES:
             raise SpexValueError(f"device must be one of {DEVICES}, got {device!r}")
         if client is not None and device is not None and device != client.device:
@@ -128,6 +139,7 @@ class SpexHookState:
         self.mode = mode
         self.id_base = id_base
         self.momentum_correction = None if momentum_correction is None else float(momentum_correction)
+        self.zero_copy = bool(zero_copy)
         # Momentum correction's u per DDP bucket index (float32; reset with the buckets when DDP
         # rebuilds them, as the daemon's residuals are).
         self._u: Dict[int, torch.Tensor] = {}
@@ -270,9 +282,7 @@ class SpexHookState:
             # A CUDA bucket lives where its gradients are: the daemon places this trainer's buffers on
             # that GPU (spexd --devices; docs/design.md#multi-gpu).
             where = grad_bucket.buffer().device
-            b = self.client.register_bucket(bucket_id, sig[0], self.compressor, self.density, self.params,
-                                            dtype=grad_bucket.buffer().dtype,
-                                            cuda_device=where.index if where.type == "cuda" else None)
+            b = self._register(bucket_id, grad_bucket, where)
             self._buckets[index] = b
             self._sigs[index] = sig
             self._layout[index] = self._param_key(grad_bucket)
@@ -290,6 +300,23 @@ class SpexHookState:
                 f"while bucket 0 did not: spex cannot tell that DDP rebuilt its buckets. Pass the DDP model to "
                 f"SpexHookState(ddp=...) (spex.torch.register does)")
         return b
+
+    def _register(self, bucket_id: int, grad_bucket: Any, where: Any) -> Bucket:
+        """Registers DDP bucket `grad_bucket` as `bucket_id`: with DDP's buffer as its own input
+        (zero copy) where that can be, else with the input slot."""
+        buf = grad_bucket.buffer()
+        kwargs = dict(dtype=buf.dtype, cuda_device=where.index if where.type == "cuda" else None)
+        if (self.zero_copy and where.type == "cpu" and self.momentum_correction is None
+                and buf.is_contiguous()):
+            try:
+                return self.client.register_bucket(bucket_id, buf.numel(), self.compressor, self.density,
+                                                   self.params, own_input=buf, **kwargs)
+            except OwnInputRefused as e:
+                self.zero_copy = False  # once: every later bucket would be refused alike
+                warnings.warn(f"spex: DDP's bucket memory cannot be the daemon's input ({e}); copying each "
+                              f"bucket into its shared slot instead", RuntimeWarning, stacklevel=3)
+        return self.client.register_bucket(bucket_id, buf.numel(), self.compressor, self.density, self.params,
+                                           **kwargs)
 
     def __call__(self, grad_bucket: Any) -> "torch.futures.Future[torch.Tensor]":
         """Hands one DDP bucket to the daemon; returns a future holding the averaged bucket."""
@@ -327,7 +354,8 @@ class SpexHookState:
             src = u.mul_(self.momentum_correction).add_(src)
         # Device buckets: the copy is queued on the current stream, where submit / record_input
         # record the input's IPC event after it.
-        if src is not b.input_tensor:
+        # Zero copy: src is the bucket's own input already (the daemon reads DDP's buffer).
+        if src is not b.input_tensor and not (b.own_input and src.data_ptr() == b.input_tensor.data_ptr()):
             b.input_tensor.copy_(src)
         t0 = time.perf_counter()
         if self.mode == "doorbell":
