@@ -10,15 +10,17 @@ order over --rounds (A B ... B A), --steps timed steps after --warmup:
   local       backward without DDP (no exchange: the compute every other row pays too)
   ddp         DDP's own all-reduce (gloo)
   fp16        DDP with PyTorch's fp16_compress_hook
-  spex        DDP with the spex hook, the daemon's dense path (compressor dense)
-  spex-micro  DDP with the spex hook, micro at --density
+  spex-copy   DDP with the spex hook copying DDP's bucket into the input slot (zero_copy=False),
+              the daemon's dense path (compressor dense)
+  spex        the same with the hook's default, zero copy (DDP's bucket is the daemon's input)
+  spex-micro  DDP with the spex hook (zero copy), micro at --density
 
 Per configuration, per trainer step (medians over the trainers' passes): the step's wall time
 (zero_grad + backward, which waits for DDP's exchange); the trainer process's CPU time (every
 thread: /proc/self/task/*/schedstat, nanoseconds on a core), split into the main thread (autograd
 runs the hooks there on the CPU) and the other threads (gloo's, and the spex hook's worker); for
-the spex rows also the time spent inside the hook's call (copy into the shared segment + ringing
-the daemon; wall and main-thread CPU), the worker thread's CPU (waits for the result, completes
+the spex rows also the time spent inside the hook's call (the copy into the shared segment, for
+spex-copy, + ringing the daemon; wall and main-thread CPU), the worker thread's CPU (waits for the result, completes
 DDP's future), and, measured alone in the same run, the copy of a bucket of gradients into the
 segment (torch's copy_). The daemon's CPU is not the trainer's and is not counted (the main job
 reports it). Ratios are against `ddp` in the same run.
@@ -39,7 +41,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-CONFIGS = ("local", "ddp", "fp16", "spex", "spex-micro")
+CONFIGS = ("local", "ddp", "fp16", "spex-copy", "spex", "spex-micro")
 
 
 def thread_cpu_ns(tid=None):
@@ -91,7 +93,7 @@ def build(cfg, model, args, socket, rank, local_size):
         from spex.torch import SpexHookState
         compressor, density = ("micro", args.density) if cfg == "spex-micro" else ("dense", None)
         state = SpexHookState(ddp, compressor=compressor, density=density, socket=socket, local_rank=rank,
-                              local_size=local_size, job=f"hook-overhead-{cfg}")
+                              local_size=local_size, job=f"hook-overhead-{cfg}", zero_copy=cfg != "spex-copy")
         meter = HookMeter(state)
         ddp.register_comm_hook(meter, metered_hook)
         return ddp, state, meter
@@ -265,6 +267,11 @@ def main():
         print(f"{cfg:<11}{f('step_ms'):>9}{f('step_vs_ddp'):>7}{f('cpu_ms'):>8}{f('main_cpu_ms'):>7}"
               f"{f('other_cpu_ms'):>7}{f('exchange_cpu_ms'):>9}{f('exchange_cpu_vs_ddp'):>7}"
               f"{f('hook_call_ms'):>10}{f('hook_call_cpu_ms'):>9}{f('worker_cpu_ms'):>8}{f('copy_ms'):>7}")
+    zc, cp = summary["spex"], summary["spex-copy"]
+    print(f"zero copy (spex) against copying into the slot (spex-copy), per trainer step: trainer CPU "
+          f"{zc['cpu_ms']:.2f} vs {cp['cpu_ms']:.2f} ms ({zc['cpu_ms'] / cp['cpu_ms']:.3f}x), inside the hook's "
+          f"calls {zc['hook_call_cpu_ms']:.2f} vs {cp['hook_call_cpu_ms']:.2f} ms "
+          f"({zc['hook_call_cpu_ms'] / cp['hook_call_cpu_ms']:.3f}x), step {zc['step_ms'] / cp['step_ms']:.3f}x")
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out + ".json", "w") as f:
         json.dump({"args": vars(args), "parameters": params, "cores": os.cpu_count(),

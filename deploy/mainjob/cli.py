@@ -52,6 +52,9 @@ def parse_args(argv: Optional[List[str]] = None, description: str = "") -> argpa
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP bucket_cap_mb")
     p.add_argument("--mode", choices=["doorbell", "rpc"], default="doorbell", help="spex exchange path")
+    p.add_argument("--zero-copy", choices=["on", "off"], default="on",
+                   help="spex runs: on (default) hands DDP's own bucket memory to the daemon as the input "
+                        "(SpexHookState zero_copy); off copies each bucket into the input slot, as before")
     p.add_argument("--powersgd-buckets", choices=["one", "ddp"], default="one",
                    help="one (default): powersgd runs put the whole model in one DDP bucket (bucket_cap_mb and "
                         "dist._DEFAULT_FIRST_BUCKET_BYTES above the gradient size), because PyTorch's PowerSGD hook over gloo with several buckets can issue its "

@@ -102,7 +102,7 @@ def register(ddp, cfg: Dict[str, Any], run: Dict[str, Any], steps_total: int, ru
     state = spex.torch.SpexHookState(ddp, compressor=run["compressor"], density=first_density(run),
                                      params=run.get("params") or None, socket=cfg["socket"],
                                      local_rank=cfg["local_rank"], local_size=cfg["local_size"], mode=cfg["mode"],
-                                     id_base=run_index << 32,
+                                     id_base=run_index << 32, zero_copy=cfg.get("zero_copy", True),
                                      momentum_correction=cfg["momentum"] if run.get("momentum_correction") else None)
     ddp.register_comm_hook(state, spex.torch.hook)
     return state

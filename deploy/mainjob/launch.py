@@ -54,6 +54,7 @@ def trainer_cfg(args: argparse.Namespace, runs: List[Dict[str, Any]], cluster, r
     return {"rank": rank, "world": args.nodes * args.trainers, "local_rank": local, "local_size": args.trainers,
             "socket": cluster.socket(node), "rendezvous": rendezvous, "seed": args.seed,
             "hidden": args.hidden, "bucket_cap_mb": args.bucket_cap_mb, "runs": runs, "mode": args.mode,
+            "zero_copy": args.zero_copy == "on",
             "lr": args.lr, "momentum": args.momentum, "batch": args.batch, "epochs": args.epochs,
             "stats_every": args.stats_every, "check_every": args.check_every, "quiet": args.quiet,
             "modules_every": args.modules_every,
