@@ -622,6 +622,13 @@ class BadInputTest(ClusterTestCase):
                 c.register_bucket(0, 8, own_input=torch.zeros(9))
             with self.assertRaisesRegex(spex.SpexValueError, r"contiguous tensor of 8 elements, got 8 \(contiguous: False"):
                 c.register_bucket(0, 8, own_input=torch.zeros(16)[::2])
+            # /dev/shm too small for the storage (a container's default): refused before it moves.
+            small = mock.Mock(f_bavail=10, f_frsize=4096)
+            t = torch.zeros(8192)
+            with mock.patch("os.statvfs", return_value=small):
+                with self.assertRaisesRegex(spex.OwnInputRefused, "half of what /dev/shm has free"):
+                    c.register_bucket(0, 8192, own_input=t)
+            self.assertFalse(t.is_shared())
             self.assertEqual(list(c.stats().buckets), [])
             b = c.register_bucket(0, 8)
             self.assertFalse(b.own_input)

@@ -122,6 +122,20 @@ def _own_input_file(t: Any, dt: str, n: int, bucket_id: int) -> Tuple[int, int]:
         raise SpexValueError(f"bucket {bucket_id}: own_input must be a contiguous tensor of {n} elements, got "
                              f"{t.numel()} (contiguous: {t.is_contiguous()})")
     storage = t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()._storage
+    if not t.is_shared():
+        # PyTorch sizes the new /dev/shm file without reserving its pages: where /dev/shm cannot
+        # hold it (a container's 64 MB default), the copy into it would end this process with a
+        # bus error. Refuse instead (the hook then copies into the daemon's slot).
+        try:
+            st = os.statvfs("/dev/shm")
+            free = st.f_bavail * st.f_frsize
+        except OSError:
+            free = None
+        need = storage.nbytes() if hasattr(storage, "nbytes") else storage.size()
+        if free is not None and need > free // 2:
+            raise OwnInputRefused(f"bucket {bucket_id}: own_input's storage ({need >> 20} MiB) would take more than "
+                                  f"half of what /dev/shm has free ({free >> 20} MiB); enlarge /dev/shm (a container's "
+                                  f"--shm-size) or register without own_input")
     try:
         fd, _ = storage._share_fd_cpu_()
     except (AttributeError, RuntimeError) as e:
