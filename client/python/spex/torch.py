@@ -355,7 +355,8 @@ class SpexHookState:
         # Device buckets: the copy is queued on the current stream, where submit / record_input
         # record the input's IPC event after it.
         # Zero copy: src is the bucket's own input already (the daemon reads DDP's buffer).
-        if src is not b.input_tensor and not (b.own_input and src.data_ptr() == b.input_tensor.data_ptr()):
+        if src is not b.input_tensor and not (getattr(b, "own_input", False)
+                                              and src.data_ptr() == b.input_tensor.data_ptr()):
             b.input_tensor.copy_(src)
         t0 = time.perf_counter()
         if self.mode == "doorbell":
