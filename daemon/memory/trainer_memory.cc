@@ -42,9 +42,8 @@ absl::StatusOr<int> TakeDescriptor(int pidfd, uint32_t pid, int fd) {
     if (dup >= 0) return static_cast<int>(dup);
     got_errno = errno;
     if (got_errno == EBADF) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("own_input.fd ", fd, " is not an open descriptor of the trainer (pid ", pid,
-                       ")"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "own_input.fd ", fd, " is not an open descriptor of the trainer (pid ", pid, ")"));
     }
   }
   const std::string path = absl::StrCat("/proc/", pid, "/fd/", fd);
@@ -57,8 +56,8 @@ absl::StatusOr<int> TakeDescriptor(int pidfd, uint32_t pid, int fd) {
   }
   return absl::FailedPreconditionError(absl::StrCat(
       "spexd cannot take descriptor ", fd, " of the trainer (pid ", pid,
-      "): pidfd_getfd: ", got_errno != 0 ? std::strerror(got_errno) : "no pidfd", "; open(",
-      path, "): ", std::strerror(open_errno),
+      "): pidfd_getfd: ", got_errno != 0 ? std::strerror(got_errno) : "no pidfd", "; open(", path,
+      "): ", std::strerror(open_errno),
       ". Run the trainers as spexd's user (or spexd as root), or register without own_input (the "
       "trainer then copies its input into the slot)"));
 }
@@ -84,27 +83,26 @@ absl::StatusOr<std::unique_ptr<TrainerMemory>> TrainerMemory::Map(int pidfd, uin
   struct stat st {};
   struct statfs fs {};
   if (fstat(file.fd, &st) != 0 || fstatfs(file.fd, &fs) != 0) {
-    return absl::InternalError(absl::StrCat("fstat of the trainer's own_input.fd ", spec.fd, ": ",
-                                            std::strerror(errno)));
+    return absl::InternalError(
+        absl::StrCat("fstat of the trainer's own_input.fd ", spec.fd, ": ", std::strerror(errno)));
   }
-  if (!S_ISREG(st.st_mode) ||
-      (fs.f_type != TMPFS_MAGIC && fs.f_type != static_cast<decltype(fs.f_type)>(HUGETLBFS_MAGIC))) {
+  if (!S_ISREG(st.st_mode) || (fs.f_type != TMPFS_MAGIC &&
+                               fs.f_type != static_cast<decltype(fs.f_type)>(HUGETLBFS_MAGIC))) {
     return absl::InvalidArgumentError(absl::StrCat(
         "own_input.fd ", spec.fd,
         " is not a shared-memory file (a /dev/shm file or a memfd): put the bucket in shared "
         "memory first (torch: tensor.share_memory_())"));
   }
   if (st.st_uid != uid) {
-    return absl::InvalidArgumentError(absl::StrCat("own_input.fd ", spec.fd,
-                                                   " is a file of user ", st.st_uid,
-                                                   ", the trainer runs as user ", uid,
+    return absl::InvalidArgumentError(absl::StrCat("own_input.fd ", spec.fd, " is a file of user ",
+                                                   st.st_uid, ", the trainer runs as user ", uid,
                                                    ": hand over memory of your own"));
   }
   const uint64_t size = static_cast<uint64_t>(st.st_size);
   if (spec.offset > size || bytes > size - spec.offset) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("own_input: the file holds ", size, " bytes; the bucket needs ", bytes,
-                     " from offset ", spec.offset));
+    return absl::InvalidArgumentError(absl::StrCat("own_input: the file holds ", size,
+                                                   " bytes; the bucket needs ", bytes,
+                                                   " from offset ", spec.offset));
   }
   const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
   const uint64_t start = spec.offset - spec.offset % page;
@@ -119,8 +117,8 @@ absl::StatusOr<std::unique_ptr<TrainerMemory>> TrainerMemory::Map(int pidfd, uin
       new TrainerMemory(base, length, data, bytes, st.st_dev, st.st_ino, spec.offset));
 }
 
-TrainerMemory::TrainerMemory(void* base, size_t length, const void* data, uint64_t bytes,
-                             dev_t dev, ino_t ino, uint64_t offset)
+TrainerMemory::TrainerMemory(void* base, size_t length, const void* data, uint64_t bytes, dev_t dev,
+                             ino_t ino, uint64_t offset)
     : base_(base),
       length_(length),
       data_(data),

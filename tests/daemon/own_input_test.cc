@@ -64,8 +64,8 @@ class OwnInput : public ::testing::Test {
     ASSERT_TRUE(cluster_->status().ok()) << cluster_->status();
     for (int node = 0; node < kNodes; ++node) {
       for (int r = 0; r < kTrainers; ++r) {
-        auto t = Trainer::Open(&cluster_->engine(node), r, kTrainers, "", "test", getpid(),
-                               getuid());
+        auto t =
+            Trainer::Open(&cluster_->engine(node), r, kTrainers, "", "test", getpid(), getuid());
         ASSERT_TRUE(t.ok()) << t.status();
         trainers_.push_back(std::make_unique<Trainer>(std::move(*t)));
       }
@@ -90,9 +90,8 @@ class OwnInput : public ::testing::Test {
     std::vector<absl::Status> out(kNodes * kTrainers);
     std::vector<std::thread> threads;
     for (int k = 0; k < kNodes * kTrainers; ++k) {
-      threads.emplace_back([&, k] {
-        out[k] = trainers_[k]->Exchange(bucket, step, absl::Seconds(20)).status();
-      });
+      threads.emplace_back(
+          [&, k] { out[k] = trainers_[k]->Exchange(bucket, step, absl::Seconds(20)).status(); });
     }
     for (auto& th : threads) th.join();
     return out;
@@ -155,8 +154,8 @@ TEST_F(OwnInput, TheTrainersMemoryIsReadAtEveryStepInsteadOfItsSlot) {
   const int repairs = SegmentGuard::repairs();
   ASSERT_EQ(ftruncate(m0.fd, 4096), 0);
   munmap(m0.base, m0.size);
-  m0.base = static_cast<uint8_t*>(mmap(nullptr, m0.size, PROT_READ | PROT_WRITE,
-                                       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  m0.base = static_cast<uint8_t*>(
+      mmap(nullptr, m0.size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
   std::vector<absl::Status> s = Step(kA, 4, {&m0, &m1}, kOffset);
   for (int k = 0; k < kNodes * kTrainers; ++k) EXPECT_FALSE(s[k].ok()) << "trainer " << k;
   EXPECT_EQ(s[0].code(), absl::StatusCode::kDataLoss) << s[0];
