@@ -58,8 +58,16 @@ kill_left() {  # daemon pids -> SIGKILLs those still alive (after a failed stop)
   return 0
 }
 
-shm_left() {  # daemon pids -> prints what they left in /dev/shm
-  for d in "$@"; do ls /dev/shm | grep "^spex-$d-"; done
+# When this file was sourced: segments older than that are not this test's daemons', whatever
+# their pid says. pid_max is 32768 on a machine of few cores, so a daemon of this test can get
+# the pid of one that another test or job killed earlier and whose segments are still there (seen
+# in a fresh-clone run: another user's segments from hours before, named by the reused pid).
+SHTEST_T0=$(date +%s)
+
+shm_left() {  # daemon pids -> prints what they left in /dev/shm (created since SHTEST_T0)
+  for d in "$@"; do
+    find /dev/shm -maxdepth 1 -name "spex-$d-*" -newermt "@$((SHTEST_T0 - 1))" -printf '%f\n' 2>/dev/null
+  done
 }
 
 write_junit() {  # suite name; to $XML_OUTPUT_FILE when Bazel sets it
