@@ -93,20 +93,14 @@ absl::Status BucketTable::AllocateHost(EngineBucket* b) {
   uint8_t* base = static_cast<uint8_t*>(b->mem.shm->data());
   b->mem.header = NewHeader(base, b->id, b->elements, slots, dtype);
   b->mem.view.pulled = b->mem.shm->pulled_flag();
+  for (uint32_t r = 0; r < slots; ++r) PlaceOwnInput(b, r, nullptr);  // every input in its slot
   if (IsHalf(dtype)) {
     // Half slots and output in shm; the steps' float32 output is host staging (step.h).
-    for (uint32_t r = 0; r < slots; ++r) {
-      b->mem.view.half_input[r] =
-          reinterpret_cast<const uint16_t*>(base + InputOffset(b->elements, r, eb));
-    }
     b->mem.view.half_output =
         reinterpret_cast<uint16_t*>(base + OutputOffset(b->elements, slots, eb));
     b->mem.output_host.assign(b->elements, 0.0f);
     b->mem.view.output = b->mem.output_host.data();
     return absl::OkStatus();
-  }
-  for (uint32_t r = 0; r < slots; ++r) {
-    b->mem.view.input[r] = reinterpret_cast<float*>(base + InputOffset(b->elements, r));
   }
   b->mem.view.output = reinterpret_cast<float*>(base + OutputOffset(b->elements, slots));
   return absl::OkStatus();
@@ -248,6 +242,8 @@ absl::Status BucketTable::PlaceSlot(EngineBucket* b, uint32_t slot, int device) 
   return absl::OkStatus();
 }
 
+// The one place a host bucket's input pointers are set: at allocation (every slot) and at each
+// registration of a trainer.
 void BucketTable::PlaceOwnInput(EngineBucket* b, uint32_t slot,
                                 std::unique_ptr<TrainerMemory> own) {
   BucketData& v = b->mem.view;

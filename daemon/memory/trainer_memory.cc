@@ -36,24 +36,22 @@ struct Fd {
 // of /proc/<pid>/fd/<fd> (allowed to the trainer's own user, where pidfd_getfd needs the right to
 // ptrace it). The caller is that process, in the middle of its RegisterBucket call.
 absl::StatusOr<int> TakeDescriptor(int pidfd, uint32_t pid, int fd) {
+  const auto not_open = [&] {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "own_input.fd ", fd, " is not an open descriptor of the trainer (pid ", pid, ")"));
+  };
   int got_errno = 0;
   if (pidfd >= 0) {
     const long dup = syscall(SYS_pidfd_getfd, pidfd, fd, 0);
     if (dup >= 0) return static_cast<int>(dup);
     got_errno = errno;
-    if (got_errno == EBADF) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "own_input.fd ", fd, " is not an open descriptor of the trainer (pid ", pid, ")"));
-    }
+    if (got_errno == EBADF) return not_open();
   }
   const std::string path = absl::StrCat("/proc/", pid, "/fd/", fd);
   const int opened = open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (opened >= 0) return opened;
   const int open_errno = errno;
-  if (open_errno == ENOENT) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "own_input.fd ", fd, " is not an open descriptor of the trainer (pid ", pid, ")"));
-  }
+  if (open_errno == ENOENT) return not_open();
   return absl::FailedPreconditionError(absl::StrCat(
       "spexd cannot take descriptor ", fd, " of the trainer (pid ", pid,
       "): pidfd_getfd: ", got_errno != 0 ? std::strerror(got_errno) : "no pidfd", "; open(", path,
