@@ -164,7 +164,10 @@ void SplitBack(const StepEnv& env, const BehindGroup& g, absl::Span<StepItem> gr
     if (item.sparse == nullptr) continue;
     if (norm && s->ok()) {
       item.sparse->last_residual_norm =
-          std::sqrt(env.host_prims->Moments(g.acc.data() + lo, hi - lo, -1.0f).sum_sq);
+          std::sqrt(env.host_prims
+                        ->AccumulateMoments(const_cast<float*>(g.acc.data()) + lo, /*add=*/nullptr,
+                                            hi - lo, -1.0f, /*logs=*/false)  // only reads
+                        .sum_sq);
       item.sparse->last_residual_norm_step = step;
     }
     rec.residual_norm = item.sparse->last_residual_norm;

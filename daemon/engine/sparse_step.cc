@@ -244,7 +244,10 @@ void FinishSparseExchange(const StepEnv& env, StepItem& item, absl::Status s,
   rec.gathered_elements =
       pattern == Pattern::kIndexUnion ? st.touched.size() : res->gathered_idx.size();
   if (env.residual_norm_every > 0 && step % env.residual_norm_every == 0) {
-    st.last_residual_norm = std::sqrt(env.prims->Moments(b.acc, n, -1.0f).sum_sq);
+    // Without the log moments (Moments computes them: 3-4x the time of this pass); the same
+    // sum of squares bit for bit.
+    st.last_residual_norm =
+        std::sqrt(env.prims->AccumulateMoments(b.acc, nullptr, n, -1.0f, /*logs=*/false).sum_sq);
     st.last_residual_norm_step = step;
   }
   rec.residual_norm = st.last_residual_norm;

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 
 #include "kernels/compressors/device_scratch.h"
@@ -74,6 +75,58 @@ bool SingleMagnitudeEdge(Primitives* p, float* acc, size_t begin, size_t end, fl
     (void)p->SelectAbove(acc, after, end, next, false, out->idx.data() + from + m,
                          out->val.data() + from + m, rest);
   }
+  return true;
+}
+
+// The top `quota` of the candidates out's entries from `from` on (every entry of the range in the
+// histogram bins from `bin` up, in index order): exactly what TrimTopK keeps (the largest
+// magnitudes, ties toward the lower index, in index order), without its second histogram of the
+// candidates: every candidate above the edge bin stays, and only the edge bin's own candidates
+// are ranked (nth_element over their magnitude bits). False, with out unchanged, when the
+// candidates are not what the histogram said (fewer than `quota` in the edge bin and above it, or
+// `quota` or more above it): the caller then trims them the general way.
+bool TrimAtEdgeBin(Selection* out, size_t from, size_t quota, uint32_t bin) {
+  const size_t m = out->idx.size() - from;
+  uint32_t* idx = out->idx.data() + from;
+  float* val = out->val.data() + from;
+  auto key = [](float v) {
+    uint32_t u;
+    std::memcpy(&u, &v, sizeof(u));
+    return u & 0x7fffffffu;  // magnitude bits: the histogram's bin is key >> 15
+  };
+  size_t above = 0;
+  std::vector<uint32_t> keys;
+  for (size_t j = 0; j < m; ++j) {
+    const uint32_t u = key(val[j]);
+    if ((u >> 15) > bin) {
+      ++above;
+    } else if ((u >> 15) == bin) {
+      keys.push_back(u);
+    } else {
+      return false;  // below the edge: not the candidates of this edge
+    }
+  }
+  if (above >= quota || above + keys.size() < quota) return false;
+  const size_t need = quota - above;  // 1 <= need <= keys.size()
+  std::nth_element(keys.begin(), keys.begin() + static_cast<std::ptrdiff_t>(need - 1), keys.end(),
+                   std::greater<uint32_t>());
+  const uint32_t kth = keys[need - 1];
+  size_t ties_left = need;
+  for (uint32_t u : keys) ties_left -= u > kth;
+  size_t w = 0;
+  for (size_t j = 0; j < m; ++j) {
+    const uint32_t u = key(val[j]);
+    if (u < kth) continue;
+    if (u == kth) {
+      if (ties_left == 0) continue;
+      --ties_left;
+    }
+    idx[w] = idx[j];  // w <= j: in place is safe
+    val[w] = val[j];
+    ++w;
+  }
+  out->idx.resize(from + w);
+  out->val.resize(from + w);
   return true;
 }
 
@@ -158,7 +211,7 @@ float HistogramQuotaSelect(Primitives* p, const float* acc, size_t begin, size_t
   // The select's count is known: cum entries are >= edge (casting away const is safe: zero=false).
   AppendAbove(p, const_cast<float*>(acc), nullptr, begin, end, edge, false, cum, out, scratch);
   if (!trim || out->idx.size() - from <= quota) return edge;
-  TrimTopK(p, out, from, quota, scratch);
+  if (!TrimAtEdgeBin(out, from, quota, b)) TrimTopK(p, out, from, quota, scratch);
   return MinMagnitude(*out, from);
 }
 

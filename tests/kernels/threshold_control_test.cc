@@ -100,6 +100,20 @@ TEST(HistogramQuotaSelect, FewDistinctValues) {
   }
 }
 
+// Several magnitudes per histogram bin, each repeated many times: the trim ranks only the edge
+// bin's candidates (TrimAtEdgeBin), which must keep exactly the reference's top, ties toward the
+// lower index included, at every quota (an edge bin cut anywhere: at a tie, between magnitudes).
+TEST(HistogramQuotaSelect, EdgeBinWithManyMagnitudesAndTies) {
+  for (uint32_t values : {600u, 3000u, 40000u}) {
+    const std::vector<float> x = Distinct(kN, values, values + 1);
+    for (size_t quota : {1u, 37u, 1000u, 4999u, 20011u, 90000u}) {
+      SCOPED_TRACE(testing::Message() << values << " values, quota " << quota);
+      ExpectTop(x, 0, kN, quota, 1);
+      ExpectTop(x, 17, kN - 3, quota, 2);
+    }
+  }
+}
+
 TEST(HistogramQuotaSelect, OneHugeOverAConstantRest) {
   for (size_t huge_at : {size_t{0}, size_t{5}, kN / 2, kN - 1}) {
     std::vector<float> x(kN, 1e-3f);
