@@ -44,9 +44,13 @@ absl::Status CheckIndices(const uint32_t* idx, size_t m, size_t n, const char* o
 
 // SumScaled reads at most this many inputs in one pass (more fall back to Accumulate passes).
 constexpr int kMaxSumInputs = 16;
-// SumScaled and SumScaledCheckFinite stream their output past this size (32 MiB, a server L3's
-// order).
-constexpr size_t kStreamBytes = size_t{32} << 20;
+// SumScaled and SumScaledCheckFinite stream their output past this size: a core's L2 (2 MiB on
+// this project's machines, 1-2 MiB on current server cores). A larger output cannot stay in the
+// core's own caches until the next pass reads it, and the last-level cache is shared with the
+// trainers computing beside spexd. Measured on micro@0.1's 3.2M-element CNN bucket (2 emulated
+// hosts, a core each; docs/benchmarks.md): the daemon's CPU per step 17.2 -> 15.3 ms against
+// the earlier 32 MiB threshold (a server L3's order), which left that bucket unstreamed.
+constexpr size_t kStreamBytes = size_t{2} << 20;
 
 class CpuPrimitives final : public Primitives {
  public:

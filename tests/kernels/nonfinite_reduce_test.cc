@@ -119,13 +119,13 @@ TEST_P(NonfiniteReduceTest, InfMinusInfAndOverflowAreNonFinite) {
   EXPECT_TRUE(std::isinf(y[2]));  // 6e38 overflows, as a dense all-reduce's sum would
 }
 
-// Past 32 MiB of output the CPU path streams it (non-temporal stores after a scalar head up to
+// Past 2 MiB of output the CPU path streams it (kStreamBytes) (non-temporal stores after a scalar head up to
 // the first vector-aligned entry, per thread chunk): the same sums, and the same first index
 // whether the bad value lands in a head, a body or the tail.
 TEST_P(NonfiniteReduceTest, LargeStreamedOutputsGiveTheSameSumsAndIndex) {
   if (GetParam() == 0) GTEST_SKIP() << "the reference does not stream";
   auto p = Make();
-  const size_t n = (size_t{32} << 20) / sizeof(float) + 4099;
+  const size_t n = (size_t{2} << 20) / sizeof(float) + 4099;
   std::vector<std::vector<float>> in = {Ramp(n, 1.0f), Ramp(n, -0.5f)};
   const float* xs[2] = {in[0].data(), in[1].data()};
   std::vector<float> y(n, 7.0f), want(n, 7.0f);
@@ -134,7 +134,7 @@ TEST_P(NonfiniteReduceTest, LargeStreamedOutputsGiveTheSameSumsAndIndex) {
   ASSERT_TRUE(p->SumScaled(want.data(), xs, 2, 0.5f, n).ok());
   EXPECT_EQ(first_bad, n);
   EXPECT_EQ(std::memcmp(y.data(), want.data(), n * sizeof(float)), 0);
-  // SumScaled streams past 32 MiB as well: the same sums as the reference's plain loop.
+  // SumScaled streams past 2 MiB as well: the same sums as the reference's plain loop.
   std::vector<float> ref(n, 7.0f);
   ASSERT_TRUE(MakeReferencePrimitives()->SumScaled(ref.data(), xs, 2, 0.5f, n).ok());
   EXPECT_EQ(std::memcmp(ref.data(), want.data(), n * sizeof(float)), 0);
