@@ -9,12 +9,15 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/base/no_init.h"
 
 namespace spex {
 namespace {
 
+// Written in full before they are read (Narrow and the padding, the all-gather or all-to-all):
+// a resize that grows them (a large bucket after a small one) adds nothing to clear.
 struct Scratch16 {
-  std::vector<uint16_t> mine, in;
+  NoInitVector<uint16_t> mine, in;
 };
 
 // Scratch kept by the calling thread (the engine's or the wire stage's) across exchanges:
@@ -52,7 +55,7 @@ absl::Status ExchangeInPlace(Collective* coll, DType t, Scratch16& scratch, uint
     half::SumWidenNarrow(t, data, nullptr, chunk, 1, scale, n, false);
     return absl::OkStatus();
   }
-  std::vector<uint16_t>& in = scratch.in;
+  NoInitVector<uint16_t>& in = scratch.in;
   if (N == 2) {
     // Two nodes: one all-gather of the whole vectors moves the bytes of the all-to-all and the
     // all-gather together, in one round instead of two. Each node sums both over all n in rank
@@ -75,7 +78,7 @@ absl::Status ExchangeInPlace(Collective* coll, DType t, Scratch16& scratch, uint
 }
 
 // `mine` resized to the padded c * N values, the padding zeroed.
-uint16_t* Padded(std::vector<uint16_t>& mine, size_t n, int N) {
+uint16_t* Padded(NoInitVector<uint16_t>& mine, size_t n, int N) {
   mine.resize(ChunkValues(n, N) * N);
   std::fill(mine.begin() + n, mine.end(), uint16_t{0});
   return mine.data();
@@ -123,7 +126,7 @@ absl::Status HalfAllReduceScaledOnDevice(Collective* coll, Primitives* prims, Sc
   if (n == 0) return absl::OkStatus();
   if (scratch == nullptr) return absl::InternalError("a device half exchange without scratch");
   Scratch16& host = ThreadScratch();
-  std::vector<uint16_t>& mine = host.mine;
+  NoInitVector<uint16_t>& mine = host.mine;
   Padded(mine, n, coll->size());
   // Rounded on the device; only the half values come down.
   absl::StatusOr<void*> dev = scratch->Get(3, n * 2);

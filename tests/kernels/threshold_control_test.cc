@@ -157,8 +157,8 @@ TEST(HistogramQuotaSelect, RampsHaveManyMagnitudesPerBin) {
 
 // The edge hint (what micro and exdyna pass: the previous selection's edge bin) changes nothing
 // but the work: with a hint at the edge, far above it (the counted bins hold fewer than the
-// quota: the full histogram is taken), far below it, and 0, the selection and the applied
-// threshold equal the hint-less ones, and the hint comes back as the edge bin.
+// quota: a second count from lower down, or the full histogram), far below it, and 0, the selection
+// and the applied threshold equal the hint-less ones, and the hint comes back as the edge bin.
 TEST(HistogramQuotaSelect, EdgeHintChangesNothingButTheWork) {
   const std::vector<float> x = Laplace(kN, 9);
   auto prims = MakeCpuPrimitives(1);
@@ -176,7 +176,10 @@ TEST(HistogramQuotaSelect, EdgeHintChangesNothingButTheWork) {
     EXPECT_EQ(first.idx, want.idx);
     ASSERT_GT(edge, 128u);  // so that every hint below is above the margin or 1
     const uint32_t returned = edge;
-    for (uint32_t hint : {returned, returned + 1000, 0xFF00u, returned - 100, 200u, 1u}) {
+    // returned + 100 and + 250: the count from the hint falls short and the one from 256 bins
+    // lower (a factor 4 in magnitude) finds the edge; + 1000 and 0xFF00: the full count.
+    for (uint32_t hint : {returned, returned + 100, returned + 250, returned + 1000, 0xFF00u,
+                          returned - 100, 200u, 1u}) {
       SCOPED_TRACE(hint);
       uint32_t h = hint;
       Selection got;
