@@ -48,8 +48,8 @@ size_t EvenShare(size_t k, int parts, int part);
 // With a hint the histogram first counts only the bins from a little below it (most entries
 // are below and cost no increment: a compare-only pass); when those bins hold fewer than
 // `quota` entries it counts once more from 256 bins (a factor 4 in magnitude) lower, and only
-// when that falls short too is the full histogram taken. The selection is the same either way: it reads
-// only the bins from its edge up, and those are counted exactly in both.
+// when that falls short too is the full histogram taken. The selection is the same either way: it
+// reads only the bins from its edge up, and those are counted exactly in both.
 float HistogramQuotaSelect(Primitives* p, const float* acc, size_t begin, size_t end, size_t quota,
                            bool trim, std::vector<uint32_t>* bins, Selection* out,
                            Scratch* scratch = nullptr, uint32_t* edge_hint = nullptr);

@@ -119,9 +119,9 @@ TEST_P(NonfiniteReduceTest, InfMinusInfAndOverflowAreNonFinite) {
   EXPECT_TRUE(std::isinf(y[2]));  // 6e38 overflows, as a dense all-reduce's sum would
 }
 
-// Past 2 MiB of output the CPU path streams it (kStreamBytes) (non-temporal stores after a scalar head up to
-// the first vector-aligned entry, per thread chunk): the same sums, and the same first index
-// whether the bad value lands in a head, a body or the tail.
+// Past 2 MiB of output the CPU path streams it (kStreamBytes) (non-temporal stores after a scalar
+// head up to the first vector-aligned entry, per thread chunk): the same sums, and the same first
+// index whether the bad value lands in a head, a body or the tail.
 TEST_P(NonfiniteReduceTest, LargeStreamedOutputsGiveTheSameSumsAndIndex) {
   if (GetParam() == 0) GTEST_SKIP() << "the reference does not stream";
   auto p = Make();
