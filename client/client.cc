@@ -2,10 +2,13 @@
 // exchanges, and the errors a trainer gets, each saying what to fix.
 #include "client/client.h"
 
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "grpcpp/grpcpp.h"
@@ -195,8 +198,37 @@ absl::Status Client::Goodbye() {
   return FromGrpc(stub_->Goodbye(&ctx, req, &resp), "Goodbye");
 }
 
+absl::StatusOr<std::unique_ptr<SharedInputMemory>> SharedInputMemory::Create(size_t bytes) {
+  if (bytes == 0) return absl::InvalidArgumentError("SharedInputMemory needs at least one byte");
+  const int fd = memfd_create("spex-input", MFD_CLOEXEC);
+  if (fd < 0) {
+    return absl::InternalError(
+        absl::StrCat("memfd_create for a bucket's own input: ", std::strerror(errno)));
+  }
+  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    const int e = errno;
+    close(fd);
+    return absl::ResourceExhaustedError(absl::StrCat("sizing a bucket's own input to ", bytes,
+                                                     " bytes (ftruncate): ", std::strerror(e)));
+  }
+  void* data = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (data == MAP_FAILED) {
+    const int e = errno;
+    close(fd);
+    return absl::ResourceExhaustedError(
+        absl::StrCat("mapping a bucket's own input of ", bytes, " bytes: ", std::strerror(e)));
+  }
+  return std::unique_ptr<SharedInputMemory>(new SharedInputMemory(fd, data, bytes));
+}
+
+SharedInputMemory::~SharedInputMemory() {
+  munmap(data_, size_);
+  close(fd_);
+}
+
 absl::StatusOr<Bucket*> Client::RegisterBucket(uint64_t id, size_t elements,
-                                               const CompressorChoice& choice, v1::DataType dtype) {
+                                               const CompressorChoice& choice, v1::DataType dtype,
+                                               const OwnInput* own_input) {
   uint32_t code = 0;  // the header's dtype code (layout.h)
   if (dtype == v1::DTYPE_BFLOAT16) {
     code = 1;
@@ -218,6 +250,24 @@ absl::StatusOr<Bucket*> Client::RegisterBucket(uint64_t id, size_t elements,
   req.set_dtype(code == 0 ? v1::DTYPE_FLOAT32 : dtype);
   if (options_.device == v1::DEVICE_CUDA && options_.cuda_device >= 0) {
     req.set_device_ordinal(options_.cuda_device);
+  }
+  if (own_input != nullptr) {
+    if (options_.device == v1::DEVICE_CUDA) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("bucket ", id,
+                       ": own_input is for host buckets; this client asked spexd for CUDA "
+                       "buffers (ClientOptions::device)"));
+    }
+    const uintptr_t at = reinterpret_cast<uintptr_t>(own_input->data);
+    if (own_input->fd < 0 || at == 0 || at % (code == 0 ? sizeof(float) : 2) != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "bucket ", id, ": own_input needs the shared-memory file's descriptor (fd >= 0, got ",
+          own_input->fd,
+          ") and this process's address of the bucket's first element (data, aligned to the ",
+          code == 0 ? 4 : 2, "-byte element)"));
+    }
+    req.mutable_own_input()->set_fd(own_input->fd);
+    req.mutable_own_input()->set_offset(own_input->offset);
   }
   req.mutable_compressor()->set_name(choice.name);
   req.mutable_compressor()->set_density(choice.density);
@@ -243,6 +293,10 @@ absl::StatusOr<Bucket*> Client::RegisterBucket(uint64_t id, size_t elements,
   b->elements_ = elements;
   b->dtype_ = code == 0 ? v1::DTYPE_FLOAT32 : dtype;
   b->view_ = *view;
+  if (own_input != nullptr && resp.own_input()) {  // spexd reads our memory: input() is there
+    b->view_.input = static_cast<float*>(own_input->data);
+    b->own_input_ = true;
+  }
   b->next_step_ = resp.next_step();
   b->compressor_ = resp.compressor().name();
   b->density_ = resp.compressor().density();

@@ -93,6 +93,45 @@ struct CompressorChoice {
 
 class Client;
 
+// Zero-copy input (docs/clients.md#zero-copy-input): memory of this process that spexd reads as
+// this trainer's input of a host bucket instead of the input slot, so no step copies the
+// gradients into the slot. `fd`: a descriptor of a shared-memory file of this process's user (a
+// memfd, or a /dev/shm file, unlinked or not; SharedInputMemory makes one) that holds the
+// bucket's elements from byte `offset`; `data`: this process's address of the first of them,
+// aligned to the element size. Write the gradients there before Start or Exchange and not again
+// until that step's result is in; never shrink the file while the bucket is registered (its
+// steps then fail with DATA_LOSS).
+struct OwnInput {
+  int fd = -1;
+  uint64_t offset = 0;
+  void* data = nullptr;
+};
+
+// A memfd of `bytes`, mapped read-write into this process: memory to build buckets' gradients in
+// and hand to RegisterBucket (At). Unmapped and closed when destroyed; spexd keeps its own
+// mapping of the file for as long as a bucket registered with it stays registered.
+class SharedInputMemory {
+ public:
+  static absl::StatusOr<std::unique_ptr<SharedInputMemory>> Create(size_t bytes);
+  ~SharedInputMemory();
+  SharedInputMemory(const SharedInputMemory&) = delete;
+  SharedInputMemory& operator=(const SharedInputMemory&) = delete;
+
+  void* data() const { return data_; }
+  size_t size() const { return size_; }
+  int fd() const { return fd_; }
+  // The OwnInput of the bucket whose first element is `offset` bytes in.
+  OwnInput At(uint64_t offset) const {
+    return OwnInput{fd_, offset, static_cast<uint8_t*>(data_) + offset};
+  }
+
+ private:
+  SharedInputMemory(int fd, void* data, size_t size) : fd_(fd), data_(data), size_(size) {}
+  int fd_;
+  void* data_;
+  size_t size_;
+};
+
 // A registered bucket: its mapped input (this trainer's slot) and output (the shared result).
 class Bucket {
  public:
@@ -122,6 +161,10 @@ class Bucket {
                   : absl::Span<const uint16_t>();
   }
   uint64_t next_step() const { return next_step_; }
+  // Whether spexd reads this trainer's input from the OwnInput given to RegisterBucket (input()
+  // and half_input() then point there); false without one, or when an older spexd ignored it
+  // (then input() is the slot, as usual).
+  bool own_input() const { return own_input_; }
   const std::string& compressor() const { return compressor_; }
   double density() const { return density_; }
   // Stats the daemon returned for the last exchange done through the RPC path.
@@ -136,6 +179,7 @@ class Bucket {
   BucketView view_;
   uint64_t next_step_ = 0;
   bool started_ = false;  // Start was called for next_step_ and Wait not yet
+  bool own_input_ = false;
   std::string compressor_;
   double density_ = 0;
   v1::ExchangeStats last_stats_;
@@ -148,9 +192,13 @@ class Client {
 
   // `dtype`: DTYPE_FLOAT32 (default), DTYPE_BFLOAT16 or DTYPE_FLOAT16 (host or device buckets;
   // the daemon sums and compresses in float32 and rounds the average once, docs/dtypes.md).
+  // `own_input` (host buckets): the trainer's own memory as its input (OwnInput; zero copy); the
+  // daemon checks the file (this user's, on tmpfs or hugetlbfs, holding the bucket from the
+  // offset) and refuses with an error naming what to fix, registering nothing.
   absl::StatusOr<Bucket*> RegisterBucket(uint64_t id, size_t elements,
                                          const CompressorChoice& c = {},
-                                         v1::DataType dtype = v1::DTYPE_FLOAT32);
+                                         v1::DataType dtype = v1::DTYPE_FLOAT32,
+                                         const OwnInput* own_input = nullptr);
   // One exchange of the bucket's next step. On success the output span holds the average.
   // Device buckets: `stream` (a cudaStream_t; null = the legacy default stream) orders it, see
   // the top of this file; host buckets ignore it.

@@ -41,9 +41,11 @@ def main():
     # WORKLOAD_eve_*: the same pairs again with spexd of 08642b8 (2026-11-29, evening); cnn_late_*: two more
     # CNN pairs an hour later, the same build. WORKLOAD_zc_*: spexd of 97cd4e3, the hook handing DDP's bucket
     # over (zero-copy input, its default), 18:48-19:10 UTC: two pairs for the CNN, one each for the MLP and LSTM.
+    # WORKLOAD_cut_*: spexd of d264f48, the daemon's CPU cut (trim at the edge bin, streamed sums past 2 MiB,
+    # scratch without clearing), 21:57-22:20 UTC: two pairs for the CNN, one each for the MLP and LSTM.
     for wl in ("mlp", "cnn", "lstm", "mlp_quiet", "cnn_quiet", "lstm_quiet", "mlp_wire", "cnn_wire", "lstm_wire",
                "mlp_fused", "cnn_fused", "lstm_fused", "mlp_sleep", "cnn_sleep", "lstm_sleep", "mlp_eve", "cnn_eve",
-               "lstm_eve", "cnn_late", "mlp_zc", "cnn_zc", "lstm_zc"):
+               "lstm_eve", "cnn_late", "mlp_zc", "cnn_zc", "lstm_zc", "mlp_cut", "cnn_cut", "lstm_cut"):
         invs = [(n, load(f"{wl}_{n}")) for n in ("fwd", "rev", "fwd2", "rev2")]
         invs = [(n, d) for n, d in invs if d]
         if not invs:
