@@ -53,6 +53,7 @@ so DDP's stream waits for the result. A CUDA bucket on a CPU hook, or a CPU buck
 hook, is refused with SpexTypeError naming the fix.
 """
 
+import pickle
 import queue
 import threading
 import time
@@ -184,6 +185,7 @@ class SpexHookState:
         self._left: Dict[int, int] = {}  # per saved bucket: elements still to come this iteration
         self._futs: Dict[int, Tuple[Any, Any]] = {}  # per saved bucket: (result, masked) this iteration
         self._closed = False
+        self._held: Any = None  # the last collective's tensors (_gather_objects)
         self._worker = threading.Thread(target=self._run, name="spex-hook-worker", daemon=True)
         self._worker.start()
 
@@ -538,8 +540,7 @@ class SpexHookState:
         if group is not None:
             rank = dist.get_rank(group)
             world_pg = group is dist.group.WORLD or group is dist.distributed_c10d._get_default_group()
-            gathered = [None] * dist.get_world_size(group) if rank == 0 else None
-            dist.gather_object(mine, gathered, dst=0 if world_pg else dist.get_global_rank(group, 0), group=group)
+            gathered = self._gather_objects(mine, group, 0 if world_pg else dist.get_global_rank(group, 0))
             if rank == 0:
                 parts = gathered  # type: ignore[assignment]
         buckets = []
@@ -558,6 +559,29 @@ class SpexHookState:
                 "taken_on_rank": rank, "compressor": self.compressor, "density": self.density,
                 "params": dict(self.params), "momentum_correction": self.momentum_correction,
                 "generation": max(self.generation, 0), "settled": self._settled(), "buckets": buckets}
+
+    def _gather_objects(self, obj: Any, group: Any, dst: int) -> Optional[List[Any]]:
+        """dist.gather_object(obj) to the group's rank 0 (global rank `dst`): every rank's object,
+        on that rank, in group rank order (None elsewhere). Its tensors stay referenced here until
+        the next call: gloo's worker threads drop their references to a collective's tensors just
+        after it completes, and in torch 1.13 a worker that drops the last reference to a tensor
+        made in Python takes the GIL to free it; doing so while the interpreter exits ends the
+        process with "terminate called without an active exception" (SIGABRT). A script that
+        saved spex's state at its last step and exited hit that about once in 25 runs."""
+        data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
+        world, rank = dist.get_world_size(group), dist.get_rank(group)
+        size = torch.tensor([data.numel()], dtype=torch.long)
+        sizes = [torch.zeros(1, dtype=torch.long) for _ in range(world)]
+        dist.all_gather(sizes, size, group=group)
+        longest = max(int(n.item()) for n in sizes)
+        padded = torch.zeros(longest, dtype=torch.uint8)
+        padded[:data.numel()] = data
+        outs = [torch.empty(longest, dtype=torch.uint8) for _ in range(world)] if rank == 0 else None
+        dist.gather(padded, gather_list=outs, dst=dst, group=group)
+        self._held = (size, sizes, padded, outs)
+        if outs is None:
+            return None
+        return [pickle.loads(o[:int(n.item())].numpy().tobytes()) for o, n in zip(outs, sizes)]
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Restores what state_dict saved: call it after register and before the first step, on
@@ -583,6 +607,7 @@ class SpexHookState:
         if group is not None:
             ok = torch.tensor([0 if problem is not None else 1])
             dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=group)
+            self._held = ok  # dropped here, not by gloo's worker (_gather_objects)
             if problem is None and not int(ok):
                 problem = SpexValueError("another rank's spex state_dict cannot be loaded (its error names why), so "
                                          "no rank loads one: every rank resumes from the same dict (rank 0's, "
