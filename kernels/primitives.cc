@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -181,6 +182,37 @@ absl::Status Scratch::TakeStatus() {
 }
 
 // The device-side histogram threshold's defaults (AbsHistogramEdge) and host staging.
+
+size_t Primitives::TopKFromBoundaryBin(const uint32_t* cidx, const float* cval, size_t count,
+                                       size_t k, size_t above, std::vector<uint32_t>* keys,
+                                       uint32_t* idx, float* val) {
+  auto key = [](float v) {
+    uint32_t u;
+    std::memcpy(&u, &v, sizeof(u));
+    return u & 0x7fffffffu;
+  };
+  const size_t need = k - above;  // 1 <= need <= keys->size()
+  std::nth_element(keys->begin(), keys->begin() + static_cast<std::ptrdiff_t>(need - 1),
+                   keys->end(), std::greater<uint32_t>());
+  const uint32_t kth = (*keys)[need - 1];
+  size_t ties_left = need;
+  for (uint32_t u : *keys) ties_left -= u > kth;
+  size_t w = 0;
+  for (size_t j = 0; j < count; ++j) {
+    const uint32_t u = key(cval[j]);
+    if (u < kth) continue;
+    if (u == kth) {
+      if (ties_left == 0) continue;
+      --ties_left;
+    }
+    const uint32_t i = cidx[j];  // read before the write: w <= j, so in place is safe
+    const float v = cval[j];
+    idx[w] = i;
+    val[w] = v;
+    ++w;
+  }
+  return w;
+}
 
 HistogramEdge Primitives::WalkHistogramEdge(const uint32_t* bins, uint32_t first_bin,
                                             uint64_t quota) {

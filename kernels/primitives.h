@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -150,6 +151,17 @@ class Primitives {
   // AbsHistogramEdge's walk over bins already counted (host memory), shared by every
   // implementation's host side and by tests.
   static HistogramEdge WalkHistogramEdge(const uint32_t* bins, uint32_t first_bin, uint64_t quota);
+  // The last stage of an exact top-k by magnitude over `count` host candidates (no NaN, index
+  // order), once the boundary bin (magnitude bits >> 15) is known: `keys` holds the magnitude
+  // bits of the candidates in that bin, and `above` (< k) candidates lie in higher bins, with
+  // 1 <= k - above <= keys->size(). Ranks the bin's keys (nth_element; `keys` is reordered),
+  // then writes in index order the candidates above the k-th key and the first of those at it
+  // (ties toward the lower index). idx/val may be cidx/cval (in place). Returns k. Shared by
+  // the CPU top-k (kernels/cpu/top_k.cc) and the histogram selection's trim
+  // (kernels/compressors/threshold_control.cc).
+  static size_t TopKFromBoundaryBin(const uint32_t* cidx, const float* cval, size_t count, size_t k,
+                                    size_t above, std::vector<uint32_t>* keys, uint32_t* idx,
+                                    float* val);
 
   // Memory movement, so that code written against this interface (the daemon's engine) never
   // touches device data with a raw memcpy or fill. The defaults are right for implementations

@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <functional>
 #include <limits>
 
 #include "kernels/compressors/device_scratch.h"
@@ -82,9 +81,9 @@ bool SingleMagnitudeEdge(Primitives* p, float* acc, size_t begin, size_t end, fl
 // histogram bins from `bin` up, in index order): exactly what TrimTopK keeps (the largest
 // magnitudes, ties toward the lower index, in index order), without its second histogram of the
 // candidates: every candidate above the edge bin stays, and only the edge bin's own candidates
-// are ranked (nth_element over their magnitude bits). False, with out unchanged, when the
-// candidates are not what the histogram said (fewer than `quota` in the edge bin and above it, or
-// `quota` or more above it): the caller then trims them the general way.
+// are ranked (Primitives::TopKFromBoundaryBin, which the CPU top-k ends with too). False, with out
+// unchanged, when the candidates are not what the histogram said (fewer than `quota` in the edge
+// bin and above it, or `quota` or more above it): the caller then trims them the general way.
 bool TrimAtEdgeBin(Selection* out, size_t from, size_t quota, uint32_t bin) {
   const size_t m = out->idx.size() - from;
   uint32_t* idx = out->idx.data() + from;
@@ -107,24 +106,7 @@ bool TrimAtEdgeBin(Selection* out, size_t from, size_t quota, uint32_t bin) {
     }
   }
   if (above >= quota || above + keys.size() < quota) return false;
-  const size_t need = quota - above;  // 1 <= need <= keys.size()
-  std::nth_element(keys.begin(), keys.begin() + static_cast<std::ptrdiff_t>(need - 1), keys.end(),
-                   std::greater<uint32_t>());
-  const uint32_t kth = keys[need - 1];
-  size_t ties_left = need;
-  for (uint32_t u : keys) ties_left -= u > kth;
-  size_t w = 0;
-  for (size_t j = 0; j < m; ++j) {
-    const uint32_t u = key(val[j]);
-    if (u < kth) continue;
-    if (u == kth) {
-      if (ties_left == 0) continue;
-      --ties_left;
-    }
-    idx[w] = idx[j];  // w <= j: in place is safe
-    val[w] = val[j];
-    ++w;
-  }
+  const size_t w = Primitives::TopKFromBoundaryBin(idx, val, m, quota, above, &keys, idx, val);
   out->idx.resize(from + w);
   out->val.resize(from + w);
   return true;

@@ -65,26 +65,7 @@ size_t TopKOfCandidates(const uint32_t* cidx, const float* cval, size_t count, s
     const uint32_t u = MagnitudeKey(cval[j]);
     if ((u >> 15) == bin) keys.push_back(u);
   }
-  const size_t need = k - above;  // 1 <= need <= keys.size()
-  std::nth_element(keys.begin(), keys.begin() + (need - 1), keys.end(), std::greater<uint32_t>());
-  const uint32_t kth = keys[need - 1];
-  size_t greater = 0;
-  for (uint32_t u : keys) greater += u > kth;
-  size_t ties_left = need - greater;
-
-  size_t w = 0;
-  for (size_t j = 0; j < count; ++j) {
-    const uint32_t u = MagnitudeKey(cval[j]);
-    if (u < kth) continue;
-    if (u == kth) {
-      if (ties_left == 0) continue;
-      --ties_left;
-    }
-    idx[w] = cidx[j];
-    val[w] = cval[j];
-    ++w;
-  }
-  return w;
+  return Primitives::TopKFromBoundaryBin(cidx, cval, count, k, above, &keys, idx, val);
 }
 
 // Every entry with |x| >= t (in index order) into freshly sized buffers; `hint` is the expected
