@@ -29,6 +29,7 @@
 #include "daemon/engine/engine.h"
 #include "daemon/memory/cuda_device_link.h"
 #include "daemon/memory/cuda_device_memory.h"
+#include "daemon/memory/segment_janitor.h"
 #include "daemon/observe/metrics.h"
 #include "daemon/observe/timeline.h"
 #include "daemon/service/spex_service.h"
@@ -546,6 +547,12 @@ int main(int argc, char** argv) {
   // systemd's variables are read (and removed, spexd's children must not notify in its name)
   // before MPI starts threads that may read the environment meanwhile.
   spex::SdNotifier notifier(/*unset_environment=*/true);
+  // Forked while spexd has one thread: removes the segments' names should spexd end without
+  // doing so (SIGKILL, or Open MPI's abort when mpirun goes first). segment_janitor.h.
+  if (absl::Status s = spex::SegmentJanitor::Start(argc, argv); !s.ok()) {
+    SPEX_LOG(WARNING) << s.message() << "; running without it: a daemon that is killed leaves its "
+                      << "segments' names in /dev/shm";
+  }
   spex::PreferRingIallreduce();  // the passive waits' MPI_Iallreduce (mpi_collective.h)
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);

@@ -11,6 +11,7 @@
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "daemon/memory/segment_janitor.h"
 #include "proto/spex.pb.h"
 
 namespace spex {
@@ -39,12 +40,19 @@ absl::StatusOr<std::unique_ptr<ShmBuffer>> ShmBuffer::Create(size_t size, const 
   }
   if (size == 0) return absl::InvalidArgumentError("shm segment size must be > 0");
   std::string name = absl::StrCat("/spex-", tag, "-", RandomHex(16));
+  // Told to the janitor before the name exists, so that no moment leaves it unknown to it.
+  SegmentJanitor::Track(name);
   int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-  if (fd < 0) return Errno(absl::StrCat("shm_open(", name, ")"));
+  if (fd < 0) {
+    absl::Status s = Errno(absl::StrCat("shm_open(", name, ")"));
+    SegmentJanitor::Untrack(name);
+    return s;
+  }
   if (ftruncate(fd, static_cast<off_t>(size)) != 0) {
     absl::Status s = Errno(absl::StrCat("ftruncate(", name, ", ", size, ") (is /dev/shm full?)"));
     close(fd);
     shm_unlink(name.c_str());
+    SegmentJanitor::Untrack(name);
     return s;
   }
   void* base = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
@@ -52,6 +60,7 @@ absl::StatusOr<std::unique_ptr<ShmBuffer>> ShmBuffer::Create(size_t size, const 
   if (base == MAP_FAILED) {
     absl::Status s = Errno(absl::StrCat("mmap(", name, ", ", size, ")"));
     shm_unlink(name.c_str());
+    SegmentJanitor::Untrack(name);
     return s;
   }
   return std::unique_ptr<ShmBuffer>(new ShmBuffer(std::move(name), base, size));
@@ -71,9 +80,10 @@ void ShmBuffer::Describe(v1::BufferDescriptor* out) const {
 absl::Status ShmBuffer::Unlink() {
   if (unlinked_) return absl::OkStatus();
   unlinked_ = true;
-  if (shm_unlink(name_.c_str()) != 0 && errno != ENOENT)
-    return Errno(absl::StrCat("shm_unlink(", name_, ")"));
-  return absl::OkStatus();
+  const bool failed = shm_unlink(name_.c_str()) != 0 && errno != ENOENT;
+  const absl::Status s = failed ? Errno(absl::StrCat("shm_unlink(", name_, ")")) : absl::OkStatus();
+  SegmentJanitor::Untrack(name_);
+  return s;
 }
 
 }  // namespace spex

@@ -22,7 +22,7 @@ WIRE=(daemon/engine/wire.cc)
 KERNELS=(kernels/primitives.cc kernels/cpu/half_kernels.cc kernels/compressor.cc
   kernels/error_feedback.cc kernels/reference/reference_primitives.cc kernels/compressors/*.cc)
 PROTO=("$OUT/gen/proto/spex.pb.cc" "$OUT/gen/proto/spex.grpc.pb.cc")
-MEMORY=(daemon/memory/shm_buffer.cc daemon/memory/segment_guard.cc daemon/memory/trainer_memory.cc daemon/util/heap.cc daemon/util/log.cc
+MEMORY=(daemon/memory/shm_buffer.cc daemon/memory/segment_guard.cc daemon/memory/segment_janitor.cc daemon/memory/trainer_memory.cc daemon/util/heap.cc daemon/util/log.cc
   proto/contract/socket_paths.cc)
 CLIENT=(client/client.cc client/shm_mapping.cc client/ipc_handle_cache.cc
   proto/contract/cuda_ipc_descriptor.cc kernels/cuda/cuda_error.cc)
