@@ -443,6 +443,7 @@ absl::Status Run(const absl::StatusOr<DaemonConfig>& loaded, SdNotifier& notifie
   if (loaded.ok()) SetLogLevel(loaded->log_level);
   const World world = JoinWorld();
   SetLogPrefix(absl::StrCat("spexd[node ", world.rank, "/", world.size, "]"));
+  SegmentJanitor::TrackOpenMpiSegment(world.host_index);  // Open MPI's, should spexd be killed
   std::unique_ptr<Primitives> host_prims = MakeCpuPrimitives(loaded.ok() ? loaded->threads : 0);
   // Blocking collectives until every node has agreed on how to wait (--mpi_wait_*, below).
   MpiCollective mpi(MPI_COMM_WORLD, host_prims.get());

@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <set>
 #include <string>
 
@@ -86,8 +87,8 @@ void CloseAllBut(int keep_up_to) {
   }
   if (removed > 0) {
     dprintf(2,
-            "spexd-janitor: spexd (pid %d) ended without removing %d shared-memory segment(s) "
-            "of its buckets; removed them\n",
+            "spexd-janitor: spexd (pid %d) ended without removing %d shared-memory name(s) "
+            "(its buckets', its doorbell's, Open MPI's); removed them\n",
             static_cast<int>(daemon), removed);
   }
   _exit(0);
@@ -133,6 +134,27 @@ absl::Status SegmentJanitor::Start(int argc, char** argv) {
 void SegmentJanitor::Track(const std::string& name) { Send('+', name); }
 
 void SegmentJanitor::Untrack(const std::string& name) { Send('-', name); }
+
+int SegmentJanitor::TrackOpenMpiSegment(int local_rank) {
+  if (g_fd.load() < 0) return 0;
+  std::ifstream maps("/proc/self/maps");
+  const std::string prefix = "/dev/shm/vader_segment.";
+  const std::string suffix = absl::StrCat(".", local_rank);
+  std::set<std::string> found;
+  std::string line;
+  while (std::getline(maps, line)) {
+    const size_t at = line.find(prefix);
+    if (at == std::string::npos) continue;
+    const std::string path = line.substr(at);
+    if (path.size() > prefix.size() + suffix.size() &&
+        path.compare(path.size() - suffix.size(), suffix.size(), suffix) == 0 &&
+        path.find(' ') == std::string::npos) {
+      found.insert(path.substr(std::string("/dev/shm").size()));  // "/vader_segment...."
+    }
+  }
+  for (const std::string& name : found) Track(name);
+  return static_cast<int>(found.size());
+}
 
 pid_t SegmentJanitor::pid() { return g_pid.load(); }
 

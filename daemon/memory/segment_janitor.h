@@ -36,6 +36,11 @@ class SegmentJanitor {
   static void Track(const std::string& name);
   static void Untrack(const std::string& name);
 
+  // Also Open MPI's own shared-memory segment of this process (its vader BTL's
+  // /dev/shm/vader_segment.<host>.<uid>.<job>.<local rank>, which a killed world leaves as well),
+  // found among this process's mappings after MPI_Init; returns how many names it tracked.
+  static int TrackOpenMpiSegment(int local_rank);
+
   // The janitor's pid, or -1 without one.
   static pid_t pid();
 };
