@@ -20,6 +20,8 @@ modifiers: /wN DGC's density warm-up, 4x the target per remaining epoch over the
 after which the norm of the update accumulated over the last epoch differed from the epoch
 before's by half or more), the target otherwise;
 /mc DGC's momentum correction (the hook's momentum_correction=--momentum), the momentum kept per trainer before the exchange and the optimizer
+run without it; /lm the same without momentum factor masking (the hook's momentum_masking=False: local
+momentum before error feedback), the optimizer
 run without it; /layer one DDP bucket per parameter tensor, so selection is layer-wise; /global one
 DDP bucket for the whole model, so selection is global; without either, DDP's 25 MB buckets), or a
 PyTorch peer registered as its documentation says: `gloo` (plain DDP all-reduce, no spex), `fp16`

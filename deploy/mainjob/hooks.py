@@ -103,7 +103,8 @@ def register(ddp, cfg: Dict[str, Any], run: Dict[str, Any], steps_total: int, ru
                                      params=run.get("params") or None, socket=cfg["socket"],
                                      local_rank=cfg["local_rank"], local_size=cfg["local_size"], mode=cfg["mode"],
                                      id_base=run_index << 32, zero_copy=cfg.get("zero_copy", True),
-                                     momentum_correction=cfg["momentum"] if run.get("momentum_correction") else None)
+                                     momentum_correction=cfg["momentum"] if run.get("momentum_correction") else None,
+                                     momentum_masking=run.get("momentum_masking", True))
     ddp.register_comm_hook(state, spex.torch.hook)
     return state
 

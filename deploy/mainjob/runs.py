@@ -8,7 +8,7 @@ from typing import Any, Dict, List
 # (DDP's own all-reduce), `fp16` / `bf16` (torch.distributed.algorithms.ddp_comm_hooks'
 # fp16_compress_hook / bf16_compress_hook) and `powersgd[:RANK]` (powerSGD_hook with PowerSGDState).
 PEERS = ("gloo", "fp16", "bf16", "powersgd")
-MODIFIERS = ("mc", "layer", "global")
+MODIFIERS = ("mc", "lm", "layer", "global")
 
 
 def is_peer(run: Dict[str, Any]) -> bool:
@@ -41,13 +41,15 @@ def parse_modifiers(item: str, name: str, mods: List[str]):
         else:
             sys.exit(f"train_digits: run {item!r}: unknown modifier /{m} (known: /wN density warm-up over N "
                      f"epochs, /aF adaptive density (F >= 2 times the density in critical epochs), /mc momentum "
-                     f"correction, /layer one DDP bucket per tensor, /global one DDP bucket for the model)")
-    if (warm or adapt or "mc" in flags) and name in ("dense", *PEERS):
-        sys.exit(f"train_digits: run {item!r}: /wN and /mc need a sparse spex compressor, as does /aF")
+                     f"correction, /lm local momentum (/mc without masking), /layer one DDP bucket per tensor, /global one DDP bucket for the model)")
+    if (warm or adapt or "mc" in flags or "lm" in flags) and name in ("dense", *PEERS):
+        sys.exit(f"train_digits: run {item!r}: /wN, /mc and /lm need a sparse spex compressor, as does /aF")
+    if "mc" in flags and "lm" in flags:
+        sys.exit(f"train_digits: run {item!r}: /mc and /lm exclude each other (/lm is /mc without masking)")
     if warm and adapt:
         sys.exit(f"train_digits: run {item!r}: /wN and /aF both set the density per epoch; choose one")
     if flags and name in PEERS:
-        sys.exit(f"train_digits: run {item!r}: /layer, /global and /mc apply to spex runs only")
+        sys.exit(f"train_digits: run {item!r}: /layer, /global, /mc and /lm apply to spex runs only")
     if "layer" in flags and "global" in flags:
         sys.exit(f"train_digits: run {item!r}: /layer and /global exclude each other")
     return warm, adapt, flags
@@ -87,7 +89,8 @@ def parse_runs(spec: str) -> List[Dict[str, Any]]:
         label += "".join(f"/{f}" for f in flags)
         runs.append({"name": name, "compressor": name, "density": density, "warmup_epochs": int(warm or 0),
                      "adaptive_factor": int(adapt or 0),
-                     "momentum_correction": "mc" in flags,
+                     "momentum_correction": "mc" in flags or "lm" in flags,
+                     "momentum_masking": "lm" not in flags,
                      "bucketing": "layer" if "layer" in flags else "global" if "global" in flags else "ddp",
                      "label": label})
     if not runs:

@@ -26,9 +26,10 @@ def grad(index, values, dtype=torch.float32):
 
 
 class MomentumCorrectionTest(unittest.TestCase):
-    def make(self, m=0.5, results=None, compressor="micro", client_compressor="micro"):
+    def make(self, m=0.5, results=None, compressor="micro", client_compressor="micro", masking=True):
         client = FakeClient(results, compressor=client_compressor)
-        state = spex.torch.SpexHookState(None, client=client, compressor=compressor, momentum_correction=m)
+        state = spex.torch.SpexHookState(None, client=client, compressor=compressor, momentum_correction=m,
+                                         momentum_masking=masking)
         self.addCleanup(state.close)
         return state, client
 
@@ -42,6 +43,33 @@ class MomentumCorrectionTest(unittest.TestCase):
         self.assertEqual(client.handed[1].tolist(), [10.0, 11.0, 11.5, 12.0])  # u2 = 0.5 u1 + g2
         self.assertEqual(state._u[0].tolist(), [10.0, 11.0, 0.0, 12.0])
         self.assertEqual(out.tolist(), [0.0, 0.0, 2.0, 0.0])
+
+    def test_without_masking_u_is_kept_and_a_full_selection_is_momentum_sgd(self):
+        # momentum_masking=False: u = m u + g goes over whatever the result (here non-zero at
+        # element 0 every step), so what is handed over is momentum SGD's buffer (torch.optim.SGD:
+        # b = m b + g, first b = g); with every element selected the update is momentum SGD's.
+        gs = [[1.0, -2.0, 0.5], [0.25, 4.0, -1.0], [3.0, 0.0, 2.0], [-1.0, 1.0, 1.0]]
+
+        client = FakeClient([torch.tensor([5.0, 0.0, 0.0])] * 4)
+        state = spex.torch.SpexHookState(None, client=client, compressor="micro", momentum_correction=0.5,
+                                         momentum_masking=False)
+        self.addCleanup(state.close)
+        buf = torch.zeros(3)
+        for i, g in enumerate(gs):
+            state(grad(0, g)).wait()
+            buf = torch.tensor(g) if i == 0 else buf * 0.5 + torch.tensor(g)
+            self.assertEqual(client.handed[i].tolist(), buf.tolist())  # handed u = momentum SGD's buffer
+            self.assertEqual(state._u[0].tolist(), buf.tolist())  # not masked by the non-zero result
+        saved = state.state_dict()
+        self.assertIs(saved["momentum_masking"], False)
+        masked, _ = self.make(0.5)
+        with self.assertRaises(SpexValueError) as e:
+            masked.load_state_dict(saved)
+        self.assertIn("momentum_masking=False", str(e.exception))
+        again, again_client = self.make(0.5, masking=False)
+        again.load_state_dict(saved)
+        again(grad(0, [1.0, 1.0, 1.0])).wait()
+        self.assertEqual(again_client.handed[0].tolist(), (buf * 0.5 + 1.0).tolist())
 
     def test_without_it_the_gradient_goes_over_unchanged(self):
         state, client = self.make(None, [torch.zeros(2)] * 2)

@@ -241,7 +241,10 @@ class TrainDigitsTest(unittest.TestCase):
         self.assertIn("/layer and /global exclude each other", bad.stdout)
         bad = run_script(out, "--runs", "gloo/mc", timeout=30)
         self.assertNotEqual(bad.returncode, 0)
-        self.assertIn("/wN and /mc need a sparse spex compressor", bad.stdout)
+        self.assertIn("/wN, /mc and /lm need a sparse spex compressor", bad.stdout)
+        bad = run_script(out, "--runs", "micro:0.1/mc/lm", timeout=30)
+        self.assertNotEqual(bad.returncode, 0)
+        self.assertIn("/mc and /lm exclude each other", bad.stdout)
 
     def test_warm_up_and_adaptive_density_per_epoch(self):
         """/w2 runs its first epoch at 16x the density (the buckets are registered at it, not at

@@ -99,6 +99,11 @@ class SpexHookState:
             averaged result is non-zero (momentum factor masking). The optimiser must then run
             WITHOUT momentum (torch.optim.SGD(..., momentum=0)): the hook applies it before
             the exchange. Sparse compressors only; u is saved by state_dict. docs/clients.md.
+        momentum_masking: with momentum_correction, whether u is zeroed where the result is
+            non-zero (DGC's momentum factor masking, the default). False keeps u as it is (local
+            momentum before error feedback): the update then equals momentum SGD's whenever the
+            selection is dense, where masking would leave SGD without momentum for every
+            element selected at each step.
         zero_copy: CPU buckets: DDP's own bucket buffer is the bucket's input (Client.register_bucket's
             own_input: its storage moves into shared memory when the bucket is registered, and the
             daemon reads it there), so the hook copies nothing into the input slot. Where the daemon
@@ -114,7 +119,7 @@ class SpexHookState:
                  params: Optional[Dict[str, str]] = None, mode: str = "doorbell", id_base: int = 0,
                  exchange_timeout: float = 300.0, device: Optional[str] = None,
                  cuda_runtime: Optional[CudaRuntime] = None, momentum_correction: Optional[float] = None,
-                 zero_copy: bool = True):
+                 zero_copy: bool = True, momentum_masking: bool = True):
         if device is not None and device not in DEVICES:
             raise SpexValueError(f"device must be one of {DEVICES}, got {device!r}")
         if client is not None and device is not None and device != client.device:
@@ -140,6 +145,7 @@ class SpexHookState:
         self.mode = mode
         self.id_base = id_base
         self.momentum_correction = None if momentum_correction is None else float(momentum_correction)
+        self.momentum_masking = bool(momentum_masking)
         self.zero_copy = bool(zero_copy)
         # Momentum correction's u per DDP bucket index (float32; reset with the buckets when DDP
         # rebuilds them, as the daemon's residuals are).
@@ -371,7 +377,7 @@ class SpexHookState:
     def _masked(self, index: int, fut: Any) -> Any:
         """fut, or under momentum correction a future that first masks u where the result is non-zero."""
         u = self._u.get(index)
-        if u is None:
+        if u is None or not self.momentum_masking:
             return fut
 
         def mask(f: "torch.futures.Future[torch.Tensor]") -> torch.Tensor:
@@ -558,6 +564,7 @@ class SpexHookState:
                                                          "local_trainers": trainers},
                 "taken_on_rank": rank, "compressor": self.compressor, "density": self.density,
                 "params": dict(self.params), "momentum_correction": self.momentum_correction,
+                "momentum_masking": self.momentum_masking,
                 "generation": max(self.generation, 0), "settled": self._settled(), "buckets": buckets}
 
     def _gather_objects(self, obj: Any, group: Any, dst: int) -> Optional[List[Any]]:
@@ -642,6 +649,10 @@ class SpexHookState:
         if state.get("momentum_correction") != self.momentum_correction:
             raise SpexValueError(f"the checkpoint used momentum_correction={state.get('momentum_correction')!r}; "
                                  f"this hook uses momentum_correction={self.momentum_correction!r}: register "
+                                 f"the hook as it was when saved")
+        if self.momentum_correction is not None and state.get("momentum_masking", True) != self.momentum_masking:
+            raise SpexValueError(f"the checkpoint used momentum_masking={state.get('momentum_masking', True)!r}; "
+                                 f"this hook uses momentum_masking={self.momentum_masking!r}: register "
                                  f"the hook as it was when saved")
         if state["version"] == 1:
             world = state.get("world")
