@@ -413,6 +413,7 @@ absl::Status ServeEngine(Engine& engine, const DaemonConfig& config, const Engin
     engine.JoinFor(absl::Seconds(1));
     return listener.status();
   }
+  SegmentJanitor::TrackSocket(socket);  // removed should spexd be killed (segment_janitor.h)
   SpexService service(
       &engine, kVersion, listener->get(),
       {config.timeline_dir, config.timeline_max_bytes, config.max_exchange_wait,

@@ -5,6 +5,7 @@
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -68,6 +69,8 @@ void CloseAllBut(int keep_up_to) {
   CloseAllBut(kSocketFd);
 
   std::set<std::string> names;
+  std::string socket_path;  // the daemon's socket, when it is still this file at the end
+  struct stat socket_stat {};
   char buf[kMaxName + 2];
   for (;;) {
     const ssize_t n = recv(kSocketFd, buf, sizeof(buf), 0);
@@ -79,11 +82,21 @@ void CloseAllBut(int keep_up_to) {
       names.insert(std::move(name));
     } else if (buf[0] == '-') {
       names.erase(name);
+    } else if (buf[0] == 's' && lstat(name.c_str(), &socket_stat) == 0 &&
+               S_ISSOCK(socket_stat.st_mode)) {
+      socket_path = std::move(name);
     }
   }
   int removed = 0;
   for (const std::string& name : names) {
     if (shm_unlink(name.c_str()) == 0) ++removed;
+  }
+  struct stat now {};
+  if (!socket_path.empty() && lstat(socket_path.c_str(), &now) == 0 && S_ISSOCK(now.st_mode) &&
+      now.st_dev == socket_stat.st_dev && now.st_ino == socket_stat.st_ino &&
+      unlink(socket_path.c_str()) == 0) {
+    dprintf(2, "spexd-janitor: spexd (pid %d) ended without removing its socket %s; removed it\n",
+            static_cast<int>(daemon), socket_path.c_str());
   }
   if (removed > 0) {
     dprintf(2,
@@ -154,6 +167,15 @@ int SegmentJanitor::TrackOpenMpiSegment(int local_rank) {
   }
   for (const std::string& name : found) Track(name);
   return static_cast<int>(found.size());
+}
+
+void SegmentJanitor::TrackSocket(const std::string& path) {
+  if (path.empty() || path[0] == '/') {
+    Send('s', path);
+    return;
+  }
+  char cwd[4096];
+  if (getcwd(cwd, sizeof(cwd)) != nullptr) Send('s', absl::StrCat(cwd, "/", path));
 }
 
 pid_t SegmentJanitor::pid() { return g_pid.load(); }

@@ -8,7 +8,8 @@
 // Start() forks a small process before any thread exists (before MPI_Init), the way PyTorch's
 // torch_shm_manager outlives its clients: spexd tells it each name it creates ("+name") and each
 // name it removes ("-name") over a socket pair; when the socket reaches end of file, which the
-// kernel guarantees however spexd ended, the janitor unlinks the names still held, says so on
+// kernel guarantees however spexd ended, the janitor unlinks the names still held (and the
+// daemon's socket file, TrackSocket), says so on
 // stderr when there were any, and exits. It runs in a session of its own (a signal to spexd's
 // process group does not reach it), ignores the stop signals, keeps no other descriptor, and
 // shows as "spexd-janitor" in ps (its command line too, so `pgrep -f 'spexd --socket=...'` finds
@@ -40,6 +41,11 @@ class SegmentJanitor {
   // /dev/shm/vader_segment.<host>.<uid>.<job>.<local rank>, which a killed world leaves as well),
   // found among this process's mappings after MPI_Init; returns how many names it tracked.
   static int TrackOpenMpiSegment(int local_rank);
+
+  // The daemon's unix socket: removed too if it is still the socket file that was there when
+  // this was called (the same device and inode), so a daemon started at the path since keeps its
+  // own. A relative path is taken from the working directory.
+  static void TrackSocket(const std::string& path);
 
   // The janitor's pid, or -1 without one.
   static pid_t pid();

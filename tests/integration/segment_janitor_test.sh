@@ -8,11 +8,11 @@
 #     _exit, before it sees a signal: what `kill` of a runuser/sudo session's process group does);
 #   - one SIGTERM to mpirun (the clean stop: spexd removes its names itself, the janitor says
 #     nothing).
-# Each checks that the names are gone within 5 s, that the janitor exited, and what it said. The
-# SIGKILL and the two SIGTERMs run a world of two daemons, whose Open MPI shared-memory segments
-# (/dev/shm/vader_segment.*, which a killed world leaves too) must be gone as well. And
-# that the janitor is a process of its own session named spexd-janitor, which `pgrep -f` for the
-# daemon's command line does not find.
+# Each checks that the names and the daemon's socket file are gone within 5 s, that the janitor
+# exited, and what it said. The SIGKILL and the two SIGTERMs run a world of two daemons, whose
+# Open MPI shared-memory segments (/dev/shm/vader_segment.*, which a killed world leaves too) must
+# be gone as well. And that the janitor is a process of its own session named spexd-janitor,
+# which `pgrep -f` for the daemon's command line does not find.
 set -uo pipefail
 R="${RUNFILES_DIR:-${TEST_SRCDIR:-$PWD/..}}/spex"
 SPEXD="$R/daemon/spexd"; TRAINER="$R/client/spex_trainer"
@@ -71,6 +71,8 @@ run_case() {  # name how nodes
     sleep 0.1
   done
   [ -z "$left" ] || problems+="left in /dev/shm 5 s after the daemon ended: $(echo $left); "
+  for _ in $(seq 50); do [ -e "$dir/node0.sock" ] || break; sleep 0.1; done
+  [ -e "$dir/node0.sock" ] && problems+="the daemon's socket is left 5 s after it ended; "
   for v in $vader; do
     for _ in $(seq 50); do [ -e "$v" ] || break; sleep 0.1; done
     [ -e "$v" ] && problems+="Open MPI's $v left 5 s after the daemon ended; "
