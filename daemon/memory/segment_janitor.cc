@@ -1,6 +1,7 @@
 #include "daemon/memory/segment_janitor.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
@@ -18,6 +19,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "daemon/util/log.h"
 
 namespace spex {
 namespace {
@@ -113,8 +115,28 @@ void Send(char op, const std::string& name) {
   char buf[kMaxName + 1];
   buf[0] = op;
   std::memcpy(buf + 1, name.data(), name.size());
-  for (;;) {
-    if (send(fd, buf, name.size() + 1, MSG_NOSIGNAL) >= 0 || errno != EINTR) return;
+  // Never blocks the daemon for long: a janitor that stopped reading (SIGSTOPped, or starved of a
+  // core while a burst of registrations fills the socket's buffer) gets one second, then names go
+  // untold (left in /dev/shm only should spexd then be killed) without waiting again until one
+  // gets through; said once in the log.
+  static std::atomic<bool> stuck{false};
+  for (int tries = 0;; ++tries) {
+    if (send(fd, buf, name.size() + 1, MSG_NOSIGNAL | MSG_DONTWAIT) >= 0) {
+      stuck.store(false, std::memory_order_relaxed);
+      return;
+    }
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN || tries > 0 || stuck.load(std::memory_order_relaxed)) break;
+    pollfd pfd{fd, POLLOUT, 0};
+    if (poll(&pfd, 1, 1000) < 0 && errno != EINTR) break;
+  }
+  const int e = errno;
+  if (e == EAGAIN) stuck.store(true, std::memory_order_relaxed);
+  static std::atomic<bool> said{false};
+  if (e != EPIPE && e != ECONNRESET && !said.exchange(true)) {
+    SPEX_LOG(WARNING) << "segment janitor (pid " << g_pid.load() << ") does not take names ("
+                      << strerror(e) << "): should spexd be killed, some of its segments' "
+                      << "names may stay in /dev/shm";
   }
 }
 
