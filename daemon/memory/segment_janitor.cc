@@ -37,7 +37,7 @@ void RenameCommandLine(int argc, char** argv) {
   if (argc < 1 || argv == nullptr || argv[0] == nullptr) return;
   char* begin = argv[0];
   char* end = argv[argc - 1] + std::strlen(argv[argc - 1]);  // at its terminating NUL
-  const char kName[] = "spexd-janitor";
+  constexpr char kName[] = "spexd-janitor";
   const size_t area = static_cast<size_t>(end - begin);
   std::memset(begin, 0, area);
   std::memcpy(begin, kName, std::min(area, sizeof(kName) - 1));
