@@ -186,11 +186,6 @@ absl::Status Scratch::TakeStatus() {
 size_t Primitives::TopKFromBoundaryBin(const uint32_t* cidx, const float* cval, size_t count,
                                        size_t k, size_t above, std::vector<uint32_t>* keys,
                                        uint32_t* idx, float* val) {
-  auto key = [](float v) {
-    uint32_t u;
-    std::memcpy(&u, &v, sizeof(u));
-    return u & 0x7fffffffu;
-  };
   const size_t need = k - above;  // 1 <= need <= keys->size()
   std::nth_element(keys->begin(), keys->begin() + static_cast<std::ptrdiff_t>(need - 1),
                    keys->end(), std::greater<uint32_t>());
@@ -199,7 +194,7 @@ size_t Primitives::TopKFromBoundaryBin(const uint32_t* cidx, const float* cval, 
   for (uint32_t u : *keys) ties_left -= u > kth;
   size_t w = 0;
   for (size_t j = 0; j < count; ++j) {
-    const uint32_t u = key(cval[j]);
+    const uint32_t u = MagnitudeBits(cval[j]);
     if (u < kth) continue;
     if (u == kth) {
       if (ties_left == 0) continue;

@@ -14,6 +14,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <vector>
 
@@ -151,9 +152,16 @@ class Primitives {
   // AbsHistogramEdge's walk over bins already counted (host memory), shared by every
   // implementation's host side and by tests.
   static HistogramEdge WalkHistogramEdge(const uint32_t* bins, uint32_t first_bin, uint64_t quota);
+  // The magnitude bits of v (its bit pattern without the sign): for numbers their unsigned order
+  // is the order of |v|, and the histogram's bin (AbsHistogram16) is MagnitudeBits(v) >> 15.
+  static uint32_t MagnitudeBits(float v) {
+    uint32_t u;
+    std::memcpy(&u, &v, sizeof(u));
+    return u & 0x7fffffffu;
+  }
   // The last stage of an exact top-k by magnitude over `count` host candidates (no NaN, index
-  // order), once the boundary bin (magnitude bits >> 15) is known: `keys` holds the magnitude
-  // bits of the candidates in that bin, and `above` (< k) candidates lie in higher bins, with
+  // order), once the boundary bin (MagnitudeBits >> 15) is known: `keys` holds MagnitudeBits of
+  // the candidates in that bin, and `above` (< k) candidates lie in higher bins, with
   // 1 <= k - above <= keys->size(). Ranks the bin's keys (nth_element; `keys` is reordered),
   // then writes in index order the candidates above the k-th key and the first of those at it
   // (ties toward the lower index). idx/val may be cidx/cval (in place). Returns k. Shared by

@@ -84,9 +84,12 @@ void CloseAllBut(int keep_up_to) {
       names.insert(std::move(name));
     } else if (buf[0] == '-') {
       names.erase(name);
-    } else if (buf[0] == 's' && lstat(name.c_str(), &socket_stat) == 0 &&
-               S_ISSOCK(socket_stat.st_mode)) {
-      socket_path = std::move(name);
+    } else if (buf[0] == 's') {
+      struct stat st {};
+      if (lstat(name.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) {
+        socket_path = std::move(name);
+        socket_stat = st;
+      }
     }
   }
   int removed = 0;
@@ -170,8 +173,8 @@ void SegmentJanitor::Track(const std::string& name) { Send('+', name); }
 
 void SegmentJanitor::Untrack(const std::string& name) { Send('-', name); }
 
-int SegmentJanitor::TrackOpenMpiSegment(int local_rank) {
-  if (g_fd.load() < 0) return 0;
+void SegmentJanitor::TrackOpenMpiSegment(int local_rank) {
+  if (g_fd.load() < 0) return;
   std::ifstream maps("/proc/self/maps");
   const std::string prefix = "/dev/shm/vader_segment.";
   const std::string suffix = absl::StrCat(".", local_rank);
@@ -188,7 +191,6 @@ int SegmentJanitor::TrackOpenMpiSegment(int local_rank) {
     }
   }
   for (const std::string& name : found) Track(name);
-  return static_cast<int>(found.size());
 }
 
 void SegmentJanitor::TrackSocket(const std::string& path) {

@@ -39,8 +39,8 @@ class SegmentJanitor {
 
   // Also Open MPI's own shared-memory segment of this process (its vader BTL's
   // /dev/shm/vader_segment.<host>.<uid>.<job>.<local rank>, which a killed world leaves as well),
-  // found among this process's mappings after MPI_Init; returns how many names it tracked.
-  static int TrackOpenMpiSegment(int local_rank);
+  // found among this process's mappings after MPI_Init.
+  static void TrackOpenMpiSegment(int local_rank);
 
   // The daemon's unix socket: removed too if it is still the socket file that was there when
   // this was called (the same device and inode), so a daemon started at the path since keeps its

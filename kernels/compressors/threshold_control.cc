@@ -88,15 +88,10 @@ bool TrimAtEdgeBin(Selection* out, size_t from, size_t quota, uint32_t bin) {
   const size_t m = out->idx.size() - from;
   uint32_t* idx = out->idx.data() + from;
   float* val = out->val.data() + from;
-  auto key = [](float v) {
-    uint32_t u;
-    std::memcpy(&u, &v, sizeof(u));
-    return u & 0x7fffffffu;  // magnitude bits: the histogram's bin is key >> 15
-  };
   size_t above = 0;
   std::vector<uint32_t> keys;
   for (size_t j = 0; j < m; ++j) {
-    const uint32_t u = key(val[j]);
+    const uint32_t u = Primitives::MagnitudeBits(val[j]);
     if ((u >> 15) > bin) {
       ++above;
     } else if ((u >> 15) == bin) {

@@ -20,12 +20,6 @@ constexpr size_t kSmallTopK = 64 * 1024;
 // (TopKInLargeBin) instead of being copied out as candidates.
 constexpr size_t kLargeBinFraction = 16;
 
-inline uint32_t MagnitudeKey(float v) {
-  uint32_t u;
-  std::memcpy(&u, &v, sizeof(u));
-  return u & 0x7fffffffu;
-}
-
 inline float FromBits(uint32_t u) {
   float f;
   std::memcpy(&f, &u, sizeof(f));
@@ -54,7 +48,7 @@ size_t TakeAllNumbers(const float* x, size_t n, size_t k, size_t numbers, uint32
 size_t TopKOfCandidates(const uint32_t* cidx, const float* cval, size_t count, size_t k,
                         uint32_t* idx, float* val) {
   std::vector<uint32_t> hist(kInfBin + 1, 0);
-  for (size_t j = 0; j < count; ++j) ++hist[MagnitudeKey(cval[j]) >> 15];
+  for (size_t j = 0; j < count; ++j) ++hist[Primitives::MagnitudeBits(cval[j]) >> 15];
   size_t above = 0;
   uint32_t bin = kInfBin;
   while (above + hist[bin] < k) above += hist[bin--];
@@ -62,7 +56,7 @@ size_t TopKOfCandidates(const uint32_t* cidx, const float* cval, size_t count, s
   std::vector<uint32_t> keys;
   keys.reserve(hist[bin]);
   for (size_t j = 0; j < count; ++j) {
-    const uint32_t u = MagnitudeKey(cval[j]);
+    const uint32_t u = Primitives::MagnitudeBits(cval[j]);
     if ((u >> 15) == bin) keys.push_back(u);
   }
   return Primitives::TopKFromBoundaryBin(cidx, cval, count, k, above, &keys, idx, val);
@@ -102,7 +96,7 @@ bool TopKAtKey(Primitives& p, const float* x, size_t n, size_t k, uint32_t kth, 
   const size_t need = k - greater;  // ties at kth that make it, >= 1
   // At most `greater` of the first k entries >= kth lie above it, so `need` ties are among them.
   size_t m = 0, ties = 0;
-  while (ties < need) ties += MagnitudeKey(val[m++]) == kth;
+  while (ties < need) ties += Primitives::MagnitudeBits(val[m++]) == kth;
   const size_t rest = greater - (m - need);  // the higher entries after idx[m - 1]
   if (rest > 0) {
     (void)p.SelectAbove(xs, size_t{idx[m - 1]} + 1, n, FromBits(kth + 1), false, idx + m, val + m,
@@ -135,7 +129,7 @@ size_t TopKInLargeBin(Primitives& p, const float* x, size_t n, size_t k, uint32_
     constexpr size_t kSub = size_t{1} << 15, kTable = kSub + 1;
     std::vector<uint32_t> sub(4 * kTable, 0);
     auto slot = [bin](float v) -> size_t {
-      const uint32_t u = MagnitudeKey(v);
+      const uint32_t u = Primitives::MagnitudeBits(v);
       return (u >> 15) == bin ? (u & (kSub - 1)) : kSub;
     };
     size_t i = 0;
@@ -167,7 +161,7 @@ size_t SmallTopK(const float* x, size_t n, size_t k, uint32_t* idx, float* val) 
   if (k == 0) return 0;
   // Order: larger key first, NaN (key -1) after every number, then lower index.
   auto key = [&](uint32_t i) -> int64_t {
-    const uint32_t u = MagnitudeKey(x[i]);
+    const uint32_t u = Primitives::MagnitudeBits(x[i]);
     return u > kInfKey ? -1 : static_cast<int64_t>(u);
   };
   std::vector<uint32_t> order(n);
@@ -196,7 +190,7 @@ bool SampledTopK(Primitives& p, const float* x, size_t n, size_t k, uint32_t* id
   for (size_t b = 0; b < blocks; ++b) {
     const size_t start = b * (n / blocks);
     for (size_t i = start; i < start + kTopKSampleRun; ++i) {
-      const uint32_t u = MagnitudeKey(x[i]);
+      const uint32_t u = Primitives::MagnitudeBits(x[i]);
       if (u <= kInfKey) keys.push_back(u);
     }
   }
