@@ -18,25 +18,32 @@ namespace {
 
 // Runs that are each strictly ascending and, taken in the order of their first index, do not
 // overlap (MiCRO's and ExDyna's selections: each node's lies in a range it owns): their union is
-// them in that order, one copy with nothing to merge or deduplicate. False otherwise; *strict
-// says whether every run was strictly ascending (so sorted: the caller need not look again).
-bool ConcatDisjointRuns(const std::vector<uint32_t>& v, const std::vector<size_t>& off,
+// them in that order, one copy with nothing to merge or deduplicate. False otherwise, with out
+// unchanged; *strict says whether every run was strictly ascending (so sorted: the caller need
+// not look again).
+bool ConcatDisjointRuns(const std::vector<absl::Span<const uint32_t>>& runs,
                         std::vector<uint32_t>* out, bool* strict) {
   *strict = false;
   std::vector<size_t> order;  // the non-empty runs
-  for (size_t r = 0; r + 1 < off.size(); ++r) {
-    const auto a = v.begin() + off[r], b = v.begin() + off[r + 1];
-    if (a == b) continue;
-    if (std::adjacent_find(a, b, std::greater_equal<uint32_t>()) != b) return false;
+  size_t total = 0;
+  for (size_t r = 0; r < runs.size(); ++r) {
+    const absl::Span<const uint32_t> x = runs[r];
+    if (x.empty()) continue;
+    if (std::adjacent_find(x.begin(), x.end(), std::greater_equal<uint32_t>()) != x.end()) {
+      return false;
+    }
     order.push_back(r);
+    total += x.size();
   }
   *strict = true;
-  std::sort(order.begin(), order.end(), [&](size_t x, size_t y) { return v[off[x]] < v[off[y]]; });
+  std::sort(order.begin(), order.end(),
+            [&](size_t a, size_t b) { return runs[a].front() < runs[b].front(); });
   for (size_t i = 1; i < order.size(); ++i) {
-    if (v[off[order[i]]] <= v[off[order[i - 1] + 1] - 1]) return false;
+    if (runs[order[i]].front() <= runs[order[i - 1]].back()) return false;
   }
   out->clear();
-  for (size_t r : order) out->insert(out->end(), v.begin() + off[r], v.begin() + off[r + 1]);
+  out->reserve(total);
+  for (size_t r : order) out->insert(out->end(), runs[r].begin(), runs[r].end());
   return true;
 }
 
@@ -46,7 +53,11 @@ void SortedUnion(const std::vector<uint32_t>& v, const std::vector<size_t>& off,
                  std::vector<uint32_t>* out, std::vector<uint32_t>* scratch) {
   const size_t runs = off.size() - 1;
   bool strict = false;
-  if (runs > 1 && ConcatDisjointRuns(v, off, out, &strict)) return;
+  if (runs > 1) {
+    std::vector<absl::Span<const uint32_t>> spans;
+    for (size_t r = 0; r < runs; ++r) spans.emplace_back(v.data() + off[r], off[r + 1] - off[r]);
+    if (ConcatDisjointRuns(spans, out, &strict)) return;
+  }
   bool sorted = true;
   for (size_t r = 0; r < runs && sorted && !strict; ++r)
     sorted = std::is_sorted(v.begin() + off[r], v.begin() + off[r + 1]);
@@ -173,22 +184,33 @@ absl::Status ExchangeIndexUnion(Collective* coll, Primitives* prims, const Spars
   res->bytes_sent = mine.size();
   res->bytes_received = all.size() - mine.size();
   res->counts.assign(n, 0);
-  std::vector<uint32_t> concat;
-  std::vector<size_t> runs(1, 0);
+  std::vector<DecodedChunk> chunks;
+  chunks.reserve(n);
+  std::vector<absl::Span<const uint32_t>> runs;
   size_t off = 0;
   for (int r = 0; r < n; ++r) {
     absl::StatusOr<DecodedChunk> d =
         DecodeIndexChunk(all.data() + off, bytes[r], args.group_id, args.step, args.elements, r);
     if (!d.ok()) return d.status();
-    const uint32_t count = d->header.count;
-    concat.insert(concat.end(), d->idx, d->idx + count);
-    res->counts[r] = count;
-    runs.push_back(concat.size());
+    chunks.push_back(*std::move(d));  // a move keeps idx_copy's storage, which idx may point to
+    const DecodedChunk& c = chunks.back();
+    res->counts[r] = c.header.count;
+    runs.emplace_back(c.idx, c.header.count);
     off += bytes[r];
   }
   std::vector<uint32_t>& u = res->gathered_idx;
-  SortedUnion(concat, runs, &u,
-              &res->touched);  // nodes' sets may overlap (topk_union, thresh): dedup
+  // Nodes' sets may overlap (topk_union, thresh): merged and deduplicated. Disjoint ascending
+  // runs (micro, exdyna) go straight into u, without the concatenation's copy.
+  bool strict = false;
+  if (!ConcatDisjointRuns(runs, &u, &strict)) {
+    std::vector<uint32_t> concat;
+    std::vector<size_t> ends(1, 0);
+    for (const absl::Span<const uint32_t> x : runs) {
+      concat.insert(concat.end(), x.begin(), x.end());
+      ends.push_back(concat.size());
+    }
+    SortedUnion(concat, ends, &u, &res->touched);
+  }
   // Every node derived the same union from the same bytes, so every node issues the values'
   // all-reduce below; a local failure before it (a device copy) still takes part, with zeros,
   // and is returned afterwards (lockstep: no node may skip a collective its peers enter).

@@ -26,6 +26,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "kernels/base/no_init.h"
 #include "kernels/half.h"
 
 namespace spex {
@@ -108,9 +109,10 @@ struct DecodedChunk {
   ChunkHeader header;
   // Points into the received bytes when they are 4-byte aligned, else into `idx_copy` (a chunk
   // after an fp16 one in a gathered buffer starts 2 bytes off) or the chunk's indices are in the
-  // delta form (decoded there); hence move-only.
+  // delta form (decoded there); hence move-only. Not cleared when sized: the decoder writes all
+  // of it.
   const uint32_t* idx = nullptr;
-  std::vector<uint32_t> idx_copy;
+  NoInitVector<uint32_t> idx_copy;
   std::vector<float> values;
   size_t bytes = 0;  // the chunk's length on the wire
 };

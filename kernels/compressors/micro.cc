@@ -60,9 +60,18 @@ class Micro final : public Compressor {
       used = th_;
     } else {
       if (add) prims_->Accumulate(acc, add, ctx.n);
+      // One hint per partition: the partition owned changes every step, and the edge of the one
+      // owned last step is a poor start for another's (about half of the CNN bucket's hints fell
+      // short of the edge and took a second count). The hint only says where counting starts;
+      // the edge found is the same from any hint.
+      if (edge_hints_.size() != static_cast<size_t>(ctx.node_count)) {
+        edge_hints_.assign(static_cast<size_t>(ctx.node_count), edge_hint_);
+      }
+      edge_hint_ = edge_hints_[static_cast<size_t>(part)];
       used =
           HistogramQuotaSelect(prims_, acc, r.begin, r.end, EvenShare(ctx.k, ctx.node_count, part),
                                trim_, &bins_, out, &scratch_, &edge_hint_);
+      edge_hints_[static_cast<size_t>(part)] = edge_hint_;
     }
     out->scalars[0] = used;
     out->scalars[1] = static_cast<float>(part);
@@ -87,6 +96,7 @@ class Micro final : public Compressor {
     th_ = th;
     k_prev_ = k_prev;
     edge_hint_ = edge;
+    edge_hints_.clear();  // every partition starts from the saved hint
     return true;
   }
 
@@ -96,7 +106,8 @@ class Micro final : public Compressor {
   float th_ = 0;
   uint64_t k_prev_ = 1;
   std::vector<uint32_t> bins_;
-  uint32_t edge_hint_ = 0;  // the last histogram edge bin (HistogramQuotaSelect's hint)
+  uint32_t edge_hint_ = 0;            // the last histogram edge bin (HistogramQuotaSelect's hint)
+  std::vector<uint32_t> edge_hints_;  // the last edge bin of each partition (node_count of them)
   Scratch scratch_;
 };
 

@@ -11,6 +11,7 @@
 #include "kernels/compressors/threshold_control.h"
 #include "kernels/cpu/cpu_primitives.h"
 #include "tests/kernels/compressor_test_util.h"
+#include "tests/support/forwarding_primitives.h"
 
 namespace spex {
 namespace {
@@ -163,6 +164,51 @@ TEST(MicroHistogramControl, QuotaExactWithTrimAndWithinOneBinWithout) {
       EXPECT_LT(sel.idx.size() - quota, in_bin) << "overshoot beyond one bin";
       for (float v : sel.val) EXPECT_GE(std::fabs(v), sel.scalars[0]);
     }
+  }
+}
+
+// Counts the histogram passes over the bucket (each a full read of a partition).
+class CountingPrimitives : public test::ForwardingPrimitives {
+ public:
+  CountingPrimitives() : ForwardingPrimitives(MakeCpuPrimitives(1)) {}
+  void AbsHistogram16(const float* x, size_t begin, size_t end, uint32_t* bins) override {
+    ++counts;
+    inner()->AbsHistogram16(x, begin, end, bins);
+  }
+  void AbsHistogram16From(const float* x, size_t begin, size_t end, uint32_t first_bin,
+                          uint32_t* bins) override {
+    ++counts;
+    inner()->AbsHistogram16From(x, begin, end, first_bin, bins);
+  }
+  int counts = 0;
+};
+
+// The owned partition alternates between steps, and partitions can differ in scale by orders of
+// magnitude (a bucket's layers): each partition's own last edge is where counting starts, so
+// after every partition was selected once, each step takes one histogram pass, not the three of a
+// hint left by another partition (the count from it, from 256 bins lower, then all bins). The
+// selections are those of a fresh compressor with no hint.
+TEST(MicroHistogramControl, EachPartitionKeepsItsOwnEdgeHint) {
+  const size_t n = 200000;
+  const int nodes = 2;
+  CountingPrimitives counting;
+  auto cpu = MakeCpuPrimitives(1);
+  auto c = MustMake("micro", 0.1, n, &counting, {}, 0, nodes);
+  for (uint64_t step = 0; step < 8; ++step) {
+    std::vector<float> acc = Laplace(n, static_cast<uint32_t>(step + 1), 1.0f);
+    for (size_t i = 0; i < n / 2; ++i) acc[i] *= 1e-6f;  // partition 0: 2^-20 the scale
+    Selection sel;
+    counting.counts = 0;
+    ASSERT_TRUE(c->Select(step, acc.data(), nullptr, false, &sel).ok());
+    if (step >= static_cast<uint64_t>(nodes)) {
+      EXPECT_EQ(counting.counts, 1) << "step " << step;
+    }
+    auto fresh = MustMake("micro", 0.1, n, cpu.get(), {}, 0, nodes);
+    Selection want;
+    ASSERT_TRUE(fresh->Select(step, acc.data(), nullptr, false, &want).ok());
+    EXPECT_EQ(sel.idx, want.idx) << "step " << step;
+    EXPECT_EQ(sel.val, want.val) << "step " << step;
+    ASSERT_TRUE(c->Update(step, {std::vector<uint64_t>(nodes, sel.idx.size()), sel.idx}).ok());
   }
 }
 
