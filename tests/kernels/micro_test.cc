@@ -167,27 +167,36 @@ TEST(MicroHistogramControl, QuotaExactWithTrimAndWithinOneBinWithout) {
   }
 }
 
-// Counts the histogram passes over the bucket (each a full read of a partition).
+// Counts the passes over the bucket: histograms and selects that read inside [lo, hi).
 class CountingPrimitives : public test::ForwardingPrimitives {
  public:
   CountingPrimitives() : ForwardingPrimitives(MakeCpuPrimitives(1)) {}
   void AbsHistogram16(const float* x, size_t begin, size_t end, uint32_t* bins) override {
-    ++counts;
+    Count(x);
     inner()->AbsHistogram16(x, begin, end, bins);
   }
   void AbsHistogram16From(const float* x, size_t begin, size_t end, uint32_t first_bin,
                           uint32_t* bins) override {
-    ++counts;
+    Count(x);
     inner()->AbsHistogram16From(x, begin, end, first_bin, bins);
   }
-  int counts = 0;
+  size_t SelectAbove(float* x, size_t begin, size_t end, float t, bool zero, uint32_t* idx,
+                     float* val, size_t capacity) override {
+    Count(x);
+    return inner()->SelectAbove(x, begin, end, t, zero, idx, val, capacity);
+  }
+  void Count(const float* x) { passes += x >= lo && x < hi; }
+  const float* lo = nullptr;
+  const float* hi = nullptr;
+  int passes = 0;
 };
 
 // The owned partition alternates between steps, and partitions can differ in scale by orders of
-// magnitude (a bucket's layers): each partition's own last edge is where counting starts, so
-// after every partition was selected once, each step takes one histogram pass, not the three of a
-// hint left by another partition (the count from it, from 256 bins lower, then all bins). The
-// selections are those of a fresh compressor with no hint.
+// magnitude (a bucket's layers): each partition's own last edge is the hint, so once every
+// partition was selected, a step reads the partition twice (the count from just below the hint,
+// then the select). A hint left by the other partition took four passes when it lay far above
+// the edge (the count from it, from 256 bins lower, of all bins, then the select). The selections
+// are those of a fresh compressor with no hint.
 TEST(MicroHistogramControl, EachPartitionKeepsItsOwnEdgeHint) {
   const size_t n = 200000;
   const int nodes = 2;
@@ -198,10 +207,12 @@ TEST(MicroHistogramControl, EachPartitionKeepsItsOwnEdgeHint) {
     std::vector<float> acc = Laplace(n, static_cast<uint32_t>(step + 1), 1.0f);
     for (size_t i = 0; i < n / 2; ++i) acc[i] *= 1e-6f;  // partition 0: 2^-20 the scale
     Selection sel;
-    counting.counts = 0;
+    counting.lo = acc.data();
+    counting.hi = acc.data() + n;
+    counting.passes = 0;
     ASSERT_TRUE(c->Select(step, acc.data(), nullptr, false, &sel).ok());
     if (step >= static_cast<uint64_t>(nodes)) {
-      EXPECT_EQ(counting.counts, 1) << "step " << step;
+      EXPECT_EQ(counting.passes, 2) << "step " << step;
     }
     auto fresh = MustMake("micro", 0.1, n, cpu.get(), {}, 0, nodes);
     Selection want;

@@ -176,10 +176,12 @@ TEST(HistogramQuotaSelect, EdgeHintChangesNothingButTheWork) {
     EXPECT_EQ(first.idx, want.idx);
     ASSERT_GT(edge, 128u);  // so that every hint below is above the margin or 1
     const uint32_t returned = edge;
-    // returned + 100 and + 250: the count from the hint falls short and the one from 256 bins
-    // lower (a factor 4 in magnitude) finds the edge; + 1000 and 0xFF00: the full count.
-    for (uint32_t hint : {returned, returned + 100, returned + 250, returned + 1000, 0xFF00u,
-                          returned - 100, 200u, 1u}) {
+    // returned, up to 16 bins above it and 10 below: the count from 32 bins below the hint finds
+    // the edge; returned + 100 and + 250: the count from the hint falls short and the one from 256
+    // bins lower (a factor 4 in magnitude) finds the edge; + 1000 and 0xFF00: the full count.
+    for (uint32_t hint :
+         {returned, returned + 5, returned + 15, returned + 16, returned - 10, returned + 100,
+          returned + 250, returned + 1000, 0xFF00u, returned - 100, 200u, 1u}) {
       SCOPED_TRACE(hint);
       uint32_t h = hint;
       Selection got;
@@ -190,6 +192,31 @@ TEST(HistogramQuotaSelect, EdgeHintChangesNothingButTheWork) {
       EXPECT_EQ(got.val, want.val);
       EXPECT_EQ(h, returned);
     }
+  }
+}
+
+// Ties at the edge under a hint: 300 entries of one magnitude (in the edge bin, a quota of 200)
+// among small ones; with a hint at, above or below the edge the cut is the hint-less one (the
+// first 200 of the tied entries in index order), with the same threshold.
+TEST(HistogramQuotaSelect, HintedSelectionCutsTiesLikeTheHintless) {
+  std::vector<float> x = Laplace(kN, 11, 1e-4f);
+  for (size_t i = 0; i < 300; ++i) x[(i * 7919) % kN] = (i % 2 ? -0.5f : 0.5f);
+  auto prims = MakeCpuPrimitives(1);
+  std::vector<uint32_t> bins;
+  Selection want;
+  uint32_t edge = 0;
+  const float t =
+      HistogramQuotaSelect(prims.get(), x.data(), 0, kN, 200, true, &bins, &want, nullptr, &edge);
+  ASSERT_EQ(want.idx.size(), 200u);
+  for (uint32_t hint : {edge, edge + 10, edge - 10}) {
+    SCOPED_TRACE(hint);
+    uint32_t h = hint;
+    Selection got;
+    EXPECT_EQ(
+        HistogramQuotaSelect(prims.get(), x.data(), 0, kN, 200, true, &bins, &got, nullptr, &h), t);
+    EXPECT_EQ(got.idx, want.idx);
+    EXPECT_EQ(got.val, want.val);
+    EXPECT_EQ(h, edge);
   }
 }
 
