@@ -43,9 +43,12 @@ def main():
     # over (zero-copy input, its default), 18:48-19:10 UTC: two pairs for the CNN, one each for the MLP and LSTM.
     # WORKLOAD_cut_*: spexd of d264f48, the daemon's CPU cut (trim at the edge bin, streamed sums past 2 MiB,
     # scratch without clearing), 21:57-22:20 UTC: two pairs for the CNN, one each for the MLP and LSTM.
+    # WORKLOAD_fin_*: spexd of 9052a74 (micro's edge hint per partition, the union decoded without a copy),
+    # 2026-11-30 04:16-04:38 UTC; the CNN pairs with all six runs (fp16 and PowerSGD rank 1 too).
     for wl in ("mlp", "cnn", "lstm", "mlp_quiet", "cnn_quiet", "lstm_quiet", "mlp_wire", "cnn_wire", "lstm_wire",
                "mlp_fused", "cnn_fused", "lstm_fused", "mlp_sleep", "cnn_sleep", "lstm_sleep", "mlp_eve", "cnn_eve",
-               "lstm_eve", "cnn_late", "mlp_zc", "cnn_zc", "lstm_zc", "mlp_cut", "cnn_cut", "lstm_cut"):
+               "lstm_eve", "cnn_late", "mlp_zc", "cnn_zc", "lstm_zc", "mlp_cut", "cnn_cut", "lstm_cut",
+               "mlp_fin", "cnn_fin", "lstm_fin"):
         invs = [(n, load(f"{wl}_{n}")) for n in ("fwd", "rev", "fwd2", "rev2")]
         invs = [(n, d) for n, d in invs if d]
         if not invs:
