@@ -45,10 +45,11 @@ def main():
     # scratch without clearing), 21:57-22:20 UTC: two pairs for the CNN, one each for the MLP and LSTM.
     # WORKLOAD_fin_*: spexd of 9052a74 (micro's edge hint per partition, the union decoded without a copy),
     # 2026-11-30 04:16-04:38 UTC; the CNN pairs with all six runs (fp16 and PowerSGD rank 1 too).
+    # cnn_fin2_*: the same CNN pairs again, 05:26-05:37 UTC, the machine running the trainers faster.
     for wl in ("mlp", "cnn", "lstm", "mlp_quiet", "cnn_quiet", "lstm_quiet", "mlp_wire", "cnn_wire", "lstm_wire",
                "mlp_fused", "cnn_fused", "lstm_fused", "mlp_sleep", "cnn_sleep", "lstm_sleep", "mlp_eve", "cnn_eve",
                "lstm_eve", "cnn_late", "mlp_zc", "cnn_zc", "lstm_zc", "mlp_cut", "cnn_cut", "lstm_cut",
-               "mlp_fin", "cnn_fin", "lstm_fin"):
+               "mlp_fin", "cnn_fin", "lstm_fin", "cnn_fin2"):
         invs = [(n, load(f"{wl}_{n}")) for n in ("fwd", "rev", "fwd2", "rev2")]
         invs = [(n, d) for n, d in invs if d]
         if not invs:
