@@ -49,23 +49,22 @@ bool ConcatDisjointRuns(const std::vector<absl::Span<const uint32_t>>& runs,
 
 }  // namespace
 
-void SortedUnion(const std::vector<uint32_t>& v, const std::vector<size_t>& off,
-                 std::vector<uint32_t>* out, std::vector<uint32_t>* scratch) {
-  const size_t runs = off.size() - 1;
+void SortedUnion(const std::vector<absl::Span<const uint32_t>>& runs, std::vector<uint32_t>* out,
+                 std::vector<uint32_t>* scratch) {
   bool strict = false;
-  if (runs > 1) {
-    std::vector<absl::Span<const uint32_t>> spans;
-    for (size_t r = 0; r < runs; ++r) spans.emplace_back(v.data() + off[r], off[r + 1] - off[r]);
-    if (ConcatDisjointRuns(spans, out, &strict)) return;
-  }
+  if (ConcatDisjointRuns(runs, out, &strict)) return;
   bool sorted = true;
-  for (size_t r = 0; r < runs && sorted && !strict; ++r)
-    sorted = std::is_sorted(v.begin() + off[r], v.begin() + off[r + 1]);
-  out->assign(v.begin(), v.end());
+  for (size_t r = 0; r < runs.size() && sorted && !strict; ++r)
+    sorted = std::is_sorted(runs[r].begin(), runs[r].end());
+  std::vector<size_t> bounds(1, 0), next;  // the runs' ends in *out
+  out->clear();
+  for (const absl::Span<const uint32_t> x : runs) {
+    out->insert(out->end(), x.begin(), x.end());
+    bounds.push_back(out->size());
+  }
   if (!sorted) {
     std::sort(out->begin(), out->end());
-  } else if (runs > 1) {
-    std::vector<size_t> bounds(off), next;
+  } else if (runs.size() > 1) {
     std::vector<uint32_t>* src = out;
     std::vector<uint32_t>* dst = scratch;
     while (bounds.size() > 2) {
@@ -84,6 +83,14 @@ void SortedUnion(const std::vector<uint32_t>& v, const std::vector<size_t>& off,
     if (src != out) out->swap(*src);
   }
   out->erase(std::unique(out->begin(), out->end()), out->end());
+}
+
+void SortedUnion(const std::vector<uint32_t>& v, const std::vector<size_t>& off,
+                 std::vector<uint32_t>* out, std::vector<uint32_t>* scratch) {
+  std::vector<absl::Span<const uint32_t>> runs;
+  for (size_t r = 0; r + 1 < off.size(); ++r)
+    runs.emplace_back(v.data() + off[r], off[r + 1] - off[r]);
+  SortedUnion(runs, out, scratch);
 }
 
 namespace {
@@ -199,18 +206,7 @@ absl::Status ExchangeIndexUnion(Collective* coll, Primitives* prims, const Spars
     off += bytes[r];
   }
   std::vector<uint32_t>& u = res->gathered_idx;
-  // Nodes' sets may overlap (topk_union, thresh): merged and deduplicated. Disjoint ascending
-  // runs (micro, exdyna) go straight into u, without the concatenation's copy.
-  bool strict = false;
-  if (!ConcatDisjointRuns(runs, &u, &strict)) {
-    std::vector<uint32_t> concat;
-    std::vector<size_t> ends(1, 0);
-    for (const absl::Span<const uint32_t> x : runs) {
-      concat.insert(concat.end(), x.begin(), x.end());
-      ends.push_back(concat.size());
-    }
-    SortedUnion(concat, ends, &u, &res->touched);
-  }
+  SortedUnion(runs, &u, &res->touched);  // nodes' sets may overlap (topk_union, thresh): dedup
   // Every node derived the same union from the same bytes, so every node issues the values'
   // all-reduce below; a local failure before it (a device copy) still takes part, with zeros,
   // and is returned afterwards (lockstep: no node may skip a collective its peers enter).

@@ -88,10 +88,15 @@ struct DeviceSide {
 // out[idx[j]] += val[j] on the device: the pairs go up in one upload each (slots 0 and 1), then
 // one scatter-add per run [runs[r], runs[r+1]) in order, as the host's per-run scatter-adds
 // would add them (bit for bit). idx and val are the same length; runs starts at 0 and ends at it.
-// The sorted union of `runs` (run r is v[off[r] .. off[r + 1])) into *out (*scratch: working
-// space). Every node's selection arrives ascending, so a pairwise merge (log2(nodes) linear
-// passes) replaces a full sort of the concatenation; a run that is not ascending (a peer not
-// following the contract) falls back to std::sort, so the result is the same either way.
+// The sorted union of `runs` into *out (*scratch: working space; neither may hold a run).
+// Strictly ascending runs that do not overlap (MiCRO's and ExDyna's selections) are copied in
+// order, once. Otherwise every node's selection arrives ascending, so a pairwise merge
+// (log2(nodes) linear passes) replaces a full sort of the concatenation; a run that is not
+// ascending (a peer not following the contract) falls back to std::sort, so the result is the
+// same either way.
+void SortedUnion(const std::vector<absl::Span<const uint32_t>>& runs, std::vector<uint32_t>* out,
+                 std::vector<uint32_t>* scratch);
+// The same, run r being v[off[r] .. off[r + 1]).
 void SortedUnion(const std::vector<uint32_t>& v, const std::vector<size_t>& off,
                  std::vector<uint32_t>* out, std::vector<uint32_t>* scratch);
 

@@ -67,11 +67,11 @@ class Micro final : public Compressor {
       if (edge_hints_.size() != static_cast<size_t>(ctx.node_count)) {
         edge_hints_.assign(static_cast<size_t>(ctx.node_count), edge_hint_);
       }
-      edge_hint_ = edge_hints_[static_cast<size_t>(part)];
+      uint32_t& hint = edge_hints_[static_cast<size_t>(part)];
       used =
           HistogramQuotaSelect(prims_, acc, r.begin, r.end, EvenShare(ctx.k, ctx.node_count, part),
-                               trim_, &bins_, out, &scratch_, &edge_hint_);
-      edge_hints_[static_cast<size_t>(part)] = edge_hint_;
+                               trim_, &bins_, out, &scratch_, &hint);
+      edge_hint_ = hint;  // the one a checkpoint keeps
     }
     out->scalars[0] = used;
     out->scalars[1] = static_cast<float>(part);
