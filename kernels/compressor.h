@@ -95,6 +95,14 @@ struct Gathered {
   bool reduced = false;
 };
 
+// A magnitude histogram of acc that the step's local sum may count as it writes acc, saving the
+// selection a pass over the range (Compressor::PlanSumHistogram).
+struct SumHistogram {
+  uint64_t step = 0;     // the step whose Select it is for
+  HistogramRange range;  // what to count, into the compressor's own bins (zeroed by the plan)
+  bool counted = false;  // set by the sum that counted it, for that step's acc
+};
+
 class Compressor {
  public:
   virtual ~Compressor() = default;
@@ -115,6 +123,14 @@ class Compressor {
   // pattern A). Errors: null acc, zero_selected with pattern A.
   absl::Status Select(uint64_t step, float* acc, const float* add, bool zero_selected,
                       Selection* out);
+
+  // Before the local sum that writes step `step`'s acc: the histogram that Select(step) would
+  // count first, for that sum to count as it writes acc (the engine's CPU path does:
+  // Primitives::SumScaledCheckFiniteHistogram), then set `counted`. Null where the compressor
+  // has none (the default) or runs on device primitives. Select uses the counts only when
+  // `counted` is set for its step and range and it is given no `add`; otherwise it counts as
+  // without a plan, so a plan left unused or a step skipped changes nothing.
+  virtual SumHistogram* PlanSumHistogram(uint64_t step) { return nullptr; }
 
   // After the exchange of `step`. Validates the shapes (counts per node, index bounds, union
   // sorted for A, sum of counts for B) before the compressor sees them.

@@ -59,6 +59,28 @@ absl::Status Primitives::SumScaledCheckFinite(float* y, const float* const* xs, 
   return absl::OkStatus();
 }
 
+absl::Status Primitives::SumScaledCheckFiniteHistogram(float* y, const float* const* xs, int count,
+                                                       float a, size_t n, size_t* first_bad,
+                                                       const HistogramRange& h) {
+  if (h.bins == nullptr || h.begin > h.end || h.end > n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("SumScaledCheckFiniteHistogram: the histogram's range [", h.begin, ", ", h.end,
+                     ") must lie inside the sum's ", n, " elements, with its bins given"));
+  }
+  if (device() != Device::kCpu) {
+    return absl::FailedPreconditionError(
+        "SumScaledCheckFiniteHistogram: only host-memory primitives count a histogram of the "
+        "sum; on a device, count it with AbsHistogramEdge");
+  }
+  if (absl::Status s = SumScaledCheckFinite(y, xs, count, a, n, first_bad); !s.ok()) return s;
+  if (h.first_bin == 0) {
+    AbsHistogram16(y, h.begin, h.end, h.bins);
+  } else {
+    AbsHistogram16From(y, h.begin, h.end, h.first_bin, h.bins);
+  }
+  return absl::OkStatus();
+}
+
 AbsMoments Primitives::AccumulateMoments(float* acc, const float* add, size_t n, float lower_bound,
                                          bool logs) {
   if (add != nullptr) Accumulate(acc, add, n);

@@ -45,6 +45,15 @@ struct HistogramEdge {
   uint64_t in_edge = 0;  // entries in bin `bin`
 };
 
+// A range whose |x| histogram a sum counts as it writes x
+// (Primitives::SumScaledCheckFiniteHistogram): AbsHistogram16From(x, begin, end, first_bin, bins).
+struct HistogramRange {
+  size_t begin = 0;
+  size_t end = 0;
+  uint32_t first_bin = 0;    // 0: every bin
+  uint32_t* bins = nullptr;  // kHistogramBins host counters, added to
+};
+
 // A block of memory of a Primitives implementation's device (host memory for host
 // implementations), freed with the object. Made by Primitives::AllocScratch.
 class ScratchBuffer {
@@ -84,6 +93,16 @@ class Primitives {
   // kernel that finds the first bad index, and read 8 bytes back.
   virtual absl::Status SumScaledCheckFinite(float* y, const float* const* xs, int count, float a,
                                             size_t n, size_t* first_bad);
+  // SumScaledCheckFinite that also adds to h.bins the histogram of the sum over [h.begin, h.end)
+  // as AbsHistogram16From(y, h.begin, h.end, h.first_bin, h.bins) would after it (the bins from
+  // h.first_bin on exactly; below it maybe). A sparse step's selection then need not read its
+  // range of y again (MiCRO counts the partition it owns). The default runs the two passes
+  // (host-memory primitives only: FailedPrecondition on another device); the CPU primitives
+  // count in the sum's pass when it runs on one thread. InvalidArgument, with nothing written,
+  // when the range passes n or bins is null.
+  virtual absl::Status SumScaledCheckFiniteHistogram(float* y, const float* const* xs, int count,
+                                                     float a, size_t n, size_t* first_bad,
+                                                     const HistogramRange& h);
   // Number of i with |x[i]| >= t.
   virtual size_t CountAbove(const float* x, size_t n, float t) = 0;
 

@@ -25,7 +25,7 @@ absl::Status LocalReduce(const StepEnv& env, const BucketData& b, bool add_to_ac
 }
 
 absl::Status ReduceLocalChecked(const StepEnv& env, const BucketData& b, bool sparse, bool check,
-                                size_t* first_bad, bool half_in_output) {
+                                size_t* first_bad, bool half_in_output, SumHistogram* hist) {
   const int L = env.local_trainers, N = env.coll->size();
   const size_t n = b.elements;
   *first_bad = n;
@@ -59,8 +59,13 @@ absl::Status ReduceLocalChecked(const StepEnv& env, const BucketData& b, bool sp
                                 check ? first_bad : nullptr);
   } else {
     for (int r = 0; r < L; ++r) xs[count++] = b.input[r];
-    s = check ? env.prims->SumScaledCheckFinite(y, xs, count, scale, n, first_bad)
-              : env.prims->SumScaled(y, xs, count, scale, n);
+    if (check && sparse && hist != nullptr && !b.on_device) {
+      s = env.prims->SumScaledCheckFiniteHistogram(y, xs, count, scale, n, first_bad, hist->range);
+      hist->counted = s.ok();
+    } else {
+      s = check ? env.prims->SumScaledCheckFinite(y, xs, count, scale, n, first_bad)
+                : env.prims->SumScaled(y, xs, count, scale, n);
+    }
   }
   if (b.pulled != nullptr && b.pulled->load(std::memory_order_acquire)) {
     return absl::DataLossError(absl::StrCat(

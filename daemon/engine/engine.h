@@ -206,8 +206,11 @@ class Engine {
   // The local reduce of every exchange, on both paths (WaitAndReduce, ReduceMember), before the
   // round: ReduceLocalChecked with the finite check where the bucket's policy needs it (a
   // dense bucket under propagate does not: its all-reduce carries NaN/Inf anyway). The steps
-  // do none of their own (step.h). *first_bad: as ReduceLocalChecked's.
-  absl::Status ReduceLocal(EngineBucket* b, bool half_in_output, size_t* first_bad);
+  // do none of their own (step.h). *first_bad: as ReduceLocalChecked's. `step` (the compute
+  // step, base added; UINT64_MAX: none) asks a sparse bucket's compressor for the histogram its
+  // selection would count (Compressor::PlanSumHistogram), which the sum then counts.
+  absl::Status ReduceLocal(EngineBucket* b, bool half_in_output, size_t* first_bad,
+                           uint64_t step = UINT64_MAX);
   // The control round's non-finite word for `first_bad` (0 when b->elements: none), naming the
   // trainer whose input it is (or the sum).
   uint64_t NonfiniteWordFor(const EngineBucket* b, size_t first_bad) const;

@@ -70,17 +70,24 @@ void Engine::WaitAndReduce(BucketPass& x) {
   // A dense half bucket's sum goes straight into its half output, rounded (DenseStep exchanges
   // it there); a merge group's path (engine_group_exchange.cc) keeps the float32 staging.
   size_t first_bad = b->elements;
-  x.reduced = ReduceLocal(b, /*half_in_output=*/true, &first_bad);
+  x.reduced = ReduceLocal(b, /*half_in_output=*/true, &first_bad, x.step + b->ex.step_base);
   b->ex.reduced_step = UINT64_MAX;  // this step's own sum replaces a merge group's
   if (x.reduced.ok()) x.control.nonfinite = NonfiniteWordFor(b, first_bad);
   x.lap(Phase::kReduceLocal);
 }
 
-absl::Status Engine::ReduceLocal(EngineBucket* b, bool half_in_output, size_t* first_bad) {
+absl::Status Engine::ReduceLocal(EngineBucket* b, bool half_in_output, size_t* first_bad,
+                                 uint64_t step) {
   const bool sparse_bucket = b->ex.sparse != nullptr;
   // A dense bucket under propagate needs no check: its all-reduce carries NaN/Inf anyway.
   const bool check = sparse_bucket || b->policy.nonfinite == NonfinitePolicy::kError;
-  return ReduceLocalChecked(env_, b->mem.view, sparse_bucket, check, first_bad, half_in_output);
+  // The selection's first histogram, counted by the sum as it writes acc (MiCRO's partition).
+  SumHistogram* hist = nullptr;
+  if (sparse_bucket && step != UINT64_MAX && !b->mem.view.on_device && !IsHalf(b->mem.view.dtype)) {
+    hist = b->ex.sparse->compressor->PlanSumHistogram(step);
+  }
+  return ReduceLocalChecked(env_, b->mem.view, sparse_bucket, check, first_bad, half_in_output,
+                            hist);
 }
 
 uint64_t Engine::NonfiniteWordFor(const EngineBucket* b, size_t first_bad) const {

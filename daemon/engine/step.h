@@ -136,8 +136,11 @@ absl::Status LocalReduce(const StepEnv& env, const BucketData& b, bool add_to_ac
 //    several nodes: that sum rounded once into half_output instead (b.half_sum_in_output), the
 //    float32 sum never stored (the finite check is on it all the same).
 // *first_bad: the lowest index whose sum is NaN or +-Inf; b.elements when none or unchecked.
+// `hist` (a sparse float32 bucket's checked sum on the host): the compressor's plan
+// (Compressor::PlanSumHistogram), counted in the sum's pass and marked counted when it succeeds.
 absl::Status ReduceLocalChecked(const StepEnv& env, const BucketData& b, bool sparse, bool check,
-                                size_t* first_bad, bool half_in_output = false);
+                                size_t* first_bad, bool half_in_output = false,
+                                SumHistogram* hist = nullptr);
 // The step goes ahead: residual + local sum becomes acc (a swap with acc_next, whose memory
 // takes the next step's sum). No-op without acc_next.
 void CommitLocalSum(BucketData* b);

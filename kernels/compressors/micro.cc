@@ -35,11 +35,37 @@ int OwnedPartition(uint64_t step, int rank, int nodes) {
 
 namespace {
 
+// How far below the partition's hint the local sum counts its histogram: 128 bins, a factor 2 in
+// magnitude, where the selection's own count starts 32 below. In the sum's pass an entry below
+// the start costs one compare (its value is at hand), an entry above it an increment, and a count
+// that falls short a pass of its own. On micro@0.1's CNN bucket a partition's edge moved by up to
+// 340 bins down and 520 up between two of its selections, and lay more than 32 bins below the
+// hint in 64% of them, more than 128 in 22% (docs/algorithms.md §5.2).
+constexpr uint32_t kSumCountMargin = 128;
+
 class Micro final : public Compressor {
  public:
   Micro(const CompressorSpec& spec, Primitives* prims, ThresholdControl control, bool trim)
       : Compressor(spec, prims), control_(control), trim_(trim), scratch_(prims) {}
   Pattern pattern() const override { return Pattern::kIndexUnion; }
+
+  // The partition owned at `step`, from its hint's start bin on, into bins_ (docs/algorithms.md
+  // §5.2): the local sum counts it as it writes acc, and Select walks the counts.
+  SumHistogram* PlanSumHistogram(uint64_t step) override {
+    if (control_ != ThresholdControl::kHistogram || prims_->device() != Device::kCpu) {
+      return nullptr;
+    }
+    const int part = OwnedPartition(step, node_rank(), node_count());
+    const Range r = EqualPartition(elements(), node_count(), part);
+    bins_.assign(Primitives::kHistogramBins, 0);
+    plan_.step = step;
+    plan_.range.begin = r.begin;
+    plan_.range.end = r.end;
+    plan_.range.first_bin = HistogramCountStart(&HintFor(part), kSumCountMargin);
+    plan_.range.bins = bins_.data();
+    plan_.counted = false;
+    return &plan_;
+  }
 
  protected:
   absl::Status DoSelect(const StepContext& ctx, float* acc, const float* add, bool,
@@ -60,17 +86,16 @@ class Micro final : public Compressor {
       used = th_;
     } else {
       if (add) prims_->Accumulate(acc, add, ctx.n);
-      // One hint per partition: the partition owned changes every step, and the edge of the one
-      // owned last step is a poor start for another's (about half of the CNN bucket's hints fell
-      // short of the edge and took a second count). The hint only says where counting starts;
-      // the edge found is the same from any hint.
-      if (edge_hints_.size() != static_cast<size_t>(ctx.node_count)) {
-        edge_hints_.assign(static_cast<size_t>(ctx.node_count), edge_hint_);
-      }
-      uint32_t& hint = edge_hints_[static_cast<size_t>(part)];
-      used =
-          HistogramQuotaSelect(prims_, acc, r.begin, r.end, EvenShare(ctx.k, ctx.node_count, part),
-                               trim_, &bins_, out, &scratch_, &hint);
+      uint32_t& hint = HintFor(part);
+      // The counts of this step's sum, where it counted this range.
+      const bool counted = plan_.counted && add == nullptr && plan_.step == ctx.step &&
+                           plan_.range.begin == r.begin && plan_.range.end == r.end &&
+                           plan_.range.bins == bins_.data() &&
+                           bins_.size() == Primitives::kHistogramBins;
+      plan_.counted = false;
+      used = HistogramQuotaSelect(prims_, acc, r.begin, r.end,
+                                  EvenShare(ctx.k, ctx.node_count, part), trim_, &bins_, out,
+                                  &scratch_, &hint, counted ? plan_.range.first_bin : kNotCounted);
       edge_hint_ = hint;  // the one a checkpoint keeps
     }
     out->scalars[0] = used;
@@ -97,10 +122,22 @@ class Micro final : public Compressor {
     k_prev_ = k_prev;
     edge_hint_ = edge;
     edge_hints_.clear();  // every partition starts from the saved hint
+    plan_.counted = false;
     return true;
   }
 
  private:
+  // One hint per partition: the partition owned changes every step, and the edge of the one
+  // owned last step is a poor start for another's (about half of the CNN bucket's hints fell
+  // short of the edge and took a second count). The hint only says where counting starts; the
+  // edge found is the same from any hint.
+  uint32_t& HintFor(int part) {
+    if (edge_hints_.size() != static_cast<size_t>(node_count())) {
+      edge_hints_.assign(static_cast<size_t>(node_count()), edge_hint_);
+    }
+    return edge_hints_[static_cast<size_t>(part)];
+  }
+
   ThresholdControl control_;
   bool trim_;
   float th_ = 0;
@@ -108,6 +145,7 @@ class Micro final : public Compressor {
   std::vector<uint32_t> bins_;
   uint32_t edge_hint_ = 0;            // the last histogram edge bin (HistogramQuotaSelect's hint)
   std::vector<uint32_t> edge_hints_;  // the last edge bin of each partition (node_count of them)
+  SumHistogram plan_;                 // PlanSumHistogram's, into bins_
   Scratch scratch_;
 };
 

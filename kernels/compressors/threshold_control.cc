@@ -117,18 +117,27 @@ float MinMagnitude(const Selection& out, size_t from) {
 
 }  // namespace
 
+namespace {
+
+// Bins above 0xFF00 (+Inf's bin) hold NaNs, which are never selected; bin 0 holds zeros (and
+// the tiniest denormals), which are never worth sending.
+constexpr uint32_t kTop = 0xFF00;
+// How far below the hint counting starts: 32 of the 128 bins per power of two (7 mantissa bits
+// per bin), a factor 2^(1/4) ~ 1.19 in magnitude. Between steps the edge moves by a bin or two
+// on gradients (bench/histogram_select_bench); a wider margin counts more entries one by one.
+constexpr uint32_t kMargin = 32;
+
+}  // namespace
+
+uint32_t HistogramCountStart(const uint32_t* edge_hint, uint32_t margin) {
+  return edge_hint != nullptr && *edge_hint > margin ? std::min(*edge_hint, kTop) - margin : 0;
+}
+
 float HistogramQuotaSelect(Primitives* p, const float* acc, size_t begin, size_t end, size_t quota,
                            bool trim, std::vector<uint32_t>* bins, Selection* out, Scratch* scratch,
-                           uint32_t* edge_hint) {
+                           uint32_t* edge_hint, uint32_t counted_from) {
   constexpr float kNone = std::numeric_limits<float>::infinity();
   if (quota == 0 || end <= begin) return kNone;
-  // Bins above 0xFF00 (+Inf's bin) hold NaNs, which are never selected; bin 0 holds zeros (and
-  // the tiniest denormals), which are never worth sending.
-  constexpr uint32_t kTop = 0xFF00;
-  // How far below the hint counting starts: 32 of the 128 bins per power of two (7 mantissa bits
-  // per bin), a factor 2^(1/4) ~ 1.19 in magnitude. Between steps the edge moves by a bin or two
-  // on gradients (bench/histogram_select_bench); a wider margin counts more entries one by one.
-  constexpr uint32_t kMargin = 32;
   // Counts the bins from `first` on (all of them for 0) and finds the edge: the highest bin b
   // where the bins from b up hold at least `quota` entries. False when the counted bins hold
   // fewer (then only a full count can say where the edge is). Host primitives count into `bins`
@@ -138,6 +147,8 @@ float HistogramQuotaSelect(Primitives* p, const float* acc, size_t begin, size_t
   Scratch local(p);  // device primitives without a caller's Scratch (failures then stay local)
   if (device && scratch == nullptr) scratch = &local;
   HistogramEdge e;
+  // Counted already from counted_from on (the local sum's pass): that is the first count.
+  bool precounted = !device && counted_from <= kTop && bins->size() == Primitives::kHistogramBins;
   auto count_from = [&](uint32_t first) {
     if (device) {
       absl::StatusOr<HistogramEdge> r = p->AbsHistogramEdge(acc, begin, end, first, quota);
@@ -149,14 +160,17 @@ float HistogramQuotaSelect(Primitives* p, const float* acc, size_t begin, size_t
       }
       e = *r;
     } else {
-      bins->assign(Primitives::kHistogramBins, 0);
-      (void)HistogramToHost(p, acc, begin, end, first, bins->data(), scratch);  // failure: scratch
+      if (!precounted) {
+        bins->assign(Primitives::kHistogramBins, 0);
+        (void)HistogramToHost(p, acc, begin, end, first, bins->data(),
+                              scratch);  // failure: scratch
+      }
+      precounted = false;  // a second count (from lower) counts afresh
       e = Primitives::WalkHistogramEdge(bins->data(), first, quota);
     }
     return e.reached != 0;
   };
-  const uint32_t first =
-      edge_hint != nullptr && *edge_hint > kMargin ? std::min(*edge_hint, kTop) - kMargin : 0;
+  const uint32_t first = precounted ? counted_from : HistogramCountStart(edge_hint, kMargin);
   // A hint above the edge (the bins counted hold fewer than the quota) gets one more count from
   // kRetry bins lower before the full one: the full count takes an increment for every entry
   // of the range, and on micro@0.1's CNN bucket (partitions alternating between steps) about

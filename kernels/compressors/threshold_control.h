@@ -34,6 +34,9 @@ float InitialThreshold(size_t k);
 // Quota of partition `part` when k is split evenly over `parts` (remainder to the first ones).
 size_t EvenShare(size_t k, int parts, int part);
 
+// HistogramQuotaSelect's `counted_from` when nothing was counted before it.
+constexpr uint32_t kNotCounted = 0xFFFFFFFFu;
+
 // Selects at least `quota` of the largest |acc| in [begin, end) (exactly `quota` with trim, or
 // every non-zero entry when there are fewer), appending ascending indices to out. `bins` is
 // host scratch for host primitives (resized to 2^16). Returns the threshold actually applied (the
@@ -50,9 +53,18 @@ size_t EvenShare(size_t k, int parts, int part);
 // `quota` entries it counts once more from 256 bins (a factor 4 in magnitude) lower, and only
 // when that falls short too is the full histogram taken. The selection is the same either way: it
 // reads only the bins from its edge up, and those are counted exactly in both.
+//
+// `counted_from` (host primitives, at most 0xFF00): `bins` (kHistogramBins of them) already holds
+// the histogram of [begin, end) from this bin on (the local sum counted it: SumHistogram), so the
+// first count starts there and is only walked; a shortfall counts again as above.
 float HistogramQuotaSelect(Primitives* p, const float* acc, size_t begin, size_t end, size_t quota,
                            bool trim, std::vector<uint32_t>* bins, Selection* out,
-                           Scratch* scratch = nullptr, uint32_t* edge_hint = nullptr);
+                           Scratch* scratch = nullptr, uint32_t* edge_hint = nullptr,
+                           uint32_t counted_from = kNotCounted);
+
+// The bin a count from `margin` bins below the hint starts at (0: all of them; no hint: 0).
+// HistogramQuotaSelect's own first count uses 32 bins (a factor 2^(1/4) in magnitude).
+uint32_t HistogramCountStart(const uint32_t* edge_hint, uint32_t margin);
 
 // The controller state MiCRO and ExDyna carry between steps, for their checkpoints: the threshold
 // (reference control), the previous step's gathered count and the histogram edge hint. Load

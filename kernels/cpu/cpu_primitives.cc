@@ -106,6 +106,34 @@ class CpuPrimitives final : public Primitives {
     return absl::OkStatus();
   }
 
+  // One pass where the sum runs on one thread: the range before the histogram's, the
+  // histogram's counted as it is written, the range after. Split over threads, each chunk
+  // would need its own bins; the sum and the count then run as two passes (the default).
+  absl::Status SumScaledCheckFiniteHistogram(float* y, const float* const* xs, int count, float a,
+                                             size_t n, size_t* first_bad,
+                                             const HistogramRange& h) override {
+    if (count < 1 || count > kMaxSumInputs || Cut(0, n).chunks != 1 || h.bins == nullptr ||
+        h.begin > h.end || h.end > n) {
+      return Primitives::SumScaledCheckFiniteHistogram(y, xs, count, a, n, first_bad, h);
+    }
+    const bool stream = n * sizeof(float) > kStreamBytes;  // as SumScaledCheckFinite
+    *first_bad = n;
+    auto part = [&](size_t b, size_t e, bool hist) {
+      if (e <= b) return;
+      const float* shifted[kMaxSumInputs];
+      for (int r = 0; r < count; ++r) shifted[r] = xs[r] + b;
+      const size_t local =
+          hist ? simd::SumScaledCheckFiniteHistogram(y + b, shifted, count, a, e - b, stream,
+                                                     h.first_bin, h.bins)
+               : simd::SumScaledCheckFinite(y + b, shifted, count, a, e - b, stream);
+      if (local < e - b) *first_bad = std::min(*first_bad, b + local);
+    };
+    part(0, h.begin, false);
+    part(h.begin, h.end, true);
+    part(h.end, n, false);
+    return absl::OkStatus();
+  }
+
   absl::Status Copy(float* dst, const float* src, size_t n) override {
     if (n == 0) return absl::OkStatus();
     ForChunks(Cut(0, n), [&](size_t, size_t b, size_t e, int) {

@@ -54,15 +54,44 @@ void ScaleImpl(float* x, float a, size_t n) {
 // non-temporal stores (after a scalar head up to y's first vector-aligned entry), which saves
 // the read-for-ownership of every line of y that a plain store costs: for a y much larger than
 // the caches that nothing reads back soon, as many bytes move as in an in-place sum.
-template <bool kCheck>
-size_t SumScaledLoop(float* y, const float* const* xs, int count, float a, size_t n, bool stream) {
+// kHist (with kCheck): the |y| histogram of every entry written is counted into `bins` from bin
+// `first` on, as Histogram16FromImpl counts it (the bin numbers of a vector's entries in those
+// bins compressed into an L1 buffer, counted when it fills), so the range is not read again.
+template <bool kCheck, bool kHist = false>
+size_t SumScaledLoop(float* y, const float* const* xs, int count, float a, size_t n, bool stream,
+                     uint32_t first = 0, uint32_t* bins = nullptr) {
+  static_assert(kCheck || !kHist, "the histogram is counted in the checked loop only");
   const hn::ScalableTag<float> d;
+  const hn::RebindToUnsigned<decltype(d)> du;
+  const hn::RebindToSigned<decltype(d)> di;
   const size_t N = hn::Lanes(d);
   constexpr size_t kCheckBlock = 8;
   const auto av = hn::Set(d, a);
   const bool scale = a != 1.0f;
   size_t first_bad = n;
   size_t i = 0;
+  // Room for kTmp bin numbers and one more block's worth (flushed once kTmp are held).
+  constexpr size_t kTmp = kHist ? 1024 : 0;
+  HWY_ALIGN uint32_t tmp[kTmp + kCheckBlock * hn::MaxLanes(du)];
+  size_t len = 0;
+  const auto below = hn::Set(di, static_cast<int32_t>(first) - 1);  // bins < 2^16: signed compare
+  auto count_bins = [&](auto v) {
+    const auto bin = hn::BitCast(di, hn::ShiftRight<16>(hn::ShiftLeft<1>(hn::BitCast(du, v))));
+    const auto m = hn::Gt(bin, below);
+    if (HWY_LIKELY(hn::AllFalse(di, m))) return;
+    hn::StoreU(hn::BitCast(du, hn::Compress(bin, m)), du, tmp + len);
+    len += hn::CountTrue(di, m);
+  };
+  auto flush = [&] {
+    for (size_t j = 0; j < len; ++j) ++bins[tmp[j]];
+    len = 0;
+  };
+  auto count_one = [&](float v) {
+    uint32_t u;
+    std::memcpy(&u, &v, sizeof(u));
+    const uint32_t b = (u & 0x7fffffffu) >> 15;
+    if (b >= first) ++bins[b];
+  };
   auto sum = [&](size_t at) {
     auto v = hn::LoadU(d, xs[0] + at);
     for (int r = 1; r < count; ++r) v = hn::Add(v, hn::LoadU(d, xs[r] + at));
@@ -81,6 +110,7 @@ size_t SumScaledLoop(float* y, const float* const* xs, int count, float a, size_
     for (int r = 1; r < count; ++r) v += xs[r][at];
     y[at] = scale ? v * a : v;
     if (kCheck && first_bad == n && !std::isfinite(y[at])) first_bad = at;
+    if (kHist) count_one(y[at]);
   };
   if (stream) {
     for (; i < n && reinterpret_cast<uintptr_t>(y + i) % (N * sizeof(float)) != 0; ++i) scalar(i);
@@ -93,7 +123,9 @@ size_t SumScaledLoop(float* y, const float* const* xs, int count, float a, size_
         const auto v = sum(i + k * N);
         store(v, i + k * N);
         bad = hn::Add(bad, hn::Sub(v, v));
+        if (kHist) count_bins(v);
       }
+      if (kHist && len >= kTmp) flush();
       if (HWY_UNLIKELY(first_bad == n && !hn::AllTrue(d, hn::Eq(bad, bad)))) {
         for (size_t k = 0; k < kCheckBlock * N && first_bad == n; k += N) {
           hn::Store(sum(i + k), d, lanes);  // the same sum as stored, recomputed
@@ -111,6 +143,7 @@ size_t SumScaledLoop(float* y, const float* const* xs, int count, float a, size_
   }
   if (stream) hwy::FlushStream();
   for (; i < n; ++i) scalar(i);
+  if (kHist) flush();
   return first_bad;
 }
 
@@ -121,6 +154,11 @@ void SumScaledImpl(float* y, const float* const* xs, int count, float a, size_t 
 size_t SumScaledCheckFiniteImpl(float* y, const float* const* xs, int count, float a, size_t n,
                                 bool stream) {
   return SumScaledLoop<true>(y, xs, count, a, n, stream);
+}
+
+size_t SumScaledCheckFiniteHistogramImpl(float* y, const float* const* xs, int count, float a,
+                                         size_t n, bool stream, uint32_t first, uint32_t* bins) {
+  return SumScaledLoop<true, true>(y, xs, count, a, n, stream, first, bins);
 }
 
 size_t CountAboveImpl(const float* x, size_t n, float t) {
@@ -428,6 +466,7 @@ HWY_EXPORT(AddSelectImpl);
 HWY_EXPORT(MomentsImpl);
 HWY_EXPORT(FusedMomentsImpl);
 HWY_EXPORT(Histogram16FromImpl);
+HWY_EXPORT(SumScaledCheckFiniteHistogramImpl);
 HWY_EXPORT(Histogram16Impl);
 HWY_EXPORT(MaxIndexImpl);
 HWY_EXPORT(TargetImpl);
@@ -442,6 +481,11 @@ void SumScaled(float* y, const float* const* xs, int count, float a, size_t n, b
 size_t SumScaledCheckFinite(float* y, const float* const* xs, int count, float a, size_t n,
                             bool stream) {
   return HWY_DYNAMIC_DISPATCH(SumScaledCheckFiniteImpl)(y, xs, count, a, n, stream);
+}
+size_t SumScaledCheckFiniteHistogram(float* y, const float* const* xs, int count, float a, size_t n,
+                                     bool stream, uint32_t first, uint32_t* bins) {
+  return HWY_DYNAMIC_DISPATCH(SumScaledCheckFiniteHistogramImpl)(y, xs, count, a, n, stream, first,
+                                                                 bins);
 }
 size_t CountAbove(const float* x, size_t n, float t) {
   return HWY_DYNAMIC_DISPATCH(CountAboveImpl)(x, n, t);

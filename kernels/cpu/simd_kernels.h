@@ -21,6 +21,10 @@ void SumScaled(float* y, const float* const* xs, int count, float a, size_t n, b
 // in the same pass (the same values as SumScaled).
 size_t SumScaledCheckFinite(float* y, const float* const* xs, int count, float a, size_t n,
                             bool stream = false);
+// SumScaledCheckFinite that also adds the |y| histogram of all n entries written to `bins`, as
+// Histogram16From(y, n, first, bins) would after it (bins >= first exactly, the others not).
+size_t SumScaledCheckFiniteHistogram(float* y, const float* const* xs, int count, float a, size_t n,
+                                     bool stream, uint32_t first, uint32_t* bins);
 size_t CountAbove(const float* x, size_t n, float t);
 
 // As Primitives::SelectAbove on [begin, end) (writes at most `capacity`, returns the count).

@@ -185,6 +185,12 @@ class CountingPrimitives : public test::ForwardingPrimitives {
     Count(x);
     return inner()->SelectAbove(x, begin, end, t, zero, idx, val, capacity);
   }
+  // The sum's own pass (it writes acc; counting its histogram is no pass of its own).
+  absl::Status SumScaledCheckFiniteHistogram(float* y, const float* const* xs, int count, float a,
+                                             size_t n, size_t* first_bad,
+                                             const HistogramRange& h) override {
+    return inner()->SumScaledCheckFiniteHistogram(y, xs, count, a, n, first_bad, h);
+  }
   void Count(const float* x) { passes += x >= lo && x < hi; }
   const float* lo = nullptr;
   const float* hi = nullptr;
@@ -220,6 +226,56 @@ TEST(MicroHistogramControl, EachPartitionKeepsItsOwnEdgeHint) {
     EXPECT_EQ(sel.idx, want.idx) << "step " << step;
     EXPECT_EQ(sel.val, want.val) << "step " << step;
     ASSERT_TRUE(c->Update(step, {std::vector<uint64_t>(nodes, sel.idx.size()), sel.idx}).ok());
+  }
+}
+
+// The local sum counts the owned partition's histogram as it writes acc (PlanSumHistogram, as the
+// engine's CPU path does), so once every partition has its hint a step reads the partition once:
+// the select. The selections are those of a compressor given the same acc without a plan. A plan
+// not marked counted, one for another step, or a Select with `add` (acc changes after the sum)
+// is not used: the partition is counted again (two passes), with the same selections.
+TEST(MicroHistogramControl, TheSumsHistogramSavesThePartitionsCount) {
+  const size_t n = 200000;
+  const int nodes = 2;
+  CountingPrimitives counting;
+  auto cpu = MakeCpuPrimitives(1);
+  auto c = MustMake("micro", 0.1, n, &counting, {}, 1, nodes);
+  auto plain = MustMake("micro", 0.1, n, cpu.get(), {}, 1, nodes);
+  std::vector<float> residual(n, 0.0f), acc(n), zeros(n, 0.0f);
+  for (uint64_t step = 0; step < 10; ++step) {
+    std::vector<float> g0 = Laplace(n, static_cast<uint32_t>(2 * step + 1), 1.0f);
+    std::vector<float> g1 = Laplace(n, static_cast<uint32_t>(2 * step + 2), 1.0f);
+    for (size_t i = 0; i < n / 2; ++i) g0[i] *= 1e-4f;  // partitions of different scales
+    const float* xs[3] = {residual.data(), g0.data(), g1.data()};
+    // Step 6: a plan left uncounted; step 7: one counted, but for the next step.
+    SumHistogram* plan = c->PlanSumHistogram(step == 7 ? step + 1 : step);
+    ASSERT_NE(plan, nullptr);
+    size_t bad = 0;
+    ASSERT_TRUE(
+        counting.SumScaledCheckFiniteHistogram(acc.data(), xs, 3, 1.0f, n, &bad, plan->range).ok());
+    plan->counted = step != 6;
+    ASSERT_EQ(bad, n);
+    std::vector<float> same = acc;
+    counting.lo = acc.data();
+    counting.hi = acc.data() + n;
+    counting.passes = 0;
+    Selection sel, want;
+    // Step 8: the same acc reached through `add` (zeros): the sum's counts are not used.
+    ASSERT_TRUE(c->Select(step, acc.data(), step == 8 ? zeros.data() : nullptr, false, &sel).ok());
+    if (step >= static_cast<uint64_t>(nodes)) {
+      const bool fused = step != 6 && step != 7 && step != 8;
+      EXPECT_EQ(counting.passes, fused ? 1 : 2) << "step " << step;
+    }
+    ASSERT_TRUE(plain->Select(step, same.data(), nullptr, false, &want).ok());
+    EXPECT_EQ(sel.idx, want.idx) << "step " << step;
+    EXPECT_EQ(sel.val, want.val) << "step " << step;
+    EXPECT_EQ(sel.scalars[0], want.scalars[0]) << "step " << step;
+    const std::vector<uint64_t> counts(nodes, sel.idx.size());
+    ASSERT_TRUE(c->Update(step, {counts, sel.idx}).ok());
+    ASSERT_TRUE(plain->Update(step, {counts, sel.idx}).ok());
+    // Error feedback as the engine keeps it: the residual is acc less what was sent.
+    residual = acc;
+    for (uint32_t i : sel.idx) residual[i] = 0.0f;
   }
 }
 

@@ -7,6 +7,7 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -145,6 +146,85 @@ TEST_P(NonfiniteReduceTest, LargeStreamedOutputsGiveTheSameSumsAndIndex) {
     EXPECT_EQ(first_bad, where);
     in[1][where] = keep;
   }
+}
+
+// Values whose magnitudes span many histogram bins (2^-20 .. 2^6, both signs), deterministic.
+std::vector<float> Spread(size_t n, uint32_t seed) {
+  std::vector<float> v(n);
+  uint32_t s = seed * 2654435761u + 1;
+  for (size_t i = 0; i < n; ++i) {
+    s = s * 1664525u + 1013904223u;
+    const float frac = 1.0f + static_cast<float>(s >> 9) / 8388608.0f;
+    const int e = static_cast<int>((s >> 3) % 27) - 20;
+    v[i] = std::ldexp(frac, e) * ((s & 1) ? -1.0f : 1.0f);
+  }
+  return v;
+}
+
+// The sum that counts the histogram of a range of what it writes (SumScaledCheckFiniteHistogram,
+// MiCRO's partition counted in the local reduce): the same sums and first bad index as
+// SumScaledCheckFinite, and the bins from first_bin on as a count of the sum after it would add
+// (the bins start non-zero: they are added to), over small, odd and streamed sizes, ranges at
+// the ends and inside, every bin (0), a middle bin and +Inf's bin, and a NaN inside the range.
+TEST_P(NonfiniteReduceTest, HistogramOfTheSumIsACountAfterIt) {
+  auto p = Make();
+  auto ref = MakeReferencePrimitives();
+  const size_t streamed = (size_t{2} << 20) / sizeof(float) + 4099;
+  const uint32_t mid = Primitives::MagnitudeBits(0.01f) >> 15;
+  for (size_t n : {size_t{1}, size_t{17}, size_t{1000}, size_t{70001}, streamed}) {
+    std::vector<std::vector<float>> in = {Spread(n, 1), Spread(n, 2), Spread(n, 3)};
+    const float* xs[3] = {in[0].data(), in[1].data(), in[2].data()};
+    const std::vector<std::pair<size_t, size_t>> ranges = {
+        {0, n}, {0, n / 2}, {n / 2, n}, {n / 3, n / 3}, {std::min<size_t>(3, n), n - n / 7}};
+    for (bool nan : {false, true}) {
+      const size_t where = n / 2 + (n > 2 ? 1 : 0);
+      if (nan && where < n) in[1][where] = kNaN;
+      for (const auto& [b, e] : ranges) {
+        for (uint32_t first : {uint32_t{0}, mid, uint32_t{0xFF00}}) {
+          std::vector<float> y(n, 7.0f), want(n, 7.0f);
+          std::vector<uint32_t> bins(Primitives::kHistogramBins, 3), counted(bins);
+          size_t bad = 1, want_bad = 2;
+          HistogramRange h;
+          h.begin = b;
+          h.end = e;
+          h.first_bin = first;
+          h.bins = bins.data();
+          ASSERT_TRUE(p->SumScaledCheckFiniteHistogram(y.data(), xs, 3, 0.5f, n, &bad, h).ok());
+          ASSERT_TRUE(p->SumScaledCheckFinite(want.data(), xs, 3, 0.5f, n, &want_bad).ok());
+          const std::string at = "n=" + std::to_string(n) + " range [" + std::to_string(b) + ", " +
+                                 std::to_string(e) + ") first " + std::to_string(first) +
+                                 (nan ? " with a NaN" : "");
+          EXPECT_EQ(bad, want_bad) << at;
+          EXPECT_EQ(std::memcmp(y.data(), want.data(), n * sizeof(float)), 0) << at;
+          ref->AbsHistogram16(want.data(), b, e, counted.data());
+          size_t wrong = 0;
+          for (size_t k = first; k < Primitives::kHistogramBins; ++k)
+            wrong += bins[k] != counted[k];
+          EXPECT_EQ(wrong, 0u) << at;
+        }
+      }
+    }
+  }
+}
+
+TEST_P(NonfiniteReduceTest, HistogramRefusesARangePastTheSum) {
+  auto p = Make();
+  std::vector<float> x(8, 1.0f), y(8, 7.0f);
+  const float* xs[1] = {x.data()};
+  std::vector<uint32_t> bins(Primitives::kHistogramBins, 0);
+  size_t bad = 0;
+  HistogramRange h;
+  h.begin = 2;
+  h.end = 9;
+  h.bins = bins.data();
+  absl::Status s = p->SumScaledCheckFiniteHistogram(y.data(), xs, 1, 1.0f, 8, &bad, h);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("[2, 9)"), std::string::npos) << s;
+  EXPECT_EQ(y, std::vector<float>(8, 7.0f)) << "nothing written";
+  h.end = 8;
+  h.bins = nullptr;
+  EXPECT_EQ(p->SumScaledCheckFiniteHistogram(y.data(), xs, 1, 1.0f, 8, &bad, h).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST_P(NonfiniteReduceTest, RefusesNoInputs) {

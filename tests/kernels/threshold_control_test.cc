@@ -220,5 +220,38 @@ TEST(HistogramQuotaSelect, HintedSelectionCutsTiesLikeTheHintless) {
   }
 }
 
+// Bins counted before the selection (the local sum's, `counted_from`): from any bin at or below
+// +Inf's, whether the edge lies above the counted bins' start (walked only) or below it (counted
+// again from lower), the selection, the threshold and the hint left are those of the selection
+// that counts for itself. A start past 0xFF00 is no count: the bins are counted afresh (they hold
+// garbage here).
+TEST(HistogramQuotaSelect, BinsCountedBeforeChangeNothingButTheWork) {
+  const std::vector<float> x = Laplace(kN, 13);
+  auto prims = MakeCpuPrimitives(1);
+  for (size_t quota : {1u, 2000u, 50000u}) {
+    SCOPED_TRACE(quota);
+    std::vector<uint32_t> bins;
+    Selection want;
+    uint32_t edge = 0;
+    const float t = HistogramQuotaSelect(prims.get(), x.data(), 10, kN - 10, quota, true, &bins,
+                                         &want, nullptr, &edge);
+    ASSERT_GT(edge, 400u);
+    for (uint32_t from : {0u, 1u, edge - 300, edge - 100, edge - 1, edge, edge + 1, edge + 40,
+                          edge + 300, 0xFF00u, 0xFF01u, kNotCounted}) {
+      SCOPED_TRACE(from);
+      std::vector<uint32_t> counted(Primitives::kHistogramBins, from > 0xFF00u ? 77u : 0u);
+      if (from <= 0xFF00u) prims->AbsHistogram16From(x.data(), 10, kN - 10, from, counted.data());
+      uint32_t h = edge + 7;  // a hint that disagrees with the counted start
+      Selection got;
+      EXPECT_EQ(HistogramQuotaSelect(prims.get(), x.data(), 10, kN - 10, quota, true, &counted,
+                                     &got, nullptr, &h, from),
+                t);
+      EXPECT_EQ(got.idx, want.idx);
+      EXPECT_EQ(got.val, want.val);
+      EXPECT_EQ(h, edge);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace spex
