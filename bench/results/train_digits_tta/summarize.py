@@ -46,10 +46,12 @@ def main():
     # WORKLOAD_fin_*: spexd of 9052a74 (micro's edge hint per partition, the union decoded without a copy),
     # 2026-11-30 04:16-04:38 UTC; the CNN pairs with all six runs (fp16 and PowerSGD rank 1 too).
     # cnn_fin2_*: the same CNN pairs again, 05:26-05:37 UTC, the machine running the trainers faster.
+    # WORKLOAD_hist_*: spexd of f7e44af (micro's partition histogram counted in the local sum),
+    # 2026-11-30 07:28 UTC on: two pairs for the CNN (all six runs), one each for the MLP and LSTM.
     for wl in ("mlp", "cnn", "lstm", "mlp_quiet", "cnn_quiet", "lstm_quiet", "mlp_wire", "cnn_wire", "lstm_wire",
                "mlp_fused", "cnn_fused", "lstm_fused", "mlp_sleep", "cnn_sleep", "lstm_sleep", "mlp_eve", "cnn_eve",
                "lstm_eve", "cnn_late", "mlp_zc", "cnn_zc", "lstm_zc", "mlp_cut", "cnn_cut", "lstm_cut",
-               "mlp_fin", "cnn_fin", "lstm_fin", "cnn_fin2"):
+               "mlp_fin", "cnn_fin", "lstm_fin", "cnn_fin2", "mlp_hist", "cnn_hist", "lstm_hist"):
         invs = [(n, load(f"{wl}_{n}")) for n in ("fwd", "rev", "fwd2", "rev2")]
         invs = [(n, d) for n, d in invs if d]
         if not invs:
