@@ -15,8 +15,8 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
+
+from pinned_runs import json_line_runs, quantile
 
 
 def main():
@@ -29,23 +29,13 @@ def main():
     ap.add_argument("--cpu", default="1", help="taskset core list; empty: not pinned")
     ap.add_argument("--out", default="bench/results/histogram_select")
     a = ap.parse_args()
-    rows = []
-    for run in range(a.runs):
-        cmd = [a.bin, f"--steps={a.steps}", f"--nodes={a.nodes}", f"--densities={a.densities}"]
-        if a.cpu:
-            cmd = ["taskset", "-c", a.cpu] + cmd
-        p = subprocess.run(cmd, capture_output=True, text=True)
-        if p.returncode != 0:
-            sys.exit(f"histogram_select_bench failed: {p.stderr[-2000:]}")
-        for line in p.stdout.splitlines():
-            r = json.loads(line)
-            r["run"] = run
-            rows.append(r)
+    cmd = [a.bin, f"--steps={a.steps}", f"--nodes={a.nodes}", f"--densities={a.densities}"]
+    rows = json_line_runs([cmd] * a.runs, a.cpu, "histogram_select_bench")
     summary = []
     for d in sorted({r["density"] for r in rows}):
         rs = [r for r in rows if r["density"] == d]
         ratios = sorted(r["full_ms"] / r["hint_ms"] for r in rs)
-        q = lambda f: ratios[min(len(ratios) - 1, int(f * len(ratios)))]  # noqa: E731
+        q = lambda f: quantile(ratios, f)  # noqa: E731
         s = {"density": d, "elements": rs[0]["elements"], "quota": rs[0]["quota"], "steps": len(rs),
              "full_ms_median": statistics.median(r["full_ms"] for r in rs),
              "hint_ms_median": statistics.median(r["hint_ms"] for r in rs),

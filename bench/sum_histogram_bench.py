@@ -16,8 +16,8 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
+
+from pinned_runs import json_line_runs, quantile
 
 
 def main():
@@ -31,23 +31,14 @@ def main():
     ap.add_argument("--cpu", default="1", help="taskset core list; empty: not pinned")
     ap.add_argument("--out", default="bench/results/sum_histogram")
     a = ap.parse_args()
-    rows = []
-    for run in range(a.runs):
-        cmd = [a.bin, f"--steps={a.steps}", f"--bucket={a.bucket}", f"--density={a.density}",
-               f"--octaves={a.octaves}", f"--seed={run + 1}"]
-        if a.cpu:
-            cmd = ["taskset", "-c", a.cpu] + cmd
-        p = subprocess.run(cmd, capture_output=True, text=True)
-        if p.returncode != 0:
-            sys.exit(f"sum_histogram_bench failed: {p.stderr[-2000:]}")
-        for line in p.stdout.splitlines():
-            r = json.loads(line)
-            r["run"] = run
-            rows.append(r)
+    rows = json_line_runs(
+        [[a.bin, f"--steps={a.steps}", f"--bucket={a.bucket}", f"--density={a.density}",
+          f"--octaves={a.octaves}", f"--seed={run + 1}"] for run in range(a.runs)],
+        a.cpu, "sum_histogram_bench")
     med = lambda key: statistics.median(r[key] for r in rows)  # noqa: E731
     ratios = sorted((r["plain_sum_ms"] + r["plain_select_ms"]) / (r["fused_sum_ms"] + r["fused_select_ms"])
                     for r in rows)
-    q = lambda f: ratios[min(len(ratios) - 1, int(f * len(ratios)))]  # noqa: E731
+    q = lambda f: quantile(ratios, f)  # noqa: E731
     below = sum(r["edge_bin"] < r["counted_from"] for r in rows)
     summary = {"elements": rows[0]["elements"], "selected": rows[0]["selected"], "steps": len(rows),
                "fused_sum_ms": med("fused_sum_ms"), "fused_select_ms": med("fused_select_ms"),
