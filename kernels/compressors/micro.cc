@@ -90,8 +90,7 @@ class Micro final : public Compressor {
       // The counts of this step's sum, where it counted this range.
       const bool counted = plan_.counted && add == nullptr && plan_.step == ctx.step &&
                            plan_.range.begin == r.begin && plan_.range.end == r.end &&
-                           plan_.range.bins == bins_.data() &&
-                           bins_.size() == Primitives::kHistogramBins;
+                           plan_.range.bins == bins_.data();
       plan_.counted = false;
       used = HistogramQuotaSelect(prims_, acc, r.begin, r.end,
                                   EvenShare(ctx.k, ctx.node_count, part), trim_, &bins_, out,

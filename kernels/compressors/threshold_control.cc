@@ -115,16 +115,14 @@ float MinMagnitude(const Selection& out, size_t from) {
   return t;
 }
 
-}  // namespace
-
-namespace {
-
 // Bins above 0xFF00 (+Inf's bin) hold NaNs, which are never selected; bin 0 holds zeros (and
 // the tiniest denormals), which are never worth sending.
 constexpr uint32_t kTop = 0xFF00;
 // How far below the hint counting starts: 32 of the 128 bins per power of two (7 mantissa bits
 // per bin), a factor 2^(1/4) ~ 1.19 in magnitude. Between steps the edge moves by a bin or two
-// on gradients (bench/histogram_select_bench); a wider margin counts more entries one by one.
+// on bench/histogram_select_bench's synthetic gradients (far more between a MiCRO partition's
+// selections on the CNN: micro.cc's kSumCountMargin); a wider margin counts more entries one by
+// one.
 constexpr uint32_t kMargin = 32;
 
 }  // namespace
@@ -160,10 +158,9 @@ float HistogramQuotaSelect(Primitives* p, const float* acc, size_t begin, size_t
       }
       e = *r;
     } else {
-      if (!precounted) {
+      if (!precounted) {  // a failure goes into scratch
         bins->assign(Primitives::kHistogramBins, 0);
-        (void)HistogramToHost(p, acc, begin, end, first, bins->data(),
-                              scratch);  // failure: scratch
+        (void)HistogramToHost(p, acc, begin, end, first, bins->data(), scratch);
       }
       precounted = false;  // a second count (from lower) counts afresh
       e = Primitives::WalkHistogramEdge(bins->data(), first, quota);

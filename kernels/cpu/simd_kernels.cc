@@ -44,6 +44,28 @@ void ScaleImpl(float* x, float a, size_t n) {
   for (; i < n; ++i) x[i] *= a;
 }
 
+// The histogram bins (AbsHistogram16's: the magnitude's top 16 bits) of v's entries whose bin is
+// above `below` (the first bin counted, less one; bins are below 2^16, so they compare as signed),
+// appended at tmp + *len. A whole vector is stored there: tmp needs room for one more beyond.
+template <class V, class VI>
+HWY_INLINE void AppendBinsAbove(V v, VI below, uint32_t* tmp, size_t* len) {
+  const hn::DFromV<VI> di;
+  const hn::RebindToUnsigned<decltype(di)> du;
+  const auto bin = hn::BitCast(di, hn::ShiftRight<16>(hn::ShiftLeft<1>(hn::BitCast(du, v))));
+  const auto m = hn::Gt(bin, below);
+  if (HWY_LIKELY(hn::AllFalse(di, m))) return;
+  hn::StoreU(hn::BitCast(du, hn::Compress(bin, m)), du, tmp + *len);
+  *len += hn::CountTrue(di, m);
+}
+
+// One entry's bin, counted when it is `first` or above.
+HWY_INLINE void CountBinFrom(float v, uint32_t first, uint32_t* bins) {
+  uint32_t u;
+  std::memcpy(&u, &v, sizeof(u));
+  const uint32_t b = (u & 0x7fffffffu) >> 15;
+  if (b >= first) ++bins[b];
+}
+
 // y = a * (xs[0] + ... + xs[count-1]), and with kCheck the lowest i whose y[i] is NaN or +-Inf
 // (n when none) found in the same pass. The check costs one subtract and one add per vector:
 // x - x is 0 for a finite x and NaN for NaN and +-Inf, and a NaN stays NaN through a sum, so the
@@ -74,23 +96,10 @@ size_t SumScaledLoop(float* y, const float* const* xs, int count, float a, size_
   constexpr size_t kTmp = kHist ? 1024 : 0;
   HWY_ALIGN uint32_t tmp[kTmp + kCheckBlock * hn::MaxLanes(du)];
   size_t len = 0;
-  const auto below = hn::Set(di, static_cast<int32_t>(first) - 1);  // bins < 2^16: signed compare
-  auto count_bins = [&](auto v) {
-    const auto bin = hn::BitCast(di, hn::ShiftRight<16>(hn::ShiftLeft<1>(hn::BitCast(du, v))));
-    const auto m = hn::Gt(bin, below);
-    if (HWY_LIKELY(hn::AllFalse(di, m))) return;
-    hn::StoreU(hn::BitCast(du, hn::Compress(bin, m)), du, tmp + len);
-    len += hn::CountTrue(di, m);
-  };
+  const auto below = hn::Set(di, static_cast<int32_t>(first) - 1);
   auto flush = [&] {
     for (size_t j = 0; j < len; ++j) ++bins[tmp[j]];
     len = 0;
-  };
-  auto count_one = [&](float v) {
-    uint32_t u;
-    std::memcpy(&u, &v, sizeof(u));
-    const uint32_t b = (u & 0x7fffffffu) >> 15;
-    if (b >= first) ++bins[b];
   };
   auto sum = [&](size_t at) {
     auto v = hn::LoadU(d, xs[0] + at);
@@ -110,7 +119,7 @@ size_t SumScaledLoop(float* y, const float* const* xs, int count, float a, size_
     for (int r = 1; r < count; ++r) v += xs[r][at];
     y[at] = scale ? v * a : v;
     if (kCheck && first_bad == n && !std::isfinite(y[at])) first_bad = at;
-    if (kHist) count_one(y[at]);
+    if (kHist) CountBinFrom(y[at], first, bins);
   };
   if (stream) {
     for (; i < n && reinterpret_cast<uintptr_t>(y + i) % (N * sizeof(float)) != 0; ++i) scalar(i);
@@ -123,7 +132,7 @@ size_t SumScaledLoop(float* y, const float* const* xs, int count, float a, size_
         const auto v = sum(i + k * N);
         store(v, i + k * N);
         bad = hn::Add(bad, hn::Sub(v, v));
-        if (kHist) count_bins(v);
+        if (kHist) AppendBinsAbove(v, below, tmp, &len);
       }
       if (kHist && len >= kTmp) flush();
       if (HWY_UNLIKELY(first_bad == n && !hn::AllTrue(d, hn::Eq(bad, bad)))) {
@@ -380,28 +389,15 @@ void Histogram16FromImpl(const float* x, size_t n, uint32_t first, uint32_t* bin
   const size_t N = hn::Lanes(du);
   constexpr size_t kBlock = 1024;
   HWY_ALIGN uint32_t tmp[kBlock + hn::MaxLanes(du)];
-  // Bins are below 2^16, so they compare as signed (first - 1 >= -1).
   const auto below = hn::Set(di, static_cast<int32_t>(first) - 1);
   size_t i = 0;
   while (i + N <= n) {
     const size_t block_end = i + std::min(kBlock, (n - i) / N * N);
     size_t len = 0;
-    for (; i < block_end; i += N) {
-      const auto bin = hn::BitCast(
-          di, hn::ShiftRight<16>(hn::ShiftLeft<1>(hn::BitCast(du, hn::LoadU(d, x + i)))));
-      const auto m = hn::Gt(bin, below);
-      if (HWY_LIKELY(hn::AllFalse(di, m))) continue;
-      hn::StoreU(hn::BitCast(du, hn::Compress(bin, m)), du, tmp + len);
-      len += hn::CountTrue(di, m);
-    }
+    for (; i < block_end; i += N) AppendBinsAbove(hn::LoadU(d, x + i), below, tmp, &len);
     for (size_t j = 0; j < len; ++j) ++bins[tmp[j]];
   }
-  for (; i < n; ++i) {
-    uint32_t u;
-    std::memcpy(&u, x + i, sizeof(u));
-    const uint32_t b = (u & 0x7fffffffu) >> 15;
-    if (b >= first) ++bins[b];
-  }
+  for (; i < n; ++i) CountBinFrom(x[i], first, bins);
 }
 
 // Bin numbers for a block are computed in SIMD lanes into a small L1-resident buffer, then
