@@ -26,13 +26,15 @@ run_case() {  # name how nodes
   if ! wait_sockets "$dir" "$nodes"; then
     record "$name" "spexd did not start: $(tail -c 400 "$dir/mpirun.log")"; kill -9 "$mpi"; wait "$mpi"; return
   fi
-  # Node 0's daemon: the one whose bucket segments appear when the trainer registers.
+  # Node 0's daemon: the one whose bucket segments (spex-PID-bN-HASH) appear when the trainer
+  # registers. Anchored: a doorbell's name (spex-PID-bell-HASH) whose hash starts with b and a
+  # digit matched a bare -b[0-9] and picked node 1's daemon (CI failed on it once in about 20).
   "$TRAINER" --socket="$dir/node0.sock" --local_rank=0 --local_size=2 --buckets=1000,65536 \
     --steps=1000 >"$dir/trainer.log" 2>&1 &
   local trainer=$!
   local daemon="" d
   for _ in $(seq 100); do
-    for d in $(ps -o pid= --ppid "$mpi"); do shm_left "$d" | grep -q -- "-b[0-9]" && daemon=$d; done
+    for d in $(ps -o pid= --ppid "$mpi"); do shm_left "$d" | grep -qE -- "^spex-$d-b[0-9]+-" && daemon=$d; done
     [ -n "$daemon" ] && break
     sleep 0.1
   done
@@ -94,7 +96,7 @@ run_case() {  # name how nodes
       [ -z "$said" ] || problems+="the janitor spoke after a clean stop: $said; " ;;
   esac
   echo "== $name: daemon $daemon, janitor $janitor, segments $names, Open MPI's: $(echo $vader)"
-  [ -z "$problems" ] || tail -n 20 "$dir/mpirun.log"
+  [ -z "$problems" ] || { tail -n 20 "$dir/mpirun.log"; echo "spex_trainer said:"; tail -n 5 "$dir/trainer.log"; }
   record "$name" "$problems"
   rm -rf "$dir"
 }
