@@ -314,7 +314,7 @@ int main(int argc, char** argv) {
   }
   spex::Client& c = **client;
   const uint32_t node = c.node_rank(), nodes = c.node_count(), me = opts.local_rank,
-                 L = opts.local_size;
+                 local = opts.local_size;
   std::vector<spex::Bucket*> buckets;
   for (size_t b = 0; b < sizes.size(); ++b) {
     auto bucket = c.RegisterBucket(
@@ -382,7 +382,7 @@ int main(int argc, char** argv) {
       spec.density = buckets[b]->density();
       spec.elements = buckets[b]->elements();
       auto cluster = spex::ReferenceCluster::Create(
-          spec, nodes, L, absl::GetFlag(FLAGS_error_feedback), prims.get());
+          spec, nodes, local, absl::GetFlag(FLAGS_error_feedback), prims.get());
       if (!cluster.ok()) {
         std::fprintf(stderr, "spex_trainer: bucket %zu oracle: %s\n", b,
                      cluster.status().ToString().c_str());
@@ -420,7 +420,7 @@ int main(int argc, char** argv) {
           for (size_t i = 0; i < in.size(); ++i) in[i] = GradValue(node, me, b, 0, i);
         }
       } else {
-        std::fill(in.begin(), in.end(), static_cast<float>(node * L + me + 1));
+        std::fill(in.begin(), in.end(), static_cast<float>(node * local + me + 1));
       }
       if (staging) {
         if (absl::Status s = staging->Upload(buckets[b]->input().data(), host_in[b]); !s.ok()) {
@@ -506,7 +506,7 @@ int main(int argc, char** argv) {
           }
         }
       }
-      const float inv = 1.0f / static_cast<float>(nodes * L);
+      const float inv = 1.0f / static_cast<float>(nodes * local);
       for (size_t b = 0; b < buckets.size(); ++b) {
         auto out = output_of(b);
         Oracle& o = oracles[b];
@@ -514,7 +514,7 @@ int main(int argc, char** argv) {
           for (size_t i = 0; i < out.size(); ++i) {
             float sum = 0;  // integers below 2^24: exact in any order
             for (uint32_t n = 0; n < nodes; ++n) {
-              for (uint32_t l = 0; l < L; ++l) sum += Value(n, l, b, step, i);
+              for (uint32_t l = 0; l < local; ++l) sum += Value(n, l, b, step, i);
             }
             if (out[i] != sum * inv) {
               report("bucket %zu (%s) step %d [%zu] = %g, want %g", b,
@@ -548,7 +548,7 @@ int main(int argc, char** argv) {
           spex::CompressorSpec spec;
           spec.name = "dense";
           spec.elements = buckets[b]->elements();
-          auto dense = spex::ReferenceCluster::Create(spec, nodes, L, true, prims.get());
+          auto dense = spex::ReferenceCluster::Create(spec, nodes, local, true, prims.get());
           if (!dense.ok()) {
             report("bucket %zu dense oracle: %s", b, dense.status().ToString().c_str());
             continue;
@@ -561,11 +561,11 @@ int main(int argc, char** argv) {
           continue;
         }
         const size_t n = buckets[b]->elements();
-        all_inputs.resize(static_cast<size_t>(nodes) * L * n);
+        all_inputs.resize(static_cast<size_t>(nodes) * local * n);
         std::vector<std::vector<const float*>> ptrs(nodes);
         for (uint32_t r = 0; r < nodes; ++r) {
-          for (uint32_t t = 0; t < L; ++t) {
-            float* p = all_inputs.data() + (static_cast<size_t>(r) * L + t) * n;
+          for (uint32_t t = 0; t < local; ++t) {
+            float* p = all_inputs.data() + (static_cast<size_t>(r) * local + t) * n;
             for (size_t i = 0; i < n; ++i) p[i] = GradValue(r, t, b, step, i);
             ptrs[r].push_back(p);
           }

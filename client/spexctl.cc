@@ -245,7 +245,7 @@ int Watch(spex::v1::Spex::Stub* stub, const std::string& socket) {
     std::strftime(clock, sizeof(clock), "%H:%M:%S", std::localtime(&wall));
     if (!s.ok()) {
       out += absl::StrFormat(
-          "%s  %s: %s (retrying every %d ms; Ctrl-C ends)\n", clock,
+          "%s  %s at %s: %s (retrying every %d ms; Ctrl-C ends)\n", clock,
           s.error_code() == grpc::StatusCode::UNAVAILABLE ? "no daemon answers" : "error", socket,
           s.error_message(), interval_ms);
       have_previous = false;

@@ -79,9 +79,9 @@ absl::Status BucketIO::WaitInputs(EngineBucket* b) const {
 // even after a failure, so no trainer waits on a stale record; the first failure is returned.
 absl::Status BucketIO::RecordOutput(EngineBucket* b) const {
   if (!ordered(*b)) return absl::OkStatus();
-  const int L = local_trainers_;
+  const int local = local_trainers_;
   absl::Status first;
-  for (int r = 0; r < L; ++r) {
+  for (int r = 0; r < local; ++r) {
     if (b->mem.remote[r] == nullptr) continue;
     SharedBuffer* own = b->mem.remote[r].get();
     // The published output: a half bucket's half values (rounded before this, StepDone).
@@ -99,7 +99,7 @@ absl::Status BucketIO::RecordOutput(EngineBucket* b) const {
     }
     SlotOrdering* ordering = RemoteOrdering(device_, b->mem, r);
     absl::Status rec = ordering == nullptr ? absl::InternalError("no slot ordering")
-                                           : ordering->RecordOutput(own, L);
+                                           : ordering->RecordOutput(own, local);
     if (s.ok() && !rec.ok()) {
       s = absl::Status(rec.code(),
                        absl::StrCat("bucket ", b->id, ": recording the output event on GPU ",
@@ -107,7 +107,7 @@ absl::Status BucketIO::RecordOutput(EngineBucket* b) const {
     }
     if (first.ok()) first = s;
   }
-  absl::Status s = device_.ordering->RecordOutput(b->mem.data.get(), L);
+  absl::Status s = device_.ordering->RecordOutput(b->mem.data.get(), local);
   if (!s.ok() && first.ok()) {
     first = absl::Status(
         s.code(), absl::StrCat("bucket ", b->id, ": recording the output event: ", s.message()));

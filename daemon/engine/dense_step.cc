@@ -26,7 +26,7 @@ absl::Status LocalReduce(const StepEnv& env, const BucketData& b, bool add_to_ac
 
 absl::Status ReduceLocalChecked(const StepEnv& env, const BucketData& b, bool sparse, bool check,
                                 size_t* first_bad, bool half_in_output, SumHistogram* hist) {
-  const int L = env.local_trainers, N = env.coll->size();
+  const int local = env.local_trainers, N = env.coll->size();
   const size_t n = b.elements;
   *first_bad = n;
   const float* xs[kMaxLocalTrainers + 1];
@@ -40,7 +40,7 @@ absl::Status ReduceLocalChecked(const StepEnv& env, const BucketData& b, bool sp
     y = b.acc;
   } else {
     y = b.output;
-    if (PowerOfTwo(N * L)) scale = 1.0f / static_cast<float>(N * L);
+    if (PowerOfTwo(N * local)) scale = 1.0f / static_cast<float>(N * local);
   }
   absl::Status s;
   b.half_output_ready = false;  // a new step's result comes
@@ -50,15 +50,15 @@ absl::Status ReduceLocalChecked(const StepEnv& env, const BucketData& b, bool sp
     // Rounded as HalfAllReduceScaled would round it, in the same pass as the sum and the check:
     // no float32 staging and no separate narrowing pass (kernels/half.h SumWidenNarrow).
     const size_t bad =
-        half::SumWidenNarrow(b.dtype, b.half_output, nullptr, b.half_input, L, scale, n, check);
+        half::SumWidenNarrow(b.dtype, b.half_output, nullptr, b.half_input, local, scale, n, check);
     if (check) *first_bad = bad;
   } else if (IsHalf(b.dtype)) {
     // The trainers' half inputs widened and summed in float32, in the order of the float32
     // path (the residual first), in one pass (kernels/half.h; on the device, half.cu).
-    s = env.prims->SumWidenHalf(b.dtype, y, count > 0 ? xs[0] : nullptr, b.half_input, L, scale, n,
-                                check ? first_bad : nullptr);
+    s = env.prims->SumWidenHalf(b.dtype, y, count > 0 ? xs[0] : nullptr, b.half_input, local, scale,
+                                n, check ? first_bad : nullptr);
   } else {
-    for (int r = 0; r < L; ++r) xs[count++] = b.input[r];
+    for (int r = 0; r < local; ++r) xs[count++] = b.input[r];
     if (check && sparse && hist != nullptr && !b.on_device) {
       s = env.prims->SumScaledCheckFiniteHistogram(y, xs, count, scale, n, first_bad, hist->range);
       hist->counted = s.ok();
@@ -74,7 +74,7 @@ absl::Status ReduceLocalChecked(const StepEnv& env, const BucketData& b, bool sp
         "used it; its inputs are gone, so every step of this bucket fails. End the job and find "
         "the trainer that truncated /dev/shm memory (spexd serves the next job)"));
   }
-  for (int r = 0; r < L; ++r) {
+  for (int r = 0; r < local; ++r) {
     if (b.input_pulled[r] != nullptr && b.input_pulled[r]->load(std::memory_order_acquire)) {
       return absl::DataLossError(absl::StrCat(
           "bucket ", b.id, ": local trainer ", r,
@@ -134,19 +134,19 @@ void RecordDense(size_t n, int nodes, ExchangeRecord* rec, DType wire) {
 }
 
 void DenseStep(const StepEnv& env, absl::Span<StepItem> group, const Lap& lap) {
-  const int L = env.local_trainers, N = env.coll->size();
+  const int local = env.local_trainers, N = env.coll->size();
   for (StepItem& item : group) {
     BucketData& b = *item.data;
     const size_t n = b.elements;
-    float scale = 1.0f / static_cast<float>(N * L);
+    float scale = 1.0f / static_cast<float>(N * local);
     absl::Status s;
     // The local sum, reduced before the step (its failure, if any, is item.status): acc for a
     // sparse bucket (committed; going dense this step, it sends everything, residual included),
-    // else the output, scaled already when N * L is a power of two (exact, barring subnormal
+    // else the output, scaled already when N * local is a power of two (exact, barring subnormal
     // results: the collective then reduces in place with scale 1, no separate scaling pass and
     // no copy of the send buffer inside MPI_Allreduce).
     const float* src = item.sparse != nullptr ? b.acc : b.output;
-    if (item.sparse == nullptr && PowerOfTwo(N * L)) scale = 1.0f;
+    if (item.sparse == nullptr && PowerOfTwo(N * local)) scale = 1.0f;
     lap(Phase::kReduceLocal);
     // Issued even after a local failure (lockstep); the commit vote fails the step everywhere.
     // A half bucket: half values on the wire, and the result straight into the trainers' half

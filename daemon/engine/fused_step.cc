@@ -187,9 +187,9 @@ void LocalSparse(const StepEnv& env, Member& m, const Lap& lap) {
 // staging buffer (DenseStep's choice of what to send).
 void DensePrepare(const StepEnv& env, const std::vector<Member*>& d, FusedScratch* scratch,
                   const Lap& lap) {
-  const int N = env.coll->size(), NL = N * env.local_trainers;
-  const float scale = 1.0f / static_cast<float>(NL);
-  const bool pow2 = (NL & (NL - 1)) == 0;
+  const int N = env.coll->size(), ranks = N * env.local_trainers;
+  const float scale = 1.0f / static_cast<float>(ranks);
+  const bool pow2 = (ranks & (ranks - 1)) == 0;
   size_t total = 0;
   for (Member* m : d) {
     m->offset = total;

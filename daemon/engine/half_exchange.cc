@@ -77,9 +77,9 @@ absl::Status ExchangeInPlace(Collective* coll, DType t, Scratch16& scratch, uint
   return absl::OkStatus();
 }
 
-// `mine` resized to the padded c * N values, the padding zeroed.
-uint16_t* Padded(NoInitVector<uint16_t>& mine, size_t n, int N) {
-  mine.resize(ChunkValues(n, N) * N);
+// `mine` resized to the padded c * nodes values, the padding zeroed.
+uint16_t* Padded(NoInitVector<uint16_t>& mine, size_t n, int nodes) {
+  mine.resize(ChunkValues(n, nodes) * nodes);
   std::fill(mine.begin() + n, mine.end(), uint16_t{0});
   return mine.data();
 }

@@ -95,7 +95,7 @@ absl::Status ExchangeIndexUnionFused(const StepEnv& env, const BucketData& b, Sp
 }
 
 void SparseStepOne(const StepEnv& env, StepItem& item, const Lap& lap) {
-  const int L = env.local_trainers, N = env.coll->size();
+  const int local = env.local_trainers, N = env.coll->size();
   BucketData& b = *item.data;
   SparseState& st = *item.sparse;
   Compressor& c = *st.compressor;
@@ -138,7 +138,7 @@ void SparseStepOne(const StepEnv& env, StepItem& item, const Lap& lap) {
   args.group_id = b.id;
   args.step = step;
   args.elements = static_cast<uint32_t>(n);
-  args.scale = 1.0f / static_cast<float>(N * L);
+  args.scale = 1.0f / static_cast<float>(N * local);
   args.fp16 = env.fp16_values;
   args.index_encoding = env.index_encoding;
   // A half bucket's own type (Ok-Topk's reduce-scatter too, docs/dtypes.md), float16 for a

@@ -158,12 +158,12 @@ uint64_t PlanSamples::MedianGap(const Samples& s, const Samples& prev) {
 std::vector<uint64_t> PlanSamples::Inputs(absl::Span<const PlanBucket> buckets,
                                           int64_t fixed_alpha_ns) {
   absl::MutexLock lock(&mu_);
-  const size_t L = buckets.size();
-  std::vector<uint64_t> w(2 * L + 2, 0);
-  for (size_t b = 0; b < L; ++b) {
+  const size_t num_buckets = buckets.size();
+  std::vector<uint64_t> w(2 * num_buckets + 2, 0);
+  for (size_t b = 0; b < num_buckets; ++b) {
     auto it = samples_.find(buckets[b].bucket_id);
     if (it == samples_.end()) continue;
-    w[L + b] = static_cast<uint64_t>(std::max<int64_t>(
+    w[num_buckets + b] = static_cast<uint64_t>(std::max<int64_t>(
         0, MedianOf(std::vector<int64_t>(it->second.select.begin(), it->second.select.end()))));
     if (b == 0) continue;  // the first bucket of a step has no gap
     auto prev = samples_.find(buckets[b - 1].bucket_id);
@@ -173,13 +173,13 @@ std::vector<uint64_t> PlanSamples::Inputs(absl::Span<const PlanBucket> buckets,
   RgmergeModelInputs defaults;
   double alpha = 0, beta = 0;
   if (fit_.Fit(&alpha, &beta)) {
-    w[2 * L] = static_cast<uint64_t>(std::max(0.0, alpha));
-    w[2 * L + 1] = static_cast<uint64_t>(std::max(0.0, beta * 1000.0));  // ns/B -> ps/B
+    w[2 * num_buckets] = static_cast<uint64_t>(std::max(0.0, alpha));
+    w[2 * num_buckets + 1] = static_cast<uint64_t>(std::max(0.0, beta * 1000.0));  // ns/B -> ps/B
   } else {
-    w[2 * L] = static_cast<uint64_t>(defaults.alpha_ns);
-    w[2 * L + 1] = static_cast<uint64_t>(defaults.beta_ps_per_byte);
+    w[2 * num_buckets] = static_cast<uint64_t>(defaults.alpha_ns);
+    w[2 * num_buckets + 1] = static_cast<uint64_t>(defaults.beta_ps_per_byte);
   }
-  if (fixed_alpha_ns > 0) w[2 * L] = static_cast<uint64_t>(fixed_alpha_ns);
+  if (fixed_alpha_ns > 0) w[2 * num_buckets] = static_cast<uint64_t>(fixed_alpha_ns);
   return w;
 }
 

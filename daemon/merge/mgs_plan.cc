@@ -51,18 +51,18 @@ int64_t FitSelectFs(const std::vector<uint64_t>& elements, const std::vector<int
 }
 
 std::vector<size_t> MgsPlan(const MgsInputs& in) {
-  const size_t L = in.elements.size();
-  if (L == 0) return {};
-  bool valid = in.gap_ns.size() == L && in.dense.size() == L;
-  for (size_t b = 0; valid && b < L; ++b) valid = in.gap_ns[b] >= 0;
-  if (!valid) return std::vector<size_t>(L, 1);
+  const size_t num_buckets = in.elements.size();
+  if (num_buckets == 0) return {};
+  bool valid = in.gap_ns.size() == num_buckets && in.dense.size() == num_buckets;
+  for (size_t b = 0; valid && b < num_buckets; ++b) valid = in.gap_ns[b] >= 0;
+  if (!valid) return std::vector<size_t>(num_buckets, 1);
   struct Buf {
     uint64_t p;
     int64_t tb;
     size_t count;
   };
   std::vector<Buf> bufs;
-  for (size_t b = 0; b < L; ++b) bufs.push_back({in.elements[b], in.gap_ns[b], 1});
+  for (size_t b = 0; b < num_buckets; ++b) bufs.push_back({in.elements[b], in.gap_ns[b], 1});
   std::vector<int64_t> ts, tc, tau_s, tau_c;
   auto schedule = [&] {
     const size_t n = bufs.size();

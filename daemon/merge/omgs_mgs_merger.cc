@@ -64,12 +64,12 @@ class OmgsMgsMerger : public Merger, public MergeMeter, public MergePlanner {
 // n_b log2 n_b, so every node agrees on one s.
 std::vector<uint64_t> OmgsMgsMerger::PlanInputs(absl::Span<const PlanBucket> buckets) {
   std::vector<uint64_t> w = samples_.Inputs(buckets, o_.alpha_ns);
-  const size_t L = buckets.size();
-  std::vector<uint64_t> n(L);
-  std::vector<int64_t> sigma(L);
-  for (size_t b = 0; b < L; ++b) {
+  const size_t num_buckets = buckets.size();
+  std::vector<uint64_t> n(num_buckets);
+  std::vector<int64_t> sigma(num_buckets);
+  for (size_t b = 0; b < num_buckets; ++b) {
     n[b] = buckets[b].elements;
-    sigma[b] = PlanNs(w[L + b]);
+    sigma[b] = PlanNs(w[num_buckets + b]);
   }
   w.push_back(static_cast<uint64_t>(FitSelectFs(n, sigma, MgsInputs().select_fs)));
   return w;
@@ -78,20 +78,20 @@ std::vector<uint64_t> OmgsMgsMerger::PlanInputs(absl::Span<const PlanBucket> buc
 void OmgsMgsMerger::InstallPlan(absl::Span<const PlanBucket> buckets,
                                 absl::Span<const uint64_t> agreed, uint64_t step,
                                 const PlanContext& ctx) {
-  const size_t L = buckets.size();
-  if (L == 0 || agreed.size() != 2 * L + 3) {
+  const size_t num_buckets = buckets.size();
+  if (num_buckets == 0 || agreed.size() != 2 * num_buckets + 3) {
     AbandonPlan("the agreed inputs do not match the bucket list");
     return;
   }
   MgsInputs in;
-  for (size_t b = 0; b < L; ++b) {
+  for (size_t b = 0; b < num_buckets; ++b) {
     in.elements.push_back(buckets[b].elements);
     in.gap_ns.push_back(PlanNs(agreed[b]));
     in.dense.push_back(buckets[b].kind == MergeKind::kDense);
   }
-  in.alpha_ns = PlanNs(agreed[2 * L]);
-  in.beta_ps_per_byte = static_cast<int64_t>(std::min(agreed[2 * L + 1], kMaxBetaPs));
-  in.select_fs = static_cast<int64_t>(std::min(agreed[2 * L + 2], kMaxSelectFs));
+  in.alpha_ns = PlanNs(agreed[2 * num_buckets]);
+  in.beta_ps_per_byte = static_cast<int64_t>(std::min(agreed[2 * num_buckets + 1], kMaxBetaPs));
+  in.select_fs = static_cast<int64_t>(std::min(agreed[2 * num_buckets + 2], kMaxSelectFs));
   in.density = ctx.density;
   in.nodes = ctx.nodes;
   in.behind = o_.select_behind;

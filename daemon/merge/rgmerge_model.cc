@@ -22,16 +22,17 @@ int64_t RgmergeModelComm(const RgmergeModelInputs& in, uint64_t elements) {
 }
 
 std::vector<size_t> RgmergeModelPlan(const RgmergeModelInputs& in) {
-  const size_t L = in.elements.size();
-  if (L == 0) return {};
-  bool valid = in.gap_ns.size() == L && in.select_ns.size() == L;
-  for (size_t b = 0; valid && b < L; ++b) valid = in.gap_ns[b] >= 0 && in.select_ns[b] >= 0;
-  if (!valid) return std::vector<size_t>(L, 1);
+  const size_t num_buckets = in.elements.size();
+  if (num_buckets == 0) return {};
+  bool valid = in.gap_ns.size() == num_buckets && in.select_ns.size() == num_buckets;
+  for (size_t b = 0; valid && b < num_buckets; ++b)
+    valid = in.gap_ns[b] >= 0 && in.select_ns[b] >= 0;
+  if (!valid) return std::vector<size_t>(num_buckets, 1);
   auto finish = [&in](Group* g) { g->m = RgmergeModelComm(in, g->elements) + g->select; };
   // 1. Initial groups.
   std::vector<Group> initial;
   Group g;
-  for (size_t b = 0; b < L; ++b) {
+  for (size_t b = 0; b < num_buckets; ++b) {
     if (g.count == 0) g.first = b;
     ++g.count;
     g.elements += in.elements[b];
@@ -79,12 +80,12 @@ std::vector<size_t> RgmergeModelPlan(const RgmergeModelInputs& in) {
     plan.push_back(merged[i].count);
     assigned += merged[i].count;
     prefix += merged[i].elements;
-    if (assigned == L || RgmergeModelComm(in, prefix) <= rest_time) continue;
-    size_t rest = L - assigned;
+    if (assigned == num_buckets || RgmergeModelComm(in, prefix) <= rest_time) continue;
+    size_t rest = num_buckets - assigned;
     if (in.equal_tail && i >= 2) {
       size_t size = merged[i].count;
       if (size < 3) size = std::max<size_t>(1, rest / 3);
-      while (2 * assigned < L && rest > size) {
+      while (2 * assigned < num_buckets && rest > size) {
         plan.push_back(size);
         assigned += size;
         rest -= size;

@@ -94,22 +94,22 @@ class RgmergeModelMerger : public Merger, public MergeMeter, public MergePlanner
 void RgmergeModelMerger::InstallPlan(absl::Span<const PlanBucket> buckets,
                                      absl::Span<const uint64_t> agreed, uint64_t step,
                                      const PlanContext& ctx) {
-  const size_t L = buckets.size();
-  if (L == 0 || agreed.size() != 2 * L + 2) {
+  const size_t num_buckets = buckets.size();
+  if (num_buckets == 0 || agreed.size() != 2 * num_buckets + 2) {
     AbandonPlan("the agreed inputs do not match the bucket list");
     return;
   }
   RgmergeModelInputs in;
-  in.elements.resize(L);
-  in.gap_ns.resize(L);
-  in.select_ns.resize(L);
-  for (size_t b = 0; b < L; ++b) {
+  in.elements.resize(num_buckets);
+  in.gap_ns.resize(num_buckets);
+  in.select_ns.resize(num_buckets);
+  for (size_t b = 0; b < num_buckets; ++b) {
     in.elements[b] = buckets[b].elements;
     in.gap_ns[b] = PlanNs(agreed[b]);
-    in.select_ns[b] = PlanNs(agreed[L + b]);
+    in.select_ns[b] = PlanNs(agreed[num_buckets + b]);
   }
-  in.alpha_ns = PlanNs(agreed[2 * L]);
-  in.beta_ps_per_byte = static_cast<int64_t>(std::min(agreed[2 * L + 1], kMaxBetaPs));
+  in.alpha_ns = PlanNs(agreed[2 * num_buckets]);
+  in.beta_ps_per_byte = static_cast<int64_t>(std::min(agreed[2 * num_buckets + 1], kMaxBetaPs));
   in.density = ctx.density;
   in.nodes = ctx.nodes;
   in.slack_ns = m_.slack_ns;

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # spexd's metrics, timeline and spexctl's views end to end (1 node under mpirun, spex_trainer):
-# a non-loopback --metrics_address is refused naming --metrics_allow_remote; a known run (a dense
-# and a topk bucket, 8 steps) scraped over HTTP passes `promtool check metrics` and carries its
-# counts; the --timeline file of that run has every bucket's phases (check_timeline.py);
-# `spexctl timeline start|stop` records a running job; `spexctl stats --json` parses; `spexctl
-# watch` refreshes every second piped and under a pseudo-terminal and ends cleanly on SIGINT; a
-# timeline being recorded when spexd stops is still valid JSON; on 2 nodes, the running byte
-# totals of `spexctl stats --json` and watch's bytes/s match a dense bucket's exact 4000 bytes per
-# exchange. Every process started by pid.
+# a non-loopback --metrics_address is refused naming --metrics_allow_remote; `spexctl watch` with
+# no daemon says so; a known run (a dense and a topk bucket, 8 steps) scraped over HTTP passes
+# `promtool check metrics` and carries its counts; the --timeline file of that run has every
+# bucket's phases (check_timeline.py); `spexctl timeline start|stop` records a running job;
+# `spexctl stats --json` parses; `spexctl watch` refreshes every second piped and under a
+# pseudo-terminal and ends cleanly on SIGINT; a timeline being recorded when spexd stops is still
+# valid JSON; on 2 nodes, the running byte totals of `spexctl stats --json` and watch's bytes/s
+# match a dense bucket's exact 4000 bytes per exchange. Every process started by pid.
 set -uo pipefail
 R="${RUNFILES_DIR:-${TEST_SRCDIR:-$PWD/..}}/spex"
 SPEXD="$R/daemon/spexd"; TRAINER="$R/client/spex_trainer"; SPEXCTL="$R/client/spexctl"
@@ -28,7 +28,19 @@ elif ! grep -q -- "--metrics_allow_remote" "$dir/refused.log"; then
 fi
 record refuses_remote_metrics_address "$msg"
 
-# 2. The known run, with metrics and a timeline from the flags.
+# 2. `spexctl watch` with no daemon at the socket says so and keeps retrying (its format once had
+# an argument too many: absl::StrFormat then gives "", and watch printed empty lines).
+"$SPEXCTL" --socket="$dir/none.sock" watch >"$dir/watch_none.txt" 2>&1 &
+w=$!
+sleep 1.5
+kill -INT $w; wait $w; rc=$?
+msg=""
+[ $rc = 0 ] || msg="watch exited $rc after SIGINT; "
+grep -q "no daemon answers at $dir/none.sock: .* (retrying every [0-9]* ms" "$dir/watch_none.txt" ||
+  msg+="no 'no daemon answers at $dir/none.sock' line: '$(head -c 300 "$dir/watch_none.txt")'"
+record watch_without_daemon "$msg"
+
+# 3. The known run, with metrics and a timeline from the flags.
 mpirun -np 1 "$SPEXD" --socket="$dir/node{rank}.sock" --local_trainers=1 --log_level=warning \
   --dense_fallback=off --metrics_address="127.0.0.1:$port" --timeline="$dir/flag.json" \
   --timeline_dir="$dir" >"$dir/spexd.log" 2>&1 &
@@ -85,7 +97,7 @@ record flag_timeline "$([ $? = 0 ] || echo "$out")"
 out=$(ctl timeline stop 2>&1) && record timeline_stop_twice "stopped twice: $out" ||
   record timeline_stop_twice "$(echo "$out" | grep -q "no timeline is being recorded" || echo "$out")"
 
-# 3. A running job: stats --json, watch, a timeline recorded at run time.
+# 4. A running job: stats --json, watch, a timeline recorded at run time.
 "$TRAINER" --socket="$dir/node0.sock" --local_rank=0 --local_size=1 --buckets=100000,200000 \
   --steps=1000000 --quiet >"$dir/long.log" 2>&1 &
 long=$!
@@ -171,7 +183,7 @@ for outside in "$dir/../escape.json" "/tmp/escape-$$.json" "$dir/sub/x.json"; do
 done
 record timeline_outside_dir_refused "$msg"
 
-# 4. Recording while spexd stops: the file is closed as valid JSON.
+# 5. Recording while spexd stops: the file is closed as valid JSON.
 ctl timeline start "$dir/at_exit.json" >/dev/null 2>&1
 sleep 0.5
 kill -TERM $long; wait $long
@@ -185,7 +197,7 @@ record timeline_valid_at_exit "$([[ "$out" =~ ^[0-9]+$ ]] && [ "$out" -gt 0 ] ||
 errors=$(grep ERROR "$dir/spexd.log" | grep -v "died without Goodbye" | head -3)
 record daemon_log_clean "$errors"
 
-# 5. Two nodes: the running byte totals and watch's bytes/s. A dense bucket of 1000 floats moves
+# 6. Two nodes: the running byte totals and watch's bytes/s. A dense bucket of 1000 floats moves
 # exactly 4000 bytes each way per exchange between 2 nodes, so its totals are 4000 x its
 # exchanges in every GetStats answer, and watch's sent/s and recv/s are 4000 x its exch/s.
 mkdir -p "$dir/two"
