@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <random>
+
 #include "absl/strings/str_cat.h"
 #include "daemon/service/spex_service.h"
 #include "grpcpp/security/server_credentials.h"
@@ -82,7 +84,8 @@ bool DeviceEngineServer::device_buckets() const {
 
 ServedEngine::ServedEngine(absl::StatusOr<std::unique_ptr<DeviceEngineServer>> engine,
                            const std::string& tag)
-    : socket_(absl::StrCat("/tmp/spex-", tag, "-", getpid(), ".sock")) {
+    : socket_(
+          absl::StrCat("/tmp/spex-", tag, "-", getpid(), "-", std::random_device{}(), ".sock")) {
   unlink(socket_.c_str());
   if (!engine.ok()) {
     status_ = engine.status();

@@ -9,6 +9,7 @@
 // the bucket goes on exchanging; saving in the middle of a step is refused, and so is loading
 // after the bucket's first exchange. Saving does not stall the node's other exchanges while the
 // record is encoded.
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <map>
@@ -18,6 +19,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "daemon/engine/engine.h"
 #include "daemon/engine/engine_options.h"
 #include "gtest/gtest.h"
@@ -200,6 +202,11 @@ TEST(CheckpointEngine, RefusalsNameWhatDiffersAndTheBucketGoesOn) {
   EngineCluster cluster(Options("micro", MergerPolicy::kNone));
   ASSERT_TRUE(cluster.status().ok()) << cluster.status();
   std::vector<std::string> errors(kN * kL);
+  // Step 1's other trainers hand in only after each node's trainer 0 tried its save: an exchange
+  // that completed first would have moved the bucket on to trainer 0's next step (a save between
+  // steps, rightly allowed), and the test raced it on a loaded machine.
+  std::atomic<int> saves_tried{0};
+  absl::Notification all_saves_tried;
   cluster.ForEachTrainer([&](int r, int t) {
     std::string& err = errors[r * kL + t];
     auto tr = Trainer::Open(&cluster.engine(r), t, kL);
@@ -229,15 +236,19 @@ TEST(CheckpointEngine, RefusalsNameWhatDiffersAndTheBucketGoesOn) {
       EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
     }
     for (int s = 0; s < 2; ++s) {
+      if (s == 1 && t != 0 && !all_saves_tried.WaitForNotificationWithTimeout(absl::Seconds(60))) {
+        err = "trainer 0 of some node never tried its save";
+      }
       for (int b = 0; b < 2; ++b) {
         tr->Fill(b, [&](size_t i) { return Value(r, t, s, b, i); });
         tr->MarkReady(b, s);
       }
       if (s == 1 && t == 0) {
-        // Handed in, not collected: not between steps for this trainer.
+        // Handed in, the step not exchanged: not between steps for this trainer.
         auto rec = e.SaveBucketState(tr->session_id(), 0);
         EXPECT_EQ(rec.status().code(), absl::StatusCode::kFailedPrecondition) << rec.status();
         EXPECT_NE(rec.status().message().find("between steps only"), std::string::npos);
+        if (saves_tried.fetch_add(1) + 1 == kN) all_saves_tried.Notify();
       }
       for (int b = 0; b < 2; ++b) {
         if (absl::Status st = tr->WaitPublished(b, s); !st.ok()) err = st.ToString();

@@ -11,6 +11,7 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -59,7 +60,9 @@ class Daemon {
         PeerCred{static_cast<uint32_t>(geteuid()), static_cast<uint32_t>(getegid()),
                  static_cast<uint32_t>(getpid())},
         so);
-    socket_ = absl::StrCat("/tmp/spex-ckptstream-", getpid(), ".sock");
+    // The pid and a random part: concurrent runs of this test (bazel --runs_per_test) each see
+    // the same pid in their own PID namespace.
+    socket_ = absl::StrCat("/tmp/spex-ckptstream-", getpid(), "-", std::random_device{}(), ".sock");
     unlink(socket_.c_str());
     grpc::ResourceQuota quota("ckptstream");
     quota.SetMaxThreads(kThreads);
