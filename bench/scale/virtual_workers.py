@@ -508,14 +508,14 @@ def cmd_run(a):
 # ---------------------------------------------------------------------------------------------
 # check-powersgd: against PyTorch's hook
 
-def _psgd_worker(rank, world, port, steps, rank_r, start, out_path, hidden):
+def _psgd_worker(rank, world, init_method, steps, rank_r, start, out_path, hidden):
     import torch
     import torch.distributed as dist
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, hidden),
                                 torch.nn.ReLU(), torch.nn.Linear(hidden, 10))
@@ -544,17 +544,22 @@ def _psgd_worker(rank, world, port, steps, rank_r, start, out_path, hidden):
 def cmd_check_powersgd(a):
     """PyTorch's hook in `world` gloo processes against VirtualPowerSGD with as many virtual
     workers, the same model, data and seeds; prints the parameters' largest difference."""
+    import shutil
     import tempfile
 
     import torch
     import torch.multiprocessing as mp
 
     world, steps, hidden = a.workers, a.steps, a.hidden_check
-    out_path = os.path.join(tempfile.mkdtemp(prefix="psgd_check"), "params.pt")
-    port = 29500 + os.getpid() % 1000
+    work = tempfile.mkdtemp(prefix="psgd_check")
+    out_path = os.path.join(work, "params.pt")
+    # A file rendezvous, not a TCP port: a port from the pid collided between concurrent runs (each
+    # in its own PID namespace under Bazel's sandbox) and with whatever else held it.
+    init_method = "file://" + os.path.join(work, "rendezvous")
     start = 2
-    mp.spawn(_psgd_worker, args=(world, port, steps, a.rank, start, out_path, hidden), nprocs=world, join=True)
+    mp.spawn(_psgd_worker, args=(world, init_method, steps, a.rank, start, out_path, hidden), nprocs=world, join=True)
     real = torch.load(out_path)
+    shutil.rmtree(work, ignore_errors=True)
     torch.set_num_threads(1)
 
     def virtual(start_iter):
