@@ -2,13 +2,12 @@
 
 #include <unistd.h>
 
-#include <random>
-
 #include "absl/strings/str_cat.h"
 #include "daemon/service/spex_service.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 #include "tests/support/engine_cluster.h"
+#include "tests/support/run_tag.h"
 
 namespace spex::test {
 
@@ -84,8 +83,7 @@ bool DeviceEngineServer::device_buckets() const {
 
 ServedEngine::ServedEngine(absl::StatusOr<std::unique_ptr<DeviceEngineServer>> engine,
                            const std::string& tag)
-    : socket_(
-          absl::StrCat("/tmp/spex-", tag, "-", getpid(), "-", std::random_device{}(), ".sock")) {
+    : socket_(absl::StrCat("/tmp/spex-", tag, "-", RunTag(), ".sock")) {
   unlink(socket_.c_str());
   if (!engine.ok()) {
     status_ = engine.status();

@@ -11,7 +11,6 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
-#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -29,6 +28,7 @@
 #include "gtest/gtest.h"
 #include "proto/spex.grpc.pb.h"
 #include "tests/support/engine_cluster.h"
+#include "tests/support/run_tag.h"
 
 namespace spex::test {
 namespace {
@@ -60,9 +60,7 @@ class Daemon {
         PeerCred{static_cast<uint32_t>(geteuid()), static_cast<uint32_t>(getegid()),
                  static_cast<uint32_t>(getpid())},
         so);
-    // The pid and a random part: concurrent runs of this test (bazel --runs_per_test) each see
-    // the same pid in their own PID namespace.
-    socket_ = absl::StrCat("/tmp/spex-ckptstream-", getpid(), "-", std::random_device{}(), ".sock");
+    socket_ = absl::StrCat("/tmp/spex-ckptstream-", RunTag(), ".sock");
     unlink(socket_.c_str());
     grpc::ResourceQuota quota("ckptstream");
     quota.SetMaxThreads(kThreads);

@@ -11,7 +11,6 @@
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
-#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -19,16 +18,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
+#include "tests/support/run_tag.h"
 
 namespace spex {
 namespace {
-
-// This run's part of the listeners' names: the pid alone repeats between concurrent runs of the
-// test (bazel test --runs_per_test=N starts each in its own PID namespace, so all get the same).
-const std::string& RunTag() {
-  static const std::string tag = absl::StrCat(getpid(), "-", std::random_device{}());
-  return tag;
-}
 
 // A SOCK_DGRAM socket bound to a path (or an abstract name) that collects what arrives.
 class Listener {
@@ -40,14 +33,14 @@ class Listener {
     addr.sun_family = AF_UNIX;
     socklen_t len;
     if (abstract) {
-      name_ = absl::StrCat("spex-sd-notify-test-", RunTag(), "-", counter_++);
+      name_ = absl::StrCat("spex-sd-notify-test-", test::RunTag(), "-", counter_++);
       addr.sun_path[0] = '\0';
       std::memcpy(addr.sun_path + 1, name_.data(), name_.size());
       len = offsetof(sockaddr_un, sun_path) + 1 + name_.size();
       env_ = "@" + name_;
     } else {
       // /tmp, not $TEST_TMPDIR: Bazel's is longer than a socket address (108 bytes).
-      name_ = absl::StrCat("/tmp/spex-notify-test-", RunTag(), "-", counter_++);
+      name_ = absl::StrCat("/tmp/spex-notify-test-", test::RunTag(), "-", counter_++);
       unlink(name_.c_str());
       std::memcpy(addr.sun_path, name_.data(), name_.size());
       len = offsetof(sockaddr_un, sun_path) + name_.size() + 1;
