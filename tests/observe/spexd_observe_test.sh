@@ -17,6 +17,14 @@ PY=/usr/bin/python3
 dir=$(mktemp -d /tmp/spex-obs.XXXXXX)
 port=$($PY -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 ctl() { "$SPEXCTL" --socket="$dir/node0.sock" "$@"; }
+# SIGINT to the `spexctl watch` of pid $1; SIGKILL if it still runs 5 s later. Sets watch_rc to
+# its exit status (137 after the SIGKILL).
+interrupt_watch() {
+  kill -INT "$1"
+  for _ in $(seq 50); do alive "$1" || break; sleep 0.1; done
+  alive "$1" && { kill -9 "$1"; echo "watch ignored SIGINT"; }
+  wait "$1"; watch_rc=$?
+}
 
 # 1. Loopback only unless allowed: the flag's error names both flags, and nothing starts.
 msg=""
@@ -33,9 +41,9 @@ record refuses_remote_metrics_address "$msg"
 "$SPEXCTL" --socket="$dir/none.sock" watch >"$dir/watch_none.txt" 2>&1 &
 w=$!
 sleep 1.5
-kill -INT $w; wait $w; rc=$?
+interrupt_watch $w
 msg=""
-[ $rc = 0 ] || msg="watch exited $rc after SIGINT; "
+[ $watch_rc = 0 ] || msg="watch exited $watch_rc after SIGINT; "
 grep -q "no daemon answers at $dir/none.sock: .* (retrying every [0-9]* ms" "$dir/watch_none.txt" ||
   msg+="no 'no daemon answers at $dir/none.sock' line: '$(head -c 300 "$dir/watch_none.txt")'"
 record watch_without_daemon "$msg"
@@ -124,13 +132,10 @@ record timeline_start_twice "$msg"
 "$SPEXCTL" --socket="$dir/node0.sock" watch >"$dir/watch.txt" 2>&1 &
 w=$!
 sleep 2.5
-kill -INT $w
-for _ in $(seq 50); do alive $w || break; sleep 0.1; done
-alive $w && { kill -9 $w; echo "watch ignored SIGINT"; }
-wait $w; rc=$?
+interrupt_watch $w
 frames=$(grep -c "spexd node 0/1" "$dir/watch.txt")
 msg=""
-[ $rc = 0 ] || msg="watch exited $rc after SIGINT"
+[ $watch_rc = 0 ] || msg="watch exited $watch_rc after SIGINT"
 [ "$frames" -ge 2 ] && [ "$frames" -le 4 ] || msg="$msg; $frames frames in 2.5 s"
 grep -qE "^ +1 dense .* [0-9.]+K? +[0-9.]+ +1 " "$dir/watch.txt" || grep -qE "^ +1 " "$dir/watch.txt" || msg="$msg; no bucket line"
 grep -q $'\x1b' "$dir/watch.txt" && msg="$msg; escape codes when piped"
